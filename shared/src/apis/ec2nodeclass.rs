@@ -1,0 +1,480 @@
+//! `karpenter.k8s.aws/v1` EC2NodeClass: the AWS settings of a pool's nodes.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::validation::{Errors, Path};
+use crate::quantity::Quantity;
+
+/// The spec of an EC2NodeClass.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "karpenter.k8s.aws",
+    version = "v1",
+    kind = "EC2NodeClass",
+    plural = "ec2nodeclasses",
+    shortname = "ec2nc",
+    status = "EC2NodeClassStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EC2NodeClassSpec {
+    /// AMI family (AL2, AL2023, Bottlerocket, Windows2019, Windows2022, Custom);
+    /// required unless an amiSelectorTerm has an alias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ami_family: Option<String>,
+    /// How to find the AMI.
+    #[serde(default)]
+    pub ami_selector_terms: Vec<AmiSelectorTerm>,
+    /// How to find subnets.
+    #[serde(default)]
+    pub subnet_selector_terms: Vec<SelectorTerm>,
+    /// How to find security groups.
+    #[serde(default)]
+    pub security_group_selector_terms: Vec<SelectorTerm>,
+    /// How to find capacity reservations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity_reservation_selector_terms: Vec<SelectorTerm>,
+    /// IAM role for the node's instance profile (one of role / instanceProfile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// An existing instance profile (one of role / instanceProfile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_profile: Option<String>,
+    /// User data merged with what nodesmith generates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<String>,
+    /// Tags for instances, volumes and launch templates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// Block device mappings (the root volume defaults to 20Gi gp3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_device_mappings: Vec<BlockDeviceMapping>,
+    /// Instance metadata service options.
+    #[serde(default)]
+    pub metadata_options: MetadataOptions,
+    /// Kubelet settings that shape allocatable and eviction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<KubeletConfiguration>,
+    /// Whether instances get a public IPv4 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub associate_public_ip_address: Option<bool>,
+    /// Whether detailed CloudWatch monitoring is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detailed_monitoring: Option<bool>,
+    /// How instance store volumes are used (RAID0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_store_policy: Option<String>,
+    /// EC2 Fleet context (for ODCR / ABIS integrations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+}
+
+/// Observed state of an EC2NodeClass.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EC2NodeClassStatus {
+    /// Resolved subnets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnets: Vec<serde_json::Value>,
+    /// Resolved security groups.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<serde_json::Value>,
+    /// Resolved AMIs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub amis: Vec<serde_json::Value>,
+    /// The instance profile in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_profile: Option<String>,
+    /// Current conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<serde_json::Value>,
+}
+
+/// One way to select an AMI.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AmiSelectorTerm {
+    /// `family@version`, e.g. `al2023@latest` (must stand alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// An AMI id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// An AMI name (wildcards allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The AMI owner (account id, `self` or `amazon`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// An SSM parameter that holds the AMI id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssm_parameter: Option<String>,
+    /// Tags the AMI must carry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// One way to select subnets, security groups or capacity reservations.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectorTerm {
+    /// Tags the resource must carry (`*` matches any value).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// A resource id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// A name (security groups only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Owner account (capacity reservations only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+}
+
+/// A block device mapping.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockDeviceMapping {
+    /// The device name, e.g. /dev/xvda.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
+    /// The EBS volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ebs: Option<BlockDevice>,
+    /// Whether this is the root volume (at most one).
+    #[serde(default)]
+    pub root_volume: bool,
+}
+
+/// An EBS volume.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockDevice {
+    /// Delete on instance termination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_on_termination: Option<bool>,
+    /// Encrypt the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<bool>,
+    /// Provisioned IOPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<i64>,
+    /// KMS key for encryption.
+    #[serde(default, rename = "kmsKeyID", skip_serializing_if = "Option::is_none")]
+    pub kms_key_id: Option<String>,
+    /// Snapshot to restore from.
+    #[serde(default, rename = "snapshotID", skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// Throughput in MiB/s (gp3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<i64>,
+    /// Size, as a quantity (e.g. 100Gi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_size: Option<Quantity>,
+    /// gp2, gp3, io1, io2, sc1, st1, standard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_type: Option<String>,
+}
+
+/// Instance metadata service options (defaults as Karpenter's).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataOptions {
+    /// enabled or disabled.
+    #[serde(default = "enabled")]
+    pub http_endpoint: String,
+    /// IPv6 endpoint: enabled or disabled.
+    #[serde(default = "disabled", rename = "httpProtocolIPv6")]
+    pub http_protocol_ipv6: String,
+    /// PUT response hop limit (1..=64).
+    #[serde(default = "one")]
+    pub http_put_response_hop_limit: i64,
+    /// required or optional (IMDSv2).
+    #[serde(default = "required")]
+    pub http_tokens: String,
+}
+
+fn enabled() -> String {
+    "enabled".into()
+}
+fn disabled() -> String {
+    "disabled".into()
+}
+fn one() -> i64 {
+    1
+}
+fn required() -> String {
+    "required".into()
+}
+
+impl Default for MetadataOptions {
+    fn default() -> Self {
+        MetadataOptions { http_endpoint: enabled(), http_protocol_ipv6: disabled(), http_put_response_hop_limit: 1, http_tokens: required() }
+    }
+}
+
+/// Kubelet settings (the EC2NodeClass `kubelet` block).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletConfiguration {
+    /// Cluster DNS server addresses.
+    #[serde(default, rename = "clusterDNS", skip_serializing_if = "Vec::is_empty")]
+    pub cluster_dns: Vec<String>,
+    /// Maximum pods per node (overrides the ENI-based value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pods: Option<i64>,
+    /// Pods per vCPU (the lower of this and maxPods wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_per_core: Option<i64>,
+    /// Resources reserved for system daemons.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub system_reserved: BTreeMap<String, String>,
+    /// Resources reserved for Kubernetes daemons (overrides the formula).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kube_reserved: BTreeMap<String, String>,
+    /// Hard eviction thresholds.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_hard: BTreeMap<String, String>,
+    /// Soft eviction thresholds.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_soft: BTreeMap<String, String>,
+    /// Grace periods for soft thresholds.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    /// Longest grace period for soft evictions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_max_pod_grace_period: Option<i64>,
+    /// Disk usage that triggers image GC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_gc_high_threshold_percent: Option<i64>,
+    /// Disk usage image GC frees down to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_gc_low_threshold_percent: Option<i64>,
+    /// Enforce CPU CFS quota.
+    #[serde(default, rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]
+    pub cpu_cfs_quota: Option<bool>,
+}
+
+const RESERVED_KEYS: &[&str] = &["cpu", "memory", "ephemeral-storage", "pid"];
+const EVICTION_SIGNALS: &[&str] = &["memory.available", "nodefs.available", "nodefs.inodesFree", "imagefs.available", "imagefs.inodesFree", "pid.available"];
+const AMI_FAMILIES: &[&str] = &["AL2", "AL2023", "Bottlerocket", "Windows2019", "Windows2022", "Custom"];
+const ALIAS_FAMILIES: &[&str] = &["al2", "al2023", "bottlerocket", "windows2019", "windows2022"];
+const RESTRICTED_TAGS: &[&str] = &["karpenter.sh/nodepool", "eks:eks-cluster-name", "karpenter.sh/nodeclaim", "karpenter.k8s.aws/ec2nodeclass"];
+
+impl EC2NodeClass {
+    /// The class's name.
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The AMI family in force: the alias's family, else `amiFamily`.
+    pub fn ami_family(&self) -> Option<String> {
+        self.spec
+            .ami_selector_terms
+            .iter()
+            .find_map(|t| t.alias.as_deref())
+            .and_then(|a| a.split_once('@'))
+            .map(|(fam, _)| match fam {
+                "al2" => "AL2".to_string(),
+                "al2023" => "AL2023".to_string(),
+                "bottlerocket" => "Bottlerocket".to_string(),
+                "windows2019" => "Windows2019".to_string(),
+                "windows2022" => "Windows2022".to_string(),
+                other => other.to_string(),
+            })
+            .or_else(|| self.spec.ami_family.clone())
+    }
+
+    /// Checks what Karpenter's CRD validation checks; errors name the field path.
+    pub fn validate(&self) -> Result<(), Errors> {
+        let mut errs = Errors::new("EC2NodeClass", self.name());
+        let spec = Path::root("spec");
+        let s = &self.spec;
+        if self.name().is_empty() {
+            errs.push(Path::root("metadata").field("name"), "is required");
+        }
+        if let Some(f) = &s.ami_family {
+            if !AMI_FAMILIES.contains(&f.as_str()) {
+                errs.push(spec.field("amiFamily"), format!("must be one of {AMI_FAMILIES:?}, got {f:?}"));
+            }
+        }
+        let terms = spec.field("amiSelectorTerms");
+        if s.ami_selector_terms.is_empty() || s.ami_selector_terms.len() > 30 {
+            errs.push(terms.clone(), "must have between 1 and 30 terms");
+        }
+        let has_alias = s.ami_selector_terms.iter().any(|t| t.alias.is_some());
+        if has_alias && s.ami_selector_terms.len() > 1 {
+            errs.push(terms.clone(), "'alias' is mutually exclusive, cannot be set with a combination of other amiSelectorTerms");
+        }
+        if !has_alias && s.ami_family.is_none() && !s.ami_selector_terms.is_empty() {
+            errs.push(spec.field("amiFamily"), "is required when amiSelectorTerms have no alias");
+        }
+        for (i, t) in s.ami_selector_terms.iter().enumerate() {
+            let p = terms.index(i);
+            let set = [t.alias.is_some(), t.id.is_some(), t.name.is_some(), t.ssm_parameter.is_some(), !t.tags.is_empty()];
+            if !set.iter().any(|x| *x) {
+                errs.push(p.clone(), "expected at least one, got none, ['tags', 'id', 'name', 'alias', 'ssmParameter']");
+            }
+            if let Some(a) = &t.alias {
+                if set.iter().filter(|x| **x).count() > 1 || t.owner.is_some() {
+                    errs.push(p.field("alias"), "'alias' is mutually exclusive, cannot be set with a combination of other fields");
+                }
+                match a.split_once('@') {
+                    Some((fam, ver)) if ALIAS_FAMILIES.contains(&fam) && !ver.is_empty() => {}
+                    _ => errs.push(p.field("alias"), format!("must be family@version with family in {ALIAS_FAMILIES:?}, got {a:?}")),
+                }
+            }
+            if let Some(id) = &t.id {
+                if !(id.starts_with("ami-") && id.len() > 4 && id[4..].bytes().all(|c| c.is_ascii_alphanumeric())) {
+                    errs.push(p.field("id"), format!("must match ami-[0-9a-z]+, got {id:?}"));
+                }
+                if t.name.is_some() || !t.tags.is_empty() || t.ssm_parameter.is_some() {
+                    errs.push(p.field("id"), "'id' is mutually exclusive, cannot be set with a combination of other fields");
+                }
+            }
+            validate_tags(&mut errs, &p.field("tags"), &t.tags);
+        }
+        validate_selector(&mut errs, &spec.field("subnetSelectorTerms"), &s.subnet_selector_terms, "subnet-", false, true);
+        validate_selector(&mut errs, &spec.field("securityGroupSelectorTerms"), &s.security_group_selector_terms, "sg-", true, true);
+        validate_selector(&mut errs, &spec.field("capacityReservationSelectorTerms"), &s.capacity_reservation_selector_terms, "cr-", false, false);
+        if s.role.is_some() == s.instance_profile.is_some() {
+            errs.push(spec.clone(), "must specify exactly one of ['role', 'instanceProfile']");
+        }
+        for k in s.tags.keys() {
+            if k.starts_with("kubernetes.io/cluster") || RESTRICTED_TAGS.contains(&k.as_str()) {
+                errs.push(spec.field("tags").key(k), format!("tag {k:?} is restricted"));
+            }
+        }
+        let roots = s.block_device_mappings.iter().filter(|b| b.root_volume).count();
+        if roots > 1 {
+            errs.push(spec.field("blockDeviceMappings"), "must have only one blockDeviceMapping with rootVolume");
+        }
+        if s.block_device_mappings.len() > 50 {
+            errs.push(spec.field("blockDeviceMappings"), "may have at most 50 items");
+        }
+        for (i, b) in s.block_device_mappings.iter().enumerate() {
+            if let Some(ebs) = &b.ebs {
+                let p = spec.field("blockDeviceMappings").index(i).field("ebs");
+                if let Some(t) = &ebs.volume_type {
+                    if !["standard", "io1", "io2", "gp2", "sc1", "st1", "gp3"].contains(&t.as_str()) {
+                        errs.push(p.field("volumeType"), format!("unsupported volume type {t:?}"));
+                    }
+                }
+                if ebs.snapshot_id.is_none() && ebs.volume_size.is_none() {
+                    errs.push(p.clone(), "must specify snapshotID or volumeSize");
+                }
+            }
+        }
+        let mo = &s.metadata_options;
+        let mp = spec.field("metadataOptions");
+        for (field, v, allowed) in [
+            ("httpEndpoint", &mo.http_endpoint, &["enabled", "disabled"][..]),
+            ("httpProtocolIPv6", &mo.http_protocol_ipv6, &["enabled", "disabled"][..]),
+            ("httpTokens", &mo.http_tokens, &["required", "optional"][..]),
+        ] {
+            if !allowed.contains(&v.as_str()) {
+                errs.push(mp.field(field), format!("must be one of {allowed:?}, got {v:?}"));
+            }
+        }
+        if !(1..=64).contains(&mo.http_put_response_hop_limit) {
+            errs.push(mp.field("httpPutResponseHopLimit"), "must be between 1 and 64");
+        }
+        if let Some(k) = &s.kubelet {
+            k.validate(&mut errs, &spec.field("kubelet"));
+        }
+        if let Some(p) = &s.instance_store_policy {
+            if p != "RAID0" {
+                errs.push(spec.field("instanceStorePolicy"), format!("must be RAID0, got {p:?}"));
+            }
+        }
+        errs.into_result()
+    }
+}
+
+fn validate_tags(errs: &mut Errors, p: &Path, tags: &std::collections::BTreeMap<String, String>) {
+    for (k, v) in tags {
+        if k.is_empty() || v.is_empty() {
+            errs.push(p.key(k), "empty tag keys or values aren't supported");
+        }
+    }
+}
+
+fn validate_selector(errs: &mut Errors, p: &Path, terms: &[SelectorTerm], id_prefix: &str, allow_name: bool, required: bool) {
+    if required && (terms.is_empty() || terms.len() > 30) {
+        errs.push(p.clone(), "must have between 1 and 30 terms");
+    }
+    for (i, t) in terms.iter().enumerate() {
+        let tp = p.index(i);
+        if t.tags.is_empty() && t.id.is_none() && t.name.is_none() {
+            errs.push(tp.clone(), if allow_name { "expected at least one, got none, ['tags', 'id', 'name']" } else { "expected at least one, got none, ['tags', 'id']" });
+        }
+        if t.name.is_some() && !allow_name {
+            errs.push(tp.field("name"), "is not supported here");
+        }
+        if let Some(id) = &t.id {
+            let ok = id.strip_prefix(id_prefix).is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_alphanumeric()));
+            if !ok {
+                errs.push(tp.field("id"), format!("must match {id_prefix}[0-9a-z]+, got {id:?}"));
+            }
+            if !t.tags.is_empty() || t.name.is_some() {
+                errs.push(tp.field("id"), "'id' is mutually exclusive, cannot be set with a combination of other fields");
+            }
+        }
+        validate_tags(errs, &tp.field("tags"), &t.tags);
+    }
+}
+
+impl KubeletConfiguration {
+    fn validate(&self, errs: &mut Errors, p: &Path) {
+        if self.max_pods.is_some_and(|m| m < 0) {
+            errs.push(p.field("maxPods"), "must be non-negative");
+        }
+        if self.pods_per_core.is_some_and(|m| m < 0) {
+            errs.push(p.field("podsPerCore"), "must be non-negative");
+        }
+        for (field, map) in [("systemReserved", &self.system_reserved), ("kubeReserved", &self.kube_reserved)] {
+            for (k, v) in map {
+                if !RESERVED_KEYS.contains(&k.as_str()) {
+                    errs.push(p.field(field).key(k), format!("valid keys are {RESERVED_KEYS:?}"));
+                } else if Quantity::parse(v).map_or(true, |q| q.milli() < 0) {
+                    errs.push(p.field(field).key(k), format!("{v:?} is not a non-negative quantity"));
+                }
+            }
+        }
+        for (field, map) in [("evictionHard", &self.eviction_hard), ("evictionSoft", &self.eviction_soft), ("evictionSoftGracePeriod", &self.eviction_soft_grace_period)] {
+            for (k, v) in map {
+                if !EVICTION_SIGNALS.contains(&k.as_str()) {
+                    errs.push(p.field(field).key(k), format!("valid keys are {EVICTION_SIGNALS:?}"));
+                } else if field != "evictionSoftGracePeriod" && !is_threshold(v) {
+                    errs.push(p.field(field).key(k), format!("{v:?} is not a quantity or percentage"));
+                }
+            }
+        }
+        for k in self.eviction_soft.keys() {
+            if !self.eviction_soft_grace_period.contains_key(k) {
+                errs.push(p.field("evictionSoftGracePeriod"), format!("evictionSoft {k:?} needs a matching grace period"));
+            }
+        }
+        if let (Some(h), Some(l)) = (self.image_gc_high_threshold_percent, self.image_gc_low_threshold_percent) {
+            if l >= h {
+                errs.push(p.field("imageGCLowThresholdPercent"), "must be less than imageGCHighThresholdPercent");
+            }
+        }
+        for (field, v) in [("imageGCHighThresholdPercent", self.image_gc_high_threshold_percent), ("imageGCLowThresholdPercent", self.image_gc_low_threshold_percent)] {
+            if v.is_some_and(|v| !(0..=100).contains(&v)) {
+                errs.push(p.field(field), "must be between 0 and 100");
+            }
+        }
+    }
+}
+
+fn is_threshold(v: &str) -> bool {
+    match v.strip_suffix('%') {
+        Some(p) => p.parse::<f64>().is_ok_and(|f| (0.0..=100.0).contains(&f)),
+        None => Quantity::parse(v).is_ok(),
+    }
+}

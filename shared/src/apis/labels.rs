@@ -1,0 +1,256 @@
+//! Well-known label keys, their deprecated aliases, and the label domains
+//! that users may not set (as Karpenter v1 and its AWS provider define them).
+
+/// Zone label.
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+/// Region label.
+pub const REGION: &str = "topology.kubernetes.io/region";
+/// Zone id label (AWS).
+pub const ZONE_ID: &str = "topology.k8s.aws/zone-id";
+/// Instance type label.
+pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// CPU architecture label.
+pub const ARCH: &str = "kubernetes.io/arch";
+/// Operating system label.
+pub const OS: &str = "kubernetes.io/os";
+/// Windows build label.
+pub const WINDOWS_BUILD: &str = "node.kubernetes.io/windows-build";
+/// Hostname label.
+pub const HOSTNAME: &str = "kubernetes.io/hostname";
+/// Capacity type label (spot, on-demand, reserved).
+pub const CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
+/// NodePool label.
+pub const NODEPOOL: &str = "karpenter.sh/nodepool";
+/// Initialized label, set once a node is ready.
+pub const INITIALIZED: &str = "karpenter.sh/initialized";
+/// Registered label, set once a node joined.
+pub const REGISTERED: &str = "karpenter.sh/registered";
+/// The EC2NodeClass label.
+pub const EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
+
+/// Spot capacity.
+pub const CAPACITY_SPOT: &str = "spot";
+/// On-demand capacity.
+pub const CAPACITY_ON_DEMAND: &str = "on-demand";
+/// Capacity-reservation capacity.
+pub const CAPACITY_RESERVED: &str = "reserved";
+
+/// `karpenter.k8s.aws/instance-*` labels that describe an instance type.
+pub mod aws {
+    /// Instance category (c, m, r, g, ...).
+    pub const CATEGORY: &str = "karpenter.k8s.aws/instance-category";
+    /// Instance family (m5, c6g, ...).
+    pub const FAMILY: &str = "karpenter.k8s.aws/instance-family";
+    /// Instance generation (5, 6, ...).
+    pub const GENERATION: &str = "karpenter.k8s.aws/instance-generation";
+    /// Instance size (large, 2xlarge, metal, ...).
+    pub const SIZE: &str = "karpenter.k8s.aws/instance-size";
+    /// Local NVMe storage in GiB.
+    pub const LOCAL_NVME: &str = "karpenter.k8s.aws/instance-local-nvme";
+    /// vCPU count.
+    pub const CPU: &str = "karpenter.k8s.aws/instance-cpu";
+    /// CPU manufacturer (intel, amd, aws).
+    pub const CPU_MANUFACTURER: &str = "karpenter.k8s.aws/instance-cpu-manufacturer";
+    /// Sustained clock speed in MHz.
+    pub const CPU_SUSTAINED_CLOCK_SPEED_MHZ: &str = "karpenter.k8s.aws/instance-cpu-sustained-clock-speed-mhz";
+    /// Memory in MiB.
+    pub const MEMORY: &str = "karpenter.k8s.aws/instance-memory";
+    /// EBS bandwidth in Mbps.
+    pub const EBS_BANDWIDTH: &str = "karpenter.k8s.aws/instance-ebs-bandwidth";
+    /// Network bandwidth in Mbps.
+    pub const NETWORK_BANDWIDTH: &str = "karpenter.k8s.aws/instance-network-bandwidth";
+    /// GPU name (t4, a10g, ...).
+    pub const GPU_NAME: &str = "karpenter.k8s.aws/instance-gpu-name";
+    /// GPU manufacturer (nvidia, amd).
+    pub const GPU_MANUFACTURER: &str = "karpenter.k8s.aws/instance-gpu-manufacturer";
+    /// GPU count.
+    pub const GPU_COUNT: &str = "karpenter.k8s.aws/instance-gpu-count";
+    /// Memory per GPU in MiB.
+    pub const GPU_MEMORY: &str = "karpenter.k8s.aws/instance-gpu-memory";
+    /// Accelerator name (inferentia, trainium, ...).
+    pub const ACCELERATOR_NAME: &str = "karpenter.k8s.aws/instance-accelerator-name";
+    /// Accelerator manufacturer.
+    pub const ACCELERATOR_MANUFACTURER: &str = "karpenter.k8s.aws/instance-accelerator-manufacturer";
+    /// Accelerator count.
+    pub const ACCELERATOR_COUNT: &str = "karpenter.k8s.aws/instance-accelerator-count";
+    /// Hypervisor (nitro, xen, or empty for metal).
+    pub const HYPERVISOR: &str = "karpenter.k8s.aws/instance-hypervisor";
+    /// Whether encryption in transit is supported.
+    pub const ENCRYPTION_IN_TRANSIT_SUPPORTED: &str = "karpenter.k8s.aws/instance-encryption-in-transit-supported";
+    /// Capacity reservation id.
+    pub const CAPACITY_RESERVATION_ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
+    /// Capacity reservation type.
+    pub const CAPACITY_RESERVATION_TYPE: &str = "karpenter.k8s.aws/capacity-reservation-type";
+}
+
+/// Every label that an instance type, an offering or the NodePool defines
+/// for a new node, so pods may require it even when a pool does not.
+pub const WELL_KNOWN: &[&str] = &[
+    ZONE,
+    REGION,
+    ZONE_ID,
+    INSTANCE_TYPE,
+    ARCH,
+    OS,
+    WINDOWS_BUILD,
+    CAPACITY_TYPE,
+    NODEPOOL,
+    EC2NODECLASS,
+    aws::CATEGORY,
+    aws::FAMILY,
+    aws::GENERATION,
+    aws::SIZE,
+    aws::LOCAL_NVME,
+    aws::CPU,
+    aws::CPU_MANUFACTURER,
+    aws::CPU_SUSTAINED_CLOCK_SPEED_MHZ,
+    aws::MEMORY,
+    aws::EBS_BANDWIDTH,
+    aws::NETWORK_BANDWIDTH,
+    aws::GPU_NAME,
+    aws::GPU_MANUFACTURER,
+    aws::GPU_COUNT,
+    aws::GPU_MEMORY,
+    aws::ACCELERATOR_NAME,
+    aws::ACCELERATOR_MANUFACTURER,
+    aws::ACCELERATOR_COUNT,
+    aws::HYPERVISOR,
+    aws::ENCRYPTION_IN_TRANSIT_SUPPORTED,
+    aws::CAPACITY_RESERVATION_ID,
+    aws::CAPACITY_RESERVATION_TYPE,
+];
+
+/// Deprecated or provider-specific keys that mean a well-known key.
+const ALIASES: &[(&str, &str)] = &[
+    ("failure-domain.beta.kubernetes.io/zone", ZONE),
+    ("failure-domain.beta.kubernetes.io/region", REGION),
+    ("beta.kubernetes.io/arch", ARCH),
+    ("beta.kubernetes.io/instance-type", INSTANCE_TYPE),
+    ("beta.kubernetes.io/os", OS),
+    ("topology.ebs.csi.aws.com/zone", ZONE),
+];
+
+/// Label domains users may not set on a NodePool template.
+pub const RESTRICTED_DOMAINS: &[&str] = &["kubernetes.io", "k8s.io", "karpenter.sh", "karpenter.k8s.aws"];
+
+/// Subdomains of restricted domains that users may still set.
+pub const DOMAIN_EXCEPTIONS: &[&str] = &["kops.k8s.io", "node.kubernetes.io", "node-restriction.kubernetes.io"];
+
+/// Labels that may never be constrained or set by users.
+pub const RESTRICTED: &[&str] = &[NODEPOOL, HOSTNAME, EC2NODECLASS];
+
+/// Maps a deprecated alias to its well-known key; other keys are returned as is.
+pub fn normalize(key: &str) -> &str {
+    ALIASES.iter().find(|(alias, _)| *alias == key).map_or(key, |(_, k)| k)
+}
+
+/// True when instance types or the pool define this label for every node.
+pub fn is_well_known(key: &str) -> bool {
+    WELL_KNOWN.contains(&normalize(key))
+}
+
+/// The domain part of a label key (before the `/`), if any.
+pub fn domain(key: &str) -> Option<&str> {
+    key.split_once('/').map(|(d, _)| d)
+}
+
+/// Why a label key may not be used in a NodePool template's labels, if so.
+pub fn restricted_reason(key: &str) -> Option<String> {
+    if RESTRICTED.contains(&key) {
+        return Some(format!("label {key:?} is restricted"));
+    }
+    let d = domain(key)?;
+    if DOMAIN_EXCEPTIONS.iter().any(|e| d == *e || d.ends_with(&format!(".{e}"))) {
+        return None;
+    }
+    if is_well_known(key) {
+        return None;
+    }
+    RESTRICTED_DOMAINS
+        .iter()
+        .find(|r| d == **r || d.ends_with(&format!(".{r}")))
+        .map(|r| format!("label domain {r:?} is restricted"))
+}
+
+/// Checks a label key's syntax: an optional DNS-subdomain prefix and a name of
+/// at most 63 characters of alphanumerics, `-`, `_` and `.`.
+pub fn validate_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label) {
+            return Err(format!("label key {key:?} has an invalid prefix"));
+        }
+    }
+    if !is_label_value(name) || name.is_empty() {
+        return Err(format!("label key {key:?} has an invalid name"));
+    }
+    Ok(())
+}
+
+/// True for a valid label value: at most 63 characters, alphanumerics at both
+/// ends and `-`, `_`, `.` inside (empty is allowed).
+pub fn is_label_value(v: &str) -> bool {
+    if v.is_empty() {
+        return true;
+    }
+    let b = v.as_bytes();
+    v.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !s.is_empty()
+        && s.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalizes_aliases() {
+        assert_eq!(normalize("failure-domain.beta.kubernetes.io/zone"), ZONE);
+        assert_eq!(normalize("beta.kubernetes.io/arch"), ARCH);
+        assert_eq!(normalize("topology.ebs.csi.aws.com/zone"), ZONE);
+        assert_eq!(normalize("example.com/team"), "example.com/team");
+    }
+
+    #[test]
+    fn restricted_labels() {
+        let table: &[(&str, bool)] = &[
+            ("kubernetes.io/hostname", true),
+            ("karpenter.sh/nodepool", true),
+            ("karpenter.sh/custom", true),
+            ("example.kubernetes.io/x", true),
+            ("karpenter.k8s.aws/foo", true),
+            ("node.kubernetes.io/instance-type", false),
+            ("node-restriction.kubernetes.io/team", false),
+            ("kops.k8s.io/instancegroup", false),
+            ("topology.kubernetes.io/zone", false),
+            ("team", false),
+            ("example.com/team", false),
+        ];
+        for (k, restricted) in table {
+            assert_eq!(restricted_reason(k).is_some(), *restricted, "{k}");
+        }
+    }
+
+    #[test]
+    fn key_syntax() {
+        assert!(validate_key("example.com/team").is_ok());
+        assert!(validate_key("team").is_ok());
+        assert!(validate_key("Example.com/team").is_err());
+        assert!(validate_key("/team").is_err());
+        assert!(validate_key("example.com/").is_err());
+        assert!(validate_key(&"a".repeat(64)).is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! Reading Kubernetes manifests (multi-document YAML) into typed objects, with
+//! errors that name the file, the document index and the field path.
+
+use std::path::{Path as FsPath, PathBuf};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
+use serde::de::DeserializeOwned;
+
+use super::{EC2NodeClass, NodePool};
+
+/// One recognised Kubernetes object.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum Object {
+    /// karpenter.sh/v1 NodePool.
+    NodePool(NodePool),
+    /// karpenter.k8s.aws/v1 EC2NodeClass.
+    EC2NodeClass(EC2NodeClass),
+    /// v1 Pod.
+    Pod(Pod),
+    /// apps/v1 Deployment.
+    Deployment(Deployment),
+    /// apps/v1 ReplicaSet.
+    ReplicaSet(ReplicaSet),
+    /// apps/v1 StatefulSet.
+    StatefulSet(StatefulSet),
+    /// batch/v1 Job.
+    Job(Job),
+    /// apps/v1 DaemonSet.
+    DaemonSet(DaemonSet),
+    /// v1 Node.
+    Node(Node),
+    /// policy/v1 PodDisruptionBudget.
+    PodDisruptionBudget(PodDisruptionBudget),
+    /// v1 PersistentVolume.
+    PersistentVolume(PersistentVolume),
+    /// v1 PersistentVolumeClaim.
+    PersistentVolumeClaim(PersistentVolumeClaim),
+    /// storage.k8s.io/v1 StorageClass.
+    StorageClass(StorageClass),
+}
+
+/// A parsed document and where it came from.
+#[derive(Debug, Clone)]
+pub struct Document {
+    /// The file it was read from.
+    pub file: String,
+    /// Its index among the file's documents (from 0).
+    pub index: usize,
+    /// The object.
+    pub object: Object,
+}
+
+/// Bad input: which file, which document, which field, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: document {index}{}: {message}", if path.is_empty() { String::new() } else { format!(": {path}") })]
+pub struct ManifestError {
+    /// The file.
+    pub file: String,
+    /// The document index (from 0).
+    pub index: usize,
+    /// The field path, empty when the whole document is at fault.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A document that was read but not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The file.
+    pub file: String,
+    /// The document index.
+    pub index: usize,
+    /// What was skipped and why.
+    pub message: String,
+}
+
+/// Parses every document of one YAML text. Unknown kinds become warnings.
+pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<Warning>), ManifestError> {
+    let mut docs = Vec::new();
+    let mut warnings = Vec::new();
+    for (index, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let err = |path: String, message: String| ManifestError { file: file.to_string(), index, path, message };
+        let value: serde_json::Value = match serde_path_to_error::deserialize(de) {
+            Ok(v) => v,
+            Err(e) => return Err(err(path_of(e.path()), format!("invalid YAML: {}", e.inner()))),
+        };
+        if value.is_null() {
+            continue;
+        }
+        let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        if kind.is_empty() {
+            return Err(err("kind".into(), "is required".into()));
+        }
+        if api_version.is_empty() {
+            return Err(err("apiVersion".into(), "is required".into()));
+        }
+        let object = match (api_version.as_str(), kind.as_str()) {
+            ("karpenter.sh/v1", "NodePool") => {
+                let np: NodePool = typed(value).map_err(|(p, m)| err(p, m))?;
+                np.validate().map_err(|e| validation_error(file, index, e))?;
+                Object::NodePool(np)
+            }
+            ("karpenter.k8s.aws/v1", "EC2NodeClass") => {
+                let nc: EC2NodeClass = typed(value).map_err(|(p, m)| err(p, m))?;
+                nc.validate().map_err(|e| validation_error(file, index, e))?;
+                Object::EC2NodeClass(nc)
+            }
+            ("v1", "Pod") => Object::Pod(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("apps/v1", "Deployment") => Object::Deployment(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("apps/v1", "ReplicaSet") => Object::ReplicaSet(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("apps/v1", "StatefulSet") => Object::StatefulSet(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("batch/v1", "Job") => Object::Job(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("apps/v1", "DaemonSet") => Object::DaemonSet(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("v1", "Node") => Object::Node(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("policy/v1", "PodDisruptionBudget") => Object::PodDisruptionBudget(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("v1", "PersistentVolume") => Object::PersistentVolume(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("v1", "PersistentVolumeClaim") => Object::PersistentVolumeClaim(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("storage.k8s.io/v1", "StorageClass") => Object::StorageClass(typed(value).map_err(|(p, m)| err(p, m))?),
+            (av, k) if (k == "NodePool" || k == "EC2NodeClass") && av.starts_with("karpenter") => {
+                return Err(err("apiVersion".into(), format!("{av} is not supported for {k}: use the v1 API")));
+            }
+            (av, k) => {
+                warnings.push(Warning { file: file.to_string(), index, message: format!("ignoring {av} {k}") });
+                continue;
+            }
+        };
+        docs.push(Document { file: file.to_string(), index, object });
+    }
+    Ok((docs, warnings))
+}
+
+fn validation_error(file: &str, index: usize, e: super::Errors) -> ManifestError {
+    let first = e.fields.first().cloned();
+    ManifestError {
+        file: file.to_string(),
+        index,
+        path: first.as_ref().map(|f| f.path.clone()).unwrap_or_default(),
+        message: format!(
+            "{} {:?}: {}",
+            e.kind,
+            e.name,
+            e.fields.iter().map(|f| if Some(f) == first.as_ref() { f.message.clone() } else { format!("{}: {}", f.path, f.message) }).collect::<Vec<_>>().join("; ")
+        ),
+    }
+}
+
+fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(value).map_err(|e| (path_of(e.path()), e.inner().to_string()))
+}
+
+fn path_of(p: &serde_path_to_error::Path) -> String {
+    let s = p.to_string();
+    if s == "." { String::new() } else { s }
+}
+
+/// Reads YAML files and directories (recursively, `*.yaml`/`*.yml`, sorted).
+pub fn load_paths(paths: &[PathBuf]) -> Result<(Vec<Document>, Vec<Warning>), ManifestError> {
+    let mut files = Vec::new();
+    for p in paths {
+        collect(p, &mut files).map_err(|message| ManifestError { file: p.display().to_string(), index: 0, path: String::new(), message })?;
+    }
+    let mut docs = Vec::new();
+    let mut warnings = Vec::new();
+    for f in files {
+        let name = f.display().to_string();
+        let text = std::fs::read_to_string(&f)
+            .map_err(|e| ManifestError { file: name.clone(), index: 0, path: String::new(), message: format!("cannot read: {e}") })?;
+        let (d, w) = parse_documents(&name, &text)?;
+        docs.extend(d);
+        warnings.extend(w);
+    }
+    Ok((docs, warnings))
+}
+
+fn collect(p: &FsPath, out: &mut Vec<PathBuf>) -> Result<(), String> {
+    let meta = std::fs::metadata(p).map_err(|e| format!("cannot read: {e}"))?;
+    if meta.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(|e| format!("cannot read directory: {e}"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for e in entries {
+            if e.is_dir() {
+                collect(&e, out)?;
+            } else if e.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                out.push(e);
+            }
+        }
+    } else {
+        out.push(p.to_path_buf());
+    }
+    Ok(())
+}

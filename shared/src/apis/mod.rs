@@ -1,0 +1,63 @@
+//! Karpenter v1 API types (NodePool, EC2NodeClass), their defaults and validation.
+
+pub mod duration;
+pub mod ec2nodeclass;
+pub mod labels;
+pub mod manifest;
+pub mod nodepool;
+pub mod validation;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use duration::NillableDuration;
+pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};
+pub use nodepool::{NodePool, NodePoolSpec};
+pub use validation::{Errors, Path};
+
+/// A node taint.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Taint {
+    /// The taint key.
+    pub key: String,
+    /// The taint value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// NoSchedule, PreferNoSchedule or NoExecute.
+    pub effect: TaintEffect,
+    /// When the taint was added (NoExecute only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_added: Option<String>,
+}
+
+/// A taint's effect.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum TaintEffect {
+    /// New pods that do not tolerate it are not scheduled.
+    NoSchedule,
+    /// The scheduler avoids the node when it can.
+    PreferNoSchedule,
+    /// Running pods that do not tolerate it are evicted.
+    NoExecute,
+}
+
+impl Taint {
+    /// A taint with a value.
+    pub fn new(key: &str, value: Option<&str>, effect: TaintEffect) -> Self {
+        Taint { key: key.into(), value: value.map(Into::into), effect, time_added: None }
+    }
+
+    fn validate(&self, errs: &mut Errors, p: &Path) {
+        if self.key.is_empty() {
+            errs.push(p.field("key"), "is required");
+        } else if let Err(e) = labels::validate_key(&self.key) {
+            errs.push(p.field("key"), e.replace("label key", "taint key"));
+        }
+        if let Some(v) = &self.value {
+            if !labels::is_label_value(v) {
+                errs.push(p.field("value"), format!("invalid taint value {v:?}"));
+            }
+        }
+    }
+}

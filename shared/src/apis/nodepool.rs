@@ -1,0 +1,367 @@
+//! `karpenter.sh/v1` NodePool: what nodes a pool may launch and how they are disrupted.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::duration::NillableDuration;
+use super::validation::{Errors, Path};
+use super::{Taint, labels};
+use crate::quantity::Quantity;
+use crate::requirements::{Operator, Requirement, Requirements};
+
+/// The spec of a NodePool.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "karpenter.sh",
+    version = "v1",
+    kind = "NodePool",
+    plural = "nodepools",
+    shortname = "np",
+    status = "NodePoolStatus",
+    printcolumn = r#"{"name":"NodeClass","type":"string","jsonPath":".spec.template.spec.nodeClassRef.name"}"#,
+    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight","priority":1}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolSpec {
+    /// The template every NodeClaim of this pool is made from.
+    pub template: NodeClaimTemplate,
+    /// How and when nodes of this pool may be disrupted.
+    #[serde(default)]
+    pub disruption: Disruption,
+    /// Ceilings on the total resources of all the pool's nodes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Quantity>,
+    /// Priority among pools: higher weights are tried first (1..=100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i32>,
+    /// Replicas for static pools (not used by dynamic provisioning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i64>,
+}
+
+/// Observed state of a NodePool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolStatus {
+    /// Resources of all nodes of the pool.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, Quantity>,
+    /// Current conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<serde_json::Value>,
+}
+
+/// The NodeClaim template of a NodePool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimTemplate {
+    /// Labels and annotations put on every node.
+    #[serde(default)]
+    pub metadata: TemplateMetadata,
+    /// The node's shape and constraints.
+    pub spec: NodeClaimTemplateSpec,
+}
+
+/// Labels and annotations of the NodeClaim template.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMetadata {
+    /// Labels for every node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations for every node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The spec of the NodeClaim template.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimTemplateSpec {
+    /// Constraints on instance type, zone, capacity type and other labels.
+    #[serde(default)]
+    pub requirements: Vec<NodeSelectorRequirementWithMinValues>,
+    /// The node class (EC2NodeClass) that holds the AWS settings.
+    pub node_class_ref: NodeClassReference,
+    /// Taints every node carries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+    /// Taints present at start-up and removed by a daemon once ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub startup_taints: Vec<Taint>,
+    /// Node lifetime before it is replaced, or `Never` (default 720h).
+    #[serde(default = "default_expire_after")]
+    pub expire_after: NillableDuration,
+    /// Longest a node may take to drain before it is forcibly deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period: Option<NillableDuration>,
+}
+
+fn default_expire_after() -> NillableDuration {
+    NillableDuration::parse("720h").unwrap_or(NillableDuration::Never)
+}
+
+/// A node selector requirement, with Karpenter's minValues.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorRequirementWithMinValues {
+    /// The label key.
+    pub key: String,
+    /// In, NotIn, Exists, DoesNotExist, Gt, Lt, Gte or Lte.
+    pub operator: Operator,
+    /// The values (one integer for Gt/Lt/Gte/Lte, none for Exists/DoesNotExist).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+    /// The least number of distinct values to keep open across launch options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_values: Option<i64>,
+}
+
+/// A reference to the node class.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClassReference {
+    /// API group (karpenter.k8s.aws).
+    pub group: String,
+    /// Kind (EC2NodeClass).
+    pub kind: String,
+    /// Name of the node class.
+    pub name: String,
+}
+
+/// Consolidation policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConsolidationPolicy {
+    /// Only empty nodes are consolidated.
+    WhenEmpty,
+    /// Empty and underutilized nodes are consolidated.
+    #[default]
+    WhenEmptyOrUnderutilized,
+}
+
+/// Disruption settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Disruption {
+    /// Which nodes consolidation may remove.
+    #[serde(default)]
+    pub consolidation_policy: ConsolidationPolicy,
+    /// How long a node must be consolidatable before it is acted on, or `Never`.
+    #[serde(default = "zero_duration")]
+    pub consolidate_after: NillableDuration,
+    /// How many nodes may be disrupted at once, and when.
+    #[serde(default = "default_budgets")]
+    pub budgets: Vec<Budget>,
+}
+
+impl Default for Disruption {
+    fn default() -> Self {
+        Disruption {
+            consolidation_policy: ConsolidationPolicy::default(),
+            consolidate_after: zero_duration(),
+            budgets: default_budgets(),
+        }
+    }
+}
+
+fn zero_duration() -> NillableDuration {
+    NillableDuration::Duration(std::time::Duration::ZERO)
+}
+
+fn default_budgets() -> Vec<Budget> {
+    vec![Budget { nodes: "10%".into(), reasons: None, schedule: None, duration: None }]
+}
+
+/// Why a node is being disrupted, as budgets name it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum DisruptionReason {
+    /// Consolidation of underutilized nodes.
+    Underutilized,
+    /// Removal of empty nodes.
+    Empty,
+    /// Replacement of drifted nodes.
+    Drifted,
+}
+
+/// A disruption budget.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// Nodes that may be disrupted at once: a count or a percentage.
+    #[serde(default = "default_budget_nodes")]
+    pub nodes: String,
+    /// The reasons this budget applies to (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasons: Option<Vec<DisruptionReason>>,
+    /// A cron schedule (UTC) when the budget becomes active.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// How long the budget stays active after each scheduled start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<NillableDuration>,
+}
+
+fn default_budget_nodes() -> String {
+    "10%".into()
+}
+
+impl Budget {
+    /// How many of `total` nodes this budget lets be disrupted at once
+    /// (percentages round up, as Kubernetes' intstr scaling does).
+    pub fn allowed(&self, total: usize) -> usize {
+        match self.nodes.strip_suffix('%') {
+            Some(p) => {
+                let p: usize = p.parse().unwrap_or(0);
+                (total * p).div_ceil(100)
+            }
+            None => self.nodes.parse().unwrap_or(0),
+        }
+    }
+}
+
+impl NodePool {
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The pool's weight (0 when unset).
+    pub fn weight(&self) -> i32 {
+        self.spec.weight.unwrap_or(0)
+    }
+
+    /// The requirements a node of this pool satisfies: the spec's
+    /// requirements, the template labels, and the pool label itself.
+    pub fn requirements(&self) -> Result<Requirements, crate::requirements::RequirementError> {
+        let mut r = Requirements::new();
+        for q in &self.spec.template.spec.requirements {
+            let req = Requirement::new(&q.key, q.operator, &q.values)?
+                .with_min_values(q.min_values.map(|m| m.max(0) as usize));
+            r.add(req);
+        }
+        for (k, v) in &self.spec.template.metadata.labels {
+            r.add(Requirement::in_values(k, &[v]));
+        }
+        r.add(Requirement::in_values(labels::NODEPOOL, &[self.name()]));
+        Ok(r)
+    }
+
+    /// Checks what Karpenter's CRD validation checks; errors name the field path.
+    pub fn validate(&self) -> Result<(), Errors> {
+        let mut errs = Errors::new("NodePool", self.name());
+        let spec = Path::root("spec");
+        if self.name().is_empty() {
+            errs.push(Path::root("metadata").field("name"), "is required");
+        }
+        if let Some(w) = self.spec.weight {
+            if !(1..=100).contains(&w) {
+                errs.push(spec.field("weight"), format!("must be between 1 and 100, got {w}"));
+            }
+        }
+        let tmpl = spec.field("template");
+        let meta = tmpl.field("metadata");
+        if self.spec.template.metadata.labels.len() > 100 {
+            errs.push(meta.field("labels"), "may have at most 100 labels");
+        }
+        for (k, v) in &self.spec.template.metadata.labels {
+            let p = meta.field("labels").key(k);
+            if let Err(e) = labels::validate_key(k) {
+                errs.push(p.clone(), e);
+            } else if let Some(why) = labels::restricted_reason(k) {
+                errs.push(p.clone(), why);
+            }
+            if !labels::is_label_value(v) {
+                errs.push(p, format!("invalid label value {v:?}"));
+            }
+        }
+        let tspec = tmpl.field("spec");
+        let reqs = &self.spec.template.spec.requirements;
+        if reqs.len() > 100 {
+            errs.push(tspec.field("requirements"), "may have at most 100 requirements");
+        }
+        for (i, q) in reqs.iter().enumerate() {
+            validate_requirement(&mut errs, &tspec.field("requirements").index(i), q);
+        }
+        let ncr = &self.spec.template.spec.node_class_ref;
+        let ncp = tspec.field("nodeClassRef");
+        for (name, v) in [("group", &ncr.group), ("kind", &ncr.kind), ("name", &ncr.name)] {
+            if v.is_empty() {
+                errs.push(ncp.field(name), "is required");
+            }
+        }
+        for (field, taints) in [("taints", &self.spec.template.spec.taints), ("startupTaints", &self.spec.template.spec.startup_taints)] {
+            for (i, t) in taints.iter().enumerate() {
+                t.validate(&mut errs, &tspec.field(field).index(i));
+            }
+        }
+        let dp = spec.field("disruption");
+        let budgets = &self.spec.disruption.budgets;
+        if budgets.len() > 50 {
+            errs.push(dp.field("budgets"), "may have at most 50 budgets");
+        }
+        for (i, b) in budgets.iter().enumerate() {
+            let bp = dp.field("budgets").index(i);
+            if !valid_budget_nodes(&b.nodes) {
+                errs.push(bp.field("nodes"), format!("must be a non-negative integer or a percentage up to 100%, got {:?}", b.nodes));
+            }
+            if b.schedule.is_some() != b.duration.is_some() {
+                errs.push(bp.clone(), "'schedule' must be set with 'duration'");
+            }
+            if let Some(s) = &b.schedule {
+                if let Err(e) = super::validation::validate_cron(s) {
+                    errs.push(bp.field("schedule"), e);
+                }
+            }
+        }
+        for (k, _) in &self.spec.limits {
+            if k.is_empty() {
+                errs.push(spec.field("limits"), "resource names must not be empty");
+            }
+        }
+        errs.into_result()
+    }
+}
+
+fn valid_budget_nodes(s: &str) -> bool {
+    match s.strip_suffix('%') {
+        Some(p) => !p.is_empty() && p.len() <= 3 && p.bytes().all(|c| c.is_ascii_digit()) && p.parse::<u32>().is_ok_and(|v| v <= 100),
+        None => !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()),
+    }
+}
+
+fn validate_requirement(errs: &mut Errors, p: &Path, q: &NodeSelectorRequirementWithMinValues) {
+    let key = labels::normalize(&q.key);
+    if let Err(e) = labels::validate_key(&q.key) {
+        errs.push(p.field("key"), e);
+    }
+    if key == labels::NODEPOOL || key == labels::HOSTNAME {
+        errs.push(p.field("key"), format!("label {key:?} is restricted"));
+    } else if !labels::is_well_known(key) {
+        if let Some(why) = labels::restricted_reason(key) {
+            errs.push(p.field("key"), why);
+        }
+    }
+    if let Err(e) = Requirement::new(&q.key, q.operator, &q.values) {
+        errs.push(p.field("values"), e.to_string());
+    }
+    if matches!(q.operator, Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte)
+        && q.values.first().is_some_and(|v| v.parse::<i64>().is_ok_and(|n| n < 0))
+    {
+        errs.push(p.field("values"), format!("operator {} needs a non-negative integer", q.operator));
+    }
+    for v in &q.values {
+        if !labels::is_label_value(v) {
+            errs.push(p.field("values"), format!("invalid label value {v:?}"));
+        }
+    }
+    if let Some(m) = q.min_values {
+        if !(1..=50).contains(&m) {
+            errs.push(p.field("minValues"), format!("must be between 1 and 50, got {m}"));
+        } else if q.operator == Operator::In && (q.values.len() as i64) < m {
+            errs.push(p.field("minValues"), "requirements with 'minValues' must have at least that many values specified in the 'values' field");
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The instance catalog: EC2 instance types, their labels, allocatable
+//! resources and priced offerings (zone × capacity type).
+//!
+//! Raw facts ([`InstanceTypeInfo`]) are kept per type; [`Catalog::resolve`]
+//! turns them into schedulable [`InstanceType`]s for one EC2NodeClass's
+//! kubelet settings, since allocatable depends on them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::apis::KubeletConfiguration;
+use crate::apis::labels;
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::Resources;
+
+/// One place and way an instance type can be bought.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Offering {
+    /// Availability zone name.
+    pub zone: String,
+    /// `spot` or `on-demand` (or `reserved`).
+    pub capacity_type: String,
+    /// Price per hour in USD.
+    pub price: f64,
+    /// False when recently out of capacity (or not offered).
+    #[serde(default = "yes")]
+    pub available: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Raw facts about an instance type, independent of kubelet settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceTypeInfo {
+    /// The instance type name, e.g. m5.large.
+    pub name: String,
+    /// Labels every node of this type carries (well-known and
+    /// `karpenter.k8s.aws/*`), without zone or capacity type.
+    pub labels: BTreeMap<String, String>,
+    /// Raw capacity: cpu, memory (after the VM overhead), pods, ephemeral-storage
+    /// and extended resources such as nvidia.com/gpu.
+    pub capacity: Resources,
+    /// Explicit allocatable (catalog files may give it); computed when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable: Option<Resources>,
+    /// vCPUs, for kubelet podsPerCore and kube-reserved.
+    pub vcpus: i64,
+    /// Pods by ENI limits (the default maxPods).
+    pub eni_max_pods: i64,
+    /// Offerings by zone and capacity type.
+    pub offerings: Vec<Offering>,
+}
+
+/// An instance type ready for scheduling under one EC2NodeClass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceType {
+    /// The instance type name.
+    pub name: String,
+    /// What a node of this type offers: its labels as `In` requirements,
+    /// plus zone and capacity type over all its offerings.
+    pub requirements: Requirements,
+    /// Labels (without zone and capacity type).
+    pub labels: BTreeMap<String, String>,
+    /// Capacity as the node reports it.
+    pub capacity: Resources,
+    /// What pods may request: capacity minus kube/system reserved and eviction thresholds.
+    pub allocatable: Resources,
+    /// Offerings by zone and capacity type.
+    pub offerings: Vec<Offering>,
+}
+
+impl InstanceType {
+    /// The cheapest available offering that satisfies `reqs` (zone, capacity
+    /// type), preferring spot over on-demand when both are allowed, as an EC2
+    /// Fleet request for both would.
+    pub fn cheapest_offering(&self, reqs: &Requirements) -> Option<&Offering> {
+        let ok = |o: &&Offering| {
+            o.available
+                && reqs.get(labels::ZONE).is_none_or(|r| r.has(&o.zone))
+                && reqs.get(labels::CAPACITY_TYPE).is_none_or(|r| r.has(&o.capacity_type))
+        };
+        let cheapest = |ct: &str| {
+            self.offerings
+                .iter()
+                .filter(ok)
+                .filter(|o| o.capacity_type == ct)
+                .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
+        };
+        cheapest(labels::CAPACITY_SPOT)
+            .or_else(|| cheapest(labels::CAPACITY_ON_DEMAND))
+            .or_else(|| self.offerings.iter().filter(ok).min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone))))
+    }
+}
+
+/// All instance types of a region.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Catalog {
+    /// The region.
+    pub region: String,
+    /// Instance types, sorted by name.
+    pub instance_types: Vec<InstanceTypeInfo>,
+}
+
+impl Catalog {
+    /// Schedulable instance types for one EC2NodeClass's kubelet settings.
+    pub fn resolve(&self, kubelet: Option<&KubeletConfiguration>) -> Vec<InstanceType> {
+        self.instance_types.iter().map(|i| i.resolve(&self.region, kubelet)).collect()
+    }
+}
+
+impl InstanceTypeInfo {
+    /// This type under the given kubelet settings.
+    pub fn resolve(&self, region: &str, kubelet: Option<&KubeletConfiguration>) -> InstanceType {
+        let (capacity, allocatable) = match &self.allocatable {
+            Some(a) => (self.capacity.clone(), a.clone()),
+            None => allocatable::compute(self, kubelet),
+        };
+        let mut requirements = Requirements::from_labels(self.labels.iter());
+        requirements.add(Requirement::in_values(labels::REGION, &[region]));
+        let zones: Vec<&str> = self.offerings.iter().map(|o| o.zone.as_str()).collect();
+        let cts: Vec<&str> = self.offerings.iter().map(|o| o.capacity_type.as_str()).collect();
+        requirements.add(Requirement::in_values(labels::ZONE, &zones));
+        requirements.add(Requirement::in_values(labels::CAPACITY_TYPE, &cts));
+        let mut labels = self.labels.clone();
+        labels.insert(labels::REGION.to_string(), region.to_string());
+        InstanceType { name: self.name.clone(), requirements, labels, capacity, allocatable, offerings: self.offerings.clone() }
+    }
+}
+
+pub mod allocatable;

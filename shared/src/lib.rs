@@ -1,0 +1,12 @@
+//! nodesmith: Karpenter's node provisioning for Amazon EKS, done by Lambda functions.
+//!
+//! Pure parts (API types, requirements, catalog maths, the solver, disruption
+//! decisions, event parsing) have no I/O; adapters to AWS and Kubernetes are
+//! thin and live beside them.
+
+pub mod apis;
+pub mod catalog;
+pub mod nodeclaim;
+pub mod quantity;
+pub mod requirements;
+pub mod resources;

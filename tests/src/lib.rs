@@ -1,0 +1,1 @@
+//! Local stack for tests.
