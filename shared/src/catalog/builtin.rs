@@ -42,13 +42,15 @@ pub struct SnapshotType {
     /// On-demand price per hour, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_demand_price: Option<f64>,
-    /// Spot price per hour for each of `zones` (empty when spot is not sold).
+    /// Spot price per hour for each of `zones` (empty when spot is not
+    /// sold; null where a zone has no known price).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub spot_prices: Vec<f64>,
+    pub spot_prices: Vec<Option<f64>>,
 }
 
 impl SnapshotType {
-    /// Offerings zone by zone: on-demand (when priced), then spot.
+    /// Offerings zone by zone: on-demand, then spot, for the usage classes
+    /// the type supports and where a price is known.
     pub fn offerings(&self) -> Result<Vec<Offering>, CatalogError> {
         if !self.spot_prices.is_empty() && self.spot_prices.len() != self.zones.len() {
             return Err(CatalogError::Facts {
@@ -58,10 +60,10 @@ impl SnapshotType {
         }
         let mut out = Vec::with_capacity(self.zones.len() * 2);
         for (i, zone) in self.zones.iter().enumerate() {
-            if let Some(p) = self.on_demand_price {
+            if let (Some(p), true) = (self.on_demand_price, self.facts.supports_on_demand()) {
                 out.push(Offering { zone: zone.clone(), capacity_type: labels::CAPACITY_ON_DEMAND.to_string(), price: p, available: true });
             }
-            if let Some(p) = self.spot_prices.get(i) {
+            if let (Some(Some(p)), true) = (self.spot_prices.get(i), self.facts.supports_spot()) {
                 out.push(Offering { zone: zone.clone(), capacity_type: labels::CAPACITY_SPOT.to_string(), price: *p, available: true });
             }
         }

@@ -135,6 +135,7 @@ impl InstanceTypeInfo {
 
 pub mod allocatable;
 pub mod builtin;
+pub mod ec2;
 
 pub mod facts;
 pub mod file;
