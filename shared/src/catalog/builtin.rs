@@ -74,8 +74,12 @@ impl SnapshotType {
 impl Snapshot {
     /// Parses snapshot JSON, naming the field when it is malformed.
     pub fn parse(text: &str) -> Result<Snapshot, CatalogError> {
-        let de = &mut serde_json::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| CatalogError::Field { path: e.path().to_string(), message: e.inner().to_string() })
+        // Path tracking slows the cold-start path; only pay for it to
+        // explain a failure.
+        serde_json::from_str(text).or_else(|_| {
+            let de = &mut serde_json::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| CatalogError::Field { path: e.path().to_string(), message: e.inner().to_string() })
+        })
     }
 
     /// The catalog: every type's facts turned into labels and capacity,
@@ -160,6 +164,22 @@ mod tests {
         let c = builtin().unwrap();
         assert!(c.instance_types.iter().all(|i| !i.name.starts_with("mac")));
         assert!(c.instance_types.iter().all(|i| i.offerings.iter().any(|o| o.capacity_type == "on-demand")));
+    }
+
+    #[test]
+    fn every_label_is_valid_and_well_known() {
+        let c = builtin().unwrap();
+        for i in &c.instance_types {
+            for (k, v) in &i.labels {
+                assert!(labels::validate_key(k).is_ok() && labels::is_label_value(v), "{}: {k}={v:?}", i.name);
+                assert!(labels::is_well_known(k), "{}: {k} is not a well-known label", i.name);
+            }
+            for k in [labels::INSTANCE_TYPE, labels::ARCH, labels::OS, labels::aws::FAMILY, labels::aws::SIZE, labels::aws::CPU, labels::aws::MEMORY, labels::aws::HYPERVISOR] {
+                assert!(i.labels.contains_key(k), "{} lacks {k}", i.name);
+            }
+        }
+        let gpu_names: std::collections::BTreeSet<&str> = c.instance_types.iter().filter_map(|i| i.labels.get(labels::aws::GPU_NAME).map(String::as_str)).collect();
+        assert!(gpu_names.contains("a10g") && gpu_names.contains("v100") && gpu_names.contains("t4"), "{gpu_names:?}");
     }
 
     #[test]
