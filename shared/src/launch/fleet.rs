@@ -191,11 +191,10 @@ pub enum Decision {
     Fatal(String, String),
 }
 
-/// Decides what an answer means for a plan (pure).
-pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
-    if let Some(i) = answer.instances.first() {
-        return Decision::Launched(i.clone());
-    }
+/// Offerings an answer says are out of capacity, with the EC2 code (pure).
+/// Real EC2 may launch from one override and report others as failed in the
+/// same answer, so this is read whether or not an instance came back.
+pub fn capacity_failures(plan: &FleetPlan, answer: &FleetAnswer) -> Vec<(OfferingKey, String)> {
     let all: Vec<&Candidate> = plan.overrides.values().flatten().collect();
     let zone_of = |e: &FleetError| {
         e.zone.clone().or_else(|| e.subnet_id.as_ref().and_then(|s| all.iter().find(|c| &c.subnet_id == s).map(|c| c.offering.zone.clone())))
@@ -214,15 +213,30 @@ pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
             ErrorClass::SpotLimit => {
                 mark.extend(all.iter().filter(|c| c.offering.capacity_type == CAPACITY_SPOT).map(|c| (c.offering.clone(), e.code.clone())))
             }
-            ErrorClass::Transient => return Decision::Transient(format!("{}: {}", e.code, e.message)),
-            ErrorClass::Fatal => return Decision::Fatal(e.code.clone(), e.message.clone()),
+            ErrorClass::Transient | ErrorClass::Fatal => {}
         }
-    }
-    if mark.is_empty() {
-        return Decision::Transient("CreateFleet returned neither an instance nor an error".into());
     }
     mark.sort();
     mark.dedup();
+    mark
+}
+
+/// Decides what an answer means for a plan (pure).
+pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
+    if let Some(i) = answer.instances.first() {
+        return Decision::Launched(i.clone());
+    }
+    for e in &answer.errors {
+        match classify(&e.code) {
+            ErrorClass::Transient => return Decision::Transient(format!("{}: {}", e.code, e.message)),
+            ErrorClass::Fatal => return Decision::Fatal(e.code.clone(), e.message.clone()),
+            ErrorClass::Capacity | ErrorClass::SpotLimit => {}
+        }
+    }
+    let mark = capacity_failures(plan, answer);
+    if mark.is_empty() {
+        return Decision::Transient("CreateFleet returned neither an instance nor an error".into());
+    }
     Decision::Retry(mark)
 }
 
@@ -440,5 +454,17 @@ mod tests {
         for (answer, want) in cases {
             assert_eq!(decide(&p, &answer), want, "{answer:?}");
         }
+    }
+
+    #[test]
+    fn capacity_failures_are_read_even_when_an_instance_came_back() {
+        let cands = vec![cand("m5.large", "a", "spot"), cand("c5.large", "b", "spot")];
+        let p = plan("c", &cands, "spot");
+        let launched = Launched { instance_id: "i-1".into(), instance_type: "c5.large".into(), capacity_type: "spot".into(), zone: None, subnet_id: None };
+        let answer = FleetAnswer {
+            instances: vec![launched],
+            errors: vec![err(Some("m5.large"), Some("a"), None, "InsufficientInstanceCapacity"), err(None, None, None, "InvalidParameterValue")],
+        };
+        assert_eq!(capacity_failures(&p, &answer), vec![(OfferingKey::new("m5.large", "a", "spot"), "InsufficientInstanceCapacity".to_string())]);
     }
 }

@@ -9,6 +9,7 @@
 //! carries a ClientToken derived from the claim and its overrides.
 
 pub mod ami;
+pub mod batch;
 pub mod cluster;
 pub mod errors;
 pub mod fleet;
@@ -305,6 +306,19 @@ impl Launcher {
             let plan = fleet::plan(name, &cands, ct);
             tracing::info!(node_claim = %name, round, capacity_type = ct, overrides = cands.iter().filter(|c| c.offering.capacity_type == ct).count(), "CreateFleet");
             let answer = fleet::create(&self.ec2, &plan, &tags).await?;
+            let failed = fleet::capacity_failures(&plan, &answer);
+            if !failed.is_empty() {
+                tracing::warn!(node_claim = %name, offerings = ?failed, "insufficient capacity; marking offerings unavailable");
+                let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
+                for (k, code) in failed {
+                    unavailable.insert(k.clone());
+                    tried.push(k.clone());
+                    by_code.entry(code).or_default().push(k);
+                }
+                for (code, keys) in by_code {
+                    self.store.mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS).await?;
+                }
+            }
             match fleet::decide(&plan, &answer) {
                 Decision::Launched(l) => {
                     let chosen = cands.iter().find(|c| {
@@ -318,18 +332,8 @@ impl Launcher {
                     tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
                     return Ok(LaunchOutcome::Launched(c));
                 }
-                Decision::Retry(marks) => {
-                    tracing::warn!(node_claim = %name, offerings = ?marks, "insufficient capacity; marking offerings unavailable");
-                    let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
-                    for (k, code) in marks {
-                        unavailable.insert(k.clone());
-                        tried.push(k.clone());
-                        by_code.entry(code).or_default().push(k);
-                    }
-                    for (code, keys) in by_code {
-                        self.store.mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS).await?;
-                    }
-                }
+                // Already marked above; the next round tries the rest.
+                Decision::Retry(_) => {}
                 Decision::Transient(why) => return Err(LaunchError::Aws { op: "ec2:CreateFleet", message: why }),
                 Decision::Fatal(code, message) => return Err(LaunchError::Fleet { node_claim: name.clone(), code, message }),
             }
