@@ -2,7 +2,9 @@
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 
-use super::request::LaunchRequest;
+use std::collections::BTreeMap;
+
+use super::request::{LaunchRequest, RequestError};
 use super::{LaunchError, LaunchOutcome, Launcher};
 
 /// What happened to one record.
@@ -29,10 +31,10 @@ pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
     resp
 }
 
-async fn handle_record(launcher: &Launcher, msg: &SqsMessage) -> RecordResult {
+async fn handle_record(launcher: &Launcher, msg: &SqsMessage, parsed: Result<LaunchRequest, RequestError>) -> RecordResult {
     let message_id = msg.message_id.clone();
     let id = message_id.as_deref().unwrap_or("<none>");
-    let result = match LaunchRequest::parse(msg.body.as_deref().unwrap_or_default()) {
+    let result = match parsed {
         Err(e) => {
             tracing::error!(message_id = id, error = %e, "rejecting launch request; it goes to the dead-letter queue after its retries");
             Err(LaunchError::Request(e))
@@ -40,7 +42,7 @@ async fn handle_record(launcher: &Launcher, msg: &SqsMessage) -> RecordResult {
         Ok(req) => {
             let r = launcher.launch(&req).await;
             match &r {
-                Ok(o) => tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = ?outcome_name(o), "launch request handled"),
+                Ok(o) => tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled"),
                 Err(e) => tracing::error!(message_id = id, node_claim = %req.node_claim, error = %e, "launch request failed; SQS will redeliver it"),
             }
             r
@@ -59,9 +61,30 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
     }
 }
 
-/// Handles every record of a batch (concurrently; records are independent).
+/// Handles every record of a batch: different NodeClaims concurrently,
+/// duplicates of one NodeClaim in order (so the second sees the first's launch
+/// instead of its lease). Results are in record order.
 pub async fn handle(launcher: &Launcher, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
-    let results = futures::future::join_all(event.records.iter().map(|m| handle_record(launcher, m))).await;
+    let mut groups: BTreeMap<String, Vec<(usize, Result<LaunchRequest, RequestError>)>> = BTreeMap::new();
+    for (i, m) in event.records.iter().enumerate() {
+        let parsed = LaunchRequest::parse(m.body.as_deref().unwrap_or_default());
+        // Unparseable records each get their own group.
+        let key = match &parsed {
+            Ok(r) => format!("claim/{}", r.node_claim),
+            Err(_) => format!("record/{i}"),
+        };
+        groups.entry(key).or_default().push((i, parsed));
+    }
+    let runs = groups.into_values().map(|group| async move {
+        let mut out = Vec::with_capacity(group.len());
+        for (i, parsed) in group {
+            out.push((i, handle_record(launcher, &event.records[i], parsed).await));
+        }
+        out
+    });
+    let mut results: Vec<(usize, RecordResult)> = futures::future::join_all(runs).await.into_iter().flatten().collect();
+    results.sort_by_key(|(i, _)| *i);
+    let results: Vec<RecordResult> = results.into_iter().map(|(_, r)| r).collect();
     if results.iter().any(|r| r.message_id.is_none() && r.result.is_err()) {
         tracing::error!("a failed record has no message id and cannot be reported for redelivery");
     }
@@ -71,7 +94,6 @@ pub async fn handle(launcher: &Launcher, event: &SqsEvent) -> (SqsBatchResponse,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::request::RequestError;
 
     #[test]
     fn only_failed_records_are_reported() {
