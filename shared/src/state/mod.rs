@@ -35,6 +35,7 @@ mod table;
 
 pub use catalog::PART_BYTES;
 pub use leases::Lease;
+pub use nodeclaims::{from_item as node_claim_from_item, to_item as node_claim_item};
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::create_table;
 
