@@ -234,11 +234,13 @@ fn filter_fleet(form: &[(String, String)], rules: &[CapacityRule]) -> (Option<St
     let mut rest: Vec<(String, String)> = Vec::new();
     for (k, v) in form {
         let parts: Vec<&str> = k.split('.').collect();
-        if parts.len() == 5 && parts[0] == "LaunchTemplateConfigs" && parts[2] == "Overrides" {
-            if let (Ok(i), Ok(j)) = (parts[1].parse::<usize>(), parts[3].parse::<usize>()) {
-                overrides.entry((i, j)).or_default().insert(parts[4].to_string(), v.clone());
-                continue;
-            }
+        if parts.len() == 5
+            && parts[0] == "LaunchTemplateConfigs"
+            && parts[2] == "Overrides"
+            && let (Ok(i), Ok(j)) = (parts[1].parse::<usize>(), parts[3].parse::<usize>())
+        {
+            overrides.entry((i, j)).or_default().insert(parts[4].to_string(), v.clone());
+            continue;
         }
         rest.push((k.clone(), v.clone()));
     }

@@ -144,9 +144,9 @@ async fn unavailable_offerings_expire_on_read() {
     let now = state::now_secs();
     let a = OfferingKey::new("m5.large", "us-east-1a", "spot");
     let b = OfferingKey::new("c5.large", "us-east-1b", "on-demand");
-    st.mark_unavailable(&[a.clone()], "InsufficientInstanceCapacity", now + state::UNAVAILABLE_TTL_SECS).await.unwrap();
+    st.mark_unavailable(std::slice::from_ref(&a), "InsufficientInstanceCapacity", now + state::UNAVAILABLE_TTL_SECS).await.unwrap();
     // Already expired, but DynamoDB (and moto) may still return it: the read must drop it.
-    st.mark_unavailable(&[b.clone()], "InsufficientInstanceCapacity", now - 1).await.unwrap();
+    st.mark_unavailable(std::slice::from_ref(&b), "InsufficientInstanceCapacity", now - 1).await.unwrap();
     let got = st.unavailable_offerings(now).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].key, a);

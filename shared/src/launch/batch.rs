@@ -61,11 +61,14 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
     }
 }
 
+/// A record's index and what its body parsed to.
+type Parsed = (usize, Result<LaunchRequest, RequestError>);
+
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
 /// instead of its lease). Results are in record order.
 pub async fn handle(launcher: &Launcher, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
-    let mut groups: BTreeMap<String, Vec<(usize, Result<LaunchRequest, RequestError>)>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<Parsed>> = BTreeMap::new();
     for (i, m) in event.records.iter().enumerate() {
         let parsed = LaunchRequest::parse(m.body.as_deref().unwrap_or_default());
         // Unparseable records each get their own group.
