@@ -194,3 +194,22 @@ async fn a_claim_that_is_gone_is_not_launched_and_bad_selectors_are_named() {
     assert_eq!(st.get_node_claim("lost-1").await.unwrap().unwrap().phase, Phase::Pending, "left for a later retry");
     assert!(instances_of(&m, "lost-1").await.is_empty());
 }
+
+#[tokio::test]
+async fn gpu_types_get_the_nvidia_ami_in_their_own_template() {
+    let m = moto().await;
+    world(&m).await;
+    let st = store(&m).await;
+    let proxy = nodesmith_tests::fault_proxy::FaultProxy::start(m.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint()).await;
+    let req = pending(&st, &claim("gpu-1", &["g5.xlarge", "m5.large"], &["on-demand"]), &node_class("al2023@latest")).await;
+    assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
+    let mut images: Vec<String> = template_user_data(&m).await.into_iter().map(|(_, image, _)| image).collect();
+    images.sort();
+    assert_eq!(images, vec!["ami-0a1b2c3d4e5f60001", "ami-0a1b2c3d4e5f60003"], "standard and nvidia AL2023");
+    let fleet = &proxy.fleets()[0];
+    let mut types: Vec<&str> = fleet.overrides.iter().map(|o| o.instance_type.as_str()).collect();
+    types.sort();
+    types.dedup();
+    assert_eq!(types, vec!["g5.xlarge", "m5.large"], "one CreateFleet over both templates");
+}

@@ -38,17 +38,28 @@ pub fn k8s_arch(ec2_arch: &str) -> Option<&'static str> {
     }
 }
 
+/// Which AMI an instance type needs: its architecture and whether it has NVIDIA GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AmiKey {
+    /// Kubernetes architecture: amd64 or arm64.
+    pub arch: String,
+    /// NVIDIA GPUs: the accelerated AMI variant.
+    pub nvidia: bool,
+}
+
 /// The public SSM parameter holding the AMI for an alias (pure).
-pub fn alias_parameter(alias: &str, k8s_version: &str, arch: &str) -> Result<String, String> {
+pub fn alias_parameter(alias: &str, k8s_version: &str, key: &AmiKey) -> Result<String, String> {
     let (family, version) = alias.split_once('@').ok_or_else(|| format!("alias {alias:?} is not family@version"))?;
-    let a = ec2_arch(arch).ok_or_else(|| format!("no AMI architecture for {arch:?}"))?;
+    let a = ec2_arch(&key.arch).ok_or_else(|| format!("no AMI architecture for {:?}", key.arch))?;
+    let variant = if key.nvidia { "nvidia" } else { "standard" };
+    let br = if key.nvidia { "-nvidia" } else { "" };
     match (family, version) {
-        ("al2023", "latest") => Ok(format!("/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/standard/recommended/image_id")),
+        ("al2023", "latest") => Ok(format!("/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/{variant}/recommended/image_id")),
         ("al2023", v) => Ok(format!(
-            "/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/standard/amazon-eks-node-al2023-{a}-standard-{k8s_version}-{v}/image_id"
+            "/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/{variant}/amazon-eks-node-al2023-{a}-{variant}-{k8s_version}-{v}/image_id"
         )),
-        ("bottlerocket", "latest") => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}/{a}/latest/image_id")),
-        ("bottlerocket", v) => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}/{a}/{}/image_id", v.trim_start_matches('v'))),
+        ("bottlerocket", "latest") => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}{br}/{a}/latest/image_id")),
+        ("bottlerocket", v) => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}{br}/{a}/{}/image_id", v.trim_start_matches('v'))),
         (f, _) => Err(format!("alias family {f:?} is not supported for launch (al2023, bottlerocket)")),
     }
 }
@@ -89,19 +100,20 @@ pub fn newest_per_arch(amis: impl IntoIterator<Item = Ami>) -> BTreeMap<String, 
     best
 }
 
-/// AMI id per needed Kubernetes architecture.
+/// AMI id per needed [`AmiKey`]. Aliases pick the variant by key; other
+/// terms pick the newest matching image of the key's architecture.
 pub async fn resolve(
     ec2: &aws_sdk_ec2::Client,
     ssm: &aws_sdk_ssm::Client,
     terms: &[AmiSelectorTerm],
     k8s_version: &str,
-    archs: &BTreeSet<String>,
-) -> Result<BTreeMap<String, String>, LaunchError> {
+    keys: &BTreeSet<AmiKey>,
+) -> Result<BTreeMap<AmiKey, String>, LaunchError> {
     if let Some(alias) = terms.iter().find_map(|t| t.alias.as_deref()) {
         let mut out = BTreeMap::new();
-        for arch in archs {
-            let name = alias_parameter(alias, k8s_version, arch).map_err(|what| LaunchError::Resolve { node_claim: String::new(), what })?;
-            out.insert(arch.clone(), parameter(ssm, &name).await?);
+        for key in keys {
+            let name = alias_parameter(alias, k8s_version, key).map_err(|what| LaunchError::Resolve { node_claim: String::new(), what })?;
+            out.insert(key.clone(), parameter(ssm, &name).await?);
         }
         return Ok(out);
     }
@@ -125,7 +137,8 @@ pub async fn resolve(
             found.push(Ami { id: id.to_string(), arch: arch.to_string(), created: img.creation_date().unwrap_or_default().to_string() });
         }
     }
-    Ok(newest_per_arch(found).into_iter().filter(|(a, _)| archs.contains(a)).map(|(a, ami)| (a, ami.id)).collect())
+    let newest = newest_per_arch(found);
+    Ok(keys.iter().filter_map(|k| newest.get(&k.arch).map(|ami| (k.clone(), ami.id.clone()))).collect())
 }
 
 async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<String, LaunchError> {
@@ -144,6 +157,8 @@ mod tests {
     fn alias_parameters_follow_the_public_names() {
         let cases = [
             ("al2023@latest", "amd64", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id")),
+            ("al2023@latest", "amd64+nvidia", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id")),
+            ("bottlerocket@latest", "amd64+nvidia", Ok("/aws/service/bottlerocket/aws-k8s-1.33-nvidia/x86_64/latest/image_id")),
             ("al2023@latest", "arm64", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/arm64/standard/recommended/image_id")),
             (
                 "al2023@v20250101",
@@ -157,7 +172,11 @@ mod tests {
             ("al2023@latest", "s390x", Err("no AMI architecture for \"s390x\"")),
         ];
         for (alias, arch, want) in cases {
-            let got = alias_parameter(alias, "1.33", arch);
+            let key = match arch.strip_suffix("+nvidia") {
+                Some(a) => AmiKey { arch: a.into(), nvidia: true },
+                None => AmiKey { arch: arch.into(), nvidia: false },
+            };
+            let got = alias_parameter(alias, "1.33", &key);
             match want {
                 Ok(p) => assert_eq!(got.as_deref(), Ok(p), "{alias} {arch}"),
                 Err(e) => assert!(got.as_ref().is_err_and(|g| g.contains(e)), "{alias} {arch}: {got:?}"),

@@ -107,6 +107,22 @@ pub fn arch_of(instance_type: &str, catalog: Option<&Catalog>) -> String {
     if after_digit.starts_with('g') { "arm64".into() } else { "amd64".into() }
 }
 
+/// Whether an instance type has NVIDIA GPUs: the catalog's label, else the
+/// naming rule (g and p families, but not the AMD-GPU g4ad) (pure).
+pub fn has_nvidia_gpu(instance_type: &str, catalog: Option<&Catalog>) -> bool {
+    if let Some(info) = catalog.and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type)) {
+        return info.labels.get(labels::aws::GPU_MANUFACTURER).is_some_and(|m| m == "nvidia");
+    }
+    let family = instance_type.split('.').next().unwrap_or_default();
+    let mut chars = family.chars();
+    matches!(chars.next(), Some('g' | 'p')) && chars.next().is_some_and(|c| c.is_ascii_digit()) && !family.starts_with("g4ad")
+}
+
+/// The AMI an instance type needs (pure).
+pub fn ami_key_of(instance_type: &str, catalog: Option<&Catalog>) -> ami::AmiKey {
+    ami::AmiKey { arch: arch_of(instance_type, catalog), nvidia: has_nvidia_gpu(instance_type, catalog) }
+}
+
 /// The claim's requirements as an algebra value (unknown operators are skipped, as they cannot narrow).
 fn requirements(claim: &NodeClaim) -> Requirements {
     let mut r = Requirements::new();
@@ -247,17 +263,17 @@ impl Launcher {
         if security_groups.is_empty() {
             return Err(resolve("securityGroupSelectorTerms select no security groups".into()));
         }
-        let arch_by_type: BTreeMap<String, String> =
-            claim.instance_type_options.iter().map(|t| (t.clone(), arch_of(t, catalog.as_ref()))).collect();
-        let archs: BTreeSet<String> = arch_by_type.values().cloned().collect();
-        let amis = ami::resolve(&self.ec2, &self.ssm, &class.spec.ami_selector_terms, &cluster.version, &archs)
+        let key_by_type: BTreeMap<String, ami::AmiKey> =
+            claim.instance_type_options.iter().map(|t| (t.clone(), ami_key_of(t, catalog.as_ref()))).collect();
+        let keys: BTreeSet<ami::AmiKey> = key_by_type.values().cloned().collect();
+        let amis = ami::resolve(&self.ec2, &self.ssm, &class.spec.ami_selector_terms, &cluster.version, &keys)
             .await
             .map_err(|e| match e {
                 LaunchError::Resolve { what, .. } => resolve(what),
                 other => other,
             })?;
         if amis.is_empty() {
-            return Err(resolve(format!("amiSelectorTerms select no AMI for {archs:?}")));
+            return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
         }
 
         let settings = NodeSettings {
@@ -269,8 +285,8 @@ impl Launcher {
         let user_data =
             userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData { node_claim: name.clone(), source })?;
         let tags = instance_tags(&cluster.name, &claim, &class);
-        let mut template_by_arch = BTreeMap::new();
-        for (arch, image) in &amis {
+        let mut template_by_key = BTreeMap::new();
+        for (key, image) in &amis {
             let spec = TemplateSpec {
                 cluster: cluster.name.clone(),
                 image_id: image.clone(),
@@ -282,10 +298,10 @@ impl Launcher {
                 monitoring: class.spec.detailed_monitoring.unwrap_or(false),
                 tags: tags.clone(),
             };
-            template_by_arch.insert(arch.clone(), launchtemplate::ensure(&self.ec2, &spec).await?);
+            template_by_key.insert(key.clone(), launchtemplate::ensure(&self.ec2, &spec).await?);
         }
         let templates: BTreeMap<String, String> =
-            arch_by_type.iter().filter_map(|(t, a)| template_by_arch.get(a).map(|lt| (t.clone(), lt.clone()))).collect();
+            key_by_type.iter().filter_map(|(t, k)| template_by_key.get(k).map(|lt| (t.clone(), lt.clone()))).collect();
 
         let capacity_types = allowed_capacity_types(&claim);
         let zones = allowed_zones(&claim, subnets.keys().cloned());
@@ -420,6 +436,26 @@ mod tests {
         for (t, want) in [("m5.large", "amd64"), ("m6g.large", "arm64"), ("c7gd.xlarge", "arm64"), ("g5.xlarge", "amd64"), ("t4g.micro", "arm64"), ("m7i.large", "amd64")] {
             assert_eq!(arch_of(t, None), want, "{t}");
         }
+    }
+
+    #[test]
+    fn nvidia_gpus_from_catalog_or_name() {
+        for (t, want) in [("g5.xlarge", true), ("p4d.24xlarge", true), ("g5g.xlarge", true), ("g4ad.xlarge", false), ("m5.large", false), ("c7gd.large", false)] {
+            assert_eq!(has_nvidia_gpu(t, None), want, "{t}");
+        }
+        let info = crate::catalog::InstanceTypeInfo {
+            name: "x1.large".into(),
+            labels: BTreeMap::from([(labels::aws::GPU_MANUFACTURER.to_string(), "nvidia".to_string()), (labels::ARCH.to_string(), "arm64".to_string())]),
+            capacity: Resources::new(),
+            allocatable: None,
+            vcpus: 2,
+            eni_max_pods: 29,
+            offerings: vec![],
+        };
+        let catalog = Catalog { region: "r".into(), instance_types: vec![info] };
+        assert_eq!(ami_key_of("x1.large", Some(&catalog)), ami::AmiKey { arch: "arm64".into(), nvidia: true });
+        assert_eq!(ami_key_of("g5.xlarge", Some(&catalog)), ami::AmiKey { arch: "amd64".into(), nvidia: true }, "unknown to the catalog: the name decides");
+        assert_eq!(ami_key_of("g5g.xlarge", None), ami::AmiKey { arch: "arm64".into(), nvidia: true });
     }
 
     #[test]
