@@ -139,6 +139,7 @@ async fn redelivered_and_concurrent_requests_launch_exactly_once() {
     // SQS redelivers the busy one later: nothing more happens.
     assert!(matches!(l.launch(&b).await.unwrap(), LaunchOutcome::AlreadyLaunched(_)));
 
+    assert_eq!(st.read_lease("launch/dup-a").await.unwrap(), None, "lease items of launched claims are removed");
     assert_eq!(instances_of(&m, "dup-a").await.len(), 1);
     assert_eq!(instances_of(&m, "dup-b").await.len(), 1);
     // One template serves both claims? No: labels carry the claim name, so each claim has its own.

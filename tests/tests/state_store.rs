@@ -135,6 +135,9 @@ async fn leases_are_exclusive_under_concurrent_acquirers_and_fence_stale_holders
     let c = st.acquire_lease("provision", "third", 30_000, now + 40_004).await.unwrap().unwrap();
     assert_eq!(c.version, 3);
     assert_eq!(st.read_lease("provision").await.unwrap().map(|l| l.holder), Some("third".to_string()));
+    assert!(matches!(st.delete_lease(&b, now + 40_005).await, Err(StateError::LeaseLost { .. })), "only the holder deletes");
+    st.delete_lease(&c, now + 40_005).await.unwrap();
+    assert_eq!(st.read_lease("provision").await.unwrap(), None);
 }
 
 #[tokio::test]

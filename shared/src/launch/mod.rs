@@ -227,9 +227,12 @@ impl Launcher {
             return Err(LaunchError::Busy(name.clone()));
         };
         let result = self.launch_leased(req).await;
-        // A failed release only delays the next delivery until the lease expires.
-        if let Err(e) = self.store.release_lease(&lease, state::now_ms()).await {
-            tracing::warn!(node_claim = %name, error = %e, "cannot release launch lease");
+        // Done with the claim: the lease item goes. Failed: released for the redelivery.
+        // Either failing only delays a redelivery until the lease expires.
+        let now = state::now_ms();
+        let freed = if result.is_ok() { self.store.delete_lease(&lease, now).await } else { self.store.release_lease(&lease, now).await };
+        if let Err(e) = freed {
+            tracing::warn!(node_claim = %name, error = %e, "cannot free launch lease");
         }
         result
     }

@@ -87,6 +87,30 @@ impl StateStore {
         }
     }
 
+    /// Deletes a held lease item. Only for leases whose fencing token is never
+    /// used again (per-NodeClaim launch leases once the claim has left Pending):
+    /// the next acquisition starts again from token 1.
+    pub async fn delete_lease(&self, lease: &Lease, now_ms: i64) -> Result<(), StateError> {
+        let res = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_LEASE, &lease.name)))
+            .condition_expression("holder = :h AND version = :v AND leaseUntil > :now")
+            .expression_attribute_values(":h", s(&lease.holder))
+            .expression_attribute_values(":v", n(lease.version))
+            .expression_attribute_values(":now", n(now_ms))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Err(StateError::LeaseLost { name: lease.name.clone(), holder: lease.holder.clone(), version: lease.version })
+            }
+            Err(e) => Err(self.dynamo("DeleteItem", e)),
+        }
+    }
+
     /// The lease as stored (holder, token, expiry), whether or not it is live.
     pub async fn read_lease(&self, name: &str) -> Result<Option<Lease>, StateError> {
         let out = self
