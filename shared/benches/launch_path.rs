@@ -70,7 +70,8 @@ fn bench(c: &mut Criterion) {
         .iter()
         .map(|z| (z.to_string(), Subnet { id: format!("subnet-{z}"), zone: z.to_string(), available_ips: 200 }))
         .collect();
-    let templates: BTreeMap<String, String> = types.iter().map(|t| (t.clone(), "nodesmith/abc".to_string())).collect();
+    let templates: BTreeMap<(String, String), String> =
+        types.iter().flat_map(|t| ["spot", "on-demand"].map(|ct| ((t.clone(), ct.to_string()), format!("nodesmith/{ct}")))).collect();
     let cts = vec!["spot".to_string(), "on-demand".to_string()];
     let unavailable: BTreeSet<OfferingKey> = types.iter().take(20).map(|t| OfferingKey::new(t, "us-east-1a", "spot")).collect();
     c.bench_function("fleet/candidates+plan 60 types x 3 zones x 2", |b| {

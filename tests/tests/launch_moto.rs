@@ -67,8 +67,12 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     }
 
     let lts = template_user_data(&m).await;
-    assert_eq!(lts.len(), 1);
-    let (name, image, ud) = &lts[0];
+    // One template per capacity type the claim allows: the node's capacity-type label differs.
+    assert_eq!(lts.len(), 2);
+    let mut cts: Vec<bool> = lts.iter().map(|(_, _, ud)| ud.contains("karpenter.sh/capacity-type=spot")).collect();
+    cts.sort();
+    assert_eq!(cts, vec![false, true]);
+    let (name, image, ud) = lts.iter().find(|(_, _, ud)| ud.contains("karpenter.sh/capacity-type=spot")).unwrap();
     assert!(name.starts_with("nodesmith/"), "{name}");
     assert_eq!(image, "ami-0a1b2c3d4e5f60001");
     let parts = parse_mime(ud).unwrap();

@@ -26,7 +26,7 @@ pub struct Candidate {
     pub offering: OfferingKey,
     /// The subnet used in that zone.
     pub subnet_id: String,
-    /// The launch template (by architecture).
+    /// The launch template (by AMI and capacity type).
     pub template: String,
     /// Hourly price, when the catalog knows it.
     pub price: Option<f64>,
@@ -43,8 +43,8 @@ pub struct Scope<'a> {
     pub capacity_types: &'a [String],
     /// The subnet chosen per zone.
     pub subnets: &'a BTreeMap<String, Subnet>,
-    /// The launch template per instance type (types without one are skipped).
-    pub templates: &'a BTreeMap<String, String>,
+    /// The launch template per (instance type, capacity type); offerings without one are skipped.
+    pub templates: &'a BTreeMap<(String, String), String>,
     /// The catalog: when present, only offerings it lists as available are used.
     pub catalog: Option<&'a Catalog>,
 }
@@ -53,7 +53,6 @@ pub struct Scope<'a> {
 pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Candidate> {
     let mut out = Vec::new();
     for t in scope.instance_types.iter().take(MAX_INSTANCE_TYPES) {
-        let Some(template) = scope.templates.get(t) else { continue };
         let info = scope.catalog.and_then(|c| c.instance_types.iter().find(|i| &i.name == t));
         if scope.catalog.is_some() && info.is_none() {
             continue;
@@ -67,6 +66,7 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
                 if unavailable.contains(&key) {
                     continue;
                 }
+                let Some(template) = scope.templates.get(&(t.clone(), ct.clone())) else { continue };
                 let price = match info {
                     Some(i) => match i.offerings.iter().find(|o| &o.zone == zone && &o.capacity_type == ct && o.available) {
                         Some(o) => Some(o.price),
@@ -320,8 +320,8 @@ mod tests {
             .collect()
     }
 
-    fn templates(types: &[&str]) -> BTreeMap<String, String> {
-        types.iter().map(|t| (t.to_string(), "lt-amd64".to_string())).collect()
+    fn templates(types: &[&str]) -> BTreeMap<(String, String), String> {
+        types.iter().flat_map(|t| ["spot", "on-demand"].map(|ct| ((t.to_string(), ct.to_string()), format!("lt-{ct}")))).collect()
     }
 
     fn keys(c: &[Candidate]) -> Vec<String> {

@@ -279,34 +279,43 @@ impl Launcher {
             return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
         }
 
-        let settings = NodeSettings {
-            labels: node_labels(&claim),
-            taints: claim.taints.iter().chain(&claim.startup_taints).cloned().collect(),
-            kubelet: class.spec.kubelet.clone(),
-            user_data: class.spec.user_data.clone(),
-        };
-        let user_data =
-            userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData { node_claim: name.clone(), source })?;
         let tags = instance_tags(&cluster.name, &claim, &class);
-        let mut template_by_key = BTreeMap::new();
-        for (key, image) in &amis {
-            let spec = TemplateSpec {
-                cluster: cluster.name.clone(),
-                image_id: image.clone(),
-                user_data: user_data.clone(),
-                security_groups: security_groups.clone(),
-                instance_profile: class.spec.instance_profile.clone().or_else(|| class.spec.role.clone()),
-                block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
-                metadata: class.spec.metadata_options.clone(),
-                monitoring: class.spec.detailed_monitoring.unwrap_or(false),
-                tags: tags.clone(),
-            };
-            template_by_key.insert(key.clone(), launchtemplate::ensure(&self.ec2, &spec).await?);
-        }
-        let templates: BTreeMap<String, String> =
-            key_by_type.iter().filter_map(|(t, k)| template_by_key.get(k).map(|lt| (t.clone(), lt.clone()))).collect();
-
         let capacity_types = allowed_capacity_types(&claim);
+        // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
+        // label is in its user data, and the capacity type is known per CreateFleet call.
+        let mut templates: BTreeMap<(String, String), String> = BTreeMap::new();
+        for ct in &capacity_types {
+            let mut node_labels = node_labels(&claim);
+            node_labels.insert(labels::CAPACITY_TYPE.into(), ct.clone());
+            let settings = NodeSettings {
+                labels: node_labels,
+                taints: claim.taints.iter().chain(&claim.startup_taints).cloned().collect(),
+                kubelet: class.spec.kubelet.clone(),
+                user_data: class.spec.user_data.clone(),
+            };
+            let user_data =
+                userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData { node_claim: name.clone(), source })?;
+            for (key, image) in &amis {
+                let spec = TemplateSpec {
+                    cluster: cluster.name.clone(),
+                    image_id: image.clone(),
+                    user_data: user_data.clone(),
+                    security_groups: security_groups.clone(),
+                    instance_profile: class.spec.instance_profile.clone().or_else(|| class.spec.role.clone()),
+                    block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
+                    metadata: class.spec.metadata_options.clone(),
+                    monitoring: class.spec.detailed_monitoring.unwrap_or(false),
+                    tags: tags.clone(),
+                };
+                let lt = launchtemplate::ensure(&self.ec2, &spec).await?;
+                for (t, k) in &key_by_type {
+                    if k == key {
+                        templates.insert((t.clone(), ct.clone()), lt.clone());
+                    }
+                }
+            }
+        }
+
         let zones = allowed_zones(&claim, subnets.keys().cloned());
         let scope = Scope {
             instance_types: &claim.instance_type_options,
