@@ -6,8 +6,10 @@
 
 pub mod apis;
 pub mod catalog;
+pub mod launch;
 pub mod nodeclaim;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;
+pub mod state;
 pub mod telemetry;

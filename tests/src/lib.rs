@@ -2,3 +2,4 @@
 //! test server, and a fault-injecting proxy, shared by every integration test.
 
 pub mod moto;
+pub mod fault_proxy;

@@ -1,0 +1,110 @@
+//! One SQS batch of launch requests → per-record outcomes → partial batch failures.
+
+use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+
+use std::collections::BTreeMap;
+
+use super::request::{LaunchRequest, RequestError};
+use super::{LaunchError, LaunchOutcome, Launcher};
+
+/// What happened to one record.
+#[derive(Debug)]
+pub struct RecordResult {
+    /// The SQS message id (None if SQS sent none, which it always does).
+    pub message_id: Option<String>,
+    /// The outcome.
+    pub result: Result<LaunchOutcome, LaunchError>,
+}
+
+/// The batch response: every failed record is an item failure, so SQS
+/// redelivers it and, past maxReceiveCount, moves it to the dead-letter queue;
+/// the other records are deleted (pure).
+pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
+    let mut resp = SqsBatchResponse::default();
+    for r in results.iter().filter(|r| r.result.is_err()) {
+        if let Some(id) = &r.message_id {
+            let mut f = BatchItemFailure::default();
+            f.item_identifier = id.clone();
+            resp.batch_item_failures.push(f);
+        }
+    }
+    resp
+}
+
+async fn handle_record(launcher: &Launcher, msg: &SqsMessage, parsed: Result<LaunchRequest, RequestError>) -> RecordResult {
+    let message_id = msg.message_id.clone();
+    let id = message_id.as_deref().unwrap_or("<none>");
+    let result = match parsed {
+        Err(e) => {
+            tracing::error!(message_id = id, error = %e, "rejecting launch request; it goes to the dead-letter queue after its retries");
+            Err(LaunchError::Request(e))
+        }
+        Ok(req) => {
+            let r = launcher.launch(&req).await;
+            match &r {
+                Ok(o) => tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled"),
+                Err(e) => tracing::error!(message_id = id, node_claim = %req.node_claim, error = %e, "launch request failed; SQS will redeliver it"),
+            }
+            r
+        }
+    };
+    RecordResult { message_id, result }
+}
+
+fn outcome_name(o: &LaunchOutcome) -> &'static str {
+    match o {
+        LaunchOutcome::Launched(_) => "launched",
+        LaunchOutcome::AlreadyLaunched(_) => "already-launched",
+        LaunchOutcome::Recovered(_) => "recovered",
+        LaunchOutcome::Gone(_) => "gone",
+        LaunchOutcome::NoCapacity { .. } => "no-capacity",
+    }
+}
+
+/// A record's index and what its body parsed to.
+type Parsed = (usize, Result<LaunchRequest, RequestError>);
+
+/// Handles every record of a batch: different NodeClaims concurrently,
+/// duplicates of one NodeClaim in order (so the second sees the first's launch
+/// instead of its lease). Results are in record order.
+pub async fn handle(launcher: &Launcher, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
+    let mut groups: BTreeMap<String, Vec<Parsed>> = BTreeMap::new();
+    for (i, m) in event.records.iter().enumerate() {
+        let parsed = LaunchRequest::parse(m.body.as_deref().unwrap_or_default());
+        // Unparseable records each get their own group.
+        let key = match &parsed {
+            Ok(r) => format!("claim/{}", r.node_claim),
+            Err(_) => format!("record/{i}"),
+        };
+        groups.entry(key).or_default().push((i, parsed));
+    }
+    let runs = groups.into_values().map(|group| async move {
+        let mut out = Vec::with_capacity(group.len());
+        for (i, parsed) in group {
+            out.push((i, handle_record(launcher, &event.records[i], parsed).await));
+        }
+        out
+    });
+    let mut results: Vec<(usize, RecordResult)> = futures::future::join_all(runs).await.into_iter().flatten().collect();
+    results.sort_by_key(|(i, _)| *i);
+    let results: Vec<RecordResult> = results.into_iter().map(|(_, r)| r).collect();
+    if results.iter().any(|r| r.message_id.is_none() && r.result.is_err()) {
+        tracing::error!("a failed record has no message id and cannot be reported for redelivery");
+    }
+    (response(&results), results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_failed_records_are_reported() {
+        let ok = |id: &str| RecordResult { message_id: Some(id.into()), result: Ok(LaunchOutcome::Gone("x".into())) };
+        let bad = |id: Option<&str>| RecordResult { message_id: id.map(String::from), result: Err(LaunchError::Request(RequestError::Invalid("x".into()))) };
+        let resp = response(&[ok("1"), bad(Some("2")), ok("3"), bad(Some("4")), bad(None)]);
+        let ids: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        assert_eq!(ids, vec!["2", "4"]);
+        assert_eq!(serde_json::to_value(&resp).unwrap(), serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}, {"itemIdentifier": "4"}]}));
+    }
+}

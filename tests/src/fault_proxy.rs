@@ -1,0 +1,304 @@
+//! A fault-injecting HTTP proxy in front of moto.
+//!
+//! Tests point the SDK at [`FaultProxy::endpoint`]; everything is forwarded
+//! to moto except what the test's rules say:
+//!
+//! - capacity: CreateFleet overrides for chosen (instance type, zone[,
+//!   capacity type]) are removed from the request before it is forwarded and
+//!   come back as `errorSet` items with `InsufficientInstanceCapacity` (or a
+//!   chosen code), exactly where real EC2 puts them; if no override is left
+//!   the answer has only errors. The SDK parses them as it would EC2's.
+//! - throttling: the next N calls of an action are answered with EC2's
+//!   `RequestLimitExceeded` (HTTP 503) or, for JSON protocols, a
+//!   `ThrottlingException` (HTTP 400), so the SDK's retry and backoff run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+
+/// One capacity rule: overrides matching it fail.
+#[derive(Debug, Clone)]
+struct CapacityRule {
+    instance_type: String,
+    zone: String,
+    capacity_type: Option<String>,
+    code: String,
+}
+
+/// One CreateFleet override as the proxy saw it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SeenOverride {
+    /// Instance type.
+    pub instance_type: String,
+    /// Zone.
+    pub zone: String,
+    /// Subnet.
+    pub subnet_id: String,
+}
+
+/// One CreateFleet call as the proxy saw it (before filtering).
+#[derive(Debug, Clone)]
+pub struct SeenFleet {
+    /// spot or on-demand.
+    pub capacity_type: String,
+    /// The ClientToken.
+    pub client_token: String,
+    /// Every override sent.
+    pub overrides: Vec<SeenOverride>,
+    /// How many were failed by a rule.
+    pub failed: usize,
+}
+
+#[derive(Default)]
+struct Rules {
+    capacity: Vec<CapacityRule>,
+    throttle: HashMap<String, usize>,
+    calls: HashMap<String, usize>,
+    throttled: HashMap<String, usize>,
+    fleets: Vec<SeenFleet>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    upstream: String,
+    http: reqwest::Client,
+    rules: Arc<Mutex<Rules>>,
+}
+
+/// The running proxy; stops when dropped.
+pub struct FaultProxy {
+    endpoint: String,
+    rules: Arc<Mutex<Rules>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy on 127.0.0.1 (a free port) in front of `upstream`.
+    pub async fn start(upstream: &str) -> FaultProxy {
+        let rules = Arc::new(Mutex::new(Rules::default()));
+        let shared = Shared { upstream: upstream.trim_end_matches('/').to_string(), http: reqwest::Client::new(), rules: rules.clone() };
+        let app = Router::new().fallback(handle).with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("fault proxy cannot bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("fault proxy has no address: {e}"));
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("fault proxy stopped: {e}");
+            }
+        });
+        FaultProxy { endpoint: format!("http://{addr}"), rules, task }
+    }
+
+    /// The URL to point SDK clients at.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn rules(&self) -> std::sync::MutexGuard<'_, Rules> {
+        self.rules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// CreateFleet overrides for this type and zone fail with InsufficientInstanceCapacity
+    /// (for one capacity type, or both when `None`).
+    pub fn no_capacity(&self, instance_type: &str, zone: &str, capacity_type: Option<&str>) {
+        self.fail_offering(instance_type, zone, capacity_type, "InsufficientInstanceCapacity");
+    }
+
+    /// CreateFleet overrides for this type and zone fail with `code`.
+    pub fn fail_offering(&self, instance_type: &str, zone: &str, capacity_type: Option<&str>, code: &str) {
+        self.rules().capacity.push(CapacityRule {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            capacity_type: capacity_type.map(String::from),
+            code: code.into(),
+        });
+    }
+
+    /// The next `times` calls of `action` (e.g. `CreateFleet`, `PutItem`) are throttled.
+    pub fn throttle(&self, action: &str, times: usize) {
+        self.rules().throttle.insert(action.into(), times);
+    }
+
+    /// How many calls of `action` reached the proxy (throttled ones included).
+    pub fn calls(&self, action: &str) -> usize {
+        self.rules().calls.get(action).copied().unwrap_or(0)
+    }
+
+    /// How many calls of `action` were answered with throttling.
+    pub fn throttled(&self, action: &str) -> usize {
+        self.rules().throttled.get(action).copied().unwrap_or(0)
+    }
+
+    /// Every CreateFleet call that was forwarded or answered, in order.
+    pub fn fleets(&self) -> Vec<SeenFleet> {
+        self.rules().fleets.clone()
+    }
+}
+
+/// The API action of a request: the query `Action`, or the `X-Amz-Target` operation.
+fn action(headers: &HeaderMap, form: &[(String, String)]) -> String {
+    if let Some(t) = headers.get("x-amz-target").and_then(|v| v.to_str().ok()) {
+        return t.rsplit('.').next().unwrap_or(t).to_string();
+    }
+    form.iter().find(|(k, _)| k == "Action").map(|(_, v)| v.clone()).unwrap_or_default()
+}
+
+fn throttle_response(json: bool) -> Response {
+    if json {
+        let body = r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#;
+        (StatusCode::BAD_REQUEST, [("content-type", "application/x-amz-json-1.0")], body).into_response()
+    } else {
+        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>";
+        (StatusCode::SERVICE_UNAVAILABLE, [("content-type", "text/xml")], body).into_response()
+    }
+}
+
+async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let form: Vec<(String, String)> = if headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|c| c.contains("x-www-form-urlencoded")) {
+        form_urlencoded::parse(&body).into_owned().collect()
+    } else {
+        Vec::new()
+    };
+    let act = action(&headers, &form);
+    let mut errors_xml = String::new();
+    let mut body = body;
+    {
+        let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
+        *r.calls.entry(act.clone()).or_default() += 1;
+        if let Some(n) = r.throttle.get_mut(&act).filter(|n| **n > 0) {
+            *n -= 1;
+            *r.throttled.entry(act.clone()).or_default() += 1;
+            return throttle_response(headers.contains_key("x-amz-target"));
+        }
+        if act == "CreateFleet" {
+            let (kept, failed, seen) = filter_fleet(&form, &r.capacity);
+            errors_xml = failed;
+            r.fleets.push(seen.clone());
+            if seen.failed > 0 {
+                match kept {
+                    Some(f) => body = Bytes::from(f),
+                    None => {
+                        let xml = format!(
+                            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CreateFleetResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId><fleetId>fleet-faultproxy{}</fleetId><errorSet>{errors_xml}</errorSet><fleetInstanceSet/></CreateFleetResponse>",
+                            r.fleets.len()
+                        );
+                        return (StatusCode::OK, [("content-type", "text/xml")], xml).into_response();
+                    }
+                }
+            }
+        }
+    }
+    let url = format!("{}{}", s.upstream, uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"));
+    let mut req = s.http.request(method, &url);
+    for (k, v) in headers.iter() {
+        if k != "host" && k != "content-length" {
+            req = req.header(k, v);
+        }
+    }
+    let up = match req.body(body).send().await {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_GATEWAY, format!("fault proxy: upstream failed: {e}")).into_response(),
+    };
+    let status = up.status();
+    let mut out_headers = HeaderMap::new();
+    for (k, v) in up.headers() {
+        if k != "content-length" && k != "transfer-encoding" && k != "connection" {
+            out_headers.insert(k.clone(), v.clone());
+        }
+    }
+    let mut bytes = up.bytes().await.unwrap_or_default().to_vec();
+    if !errors_xml.is_empty() && status.is_success() {
+        let text = String::from_utf8_lossy(&bytes).to_string();
+        bytes = text.replacen("</CreateFleetResponse>", &format!("<errorSet>{errors_xml}</errorSet></CreateFleetResponse>"), 1).into_bytes();
+    }
+    (status, out_headers, bytes).into_response()
+}
+
+/// Splits a CreateFleet form into the request to forward (None if no override
+/// is left), the errorSet items for the failed overrides, and what was seen.
+fn filter_fleet(form: &[(String, String)], rules: &[CapacityRule]) -> (Option<String>, String, SeenFleet) {
+    let get = |k: &str| form.iter().find(|(fk, _)| fk == k).map(|(_, v)| v.clone()).unwrap_or_default();
+    let capacity_type = get("TargetCapacitySpecification.DefaultTargetCapacityType");
+    // LaunchTemplateConfigs.<i>.Overrides.<j>.<field> → (i, j) → field → value
+    let mut overrides: BTreeMap<(usize, usize), BTreeMap<String, String>> = BTreeMap::new();
+    let mut rest: Vec<(String, String)> = Vec::new();
+    for (k, v) in form {
+        let parts: Vec<&str> = k.split('.').collect();
+        if parts.len() == 5
+            && parts[0] == "LaunchTemplateConfigs"
+            && parts[2] == "Overrides"
+            && let (Ok(i), Ok(j)) = (parts[1].parse::<usize>(), parts[3].parse::<usize>())
+        {
+            overrides.entry((i, j)).or_default().insert(parts[4].to_string(), v.clone());
+            continue;
+        }
+        rest.push((k.clone(), v.clone()));
+    }
+    let matches = |o: &BTreeMap<String, String>| {
+        rules.iter().find(|r| {
+            o.get("InstanceType") == Some(&r.instance_type)
+                && o.get("AvailabilityZone") == Some(&r.zone)
+                && r.capacity_type.as_ref().is_none_or(|c| c == &capacity_type)
+        })
+    };
+    let mut errors = String::new();
+    let mut kept: BTreeMap<usize, Vec<&BTreeMap<String, String>>> = BTreeMap::new();
+    let mut seen = SeenFleet { capacity_type: capacity_type.clone(), client_token: get("ClientToken"), overrides: vec![], failed: 0 };
+    for ((i, _), o) in &overrides {
+        let field = |f: &str| o.get(f).cloned().unwrap_or_default();
+        seen.overrides.push(SeenOverride { instance_type: field("InstanceType"), zone: field("AvailabilityZone"), subnet_id: field("SubnetId") });
+        match matches(o) {
+            Some(rule) => {
+                seen.failed += 1;
+                let lt = get(&format!("LaunchTemplateConfigs.{i}.LaunchTemplateSpecification.LaunchTemplateName"));
+                errors.push_str(&format!(
+                    "<item><launchTemplateAndOverrides><launchTemplateSpecification><launchTemplateName>{lt}</launchTemplateName><version>$Latest</version></launchTemplateSpecification><overrides><instanceType>{}</instanceType><subnetId>{}</subnetId><availabilityZone>{}</availabilityZone></overrides></launchTemplateAndOverrides><lifecycle>{capacity_type}</lifecycle><errorCode>{}</errorCode><errorMessage>We currently do not have sufficient {} capacity in the Availability Zone you requested ({}).</errorMessage></item>",
+                    field("InstanceType"), field("SubnetId"), field("AvailabilityZone"), rule.code, field("InstanceType"), field("AvailabilityZone")
+                ));
+            }
+            None => kept.entry(*i).or_default().push(o),
+        }
+    }
+    if kept.is_empty() {
+        return (None, errors, seen);
+    }
+    // Renumber: configs without overrides go, indexes stay contiguous from 1.
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut new_index: BTreeMap<usize, usize> = BTreeMap::new();
+    for (n, i) in kept.keys().enumerate() {
+        new_index.insert(*i, n + 1);
+    }
+    for (k, v) in rest {
+        let parts: Vec<&str> = k.splitn(3, '.').collect();
+        if parts.len() == 3 && parts[0] == "LaunchTemplateConfigs" {
+            match parts[1].parse::<usize>().ok().and_then(|i| new_index.get(&i)) {
+                Some(n) => out.push((format!("LaunchTemplateConfigs.{n}.{}", parts[2]), v)),
+                None => continue,
+            }
+        } else {
+            out.push((k, v));
+        }
+    }
+    for (i, os) in &kept {
+        for (j, o) in os.iter().enumerate() {
+            for (f, v) in o.iter() {
+                out.push((format!("LaunchTemplateConfigs.{}.Overrides.{}.{f}", new_index[i], j + 1), v.clone()));
+            }
+        }
+    }
+    let mut ser = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in &out {
+        ser.append_pair(k, v);
+    }
+    (Some(ser.finish()), errors, seen)
+}

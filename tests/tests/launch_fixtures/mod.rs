@@ -1,0 +1,163 @@
+//! A cluster's AWS side in moto for the launch tests: VPC, tagged subnets and
+//! security group, an EKS cluster, the state table and a Pending NodeClaim.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_config::retry::RetryConfig;
+use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+use nodesmith::apis::ec2nodeclass::{AmiSelectorTerm, EC2NodeClassSpec, SelectorTerm};
+use nodesmith::apis::{Taint, TaintEffect};
+use nodesmith::launch::{LaunchConfig, LaunchRequest, Launcher};
+use nodesmith::nodeclaim::{NodeClaim, Phase};
+use nodesmith::resources::Resources;
+use nodesmith::state::{self, StateStore};
+use nodesmith_tests::moto::Moto;
+
+pub const CLUSTER: &str = "demo";
+pub const TABLE: &str = "nodesmith-state";
+pub const DISCOVERY: &str = "karpenter.sh/discovery";
+
+/// What the fixture made.
+pub struct World {
+    /// The best subnet per zone (the one with the most free IPs).
+    pub best_subnets: BTreeMap<String, String>,
+    pub security_group: String,
+}
+
+/// Fast SDK retries so throttling tests do not sleep for seconds.
+pub fn fast_retries(conf: SdkConfig) -> SdkConfig {
+    conf.to_builder()
+        .retry_config(RetryConfig::standard().with_max_attempts(4).with_initial_backoff(Duration::from_millis(20)))
+        .build()
+}
+
+fn tag(k: &str, v: &str) -> Tag {
+    Tag::builder().key(k).value(v).build()
+}
+
+/// Creates the cluster's AWS resources in moto.
+pub async fn world(m: &Moto) -> World {
+    let conf = m.sdk_config().await;
+    let ec2 = aws_sdk_ec2::Client::new(&conf);
+    let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap();
+    let vpc_id = vpc.vpc().unwrap().vpc_id().unwrap().to_string();
+    let mut best = BTreeMap::new();
+    // Two subnets in 1b: the /20 has more free IPs and must be chosen.
+    let subnets = [
+        ("us-east-1a", "10.0.1.0/24", true),
+        ("us-east-1b", "10.0.2.0/24", true),
+        ("us-east-1b", "10.0.16.0/20", true),
+        ("us-east-1c", "10.0.3.0/24", true),
+        ("us-east-1c", "10.0.64.0/18", false), // not tagged: never used
+    ];
+    let mut ids = Vec::new();
+    for (zone, cidr, tagged) in subnets {
+        let mut req = ec2.create_subnet().vpc_id(&vpc_id).cidr_block(cidr).availability_zone(zone);
+        if tagged {
+            req = req.tag_specifications(TagSpecification::builder().resource_type(ResourceType::Subnet).tags(tag(DISCOVERY, CLUSTER)).build());
+        }
+        let id = req.send().await.unwrap().subnet().unwrap().subnet_id().unwrap().to_string();
+        ids.push(id.clone());
+        if tagged && cidr != "10.0.2.0/24" {
+            best.insert(zone.to_string(), id);
+        }
+    }
+    let sg = ec2
+        .create_security_group()
+        .group_name("demo-nodes")
+        .description("nodes")
+        .vpc_id(&vpc_id)
+        .tag_specifications(TagSpecification::builder().resource_type(ResourceType::SecurityGroup).tags(tag(DISCOVERY, CLUSTER)).build())
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_string();
+    let eks = aws_sdk_eks::Client::new(&conf);
+    eks.create_cluster()
+        .name(CLUSTER)
+        .version("1.33")
+        .role_arn("arn:aws:iam::123456789012:role/eks")
+        .resources_vpc_config(aws_sdk_eks::types::VpcConfigRequest::builder().set_subnet_ids(Some(ids)).build())
+        .send()
+        .await
+        .unwrap();
+    state::create_table(&aws_sdk_dynamodb::Client::new(&conf), TABLE).await.unwrap();
+    World { best_subnets: best, security_group: sg }
+}
+
+/// A launcher whose clients go to `endpoint` (moto or a proxy in front of it).
+pub async fn launcher(m: &Moto, endpoint: &str) -> Launcher {
+    let conf = fast_retries(m.sdk_config_at(endpoint).await);
+    Launcher::new(&conf, LaunchConfig { table: TABLE.into(), cluster_name: CLUSTER.into() })
+}
+
+/// The store, straight to moto.
+pub async fn store(m: &Moto) -> StateStore {
+    StateStore::new(aws_sdk_dynamodb::Client::new(&m.sdk_config().await), TABLE)
+}
+
+/// An EC2NodeClass spec selecting the fixture's subnets and security group.
+pub fn node_class(alias: &str) -> EC2NodeClassSpec {
+    let discovery = BTreeMap::from([(DISCOVERY.to_string(), CLUSTER.to_string())]);
+    EC2NodeClassSpec {
+        ami_selector_terms: vec![AmiSelectorTerm { alias: Some(alias.into()), ..Default::default() }],
+        subnet_selector_terms: vec![SelectorTerm { tags: BTreeMap::from([(DISCOVERY.to_string(), "*".to_string())]), ..Default::default() }],
+        security_group_selector_terms: vec![SelectorTerm { tags: discovery, ..Default::default() }],
+        role: Some("KarpenterNodeRole-demo".into()),
+        tags: BTreeMap::from([("team".to_string(), "platform".to_string())]),
+        ..Default::default()
+    }
+}
+
+/// A Pending NodeClaim.
+pub fn claim(name: &str, types: &[&str], capacity_types: &[&str]) -> NodeClaim {
+    let req = serde_json::from_value(serde_json::json!({"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity_types})).unwrap();
+    NodeClaim {
+        name: name.into(),
+        node_pool: "default".into(),
+        node_class: "default".into(),
+        requirements: vec![req],
+        resources: Resources::new(),
+        instance_type_options: types.iter().map(|t| t.to_string()).collect(),
+        labels: BTreeMap::from([("workload".to_string(), "web".to_string())]),
+        taints: vec![Taint::new("dedicated", Some("web"), TaintEffect::NoSchedule)],
+        startup_taints: vec![Taint::new("node.cilium.io/agent-not-ready", Some("true"), TaintEffect::NoExecute)],
+        phase: Phase::Pending,
+        instance_id: None,
+        provider_id: None,
+        instance_type: None,
+        zone: None,
+        capacity_type: None,
+        price: None,
+        node_name: None,
+        nodepool_hash: None,
+        nodeclass_hash: None,
+        timestamps: BTreeMap::new(),
+        version: 0,
+    }
+}
+
+/// Stores a claim and returns the request to launch it.
+pub async fn pending(st: &StateStore, c: &NodeClaim, class: &EC2NodeClassSpec) -> LaunchRequest {
+    st.create_node_claim(c).await.unwrap();
+    LaunchRequest { node_claim: c.name.clone(), node_class_name: "default".into(), node_class: class.clone() }
+}
+
+/// Live instances tagged with a claim.
+pub async fn instances_of(m: &Moto, claim: &str) -> Vec<aws_sdk_ec2::types::Instance> {
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let out = ec2
+        .describe_instances()
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag:karpenter.sh/nodeclaim").values(claim).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("instance-state-name").values("pending").values("running").build())
+        .send()
+        .await
+        .unwrap();
+    out.reservations().iter().flat_map(|r| r.instances().to_vec()).collect()
+}
