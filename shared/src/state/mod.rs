@@ -37,7 +37,7 @@ pub use catalog::PART_BYTES;
 pub use leases::Lease;
 pub use nodeclaims::{from_item as node_claim_from_item, to_item as node_claim_item};
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
-pub use table::create_table;
+pub use table::{TTL_ATTRIBUTE, create_table};
 
 use aws_sdk_dynamodb::Client;
 use aws_smithy_types::error::display::DisplayErrorContext;
