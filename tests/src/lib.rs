@@ -1,1 +1,3 @@
 //! Local stack for tests.
+
+pub mod kube_server;
