@@ -6,6 +6,7 @@
 
 pub mod apis;
 pub mod catalog;
+pub mod kubernetes;
 pub mod nodeclaim;
 pub mod quantity;
 pub mod requirements;

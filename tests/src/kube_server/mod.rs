@@ -182,6 +182,7 @@ impl KubeServer {
 
     /// A kube client talking to this server.
     pub fn client(&self) -> kube::Client {
+        nodesmith::kubernetes::client::install_crypto_provider();
         kube::Client::try_from(self.config()).expect("a kube client for a plain-HTTP URL")
     }
 
