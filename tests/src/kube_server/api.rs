@@ -112,14 +112,18 @@ pub async fn handle(
         (Method::GET, None, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => watch(shared, t.res, t.ns, &q).await,
         (Method::GET, None, None) => list(&shared, t.res, t.ns.as_deref(), &q),
         (Method::GET, Some(name), _) => {
-            let store = shared.lock_store();
-            match store.get(t.res, &ns, &name) {
-                Some(v) => {
-                    let v = if t.res == PDBS { disruption::with_status(v.clone(), &typed_pods(&store.list(PODS, None))) } else { v.clone() };
-                    ok_json(StatusCode::OK, &v)
-                }
-                None => status(404, "NotFound", &format!("{} \"{}\" not found", t.res.plural, name), None),
+            let mut store = shared.lock_store();
+            let Some(v) = store.get(t.res, &ns, &name).cloned() else {
+                return status(404, "NotFound", &format!("{} \"{}\" not found", t.res.plural, name), None);
+            };
+            if shared.take_touch(&path) {
+                let mut touched = v.clone();
+                let n = store.resource_version();
+                json_patch::merge(&mut touched, &json!({"metadata": {"annotations": {"test.nodesmith/touched": n.to_string()}}}));
+                let _ = store.update(t.res, &ns, &name, touched);
             }
+            let v = if t.res == PDBS { disruption::with_status(v, &typed_pods(&store.list(PODS, None))) } else { v };
+            ok_json(StatusCode::OK, &v)
         }
         (Method::POST, None, None) => {
             let obj: Value = match serde_json::from_slice(&body) {

@@ -78,6 +78,7 @@ pub struct Shared {
     store: Mutex<Store>,
     faults: Mutex<Vec<Fault>>,
     requests: Mutex<Vec<RequestRecord>>,
+    touch_after_get: Mutex<Vec<(String, usize)>>,
     watch_breaker: tokio::sync::watch::Sender<u64>,
 }
 
@@ -94,6 +95,15 @@ impl Shared {
 
     fn record_request(&self, method: &Method, uri: &Uri) {
         lock(&self.requests).push(RequestRecord { method: method.clone(), uri: uri.to_string() });
+    }
+
+    /// Whether a GET of `path` should be followed by a concurrent write.
+    fn take_touch(&self, path: &str) -> bool {
+        let mut t = lock(&self.touch_after_get);
+        let Some(i) = t.iter().position(|(p, n)| *n > 0 && path.contains(p.as_str())) else { return false };
+        t[i].1 -= 1;
+        t.retain(|(_, n)| *n > 0);
+        true
     }
 
     fn take_fault(&self, method: &Method, path: &str) -> Option<u16> {
@@ -154,6 +164,7 @@ impl KubeServer {
             store: Mutex::new(Store::default()),
             faults: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
+            touch_after_get: Mutex::new(Vec::new()),
             watch_breaker: tokio::sync::watch::channel(0).0,
         });
         let app = Router::new().fallback(api::handle).with_state(shared.clone());
@@ -245,6 +256,13 @@ impl KubeServer {
     /// Fails matching requests (see [`Fault`]).
     pub fn inject(&self, fault: Fault) {
         lock(&self.shared.faults).push(fault);
+    }
+
+    /// After each of the next `times` GETs of an object whose path contains
+    /// `path`, another writer modifies it (an annotation changes), so a write
+    /// based on what was read carries a stale resourceVersion and gets 409.
+    pub fn modify_after_get(&self, path: &str, times: usize) {
+        lock(&self.shared.touch_after_get).push((path.to_string(), times));
     }
 
     /// Every request seen so far.
