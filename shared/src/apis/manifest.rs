@@ -103,22 +103,53 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
         }
         let object = match (api_version.as_str(), kind.as_str()) {
             ("karpenter.sh/v1", "NodePool") => {
-                let np: NodePool = typed(value).map_err(|(p, m)| err(p, m))?;
+                let np: NodePool = strict(value).map_err(|(p, m)| err(p, m))?;
                 np.validate().map_err(|e| validation_error(file, index, e))?;
                 Object::NodePool(np)
             }
             ("karpenter.k8s.aws/v1", "EC2NodeClass") => {
-                let nc: EC2NodeClass = typed(value).map_err(|(p, m)| err(p, m))?;
+                let nc: EC2NodeClass = strict(value).map_err(|(p, m)| err(p, m))?;
                 nc.validate().map_err(|e| validation_error(file, index, e))?;
                 Object::EC2NodeClass(nc)
             }
-            ("v1", "Pod") => Object::Pod(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "Deployment") => Object::Deployment(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "ReplicaSet") => Object::ReplicaSet(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "StatefulSet") => Object::StatefulSet(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("batch/v1", "Job") => Object::Job(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "DaemonSet") => Object::DaemonSet(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("v1", "Node") => Object::Node(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("v1", "Pod") => {
+                let pod: Pod = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(pod.spec.as_ref(), "spec").map_err(|(p, m)| err(p, m))?;
+                Object::Pod(pod)
+            }
+            ("apps/v1", "Deployment") => {
+                let o: Deployment = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::Deployment(o)
+            }
+            ("apps/v1", "ReplicaSet") => {
+                let o: ReplicaSet = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.as_ref()).and_then(|t| t.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::ReplicaSet(o)
+            }
+            ("apps/v1", "StatefulSet") => {
+                let o: StatefulSet = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::StatefulSet(o)
+            }
+            ("batch/v1", "Job") => {
+                let o: Job = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::Job(o)
+            }
+            ("apps/v1", "DaemonSet") => {
+                let o: DaemonSet = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::DaemonSet(o)
+            }
+            ("v1", "Node") => {
+                let node: Node = typed(value).map_err(|(p, m)| err(p, m))?;
+                let status = node.status.as_ref();
+                for (field, list) in [("capacity", status.and_then(|s| s.capacity.as_ref())), ("allocatable", status.and_then(|s| s.allocatable.as_ref()))] {
+                    check_quantities(list, &format!("status.{field}")).map_err(|(p, m)| err(p, m))?;
+                }
+                Object::Node(node)
+            }
             ("policy/v1", "PodDisruptionBudget") => Object::PodDisruptionBudget(typed(value).map_err(|(p, m)| err(p, m))?),
             ("v1", "PersistentVolume") => Object::PersistentVolume(typed(value).map_err(|(p, m)| err(p, m))?),
             ("v1", "PersistentVolumeClaim") => Object::PersistentVolumeClaim(typed(value).map_err(|(p, m)| err(p, m))?),
@@ -151,8 +182,76 @@ fn validation_error(file: &str, index: usize, e: super::Errors) -> ManifestError
     }
 }
 
+/// Rejects resource quantities Kubernetes would reject, naming the field.
+fn check_pod_spec(spec: Option<&k8s_openapi::api::core::v1::PodSpec>, at: &str) -> Result<(), (String, String)> {
+    let Some(spec) = spec else { return Ok(()) };
+    let none = Vec::new();
+    let lists = [("containers", &spec.containers), ("initContainers", spec.init_containers.as_ref().unwrap_or(&none))];
+    for (field, containers) in lists {
+        for (i, c) in containers.iter().enumerate() {
+            let r = c.resources.as_ref();
+            for (kind, list) in [("requests", r.and_then(|r| r.requests.as_ref())), ("limits", r.and_then(|r| r.limits.as_ref()))] {
+                check_quantities(list, &format!("{at}.{field}[{i}].resources.{kind}"))?;
+            }
+        }
+    }
+    check_quantities(spec.overhead.as_ref(), &format!("{at}.overhead"))
+}
+
+fn check_quantities(
+    list: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    at: &str,
+) -> Result<(), (String, String)> {
+    for (name, q) in list.into_iter().flatten() {
+        if let Err(e) = crate::quantity::Quantity::parse(&q.0) {
+            return Err((format!("{at}.{name}"), e.to_string()));
+        }
+    }
+    Ok(())
+}
+
 fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, (String, String)> {
     serde_path_to_error::deserialize(value).map_err(|e| (path_of(e.path()), e.inner().to_string()))
+}
+
+/// Like [`typed`], but an unknown field is an error, as the API server's
+/// strict field validation makes it: a misspelt `requirments` must not
+/// silently give a pool with no requirements.
+fn strict<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, (String, String)> {
+    let mut unknown = None;
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    let parsed = serde_ignored::deserialize(de, |path| {
+        let path = bracket_indices(&path.to_string());
+        let top_level = matches!(path.as_str(), "apiVersion" | "kind");
+        if !top_level && !path.starts_with("metadata.") && !path.starts_with("status.") {
+            unknown.get_or_insert(path);
+        }
+    });
+    match (parsed, unknown) {
+        (Err(e), _) => Err((path_of(&track.path()), e.to_string())),
+        (Ok(_), Some(path)) => {
+            let field = path.rsplit('.').next().unwrap_or(&path).to_string();
+            Err((path, format!("unknown field {field:?}")))
+        }
+        (Ok(v), None) => Ok(v),
+    }
+}
+
+/// `a.0.b` → `a[0].b`, the notation of the other errors.
+fn bracket_indices(path: &str) -> String {
+    let mut out = String::new();
+    for seg in path.split('.').filter(|s| *s != "?") {
+        if !seg.is_empty() && seg.bytes().all(|c| c.is_ascii_digit()) {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(seg);
+        }
+    }
+    out
 }
 
 fn path_of(p: &serde_path_to_error::Path) -> String {
