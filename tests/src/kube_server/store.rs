@@ -112,8 +112,11 @@ impl Store {
     }
 
     /// Forgets the change log: watches from an older resourceVersion get 410 Gone.
+    /// The resourceVersion moves on, so every version a client holds is too old,
+    /// while a fresh list returns a version that can be watched from.
     pub fn compact(&mut self) {
         self.log.clear();
+        self.rv += 1;
         self.compacted_below = self.rv;
     }
 
