@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod client;
 pub mod cluster;
+pub mod crds;
 pub mod drain;
 pub mod events;
 pub mod kube_cluster;
