@@ -85,6 +85,12 @@ impl EksClients {
         EksClients { config, cluster: cluster.to_string(), state: Mutex::new((None, None)) }
     }
 
+    /// Clients for a cluster whose endpoint and CA are already known
+    /// (no `eks:DescribeCluster` call; e.g. from configuration, or in tests).
+    pub fn with_endpoint(config: aws_config::SdkConfig, endpoint: ClusterEndpoint) -> Self {
+        EksClients { config, cluster: endpoint.name.clone(), state: Mutex::new((Some(endpoint), None)) }
+    }
+
     /// A client whose token is fresh.
     pub async fn client(&self) -> Result<kube::Client, ClientError> {
         let mut state = self.state.lock().await;
@@ -102,7 +108,8 @@ impl EksClients {
         };
         let token = auth::mint_token_from_config(&self.config, &self.cluster).await?;
         tracing::debug!(cluster = %self.cluster, refresh_at = ?token.refresh_at, "minted EKS token");
-        let client = client_for(&ep.endpoint, Some(ep.ca_der.clone()), Some(&token.value))?;
+        let ca = if ep.ca_der.is_empty() { None } else { Some(ep.ca_der.clone()) };
+        let client = client_for(&ep.endpoint, ca, Some(&token.value))?;
         state.1 = Some((client.clone(), token));
         Ok(client)
     }

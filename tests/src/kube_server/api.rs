@@ -90,7 +90,7 @@ pub async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
-    shared.record_request(&method, &uri);
+    shared.record_request(&method, &uri, &headers);
     if let Some(code) = shared.take_fault(&method, &path) {
         let reason = match code {
             409 => "Conflict",

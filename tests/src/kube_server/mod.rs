@@ -71,6 +71,8 @@ pub struct RequestRecord {
     pub method: Method,
     /// Path and query.
     pub uri: String,
+    /// The Authorization header, if any (tests check how clients authenticate).
+    pub authorization: Option<String>,
 }
 
 /// State shared between the server's handlers and the test's handle.
@@ -93,8 +95,9 @@ impl Shared {
         lock(&self.store)
     }
 
-    fn record_request(&self, method: &Method, uri: &Uri) {
-        lock(&self.requests).push(RequestRecord { method: method.clone(), uri: uri.to_string() });
+    fn record_request(&self, method: &Method, uri: &Uri, headers: &axum::http::HeaderMap) {
+        let authorization = headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+        lock(&self.requests).push(RequestRecord { method: method.clone(), uri: uri.to_string(), authorization });
     }
 
     /// Whether a GET of `path` should be followed by a concurrent write.
