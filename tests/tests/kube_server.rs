@@ -179,3 +179,63 @@ async fn faults_are_injected_and_crds_are_served() {
     let got = pools.get("default").await.unwrap();
     assert_eq!(got.spec.template.spec.node_class_ref.name, "default");
 }
+
+#[tokio::test]
+async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_taints() {
+    use base64::Engine;
+    use nodesmith::catalog::{Catalog, InstanceTypeInfo};
+    use nodesmith::resources::Resources;
+    let m = nodesmith_tests::moto::moto().await;
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let ami = ec2.describe_images().send().await.unwrap().images()[0].image_id().unwrap().to_string();
+    let user_data = "#!/bin/bash\n/etc/eks/bootstrap.sh prod --kubelet-extra-args '--node-labels=karpenter.sh/nodepool=default,team=a --register-with-taints=dedicated=batch:NoSchedule'\n";
+    let run = ec2
+        .run_instances()
+        .image_id(ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .placement(aws_sdk_ec2::types::Placement::builder().availability_zone("us-east-1b").build())
+        .user_data(base64::engine::general_purpose::STANDARD.encode(user_data))
+        .send()
+        .await
+        .unwrap();
+    let id = run.instances()[0].instance_id().unwrap().to_string();
+    let catalog = Catalog {
+        region: "us-east-1".into(),
+        instance_types: vec![InstanceTypeInfo {
+            name: "m5.large".into(),
+            labels: BTreeMap::from([("node.kubernetes.io/instance-type".into(), "m5.large".into()), ("kubernetes.io/arch".into(), "amd64".into())]),
+            capacity: Resources::parse([("cpu", "2"), ("memory", "7577Mi")]).unwrap(),
+            allocatable: None,
+            vcpus: 2,
+            eni_max_pods: 29,
+            offerings: vec![],
+        }],
+    };
+    let server = KubeServer::start().await;
+    let nodes = server.register_ec2_instances(&ec2, &catalog).await.unwrap();
+    assert_eq!(nodes.len(), 1);
+    let n = &nodes[0];
+    let labels = n.metadata.labels.clone().unwrap();
+    assert_eq!(labels["karpenter.sh/nodepool"], "default");
+    assert_eq!(labels["team"], "a");
+    assert_eq!(labels["topology.kubernetes.io/zone"], "us-east-1b");
+    assert_eq!(labels["karpenter.sh/capacity-type"], "on-demand");
+    let spec = n.spec.clone().unwrap();
+    assert_eq!(spec.provider_id.unwrap(), format!("aws:///us-east-1b/{id}"));
+    let taints = spec.taints.unwrap();
+    assert_eq!((taints[0].key.as_str(), taints[0].value.as_deref(), taints[0].effect.as_str()), ("dedicated", Some("batch"), "NoSchedule"));
+    let status = n.status.clone().unwrap();
+    assert_eq!(status.capacity.unwrap()["pods"].0, "29");
+    // Allocatable is below capacity by the EKS reservations.
+    assert_eq!(status.allocatable.unwrap()["cpu"].0, "1930m");
+    // Re-registering is idempotent.
+    assert_eq!(server.register_ec2_instances(&ec2, &catalog).await.unwrap().len(), 1);
+    let all: Api<Node> = Api::all(server.client());
+    assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    // A type the catalog lacks is named.
+    let empty = Catalog { region: "us-east-1".into(), instance_types: vec![] };
+    let err = server.register_ec2_instances(&ec2, &empty).await.unwrap_err();
+    assert!(err.contains("m5.large"), "{err}");
+}

@@ -130,3 +130,63 @@ mod tests {
         assert_eq!(taint_json(&t[0]), Some(json!({"key": "k", "effect": "NoExecute"})));
     }
 }
+
+/// Registrations for every running (or pending) EC2 instance, as the kubelets
+/// on them would make: labels from the catalog's instance type plus the user
+/// data's `--node-labels`, taints from `--register-with-taints`, capacity and
+/// allocatable from the catalog. Instance types missing from the catalog are
+/// an error naming them.
+pub async fn registrations_from_ec2(ec2: &aws_sdk_ec2::Client, catalog: &nodesmith::catalog::Catalog) -> Result<Vec<NodeRegistration>, String> {
+    use base64::Engine;
+    let mut out = Vec::new();
+    let mut pages = ec2.describe_instances().into_paginator().send();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| format!("DescribeInstances: {}", aws_sdk_ec2::error::DisplayErrorContext(&e)))?;
+        for inst in page.reservations().iter().flat_map(|r| r.instances()) {
+            let state = inst.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default();
+            if state != "running" && state != "pending" {
+                continue;
+            }
+            let id = inst.instance_id().unwrap_or_default().to_string();
+            let itype = inst.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default();
+            let zone = inst.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_string();
+            let info = catalog
+                .instance_types
+                .iter()
+                .find(|i| i.name == itype)
+                .ok_or_else(|| format!("instance {id}: type {itype:?} is not in the catalog"))?;
+            let resolved = info.resolve(&catalog.region, None);
+            let attr = ec2
+                .describe_instance_attribute()
+                .instance_id(&id)
+                .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+                .send()
+                .await
+                .map_err(|e| format!("DescribeInstanceAttribute {id}: {}", aws_sdk_ec2::error::DisplayErrorContext(&e)))?;
+            let user_data = attr
+                .user_data()
+                .and_then(|u| u.value())
+                .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+                .map(|b| String::from_utf8_lossy(&b).to_string())
+                .unwrap_or_default();
+            let (flag_labels, taints) = kubelet_flags_from_user_data(&user_data);
+            let mut node_labels = resolved.labels.clone();
+            node_labels.extend(flag_labels);
+            let spot = inst.instance_lifecycle().is_some_and(|l| l.as_str() == "spot");
+            let name = inst.private_dns_name().filter(|n| !n.is_empty()).map(str::to_string).unwrap_or_else(|| id.clone());
+            out.push(NodeRegistration {
+                name,
+                instance_id: id,
+                instance_type: itype,
+                zone,
+                capacity_type: if spot { labels::CAPACITY_SPOT.into() } else { labels::CAPACITY_ON_DEMAND.into() },
+                arch: node_labels.get(labels::ARCH).cloned().unwrap_or_default(),
+                labels: node_labels,
+                taints,
+                capacity: resolved.capacity.to_k8s_strings(),
+                allocatable: resolved.allocatable.to_k8s_strings(),
+            });
+        }
+    }
+    Ok(out)
+}

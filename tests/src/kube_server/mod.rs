@@ -296,6 +296,16 @@ impl KubeServer {
         serde_json::from_value(v).map_err(|e| e.to_string())
     }
 
+    /// Registers a Node for every running EC2 instance (see
+    /// [`kubelet::registrations_from_ec2`]); already registered ones are refreshed.
+    pub async fn register_ec2_instances(&self, ec2: &aws_sdk_ec2::Client, catalog: &nodesmith::catalog::Catalog) -> Result<Vec<Node>, String> {
+        let mut nodes = Vec::new();
+        for reg in kubelet::registrations_from_ec2(ec2, catalog).await? {
+            nodes.push(self.register_node(&reg)?);
+        }
+        Ok(nodes)
+    }
+
     /// One scheduling pass over every pending pod.
     pub fn schedule(&self) -> ScheduleReport {
         schedule(&self.shared)
