@@ -35,7 +35,7 @@ async fn requests_carry_a_minted_token_bound_to_the_cluster() {
     let conf = m.sdk_config().await;
     let server = KubeServer::start().await;
     let endpoint = ClusterEndpoint { name: "prod".into(), endpoint: server.url().to_string(), ca_der: Vec::new() };
-    let cluster = KubeCluster::new(ClientSource::Eks(EksClients::with_endpoint(conf, endpoint)));
+    let cluster = KubeCluster::new(ClientSource::Eks(Box::new(EksClients::with_endpoint(conf, endpoint))));
     assert!(cluster.nodes().await.unwrap().is_empty());
     assert!(cluster.pods().await.unwrap().is_empty());
     let auths: Vec<String> = server.requests().into_iter().map(|r| r.authorization.unwrap()).collect();

@@ -206,7 +206,7 @@ fn users_karpenter_manifests_use_only_fields_the_crds_declare() {
     let mut checked = 0;
     for entry in std::fs::read_dir(repo().join("examples")).unwrap() {
         let path = entry.unwrap().path();
-        if !path.extension().is_some_and(|e| e == "yaml") {
+        if path.extension().is_none_or(|e| e != "yaml") {
             continue;
         }
         for doc in documents(&path) {

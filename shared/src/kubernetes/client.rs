@@ -57,7 +57,7 @@ pub enum ClientSource {
     /// One fixed client (tests, kubeconfig, in-cluster).
     Fixed(kube::Client),
     /// An EKS cluster reached with minted IAM tokens.
-    Eks(EksClients),
+    Eks(Box<EksClients>),
 }
 
 impl ClientSource {
@@ -75,8 +75,11 @@ impl ClientSource {
 pub struct EksClients {
     config: aws_config::SdkConfig,
     cluster: String,
-    state: Mutex<(Option<ClusterEndpoint>, Option<(kube::Client, Token)>)>,
+    state: Mutex<Cached>,
 }
+
+/// The endpoint once described, and the current client with its token.
+type Cached = (Option<ClusterEndpoint>, Option<(kube::Client, Token)>);
 
 impl EksClients {
     /// Clients for `cluster` with the credentials and region of `config`.
@@ -94,10 +97,10 @@ impl EksClients {
     /// A client whose token is fresh.
     pub async fn client(&self) -> Result<kube::Client, ClientError> {
         let mut state = self.state.lock().await;
-        if let Some((c, t)) = &state.1 {
-            if t.is_fresh(SystemTime::now()) {
-                return Ok(c.clone());
-            }
+        if let Some((c, t)) = &state.1
+            && t.is_fresh(SystemTime::now())
+        {
+            return Ok(c.clone());
         }
         if state.0.is_none() {
             let eks = aws_sdk_eks::Client::new(&self.config);

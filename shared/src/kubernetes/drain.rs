@@ -155,7 +155,7 @@ mod tests {
             ]
         );
         // Forced drains evict do-not-disrupt pods.
-        assert_eq!(plan(&[dnd.clone()], DrainOptions { ignore_do_not_disrupt: true }), vec![Action::Evict]);
+        assert_eq!(plan(std::slice::from_ref(&dnd), DrainOptions { ignore_do_not_disrupt: true }), vec![Action::Evict]);
         // Critical pods go once the others are gone.
         assert_eq!(plan(&[ds, critical.clone()], DrainOptions::default()), vec![Action::Skip(Skip::DaemonSet), Action::Evict]);
         // A do-not-disrupt pod holds critical pods back too.

@@ -44,7 +44,7 @@ impl KubeCluster {
 
     /// An adapter for an EKS cluster, authenticated with the SDK config's credentials.
     pub fn for_eks(config: aws_config::SdkConfig, cluster: &str) -> Self {
-        Self::new(ClientSource::Eks(super::client::EksClients::new(config, cluster)))
+        Self::new(ClientSource::Eks(Box::new(super::client::EksClients::new(config, cluster))))
     }
 
     /// Replaces the retry policy.

@@ -178,6 +178,7 @@ fn typed_pods(values: &[Value]) -> Vec<Pod> {
     values.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect()
 }
 
+#[allow(clippy::result_large_err)] // the error is the response to send
 fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), Response> {
     let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or("")).map_err(|e| status(400, "BadRequest", &e, None))?;
     let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or("")).map_err(|e| status(400, "BadRequest", &e, None))?;
@@ -338,10 +339,10 @@ async fn watch(shared: Arc<Shared>, res: &'static Resource, ns: Option<String>, 
                 _ = breaker.changed() => return,
                 r = changes.recv() => match r {
                     Ok(r) => {
-                        if let Some((c, o)) = visible(&r, res, ns.as_deref(), &ls, &fs) {
-                            if tx.send(line(c.as_str(), &o)).await.is_err() {
-                                return;
-                            }
+                        if let Some((c, o)) = visible(&r, res, ns.as_deref(), &ls, &fs)
+                            && tx.send(line(c.as_str(), &o)).await.is_err()
+                        {
+                            return;
                         }
                     }
                     // Lagged or closed: end the watch; the client re-lists or resumes.

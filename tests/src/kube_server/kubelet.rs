@@ -113,24 +113,6 @@ impl NodeRegistration {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_are_found_in_bootstrap_and_nodeconfig_user_data() {
-        let al2 = "#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=karpenter.sh/nodepool=default,team=a --register-with-taints=gpu=true:NoSchedule'\n";
-        let (l, t) = kubelet_flags_from_user_data(al2);
-        assert_eq!(l.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
-        assert_eq!(l.get("team").map(String::as_str), Some("a"));
-        assert_eq!(t, vec!["gpu=true:NoSchedule".to_string()]);
-        let al2023 = "spec:\n  kubelet:\n    flags:\n    - \"--node-labels=x=y\"\n    - \"--register-with-taints=k:NoExecute\"\n";
-        let (l, t) = kubelet_flags_from_user_data(al2023);
-        assert_eq!(l.get("x").map(String::as_str), Some("y"));
-        assert_eq!(taint_json(&t[0]), Some(json!({"key": "k", "effect": "NoExecute"})));
-    }
-}
-
 /// Registrations for every running (or pending) EC2 instance, as the kubelets
 /// on them would make: labels from the catalog's instance type plus the user
 /// data's `--node-labels`, taints from `--register-with-taints`, capacity and
@@ -189,4 +171,22 @@ pub async fn registrations_from_ec2(ec2: &aws_sdk_ec2::Client, catalog: &nodesmi
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_found_in_bootstrap_and_nodeconfig_user_data() {
+        let al2 = "#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=karpenter.sh/nodepool=default,team=a --register-with-taints=gpu=true:NoSchedule'\n";
+        let (l, t) = kubelet_flags_from_user_data(al2);
+        assert_eq!(l.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
+        assert_eq!(l.get("team").map(String::as_str), Some("a"));
+        assert_eq!(t, vec!["gpu=true:NoSchedule".to_string()]);
+        let al2023 = "spec:\n  kubelet:\n    flags:\n    - \"--node-labels=x=y\"\n    - \"--register-with-taints=k:NoExecute\"\n";
+        let (l, t) = kubelet_flags_from_user_data(al2023);
+        assert_eq!(l.get("x").map(String::as_str), Some("y"));
+        assert_eq!(taint_json(&t[0]), Some(json!({"key": "k", "effect": "NoExecute"})));
+    }
 }
