@@ -49,3 +49,20 @@ async fn requests_carry_a_minted_token_bound_to_the_cluster() {
     assert!(url.contains("X-Amz-Credential=testing%2F"), "{url}");
     assert!(url.contains("X-Amz-Expires=60"), "{url}");
 }
+
+#[tokio::test]
+async fn functions_pick_the_cluster_from_their_environment() {
+    let m = moto().await;
+    let conf = m.sdk_config().await;
+    let server = KubeServer::start().await;
+    let env: std::collections::HashMap<&str, String> = server.env().into_iter().collect();
+    let cluster = KubeCluster::from_lookup(conf.clone(), |k| env.get(k).cloned()).unwrap();
+    assert!(cluster.nodes().await.unwrap().is_empty());
+    assert_eq!(server.requests()[0].authorization, None);
+    let err = KubeCluster::from_lookup(conf.clone(), |_| None).err().unwrap();
+    assert!(err.to_string().contains("NODESMITH_CLUSTER_NAME"), "{err}");
+    // With a cluster name the adapter goes to EKS: moto knows no such cluster.
+    let eks = KubeCluster::from_lookup(conf, |k| (k == "NODESMITH_CLUSTER_NAME").then(|| "absent".to_string())).unwrap();
+    let err = eks.nodes().await.unwrap_err();
+    assert!(err.to_string().contains("eks:DescribeCluster \"absent\""), "{err}");
+}

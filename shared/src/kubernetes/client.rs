@@ -32,6 +32,9 @@ pub enum ClientError {
         /// Why.
         message: String,
     },
+    /// The environment names no cluster.
+    #[error("kubernetes cluster configuration: {0}")]
+    Config(String),
     /// kube refused the configuration.
     #[error("building the kube client: {0}")]
     Kube(#[source] kube::Error),

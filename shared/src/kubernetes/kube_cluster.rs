@@ -18,6 +18,11 @@ use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
 use crate::apis::{EC2NodeClass, NodePool};
 
+/// Names the EKS cluster the functions manage.
+pub const CLUSTER_NAME_ENV: &str = "NODESMITH_CLUSTER_NAME";
+/// Overrides the cluster with a plain API server URL (local tests).
+pub const KUBE_URL_ENV: &str = "NODESMITH_KUBE_URL";
+
 /// The Kubernetes adapter used by the functions.
 pub struct KubeCluster {
     source: ClientSource,
@@ -45,6 +50,26 @@ impl KubeCluster {
     /// An adapter for an EKS cluster, authenticated with the SDK config's credentials.
     pub fn for_eks(config: aws_config::SdkConfig, cluster: &str) -> Self {
         Self::new(ClientSource::Eks(Box::new(super::client::EksClients::new(config, cluster))))
+    }
+
+    /// The adapter a function builds at start-up: a plain URL from
+    /// `NODESMITH_KUBE_URL` when set (local runs against the test server, no
+    /// auth), else the EKS cluster named by `NODESMITH_CLUSTER_NAME`.
+    pub fn from_env(config: aws_config::SdkConfig) -> Result<Self, super::client::ClientError> {
+        Self::from_lookup(config, |k| std::env::var(k).ok())
+    }
+
+    /// [`KubeCluster::from_env`] with the variables read through `get`.
+    pub fn from_lookup(config: aws_config::SdkConfig, get: impl Fn(&str) -> Option<String>) -> Result<Self, super::client::ClientError> {
+        if let Some(url) = get(KUBE_URL_ENV).filter(|u| !u.is_empty()) {
+            return Ok(Self::from_client(super::client::client_for(&url, None, None)?));
+        }
+        match get(CLUSTER_NAME_ENV).filter(|n| !n.is_empty()) {
+            Some(name) => Ok(Self::for_eks(config, &name)),
+            None => Err(super::client::ClientError::Config(format!(
+                "set {CLUSTER_NAME_ENV} (the EKS cluster) or {KUBE_URL_ENV} (a plain API server URL)"
+            ))),
+        }
     }
 
     /// Replaces the retry policy.

@@ -200,6 +200,12 @@ impl KubeServer {
         kube::Client::try_from(self.config()).expect("a kube client for a plain-HTTP URL")
     }
 
+    /// Environment for a child process (a function binary) to use this server
+    /// through `KubeCluster::from_env`.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![(nodesmith::kubernetes::kube_cluster::KUBE_URL_ENV, self.url.clone())]
+    }
+
     /// The shared state (for handlers and advanced tests).
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
