@@ -48,6 +48,13 @@ async fn requests_carry_a_minted_token_bound_to_the_cluster() {
     assert!(url.contains("X-Amz-SignedHeaders=host%3Bx-k8s-aws-id"), "{url}");
     assert!(url.contains("X-Amz-Credential=testing%2F"), "{url}");
     assert!(url.contains("X-Amz-Expires=60"), "{url}");
+
+    // A rejected token is replaced once and the call goes through.
+    server.inject(nodesmith_tests::kube_server::Fault::new(401, 1));
+    assert!(cluster.nodes().await.unwrap().is_empty());
+    assert_eq!(server.requests().len(), 4);
+    server.inject(nodesmith_tests::kube_server::Fault::new(401, 2));
+    assert_eq!(cluster.nodes().await.unwrap_err().code(), Some(401));
 }
 
 #[tokio::test]

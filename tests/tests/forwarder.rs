@@ -136,7 +136,8 @@ async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() 
     }
     assert_eq!(count(&all, "fits"), 0);
     assert_eq!(stats.sent, 4, "{stats:?}");
-    assert!(stats.duplicates >= 3, "the re-list saw the three earlier pending pods again: {stats:?}");
+    let watches: Vec<String> = server.requests().into_iter().filter(|r| r.uri.contains("/pods")).map(|r| r.uri).collect();
+    assert!(stats.duplicates >= 3, "the re-list saw the three earlier pending pods again: {stats:?} {watches:#?}");
     assert!(fw.health.is_ready());
 }
 
@@ -186,4 +187,29 @@ async fn a_pod_that_changes_while_pending_is_sent_again_and_bound_pods_never() {
     let _ = fw.stop.send(());
     let stats = fw.task.await.unwrap();
     assert_eq!(stats.sent, 3);
+}
+
+#[tokio::test]
+async fn health_endpoints_follow_the_watch() {
+    let health = Health::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = health.clone();
+    let server = tokio::spawn(async move {
+        h.serve(listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let get = |path: &'static str| async move { reqwest::get(format!("http://{addr}{path}")).await.unwrap().status().as_u16() };
+    assert_eq!((get("/healthz").await, get("/readyz").await), (200, 503));
+    health.synced();
+    assert_eq!((get("/healthz").await, get("/readyz").await), (200, 200));
+    health.failed();
+    assert_eq!(get("/healthz").await, 503);
+    health.observed();
+    assert_eq!(get("/healthz").await, 200);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
 }

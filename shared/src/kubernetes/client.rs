@@ -71,6 +71,14 @@ impl ClientSource {
             ClientSource::Eks(e) => e.client().await,
         }
     }
+
+    /// Drops the cached client after the server rejected its credentials
+    /// (401), so the next call mints a new token. Fixed clients are kept.
+    pub async fn invalidate(&self) {
+        if let ClientSource::Eks(e) = self {
+            e.state.lock().await.1 = None;
+        }
+    }
 }
 
 /// Clients for one EKS cluster: the endpoint is looked up once per container,

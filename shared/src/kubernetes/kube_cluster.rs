@@ -92,11 +92,18 @@ impl KubeCluster {
     {
         let attempts = self.retry.attempts.max(1);
         let mut attempt = 0;
+        let mut reauthenticated = false;
         loop {
             self.limiter.acquire().await;
             let client = self.source.client().await?;
             match f(client).await {
                 Ok(v) => return Ok(v),
+                // A rejected token (clock skew, revoked session): mint a new one, once.
+                Err(kube::Error::Api(s)) if s.code == 401 && !reauthenticated => {
+                    tracing::warn!(op, "the API server rejected our credentials; re-authenticating");
+                    self.source.invalidate().await;
+                    reauthenticated = true;
+                }
                 Err(e) if is_transient(&e) && attempt + 1 < attempts => {
                     let delay = self.retry.delay(attempt);
                     tracing::debug!(op, attempt, ?delay, error = %e, "transient Kubernetes API failure; retrying");

@@ -93,6 +93,7 @@ pub async fn handle(
     shared.record_request(&method, &uri, &headers);
     if let Some(code) = shared.take_fault(&method, &path) {
         let reason = match code {
+            401 => "Unauthorized",
             409 => "Conflict",
             429 => "TooManyRequests",
             500 => "InternalError",
@@ -335,8 +336,11 @@ async fn watch(shared: Arc<Shared>, res: &'static Resource, ns: Option<String>, 
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                _ = &mut deadline => return,
+                // A break requested before a change was made must win over that
+                // change, or a client could resume past the break.
+                biased;
                 _ = breaker.changed() => return,
+                _ = &mut deadline => return,
                 r = changes.recv() => match r {
                     Ok(r) => {
                         if let Some((c, o)) = visible(&r, res, ns.as_deref(), &ls, &fs)
