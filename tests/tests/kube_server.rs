@@ -230,9 +230,13 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
     assert_eq!(status.capacity.unwrap()["pods"].0, "29");
     // Allocatable is below capacity by the EKS reservations.
     assert_eq!(status.allocatable.unwrap()["cpu"].0, "1930m");
-    // Re-registering is idempotent.
-    assert_eq!(server.register_ec2_instances(&ec2, &catalog).await.unwrap().len(), 1);
+    // Re-registering is idempotent and keeps what others changed on the node.
     let all: Api<Node> = Api::all(server.client());
+    let name = n.metadata.name.clone().unwrap();
+    all.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}}))).await.unwrap();
+    let again = server.register_ec2_instances(&ec2, &catalog).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].spec.as_ref().unwrap().unschedulable, Some(true));
     assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 1);
     // A type the catalog lacks is named.
     let empty = Catalog { region: "us-east-1".into(), instance_types: vec![] };

@@ -145,6 +145,8 @@ pub struct KubeServer {
 
 impl Drop for KubeServer {
     fn drop(&mut self) {
+        // Open watch streams run in their own tasks: end them too.
+        self.shared.watch_breaker.send_modify(|g| *g += 1);
         self.task.abort();
     }
 }
@@ -296,9 +298,15 @@ impl KubeServer {
         self.break_watches();
     }
 
-    /// Registers a Node as a kubelet would; replaces an existing one of that name.
+    /// Registers a Node as a kubelet would. A node of that name that already
+    /// exists is left as it is (taints or labels others added stay), as a
+    /// restarted kubelet finds its Node and does not recreate it.
     pub fn register_node(&self, reg: &NodeRegistration) -> Result<Node, String> {
-        let v = self.apply(&reg.to_node())?;
+        let existing = self.shared.lock_store().get(NODES, "", &reg.name).cloned();
+        let v = match existing {
+            Some(v) => v,
+            None => self.apply(&reg.to_node())?,
+        };
         serde_json::from_value(v).map_err(|e| e.to_string())
     }
 
