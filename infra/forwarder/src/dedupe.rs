@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 /// Remembers up to `capacity` keys for at most `ttl` each. A key seen again
 /// within that window is a duplicate; after it (or once evicted by newer keys)
 /// it is new again, so a pod still pending much later is re-sent.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Dedupe<K> {
     capacity: usize,
     ttl: Duration,
@@ -106,5 +106,25 @@ mod tests {
         d.forget(&"k");
         assert!(d.insert("k", t0));
         assert_eq!(d.len(), 1);
+    }
+
+    proptest::proptest! {
+        /// Whatever the sequence, memory stays bounded and a key just inserted
+        /// is a duplicate until the window passes.
+        #[test]
+        fn bounded_and_remembering(ops in proptest::collection::vec((0u8..20, 0u64..5), 1..200), cap in 1usize..8) {
+            let t0 = Instant::now();
+            let ttl = Duration::from_secs(10);
+            let mut d = Dedupe::new(cap, ttl);
+            let mut now = t0;
+            for (key, advance) in ops {
+                now += Duration::from_secs(advance);
+                d.insert(key, now);
+                proptest::prop_assert!(d.len() <= cap);
+                proptest::prop_assert!(!d.insert(key, now), "a key just inserted must be remembered");
+                // Looked at from the end of the window (on a copy: time only moves forward).
+                proptest::prop_assert!(d.clone().insert(key, now + ttl), "after the window the key is new again");
+            }
+        }
     }
 }

@@ -176,4 +176,28 @@ mod tests {
         let other = pod("x", "db", true);
         assert!(eviction_blocked_by(&other, &[strict], &pods).is_none());
     }
+
+    proptest::proptest! {
+        /// The budget never allows more than the healthy pods, and evicting a
+        /// healthy covered pod is refused exactly when nothing is allowed.
+        #[test]
+        fn eviction_follows_the_budget(health in proptest::collection::vec(proptest::bool::ANY, 1..8), min in 0i32..9, use_max in proptest::bool::ANY) {
+            let pods: Vec<Pod> = health.iter().enumerate().map(|(i, h)| pod(&format!("p{i}"), "web", *h)).collect();
+            let spec = if use_max {
+                json!({"maxUnavailable": min, "selector": {"matchLabels": {"app": "web"}}})
+            } else {
+                json!({"minAvailable": min, "selector": {"matchLabels": {"app": "web"}}})
+            };
+            let b = pdb(spec);
+            let got = budget(&b, &pods);
+            let healthy = health.iter().filter(|h| **h).count() as i32;
+            let desired = if use_max { (pods.len() as i32 - min).max(0) } else { min };
+            proptest::prop_assert_eq!(got.allowed, (healthy - desired).max(0));
+            proptest::prop_assert!(got.allowed <= healthy);
+            if let Some(i) = health.iter().position(|h| *h) {
+                let blocked = eviction_blocked_by(&pods[i], std::slice::from_ref(&b), &pods).is_some();
+                proptest::prop_assert_eq!(blocked, got.allowed == 0);
+            }
+        }
+    }
 }
