@@ -8,6 +8,13 @@
 //!
 //! Tests drive it with [`KubeServer`]: seed objects, run the [`scheduler`]
 //! step, register nodes like a kubelet, inject faults, break watches.
+//!
+//! Simplifications, on purpose: strategic-merge and apply patches are applied
+//! as JSON merge patches (lists replaced whole); lists are not paginated and
+//! watches send no bookmarks; deletes and evictions remove objects at once (no
+//! graceful termination, finalizers or garbage collection); objects are not
+//! validated beyond being JSON with a name; a PDB's expected pods are the pods
+//! its selector matches; binding a pod also makes it Running and Ready.
 
 pub mod api;
 pub mod disruption;
