@@ -6,7 +6,9 @@
 
 pub mod apis;
 pub mod catalog;
+pub mod kubernetes;
 pub mod launch;
+pub mod messages;
 pub mod nodeclaim;
 pub mod quantity;
 pub mod requirements;

@@ -78,18 +78,22 @@ pub struct EC2NodeClassSpec {
 pub struct EC2NodeClassStatus {
     /// Resolved subnets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::free_form_objects")]
     pub subnets: Vec<serde_json::Value>,
     /// Resolved security groups.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::free_form_objects")]
     pub security_groups: Vec<serde_json::Value>,
     /// Resolved AMIs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::free_form_objects")]
     pub amis: Vec<serde_json::Value>,
     /// The instance profile in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_profile: Option<String>,
     /// Current conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::free_form_objects")]
     pub conditions: Vec<serde_json::Value>,
 }
 

@@ -15,6 +15,12 @@ pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};
 pub use nodepool::{NodePool, NodePoolSpec};
 pub use validation::{Errors, Path};
 
+/// Schema of a list of free-form objects (status conditions, resolved subnets):
+/// a CRD's structural schema needs a type for the items, and their fields are kept as-is.
+pub(crate) fn free_form_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}})
+}
+
 /// A node taint.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -51,6 +51,7 @@ pub struct NodePoolStatus {
     pub resources: BTreeMap<String, Quantity>,
     /// Current conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::free_form_objects")]
     pub conditions: Vec<serde_json::Value>,
 }
 

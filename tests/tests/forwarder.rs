@@ -1,0 +1,215 @@
+//! The in-cluster forwarder against the Kubernetes API test server and moto's SQS.
+//!
+//! No sleeps decide anything: a sentinel pod made unschedulable last is
+//! forwarded after every earlier watch event was handled (the watch is
+//! ordered), so once its message arrives the queue holds everything the
+//! forwarder will ever send about the earlier pods.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use nodesmith::messages::PendingPodRef;
+use nodesmith_forwarder::{Config, Health, SqsSink, Stats, run};
+use nodesmith_tests::kube_server::{KubeServer, NodeRegistration};
+use nodesmith_tests::moto::moto;
+use serde_json::json;
+
+fn pod(name: &str, cpu: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}]}})
+}
+
+fn config(queue_url: &str) -> Config {
+    Config {
+        queue_url: queue_url.into(),
+        health_addr: "127.0.0.1:0".into(),
+        flush_interval: Duration::from_millis(20),
+        dedupe_capacity: 1000,
+        resend_after: Duration::from_secs(3600),
+    }
+}
+
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Stats>,
+    health: Health,
+}
+
+fn start(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Running {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let health = Health::default();
+    let (client, sink, cfg, h) = (server.client(), SqsSink::new(sqs.clone(), queue_url), config(queue_url), health.clone());
+    let task = tokio::spawn(async move {
+        run(client, sink, &cfg, h, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    Running { stop, task, health }
+}
+
+/// Receives (and deletes) messages until one names `sentinel`; returns all bodies seen.
+async fn receive_until(sqs: &aws_sdk_sqs::Client, queue_url: &str, sentinel: &str) -> Vec<PendingPodRef> {
+    let mut got = Vec::new();
+    for _ in 0..60 {
+        let out = sqs.receive_message().queue_url(queue_url).max_number_of_messages(10).wait_time_seconds(1).send().await.unwrap();
+        for m in out.messages() {
+            got.push(PendingPodRef::parse(m.body().unwrap()).unwrap());
+            sqs.delete_message().queue_url(queue_url).receipt_handle(m.receipt_handle().unwrap()).send().await.unwrap();
+        }
+        if got.iter().any(|r| r.name == sentinel) {
+            return got;
+        }
+    }
+    panic!("no message for {sentinel} within a minute; got {got:?}");
+}
+
+/// Everything left in the queue.
+async fn drain_queue(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Vec<PendingPodRef> {
+    let mut got = Vec::new();
+    loop {
+        let out = sqs.receive_message().queue_url(queue_url).max_number_of_messages(10).send().await.unwrap();
+        if out.messages().is_empty() {
+            return got;
+        }
+        for m in out.messages() {
+            got.push(PendingPodRef::parse(m.body().unwrap()).unwrap());
+            sqs.delete_message().queue_url(queue_url).receipt_handle(m.receipt_handle().unwrap()).send().await.unwrap();
+        }
+    }
+}
+
+fn count(refs: &[PendingPodRef], name: &str) -> usize {
+    refs.iter().filter(|r| r.name == name).count()
+}
+
+#[tokio::test]
+async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() {
+    let m = moto().await;
+    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let queue_url = sqs.create_queue().queue_name("pending-pods").send().await.unwrap().queue_url().unwrap().to_string();
+    let server = KubeServer::start().await;
+    // One small node: "fits" is bound, "big" cannot fit anywhere.
+    server
+        .register_node(&NodeRegistration {
+            name: "n1".into(),
+            instance_id: "i-1".into(),
+            instance_type: "t3.small".into(),
+            zone: "us-east-1a".into(),
+            capacity: BTreeMap::from([("cpu".into(), "2".into()), ("pods".into(), "10".into())]),
+            ..Default::default()
+        })
+        .unwrap();
+    let fw = start(&server, &sqs, &queue_url);
+
+    server.apply(&pod("fits", "500m")).unwrap();
+    server.apply(&pod("big", "8")).unwrap();
+    server.apply(&pod("bigger", "12")).unwrap();
+    server.schedule();
+    server.apply(&pod("first-sentinel", "16")).unwrap();
+    server.schedule();
+    let first = receive_until(&sqs, &queue_url, "first-sentinel").await;
+    assert_eq!(count(&first, "big"), 1, "{first:?}");
+    assert_eq!(count(&first, "fits"), 0, "{first:?}");
+    let big = server.pod("default", "big").unwrap();
+    let sent_big = first.iter().find(|r| r.name == "big").unwrap();
+    assert_eq!(Some(&sent_big.uid), big.metadata.uid.as_ref());
+    assert_eq!(Some(&sent_big.resource_version), big.metadata.resource_version.as_ref());
+
+    // Nothing new for the scheduler to say: no writes, no messages.
+    server.schedule();
+    // The watch drops: the watcher resumes from its last resourceVersion.
+    server.break_watches();
+    // The history is compacted and the watch drops again: the watcher gets
+    // 410 Gone, re-lists every pending pod, and the dedupe memory holds them back.
+    server.expire_watch_history();
+    server.apply(&pod("last-sentinel", "32")).unwrap();
+    server.schedule();
+    let second = receive_until(&sqs, &queue_url, "last-sentinel").await;
+
+    let _ = fw.stop.send(());
+    let stats = fw.task.await.unwrap();
+    let rest = drain_queue(&sqs, &queue_url).await;
+    let all: Vec<PendingPodRef> = first.iter().chain(&second).chain(&rest).cloned().collect();
+    for name in ["big", "bigger", "first-sentinel", "last-sentinel"] {
+        assert_eq!(count(&all, name), 1, "{name} in {all:?}");
+    }
+    assert_eq!(count(&all, "fits"), 0);
+    assert_eq!(stats.sent, 4, "{stats:?}");
+    let watches: Vec<String> = server.requests().into_iter().filter(|r| r.uri.contains("/pods")).map(|r| r.uri).collect();
+    assert!(stats.duplicates >= 3, "the re-list saw the three earlier pending pods again: {stats:?} {watches:#?}");
+    assert!(fw.health.is_ready());
+}
+
+#[tokio::test]
+async fn a_pod_that_changes_while_pending_is_sent_again_and_bound_pods_never() {
+    let m = moto().await;
+    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let queue_url = sqs.create_queue().queue_name("pending-pods").send().await.unwrap().queue_url().unwrap().to_string();
+    let server = KubeServer::start().await;
+    let fw = start(&server, &sqs, &queue_url);
+    server.apply(&pod("web", "1")).unwrap();
+    server.schedule();
+    let first = receive_until(&sqs, &queue_url, "web").await;
+    assert_eq!(first.len(), 1);
+    // A node arrives but is too small: the scheduler's message changes, a new
+    // resourceVersion is news, and the pod is sent again.
+    server
+        .register_node(&NodeRegistration {
+            name: "tiny".into(),
+            instance_id: "i-2".into(),
+            instance_type: "t3.nano".into(),
+            zone: "us-east-1a".into(),
+            capacity: BTreeMap::from([("cpu".into(), "500m".into()), ("pods".into(), "4".into())]),
+            ..Default::default()
+        })
+        .unwrap();
+    server.schedule();
+    let second = receive_until(&sqs, &queue_url, "web").await;
+    assert_eq!(second.len(), 1);
+    assert_ne!(second[0].resource_version, first[0].resource_version);
+    // A big node: the pod is bound and leaves the watch; a later sentinel shows nothing else came.
+    server
+        .register_node(&NodeRegistration {
+            name: "big".into(),
+            instance_id: "i-3".into(),
+            instance_type: "m5.2xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity: BTreeMap::from([("cpu".into(), "8".into()), ("pods".into(), "58".into())]),
+            ..Default::default()
+        })
+        .unwrap();
+    server.schedule();
+    server.apply(&pod("sentinel", "64")).unwrap();
+    server.schedule();
+    let third = receive_until(&sqs, &queue_url, "sentinel").await;
+    assert_eq!(count(&third, "web"), 0, "{third:?}");
+    let _ = fw.stop.send(());
+    let stats = fw.task.await.unwrap();
+    assert_eq!(stats.sent, 3);
+}
+
+#[tokio::test]
+async fn health_endpoints_follow_the_watch() {
+    let health = Health::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = health.clone();
+    let server = tokio::spawn(async move {
+        h.serve(listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let get = |path: &'static str| async move { reqwest::get(format!("http://{addr}{path}")).await.unwrap().status().as_u16() };
+    assert_eq!((get("/healthz").await, get("/readyz").await), (200, 503));
+    health.synced();
+    assert_eq!((get("/healthz").await, get("/readyz").await), (200, 200));
+    health.failed();
+    assert_eq!(get("/healthz").await, 503);
+    health.observed();
+    assert_eq!(get("/healthz").await, 200);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
