@@ -10,3 +10,4 @@ pub mod nodeclaim;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;
+pub mod scheduling;
