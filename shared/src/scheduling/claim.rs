@@ -194,16 +194,21 @@ impl Claim {
                 continue;
             }
             let pinnable = current.is_some() || labels::is_well_known(key);
-            let candidates: Vec<DomainId> = if pinnable {
-                m.key_domains.get(key).into_iter().flatten().copied().filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d)))).filter(|d| allowed(Some(*d))).collect()
+            let known: Vec<DomainId> = if pinnable {
+                m.key_domains.get(key).into_iter().flatten().copied().filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d)))).collect()
             } else {
                 Vec::new()
             };
-            if candidates.is_empty() {
-                // Without a domain the node lacks the key: only anti-affinity holds.
-                if allowed(None) {
+            if known.is_empty() {
+                // No known value: the node gets one nobody has seen (or, for a
+                // key nothing defines, none at all).
+                if allowed(if pinnable { Some(DomainId::MAX) } else { None }) {
                     continue;
                 }
+                return Err(topo);
+            }
+            let candidates: Vec<DomainId> = known.into_iter().filter(|d| allowed(Some(*d))).collect();
+            if candidates.is_empty() {
                 return Err(topo);
             }
             let mut best: Option<((i64, i64, u64, DomainId), Requirements, Vec<u32>)> = None;

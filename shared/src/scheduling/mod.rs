@@ -14,6 +14,8 @@ pub mod claim;
 pub mod daemonset;
 pub mod dense;
 pub mod existing;
+#[cfg(test)]
+pub mod fixtures;
 pub mod model;
 pub mod packing;
 pub mod pod;
