@@ -11,3 +11,4 @@ pub mod quantity;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;
+pub mod telemetry;

@@ -112,13 +112,44 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
                 nc.validate().map_err(|e| validation_error(file, index, e))?;
                 Object::EC2NodeClass(nc)
             }
-            ("v1", "Pod") => Object::Pod(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "Deployment") => Object::Deployment(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "ReplicaSet") => Object::ReplicaSet(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "StatefulSet") => Object::StatefulSet(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("batch/v1", "Job") => Object::Job(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("apps/v1", "DaemonSet") => Object::DaemonSet(typed(value).map_err(|(p, m)| err(p, m))?),
-            ("v1", "Node") => Object::Node(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("v1", "Pod") => {
+                let pod: Pod = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(pod.spec.as_ref(), "spec").map_err(|(p, m)| err(p, m))?;
+                Object::Pod(pod)
+            }
+            ("apps/v1", "Deployment") => {
+                let o: Deployment = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::Deployment(o)
+            }
+            ("apps/v1", "ReplicaSet") => {
+                let o: ReplicaSet = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.as_ref()).and_then(|t| t.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::ReplicaSet(o)
+            }
+            ("apps/v1", "StatefulSet") => {
+                let o: StatefulSet = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::StatefulSet(o)
+            }
+            ("batch/v1", "Job") => {
+                let o: Job = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::Job(o)
+            }
+            ("apps/v1", "DaemonSet") => {
+                let o: DaemonSet = typed(value).map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                Object::DaemonSet(o)
+            }
+            ("v1", "Node") => {
+                let node: Node = typed(value).map_err(|(p, m)| err(p, m))?;
+                let status = node.status.as_ref();
+                for (field, list) in [("capacity", status.and_then(|s| s.capacity.as_ref())), ("allocatable", status.and_then(|s| s.allocatable.as_ref()))] {
+                    check_quantities(list, &format!("status.{field}")).map_err(|(p, m)| err(p, m))?;
+                }
+                Object::Node(node)
+            }
             ("policy/v1", "PodDisruptionBudget") => Object::PodDisruptionBudget(typed(value).map_err(|(p, m)| err(p, m))?),
             ("v1", "PersistentVolume") => Object::PersistentVolume(typed(value).map_err(|(p, m)| err(p, m))?),
             ("v1", "PersistentVolumeClaim") => Object::PersistentVolumeClaim(typed(value).map_err(|(p, m)| err(p, m))?),
@@ -149,6 +180,34 @@ fn validation_error(file: &str, index: usize, e: super::Errors) -> ManifestError
             e.fields.iter().map(|f| if Some(f) == first.as_ref() { f.message.clone() } else { format!("{}: {}", f.path, f.message) }).collect::<Vec<_>>().join("; ")
         ),
     }
+}
+
+/// Rejects resource quantities Kubernetes would reject, naming the field.
+fn check_pod_spec(spec: Option<&k8s_openapi::api::core::v1::PodSpec>, at: &str) -> Result<(), (String, String)> {
+    let Some(spec) = spec else { return Ok(()) };
+    let none = Vec::new();
+    let lists = [("containers", &spec.containers), ("initContainers", spec.init_containers.as_ref().unwrap_or(&none))];
+    for (field, containers) in lists {
+        for (i, c) in containers.iter().enumerate() {
+            let r = c.resources.as_ref();
+            for (kind, list) in [("requests", r.and_then(|r| r.requests.as_ref())), ("limits", r.and_then(|r| r.limits.as_ref()))] {
+                check_quantities(list, &format!("{at}.{field}[{i}].resources.{kind}"))?;
+            }
+        }
+    }
+    check_quantities(spec.overhead.as_ref(), &format!("{at}.overhead"))
+}
+
+fn check_quantities(
+    list: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    at: &str,
+) -> Result<(), (String, String)> {
+    for (name, q) in list.into_iter().flatten() {
+        if let Err(e) = crate::quantity::Quantity::parse(&q.0) {
+            return Err((format!("{at}.{name}"), e.to_string()));
+        }
+    }
+    Ok(())
 }
 
 fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, (String, String)> {

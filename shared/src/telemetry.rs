@@ -1,0 +1,76 @@
+//! Structured logs (JSON in Lambda) and metrics as CloudWatch Embedded Metric Format.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// Initialises tracing: JSON lines when running in Lambda, human-readable
+/// otherwise; the level comes from `RUST_LOG` (default `info`).
+pub fn init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    // A second init (tests, warm containers) is harmless: keep the first.
+    let _ = if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
+        builder.json().with_current_span(false).without_time().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// One metric value with its CloudWatch unit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metric {
+    /// Metric name.
+    pub name: &'static str,
+    /// Value.
+    pub value: f64,
+    /// CloudWatch unit: Count, Milliseconds, None, ...
+    pub unit: &'static str,
+}
+
+/// Renders metrics as one EMF log line in the `nodesmith` namespace.
+pub fn emf(timestamp_ms: i64, dimensions: &BTreeMap<&str, String>, metrics: &[Metric]) -> String {
+    let mut root = serde_json::Map::new();
+    root.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": "nodesmith",
+                "Dimensions": [dimensions.keys().collect::<Vec<_>>()],
+                "Metrics": metrics.iter().map(|m| json!({"Name": m.name, "Unit": m.unit})).collect::<Vec<_>>(),
+            }],
+        }),
+    );
+    for (k, v) in dimensions {
+        root.insert((*k).to_string(), Value::String(v.clone()));
+    }
+    for m in metrics {
+        root.insert(m.name.to_string(), json!(m.value));
+    }
+    Value::Object(root).to_string()
+}
+
+/// Writes metrics to stdout, where Lambda ships them to CloudWatch.
+pub fn publish(dimensions: &BTreeMap<&str, String>, metrics: &[Metric]) {
+    let now = jiff::Timestamp::now().as_millisecond();
+    println!("{}", emf(now, dimensions, metrics));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emf_has_the_documented_shape() {
+        let dims = BTreeMap::from([("Function", "provision".to_string())]);
+        let line = emf(1_700_000_000_000, &dims, &[Metric { name: "NodeClaimsCreated", value: 3.0, unit: "Count" }]);
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000i64);
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Namespace"], "nodesmith");
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0][0], "Function");
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"], "NodeClaimsCreated");
+        assert_eq!(v["Function"], "provision");
+        assert_eq!(v["NodeClaimsCreated"], 3.0);
+    }
+}

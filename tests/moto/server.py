@@ -1,0 +1,113 @@
+"""moto's server for nodesmith's tests, with the parts moto lacks seeded in.
+
+Started by the Rust harness (tests/src/moto.rs). Prints "READY <port>" once
+listening on 127.0.0.1, then reads one command per line on stdin and answers
+"OK" (or "ERR <why>"):
+
+  reset              wipe all state, then seed the EKS AMIs and SSM parameters
+  spot <json>        set spot prices: [{"type","zone","price"}, ...]
+
+moto stores everything in this process, so seeding goes straight into its
+backends (PutParameter refuses /aws/... names). The process exits when stdin
+closes, so a crashed test run never leaves a server behind.
+"""
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.models import ec2_backends
+from moto.ec2.models.amis import Ami
+from moto.ec2.responses import spot_instances
+from moto.core.responses import ActionResult
+from moto.moto_api import _internal as moto_api
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.ssm.models import Parameter, ssm_backends
+
+REGION = "us-east-1"
+K8S_VERSION = "1.33"
+
+# Public EKS AMIs as the real SSM parameters name them; ids are made up but stable.
+EKS_AMIS = [
+    ("ami-0a1b2c3d4e5f60001", "x86_64", "amazon-eks-node-al2023-x86_64-standard-1.33-v20261101",
+     f"/aws/service/eks/optimized-ami/{K8S_VERSION}/amazon-linux-2023/x86_64/standard/recommended/image_id"),
+    ("ami-0a1b2c3d4e5f60002", "arm64", "amazon-eks-node-al2023-arm64-standard-1.33-v20261101",
+     f"/aws/service/eks/optimized-ami/{K8S_VERSION}/amazon-linux-2023/arm64/standard/recommended/image_id"),
+    ("ami-0a1b2c3d4e5f60003", "x86_64", "amazon-eks-node-al2023-x86_64-nvidia-1.33-v20261101",
+     f"/aws/service/eks/optimized-ami/{K8S_VERSION}/amazon-linux-2023/x86_64/nvidia/recommended/image_id"),
+    ("ami-0a1b2c3d4e5f60004", "x86_64", "bottlerocket-aws-k8s-1.33-x86_64-v1.40.0",
+     f"/aws/service/bottlerocket/aws-k8s-{K8S_VERSION}/x86_64/latest/image_id"),
+    ("ami-0a1b2c3d4e5f60005", "arm64", "bottlerocket-aws-k8s-1.33-aarch64-v1.40.0",
+     f"/aws/service/bottlerocket/aws-k8s-{K8S_VERSION}/arm64/latest/image_id"),
+]
+
+SPOT_PRICES = {}
+
+
+def seed():
+    ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+    ssm = ssm_backends[DEFAULT_ACCOUNT_ID][REGION]
+    now = datetime.now(timezone.utc)
+    for ami_id, arch, name, param in EKS_AMIS:
+        ec2.amis[ami_id] = Ami(
+            ec2, ami_id, name=name, description=name, owner_id="602401143452",
+            owner_alias="amazon", public=True, virtualization_type="hvm",
+            architecture=arch, root_device_type="ebs", root_device_name="/dev/xvda",
+            region_name=REGION, boot_mode="uefi",
+        )
+        ssm._parameters[param].append(Parameter(
+            account_id=DEFAULT_ACCOUNT_ID, name=param, value=ami_id,
+            parameter_type="String", description=None, allowed_pattern=None,
+            keyid=None, last_modified_date=now, version=1, data_type="aws:ec2:image",
+        ))
+
+
+def describe_spot_price_history(self):
+    """moto answers every offering with one fixed price; answer the seeded ones."""
+    types = self._get_param("InstanceTypes", [])
+    filters = self._filters_from_querystring()
+    offerings = self.ec2_backend.describe_spot_price_history(types, filters)
+    history = [
+        {
+            "InstanceType": o["InstanceType"],
+            "ProductDescription": "Linux/UNIX (Amazon VPC)",
+            "SpotPrice": f"{SPOT_PRICES[(o['InstanceType'], o['Location'])]:.6f}",
+            "AvailabilityZone": o["Location"],
+            "Timestamp": "2026-11-01T00:00:00.000Z",
+        }
+        for o in offerings
+        if (o["InstanceType"], o["Location"]) in SPOT_PRICES
+    ]
+    return ActionResult({"SpotPriceHistory": history})
+
+
+def main():
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    spot_instances.SpotInstances.describe_spot_price_history = describe_spot_price_history
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    seed()
+    _, port = server.get_host_and_port()
+    print(f"READY {port}", flush=True)
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        try:
+            if cmd == "reset":
+                moto_api.moto_api_backend.reset()
+                SPOT_PRICES.clear()
+                seed()
+            elif cmd == "spot":
+                for p in json.loads(arg):
+                    SPOT_PRICES[(p["type"], p["zone"])] = float(p["price"])
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            print("OK", flush=True)
+        except Exception as e:  # answer, never die: the test reports it
+            print(f"ERR {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

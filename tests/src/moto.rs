@@ -1,0 +1,142 @@
+//! moto's server, started once per test process and shared by its tests.
+//!
+//! Tests take [`moto()`], which resets moto's state (and reseeds what moto
+//! lacks: EKS AMIs, their SSM parameters) and holds a lock so tests of one
+//! process never see each other's resources. The server is a child process
+//! reading commands on stdin; it exits when the test process ends.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_credential_types::Credentials;
+
+/// The region every test uses.
+pub const REGION: &str = "us-east-1";
+/// Zones moto offers in [`REGION`].
+pub const ZONES: &[&str] = &["us-east-1a", "us-east-1b", "us-east-1c"];
+
+struct Server {
+    endpoint: String,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    _child: Child,
+}
+
+static SERVER: OnceLock<Result<Mutex<Server>, String>> = OnceLock::new();
+static TEST_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The repository's root (the parent of this crate).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The Python with moto installed: `NODESMITH_PYTHON`, else the repo's `.venv`.
+pub fn python() -> PathBuf {
+    std::env::var_os("NODESMITH_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+}
+
+fn start() -> Result<Mutex<Server>, String> {
+    let py = python();
+    if !py.exists() {
+        return Err(format!("no Python at {} — run scripts/test, which creates the repo's .venv with moto", py.display()));
+    }
+    let mut child = Command::new(&py)
+        .arg(repo_root().join("tests/moto/server.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start moto with {}: {e}", py.display()))?;
+    let stdin = child.stdin.take().ok_or("moto has no stdin")?;
+    let mut stdout = BufReader::new(child.stdout.take().ok_or("moto has no stdout")?);
+    let mut line = String::new();
+    stdout.read_line(&mut line).map_err(|e| format!("moto did not start: {e}"))?;
+    let port = line
+        .trim()
+        .strip_prefix("READY ")
+        .ok_or_else(|| format!("moto did not start (said {line:?}); is moto[server] installed in {}?", py.display()))?
+        .to_string();
+    Ok(Mutex::new(Server { endpoint: format!("http://127.0.0.1:{port}"), stdin, stdout, _child: child }))
+}
+
+fn server() -> &'static Mutex<Server> {
+    match SERVER.get_or_init(start) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn command(line: &str) -> Result<(), String> {
+    let mut s = server().lock().map_err(|_| "moto harness poisoned".to_string())?;
+    writeln!(s.stdin, "{line}").map_err(|e| format!("moto is gone: {e}"))?;
+    s.stdin.flush().map_err(|e| format!("moto is gone: {e}"))?;
+    let mut answer = String::new();
+    s.stdout.read_line(&mut answer).map_err(|e| format!("moto is gone: {e}"))?;
+    match answer.trim() {
+        "OK" => Ok(()),
+        other => Err(format!("moto refused {line:?}: {other}")),
+    }
+}
+
+/// Exclusive use of a freshly reset moto for one test.
+pub struct Moto {
+    endpoint: String,
+    _lock: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// Waits for moto, resets it and returns it for this test's exclusive use.
+pub async fn moto() -> Moto {
+    let lock = TEST_LOCK.lock().await;
+    let endpoint = tokio::task::spawn_blocking(|| {
+        command("reset").map(|_| server().lock().map(|s| s.endpoint.clone()).unwrap_or_default())
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("moto reset panicked: {e}")))
+    .unwrap_or_else(|e| panic!("{e}"));
+    Moto { endpoint, _lock: lock }
+}
+
+impl Moto {
+    /// The server's URL (also what `AWS_ENDPOINT_URL` should be for a child process).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// SDK configuration pointing every client at moto, with test credentials.
+    pub async fn sdk_config(&self) -> SdkConfig {
+        self.sdk_config_at(&self.endpoint).await
+    }
+
+    /// SDK configuration pointing at another endpoint (e.g. a proxy in front of moto).
+    pub async fn sdk_config_at(&self, endpoint: &str) -> SdkConfig {
+        aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new("testing", "testing", None, None, "nodesmith-tests"))
+            .endpoint_url(endpoint)
+            .load()
+            .await
+    }
+
+    /// Environment for a child process (a function binary) to use moto.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_REGION", REGION.to_string()),
+            ("AWS_ACCESS_KEY_ID", "testing".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
+        ]
+    }
+
+    /// Seeds spot prices, which moto does not model: (type, zone, price per hour).
+    pub fn seed_spot_prices(&self, prices: &[(&str, &str, f64)]) {
+        let json: Vec<serde_json::Value> =
+            prices.iter().map(|(t, z, p)| serde_json::json!({"type": t, "zone": z, "price": p})).collect();
+        let line = format!("spot {}", serde_json::Value::Array(json));
+        if let Err(e) = command(&line) {
+            panic!("{e}");
+        }
+    }
+}
