@@ -11,4 +11,5 @@ pub mod quantity;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;
+pub mod simulate;
 pub mod telemetry;
