@@ -102,8 +102,16 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// Sizes to run: `NODESMITH_BENCH_SIZES=2000,20000` narrows the default list.
+fn sizes() -> Vec<usize> {
+    match std::env::var("NODESMITH_BENCH_SIZES") {
+        Ok(s) => s.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) => SIZES.to_vec(),
+    }
+}
+
 fn report(cat: &Catalog) {
-    for n in SIZES {
+    for n in sizes() {
         let mut input = SolveInput::new(cat);
         input.node_pools = vec![pool()];
         input.pods = pods(n);
@@ -134,7 +142,7 @@ fn bench(c: &mut Criterion) {
     report(&cat);
     let mut group = c.benchmark_group("scheduling");
     group.sample_size(10);
-    for n in SIZES {
+    for n in sizes() {
         let mut input = SolveInput::new(&cat);
         input.node_pools = vec![pool()];
         input.pods = pods(n);

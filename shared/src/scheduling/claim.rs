@@ -2,6 +2,8 @@
 //! (narrowed by every pod it takes), the instance types that still fit, and
 //! the pods on it. Adding a pod either yields an update or a failure.
 
+use std::borrow::Cow;
+
 use super::dense::{self, Vector, fits};
 use super::model::{Model, Pool, instance_defined};
 use super::pod::HostPort;
@@ -129,21 +131,17 @@ impl Claim {
         let p = &m.pods[pi];
         let pool = &m.pools[self.pool];
         let mono = Fail { monotone: true };
-        let topo = Fail { monotone: p.monotone };
-        let used = dense::plus(&self.used, &p.req);
-        if !fits(&used, &self.max_avail) {
-            return Err(mono);
-        }
-        if !pool.taints.is_empty() && super::pod::tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
-            return Err(mono);
-        }
-        if p.model.host_ports.iter().any(|h| self.ports.iter().any(|o| h.conflicts(o))) {
+        if self.used.iter().zip(&p.req).zip(&self.max_avail).any(|((u, r), m)| *r > 0 && u + r > *m) {
             return Err(mono);
         }
         for g in &a.groups {
             let group = &m.groups.list[*g];
             if group.hostname && !cx.counts.allows(group, *g, p.counts_in.binary_search(g).is_ok(), Some(self.host)) {
-                return Err(topo);
+                // On its own hostname a node's count only grows, and the
+                // minimum over hostnames is always zero (a new node): spread
+                // and anti-affinity failures here are permanent.
+                let permanent = !matches!(group.id.kind, GroupKind::Affinity);
+                return Err(Fail { monotone: permanent || p.monotone });
             }
         }
         for g in &p.inverse {
@@ -151,17 +149,34 @@ impl Claim {
                 return Err(mono);
             }
         }
+        let used = dense::plus(&self.used, &p.req);
+        if !pool.taints.is_empty() && super::pod::tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
+            return Err(mono);
+        }
+        if p.model.host_ports.iter().any(|h| self.ports.iter().any(|o| h.conflicts(o))) {
+            return Err(mono);
+        }
         let mut fail = mono;
         for term in a.terms.iter() {
             if self.reqs.compatible(term, true).is_err() {
                 continue;
             }
-            let mut reqs = self.reqs.clone();
-            reqs.add_all(term);
-            let mut changed: Vec<String> = term.keys().cloned().collect();
+            // Most pods add nothing to the claim's requirements: skip the copy.
+            let mut reqs = Cow::Borrowed(&self.reqs);
+            if !term.is_empty() {
+                let mut r = self.reqs.clone();
+                r.add_all(term);
+                if r != self.reqs {
+                    reqs = Cow::Owned(r);
+                }
+            }
+            let mut changed: Vec<String> = if matches!(reqs, Cow::Owned(_)) { term.keys().cloned().collect() } else { Vec::new() };
             match self.pin(cx, pi, a, reqs, &mut changed, &used) {
                 Ok((reqs, options)) => {
-                    let reqs = if reqs == self.reqs { None } else { Some(reqs) };
+                    let reqs = match reqs {
+                        Cow::Owned(r) if r != self.reqs => Some(r),
+                        _ => None,
+                    };
                     return Ok(Update { reqs, options, used });
                 }
                 Err(f) => fail = if f.monotone { fail } else { f },
@@ -172,7 +187,7 @@ impl Claim {
 
     /// Gives the claim one domain for every topology key the pod relates to,
     /// then filters the options.
-    fn pin(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Requirements, changed: &mut Vec<String>, used: &Vector) -> Result<(Requirements, Vec<u32>), Fail> {
+    fn pin<'r>(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Cow<'r, Requirements>, changed: &mut Vec<String>, used: &Vector) -> Result<(Cow<'r, Requirements>, Vec<u32>), Fail> {
         let m = cx.m;
         let p = &m.pods[pi];
         let pool = &m.pools[self.pool];
@@ -213,7 +228,7 @@ impl Claim {
             }
             let mut best: Option<((i64, i64, u64, DomainId), Requirements, Vec<u32>)> = None;
             for d in candidates {
-                let mut r = reqs.clone();
+                let mut r = reqs.as_ref().clone();
                 r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
                 let mut ch = changed.clone();
                 ch.push(key.clone());
@@ -230,7 +245,7 @@ impl Claim {
                 }
             }
             let Some((_, r, _)) = best else { return Err(topo) };
-            reqs = r;
+            reqs = Cow::Owned(r);
             changed.push(key.clone());
         }
         let opts = self.filter(pool, &reqs, changed, used);

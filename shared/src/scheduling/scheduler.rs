@@ -355,14 +355,12 @@ pub struct Priced {
 /// (as EC2 Fleet would be asked), else on-demand; options sorted by that price.
 pub fn price(m: &Model, c: &Claim) -> Option<Priced> {
     let pool = &m.pools[c.pool];
-    let spot_any = c.options.iter().any(|t| {
-        let mut r = c.reqs.clone();
-        r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
-        cheapest(&pool.types[*t as usize].offerings, &r).is_some()
-    });
+    let mut spot = c.reqs.clone();
+    spot.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
+    let spot_any = c.options.iter().any(|t| cheapest(&pool.types[*t as usize].offerings, &spot).is_some());
     let mut reqs = c.reqs.clone();
     if spot_any {
-        reqs.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
+        reqs = spot;
     } else if c.options.iter().any(|t| pool.types[*t as usize].offerings.iter().any(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND)) {
         let mut r = reqs.clone();
         r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_ON_DEMAND]));
