@@ -99,6 +99,9 @@ fn malformed_manifests_name_the_field() {
          "spec.containers[0].resources.requests.cpu", ""),
         ("apiVersion: karpenter.sh/v1beta1\nkind: NodePool\nmetadata: {name: x}\n".to_string(), "apiVersion", "v1 API"),
         ("kind: Pod\n".to_string(), "apiVersion", "required"),
+        (format!("{POOL_HEAD}{TEMPLATE}      requirments: []\n"), "spec.template.spec.requirments", "unknown field"),
+        (format!("{CLASS_HEAD}  role: r\n  amiSelectorTerms: [{{alias: al2023@latest, version: 2}}]\n  subnetSelectorTerms: [{{tags: {{a: b}}}}]\n  securityGroupSelectorTerms: [{{tags: {{a: b}}}}]\n"),
+         "spec.amiSelectorTerms[0].version", "unknown field"),
         ("a: [unclosed\n".to_string(), "a", "invalid YAML"),
     ];
     for (i, (doc, path, words)) in cases.iter().enumerate() {
@@ -123,11 +126,15 @@ fn unknown_kinds_are_warnings_not_errors() {
 #[test]
 fn the_nodeclass_reference_example_is_valid() {
     let text = format!(
-        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: bottlerocket@latest}}]\n  subnetSelectorTerms: [{{tags: {{karpenter.sh/discovery: c}}}}, {{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  kubelet: {{maxPods: 110, evictionHard: {{memory.available: 5%}}, imageGCHighThresholdPercent: 85, imageGCLowThresholdPercent: 80}}\n  blockDeviceMappings: [{{deviceName: /dev/xvda, rootVolume: true, ebs: {{volumeSize: 100Gi, volumeType: gp3}}}}]\n  tags: {{team: a}}\n"
+        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: bottlerocket@latest}}]\n  subnetSelectorTerms: [{{tags: {{karpenter.sh/discovery: c}}}}, {{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  kubelet: {{maxPods: 110, evictionHard: {{memory.available: 5%}}, imageGCHighThresholdPercent: 85, imageGCLowThresholdPercent: 80}}\n  blockDeviceMappings: [{{deviceName: /dev/xvda, rootVolume: true, ebs: {{volumeSize: 100Gi, volumeType: gp3}}}}]\n  tags: {{team: a}}\n  associatePublicIPAddress: false\n  capacityReservationSelectorTerms: [{{ownerID: \"012345678901\", tags: {{a: b}}}}]\n"
     );
     let (docs, _) = parse_documents("c.yaml", &text).unwrap();
     let Object::EC2NodeClass(c) = &docs[0].object else { panic!("an EC2NodeClass") };
     assert_eq!(c.ami_family().as_deref(), Some("Bottlerocket"));
     assert_eq!(c.spec.metadata_options.http_tokens, "required");
     assert_eq!(c.spec.metadata_options.http_put_response_hop_limit, 1);
+    let kubelet = c.spec.kubelet.as_ref().unwrap();
+    assert_eq!((kubelet.image_gc_high_threshold_percent, kubelet.image_gc_low_threshold_percent), (Some(85), Some(80)));
+    assert_eq!(c.spec.associate_public_ip_address, Some(false));
+    assert_eq!(c.spec.capacity_reservation_selector_terms[0].owner_id.as_deref(), Some("012345678901"));
 }

@@ -59,7 +59,7 @@ pub struct EC2NodeClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet: Option<KubeletConfiguration>,
     /// Whether instances get a public IPv4 address.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "associatePublicIPAddress", skip_serializing_if = "Option::is_none")]
     pub associate_public_ip_address: Option<bool>,
     /// Whether detailed CloudWatch monitoring is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,7 +131,7 @@ pub struct SelectorTerm {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Owner account (capacity reservations only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "ownerID", skip_serializing_if = "Option::is_none")]
     pub owner_id: Option<String>,
 }
 
@@ -249,10 +249,10 @@ pub struct KubeletConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction_max_pod_grace_period: Option<i64>,
     /// Disk usage that triggers image GC.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "imageGCHighThresholdPercent", skip_serializing_if = "Option::is_none")]
     pub image_gc_high_threshold_percent: Option<i64>,
     /// Disk usage image GC frees down to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "imageGCLowThresholdPercent", skip_serializing_if = "Option::is_none")]
     pub image_gc_low_threshold_percent: Option<i64>,
     /// Enforce CPU CFS quota.
     #[serde(default, rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]

@@ -103,12 +103,12 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
         }
         let object = match (api_version.as_str(), kind.as_str()) {
             ("karpenter.sh/v1", "NodePool") => {
-                let np: NodePool = typed(value).map_err(|(p, m)| err(p, m))?;
+                let np: NodePool = strict(value).map_err(|(p, m)| err(p, m))?;
                 np.validate().map_err(|e| validation_error(file, index, e))?;
                 Object::NodePool(np)
             }
             ("karpenter.k8s.aws/v1", "EC2NodeClass") => {
-                let nc: EC2NodeClass = typed(value).map_err(|(p, m)| err(p, m))?;
+                let nc: EC2NodeClass = strict(value).map_err(|(p, m)| err(p, m))?;
                 nc.validate().map_err(|e| validation_error(file, index, e))?;
                 Object::EC2NodeClass(nc)
             }
@@ -212,6 +212,46 @@ fn check_quantities(
 
 fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, (String, String)> {
     serde_path_to_error::deserialize(value).map_err(|e| (path_of(e.path()), e.inner().to_string()))
+}
+
+/// Like [`typed`], but an unknown field is an error, as the API server's
+/// strict field validation makes it: a misspelt `requirments` must not
+/// silently give a pool with no requirements.
+fn strict<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, (String, String)> {
+    let mut unknown = None;
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    let parsed = serde_ignored::deserialize(de, |path| {
+        let path = bracket_indices(&path.to_string());
+        let top_level = matches!(path.as_str(), "apiVersion" | "kind");
+        if !top_level && !path.starts_with("metadata.") && !path.starts_with("status.") {
+            unknown.get_or_insert(path);
+        }
+    });
+    match (parsed, unknown) {
+        (Err(e), _) => Err((path_of(&track.path()), e.to_string())),
+        (Ok(_), Some(path)) => {
+            let field = path.rsplit('.').next().unwrap_or(&path).to_string();
+            Err((path, format!("unknown field {field:?}")))
+        }
+        (Ok(v), None) => Ok(v),
+    }
+}
+
+/// `a.0.b` → `a[0].b`, the notation of the other errors.
+fn bracket_indices(path: &str) -> String {
+    let mut out = String::new();
+    for seg in path.split('.').filter(|s| *s != "?") {
+        if !seg.is_empty() && seg.bytes().all(|c| c.is_ascii_digit()) {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(seg);
+        }
+    }
+    out
 }
 
 fn path_of(p: &serde_path_to_error::Path) -> String {

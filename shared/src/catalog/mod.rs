@@ -134,3 +134,43 @@ impl InstanceTypeInfo {
 }
 
 pub mod allocatable;
+pub mod builtin;
+pub mod ec2;
+
+pub mod facts;
+pub mod file;
+
+pub use builtin::builtin;
+pub use facts::{Ec2Facts, instance_type_info};
+
+/// Why a catalog could not be built or read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CatalogError {
+    /// A catalog document is not valid JSON or has a wrongly typed field.
+    #[error("{path}: {message}")]
+    Field {
+        /// Where in the document (`instanceTypes[3].capacity.cpu`).
+        path: String,
+        /// What is wrong there.
+        message: String,
+    },
+    /// EC2 facts about a type cannot make a schedulable instance type.
+    #[error("instance type {name}: {message}")]
+    Facts {
+        /// The instance type.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The built-in snapshot is corrupt (a build problem, not user input).
+    #[error("built-in catalog: {0}")]
+    Builtin(Box<CatalogError>),
+    /// An EC2 API call failed.
+    #[error("EC2 {operation}: {message}")]
+    Ec2 {
+        /// The API operation.
+        operation: &'static str,
+        /// The SDK's error, with its cause chain.
+        message: String,
+    },
+}
