@@ -60,12 +60,15 @@ pub fn simulate(s: &Scenario, catalog: &Catalog) -> Report {
 }
 
 /// Reads the catalog file, or the built-in catalog without one.
-///
-/// The catalog file parser and the built-in catalog live in `catalog` and are
-/// not part of this build yet, so this reports that clearly.
 pub fn load_catalog(path: Option<&std::path::Path>) -> Result<Catalog, SimulateError> {
-    let file = path.map_or_else(|| "built-in catalog".to_string(), |p| p.display().to_string());
-    Err(SimulateError::Catalog { file, message: "instance catalogs are not available in this build".into() })
+    match path {
+        Some(p) => {
+            let file = p.display().to_string();
+            let text = std::fs::read_to_string(p).map_err(|e| SimulateError::Catalog { file: file.clone(), message: format!("cannot read: {e}") })?;
+            crate::catalog::file::parse(&text).map_err(|e| SimulateError::Catalog { file, message: e.to_string() })
+        }
+        None => crate::catalog::builtin().cloned().map_err(|e| SimulateError::Catalog { file: "built-in catalog".into(), message: e.to_string() }),
+    }
 }
 
 /// Loads manifests and the catalog, and simulates; warnings are returned for stderr.
