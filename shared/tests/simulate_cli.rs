@@ -52,3 +52,45 @@ fn usage_errors_exit_2() {
     assert_eq!(simulate(&[]).status.code(), Some(2));
     assert_eq!(simulate(&["--output", "xml", "x.yaml"]).status.code(), Some(2));
 }
+
+#[test]
+fn catalog_file_is_used_and_json_follows_the_contract() {
+    let out = simulate(&["--catalog", fixtures().join("catalog.json").to_str().unwrap(), "--output", "json", fixtures().join("small.yaml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning:") && err.contains("ConfigMap"), "unknown kinds are warned about: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let claims = v["nodeClaims"].as_array().unwrap();
+    // The 3-cpu pod opens an m5.xlarge (spot only in zone b); the 1-cpu pod joins it.
+    assert_eq!(claims.len(), 1, "{v:#}");
+    let c = &claims[0];
+    assert_eq!(c["instanceType"], "m5.xlarge");
+    assert_eq!(c["zone"], "test-zone-b");
+    assert_eq!(c["capacityType"], "spot");
+    assert_eq!(c["pricePerHour"], 0.07);
+    for (k, q) in [("cpu", "3920m"), ("memory", "14162Mi"), ("pods", "58")] {
+        assert_eq!(c["allocatable"][k], q);
+    }
+    assert_eq!(c["pods"], serde_json::json!(["batch/big", "default/small"]));
+    assert_eq!(c["labels"]["topology.kubernetes.io/region"], "test-region");
+    assert_eq!(v["unschedulable"], serde_json::json!([{"pod": "default/huge", "reason": "no instance type in NodePool default fits 16 cpu"}]));
+    assert_eq!(v["totalPricePerHour"], 0.07);
+    assert_eq!(v["stats"]["pendingPods"], 3);
+    assert!(v["stats"]["solveMillis"].is_number());
+}
+
+#[test]
+fn table_output_for_humans() {
+    let out = simulate(&["--catalog", fixtures().join("catalog.json").to_str().unwrap(), "--output", "table", fixtures().join("small.yaml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().next().unwrap().starts_with("NODECLAIM"), "{text}");
+    assert!(text.contains("m5.xlarge") && text.contains("test-zone-b") && text.contains("0.0700"), "{text}");
+    assert!(text.contains("default/huge: no instance type in NodePool default fits 16 cpu"), "{text}");
+}
+
+#[test]
+fn invalid_catalog_exits_2() {
+    let err = one_line_error(&simulate(&["--catalog", fixtures().join("bad-catalog.json").to_str().unwrap(), fixtures().join("small.yaml").to_str().unwrap()]));
+    assert!(err.contains("bad-catalog.json"), "{err}");
+}
