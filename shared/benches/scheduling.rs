@@ -137,7 +137,32 @@ fn report(cat: &Catalog) {
     }
 }
 
+/// 20,000 pods against the full built-in catalog (the memory target).
+fn report_real_catalog() {
+    let Ok(cat) = nodesmith::catalog::builtin() else {
+        eprintln!("built-in catalog unavailable");
+        return;
+    };
+    let mut input = SolveInput::new(cat);
+    input.node_pools = vec![pool()];
+    input.pods = pods(20_000);
+    let t = Instant::now();
+    let plan = solve(&input);
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    eprintln!(
+        "real catalog ({} types) x 20000 pods: solve {ms:.1} ms, {} nodes, ${:.4}/h, {} unschedulable, peak RSS {:.0} MiB",
+        cat.instance_types.len(),
+        plan.node_claims.len(),
+        plan.total_price(),
+        plan.unschedulable.len(),
+        peak_rss_mib().unwrap_or(0.0)
+    );
+}
+
 fn bench(c: &mut Criterion) {
+    if std::env::var_os("NODESMITH_BENCH_REAL").is_some() {
+        report_real_catalog();
+    }
     let cat = catalog();
     report(&cat);
     let mut group = c.benchmark_group("scheduling");

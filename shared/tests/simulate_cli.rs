@@ -61,20 +61,24 @@ fn catalog_file_is_used_and_json_follows_the_contract() {
     assert!(err.contains("warning:") && err.contains("ConfigMap"), "unknown kinds are warned about: {err}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let claims = v["nodeClaims"].as_array().unwrap();
-    // The 3-cpu pod opens an m5.xlarge (spot only in zone b); the 1-cpu pod joins it.
-    assert_eq!(claims.len(), 1, "{v:#}");
-    let c = &claims[0];
-    assert_eq!(c["instanceType"], "m5.xlarge");
-    assert_eq!(c["zone"], "test-zone-b");
-    assert_eq!(c["capacityType"], "spot");
-    assert_eq!(c["pricePerHour"], 0.07);
+    // The 3-cpu pod needs an m5.xlarge (spot only in zone b); 1 cpu does not
+    // fit beside it (3920m allocatable), so the small pod gets an m5.large,
+    // spot in zone a (its zone-b spot offering is unavailable).
+    assert_eq!(claims.len(), 2, "{v:#}");
+    let big = &claims[0];
+    assert_eq!(big["pods"], serde_json::json!(["batch/big"]));
+    assert_eq!(big["instanceType"], "m5.xlarge");
+    assert_eq!((big["zone"].as_str(), big["capacityType"].as_str(), big["pricePerHour"].as_f64()), (Some("test-zone-b"), Some("spot"), Some(0.07)));
     for (k, q) in [("cpu", "3920m"), ("memory", "14162Mi"), ("pods", "58")] {
-        assert_eq!(c["allocatable"][k], q);
+        assert_eq!(big["allocatable"][k], q);
     }
-    assert_eq!(c["pods"], serde_json::json!(["batch/big", "default/small"]));
-    assert_eq!(c["labels"]["topology.kubernetes.io/region"], "test-region");
+    assert_eq!(big["labels"]["topology.kubernetes.io/region"], "test-region");
+    let small = &claims[1];
+    assert_eq!(small["pods"], serde_json::json!(["default/small"]));
+    assert_eq!(small["instanceTypeOptions"], serde_json::json!(["m5.large", "m5.xlarge"]));
+    assert_eq!((small["zone"].as_str(), small["capacityType"].as_str(), small["pricePerHour"].as_f64()), (Some("test-zone-a"), Some("spot"), Some(0.035)));
     assert_eq!(v["unschedulable"], serde_json::json!([{"pod": "default/huge", "reason": "no instance type in NodePool default fits 16 cpu"}]));
-    assert_eq!(v["totalPricePerHour"], 0.07);
+    assert_eq!(v["totalPricePerHour"], 0.105);
     assert_eq!(v["stats"]["pendingPods"], 3);
     assert!(v["stats"]["solveMillis"].is_number());
 }
@@ -85,7 +89,7 @@ fn table_output_for_humans() {
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.lines().next().unwrap().starts_with("NODECLAIM"), "{text}");
-    assert!(text.contains("m5.xlarge") && text.contains("test-zone-b") && text.contains("0.0700"), "{text}");
+    assert!(text.contains("m5.xlarge") && text.contains("test-zone-b") && text.contains("0.0700") && text.contains("0.1050/hour"), "{text}");
     assert!(text.contains("default/huge: no instance type in NodePool default fits 16 cpu"), "{text}");
 }
 

@@ -128,7 +128,7 @@ impl Claim {
     /// the claim would change.
     pub fn try_add(&self, cx: &Ctx, pi: usize, a: &Active) -> Result<Update, Fail> {
         let m = cx.m;
-        let p = &m.pods[pi];
+        let p = m.pod(pi);
         let pool = &m.pools[self.pool];
         let mono = Fail { monotone: true };
         if self.used.iter().zip(&p.req).zip(&self.max_avail).any(|((u, r), m)| *r > 0 && u + r > *m) {
@@ -189,7 +189,7 @@ impl Claim {
     /// then filters the options.
     fn pin<'r>(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Cow<'r, Requirements>, changed: &mut Vec<String>, used: &Vector) -> Result<(Cow<'r, Requirements>, Vec<u32>), Fail> {
         let m = cx.m;
-        let p = &m.pods[pi];
+        let p = m.pod(pi);
         let pool = &m.pools[self.pool];
         let topo = Fail { monotone: p.monotone };
         for key in &p.pin_keys {

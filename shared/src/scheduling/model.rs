@@ -92,10 +92,19 @@ pub struct Pool {
     pub error: Option<String>,
 }
 
-/// A pending pod, compiled.
+/// A pending pod: its name and its shape.
+#[derive(Debug, Clone)]
+pub struct PodEntry {
+    /// The pod.
+    pub pod: PodRef,
+    /// Index into [`Model::shapes`].
+    pub shape: u32,
+}
+
+/// A pending pod's compiled constraints (shared by identical replicas).
 #[derive(Debug, Clone)]
 pub struct PendingPod {
-    /// The pod's model.
+    /// The model of the first pod of this shape.
     pub model: PodModel,
     /// Effective requests.
     pub req: Vector,
@@ -134,7 +143,9 @@ pub struct Model {
     /// Resource names.
     pub res: ResourceTable,
     /// Pending pods in first-fit-decreasing order.
-    pub pods: Vec<PendingPod>,
+    pub pods: Vec<PodEntry>,
+    /// Compiled pod shapes (pods differing only in name share one).
+    pub shapes: Vec<PendingPod>,
     /// Pods that cannot be modelled, with the reason.
     pub invalid: Vec<(PodRef, String)>,
     /// Pools by weight (highest first), then name.
@@ -220,19 +231,30 @@ impl Model {
         // Model pods first: their resource names size the vectors.
         let volumes = Volumes::new(&input.persistent_volumes, &input.persistent_volume_claims, &input.storage_classes);
         let mut invalid = Vec::new();
+        // Pods with identical constraints (replicas of one workload) share one
+        // compiled shape, so 20,000 pods cost little more than their names.
         let mut pending: Vec<(PodModel, Vec<Requirements>)> = Vec::new();
+        let mut shape_index: HashMap<ShapeKey, usize> = HashMap::new();
+        let mut entries: Vec<(PodRef, usize)> = Vec::new();
         for p in &input.pods {
             match PodModel::from_pod(p) {
                 Ok(m) => match volumes.requirements(&m) {
                     Ok(v) => {
                         let terms = if v.is_empty() { m.node_terms.clone() } else { cross(&m.node_terms, &v) };
-                        pending.push((m, terms));
+                        let key = ShapeKey::of(&m, &terms);
+                        let next = pending.len();
+                        let idx = *shape_index.entry(key).or_insert(next);
+                        entries.push((m.pod.clone(), idx));
+                        if idx == next {
+                            pending.push((m, terms));
+                        }
                     }
                     Err(e) => invalid.push((m.pod.clone(), e)),
                 },
                 Err(e) => invalid.push((PodRef::of(p), format!("invalid pod: {e}"))),
             }
         }
+        drop(shape_index);
         let mut running: Vec<(usize, PodModel)> = Vec::new();
         for (ni, n) in input.nodes.iter().enumerate() {
             for p in &n.pods {
@@ -430,10 +452,9 @@ impl Model {
             }
         }
 
-        // Pending pods, compiled and sorted first-fit-decreasing.
-        let mut classes: HashMap<ClassKey, u32> = HashMap::new();
-        let mut pods = Vec::new();
-        for ((m, terms), o) in pending.into_iter().zip(owned) {
+        // Pending shapes compiled; pods sorted first-fit-decreasing.
+        let mut shapes = Vec::new();
+        for (si, ((m, terms), o)) in pending.into_iter().zip(owned).enumerate() {
             let counts_in = match_cache.entry((m.pod.namespace.clone(), m.labels.clone())).or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels)).clone();
             let inverse: Vec<GroupId> = counts_in.iter().copied().filter(|g| groups.list[*g].id.kind == GroupKind::AntiAffinity { required: true }).collect();
             let all_owned = o.required.iter().chain(&o.pref_affinity).chain(&o.pref_anti).chain(&o.soft_spread);
@@ -442,17 +463,7 @@ impl Model {
             let req = res.vector(&m.requests);
             let accelerator = accelerator_of(&m.requests);
             let preferred_node: Vec<Requirements> = m.preferred_node.iter().map(|(_, r)| r.clone()).collect();
-            let key = ClassKey {
-                req: req.clone(),
-                terms: terms.clone(),
-                preferred: preferred_node.clone(),
-                tolerations: m.tolerations.clone(),
-                groups: [o.required.clone(), o.pref_affinity.clone(), o.pref_anti.clone(), o.soft_spread.clone(), counts_in.clone()],
-                ports: m.host_ports.clone(),
-            };
-            let n = classes.len() as u32;
-            let class = *classes.entry(key).or_insert(n);
-            pods.push(PendingPod {
+            shapes.push(PendingPod {
                 req,
                 terms,
                 preferred_node,
@@ -464,15 +475,24 @@ impl Model {
                 inverse,
                 pin_keys: pin_keys.into_iter().collect(),
                 accelerator,
-                class,
+                class: si as u32,
                 monotone,
                 model: m,
             });
         }
+        let mut pods: Vec<PodEntry> = entries.into_iter().map(|(pod, shape)| PodEntry { pod, shape: shape as u32 }).collect();
         let (cpu, mem) = (0, 1);
-        pods.sort_by(|a, b| b.req[cpu].cmp(&a.req[cpu]).then_with(|| b.req[mem].cmp(&a.req[mem])).then_with(|| a.model.pod.cmp(&b.model.pod)));
+        pods.sort_by(|a, b| {
+            let (x, y) = (&shapes[a.shape as usize].req, &shapes[b.shape as usize].req);
+            y[cpu].cmp(&x[cpu]).then_with(|| y[mem].cmp(&x[mem])).then_with(|| a.pod.cmp(&b.pod))
+        });
 
-        Model { res, pods, invalid, pools, existing, groups, domains, key_domains, counts, warnings, daemons }
+        Model { res, pods, shapes, invalid, pools, existing, groups, domains, key_domains, counts, warnings, daemons }
+    }
+
+    /// The compiled shape of pending pod `i`.
+    pub fn pod(&self, i: usize) -> &PendingPod {
+        &self.shapes[self.pods[i].shape as usize]
     }
 
     /// The kind of an existing target.
@@ -481,14 +501,40 @@ impl Model {
     }
 }
 
+/// Everything about a pod but its name: equal keys share a compiled shape.
 #[derive(Hash, PartialEq, Eq)]
-struct ClassKey {
-    req: Vector,
+struct ShapeKey {
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    requests: Vec<(String, i64)>,
     terms: Vec<Requirements>,
-    preferred: Vec<Requirements>,
+    preferred: Vec<(i32, Requirements)>,
     tolerations: Vec<Toleration>,
-    groups: [Vec<GroupId>; 5],
+    spreads: Vec<super::pod::Spread>,
+    affinity: Vec<super::pod::PodTerm>,
+    anti_affinity: Vec<super::pod::PodTerm>,
+    preferred_affinity: Vec<(i32, super::pod::PodTerm)>,
+    preferred_anti_affinity: Vec<(i32, super::pod::PodTerm)>,
     ports: Vec<HostPort>,
+}
+
+impl ShapeKey {
+    fn of(m: &PodModel, terms: &[Requirements]) -> Self {
+        ShapeKey {
+            namespace: m.pod.namespace.clone(),
+            labels: m.labels.clone(),
+            requests: m.requests.0.iter().map(|(k, v)| (k.clone(), v.milli())).collect(),
+            terms: terms.to_vec(),
+            preferred: m.preferred_node.clone(),
+            tolerations: m.tolerations.clone(),
+            spreads: m.spreads.clone(),
+            affinity: m.affinity.clone(),
+            anti_affinity: m.anti_affinity.clone(),
+            preferred_affinity: m.preferred_affinity.clone(),
+            preferred_anti_affinity: m.preferred_anti_affinity.clone(),
+            ports: m.host_ports.clone(),
+        }
+    }
 }
 
 /// The values a topology key takes across pools (their requirements and

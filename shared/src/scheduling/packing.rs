@@ -47,7 +47,8 @@ pub fn candidate_caps(m: &Model) -> Vec<Cap> {
         return Vec::new();
     }
     let (mut cpu, mut mem, mut max_cpu, mut max_mem) = (0i128, 0i128, 0i64, 0i64);
-    for p in &m.pods {
+    for i in 0..m.pods.len() {
+        let p = m.pod(i);
         cpu += p.req[0] as i128;
         mem += p.req[1] as i128;
         max_cpu = max_cpu.max(p.req[0]);

@@ -76,7 +76,7 @@ impl<'m> Run<'m> {
                 placed += 1;
                 continue;
             }
-            if rel.relax(&self.m.pods[i]) {
+            if rel.relax(self.m.pod(i)) {
                 queue.push_back((i, rel));
             } else if last_fail[i] != Some(placed) {
                 // Others placed since its last try may make room (pod affinity).
@@ -92,7 +92,7 @@ impl<'m> Run<'m> {
 
     fn place(&mut self, i: usize, rel: &Relaxation) -> bool {
         let m = self.m;
-        let p = &m.pods[i];
+        let p = m.pod(i);
         let a = rel.active(p);
         for e in 0..m.existing.len() {
             if self.fits_existing(e, i, &a) {
@@ -137,7 +137,7 @@ impl<'m> Run<'m> {
     fn fits_existing(&self, e: usize, i: usize, a: &Active) -> bool {
         let m = self.m;
         let ex = &m.existing[e];
-        let p = &m.pods[i];
+        let p = m.pod(i);
         if ex.cordoned || !fits(&dense::plus(&self.ex_used[e], &p.req), &ex.avail) {
             return false;
         }
@@ -156,7 +156,7 @@ impl<'m> Run<'m> {
 
     fn commit_existing(&mut self, e: usize, i: usize, a: &Active) {
         let m = self.m;
-        let p = &m.pods[i];
+        let p = m.pod(i);
         let ex = &m.existing[e];
         dense::add(&mut self.ex_used[e], &p.req);
         self.ex_ports[e].extend(p.model.host_ports.iter().cloned());
@@ -178,7 +178,7 @@ impl<'m> Run<'m> {
 
     fn commit_claim(&mut self, ci: usize, i: usize, a: &Active, u: super::claim::Update) {
         let m = self.m;
-        let p = &m.pods[i];
+        let p = m.pod(i);
         let c = &mut self.claims[ci];
         let pool = &m.pools[c.pool];
         dense::sub(&mut self.pool_reserved[c.pool], &c.reserved);
@@ -205,7 +205,7 @@ impl<'m> Run<'m> {
     fn base_options(&self, pi: usize, i: usize) -> Vec<u32> {
         let m = self.m;
         let pool = &m.pools[pi];
-        let p = &m.pods[i];
+        let p = m.pod(i);
         if pool.node_limit.is_some_and(|l| pool.used_nodes + self.pool_nodes[pi] >= l) {
             return Vec::new();
         }
@@ -223,7 +223,7 @@ impl<'m> Run<'m> {
     fn new_claim(&mut self, pi: usize, i: usize, a: &Active) -> bool {
         let m = self.m;
         let pool = &m.pools[pi];
-        let p = &m.pods[i];
+        let p = m.pod(i);
         if pool.error.is_some() || tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
             return false;
         }
@@ -261,7 +261,7 @@ impl<'m> Run<'m> {
     /// Why pod `i` cannot be placed anywhere, pool by pool.
     fn explain(&self, i: usize, rel: &Relaxation) -> String {
         let m = self.m;
-        let p = &m.pods[i];
+        let p = m.pod(i);
         let a = rel.active(p);
         if m.pools.is_empty() {
             return "no NodePool".into();
@@ -407,7 +407,7 @@ impl Outcome {
         let mut unschedulable: Vec<Unschedulable> = m.invalid.iter().map(|(p, r)| Unschedulable { pod: p.clone(), reason: r.clone() }).collect();
         for c in &self.claims {
             let pool = &m.pools[c.pool];
-            let mut pods: Vec<PodRef> = c.pods.iter().map(|i| m.pods[*i].model.pod.clone()).collect();
+            let mut pods: Vec<PodRef> = c.pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
             pods.sort();
             let Some(priced) = price(m, c) else {
                 // Cannot happen for a claim with options; keep the pods accounted for.
@@ -461,13 +461,13 @@ impl Outcome {
             .enumerate()
             .filter(|(_, pods)| !pods.is_empty())
             .map(|(e, pods)| {
-                let mut pods: Vec<PodRef> = pods.iter().map(|i| m.pods[*i].model.pod.clone()).collect();
+                let mut pods: Vec<PodRef> = pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
                 pods.sort();
                 ExistingPlacement { name: m.existing[e].name.clone(), kind: m.target_kind(e), pods }
             })
             .collect();
         existing.sort_by(|a, b| a.name.cmp(&b.name));
-        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable { pod: m.pods[*i].model.pod.clone(), reason: r.clone() }));
+        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable { pod: m.pods[*i].pod.clone(), reason: r.clone() }));
         unschedulable.sort_by(|a, b| a.pod.cmp(&b.pod));
         Plan { node_claims, existing, unschedulable, warnings: m.warnings.clone() }
     }
