@@ -412,6 +412,37 @@ fn min_domains_forces_spreading_before_skew_allows_stacking() {
 }
 
 #[test]
+fn node_taints_policy_decides_whether_tainted_domains_count() {
+    // Pools make nodes in zones a and b only; an existing tainted node is in zone c.
+    let ab = pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: topology.kubernetes.io/zone, operator: In, values: [test-zone-a, test-zone-b]}]");
+    let tainted = || ExistingNode { node: node("n-c", "test-zone-c", "1", "1Gi", json!({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}})), pods: vec![] };
+    let run = |policy: &str| {
+        let mut extra = spread(labels::ZONE, 1, "DoNotSchedule", "web");
+        extra["spec"]["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!(policy);
+        let mut case = Case::new(pods("web", 4, "500m", "512Mi", extra)).pools(vec![ab.clone()]);
+        case.nodes = vec![tainted()];
+        case.solve()
+    };
+    // Ignore (the default): empty zone c counts, so only one pod per zone a/b.
+    assert_eq!(run("Ignore").unschedulable.len(), 2);
+    // Honor: the untolerated node's zone is not a domain; a and b take two each.
+    let plan = run("Honor");
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert_eq!(zones_of(&plan, "web"), [("test-zone-a".to_string(), 2), ("test-zone-b".to_string(), 2)].into());
+}
+
+#[test]
+fn preferred_pod_affinity_is_honoured_when_possible() {
+    let pref = json!({"spec": {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {"topologyKey": labels::ZONE, "labelSelector": {"matchLabels": {"app": "db"}}}}]}}}});
+    let mut case = Case::new(pods("a", 1, "1", "1Gi", pref.clone()));
+    case.nodes = vec![ExistingNode { node: node("n1", "test-zone-c", "1", "1Gi", json!({})), pods: vec![running("db", "n1", "1", app("db"))] }];
+    assert_eq!(zones_of(&case.solve(), "a"), [("test-zone-c".to_string(), 1)].into());
+    // Nothing to be near: relaxed, still scheduled.
+    assert!(Case::new(pods("a", 1, "1", "1Gi", pref)).solve().unschedulable.is_empty());
+}
+
+#[test]
 fn hostname_spread_and_schedule_anyway() {
     let plan = Case::new(pods("h", 4, "100m", "100Mi", spread(labels::HOSTNAME, 1, "DoNotSchedule", "h"))).solve();
     assert_eq!(plan.node_claims.len(), 4);
