@@ -119,6 +119,8 @@ fn report(cat: &Catalog) {
         let t = Instant::now();
         let ffd = solve(&input);
         let ffd_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let (ffd_nodes, ffd_price) = (ffd.node_claims.len(), ffd.total_price());
+        drop(ffd);
         input.options = SolveOptions { improve: true };
         let t = Instant::now();
         let plan = solve(&input);
@@ -129,9 +131,9 @@ fn report(cat: &Catalog) {
             plan.node_claims.len(),
             plan.total_price(),
             plan.unschedulable.len(),
-            ffd.node_claims.len(),
-            ffd.total_price(),
-            100.0 * (1.0 - plan.total_price() / ffd.total_price().max(1e-12)),
+            ffd_nodes,
+            ffd_price,
+            100.0 * (1.0 - plan.total_price() / ffd_price.max(1e-12)),
             peak_rss_mib().unwrap_or(0.0),
         );
     }

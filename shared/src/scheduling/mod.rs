@@ -151,7 +151,8 @@ pub struct NewNodeClaim {
     pub node_pool: String,
     /// The EC2NodeClass.
     pub node_class: String,
-    /// Pool requirements narrowed by the pods (and topology domains chosen).
+    /// Pool requirements narrowed by the pods (and topology domains chosen);
+    /// [`NewNodeClaim::to_node_claim`] adds the instance-type options.
     #[serde(skip)]
     pub requirements: Requirements,
     /// Every compatible instance type, cheapest first (CreateFleet overrides).
@@ -181,8 +182,11 @@ pub struct NewNodeClaim {
 impl NewNodeClaim {
     /// The NodeClaim record (phase Pending) the provision function stores.
     pub fn to_node_claim(&self) -> NodeClaim {
-        let requirements = self
-            .requirements
+        // The claim is launched as one of its options: say so in its requirements.
+        let mut reqs = self.requirements.clone();
+        let min_values = reqs.get(crate::apis::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
+        reqs.add(crate::requirements::Requirement::in_values(crate::apis::labels::INSTANCE_TYPE, &self.instance_type_options).with_min_values(min_values));
+        let requirements = reqs
             .iter()
             .map(|r| {
                 let (key, operator, values) = r.to_manifest();

@@ -425,9 +425,7 @@ impl Outcome {
             taken.insert(name.clone());
             let ty = &pool.types[priced.options[0] as usize];
             let option_names: Vec<String> = priced.options.iter().map(|t| pool.types[*t as usize].name.clone()).collect();
-            let mut requirements = c.reqs.clone();
-            let min_values = requirements.get(labels::INSTANCE_TYPE).and_then(|r| r.min_values);
-            requirements.add(Requirement::in_values(labels::INSTANCE_TYPE, &option_names).with_min_values(min_values));
+            let requirements = c.reqs.clone();
             let mut labels_map: BTreeMap<String, String> = ty.labels.clone();
             labels_map.extend(pool.labels.clone());
             labels_map.extend(c.reqs.single_valued_labels());
