@@ -36,7 +36,7 @@ impl Cap {
 }
 
 /// Pod-passes the search may spend beyond the FFD pass (pods × passes).
-pub const SEARCH_BUDGET: usize = 40_000;
+pub const SEARCH_BUDGET: usize = 8_000;
 /// The most capped passes tried.
 pub const MAX_CANDIDATES: usize = 6;
 
