@@ -299,9 +299,13 @@ fn tainted_pool_only_takes_tolerating_pods_and_startup_taints_are_ignored() {
 
 #[test]
 fn prefer_no_schedule_taint_is_avoided_then_tolerated() {
-    let soft = pool("soft", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: spare, effect: PreferNoSchedule}]");
+    let soft = pool("soft", "weight: 90\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: spare, effect: PreferNoSchedule}]");
+    // The heavier pool is avoided while another pool can take the pod ...
+    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![soft.clone(), default_pool()]).solve();
+    assert_eq!(claim_of(&plan, "p-0").node_pool, "default");
+    // ... and used when it is the only one.
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![soft]).solve();
-    assert_eq!(plan.node_claims.len(), 1, "{plan:?}");
+    assert_eq!(claim_of(&plan, "p-0").node_pool, "soft");
 }
 
 // ---------- pools: weight, limits, minValues ----------
