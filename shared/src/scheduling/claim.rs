@@ -26,6 +26,8 @@ pub struct Claim {
     pub used: Vector,
     /// Element-wise maximum of the options' room (a quick reject test).
     pub max_avail: Vector,
+    /// Element-wise minimum of the options' room: below it every option fits.
+    pub min_avail: Vector,
     /// Element-wise maximum of the options' capacity: what it holds against limits.
     pub reserved: Vector,
     /// Pending pods on it (indices into the model's pods).
@@ -41,8 +43,8 @@ pub struct Claim {
 pub struct Update {
     /// New requirements, when they changed.
     pub reqs: Option<Requirements>,
-    /// Remaining options.
-    pub options: Vec<u32>,
+    /// Remaining options (`None`: unchanged).
+    pub options: Option<Vec<u32>>,
     /// New requests.
     pub used: Vector,
 }
@@ -75,6 +77,7 @@ impl Claim {
             options,
             used: m.res.zero(),
             max_avail: m.res.zero(),
+            min_avail: m.res.zero(),
             reserved: m.res.zero(),
             pods: Vec::new(),
             ports: Vec::new(),
@@ -86,10 +89,14 @@ impl Claim {
 
     fn refresh(&mut self, pool: &Pool) {
         self.max_avail.iter_mut().for_each(|v| *v = 0);
+        self.min_avail.iter_mut().for_each(|v| *v = i64::MAX);
         self.reserved.iter_mut().for_each(|v| *v = 0);
         for t in &self.options {
             let ty = &pool.types[*t as usize];
             dense::max_into(&mut self.max_avail, &ty.avail);
+            for (m, a) in self.min_avail.iter_mut().zip(&ty.avail) {
+                *m = (*m).min(*a);
+            }
             dense::max_into(&mut self.reserved, &ty.capacity);
         }
     }
@@ -114,8 +121,10 @@ impl Claim {
         if let Some(r) = u.reqs {
             self.reqs = r;
         }
-        let shrunk = u.options.len() != self.options.len();
-        self.options = u.options;
+        let shrunk = u.options.as_ref().is_some_and(|o| o.len() != self.options.len());
+        if let Some(o) = u.options {
+            self.options = o;
+        }
         self.used = u.used;
         self.pods.push(pod);
         self.ports.extend(ports.iter().cloned());
@@ -187,7 +196,7 @@ impl Claim {
 
     /// Gives the claim one domain for every topology key the pod relates to,
     /// then filters the options.
-    fn pin<'r>(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Cow<'r, Requirements>, changed: &mut Vec<String>, used: &Vector) -> Result<(Cow<'r, Requirements>, Vec<u32>), Fail> {
+    fn pin<'r>(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Cow<'r, Requirements>, changed: &mut Vec<String>, used: &Vector) -> Result<(Cow<'r, Requirements>, Option<Vec<u32>>), Fail> {
         let m = cx.m;
         let p = m.pod(pi);
         let pool = &m.pools[self.pool];
@@ -248,6 +257,11 @@ impl Claim {
             reqs = Cow::Owned(r);
             changed.push(key.clone());
         }
+        // Nothing narrowed and every option still has room: keep the list
+        // (already checked against minValues when the claim took its first pod).
+        if changed.is_empty() && !self.pods.is_empty() && fits(used, &self.min_avail) {
+            return Ok((reqs, None));
+        }
         let opts = self.filter(pool, &reqs, changed, used);
         if opts.is_empty() {
             return Err(Fail { monotone: p.pin_keys.is_empty() || p.monotone });
@@ -255,7 +269,7 @@ impl Claim {
         if pool.has_min_values && !min_values_met(pool, &reqs, &opts) {
             return Err(Fail { monotone: true });
         }
-        Ok((reqs, opts))
+        Ok((reqs, Some(opts)))
     }
 
     /// Options that fit `used` and satisfy the changed requirement keys.
