@@ -110,8 +110,8 @@ async fn seeded_spot_prices_become_spot_offerings() {
     assert_eq!((best.zone.as_str(), best.capacity_type.as_str(), best.price), ("us-east-1a", "spot", 0.0312));
 }
 
-#[tokio::test]
-async fn builtin_allocatable_matches_karpenters_documented_values() {
+#[test]
+fn builtin_allocatable_matches_karpenters_documented_values() {
     let types = catalog::builtin().unwrap().resolve(None);
     for (name, cpu, mem, pods) in [("m5.large", "1930m", "6903Mi", "29"), ("c5.4xlarge", "15890m", "27381Mi", "234"), ("t4g.2xlarge", "7910m", "29317Mi", "58"), ("g5.xlarge", "3920m", "14162Mi", "58")] {
         let a = &types.iter().find(|t| t.name == name).unwrap().allocatable;

@@ -234,7 +234,8 @@ impl NodePool {
     }
 
     /// The requirements a node of this pool satisfies: the spec's
-    /// requirements, the template labels, and the pool label itself.
+    /// requirements, the template labels, the pool label itself, and
+    /// on-demand capacity unless the pool names a capacity type.
     pub fn requirements(&self) -> Result<Requirements, crate::requirements::RequirementError> {
         let mut r = Requirements::new();
         for q in &self.spec.template.spec.requirements {
@@ -246,6 +247,11 @@ impl NodePool {
             r.add(Requirement::in_values(k, &[v]));
         }
         r.add(Requirement::in_values(labels::NODEPOOL, &[self.name()]));
+        // Karpenter's AWS provider documents on-demand as the default when a
+        // pool says nothing about capacity type: spot is opt-in.
+        if !r.has(labels::CAPACITY_TYPE) {
+            r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_ON_DEMAND]));
+        }
         Ok(r)
     }
 
@@ -363,5 +369,41 @@ fn validate_requirement(errs: &mut Errors, p: &Path, q: &NodeSelectorRequirement
         } else if q.operator == Operator::In && (q.values.len() as i64) < m {
             errs.push(p.field("minValues"), "requirements with 'minValues' must have at least that many values specified in the 'values' field");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(requirements: &str) -> NodePool {
+        let yaml = format!(
+            "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: p}}\nspec:\n  template:\n    metadata: {{labels: {{team: a}}}}\n    spec:\n      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: d}}\n      requirements: {requirements}\n"
+        );
+        serde_yaml_ng::from_str(&yaml).unwrap()
+    }
+
+    #[test]
+    fn capacity_type_defaults_to_on_demand() {
+        let r = pool("[]").requirements().unwrap();
+        let ct = r.get(labels::CAPACITY_TYPE).unwrap();
+        assert!(ct.has("on-demand") && !ct.has("spot"));
+        assert!(r.get("team").unwrap().has("a"));
+        assert!(r.get(labels::NODEPOOL).unwrap().has("p"));
+        let r = pool("[{key: karpenter.sh/capacity-type, operator: In, values: [spot]}]").requirements().unwrap();
+        let ct = r.get(labels::CAPACITY_TYPE).unwrap();
+        assert!(ct.has("spot") && !ct.has("on-demand"));
+        let r = pool("[{key: karpenter.sh/capacity-type, operator: Exists}]").requirements().unwrap();
+        assert!(r.get(labels::CAPACITY_TYPE).unwrap().has("spot"));
+    }
+
+    #[test]
+    fn budgets_round_percentages_up() {
+        let b = |nodes: &str| Budget { nodes: nodes.into(), reasons: None, schedule: None, duration: None };
+        assert_eq!(b("10%").allowed(5), 1);
+        assert_eq!(b("10%").allowed(0), 0);
+        assert_eq!(b("50%").allowed(3), 2);
+        assert_eq!(b("3").allowed(100), 3);
+        assert_eq!(b("0").allowed(100), 0);
     }
 }

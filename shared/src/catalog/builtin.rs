@@ -85,13 +85,19 @@ impl Snapshot {
     /// The catalog: every type's facts turned into labels and capacity,
     /// sorted by name.
     pub fn to_catalog(&self) -> Result<Catalog, CatalogError> {
+        self.clone().into_catalog()
+    }
+
+    /// [`Snapshot::to_catalog`], consuming the snapshot.
+    pub fn into_catalog(self) -> Result<Catalog, CatalogError> {
+        let region = self.region;
         let mut instance_types = self
             .instance_types
-            .iter()
+            .into_iter()
             .map(|t| instance_type_info(&t.facts, t.offerings()?))
             .collect::<Result<Vec<_>, _>>()?;
         instance_types.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Catalog { region: self.region.clone(), instance_types })
+        Ok(Catalog { region, instance_types })
     }
 }
 
@@ -99,7 +105,7 @@ impl Snapshot {
 pub fn builtin() -> Result<&'static Catalog, CatalogError> {
     static CATALOG: OnceLock<Result<Catalog, CatalogError>> = OnceLock::new();
     CATALOG
-        .get_or_init(|| Snapshot::parse(SNAPSHOT_JSON).and_then(|s| s.to_catalog()).map_err(|e| CatalogError::Builtin(Box::new(e))))
+        .get_or_init(|| Snapshot::parse(SNAPSHOT_JSON).and_then(Snapshot::into_catalog).map_err(|e| CatalogError::Builtin(Box::new(e))))
         .as_ref()
         .map_err(Clone::clone)
 }

@@ -142,7 +142,8 @@ pub fn gbps_to_mbps(gbps: f64) -> i64 {
 }
 
 /// Lowercases a device or manufacturer name and replaces characters that a
-/// label value may not hold ("RTX PRO 4500" → "rtx-pro-4500").
+/// label value may not hold ("RTX PRO 4500" → "rtx-pro-4500"), keeping at
+/// most 63 characters.
 pub fn label_value(name: &str) -> String {
     let v: String = name
         .trim()
@@ -151,6 +152,7 @@ pub fn label_value(name: &str) -> String {
             let c = c.to_ascii_lowercase();
             if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' }
         })
+        .take(63)
         .collect();
     v.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_string()
 }
@@ -164,7 +166,8 @@ pub fn name_labels(name: &str) -> BTreeMap<String, String> {
     let Some((family, size)) = name.split_once('.') else {
         return out;
     };
-    if family.is_empty() || size.is_empty() {
+    // Parts that are not valid label values (odd names in catalog files) give no labels.
+    if family.is_empty() || size.is_empty() || !labels::is_label_value(family) || !labels::is_label_value(size) {
         return out;
     }
     out.insert(labels::aws::FAMILY.to_string(), family.to_string());
@@ -325,6 +328,7 @@ mod tests {
             // No digits after the letters: no category or generation.
             ("custom.big", &[(FAMILY, "custom"), (SIZE, "big")]),
             ("nodot", &[]),
+            ("m5-.large", &[]),
             (".large", &[]),
         ];
         for (name, want) in table {
@@ -415,6 +419,25 @@ mod tests {
         let mut f = facts("m5.large");
         f.ipv4_per_eni = 1;
         assert!(instance_type_info(&f, vec![]).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn derived_label_values_are_always_valid(name in "\\PC{0,80}") {
+            proptest::prop_assert!(labels::is_label_value(&label_value(&name)));
+            for v in name_labels(&name).values() {
+                proptest::prop_assert!(labels::is_label_value(v) && !v.is_empty(), "{name:?} -> {v:?}");
+            }
+        }
+
+        #[test]
+        fn name_labels_round_trip_family_and_size(family in "[a-z]{1,3}[0-9]{1,2}[a-z]{0,4}", size in "[0-9]{0,2}(x)?large|metal|medium") {
+            let l = name_labels(&format!("{family}.{size}"));
+            proptest::prop_assert_eq!(l.get(labels::aws::FAMILY), Some(&family));
+            proptest::prop_assert_eq!(l.get(labels::aws::SIZE), Some(&size));
+            let category: String = family.chars().take_while(|c| c.is_ascii_lowercase()).collect();
+            proptest::prop_assert_eq!(l.get(labels::aws::CATEGORY), Some(&category));
+        }
     }
 
     #[test]

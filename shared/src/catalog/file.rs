@@ -243,6 +243,27 @@ mod tests {
         assert_eq!(gpu.eni_max_pods, DEFAULT_PODS);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            let _ = parse(&text);
+        }
+
+        #[test]
+        fn arbitrary_fields_give_field_errors_or_a_catalog(name in "\\PC{0,20}", cpu in "\\PC{0,8}", zone in "\\PC{0,8}", price in proptest::num::f64::ANY) {
+            let doc = serde_json::json!({"region": "r", "instanceTypes": [{"name": name, "capacity": {"cpu": cpu, "memory": "1Gi"}, "offerings": [{"zone": zone, "capacityType": "spot", "price": price}]}]});
+            match parse(&doc.to_string()) {
+                Ok(c) => {
+                    let t = &c.instance_types[0];
+                    proptest::prop_assert!(t.labels.iter().all(|(k, v)| labels::validate_key(k).is_ok() && labels::is_label_value(v)));
+                    proptest::prop_assert!(t.vcpus > 0);
+                }
+                Err(CatalogError::Field { path, .. }) => proptest::prop_assert!(path.starts_with("instanceTypes[0]"), "{path}"),
+                Err(e) => proptest::prop_assert!(false, "unexpected error kind {e:?}"),
+            }
+        }
+    }
+
     #[test]
     fn computes_allocatable_when_absent() {
         let c = parse(r#"{"region":"r","instanceTypes":[{"name":"m5.large","architecture":"amd64","capacity":{"cpu":"2","memory":"7577Mi","pods":"29"},"offerings":[{"zone":"z","capacityType":"spot","price":0.03}]}]}"#).unwrap();
