@@ -56,14 +56,15 @@ fn json_output_follows_the_contract() {
     let c = &v["nodeClaims"][0];
     assert_eq!(c["nodePool"], "default");
     assert_eq!(c["instanceType"], "c.large");
-    assert_eq!(c["capacityType"], "spot");
-    assert_eq!(c["pricePerHour"], 0.03);
+    // The pool names no capacity type: on-demand, as Karpenter defaults.
+    assert_eq!(c["capacityType"], "on-demand");
+    assert_eq!(c["pricePerHour"], 0.08);
     assert_eq!(c["allocatable"]["memory"], "4Gi");
     assert_eq!(c["labels"]["kubernetes.io/hostname"], c["name"]);
     assert_eq!(c["pods"], serde_json::json!(["default/inflate-0", "default/inflate-1", "default/inflate-2"]));
     assert_eq!(v["unschedulable"][0]["pod"], "default/huge");
     assert_eq!(v["unschedulable"][0]["reason"], "no instance type in NodePool default fits 900 cpu");
-    assert_eq!(v["totalPricePerHour"], 0.03);
+    assert_eq!(v["totalPricePerHour"], 0.08);
     assert_eq!(v["stats"]["pendingPods"], 4);
     let table = to_table(&r);
     assert!(table.starts_with("NODECLAIM"), "{table}");
