@@ -13,5 +13,7 @@ pub mod nodeclaim;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;
+pub mod scheduling;
+pub mod simulate;
 pub mod state;
 pub mod telemetry;

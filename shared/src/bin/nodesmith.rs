@@ -1,1 +1,71 @@
-fn main() {}
+//! The `nodesmith` command line: `nodesmith simulate` plans offline what the
+//! provision function would launch for a set of manifests.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Karpenter's node provisioning for Amazon EKS, done by Lambda functions.
+#[derive(Parser)]
+#[command(name = "nodesmith", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the nodes nodesmith would launch for these manifests, and their price.
+    Simulate {
+        /// Instance catalog file (JSON); the built-in us-east-1 catalog without it.
+        #[arg(long)]
+        catalog: Option<PathBuf>,
+        /// Output format (json when stdout is not a terminal, else table).
+        #[arg(long, value_enum)]
+        output: Option<Output>,
+        /// YAML files or directories.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Json,
+    Table,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Simulate { catalog, output, paths } => {
+            let (report, warnings) = match nodesmith::simulate::run(&paths, catalog.as_deref()) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            for w in &warnings {
+                eprintln!("warning: {}: document {}: {}", w.file, w.index, w.message);
+            }
+            for w in &report.plan.warnings {
+                eprintln!("warning: {w}");
+            }
+            let output = output.unwrap_or(if std::io::stdout().is_terminal() { Output::Table } else { Output::Json });
+            match output {
+                Output::Json => match serde_json::to_string_pretty(&nodesmith::simulate::to_json(&report)) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("error: cannot render JSON: {e}");
+                        return ExitCode::from(1);
+                    }
+                },
+                Output::Table => print!("{}", nodesmith::simulate::to_table(&report)),
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! A new NodeClaim being built: the pool it comes from, its requirements
+//! (narrowed by every pod it takes), the instance types that still fit, and
+//! the pods on it. Adding a pod either yields an update or a failure.
+
+use std::borrow::Cow;
+
+use super::dense::{self, Vector, fits};
+use super::model::{Model, Pool, instance_defined};
+use super::pod::HostPort;
+use super::preferences::Active;
+use super::topology::{Counts, DomainId, Domains, Group, GroupKind, NodeFilter};
+use crate::apis::labels;
+use crate::catalog::Offering;
+use crate::requirements::{Requirement, Requirements};
+
+/// A NodeClaim under construction.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// Index of its pool.
+    pub pool: usize,
+    /// Pool requirements narrowed by its pods.
+    pub reqs: Requirements,
+    /// Indices into the pool's types that still fit, cheapest first.
+    pub options: Vec<u32>,
+    /// Requests of its pods.
+    pub used: Vector,
+    /// Element-wise maximum of the options' room (a quick reject test).
+    pub max_avail: Vector,
+    /// Element-wise minimum of the options' room: below it every option fits.
+    pub min_avail: Vector,
+    /// Element-wise maximum of the options' capacity: what it holds against limits.
+    pub reserved: Vector,
+    /// Pending pods on it (indices into the model's pods).
+    pub pods: Vec<usize>,
+    /// Host ports bound.
+    pub ports: Vec<HostPort>,
+    /// Its hostname domain.
+    pub host: DomainId,
+}
+
+/// The new state of a claim after taking a pod.
+#[derive(Debug, Clone)]
+pub struct Update {
+    /// New requirements, when they changed.
+    pub reqs: Option<Requirements>,
+    /// Remaining options (`None`: unchanged).
+    pub options: Option<Vec<u32>>,
+    /// New requests.
+    pub used: Vector,
+}
+
+/// Why a pod does not go onto a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fail {
+    /// True when the claim will never take a pod of the same class (it only
+    /// fills up and narrows), so later identical pods may skip it.
+    pub monotone: bool,
+}
+
+/// Read-only context for checks.
+pub struct Ctx<'a> {
+    /// The model.
+    pub m: &'a Model,
+    /// Topology counts.
+    pub counts: &'a Counts,
+    /// Domains.
+    pub domains: &'a Domains,
+}
+
+impl Claim {
+    /// An empty claim of a pool with the given options.
+    pub fn new(m: &Model, pool: usize, options: Vec<u32>, host: DomainId) -> Self {
+        let p = &m.pools[pool];
+        let mut c = Claim {
+            pool,
+            reqs: p.reqs.clone(),
+            options,
+            used: m.res.zero(),
+            max_avail: m.res.zero(),
+            min_avail: m.res.zero(),
+            reserved: m.res.zero(),
+            pods: Vec::new(),
+            ports: Vec::new(),
+            host,
+        };
+        c.refresh(p);
+        c
+    }
+
+    fn refresh(&mut self, pool: &Pool) {
+        self.max_avail.iter_mut().for_each(|v| *v = 0);
+        self.min_avail.iter_mut().for_each(|v| *v = i64::MAX);
+        self.reserved.iter_mut().for_each(|v| *v = 0);
+        for t in &self.options {
+            let ty = &pool.types[*t as usize];
+            dense::max_into(&mut self.max_avail, &ty.avail);
+            for (m, a) in self.min_avail.iter_mut().zip(&ty.avail) {
+                *m = (*m).min(*a);
+            }
+            dense::max_into(&mut self.reserved, &ty.capacity);
+        }
+    }
+
+    /// The claim's domain for a group's key: its own hostname, or the single
+    /// value its requirements pin.
+    pub fn domain(&self, g: &Group, domains: &Domains) -> Option<DomainId> {
+        if g.hostname {
+            return Some(self.host);
+        }
+        single(self.reqs.get(&g.id.key)).and_then(|v| domains.get(v))
+    }
+
+    /// True when a spread group's node filter admits this claim.
+    pub fn passes(&self, f: &NodeFilter, pool: &Pool) -> bool {
+        f.terms.as_ref().is_none_or(|ts| ts.iter().any(|t| self.reqs.intersects(t).is_ok()))
+            && f.tolerations.as_ref().is_none_or(|t| super::pod::tolerates_all(t, &pool.taints, true).is_ok())
+    }
+
+    /// Applies an update with the pod's requests and ports.
+    pub fn apply(&mut self, u: Update, pod: usize, ports: &[HostPort], pool: &Pool) {
+        if let Some(r) = u.reqs {
+            self.reqs = r;
+        }
+        let shrunk = u.options.as_ref().is_some_and(|o| o.len() != self.options.len());
+        if let Some(o) = u.options {
+            self.options = o;
+        }
+        self.used = u.used;
+        self.pods.push(pod);
+        self.ports.extend(ports.iter().cloned());
+        if shrunk {
+            self.refresh(pool);
+        }
+    }
+
+    /// Checks whether pod `pi` (under the active constraints) can join, and how
+    /// the claim would change.
+    pub fn try_add(&self, cx: &Ctx, pi: usize, a: &Active) -> Result<Update, Fail> {
+        let m = cx.m;
+        let p = m.pod(pi);
+        let pool = &m.pools[self.pool];
+        let mono = Fail { monotone: true };
+        if self.used.iter().zip(&p.req).zip(&self.max_avail).any(|((u, r), m)| *r > 0 && u + r > *m) {
+            return Err(mono);
+        }
+        for g in &a.groups {
+            let group = &m.groups.list[*g];
+            if group.hostname && !cx.counts.allows(group, *g, p.counts_in.binary_search(g).is_ok(), Some(self.host)) {
+                // On its own hostname a node's count only grows, and the
+                // minimum over hostnames is always zero (a new node): spread
+                // and anti-affinity failures here are permanent.
+                let permanent = !matches!(group.id.kind, GroupKind::Affinity);
+                return Err(Fail { monotone: permanent || p.monotone });
+            }
+        }
+        for g in &p.inverse {
+            if m.groups.list[*g].hostname && !cx.counts.inverse_allows(*g, Some(self.host)) {
+                return Err(mono);
+            }
+        }
+        let used = dense::plus(&self.used, &p.req);
+        if !pool.taints.is_empty() && super::pod::tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
+            return Err(mono);
+        }
+        if p.model.host_ports.iter().any(|h| self.ports.iter().any(|o| h.conflicts(o))) {
+            return Err(mono);
+        }
+        let mut fail = mono;
+        for term in a.terms.iter() {
+            if self.reqs.compatible(term, true).is_err() {
+                continue;
+            }
+            // Most pods add nothing to the claim's requirements: skip the copy.
+            let mut reqs = Cow::Borrowed(&self.reqs);
+            if !term.is_empty() {
+                let mut r = self.reqs.clone();
+                r.add_all(term);
+                if r != self.reqs {
+                    reqs = Cow::Owned(r);
+                }
+            }
+            let mut changed: Vec<String> = if matches!(reqs, Cow::Owned(_)) { term.keys().cloned().collect() } else { Vec::new() };
+            match self.pin(cx, pi, a, reqs, &mut changed, &used) {
+                Ok((reqs, options)) => {
+                    let reqs = match reqs {
+                        Cow::Owned(r) if r != self.reqs => Some(r),
+                        _ => None,
+                    };
+                    return Ok(Update { reqs, options, used });
+                }
+                Err(f) => fail = if f.monotone { fail } else { f },
+            }
+        }
+        Err(fail)
+    }
+
+    /// Gives the claim one domain for every topology key the pod relates to,
+    /// then filters the options.
+    fn pin<'r>(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Cow<'r, Requirements>, changed: &mut Vec<String>, used: &Vector) -> Result<(Cow<'r, Requirements>, Option<Vec<u32>>), Fail> {
+        let m = cx.m;
+        let p = m.pod(pi);
+        let pool = &m.pools[self.pool];
+        let topo = Fail { monotone: p.monotone };
+        for key in &p.pin_keys {
+            let owned: Vec<usize> = a.groups.iter().copied().filter(|g| &m.groups.list[*g].id.key == key).collect();
+            let inverse: Vec<usize> = p.inverse.iter().copied().filter(|g| &m.groups.list[*g].id.key == key).collect();
+            let allowed = |d: Option<DomainId>| {
+                owned.iter().all(|g| cx.counts.allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), d))
+                    && inverse.iter().all(|g| cx.counts.inverse_allows(*g, d))
+            };
+            let current = reqs.get(key);
+            if let Some(v) = single(current) {
+                // A value no group has seen yet has no pods: any unseen id works.
+                let d = cx.domains.get(v).unwrap_or(DomainId::MAX);
+                if !allowed(Some(d)) {
+                    return Err(topo);
+                }
+                continue;
+            }
+            let pinnable = current.is_some() || labels::is_well_known(key);
+            let known: Vec<DomainId> = if pinnable {
+                m.key_domains.get(key).into_iter().flatten().copied().filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d)))).collect()
+            } else {
+                Vec::new()
+            };
+            if known.is_empty() {
+                // No known value: the node gets one nobody has seen (or, for a
+                // key nothing defines, none at all).
+                if allowed(if pinnable { Some(DomainId::MAX) } else { None }) {
+                    continue;
+                }
+                return Err(topo);
+            }
+            let candidates: Vec<DomainId> = known.into_iter().filter(|d| allowed(Some(*d))).collect();
+            if candidates.is_empty() {
+                return Err(topo);
+            }
+            let mut best: Option<((i64, i64, u64, DomainId), Requirements, Vec<u32>)> = None;
+            for d in candidates {
+                let mut r = reqs.as_ref().clone();
+                r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
+                let mut ch = changed.clone();
+                ch.push(key.clone());
+                let opts = self.filter(pool, &r, &ch, used);
+                if opts.is_empty() {
+                    continue;
+                }
+                let spread: i64 = owned.iter().filter(|g| matches!(m.groups.list[**g].id.kind, GroupKind::Spread { .. })).map(|g| cx.counts.count(*g, d) as i64).sum();
+                let aff: i64 = owned.iter().filter(|g| m.groups.list[**g].id.kind == GroupKind::Affinity).map(|g| cx.counts.count(*g, d) as i64).sum();
+                let price = opts.iter().map(|t| cheapest(&pool.types[*t as usize].offerings, &r).map_or(f64::INFINITY, |o| o.price)).fold(f64::INFINITY, f64::min);
+                let score = (spread, -aff, (price * 1e6) as u64, d);
+                if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
+                    best = Some((score, r, opts));
+                }
+            }
+            let Some((_, r, _)) = best else { return Err(topo) };
+            reqs = Cow::Owned(r);
+            changed.push(key.clone());
+        }
+        // Nothing narrowed and every option still has room: keep the list
+        // (already checked against minValues when the claim took its first pod).
+        if changed.is_empty() && !self.pods.is_empty() && fits(used, &self.min_avail) {
+            return Ok((reqs, None));
+        }
+        let opts = self.filter(pool, &reqs, changed, used);
+        if opts.is_empty() {
+            return Err(Fail { monotone: p.pin_keys.is_empty() || p.monotone });
+        }
+        if pool.has_min_values && !min_values_met(pool, &reqs, &opts) {
+            return Err(Fail { monotone: true });
+        }
+        Ok((reqs, Some(opts)))
+    }
+
+    /// Options that fit `used` and satisfy the changed requirement keys.
+    fn filter(&self, pool: &Pool, reqs: &Requirements, changed: &[String], used: &Vector) -> Vec<u32> {
+        let offer = changed.iter().any(|k| k == labels::ZONE || k == labels::CAPACITY_TYPE);
+        let checks: Vec<&Requirement> = changed.iter().filter_map(|k| reqs.get(k)).collect();
+        self.options
+            .iter()
+            .copied()
+            .filter(|t| {
+                let ty = &pool.types[*t as usize];
+                fits(used, &ty.avail) && checks.iter().all(|r| ty.allows(r)) && (!offer || ty.offered(reqs))
+            })
+            .collect()
+    }
+}
+
+/// The single value a requirement pins, if it pins one.
+pub fn single(r: Option<&Requirement>) -> Option<&str> {
+    r.filter(|r| !r.complement && r.values.len() == 1).and_then(|r| r.values.iter().next()).map(String::as_str)
+}
+
+/// The cheapest offering that satisfies the zone and capacity-type requirements.
+pub fn cheapest<'o>(offerings: &'o [Offering], reqs: &Requirements) -> Option<&'o Offering> {
+    let z = reqs.get(labels::ZONE);
+    let c = reqs.get(labels::CAPACITY_TYPE);
+    offerings
+        .iter()
+        .filter(|o| z.is_none_or(|r| r.has(&o.zone)) && c.is_none_or(|r| r.has(&o.capacity_type)))
+        .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
+}
+
+/// True when the options keep at least minValues distinct values for every
+/// requirement that sets it.
+pub fn min_values_met(pool: &Pool, reqs: &Requirements, opts: &[u32]) -> bool {
+    reqs.iter().filter_map(|r| r.min_values.map(|m| (r, m))).all(|(r, min)| {
+        let mut seen = std::collections::BTreeSet::new();
+        for t in opts {
+            let ty = &pool.types[*t as usize];
+            match r.key.as_str() {
+                labels::ZONE => seen.extend(ty.offerings.iter().filter(|o| r.has(&o.zone)).map(|o| o.zone.as_str())),
+                labels::CAPACITY_TYPE => seen.extend(ty.offerings.iter().filter(|o| r.has(&o.capacity_type)).map(|o| o.capacity_type.as_str())),
+                k => {
+                    if let Some(v) = ty.labels.get(k).filter(|v| r.has(v)) {
+                        seen.insert(v.as_str());
+                    } else if !instance_defined(k) {
+                        return true;
+                    }
+                }
+            }
+        }
+        seen.len() >= min
+    })
+}

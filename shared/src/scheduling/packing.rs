@@ -1,0 +1,105 @@
+//! The cost improvement over plain first-fit-decreasing. FFD fills each new
+//! node until the largest instance type is full, then launches the cheapest
+//! type that holds what it got; when big types cost more per useful resource
+//! than smaller ones, that is wasteful. So the solve also packs with node
+//! sizes capped at the shapes that are cheapest per unit of this workload's
+//! demand, and keeps whichever complete plan schedules the most pods at the
+//! lowest price (ties go to plain FFD). Each candidate is a full, valid solve,
+//! so every constraint holds whichever wins. The number of candidates shrinks
+//! with the pod count, so the search has a bounded, deterministic budget.
+
+use super::dense::Vector;
+use super::model::Model;
+use super::scheduler::{Outcome, Run};
+
+/// How a pass packs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Strategy {
+    /// Largest node shape to open while a smaller one can take the pod.
+    pub cap: Option<Cap>,
+}
+
+/// A node size ceiling: room for pods in cpu and memory (milli-units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cap {
+    /// CPU room.
+    pub cpu: i64,
+    /// Memory room.
+    pub memory: i64,
+}
+
+impl Cap {
+    /// True when a type with this room stays within the cap.
+    pub fn admits(&self, avail: &Vector) -> bool {
+        avail[0] <= self.cpu && avail[1] <= self.memory
+    }
+}
+
+/// Pod-passes the search may spend beyond the FFD pass (pods × passes).
+pub const SEARCH_BUDGET: usize = 8_000;
+/// The most capped passes tried.
+pub const MAX_CANDIDATES: usize = 6;
+
+/// Node shapes worth capping at: for each pool type that can hold the largest
+/// pod, its price per unit of the workload's cpu:memory mix, cheapest first.
+pub fn candidate_caps(m: &Model) -> Vec<Cap> {
+    if m.pods.is_empty() {
+        return Vec::new();
+    }
+    let (mut cpu, mut mem, mut max_cpu, mut max_mem) = (0i128, 0i128, 0i64, 0i64);
+    for i in 0..m.pods.len() {
+        let p = m.pod(i);
+        cpu += p.req[0] as i128;
+        mem += p.req[1] as i128;
+        max_cpu = max_cpu.max(p.req[0]);
+        max_mem = max_mem.max(p.req[1]);
+    }
+    let cpu = (cpu.max(1)) as f64;
+    let mem = (mem.max(1)) as f64;
+    let mut scored: Vec<(f64, Cap)> = Vec::new();
+    let mut largest = Cap { cpu: 0, memory: 0 };
+    for pool in m.pools.iter().filter(|p| p.error.is_none()) {
+        for t in pool.types.iter().filter(|t| !t.accelerator) {
+            let (c, g) = (t.avail[0], t.avail[1]);
+            largest = largest.max(Cap { cpu: c, memory: g });
+            if c < max_cpu || g < max_mem || !t.price.is_finite() || t.price <= 0.0 {
+                continue;
+            }
+            // Fraction of the whole demand one node of this type can hold.
+            let units = (c as f64 / cpu).min(g as f64 / mem);
+            if units > 0.0 {
+                scored.push((t.price / units, Cap { cpu: c, memory: g }));
+            }
+        }
+    }
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+    let mut caps: Vec<Cap> = Vec::new();
+    for (_, c) in scored {
+        if caps.contains(&c) || (c.cpu >= largest.cpu && c.memory >= largest.memory) {
+            continue;
+        }
+        caps.push(c);
+        if caps.len() == MAX_CANDIDATES {
+            break;
+        }
+    }
+    caps
+}
+
+fn better(a: &Outcome, b: &Outcome) -> bool {
+    let (ua, ub) = (a.unschedulable.len(), b.unschedulable.len());
+    ua < ub || (ua == ub && a.cost < b.cost - 1e-9)
+}
+
+/// The cheapest plan among plain FFD and the capped passes the budget allows.
+pub fn best(m: &Model) -> Outcome {
+    let mut best = Run::new(m, Strategy::default()).schedule();
+    let passes = (SEARCH_BUDGET / m.pods.len().max(1)).clamp(1, MAX_CANDIDATES);
+    for cap in candidate_caps(m).into_iter().take(passes) {
+        let o = Run::new(m, Strategy { cap: Some(cap) }).schedule();
+        if better(&o, &best) {
+            best = o;
+        }
+    }
+    best
+}

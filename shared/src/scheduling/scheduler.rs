@@ -1,0 +1,472 @@
+//! One scheduling pass: pods in first-fit-decreasing order go to the first
+//! existing node, then the first new claim, then a new claim from the first
+//! pool (by weight) that can take them; failures are relaxed and retried.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use sha2::{Digest, Sha256};
+
+use super::claim::{Claim, Ctx, Fail, cheapest};
+use super::dense::{self, Vector, fits};
+use super::model::Model;
+use super::packing::Strategy;
+use super::pod::{PodRef, tolerates_all};
+use super::preferences::{Active, Relaxation};
+use super::topology::{Counts, Domains, GroupKind};
+use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
+use crate::apis::labels;
+use crate::catalog::Offering;
+use crate::requirements::Requirement;
+
+/// The state of one pass.
+pub struct Run<'m> {
+    m: &'m Model,
+    strategy: Strategy,
+    domains: Domains,
+    counts: Counts,
+    ex_used: Vec<Vector>,
+    ex_ports: Vec<Vec<super::pod::HostPort>>,
+    ex_pods: Vec<Vec<usize>>,
+    claims: Vec<Claim>,
+    pool_reserved: Vec<Vector>,
+    pool_nodes: Vec<i64>,
+    cursors: HashMap<u32, usize>,
+}
+
+/// The result of a pass.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// New claims with their pods.
+    pub claims: Vec<Claim>,
+    /// Pending pods per existing target.
+    pub existing: Vec<Vec<usize>>,
+    /// Unplaceable pods with reasons.
+    pub unschedulable: Vec<(usize, String)>,
+    /// Hourly price of the new claims.
+    pub cost: f64,
+}
+
+impl<'m> Run<'m> {
+    /// A fresh pass over the model.
+    pub fn new(m: &'m Model, strategy: Strategy) -> Self {
+        Run {
+            m,
+            strategy,
+            domains: m.domains.clone(),
+            counts: m.counts.clone(),
+            ex_used: m.existing.iter().map(|e| e.used.clone()).collect(),
+            ex_ports: m.existing.iter().map(|e| e.ports.clone()).collect(),
+            ex_pods: vec![Vec::new(); m.existing.len()],
+            claims: Vec::new(),
+            pool_reserved: vec![m.res.zero(); m.pools.len()],
+            pool_nodes: vec![0; m.pools.len()],
+            cursors: HashMap::new(),
+        }
+    }
+
+    /// Places every pod it can.
+    pub fn schedule(mut self) -> Outcome {
+        let n = self.m.pods.len();
+        let mut queue: VecDeque<(usize, Relaxation)> = (0..n).map(|i| (i, Relaxation::default())).collect();
+        let mut placed = 0usize;
+        let mut last_fail: Vec<Option<usize>> = vec![None; n];
+        let mut unschedulable = Vec::new();
+        while let Some((i, mut rel)) = queue.pop_front() {
+            if self.place(i, &rel) {
+                placed += 1;
+                continue;
+            }
+            if rel.relax(self.m.pod(i)) {
+                queue.push_back((i, rel));
+            } else if last_fail[i] != Some(placed) {
+                // Others placed since its last try may make room (pod affinity).
+                last_fail[i] = Some(placed);
+                queue.push_back((i, rel));
+            } else {
+                unschedulable.push((i, self.explain(i, &rel)));
+            }
+        }
+        let cost = self.claims.iter().map(|c| price(self.m, c).map_or(0.0, |p| p.offering.price)).sum();
+        Outcome { claims: self.claims, existing: self.ex_pods, unschedulable, cost }
+    }
+
+    fn place(&mut self, i: usize, rel: &Relaxation) -> bool {
+        let m = self.m;
+        let p = m.pod(i);
+        let a = rel.active(p);
+        for e in 0..m.existing.len() {
+            if self.fits_existing(e, i, &a) {
+                self.commit_existing(e, i, &a);
+                return true;
+            }
+        }
+        let use_cursor = rel.is_strict();
+        let start = if use_cursor { self.cursors.get(&p.class).copied().unwrap_or(0) } else { 0 };
+        let mut cursor = start;
+        let mut contiguous = true;
+        for ci in start..self.claims.len() {
+            let cx = Ctx { m, counts: &self.counts, domains: &self.domains };
+            match self.claims[ci].try_add(&cx, i, &a) {
+                Ok(u) => {
+                    self.commit_claim(ci, i, &a, u);
+                    if use_cursor {
+                        self.cursors.insert(p.class, if contiguous { ci } else { cursor });
+                    }
+                    return true;
+                }
+                Err(Fail { monotone }) => {
+                    if contiguous && monotone {
+                        cursor = ci + 1;
+                    } else {
+                        contiguous = false;
+                    }
+                }
+            }
+        }
+        if use_cursor {
+            self.cursors.insert(p.class, cursor);
+        }
+        for pi in 0..m.pools.len() {
+            if self.new_claim(pi, i, &a) {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn fits_existing(&self, e: usize, i: usize, a: &Active) -> bool {
+        let m = self.m;
+        let ex = &m.existing[e];
+        let p = m.pod(i);
+        if ex.cordoned || !fits(&dense::plus(&self.ex_used[e], &p.req), &ex.avail) {
+            return false;
+        }
+        if tolerates_all(&p.model.tolerations, &ex.taints, a.tolerate_prefer).is_err() {
+            return false;
+        }
+        if p.model.host_ports.iter().any(|h| self.ex_ports[e].iter().any(|o| h.conflicts(o))) {
+            return false;
+        }
+        if !a.terms.iter().any(|t| t.matches_labels(&ex.labels)) {
+            return false;
+        }
+        a.groups.iter().all(|g| self.counts.allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), ex.domain(&m.groups.list[*g])))
+            && p.inverse.iter().all(|g| self.counts.inverse_allows(*g, ex.domain(&m.groups.list[*g])))
+    }
+
+    fn commit_existing(&mut self, e: usize, i: usize, a: &Active) {
+        let m = self.m;
+        let p = m.pod(i);
+        let ex = &m.existing[e];
+        dense::add(&mut self.ex_used[e], &p.req);
+        self.ex_ports[e].extend(p.model.host_ports.iter().cloned());
+        self.ex_pods[e].push(i);
+        for g in &p.counts_in {
+            let group = &m.groups.list[*g];
+            if ex.passes(&group.id.filter) {
+                if let Some(d) = ex.domain(group) {
+                    self.counts.record(*g, d);
+                }
+            }
+        }
+        for g in a.groups.iter().filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true }) {
+            if let Some(d) = ex.domain(&m.groups.list[*g]) {
+                self.counts.record_owner(*g, d);
+            }
+        }
+    }
+
+    fn commit_claim(&mut self, ci: usize, i: usize, a: &Active, u: super::claim::Update) {
+        let m = self.m;
+        let p = m.pod(i);
+        let c = &mut self.claims[ci];
+        let pool = &m.pools[c.pool];
+        dense::sub(&mut self.pool_reserved[c.pool], &c.reserved);
+        c.apply(u, i, &p.model.host_ports, pool);
+        dense::add(&mut self.pool_reserved[c.pool], &c.reserved);
+        let c = &self.claims[ci];
+        for g in &p.counts_in {
+            let group = &m.groups.list[*g];
+            if c.passes(&group.id.filter, pool) {
+                if let Some(d) = c.domain(group, &self.domains) {
+                    self.counts.record(*g, d);
+                }
+            }
+        }
+        for g in a.groups.iter().filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true }) {
+            if let Some(d) = c.domain(&m.groups.list[*g], &self.domains) {
+                self.counts.record_owner(*g, d);
+            }
+        }
+    }
+
+    /// Options of a new claim of pool `pi` that pod `i` could start: usable
+    /// types within the remaining limits, accelerators only when asked.
+    fn base_options(&self, pi: usize, i: usize) -> Vec<u32> {
+        let m = self.m;
+        let pool = &m.pools[pi];
+        let p = m.pod(i);
+        if pool.node_limit.is_some_and(|l| pool.used_nodes + self.pool_nodes[pi] >= l) {
+            return Vec::new();
+        }
+        let accel_ok = p.accelerator || pool.asks_accelerator;
+        (0..pool.types.len() as u32)
+            .filter(|t| {
+                let ty = &pool.types[*t as usize];
+                (accel_ok || !ty.accelerator)
+                    && fits(&p.req, &ty.avail)
+                    && pool.limits.iter().all(|(d, limit)| ty.capacity[*d] <= limit - pool.used[*d] - self.pool_reserved[pi][*d])
+            })
+            .collect()
+    }
+
+    fn new_claim(&mut self, pi: usize, i: usize, a: &Active) -> bool {
+        let m = self.m;
+        let pool = &m.pools[pi];
+        let p = m.pod(i);
+        if pool.error.is_some() || tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
+            return false;
+        }
+        if !a.terms.iter().any(|t| pool.reqs.compatible(t, true).is_ok()) {
+            return false;
+        }
+        let base = self.base_options(pi, i);
+        if base.is_empty() {
+            return false;
+        }
+        let mut attempts = Vec::new();
+        if let Some(cap) = self.strategy.cap {
+            let capped: Vec<u32> = base.iter().copied().filter(|t| cap.admits(&pool.types[*t as usize].avail)).collect();
+            if !capped.is_empty() && capped.len() < base.len() {
+                attempts.push(capped);
+            }
+        }
+        attempts.push(base);
+        for opts in attempts {
+            let host = self.domains.fresh();
+            let claim = Claim::new(m, pi, opts, host);
+            let cx = Ctx { m, counts: &self.counts, domains: &self.domains };
+            if let Ok(u) = claim.try_add(&cx, i, a) {
+                self.claims.push(claim);
+                self.pool_nodes[pi] += 1;
+                let ci = self.claims.len() - 1;
+                dense::add(&mut self.pool_reserved[pi], &self.claims[ci].reserved);
+                self.commit_claim(ci, i, a, u);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Why pod `i` cannot be placed anywhere, pool by pool.
+    fn explain(&self, i: usize, rel: &Relaxation) -> String {
+        let m = self.m;
+        let p = m.pod(i);
+        let a = rel.active(p);
+        if m.pools.is_empty() {
+            return "no NodePool".into();
+        }
+        let mut reasons = Vec::new();
+        for (pi, pool) in m.pools.iter().enumerate() {
+            let name = &pool.name;
+            if let Some(e) = &pool.error {
+                reasons.push(format!("NodePool {name}: {e}"));
+                continue;
+            }
+            if let Err(t) = tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer) {
+                reasons.push(format!("NodePool {name} has taint {}={}:{:?} that the pod does not tolerate", t.key, t.value.as_deref().unwrap_or(""), t.effect));
+                continue;
+            }
+            let compatible: Vec<_> = a.terms.iter().filter(|t| pool.reqs.compatible(t, true).is_ok()).collect();
+            if compatible.is_empty() {
+                let err = a.terms.iter().find_map(|t| pool.reqs.compatible(t, true).err()).map(|e| e.to_string()).unwrap_or_default();
+                reasons.push(format!("incompatible with NodePool {name} requirements: {err}"));
+                continue;
+            }
+            let accel_ok = p.accelerator || pool.asks_accelerator;
+            let matching: Vec<usize> = (0..pool.types.len())
+                .filter(|t| {
+                    let ty = &pool.types[*t];
+                    compatible.iter().any(|term| {
+                        let mut r = pool.reqs.clone();
+                        r.add_all(term);
+                        ty.compatible(&r)
+                    })
+                })
+                .collect();
+            let usable: Vec<usize> = matching.iter().copied().filter(|t| accel_ok || !pool.types[*t].accelerator).collect();
+            if usable.is_empty() {
+                let why = if matching.is_empty() { "" } else { " (accelerator types are used only for pods that request accelerators)" };
+                reasons.push(format!("no instance type in NodePool {name} satisfies the pod's requirements{why}"));
+                continue;
+            }
+            let fitting: Vec<usize> = usable.iter().copied().filter(|t| fits(&p.req, &pool.types[*t].avail)).collect();
+            if fitting.is_empty() {
+                let mut best = m.res.zero();
+                for t in &usable {
+                    dense::max_into(&mut best, &pool.types[*t].avail);
+                }
+                let what = match dense::first_exceeding(&p.req, &best) {
+                    Some(d) => {
+                        let r = m.res.name(d);
+                        format!("{} {r}", crate::quantity::Quantity::from_milli(p.req[d]).to_k8s_string(r))
+                    }
+                    None => "the pod's requests".into(),
+                };
+                reasons.push(format!("no instance type in NodePool {name} fits {what}"));
+                continue;
+            }
+            let within: Vec<u32> = self.base_options(pi, i);
+            if !fitting.iter().any(|t| within.contains(&(*t as u32))) {
+                reasons.push(format!("NodePool {name} limits exceeded"));
+                continue;
+            }
+            let mut kinds: BTreeSet<String> = BTreeSet::new();
+            for g in a.groups.iter().chain(&p.inverse) {
+                let group = &m.groups.list[*g];
+                let kind = match group.id.kind {
+                    GroupKind::Spread { max_skew, .. } => format!("topology spread (maxSkew {max_skew})"),
+                    GroupKind::Affinity => "pod affinity".to_string(),
+                    GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => "another pod's anti-affinity".to_string(),
+                    GroupKind::AntiAffinity { .. } => "pod anti-affinity".to_string(),
+                };
+                kinds.insert(format!("{kind} on {}", group.id.key));
+            }
+            if !p.model.host_ports.is_empty() {
+                kinds.insert("host ports".into());
+            }
+            let what = if kinds.is_empty() { "constraints".to_string() } else { kinds.into_iter().collect::<Vec<_>>().join(", ") };
+            reasons.push(format!("NodePool {name}: {what} cannot be satisfied"));
+        }
+        reasons.join("; ")
+    }
+}
+
+/// The launch a claim would get: its options cheapest first and the chosen offering.
+#[derive(Debug, Clone)]
+pub struct Priced {
+    /// Option indices (into the pool's types), cheapest first.
+    pub options: Vec<u32>,
+    /// The chosen offering (of `options[0]`).
+    pub offering: Offering,
+}
+
+/// Prices a claim: spot when any option offers it under the requirements
+/// (as EC2 Fleet would be asked), else on-demand; options sorted by that price.
+pub fn price(m: &Model, c: &Claim) -> Option<Priced> {
+    let pool = &m.pools[c.pool];
+    let mut spot = c.reqs.clone();
+    spot.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
+    let spot_any = c.options.iter().any(|t| cheapest(&pool.types[*t as usize].offerings, &spot).is_some());
+    let mut reqs = c.reqs.clone();
+    if spot_any {
+        reqs = spot;
+    } else if c.options.iter().any(|t| pool.types[*t as usize].offerings.iter().any(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND)) {
+        let mut r = reqs.clone();
+        r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_ON_DEMAND]));
+        if c.options.iter().any(|t| cheapest(&pool.types[*t as usize].offerings, &r).is_some()) {
+            reqs = r;
+        }
+    }
+    let mut priced: Vec<(f64, &str, u32, Option<&Offering>)> = c
+        .options
+        .iter()
+        .map(|t| {
+            let ty = &pool.types[*t as usize];
+            let chosen = cheapest(&ty.offerings, &reqs);
+            let fallback = cheapest(&ty.offerings, &c.reqs);
+            let p = chosen.map_or(f64::INFINITY, |o| o.price);
+            (p, ty.name.as_str(), *t, chosen.or(fallback))
+        })
+        .collect();
+    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let offering = priced.first().and_then(|p| p.3).cloned()?;
+    Some(Priced { options: priced.iter().map(|p| p.2).collect(), offering })
+}
+
+/// `<pool>-<5 lowercase alphanumerics>` from a hash of the pool and its pods.
+fn claim_name(pool: &str, pods: &[PodRef], salt: u32) -> String {
+    let mut h = Sha256::new();
+    h.update(pool.as_bytes());
+    for p in pods {
+        h.update([0]);
+        h.update(p.to_string().as_bytes());
+    }
+    h.update(salt.to_le_bytes());
+    let digest = h.finalize();
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let suffix: String = digest.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
+    format!("{pool}-{suffix}")
+}
+
+impl Outcome {
+    /// Turns a pass into a plan: names, cheapest offerings, labels.
+    pub fn finish(self, m: &Model) -> Plan {
+        let mut taken: BTreeSet<String> = m.existing.iter().map(|e| e.name.clone()).collect();
+        let mut node_claims = Vec::new();
+        let mut unschedulable: Vec<Unschedulable> = m.invalid.iter().map(|(p, r)| Unschedulable { pod: p.clone(), reason: r.clone() }).collect();
+        for c in &self.claims {
+            let pool = &m.pools[c.pool];
+            let mut pods: Vec<PodRef> = c.pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
+            pods.sort();
+            let Some(priced) = price(m, c) else {
+                // Cannot happen for a claim with options; keep the pods accounted for.
+                for p in pods {
+                    unschedulable.push(Unschedulable { pod: p, reason: "no offering left for its node".into() });
+                }
+                continue;
+            };
+            let mut salt = 0;
+            let mut name = claim_name(&pool.name, &pods, salt);
+            while taken.contains(&name) {
+                salt += 1;
+                name = claim_name(&pool.name, &pods, salt);
+            }
+            taken.insert(name.clone());
+            let ty = &pool.types[priced.options[0] as usize];
+            let option_names: Vec<String> = priced.options.iter().map(|t| pool.types[*t as usize].name.clone()).collect();
+            let requirements = c.reqs.clone();
+            let mut labels_map: BTreeMap<String, String> = ty.labels.clone();
+            labels_map.extend(pool.labels.clone());
+            labels_map.extend(c.reqs.single_valued_labels());
+            labels_map.insert(labels::INSTANCE_TYPE.into(), ty.name.clone());
+            labels_map.insert(labels::ZONE.into(), priced.offering.zone.clone());
+            labels_map.insert(labels::CAPACITY_TYPE.into(), priced.offering.capacity_type.clone());
+            labels_map.insert(labels::NODEPOOL.into(), pool.name.clone());
+            labels_map.insert(labels::HOSTNAME.into(), name.clone());
+            let requests = m.res.resources(&dense::plus(&c.used, &ty.overhead));
+            node_claims.push(NewNodeClaim {
+                name,
+                node_pool: pool.name.clone(),
+                node_class: pool.node_class.clone(),
+                requirements,
+                instance_type_options: option_names,
+                instance_type: ty.name.clone(),
+                zone: priced.offering.zone.clone(),
+                capacity_type: priced.offering.capacity_type.clone(),
+                price: priced.offering.price,
+                allocatable: ty.allocatable.clone(),
+                labels: labels_map,
+                taints: pool.taints.clone(),
+                startup_taints: pool.startup_taints.clone(),
+                pods,
+                requests,
+            });
+        }
+        let mut existing: Vec<ExistingPlacement> = self
+            .existing
+            .iter()
+            .enumerate()
+            .filter(|(_, pods)| !pods.is_empty())
+            .map(|(e, pods)| {
+                let mut pods: Vec<PodRef> = pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
+                pods.sort();
+                ExistingPlacement { name: m.existing[e].name.clone(), kind: m.target_kind(e), pods }
+            })
+            .collect();
+        existing.sort_by(|a, b| a.name.cmp(&b.name));
+        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable { pod: m.pods[*i].pod.clone(), reason: r.clone() }));
+        unschedulable.sort_by(|a, b| a.pod.cmp(&b.pod));
+        Plan { node_claims, existing, unschedulable, warnings: m.warnings.clone() }
+    }
+}

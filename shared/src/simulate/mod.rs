@@ -1,0 +1,83 @@
+//! `nodesmith simulate`: read ordinary manifests, expand workloads into pods,
+//! run the provisioning solver offline and report the plan (JSON or a table),
+//! exactly as `docs/simulate-format.md` specifies.
+
+pub mod output;
+pub mod scenario;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::apis::manifest::{ManifestError, Warning, load_paths};
+use crate::catalog::Catalog;
+use crate::scheduling::{Plan, SolveInput, solve};
+
+pub use output::{to_json, to_table};
+pub use scenario::Scenario;
+
+/// Why a simulation could not run (all of it is bad input: exit status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    /// A manifest is unreadable or invalid.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The catalog file is unreadable or invalid.
+    #[error("{file}: {message}")]
+    Catalog {
+        /// The catalog file (or `built-in`).
+        file: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A finished simulation.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The plan.
+    pub plan: Plan,
+    /// Pending pods considered.
+    pub pending_pods: usize,
+    /// Wall time of the solve, in milliseconds.
+    pub solve_millis: f64,
+}
+
+/// Solves a scenario against a catalog.
+pub fn simulate(s: &Scenario, catalog: &Catalog) -> Report {
+    let mut input = SolveInput::new(catalog);
+    input.pods = s.pods.clone();
+    input.nodes = s.nodes.clone();
+    input.node_pools = s.node_pools.clone();
+    input.node_classes = s.node_classes.clone();
+    input.daemon_sets = s.daemon_sets.clone();
+    input.persistent_volumes = s.persistent_volumes.clone();
+    input.persistent_volume_claims = s.persistent_volume_claims.clone();
+    input.storage_classes = s.storage_classes.clone();
+    let start = Instant::now();
+    let plan = solve(&input);
+    let solve_millis = start.elapsed().as_secs_f64() * 1000.0;
+    Report { plan, pending_pods: s.pods.len(), solve_millis }
+}
+
+/// Reads the catalog file, or the built-in catalog without one.
+pub fn load_catalog(path: Option<&std::path::Path>) -> Result<Catalog, SimulateError> {
+    match path {
+        Some(p) => {
+            let file = p.display().to_string();
+            let text = std::fs::read_to_string(p).map_err(|e| SimulateError::Catalog { file: file.clone(), message: format!("cannot read: {e}") })?;
+            crate::catalog::file::parse(&text).map_err(|e| SimulateError::Catalog { file, message: e.to_string() })
+        }
+        None => crate::catalog::builtin().cloned().map_err(|e| SimulateError::Catalog { file: "built-in catalog".into(), message: e.to_string() }),
+    }
+}
+
+/// Loads manifests and the catalog, and simulates; warnings are returned for stderr.
+pub fn run(paths: &[PathBuf], catalog: Option<&std::path::Path>) -> Result<(Report, Vec<Warning>), SimulateError> {
+    let (docs, mut warnings) = load_paths(paths)?;
+    let scenario = Scenario::from_documents(&docs, &mut warnings)?;
+    let catalog = load_catalog(catalog)?;
+    Ok((simulate(&scenario, &catalog), warnings))
+}
+
+#[cfg(test)]
+mod tests;
