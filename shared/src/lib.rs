@@ -6,6 +6,8 @@
 
 pub mod apis;
 pub mod catalog;
+pub mod kubernetes;
+pub mod messages;
 pub mod nodeclaim;
 pub mod quantity;
 pub mod requirements;

@@ -1,0 +1,114 @@
+//! The cluster as the functions see it: a trait over the Kubernetes API calls
+//! nodesmith makes, so decisions can be tested against any implementation.
+
+use std::future::Future;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
+
+use super::client::ClientError;
+use super::events::EventSpec;
+use crate::apis::{EC2NodeClass, NodePool};
+
+/// A failed cluster call, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The API server answered with an error status.
+    #[error("{op}: API server answered {code} {reason}: {message}")]
+    Api {
+        /// What was being done (e.g. "evict pod default/web-1").
+        op: String,
+        /// HTTP status.
+        code: u16,
+        /// Kubernetes reason (NotFound, Conflict, TooManyRequests ...).
+        reason: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The request did not get an answer (connection, TLS, decoding).
+    #[error("{op}: {message}")]
+    Transport {
+        /// What was being done.
+        op: String,
+        /// What failed.
+        message: String,
+    },
+    /// No client could be built (authentication, endpoint).
+    #[error("kubernetes client: {0}")]
+    Client(#[from] ClientError),
+}
+
+impl ClusterError {
+    /// Wraps a kube error with the operation it broke.
+    pub fn from_kube(op: impl Into<String>, e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => ClusterError::Api { op: op.into(), code: s.code, reason: s.reason.clone(), message: s.message.clone() },
+            other => ClusterError::Transport { op: op.into(), message: other.to_string() },
+        }
+    }
+
+    /// The HTTP status, when the server answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ClusterError::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// What became of one eviction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EvictionOutcome {
+    /// The API server accepted the eviction.
+    Evicted,
+    /// A PodDisruptionBudget refused it (HTTP 429): try again later.
+    Blocked {
+        /// The server's explanation.
+        reason: String,
+    },
+    /// The pod no longer exists.
+    Gone,
+}
+
+/// The Kubernetes API calls nodesmith makes. Implemented over kube-rs by
+/// [`super::KubeCluster`]; calls are rate-limited and retried there.
+pub trait Cluster: Send + Sync {
+    /// One pod, or None when it does not exist.
+    fn pod(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Option<Pod>, ClusterError>> + Send;
+    /// Every pod in the cluster.
+    fn pods(&self) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;
+    /// Pods the scheduler could not place (`PodScheduled=False, reason=Unschedulable`) and that provisioning should act on.
+    fn pending_pods(&self) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;
+    /// Pods bound to one node (field selector `spec.nodeName=<node>`).
+    fn pods_on_node(&self, node: &str) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;
+    /// Every node.
+    fn nodes(&self) -> impl Future<Output = Result<Vec<Node>, ClusterError>> + Send;
+    /// One node, or None when it does not exist.
+    fn node(&self, name: &str) -> impl Future<Output = Result<Option<Node>, ClusterError>> + Send;
+    /// Every DaemonSet (their pods land on every new node).
+    fn daemon_sets(&self) -> impl Future<Output = Result<Vec<DaemonSet>, ClusterError>> + Send;
+    /// Every PodDisruptionBudget.
+    fn pod_disruption_budgets(&self) -> impl Future<Output = Result<Vec<PodDisruptionBudget>, ClusterError>> + Send;
+    /// Every PersistentVolume.
+    fn persistent_volumes(&self) -> impl Future<Output = Result<Vec<PersistentVolume>, ClusterError>> + Send;
+    /// Every PersistentVolumeClaim.
+    fn persistent_volume_claims(&self) -> impl Future<Output = Result<Vec<PersistentVolumeClaim>, ClusterError>> + Send;
+    /// Every StorageClass.
+    fn storage_classes(&self) -> impl Future<Output = Result<Vec<StorageClass>, ClusterError>> + Send;
+    /// Every NodePool.
+    fn node_pools(&self) -> impl Future<Output = Result<Vec<NodePool>, ClusterError>> + Send;
+    /// Every EC2NodeClass.
+    fn node_classes(&self) -> impl Future<Output = Result<Vec<EC2NodeClass>, ClusterError>> + Send;
+    /// Adds `karpenter.sh/disrupted:NoSchedule` to a node. Ok(false) when it was already there.
+    fn taint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Removes `karpenter.sh/disrupted` from a node (a disruption was abandoned). Ok(false) when absent.
+    fn untaint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Evicts one pod through the Eviction API (PDBs apply).
+    fn evict(&self, pod: &Pod) -> impl Future<Output = Result<EvictionOutcome, ClusterError>> + Send;
+    /// Deletes a node object. Ok(false) when it did not exist.
+    fn delete_node(&self, name: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Records an Event.
+    fn emit_event(&self, event: &EventSpec) -> impl Future<Output = Result<(), ClusterError>> + Send;
+}

@@ -1,0 +1,164 @@
+//! Draining a node: which pods to evict, in what order, and what blocks.
+//! The choice is pure ([`plan`]); [`drain`] carries it out against a [`Cluster`].
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::cluster::{Cluster, ClusterError, EvictionOutcome};
+use super::events::EventSpec;
+use super::pods;
+
+/// How a drain treats `karpenter.sh/do-not-disrupt`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainOptions {
+    /// Evict do-not-disrupt pods too (only when the cloud imposes the
+    /// disruption, e.g. a spot interruption, or a termination grace period ran out).
+    pub ignore_do_not_disrupt: bool,
+}
+
+/// Why a pod is left where it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// Owned by a DaemonSet (it would come straight back).
+    DaemonSet,
+    /// A static pod's mirror (the kubelet owns it).
+    Mirror,
+    /// Already finished.
+    Terminal,
+    /// Already being deleted.
+    Terminating,
+    /// Tolerates the disrupted taint, so eviction would not move it.
+    ToleratesDisruption,
+}
+
+/// What to do with one pod on a node being drained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Evict it now.
+    Evict,
+    /// Evict it after the non-critical pods are gone.
+    EvictLater,
+    /// Leave it.
+    Skip(Skip),
+    /// It blocks the drain: `karpenter.sh/do-not-disrupt`.
+    DoNotDisrupt,
+}
+
+/// Decides for every pod of a node. Critical pods (system priority classes)
+/// wait until every other evictable pod is gone, as Karpenter orders it.
+pub fn plan(pods_on_node: &[Pod], opts: DrainOptions) -> Vec<Action> {
+    let first: Vec<Action> = pods_on_node
+        .iter()
+        .map(|p| {
+            if pods::is_daemonset_pod(p) {
+                Action::Skip(Skip::DaemonSet)
+            } else if pods::is_mirror_pod(p) {
+                Action::Skip(Skip::Mirror)
+            } else if pods::is_terminal(p) {
+                Action::Skip(Skip::Terminal)
+            } else if pods::is_terminating(p) {
+                Action::Skip(Skip::Terminating)
+            } else if pods::tolerates_disrupted_taint(p) {
+                Action::Skip(Skip::ToleratesDisruption)
+            } else if pods::has_do_not_disrupt(p) && !opts.ignore_do_not_disrupt {
+                Action::DoNotDisrupt
+            } else if pods::is_critical(p) {
+                Action::EvictLater
+            } else {
+                Action::Evict
+            }
+        })
+        .collect();
+    let others_left = first.iter().any(|a| matches!(a, Action::Evict | Action::DoNotDisrupt));
+    first.into_iter().map(|a| if a == Action::EvictLater && !others_left { Action::Evict } else { a }).collect()
+}
+
+/// What one drain pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Pods evicted (`namespace/name`).
+    pub evicted: Vec<String>,
+    /// Pods a PDB kept, with the server's reason.
+    pub blocked_by_pdb: Vec<(String, String)>,
+    /// Pods with `karpenter.sh/do-not-disrupt`.
+    pub do_not_disrupt: Vec<String>,
+    /// Critical pods waiting for the rest to go first.
+    pub waiting: Vec<String>,
+    /// Pods left alone on purpose.
+    pub skipped: Vec<(String, Skip)>,
+}
+
+impl DrainReport {
+    /// True when nothing evictable is left on the node (only skipped pods remain).
+    pub fn is_complete(&self) -> bool {
+        self.evicted.is_empty() && self.blocked_by_pdb.is_empty() && self.do_not_disrupt.is_empty() && self.waiting.is_empty()
+    }
+}
+
+/// One drain pass over a node: evicts what may go now and reports the rest.
+/// Call again until [`DrainReport::is_complete`]; PDB refusals are not errors.
+/// Emits an `Evicted` event per evicted pod (event failures are logged, not fatal).
+pub async fn drain<C: Cluster>(cluster: &C, node: &str, opts: DrainOptions) -> Result<DrainReport, ClusterError> {
+    let pods_on_node = cluster.pods_on_node(node).await?;
+    let actions = plan(&pods_on_node, opts);
+    let mut report = DrainReport::default();
+    for (pod, action) in pods_on_node.iter().zip(actions) {
+        let key = pods::key(pod);
+        match action {
+            Action::Skip(s) => report.skipped.push((key, s)),
+            Action::DoNotDisrupt => report.do_not_disrupt.push(key),
+            Action::EvictLater => report.waiting.push(key),
+            Action::Evict => match cluster.evict(pod).await? {
+                EvictionOutcome::Evicted => {
+                    if let Err(e) = cluster.emit_event(&EventSpec::evicted(pod)).await {
+                        tracing::warn!(pod = %key, error = %e, "could not record the eviction event");
+                    }
+                    report.evicted.push(key);
+                }
+                EvictionOutcome::Gone => report.evicted.push(key),
+                EvictionOutcome::Blocked { reason } => report.blocked_by_pdb.push((key, reason)),
+            },
+        }
+    }
+    tracing::info!(node, evicted = report.evicted.len(), blocked = report.blocked_by_pdb.len(),
+        do_not_disrupt = report.do_not_disrupt.len(), waiting = report.waiting.len(), "drain pass");
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(meta: serde_json::Value, spec: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": meta, "spec": spec, "status": {"phase": "Running"}})).unwrap()
+    }
+
+    #[test]
+    fn plan_table() {
+        let ds = pod(json!({"name": "ds", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]}), json!({"containers": []}));
+        let mirror = pod(json!({"name": "m", "annotations": {"kubernetes.io/config.mirror": "h"}}), json!({"containers": []}));
+        let dnd = pod(json!({"name": "x", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}), json!({"containers": []}));
+        let plain = pod(json!({"name": "p"}), json!({"containers": []}));
+        let critical = pod(json!({"name": "c"}), json!({"containers": [], "priorityClassName": "system-cluster-critical"}));
+        let tolerant = pod(json!({"name": "t"}), json!({"containers": [], "tolerations": [{"operator": "Exists"}]}));
+
+        let all = [ds.clone(), mirror.clone(), dnd.clone(), plain.clone(), critical.clone(), tolerant];
+        assert_eq!(
+            plan(&all, DrainOptions::default()),
+            vec![
+                Action::Skip(Skip::DaemonSet),
+                Action::Skip(Skip::Mirror),
+                Action::DoNotDisrupt,
+                Action::Evict,
+                Action::EvictLater,
+                Action::Skip(Skip::ToleratesDisruption)
+            ]
+        );
+        // Forced drains evict do-not-disrupt pods.
+        assert_eq!(plan(&[dnd.clone()], DrainOptions { ignore_do_not_disrupt: true }), vec![Action::Evict]);
+        // Critical pods go once the others are gone.
+        assert_eq!(plan(&[ds, critical.clone()], DrainOptions::default()), vec![Action::Skip(Skip::DaemonSet), Action::Evict]);
+        // A do-not-disrupt pod holds critical pods back too.
+        assert_eq!(plan(&[dnd, critical], DrainOptions::default()), vec![Action::DoNotDisrupt, Action::EvictLater]);
+    }
+}

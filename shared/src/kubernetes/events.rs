@@ -1,0 +1,177 @@
+//! Kubernetes Events on pods and nodes, as Karpenter emits them, so
+//! `kubectl describe` tells users what nodesmith did. Building is pure.
+
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use sha2::{Digest, Sha256};
+
+/// Event reasons (Karpenter's names where Karpenter has one).
+pub mod reasons {
+    /// A pod is expected to land on a NodeClaim being launched.
+    pub const NOMINATED: &str = "Nominated";
+    /// A node is being disrupted (consolidation, drift, expiry, interruption).
+    pub const DISRUPTING: &str = "Disrupting";
+    /// Disruption of a node is blocked (PDB, do-not-disrupt, budgets).
+    pub const DISRUPTION_BLOCKED: &str = "DisruptionBlocked";
+    /// A pod was evicted from a node being drained.
+    pub const EVICTED: &str = "Evicted";
+    /// Draining a node could not finish yet.
+    pub const FAILED_DRAINING: &str = "FailedDraining";
+    /// The instance behind a node got a spot interruption notice.
+    pub const SPOT_INTERRUPTED: &str = "SpotInterrupted";
+    /// No NodePool could satisfy a pod.
+    pub const FAILED_SCHEDULING: &str = "FailedScheduling";
+}
+
+/// The component name events are reported under.
+pub const COMPONENT: &str = "nodesmith";
+
+/// Normal or Warning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    /// Something expected happened.
+    Normal,
+    /// Something needs attention.
+    Warning,
+}
+
+impl EventType {
+    /// The API string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// An event to record about one object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventSpec {
+    /// The object it is about.
+    pub object: ObjectReference,
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// A CamelCase reason from [`reasons`].
+    pub reason: String,
+    /// A human-readable message.
+    pub message: String,
+}
+
+/// A reference to a pod.
+pub fn pod_ref(pod: &Pod) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: pod.metadata.name.clone(),
+        namespace: pod.metadata.namespace.clone(),
+        uid: pod.metadata.uid.clone(),
+        resource_version: pod.metadata.resource_version.clone(),
+        field_path: None,
+    }
+}
+
+/// A reference to a node.
+pub fn node_ref(node: &Node) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: node.metadata.name.clone(),
+        uid: node.metadata.uid.clone(),
+        resource_version: node.metadata.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+/// A reference to a node by name only (when the Node object is not at hand).
+pub fn node_name_ref(name: &str) -> ObjectReference {
+    ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(name.into()), ..Default::default() }
+}
+
+impl EventSpec {
+    /// `Nominated`: the pod should schedule on the NodeClaim being launched.
+    pub fn nominated(pod: &Pod, nodeclaim: &str) -> Self {
+        EventSpec { object: pod_ref(pod), type_: EventType::Normal, reason: reasons::NOMINATED.into(), message: format!("Pod should schedule on: nodeclaim/{nodeclaim}") }
+    }
+
+    /// `Disrupting`: the node is being disrupted for `why` (e.g. "Underutilized").
+    pub fn disrupting(node: ObjectReference, why: &str) -> Self {
+        EventSpec { object: node, type_: EventType::Normal, reason: reasons::DISRUPTING.into(), message: format!("Disrupting Node: {why}") }
+    }
+
+    /// `DisruptionBlocked`: the node cannot be disrupted because of `why`.
+    pub fn disruption_blocked(node: ObjectReference, why: &str) -> Self {
+        EventSpec { object: node, type_: EventType::Normal, reason: reasons::DISRUPTION_BLOCKED.into(), message: format!("Cannot disrupt Node: {why}") }
+    }
+
+    /// `Evicted`: the pod was evicted from a node being drained.
+    pub fn evicted(pod: &Pod) -> Self {
+        EventSpec { object: pod_ref(pod), type_: EventType::Normal, reason: reasons::EVICTED.into(), message: "Evicted pod: draining node".into() }
+    }
+
+    /// `FailedDraining`: a node's drain is waiting on pods.
+    pub fn failed_draining(node: ObjectReference, why: &str) -> Self {
+        EventSpec { object: node, type_: EventType::Warning, reason: reasons::FAILED_DRAINING.into(), message: format!("Failed to drain node, {why}") }
+    }
+
+    /// `FailedScheduling`: no NodePool can take the pod.
+    pub fn failed_scheduling(pod: &Pod, why: &str) -> Self {
+        EventSpec { object: pod_ref(pod), type_: EventType::Warning, reason: reasons::FAILED_SCHEDULING.into(), message: why.to_string() }
+    }
+
+    /// The core/v1 Event object for this spec at `now`. Its name is derived
+    /// from the object, reason, message and time, so a retried create of the
+    /// same event answers AlreadyExists instead of recording it twice.
+    pub fn to_event(&self, now: jiff::Timestamp) -> Event {
+        let obj_name = self.object.name.clone().unwrap_or_default();
+        let mut h = Sha256::new();
+        for part in [obj_name.as_str(), self.object.uid.as_deref().unwrap_or(""), &self.reason, &self.message, &now.as_second().to_string()] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        let digest = hex::encode(h.finalize());
+        let t = Time(now);
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{obj_name}.{}", &digest[..16])),
+                // Events about cluster-scoped objects live in "default", as kubectl expects.
+                namespace: Some(self.object.namespace.clone().unwrap_or_else(|| "default".into())),
+                ..Default::default()
+            },
+            involved_object: self.object.clone(),
+            reason: Some(self.reason.clone()),
+            message: Some(self.message.clone()),
+            type_: Some(self.type_.as_str().into()),
+            source: Some(EventSource { component: Some(COMPONENT.into()), host: None }),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(COMPONENT.into()),
+            first_timestamp: Some(t.clone()),
+            last_timestamp: Some(t),
+            count: Some(1),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_reference_their_object_and_land_in_its_namespace() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u1"}})).unwrap();
+        let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        let e = EventSpec::nominated(&pod, "default-abc12").to_event(now);
+        assert_eq!(e.metadata.namespace.as_deref(), Some("shop"));
+        assert!(e.metadata.name.as_deref().unwrap().starts_with("web."));
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("u1"));
+        assert_eq!(e.reason.as_deref(), Some("Nominated"));
+        assert_eq!(e.message.as_deref(), Some("Pod should schedule on: nodeclaim/default-abc12"));
+        assert_eq!(e, EventSpec::nominated(&pod, "default-abc12").to_event(now), "same event, same name");
+        let n = EventSpec::disrupting(node_name_ref("ip-10-0-0-1"), "Underutilized").to_event(now);
+        assert_eq!(n.metadata.namespace.as_deref(), Some("default"));
+        assert_ne!(n.metadata.name, e.metadata.name);
+    }
+}

@@ -1,0 +1,280 @@
+//! [`Cluster`] over kube-rs: rate-limited, transient failures retried with
+//! backoff, read-modify-write conflicts (409) retried from a fresh read.
+
+use std::future::Future;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::client::ClientSource;
+use super::cluster::{Cluster, ClusterError, EvictionOutcome};
+use super::events::EventSpec;
+use super::pods;
+use super::retry::{RateLimiter, RetryPolicy, is_transient};
+use crate::apis::{EC2NodeClass, NodePool};
+
+/// The Kubernetes adapter used by the functions.
+pub struct KubeCluster {
+    source: ClientSource,
+    limiter: RateLimiter,
+    retry: RetryPolicy,
+}
+
+/// What one attempt of a read-modify-write produced.
+enum Step<T> {
+    Done(T),
+    Conflict,
+}
+
+impl KubeCluster {
+    /// An adapter over any client source, with default rate limit and retries.
+    pub fn new(source: ClientSource) -> Self {
+        KubeCluster { source, limiter: RateLimiter::default(), retry: RetryPolicy::default() }
+    }
+
+    /// An adapter over one fixed client.
+    pub fn from_client(client: kube::Client) -> Self {
+        Self::new(ClientSource::Fixed(client))
+    }
+
+    /// An adapter for an EKS cluster, authenticated with the SDK config's credentials.
+    pub fn for_eks(config: aws_config::SdkConfig, cluster: &str) -> Self {
+        Self::new(ClientSource::Eks(super::client::EksClients::new(config, cluster)))
+    }
+
+    /// Replaces the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Replaces the rate limit.
+    pub fn with_rate_limit(mut self, qps: f64, burst: u32) -> Self {
+        self.limiter = RateLimiter::new(qps, burst);
+        self
+    }
+
+    /// Runs one API call with rate limiting and retries of transient failures.
+    async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
+    where
+        F: Fn(kube::Client) -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let attempts = self.retry.attempts.max(1);
+        let mut attempt = 0;
+        loop {
+            self.limiter.acquire().await;
+            let client = self.source.client().await?;
+            match f(client).await {
+                Ok(v) => return Ok(v),
+                Err(e) if is_transient(&e) && attempt + 1 < attempts => {
+                    let delay = self.retry.delay(attempt);
+                    tracing::debug!(op, attempt, ?delay, error = %e, "transient Kubernetes API failure; retrying");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(ClusterError::from_kube(op, e)),
+            }
+        }
+    }
+
+    /// Repeats a read-modify-write while the server answers 409 Conflict.
+    async fn with_conflict_retry<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Step<T>, ClusterError>>,
+    {
+        let attempts = self.retry.attempts.max(1);
+        for attempt in 0..attempts {
+            match f().await? {
+                Step::Done(v) => return Ok(v),
+                Step::Conflict => {
+                    tracing::debug!(op, attempt, "conflict; re-reading and retrying");
+                    tokio::time::sleep(self.retry.delay(attempt)).await;
+                }
+            }
+        }
+        Err(ClusterError::Api { op: op.to_string(), code: 409, reason: "Conflict".into(), message: format!("still conflicting after {attempts} attempts") })
+    }
+
+    async fn list_all<K>(&self, op: &str, lp: ListParams) -> Result<Vec<K>, ClusterError>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        self.call(op, |c| {
+            let lp = lp.clone();
+            async move { Api::<K>::all(c).list(&lp).await.map(|l| l.items) }
+        })
+        .await
+    }
+
+    /// Sets a node's taints, guarded by the resourceVersion read with them.
+    async fn edit_taints(&self, node: &str, add: bool) -> Result<bool, ClusterError> {
+        let op = format!("{} node {node}", if add { "taint" } else { "untaint" });
+        self.with_conflict_retry(&op, || async {
+            let Some(current) = self.node(node).await? else {
+                return Err(ClusterError::Api { op: op.clone(), code: 404, reason: "NotFound".into(), message: format!("node {node:?} not found") });
+            };
+            let mut taints = current.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+            let has = taints.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY);
+            if has == add {
+                return Ok(Step::Done(false));
+            }
+            if add {
+                taints.push(pods::disrupted_taint());
+            } else {
+                taints.retain(|t| t.key != pods::DISRUPTED_TAINT_KEY);
+            }
+            // Merge patches replace lists whole; the resourceVersion makes that safe.
+            let patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}, "spec": {"taints": taints}});
+            let result = self
+                .call(&op, |c| {
+                    let patch = patch.clone();
+                    async move { Api::<Node>::all(c).patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await }
+                })
+                .await;
+            match result {
+                Ok(_) => Ok(Step::Done(true)),
+                Err(e) if e.code() == Some(409) => Ok(Step::Conflict),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+}
+
+fn get_opt<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a 429 on eviction comes from a PodDisruptionBudget (as opposed to throttling).
+fn is_pdb_refusal(s: &kube::core::Status) -> bool {
+    s.code == 429
+        && (s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
+            || s.message.contains("disruption budget"))
+}
+
+impl Cluster for KubeCluster {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ClusterError> {
+        self.call(&format!("get pod {namespace}/{name}"), |c| async move { get_opt(Api::<Pod>::namespaced(c, namespace).get(name).await) }).await
+    }
+
+    async fn pods(&self) -> Result<Vec<Pod>, ClusterError> {
+        self.list_all("list pods", ListParams::default()).await
+    }
+
+    async fn pending_pods(&self) -> Result<Vec<Pod>, ClusterError> {
+        let pods: Vec<Pod> = self.list_all("list pending pods", ListParams::default().fields("spec.nodeName=,status.phase=Pending")).await?;
+        Ok(pods.into_iter().filter(pods::is_provisionable).collect())
+    }
+
+    async fn pods_on_node(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
+        self.list_all(&format!("list pods on node {node}"), ListParams::default().fields(&format!("spec.nodeName={node}"))).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>, ClusterError> {
+        self.list_all("list nodes", ListParams::default()).await
+    }
+
+    async fn node(&self, name: &str) -> Result<Option<Node>, ClusterError> {
+        self.call(&format!("get node {name}"), |c| async move { get_opt(Api::<Node>::all(c).get(name).await) }).await
+    }
+
+    async fn daemon_sets(&self) -> Result<Vec<DaemonSet>, ClusterError> {
+        self.list_all("list daemonsets", ListParams::default()).await
+    }
+
+    async fn pod_disruption_budgets(&self) -> Result<Vec<PodDisruptionBudget>, ClusterError> {
+        self.list_all("list poddisruptionbudgets", ListParams::default()).await
+    }
+
+    async fn persistent_volumes(&self) -> Result<Vec<PersistentVolume>, ClusterError> {
+        self.list_all("list persistentvolumes", ListParams::default()).await
+    }
+
+    async fn persistent_volume_claims(&self) -> Result<Vec<PersistentVolumeClaim>, ClusterError> {
+        self.list_all("list persistentvolumeclaims", ListParams::default()).await
+    }
+
+    async fn storage_classes(&self) -> Result<Vec<StorageClass>, ClusterError> {
+        self.list_all("list storageclasses", ListParams::default()).await
+    }
+
+    async fn node_pools(&self) -> Result<Vec<NodePool>, ClusterError> {
+        self.list_all("list nodepools", ListParams::default()).await
+    }
+
+    async fn node_classes(&self) -> Result<Vec<EC2NodeClass>, ClusterError> {
+        self.list_all("list ec2nodeclasses", ListParams::default()).await
+    }
+
+    async fn taint_disrupted(&self, node: &str) -> Result<bool, ClusterError> {
+        self.edit_taints(node, true).await
+    }
+
+    async fn untaint_disrupted(&self, node: &str) -> Result<bool, ClusterError> {
+        self.edit_taints(node, false).await
+    }
+
+    async fn evict(&self, pod: &Pod) -> Result<EvictionOutcome, ClusterError> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let op = format!("evict pod {ns}/{name}");
+        let outcome = self
+            .call(&op, |c| {
+                let (ns, name) = (ns.clone(), name.clone());
+                async move {
+                    match Api::<Pod>::namespaced(c, &ns).evict(&name, &EvictParams::default()).await {
+                        Ok(_) => Ok(EvictionOutcome::Evicted),
+                        // A PDB's refusal is an answer, not a failure to retry here.
+                        Err(kube::Error::Api(s)) if is_pdb_refusal(&s) => {
+                            let why = s.details.as_ref().and_then(|d| d.causes.first()).map(|c| c.message.clone()).filter(|m| !m.is_empty());
+                            Ok(EvictionOutcome::Blocked { reason: why.unwrap_or(s.message.clone()) })
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(EvictionOutcome::Gone),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await?;
+        tracing::info!(pod = %format!("{ns}/{name}"), ?outcome, "eviction");
+        Ok(outcome)
+    }
+
+    async fn delete_node(&self, name: &str) -> Result<bool, ClusterError> {
+        self.call(&format!("delete node {name}"), |c| async move {
+            match Api::<Node>::all(c).delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    async fn emit_event(&self, event: &EventSpec) -> Result<(), ClusterError> {
+        let ev: Event = event.to_event(jiff::Timestamp::now());
+        let ns = ev.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        self.call(&format!("record event {} on {}", event.reason, event.object.name.as_deref().unwrap_or("")), |c| {
+            let (ev, ns) = (ev.clone(), ns.clone());
+            async move {
+                match Api::<Event>::namespaced(c, &ns).create(&PostParams::default(), &ev).await {
+                    Ok(_) => Ok(()),
+                    // The same event from a retried request: already recorded.
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await
+    }
+}

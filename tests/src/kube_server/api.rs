@@ -1,0 +1,360 @@
+//! The HTTP surface: Kubernetes REST paths, verbs, patch types, watches and
+//! Status errors, dispatched onto the store.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::Shared;
+use super::disruption;
+use super::resources::{self, PDBS, PODS, Resource};
+use super::selectors::{FieldSelector, LabelSelector, labels_of};
+use super::store::{Change, Recorded, StoreError, namespace_of};
+
+/// A Kubernetes `Status` failure response.
+pub fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> Response {
+    let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code});
+    if let (Some(d), Some(o)) = (details, body.as_object_mut()) {
+        o.insert("details".into(), d);
+    }
+    let sc = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (sc, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+fn store_error(e: StoreError) -> Response {
+    match e {
+        StoreError::NotFound(m) => status(404, "NotFound", &m, None),
+        StoreError::AlreadyExists(m) => status(409, "AlreadyExists", &m, None),
+        StoreError::Conflict(m) => status(409, "Conflict", &m, None),
+        StoreError::Invalid(m) => status(422, "Invalid", &m, None),
+    }
+}
+
+fn ok_json(code: StatusCode, v: &Value) -> Response {
+    (code, [("content-type", "application/json")], v.to_string()).into_response()
+}
+
+/// A parsed request path.
+#[derive(Debug)]
+struct Target {
+    res: &'static Resource,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let find = |p: &str| resources::find(group, version, p);
+    let s = |x: &&str| Some(x.to_string());
+    match rest {
+        ["namespaces", ns, plural, tail @ ..] if find(plural).is_some_and(|r| r.namespaced) => {
+            let res = find(plural)?;
+            match tail {
+                [] => Some(Target { res, ns: s(ns), name: None, sub: None }),
+                [name] => Some(Target { res, ns: s(ns), name: s(name), sub: None }),
+                [name, sub] => Some(Target { res, ns: s(ns), name: s(name), sub: s(sub) }),
+                _ => None,
+            }
+        }
+        [plural] => Some(Target { res: find(plural)?, ns: None, name: None, sub: None }),
+        [plural, name] => Some(Target { res: find(plural)?, ns: None, name: s(name), sub: None }).filter(|t| !t.res.namespaced),
+        [plural, name, sub] => Some(Target { res: find(plural)?, ns: None, name: s(name), sub: s(sub) }).filter(|t| !t.res.namespaced),
+        _ => None,
+    }
+}
+
+/// Every request lands here.
+pub async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    shared.record_request(&method, &uri);
+    if let Some(code) = shared.take_fault(&method, &path) {
+        let reason = match code {
+            409 => "Conflict",
+            429 => "TooManyRequests",
+            500 => "InternalError",
+            503 => "ServiceUnavailable",
+            _ => "Unknown",
+        };
+        return status(code, reason, &format!("injected fault {code}"), None);
+    }
+    if path == "/version" {
+        return ok_json(StatusCode::OK, &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-nodesmith-test"}));
+    }
+    let Some(t) = parse_path(&path) else {
+        return status(404, "NotFound", &format!("the server could not find the requested resource ({path})"), None);
+    };
+    let ns = t.ns.clone().unwrap_or_default();
+    match (method.clone(), t.name.clone(), t.sub.as_deref()) {
+        (Method::GET, None, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => watch(shared, t.res, t.ns, &q).await,
+        (Method::GET, None, None) => list(&shared, t.res, t.ns.as_deref(), &q),
+        (Method::GET, Some(name), _) => {
+            let mut store = shared.lock_store();
+            let Some(v) = store.get(t.res, &ns, &name).cloned() else {
+                return status(404, "NotFound", &format!("{} \"{}\" not found", t.res.plural, name), None);
+            };
+            if shared.take_touch(&path) {
+                let mut touched = v.clone();
+                let n = store.resource_version();
+                json_patch::merge(&mut touched, &json!({"metadata": {"annotations": {"test.nodesmith/touched": n.to_string()}}}));
+                let _ = store.update(t.res, &ns, &name, touched);
+            }
+            let v = if t.res == PDBS { disruption::with_status(v, &typed_pods(&store.list(PODS, None))) } else { v };
+            ok_json(StatusCode::OK, &v)
+        }
+        (Method::POST, None, None) => {
+            let obj: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => return status(400, "BadRequest", &format!("invalid JSON body: {e}"), None),
+            };
+            let body_ns = namespace_of(&obj).to_string();
+            if t.res.namespaced && !body_ns.is_empty() && body_ns != ns {
+                return status(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request", None);
+            }
+            match shared.lock_store().create(t.res, &ns, obj) {
+                Ok(v) => ok_json(StatusCode::CREATED, &v),
+                Err(e) => store_error(e),
+            }
+        }
+        (Method::POST, Some(name), Some("eviction")) if t.res == PODS => evict(&shared, &ns, &name),
+        (Method::POST, Some(name), Some("binding")) if t.res == PODS => {
+            let target = serde_json::from_slice::<Value>(&body).ok().and_then(|b| b.pointer("/target/name").and_then(Value::as_str).map(str::to_string));
+            let Some(node) = target else {
+                return status(400, "BadRequest", "binding needs target.name", None);
+            };
+            let mut store = shared.lock_store();
+            let Some(mut pod) = store.get(PODS, &ns, &name).cloned() else {
+                return status(404, "NotFound", &format!("pods \"{name}\" not found"), None);
+            };
+            super::bind_json(&mut pod, &node);
+            match store.update(PODS, &ns, &name, pod) {
+                Ok(_) => ok_json(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})),
+                Err(e) => store_error(e),
+            }
+        }
+        (Method::PUT, Some(name), None | Some("status")) => {
+            let obj: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => return status(400, "BadRequest", &format!("invalid JSON body: {e}"), None),
+            };
+            match shared.lock_store().update(t.res, &ns, &name, obj) {
+                Ok(v) => ok_json(StatusCode::OK, &v),
+                Err(e) => store_error(e),
+            }
+        }
+        (Method::PATCH, Some(name), None | Some("status")) => patch(&shared, t.res, &ns, &name, &headers, &body),
+        (Method::DELETE, Some(name), None) => match shared.lock_store().delete(t.res, &ns, &name) {
+            Ok(v) => ok_json(StatusCode::OK, &v),
+            Err(e) => store_error(e),
+        },
+        _ => status(405, "MethodNotAllowed", &format!("{method} is not supported on {path}"), None),
+    }
+}
+
+fn typed_pods(values: &[Value]) -> Vec<Pod> {
+    values.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect()
+}
+
+fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), Response> {
+    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or("")).map_err(|e| status(400, "BadRequest", &e, None))?;
+    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or("")).map_err(|e| status(400, "BadRequest", &e, None))?;
+    Ok((ls, fs))
+}
+
+fn list(shared: &Shared, res: &'static Resource, ns: Option<&str>, q: &HashMap<String, String>) -> Response {
+    let (ls, fs) = match selectors(q) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let store = shared.lock_store();
+    let pods = if res == PDBS { typed_pods(&store.list(PODS, None)) } else { Vec::new() };
+    let items: Vec<Value> = store
+        .list(res, ns)
+        .into_iter()
+        .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
+        .map(|o| if res == PDBS { disruption::with_status(o, &pods) } else { o })
+        .collect();
+    let body = json!({
+        "apiVersion": res.api_version(),
+        "kind": format!("{}List", res.kind),
+        "metadata": {"resourceVersion": store.resource_version().to_string()},
+        "items": items,
+    });
+    ok_json(StatusCode::OK, &body)
+}
+
+fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let patch_doc: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("invalid patch body: {e}"), None),
+    };
+    let mut store = shared.lock_store();
+    let Some(mut doc) = store.get(res, ns, name).cloned() else {
+        return status(404, "NotFound", &format!("{} \"{}\" not found", res.plural, name), None);
+    };
+    if ct.starts_with("application/json-patch+json") {
+        let p: json_patch::Patch = match serde_json::from_value(patch_doc) {
+            Ok(p) => p,
+            Err(e) => return status(400, "BadRequest", &format!("invalid JSON patch: {e}"), None),
+        };
+        if let Err(e) = json_patch::patch(&mut doc, &p) {
+            // A failed `test` operation is how clients do compare-and-swap.
+            let code = if matches!(e.kind, json_patch::PatchErrorKind::TestFailed) { 409 } else { 422 };
+            return status(code, if code == 409 { "Conflict" } else { "Invalid" }, &format!("JSON patch failed: {e}"), None);
+        }
+    } else if ct.starts_with("application/merge-patch+json")
+        || ct.starts_with("application/strategic-merge-patch+json")
+        || ct.starts_with("application/apply-patch")
+    {
+        // Strategic merge and apply are treated as JSON merge patches: lists are
+        // replaced whole. Callers in this project send merge or JSON patches.
+        json_patch::merge(&mut doc, &patch_doc);
+    } else {
+        return status(415, "UnsupportedMediaType", &format!("unsupported patch content type {ct:?}"), None);
+    }
+    match store.update(res, ns, name, doc) {
+        Ok(v) => ok_json(StatusCode::OK, &v),
+        Err(e) => store_error(e),
+    }
+}
+
+fn evict(shared: &Shared, ns: &str, name: &str) -> Response {
+    let mut store = shared.lock_store();
+    let Some(pod_json) = store.get(PODS, ns, name).cloned() else {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"), None);
+    };
+    let Ok(pod) = serde_json::from_value::<Pod>(pod_json) else {
+        return status(500, "InternalError", "stored pod does not parse", None);
+    };
+    let pods = typed_pods(&store.list(PODS, None));
+    let pdbs: Vec<PodDisruptionBudget> = store.list(PDBS, Some(ns)).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect();
+    if let Some(why) = disruption::eviction_blocked_by(&pod, &pdbs, &pods) {
+        return status(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            Some(json!({"causes": [{"reason": "DisruptionBudget", "message": why}]})),
+        );
+    }
+    match store.delete(PODS, ns, name) {
+        Ok(_) => ok_json(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
+        Err(e) => store_error(e),
+    }
+}
+
+/// What a watcher sees of a change, after namespace and selector filtering
+/// (an object leaving the selection is reported as DELETED, entering as ADDED).
+fn visible(r: &Recorded, res: &Resource, ns: Option<&str>, ls: &LabelSelector, fs: &FieldSelector) -> Option<(Change, Value)> {
+    if r.resource != *res || ns.is_some_and(|n| namespace_of(&r.object) != n) {
+        return None;
+    }
+    let sel = |o: &Value| ls.matches(&labels_of(o)) && fs.matches(o);
+    let now = sel(&r.object);
+    match (r.change, r.old.as_ref().map(sel)) {
+        (Change::Modified, Some(true)) if !now => Some((Change::Deleted, r.object.clone())),
+        (Change::Modified, Some(false)) if now => Some((Change::Added, r.object.clone())),
+        (Change::Modified, Some(false)) => None,
+        (c, _) if now => Some((c, r.object.clone())),
+        _ => None,
+    }
+}
+
+fn line(change: &str, obj: &Value) -> Bytes {
+    let mut s = json!({"type": change, "object": obj}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+async fn watch(shared: Arc<Shared>, res: &'static Resource, ns: Option<String>, q: &HashMap<String, String>) -> Response {
+    let (ls, fs) = match selectors(q) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let rv: u64 = q.get("resourceVersion").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(300));
+    let (tx, mut rx_lines) = mpsc::channel::<Bytes>(256);
+    let mut breaker = shared.watch_breaker.subscribe();
+    // Replay and subscription happen under one lock so no change falls between them.
+    let (backlog, mut changes, expired) = {
+        let store = shared.lock_store();
+        let expired = rv != 0 && store.changes_since(rv).is_none();
+        let backlog: Vec<Bytes> = if rv == 0 {
+            store
+                .list(res, ns.as_deref())
+                .into_iter()
+                .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
+                .map(|o| line("ADDED", &o))
+                .collect()
+        } else {
+            match store.changes_since(rv) {
+                Some(rs) => rs.iter().filter_map(|r| visible(r, res, ns.as_deref(), &ls, &fs)).map(|(c, o)| line(c.as_str(), &o)).collect(),
+                None => {
+                    let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                        "message": format!("too old resource version: {rv} ({})", store.resource_version())});
+                    vec![line("ERROR", &gone)]
+                }
+            }
+        };
+        (backlog, store.subscribe(), expired)
+    };
+    tokio::spawn(async move {
+        for b in backlog {
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = breaker.changed() => return,
+                r = changes.recv() => match r {
+                    Ok(r) => {
+                        if let Some((c, o)) = visible(&r, res, ns.as_deref(), &ls, &fs) {
+                            if tx.send(line(c.as_str(), &o)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    // Lagged or closed: end the watch; the client re-lists or resumes.
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    let stream = futures::stream::poll_fn(move |cx| rx_lines.poll_recv(cx).map(|o| o.map(Ok::<Bytes, Infallible>)));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|e| status(500, "InternalError", &e.to_string(), None))
+}
+

@@ -1,0 +1,362 @@
+//! A Kubernetes API test server: plain HTTP on 127.0.0.1, an in-memory store,
+//! and just enough of the API for the real kube-rs client: core/v1 pods, nodes,
+//! events, namespaces, PVs, PVCs; apps/v1 DaemonSets; policy/v1 PDBs and the
+//! `pods/eviction` subresource (PDBs enforced with 429); storage.k8s.io/v1
+//! StorageClasses; the NodePool and EC2NodeClass CRDs. Lists take label and
+//! field selectors; writes bump a global resourceVersion and answer 409 on
+//! stale versions; pod (and every other) watches stream JSON lines.
+//!
+//! Tests drive it with [`KubeServer`]: seed objects, run the [`scheduler`]
+//! step, register nodes like a kubelet, inject faults, break watches.
+
+pub mod api;
+pub mod disruption;
+pub mod kubelet;
+pub mod resources;
+pub mod scheduler;
+pub mod selectors;
+pub mod store;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{Method, Uri};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+pub use kubelet::{NodeRegistration, kubelet_flags_from_user_data};
+pub use scheduler::ScheduleReport;
+use resources::{NODES, PODS};
+use store::{Store, now_rfc3339};
+
+/// Answers matching requests with an error status instead of serving them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// Only requests with this method (any when None).
+    pub method: Option<Method>,
+    /// Only requests whose path contains this (any when empty).
+    pub path_contains: String,
+    /// The HTTP status to answer with (409, 429, 500, 503 ...).
+    pub status: u16,
+    /// How many requests to fail before the fault clears itself.
+    pub times: usize,
+}
+
+impl Fault {
+    /// Fails the next `times` requests of any kind with `status`.
+    pub fn new(status: u16, times: usize) -> Self {
+        Fault { method: None, path_contains: String::new(), status, times }
+    }
+
+    /// Restricts the fault to one method.
+    pub fn on(mut self, method: Method) -> Self {
+        self.method = Some(method);
+        self
+    }
+
+    /// Restricts the fault to paths containing `s`.
+    pub fn path(mut self, s: &str) -> Self {
+        self.path_contains = s.to_string();
+        self
+    }
+}
+
+/// A request the server saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// The HTTP method.
+    pub method: Method,
+    /// Path and query.
+    pub uri: String,
+}
+
+/// State shared between the server's handlers and the test's handle.
+pub struct Shared {
+    store: Mutex<Store>,
+    faults: Mutex<Vec<Fault>>,
+    requests: Mutex<Vec<RequestRecord>>,
+    touch_after_get: Mutex<Vec<(String, usize)>>,
+    watch_breaker: tokio::sync::watch::Sender<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread must not wedge every other request.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// The store, locked.
+    pub fn lock_store(&self) -> MutexGuard<'_, Store> {
+        lock(&self.store)
+    }
+
+    fn record_request(&self, method: &Method, uri: &Uri) {
+        lock(&self.requests).push(RequestRecord { method: method.clone(), uri: uri.to_string() });
+    }
+
+    /// Whether a GET of `path` should be followed by a concurrent write.
+    fn take_touch(&self, path: &str) -> bool {
+        let mut t = lock(&self.touch_after_get);
+        let Some(i) = t.iter().position(|(p, n)| *n > 0 && path.contains(p.as_str())) else { return false };
+        t[i].1 -= 1;
+        t.retain(|(_, n)| *n > 0);
+        true
+    }
+
+    fn take_fault(&self, method: &Method, path: &str) -> Option<u16> {
+        let mut faults = lock(&self.faults);
+        let i = faults.iter().position(|f| f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && path.contains(&f.path_contains))?;
+        faults[i].times -= 1;
+        let code = faults[i].status;
+        faults.retain(|f| f.times > 0);
+        Some(code)
+    }
+}
+
+/// Sets a pod as bound to a node and running/ready (the kubelet's part is instant here).
+pub fn bind_json(pod: &mut Value, node: &str) {
+    let now = now_rfc3339();
+    json_patch::merge(
+        pod,
+        &json!({
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                {"type": "Ready", "status": "True", "lastTransitionTime": now}
+            ]}
+        }),
+    );
+}
+
+/// A running test server; dropping it stops it.
+pub struct KubeServer {
+    url: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KubeServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A background scheduler loop; dropping it stops it.
+pub struct SchedulerLoop(tokio::task::JoinHandle<()>);
+
+impl Drop for SchedulerLoop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl KubeServer {
+    /// Starts a server on a free loopback port.
+    ///
+    /// Panics when no loopback port can be bound: nothing a test could do about it.
+    pub async fn start() -> Self {
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            faults: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
+            touch_after_get: Mutex::new(Vec::new()),
+            watch_breaker: tokio::sync::watch::channel(0).0,
+        });
+        let app = Router::new().fallback(api::handle).with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port for the Kubernetes test server");
+        let addr = listener.local_addr().expect("local address of the bound listener");
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "kubernetes test server stopped");
+            }
+        });
+        KubeServer { url: format!("http://{addr}"), shared, task }
+    }
+
+    /// The base URL (`http://127.0.0.1:port`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A client config for this server. Transport-level retries are off so
+    /// tests see exactly what callers' own retry logic does.
+    pub fn config(&self) -> kube::Config {
+        let mut c = kube::Config::new(self.url.parse().expect("the server URL is a valid URI"));
+        c.default_retry = false;
+        c
+    }
+
+    /// A kube client talking to this server.
+    pub fn client(&self) -> kube::Client {
+        nodesmith::kubernetes::client::install_crypto_provider();
+        kube::Client::try_from(self.config()).expect("a kube client for a plain-HTTP URL")
+    }
+
+    /// The shared state (for handlers and advanced tests).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Creates an object (any served kind), or replaces it when it exists.
+    /// Returns the stored object. Errors name what is wrong.
+    pub fn apply<K: Serialize>(&self, obj: &K) -> Result<Value, String> {
+        let v = serde_json::to_value(obj).map_err(|e| e.to_string())?;
+        let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+        let res = resources::by_kind(api_version, kind).ok_or_else(|| format!("the test server does not serve {api_version}/{kind}"))?;
+        let ns = if res.namespaced { store::namespace_of(&v).to_string() } else { String::new() };
+        let ns = if res.namespaced && ns.is_empty() { "default".to_string() } else { ns };
+        let name = store::name_of(&v).to_string();
+        let mut store = self.shared.lock_store();
+        if !name.is_empty() && store.get(res, &ns, &name).is_some() {
+            let mut v = v;
+            if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+            }
+            return store.update(res, &ns, &name, v).map_err(|e| format!("{e:?}"));
+        }
+        store.create(res, &ns, v).map_err(|e| format!("{e:?}"))
+    }
+
+    fn typed<K: DeserializeOwned>(v: Option<Value>) -> Option<K> {
+        v.and_then(|v| serde_json::from_value(v).ok())
+    }
+
+    /// A pod by namespace and name.
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        Self::typed(self.shared.lock_store().get(PODS, ns, name).cloned())
+    }
+
+    /// Every pod.
+    pub fn pods(&self) -> Vec<Pod> {
+        self.shared.lock_store().list(PODS, None).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect()
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Option<Node> {
+        Self::typed(self.shared.lock_store().get(NODES, "", name).cloned())
+    }
+
+    /// Every core/v1 Event.
+    pub fn events(&self) -> Vec<Event> {
+        self.shared.lock_store().list(resources::EVENTS, None).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect()
+    }
+
+    /// Deletes an object by apiVersion, kind, namespace and name.
+    pub fn delete(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Result<Value, String> {
+        let res = resources::by_kind(api_version, kind).ok_or_else(|| format!("the test server does not serve {api_version}/{kind}"))?;
+        self.shared.lock_store().delete(res, ns, name).map_err(|e| format!("{e:?}"))
+    }
+
+    /// Fails matching requests (see [`Fault`]).
+    pub fn inject(&self, fault: Fault) {
+        lock(&self.shared.faults).push(fault);
+    }
+
+    /// After each of the next `times` GETs of an object whose path contains
+    /// `path`, another writer modifies it (an annotation changes), so a write
+    /// based on what was read carries a stale resourceVersion and gets 409.
+    pub fn modify_after_get(&self, path: &str, times: usize) {
+        lock(&self.shared.touch_after_get).push((path.to_string(), times));
+    }
+
+    /// Every request seen so far.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// How many requests had this method and a path+query containing `s`.
+    pub fn count_requests(&self, method: &Method, s: &str) -> usize {
+        lock(&self.shared.requests).iter().filter(|r| r.method == method && r.uri.contains(s)).count()
+    }
+
+    /// Ends every open watch stream (clients reconnect from their last resourceVersion).
+    pub fn break_watches(&self) {
+        self.shared.watch_breaker.send_modify(|g| *g += 1);
+    }
+
+    /// Forgets watch history and ends open watches: reconnecting clients get
+    /// 410 Gone and must re-list, as after an etcd compaction.
+    pub fn expire_watch_history(&self) {
+        self.shared.lock_store().compact();
+        self.break_watches();
+    }
+
+    /// Registers a Node as a kubelet would; replaces an existing one of that name.
+    pub fn register_node(&self, reg: &NodeRegistration) -> Result<Node, String> {
+        let v = self.apply(&reg.to_node())?;
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
+    /// One scheduling pass over every pending pod.
+    pub fn schedule(&self) -> ScheduleReport {
+        schedule(&self.shared)
+    }
+
+    /// Runs [`KubeServer::schedule`] every `period` until the handle is dropped.
+    pub fn spawn_scheduler(&self, period: Duration) -> SchedulerLoop {
+        let shared = self.shared.clone();
+        SchedulerLoop(tokio::spawn(async move {
+            loop {
+                schedule(&shared);
+                tokio::time::sleep(period).await;
+            }
+        }))
+    }
+}
+
+/// One scheduling pass: bind what fits, mark the rest unschedulable.
+fn schedule(shared: &Shared) -> ScheduleReport {
+    {
+        let mut store = shared.lock_store();
+        let pod_values = store.list(PODS, None);
+        let pods: Vec<Pod> = pod_values.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+        let nodes: Vec<Node> = store.list(NODES, None).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect();
+        let mut report = ScheduleReport::default();
+        for (i, outcome) in scheduler::plan(&pods, &nodes) {
+            let pod = &pods[i];
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let Some(mut v) = store.get(PODS, &ns, &name).cloned() else { continue };
+            match outcome {
+                Ok(node) => {
+                    bind_json(&mut v, &node);
+                    if store.update(PODS, &ns, &name, v).is_ok() {
+                        report.bound.push((format!("{ns}/{name}"), node));
+                    }
+                }
+                Err(message) => {
+                    mark_unschedulable(&mut v, &message);
+                    if store.update(PODS, &ns, &name, v).is_ok() {
+                        report.unschedulable.push(format!("{ns}/{name}"));
+                    }
+                }
+            }
+        }
+        report
+    }
+}
+
+/// Sets `PodScheduled=False, reason=Unschedulable`; leaves the pod unchanged
+/// when the condition already says exactly that (as the scheduler avoids
+/// needless writes), so the resourceVersion only moves on real news.
+fn mark_unschedulable(pod: &mut Value, message: &str) {
+    let conds = pod.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let same = conds.iter().any(|c| {
+        c.get("type") == Some(&json!("PodScheduled"))
+            && c.get("status") == Some(&json!("False"))
+            && c.get("reason") == Some(&json!("Unschedulable"))
+            && c.get("message") == Some(&json!(message))
+    });
+    if same {
+        return;
+    }
+    let mut conds: Vec<Value> = conds.into_iter().filter(|c| c.get("type") != Some(&json!("PodScheduled"))).collect();
+    conds.push(json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message, "lastTransitionTime": now_rfc3339()}));
+    json_patch::merge(pod, &json!({"status": {"phase": "Pending", "conditions": conds}}));
+}

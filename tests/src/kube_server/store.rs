@@ -1,0 +1,251 @@
+//! The in-memory object store: objects by resource, a global resourceVersion,
+//! and an event log that watches replay from and subscribe to.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::resources::Resource;
+
+/// What happened to an object (a watch event type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Created.
+    Added,
+    /// Updated.
+    Modified,
+    /// Removed.
+    Deleted,
+}
+
+impl Change {
+    /// The watch event type string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Added => "ADDED",
+            Change::Modified => "MODIFIED",
+            Change::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One recorded change, kept so a watch can start from an older resourceVersion.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// The resourceVersion the change produced.
+    pub rv: u64,
+    /// The resource it happened to.
+    pub resource: Resource,
+    /// The change.
+    pub change: Change,
+    /// The object after the change (before, for deletions).
+    pub object: Value,
+    /// The object before the change (modifications only).
+    pub old: Option<Value>,
+}
+
+/// Why a write failed, mapped to a Kubernetes status by the HTTP layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// 404.
+    NotFound(String),
+    /// 409 AlreadyExists.
+    AlreadyExists(String),
+    /// 409 Conflict (stale resourceVersion).
+    Conflict(String),
+    /// 400/422: the body is not a usable object.
+    Invalid(String),
+}
+
+type Key = (String, String);
+
+/// Objects of every resource, the resourceVersion counter, and the change log.
+pub struct Store {
+    objects: BTreeMap<(&'static str, &'static str), BTreeMap<Key, Value>>,
+    rv: u64,
+    uid: u64,
+    log: Vec<Recorded>,
+    /// How many recorded changes are older than the log (watches from before get 410).
+    compacted_below: u64,
+    tx: broadcast::Sender<Recorded>,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store { objects: BTreeMap::new(), rv: 1, uid: 0, log: Vec::new(), compacted_below: 0, tx: broadcast::channel(4096).0 }
+    }
+}
+
+/// The resourceVersion of an object as a number (0 when absent or unparsable).
+pub fn rv_of(obj: &Value) -> u64 {
+    obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// The namespace of an object ("" for cluster-scoped).
+pub fn namespace_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("")
+}
+
+/// The name of an object.
+pub fn name_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+}
+
+impl Store {
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// Subscribes to changes made from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Recorded> {
+        self.tx.subscribe()
+    }
+
+    /// Changes after `rv`, or None when the log no longer reaches back that far.
+    pub fn changes_since(&self, rv: u64) -> Option<Vec<Recorded>> {
+        if rv < self.compacted_below {
+            return None;
+        }
+        Some(self.log.iter().filter(|r| r.rv > rv).cloned().collect())
+    }
+
+    /// Forgets the change log: watches from an older resourceVersion get 410 Gone.
+    pub fn compact(&mut self) {
+        self.log.clear();
+        self.compacted_below = self.rv;
+    }
+
+    /// One object.
+    pub fn get(&self, res: &Resource, ns: &str, name: &str) -> Option<&Value> {
+        self.objects.get(&res.id()).and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+    }
+
+    /// All objects of a resource, optionally in one namespace, sorted by namespace and name.
+    pub fn list(&self, res: &Resource, ns: Option<&str>) -> Vec<Value> {
+        self.objects
+            .get(&res.id())
+            .map(|m| m.iter().filter(|((n, _), _)| ns.is_none_or(|want| n == want)).map(|(_, v)| v.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn record(&mut self, resource: Resource, change: Change, object: Value, old: Option<Value>) {
+        let r = Recorded { rv: self.rv, resource, change, object, old };
+        self.log.push(r.clone());
+        // Nobody listening is fine.
+        let _ = self.tx.send(r);
+    }
+
+    /// Creates an object: fills uid, timestamps, resourceVersion, generated names.
+    pub fn create(&mut self, res: &Resource, ns: &str, mut obj: Value) -> Result<Value, StoreError> {
+        if !obj.is_object() {
+            return Err(StoreError::Invalid("body must be a JSON object".into()));
+        }
+        let meta = obj.as_object_mut().and_then(|o| {
+            o.entry("metadata").or_insert_with(|| json!({}));
+            o.get_mut("metadata").and_then(Value::as_object_mut)
+        });
+        let Some(meta) = meta else {
+            return Err(StoreError::Invalid("metadata must be an object".into()));
+        };
+        let mut name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+        if name.is_empty() {
+            let Some(prefix) = meta.get("generateName").and_then(Value::as_str) else {
+                return Err(StoreError::Invalid("metadata.name or metadata.generateName is required".into()));
+            };
+            self.uid += 1;
+            name = format!("{prefix}{:05x}", self.uid);
+        }
+        if res.namespaced {
+            if ns.is_empty() {
+                return Err(StoreError::Invalid(format!("{} is namespaced: a namespace is required", res.plural)));
+            }
+            meta.insert("namespace".into(), json!(ns));
+        } else {
+            meta.remove("namespace");
+        }
+        let key = (if res.namespaced { ns.to_string() } else { String::new() }, name.clone());
+        if self.objects.get(&res.id()).is_some_and(|m| m.contains_key(&key)) {
+            return Err(StoreError::AlreadyExists(format!("{} \"{}\" already exists", res.plural, name)));
+        }
+        self.uid += 1;
+        let rv = self.rv + 1;
+        meta.insert("name".into(), json!(name));
+        meta.insert("uid".into(), json!(format!("00000000-0000-4000-8000-{:012x}", self.uid)));
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        meta.entry("creationTimestamp").or_insert_with(|| json!(now_rfc3339()));
+        meta.remove("generateName");
+        if let Some(o) = obj.as_object_mut() {
+            o.insert("apiVersion".into(), json!(res.api_version()));
+            o.insert("kind".into(), json!(res.kind));
+        }
+        self.bump();
+        self.objects.entry(res.id()).or_default().insert(key, obj.clone());
+        self.record(*res, Change::Added, obj.clone(), None);
+        Ok(obj)
+    }
+
+    /// Replaces an object. A resourceVersion in `new` must match the stored one.
+    pub fn update(&mut self, res: &Resource, ns: &str, name: &str, mut new: Value) -> Result<Value, StoreError> {
+        let key = (ns.to_string(), name.to_string());
+        let Some(old) = self.objects.get(&res.id()).and_then(|m| m.get(&key)).cloned() else {
+            return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
+        };
+        let sent = new.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("");
+        if !sent.is_empty() && sent != rv_of(&old).to_string() {
+            return Err(StoreError::Conflict(format!(
+                "Operation cannot be fulfilled on {} \"{}\": the object has been modified; please apply your changes to the latest version and try again",
+                res.plural, name
+            )));
+        }
+        let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
+            return Err(StoreError::Invalid("metadata must be an object".into()));
+        };
+        // Identity fields are the server's, whatever the client sent.
+        for f in ["name", "namespace", "uid", "creationTimestamp"] {
+            match old.pointer(&format!("/metadata/{f}")) {
+                Some(v) => meta.insert(f.into(), v.clone()),
+                None => meta.remove(f),
+            };
+        }
+        if new == old {
+            return Ok(old);
+        }
+        let rv = self.bump();
+        if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        }
+        if let Some(o) = new.as_object_mut() {
+            o.insert("apiVersion".into(), json!(res.api_version()));
+            o.insert("kind".into(), json!(res.kind));
+        }
+        self.objects.entry(res.id()).or_default().insert(key, new.clone());
+        self.record(*res, Change::Modified, new.clone(), Some(old));
+        Ok(new)
+    }
+
+    /// Removes an object and returns it.
+    pub fn delete(&mut self, res: &Resource, ns: &str, name: &str) -> Result<Value, StoreError> {
+        let key = (ns.to_string(), name.to_string());
+        let Some(mut old) = self.objects.get_mut(&res.id()).and_then(|m| m.remove(&key)) else {
+            return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
+        };
+        let rv = self.bump();
+        if let Some(meta) = old.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        }
+        self.record(*res, Change::Deleted, old.clone(), None);
+        Ok(old)
+    }
+}
+
+/// The current time as Kubernetes writes timestamps.
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
