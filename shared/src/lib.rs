@@ -7,6 +7,7 @@
 pub mod apis;
 pub mod catalog;
 pub mod kubernetes;
+pub mod launch;
 pub mod messages;
 pub mod nodeclaim;
 pub mod quantity;
@@ -14,4 +15,5 @@ pub mod requirements;
 pub mod resources;
 pub mod scheduling;
 pub mod simulate;
+pub mod state;
 pub mod telemetry;

@@ -1,0 +1,199 @@
+//! AMI resolution: aliases through the public SSM parameters, SSM parameter
+//! terms, and id / name / tag terms through DescribeImages; newest wins per
+//! architecture.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_ec2::types::Filter;
+
+use super::errors::LaunchError;
+use crate::apis::ec2nodeclass::AmiSelectorTerm;
+
+/// An AMI that may be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ami {
+    /// The image id.
+    pub id: String,
+    /// Kubernetes architecture: amd64 or arm64.
+    pub arch: String,
+    /// Creation date (ISO 8601; compares as text).
+    pub created: String,
+}
+
+/// EC2's architecture name for a Kubernetes one.
+pub fn ec2_arch(k8s_arch: &str) -> Option<&'static str> {
+    match k8s_arch {
+        "amd64" => Some("x86_64"),
+        "arm64" => Some("arm64"),
+        _ => None,
+    }
+}
+
+/// Kubernetes's architecture name for an EC2 one.
+pub fn k8s_arch(ec2_arch: &str) -> Option<&'static str> {
+    match ec2_arch {
+        "x86_64" => Some("amd64"),
+        "arm64" => Some("arm64"),
+        _ => None,
+    }
+}
+
+/// The public SSM parameter holding the AMI for an alias (pure).
+pub fn alias_parameter(alias: &str, k8s_version: &str, arch: &str) -> Result<String, String> {
+    let (family, version) = alias.split_once('@').ok_or_else(|| format!("alias {alias:?} is not family@version"))?;
+    let a = ec2_arch(arch).ok_or_else(|| format!("no AMI architecture for {arch:?}"))?;
+    match (family, version) {
+        ("al2023", "latest") => Ok(format!("/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/standard/recommended/image_id")),
+        ("al2023", v) => Ok(format!(
+            "/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/standard/amazon-eks-node-al2023-{a}-standard-{k8s_version}-{v}/image_id"
+        )),
+        ("bottlerocket", "latest") => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}/{a}/latest/image_id")),
+        ("bottlerocket", v) => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}/{a}/{}/image_id", v.trim_start_matches('v'))),
+        (f, _) => Err(format!("alias family {f:?} is not supported for launch (al2023, bottlerocket)")),
+    }
+}
+
+/// DescribeImages filters for one id / name / tags term (pure).
+pub fn image_filters(term: &AmiSelectorTerm) -> Vec<Filter> {
+    let mut f = Vec::new();
+    if let Some(id) = &term.id {
+        f.push(Filter::builder().name("image-id").values(id).build());
+    }
+    if let Some(name) = &term.name {
+        f.push(Filter::builder().name("name").values(name).build());
+    }
+    for (k, v) in &term.tags {
+        f.push(tag_filter(k, v));
+    }
+    f
+}
+
+/// A tag filter; `*` as the value means "has the key".
+pub fn tag_filter(key: &str, value: &str) -> Filter {
+    if value == "*" {
+        Filter::builder().name("tag-key").values(key).build()
+    } else {
+        Filter::builder().name(format!("tag:{key}")).values(value).build()
+    }
+}
+
+/// The newest AMI per architecture (ties: the higher id, for determinism) (pure).
+pub fn newest_per_arch(amis: impl IntoIterator<Item = Ami>) -> BTreeMap<String, Ami> {
+    let mut best: BTreeMap<String, Ami> = BTreeMap::new();
+    for a in amis {
+        let newer = best.get(&a.arch).is_none_or(|b| (a.created.as_str(), a.id.as_str()) > (b.created.as_str(), b.id.as_str()));
+        if newer {
+            best.insert(a.arch.clone(), a);
+        }
+    }
+    best
+}
+
+/// AMI id per needed Kubernetes architecture.
+pub async fn resolve(
+    ec2: &aws_sdk_ec2::Client,
+    ssm: &aws_sdk_ssm::Client,
+    terms: &[AmiSelectorTerm],
+    k8s_version: &str,
+    archs: &BTreeSet<String>,
+) -> Result<BTreeMap<String, String>, LaunchError> {
+    if let Some(alias) = terms.iter().find_map(|t| t.alias.as_deref()) {
+        let mut out = BTreeMap::new();
+        for arch in archs {
+            let name = alias_parameter(alias, k8s_version, arch).map_err(|what| LaunchError::Resolve { node_claim: String::new(), what })?;
+            out.insert(arch.clone(), parameter(ssm, &name).await?);
+        }
+        return Ok(out);
+    }
+    let mut found = Vec::new();
+    for term in terms {
+        let mut ids = Vec::new();
+        if let Some(p) = &term.ssm_parameter {
+            ids.push(parameter(ssm, p).await?);
+        }
+        let filters = image_filters(term);
+        if filters.is_empty() && ids.is_empty() {
+            continue;
+        }
+        let mut req = ec2.describe_images().set_filters((!filters.is_empty()).then_some(filters)).set_image_ids((!ids.is_empty()).then_some(ids));
+        if let Some(o) = &term.owner {
+            req = req.owners(o);
+        }
+        let out = req.send().await.map_err(|e| LaunchError::aws("ec2:DescribeImages", e))?;
+        for img in out.images() {
+            let (Some(id), Some(arch)) = (img.image_id(), img.architecture().and_then(|a| k8s_arch(a.as_str()))) else { continue };
+            found.push(Ami { id: id.to_string(), arch: arch.to_string(), created: img.creation_date().unwrap_or_default().to_string() });
+        }
+    }
+    Ok(newest_per_arch(found).into_iter().filter(|(a, _)| archs.contains(a)).map(|(a, ami)| (a, ami.id)).collect())
+}
+
+async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<String, LaunchError> {
+    let out = ssm.get_parameter().name(name).send().await.map_err(|e| LaunchError::aws("ssm:GetParameter", e))?;
+    out.parameter()
+        .and_then(|p| p.value())
+        .map(str::to_string)
+        .ok_or_else(|| LaunchError::Resolve { node_claim: String::new(), what: format!("SSM parameter {name} has no value") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alias_parameters_follow_the_public_names() {
+        let cases = [
+            ("al2023@latest", "amd64", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id")),
+            ("al2023@latest", "arm64", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/arm64/standard/recommended/image_id")),
+            (
+                "al2023@v20250101",
+                "amd64",
+                Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/amazon-eks-node-al2023-x86_64-standard-1.33-v20250101/image_id"),
+            ),
+            ("bottlerocket@latest", "arm64", Ok("/aws/service/bottlerocket/aws-k8s-1.33/arm64/latest/image_id")),
+            ("bottlerocket@v1.40.0", "amd64", Ok("/aws/service/bottlerocket/aws-k8s-1.33/x86_64/1.40.0/image_id")),
+            ("al2@latest", "amd64", Err("alias family \"al2\" is not supported")),
+            ("al2023", "amd64", Err("is not family@version")),
+            ("al2023@latest", "s390x", Err("no AMI architecture for \"s390x\"")),
+        ];
+        for (alias, arch, want) in cases {
+            let got = alias_parameter(alias, "1.33", arch);
+            match want {
+                Ok(p) => assert_eq!(got.as_deref(), Ok(p), "{alias} {arch}"),
+                Err(e) => assert!(got.as_ref().is_err_and(|g| g.contains(e)), "{alias} {arch}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn newest_wins_per_architecture() {
+        let a = |id: &str, arch: &str, created: &str| Ami { id: id.into(), arch: arch.into(), created: created.into() };
+        let got = newest_per_arch([
+            a("ami-1", "amd64", "2026-01-01T00:00:00.000Z"),
+            a("ami-2", "amd64", "2026-03-01T00:00:00.000Z"),
+            a("ami-3", "arm64", "2026-02-01T00:00:00.000Z"),
+            a("ami-4", "amd64", "2026-02-01T00:00:00.000Z"),
+        ]);
+        assert_eq!(got["amd64"].id, "ami-2");
+        assert_eq!(got["arm64"].id, "ami-3");
+    }
+
+    #[test]
+    fn filters_from_terms() {
+        let t = AmiSelectorTerm {
+            name: Some("my-ami-*".into()),
+            tags: [("team".to_string(), "*".to_string()), ("env".to_string(), "prod".to_string())].into(),
+            ..Default::default()
+        };
+        let got: Vec<(String, Vec<String>)> =
+            image_filters(&t).iter().map(|f| (f.name().unwrap_or_default().to_string(), f.values().to_vec())).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("name".into(), vec!["my-ami-*".into()]),
+                ("tag:env".into(), vec!["prod".into()]),
+                ("tag-key".into(), vec!["team".into()]),
+            ]
+        );
+    }
+}

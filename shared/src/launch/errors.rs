@@ -1,0 +1,69 @@
+//! What can go wrong launching a NodeClaim.
+
+use aws_smithy_types::error::display::DisplayErrorContext;
+
+use super::request::RequestError;
+use super::userdata::UserDataError;
+use crate::nodeclaim::InvalidTransition;
+use crate::state::StateError;
+
+/// A launch that did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The message is not a launch request.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The EC2NodeClass selects nothing usable (no subnets, no AMI, ...).
+    #[error("nodeclaim {node_claim}: {what}")]
+    Resolve {
+        /// The claim.
+        node_claim: String,
+        /// What is missing and why.
+        what: String,
+    },
+    /// User data could not be built.
+    #[error("nodeclaim {node_claim}: {source}")]
+    UserData {
+        /// The claim.
+        node_claim: String,
+        /// Why.
+        source: UserDataError,
+    },
+    /// An AWS call failed (after the SDK's own retries for throttling and 5xx).
+    #[error("{op}: {message}")]
+    Aws {
+        /// The operation.
+        op: &'static str,
+        /// The SDK's error with its causes.
+        message: String,
+    },
+    /// CreateFleet refused the request for a reason other than capacity.
+    #[error("nodeclaim {node_claim}: CreateFleet failed: {code}: {message}")]
+    Fleet {
+        /// The claim.
+        node_claim: String,
+        /// EC2 error code.
+        code: String,
+        /// EC2 error message.
+        message: String,
+    },
+    /// Another invocation is launching this NodeClaim right now.
+    #[error("nodeclaim {0} is being launched by another invocation")]
+    Busy(String),
+    /// The state store failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The NodeClaim's lifecycle does not allow recording the launch.
+    #[error(transparent)]
+    Transition(#[from] InvalidTransition),
+    /// Configuration is missing or wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl LaunchError {
+    /// An AWS SDK error with its causes.
+    pub fn aws<E: std::error::Error + 'static>(op: &'static str, err: E) -> Self {
+        LaunchError::Aws { op, message: DisplayErrorContext(&err).to_string() }
+    }
+}

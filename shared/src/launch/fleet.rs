@@ -1,0 +1,444 @@
+//! CreateFleet (`instant`): building the overrides, reading the answer, and
+//! deciding what to do about capacity errors. Decisions are pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_ec2::types::{
+    DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
+    FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType, OnDemandOptionsRequest, ResourceType,
+    SpotAllocationStrategy, SpotOptionsRequest, Tag, TagSpecification, TargetCapacitySpecificationRequest,
+};
+use sha2::{Digest, Sha256};
+
+use super::errors::LaunchError;
+use super::subnet::Subnet;
+use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_SPOT};
+use crate::catalog::Catalog;
+use crate::state::OfferingKey;
+
+/// Karpenter sends at most this many instance types to one CreateFleet.
+pub const MAX_INSTANCE_TYPES: usize = 60;
+
+/// One override: an offering, the subnet in its zone and the template for its AMI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Instance type, zone, capacity type.
+    pub offering: OfferingKey,
+    /// The subnet used in that zone.
+    pub subnet_id: String,
+    /// The launch template (by architecture).
+    pub template: String,
+    /// Hourly price, when the catalog knows it.
+    pub price: Option<f64>,
+}
+
+/// What may be launched for one NodeClaim.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// Instance types, cheapest first.
+    pub instance_types: &'a [String],
+    /// Zones the claim allows (None: any).
+    pub zones: Option<&'a BTreeSet<String>>,
+    /// Capacity types the claim allows.
+    pub capacity_types: &'a [String],
+    /// The subnet chosen per zone.
+    pub subnets: &'a BTreeMap<String, Subnet>,
+    /// The launch template per instance type (types without one are skipped).
+    pub templates: &'a BTreeMap<String, String>,
+    /// The catalog: when present, only offerings it lists as available are used.
+    pub catalog: Option<&'a Catalog>,
+}
+
+/// Every offering that may be tried, minus the unavailable ones (pure).
+pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for t in scope.instance_types.iter().take(MAX_INSTANCE_TYPES) {
+        let Some(template) = scope.templates.get(t) else { continue };
+        let info = scope.catalog.and_then(|c| c.instance_types.iter().find(|i| &i.name == t));
+        if scope.catalog.is_some() && info.is_none() {
+            continue;
+        }
+        for (zone, subnet) in scope.subnets {
+            if scope.zones.is_some_and(|z| !z.contains(zone)) {
+                continue;
+            }
+            for ct in scope.capacity_types {
+                let key = OfferingKey::new(t, zone, ct);
+                if unavailable.contains(&key) {
+                    continue;
+                }
+                let price = match info {
+                    Some(i) => match i.offerings.iter().find(|o| &o.zone == zone && &o.capacity_type == ct && o.available) {
+                        Some(o) => Some(o.price),
+                        None => continue,
+                    },
+                    None => None,
+                };
+                out.push(Candidate { offering: key, subnet_id: subnet.id.clone(), template: template.clone(), price });
+            }
+        }
+    }
+    out
+}
+
+/// The capacity type to ask for: spot when allowed and possible, else on-demand (pure).
+pub fn capacity_type(cands: &[Candidate]) -> Option<&'static str> {
+    [CAPACITY_SPOT, CAPACITY_ON_DEMAND].into_iter().find(|ct| cands.iter().any(|c| c.offering.capacity_type == *ct))
+}
+
+/// One CreateFleet call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetPlan {
+    /// spot or on-demand.
+    pub capacity_type: &'static str,
+    /// Overrides by launch template, in candidate order.
+    pub overrides: BTreeMap<String, Vec<Candidate>>,
+    /// Idempotency token: the same claim and overrides give the same token,
+    /// so a redelivered request gets the first call's fleet back.
+    pub client_token: String,
+}
+
+/// The call for `capacity_type` over `cands` (pure).
+pub fn plan(node_claim: &str, cands: &[Candidate], capacity_type: &'static str) -> FleetPlan {
+    let mut overrides: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+    let mut h = Sha256::new();
+    h.update(node_claim.as_bytes());
+    h.update(capacity_type.as_bytes());
+    for c in cands.iter().filter(|c| c.offering.capacity_type == capacity_type) {
+        h.update(format!("|{}/{}/{}/{}", c.offering.instance_type, c.offering.zone, c.subnet_id, c.template).as_bytes());
+        overrides.entry(c.template.clone()).or_default().push(c.clone());
+    }
+    // ClientToken: at most 64 ASCII characters.
+    FleetPlan { capacity_type, overrides, client_token: hex::encode(h.finalize())[..64].to_string() }
+}
+
+/// How an EC2 error code is handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The offering has no capacity now: mark it unavailable, try the rest.
+    Capacity,
+    /// The account's spot limit: every spot offering is out, fall back to on-demand.
+    SpotLimit,
+    /// Transient (throttling, 5xx): retry later.
+    Transient,
+    /// Anything else: the request is wrong.
+    Fatal,
+}
+
+/// Classifies an EC2 error code (pure).
+pub fn classify(code: &str) -> ErrorClass {
+    match code {
+        "InsufficientInstanceCapacity" | "UnfulfillableCapacity" | "InsufficientCapacity" | "Unsupported"
+        | "InsufficientFreeAddressesInSubnet" | "ReservationCapacityExceeded" | "VcpuLimitExceeded" => ErrorClass::Capacity,
+        "MaxSpotInstanceCountExceeded" => ErrorClass::SpotLimit,
+        "RequestLimitExceeded" | "Throttling" | "ThrottlingException" | "InternalError" | "InternalFailure" | "ServiceUnavailable"
+        | "Unavailable" => ErrorClass::Transient,
+        _ => ErrorClass::Fatal,
+    }
+}
+
+/// An instance CreateFleet launched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launched {
+    /// Instance id.
+    pub instance_id: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// spot or on-demand.
+    pub capacity_type: String,
+    /// Zone, if the answer named it.
+    pub zone: Option<String>,
+    /// Subnet, if the answer named it.
+    pub subnet_id: Option<String>,
+}
+
+/// One error entry of the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetError {
+    /// Instance type of the failed override.
+    pub instance_type: Option<String>,
+    /// Zone of the failed override.
+    pub zone: Option<String>,
+    /// Subnet of the failed override.
+    pub subnet_id: Option<String>,
+    /// spot or on-demand.
+    pub capacity_type: Option<String>,
+    /// EC2 error code.
+    pub code: String,
+    /// EC2 error message.
+    pub message: String,
+}
+
+/// What CreateFleet answered.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FleetAnswer {
+    /// Launched instances (at most one is asked for).
+    pub instances: Vec<Launched>,
+    /// Errors, one per failed override.
+    pub errors: Vec<FleetError>,
+}
+
+/// What to do after an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Done.
+    Launched(Launched),
+    /// Mark these unavailable (with the EC2 code) and try again with the rest.
+    Retry(Vec<(OfferingKey, String)>),
+    /// Give up on this request for now (transient); SQS redelivers it.
+    Transient(String),
+    /// The request is wrong.
+    Fatal(String, String),
+}
+
+/// Decides what an answer means for a plan (pure).
+pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
+    if let Some(i) = answer.instances.first() {
+        return Decision::Launched(i.clone());
+    }
+    let all: Vec<&Candidate> = plan.overrides.values().flatten().collect();
+    let zone_of = |e: &FleetError| {
+        e.zone.clone().or_else(|| e.subnet_id.as_ref().and_then(|s| all.iter().find(|c| &c.subnet_id == s).map(|c| c.offering.zone.clone())))
+    };
+    let mut mark = Vec::new();
+    for e in &answer.errors {
+        match classify(&e.code) {
+            ErrorClass::Capacity => {
+                let ct = e.capacity_type.clone().unwrap_or_else(|| plan.capacity_type.to_string());
+                match (&e.instance_type, zone_of(e)) {
+                    (Some(t), Some(z)) => mark.push((OfferingKey::new(t, &z, &ct), e.code.clone())),
+                    // An error without an override names the whole call.
+                    _ => mark.extend(all.iter().map(|c| (c.offering.clone(), e.code.clone()))),
+                }
+            }
+            ErrorClass::SpotLimit => {
+                mark.extend(all.iter().filter(|c| c.offering.capacity_type == CAPACITY_SPOT).map(|c| (c.offering.clone(), e.code.clone())))
+            }
+            ErrorClass::Transient => return Decision::Transient(format!("{}: {}", e.code, e.message)),
+            ErrorClass::Fatal => return Decision::Fatal(e.code.clone(), e.message.clone()),
+        }
+    }
+    if mark.is_empty() {
+        return Decision::Transient("CreateFleet returned neither an instance nor an error".into());
+    }
+    mark.sort();
+    mark.dedup();
+    Decision::Retry(mark)
+}
+
+/// Calls CreateFleet for a plan; `tags` go on the instance.
+pub async fn create(ec2: &aws_sdk_ec2::Client, plan: &FleetPlan, tags: &BTreeMap<String, String>) -> Result<FleetAnswer, LaunchError> {
+    let spot = plan.capacity_type == CAPACITY_SPOT;
+    let mut req = ec2
+        .create_fleet()
+        .r#type(FleetType::Instant)
+        .client_token(&plan.client_token)
+        .target_capacity_specification(
+            TargetCapacitySpecificationRequest::builder()
+                .total_target_capacity(1)
+                .default_target_capacity_type(if spot { DefaultTargetCapacityType::Spot } else { DefaultTargetCapacityType::OnDemand })
+                .build(),
+        )
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .set_tags(Some(tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect()))
+                .build(),
+        );
+    req = if spot {
+        req.spot_options(SpotOptionsRequest::builder().allocation_strategy(SpotAllocationStrategy::PriceCapacityOptimized).build())
+    } else {
+        req.on_demand_options(OnDemandOptionsRequest::builder().allocation_strategy(FleetOnDemandAllocationStrategy::LowestPrice).build())
+    };
+    for (template, cands) in &plan.overrides {
+        let mut config = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
+            FleetLaunchTemplateSpecificationRequest::builder().launch_template_name(template).version("$Latest").build(),
+        );
+        for c in cands {
+            config = config.overrides(
+                FleetLaunchTemplateOverridesRequest::builder()
+                    .instance_type(c.offering.instance_type.as_str().into())
+                    .subnet_id(&c.subnet_id)
+                    .availability_zone(&c.offering.zone)
+                    .build(),
+            );
+        }
+        req = req.launch_template_configs(config.build());
+    }
+    let out = req.send().await.map_err(|e| LaunchError::aws("ec2:CreateFleet", e))?;
+    let mut answer = FleetAnswer::default();
+    for i in out.instances() {
+        let ov = i.launch_template_and_overrides().and_then(|l| l.overrides());
+        for id in i.instance_ids() {
+            answer.instances.push(Launched {
+                instance_id: id.clone(),
+                instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+                capacity_type: i.lifecycle().map(|l| l.as_str().to_string()).unwrap_or_else(|| plan.capacity_type.to_string()),
+                zone: ov.and_then(|o| o.availability_zone()).map(str::to_string),
+                subnet_id: ov.and_then(|o| o.subnet_id()).map(str::to_string),
+            });
+        }
+    }
+    for e in out.errors() {
+        let ov = e.launch_template_and_overrides().and_then(|l| l.overrides());
+        answer.errors.push(FleetError {
+            instance_type: ov.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string()),
+            zone: ov.and_then(|o| o.availability_zone()).map(str::to_string),
+            subnet_id: ov.and_then(|o| o.subnet_id()).map(str::to_string),
+            capacity_type: e.lifecycle().map(|l| l.as_str().to_string()),
+            code: e.error_code().unwrap_or("Unknown").to_string(),
+            message: e.error_message().unwrap_or_default().to_string(),
+        });
+    }
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{InstanceTypeInfo, Offering};
+    use crate::resources::Resources;
+
+    fn subnets() -> BTreeMap<String, Subnet> {
+        ["a", "b"]
+            .iter()
+            .map(|z| (z.to_string(), Subnet { id: format!("subnet-{z}"), zone: z.to_string(), available_ips: 100 }))
+            .collect()
+    }
+
+    fn templates(types: &[&str]) -> BTreeMap<String, String> {
+        types.iter().map(|t| (t.to_string(), "lt-amd64".to_string())).collect()
+    }
+
+    fn keys(c: &[Candidate]) -> Vec<String> {
+        c.iter().map(|c| c.offering.sort_key()).collect()
+    }
+
+    #[test]
+    fn candidates_cross_types_zones_and_capacity_types_minus_unavailable() {
+        let types = vec!["m5.large".to_string(), "c5.large".to_string(), "r5.large".to_string()];
+        let cts = vec!["spot".to_string(), "on-demand".to_string()];
+        let subnets = subnets();
+        let tpl = templates(&["m5.large", "c5.large"]);
+        let zones = BTreeSet::from(["a".to_string()]);
+        let scope = Scope { instance_types: &types, zones: Some(&zones), capacity_types: &cts, subnets: &subnets, templates: &tpl, catalog: None };
+        let unavailable = BTreeSet::from([OfferingKey::new("m5.large", "a", "spot")]);
+        assert_eq!(keys(&candidates(&scope, &unavailable)), vec!["on-demand#a#m5.large", "spot#a#c5.large", "on-demand#a#c5.large"]);
+        let scope = Scope { zones: None, ..scope };
+        assert_eq!(candidates(&scope, &BTreeSet::new()).len(), 8);
+    }
+
+    #[test]
+    fn catalog_limits_offerings_and_gives_prices() {
+        let info = InstanceTypeInfo {
+            name: "m5.large".into(),
+            labels: BTreeMap::new(),
+            capacity: Resources::new(),
+            allocatable: None,
+            vcpus: 2,
+            eni_max_pods: 29,
+            offerings: vec![
+                Offering { zone: "a".into(), capacity_type: "spot".into(), price: 0.03, available: true },
+                Offering { zone: "b".into(), capacity_type: "spot".into(), price: 0.04, available: false },
+                Offering { zone: "b".into(), capacity_type: "on-demand".into(), price: 0.096, available: true },
+            ],
+        };
+        let catalog = Catalog { region: "r".into(), instance_types: vec![info] };
+        let types = vec!["m5.large".to_string(), "unknown.large".to_string()];
+        let cts = vec!["spot".to_string(), "on-demand".to_string()];
+        let subnets = subnets();
+        let tpl = templates(&["m5.large", "unknown.large"]);
+        let scope = Scope { instance_types: &types, zones: None, capacity_types: &cts, subnets: &subnets, templates: &tpl, catalog: Some(&catalog) };
+        let got = candidates(&scope, &BTreeSet::new());
+        assert_eq!(keys(&got), vec!["spot#a#m5.large", "on-demand#b#m5.large"]);
+        assert_eq!(got.iter().map(|c| c.price).collect::<Vec<_>>(), vec![Some(0.03), Some(0.096)]);
+    }
+
+    fn cand(t: &str, z: &str, ct: &str) -> Candidate {
+        Candidate { offering: OfferingKey::new(t, z, ct), subnet_id: format!("subnet-{z}"), template: "lt".into(), price: None }
+    }
+
+    #[test]
+    fn spot_first_then_on_demand() {
+        assert_eq!(capacity_type(&[cand("m5.large", "a", "on-demand"), cand("m5.large", "a", "spot")]), Some("spot"));
+        assert_eq!(capacity_type(&[cand("m5.large", "a", "on-demand")]), Some("on-demand"));
+        assert_eq!(capacity_type(&[]), None);
+    }
+
+    #[test]
+    fn plan_takes_one_capacity_type_and_a_stable_token() {
+        let cands = vec![cand("m5.large", "a", "spot"), cand("m5.large", "a", "on-demand"), cand("c5.large", "b", "spot")];
+        let p = plan("claim-1", &cands, "spot");
+        assert_eq!(p.overrides["lt"].len(), 2);
+        assert_eq!(p.client_token.len(), 64);
+        assert_eq!(p.client_token, plan("claim-1", &cands, "spot").client_token);
+        assert_ne!(p.client_token, plan("claim-2", &cands, "spot").client_token);
+        assert_ne!(p.client_token, plan("claim-1", &cands[..1], "spot").client_token, "fewer overrides after a capacity error: a new call");
+    }
+
+    #[test]
+    fn error_classes() {
+        let cases = [
+            ("InsufficientInstanceCapacity", ErrorClass::Capacity),
+            ("UnfulfillableCapacity", ErrorClass::Capacity),
+            ("Unsupported", ErrorClass::Capacity),
+            ("MaxSpotInstanceCountExceeded", ErrorClass::SpotLimit),
+            ("RequestLimitExceeded", ErrorClass::Transient),
+            ("InternalError", ErrorClass::Transient),
+            ("InvalidParameterValue", ErrorClass::Fatal),
+            ("InvalidLaunchTemplateName.NotFoundException", ErrorClass::Fatal),
+        ];
+        for (code, want) in cases {
+            assert_eq!(classify(code), want, "{code}");
+        }
+    }
+
+    fn err(t: Option<&str>, z: Option<&str>, subnet: Option<&str>, code: &str) -> FleetError {
+        FleetError {
+            instance_type: t.map(String::from),
+            zone: z.map(String::from),
+            subnet_id: subnet.map(String::from),
+            capacity_type: Some("spot".into()),
+            code: code.into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn decisions_from_answers() {
+        let cands = vec![cand("m5.large", "a", "spot"), cand("c5.large", "b", "spot")];
+        let p = plan("c", &cands, "spot");
+        let ice = "InsufficientInstanceCapacity";
+        let launched = Launched { instance_id: "i-1".into(), instance_type: "m5.large".into(), capacity_type: "spot".into(), zone: None, subnet_id: None };
+        let cases: Vec<(FleetAnswer, Decision)> = vec![
+            (FleetAnswer { instances: vec![launched.clone()], errors: vec![err(Some("c5.large"), Some("b"), None, ice)] }, Decision::Launched(launched)),
+            (
+                FleetAnswer { instances: vec![], errors: vec![err(Some("m5.large"), Some("a"), None, ice), err(Some("c5.large"), None, Some("subnet-b"), ice)] },
+                Decision::Retry(vec![(OfferingKey::new("c5.large", "b", "spot"), ice.into()), (OfferingKey::new("m5.large", "a", "spot"), ice.into())]),
+            ),
+            (
+                FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "MaxSpotInstanceCountExceeded")] },
+                Decision::Retry(vec![
+                    (OfferingKey::new("c5.large", "b", "spot"), "MaxSpotInstanceCountExceeded".into()),
+                    (OfferingKey::new("m5.large", "a", "spot"), "MaxSpotInstanceCountExceeded".into()),
+                ]),
+            ),
+            (
+                FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "UnfulfillableCapacity")] },
+                Decision::Retry(vec![
+                    (OfferingKey::new("c5.large", "b", "spot"), "UnfulfillableCapacity".into()),
+                    (OfferingKey::new("m5.large", "a", "spot"), "UnfulfillableCapacity".into()),
+                ]),
+            ),
+            (
+                FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "InvalidParameterValue")] },
+                Decision::Fatal("InvalidParameterValue".into(), "m".into()),
+            ),
+            (FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "InternalError")] }, Decision::Transient("InternalError: m".into())),
+            (FleetAnswer::default(), Decision::Transient("CreateFleet returned neither an instance nor an error".into())),
+        ];
+        for (answer, want) in cases {
+            assert_eq!(decide(&p, &answer), want, "{answer:?}");
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Launch templates: one per distinct content, named by a hash of it, so
+//! concurrent launches converge on the same template and `AlreadyExists` is success.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::{
+    LaunchTemplateBlockDeviceMappingRequest, LaunchTemplateEbsBlockDeviceRequest, LaunchTemplateHttpTokensState,
+    LaunchTemplateIamInstanceProfileSpecificationRequest, LaunchTemplateInstanceMetadataEndpointState,
+    LaunchTemplateInstanceMetadataOptionsRequest, LaunchTemplateInstanceMetadataProtocolIpv6, LaunchTemplateTagSpecificationRequest,
+    LaunchTemplatesMonitoringRequest, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification, VolumeType,
+};
+use base64::Engine;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::errors::LaunchError;
+use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+
+/// Everything a launch template holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSpec {
+    /// The cluster (part of the name's hash so clusters never share templates).
+    pub cluster: String,
+    /// AMI id.
+    pub image_id: String,
+    /// User data, plain text (base64-encoded when sent).
+    pub user_data: String,
+    /// Security group ids.
+    pub security_groups: Vec<String>,
+    /// Instance profile name.
+    pub instance_profile: Option<String>,
+    /// Block devices.
+    pub block_devices: Vec<BlockDevice>,
+    /// IMDS options.
+    pub metadata: MetadataOptions,
+    /// Detailed monitoring.
+    pub monitoring: bool,
+    /// Tags for the template, and for volumes and network interfaces it creates.
+    pub tags: BTreeMap<String, String>,
+}
+
+/// One EBS volume.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockDevice {
+    /// Device name.
+    pub device_name: String,
+    /// Size in GiB.
+    pub size_gib: Option<i32>,
+    /// Volume type.
+    pub volume_type: String,
+    /// Encrypted.
+    pub encrypted: bool,
+    /// Delete on termination.
+    pub delete_on_termination: bool,
+    /// IOPS.
+    pub iops: Option<i32>,
+    /// Throughput MiB/s.
+    pub throughput: Option<i32>,
+    /// KMS key.
+    pub kms_key_id: Option<String>,
+    /// Snapshot.
+    pub snapshot_id: Option<String>,
+}
+
+/// Block devices from the EC2NodeClass, or the family's defaults (pure):
+/// AL2023 a 20 GiB gp3 root; Bottlerocket a 4 GiB OS volume and a 20 GiB data volume.
+pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<BlockDevice> {
+    let dev = |name: &str, gib: i32| BlockDevice {
+        device_name: name.into(),
+        size_gib: Some(gib),
+        volume_type: "gp3".into(),
+        encrypted: true,
+        delete_on_termination: true,
+        iops: None,
+        throughput: None,
+        kms_key_id: None,
+        snapshot_id: None,
+    };
+    if mappings.is_empty() {
+        return match family {
+            "Bottlerocket" => vec![dev("/dev/xvda", 4), dev("/dev/xvdb", 20)],
+            _ => vec![dev("/dev/xvda", 20)],
+        };
+    }
+    mappings
+        .iter()
+        .filter_map(|m| {
+            let ebs = m.ebs.as_ref()?;
+            let gib = ebs.volume_size.map(|q| (q.as_f64() / (1u64 << 30) as f64).ceil() as i32);
+            Some(BlockDevice {
+                device_name: m.device_name.clone().unwrap_or_else(|| "/dev/xvda".into()),
+                size_gib: gib,
+                volume_type: ebs.volume_type.clone().unwrap_or_else(|| "gp3".into()),
+                encrypted: ebs.encrypted.unwrap_or(true),
+                delete_on_termination: ebs.delete_on_termination.unwrap_or(true),
+                iops: ebs.iops.map(|v| v as i32),
+                throughput: ebs.throughput.map(|v| v as i32),
+                kms_key_id: ebs.kms_key_id.clone(),
+                snapshot_id: ebs.snapshot_id.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The template's name: `nodesmith/<sha256 of its content, 32 hex>` (pure).
+pub fn name(spec: &TemplateSpec) -> String {
+    // TemplateSpec has only strings, numbers, bools and maps: serialisation cannot fail.
+    let json = serde_json::to_vec(spec).unwrap_or_default();
+    format!("nodesmith/{}", &hex::encode(Sha256::digest(&json))[..32])
+}
+
+fn tags(m: &BTreeMap<String, String>) -> Vec<Tag> {
+    m.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect()
+}
+
+/// The SDK request data for a template (pure).
+pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
+    let md = &spec.metadata;
+    let mut data = RequestLaunchTemplateData::builder()
+        .image_id(&spec.image_id)
+        .user_data(base64::engine::general_purpose::STANDARD.encode(&spec.user_data))
+        .set_security_group_ids(Some(spec.security_groups.clone()))
+        .monitoring(LaunchTemplatesMonitoringRequest::builder().enabled(spec.monitoring).build())
+        .metadata_options(
+            LaunchTemplateInstanceMetadataOptionsRequest::builder()
+                .http_endpoint(LaunchTemplateInstanceMetadataEndpointState::from(md.http_endpoint.as_str()))
+                .http_protocol_ipv6(LaunchTemplateInstanceMetadataProtocolIpv6::from(md.http_protocol_ipv6.as_str()))
+                .http_put_response_hop_limit(md.http_put_response_hop_limit as i32)
+                .http_tokens(LaunchTemplateHttpTokensState::from(md.http_tokens.as_str()))
+                .build(),
+        );
+    if let Some(p) = &spec.instance_profile {
+        data = data.iam_instance_profile(LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(p).build());
+    }
+    for b in &spec.block_devices {
+        let ebs = LaunchTemplateEbsBlockDeviceRequest::builder()
+            .set_volume_size(b.size_gib)
+            .volume_type(VolumeType::from(b.volume_type.as_str()))
+            .encrypted(b.encrypted)
+            .delete_on_termination(b.delete_on_termination)
+            .set_iops(b.iops)
+            .set_throughput(b.throughput)
+            .set_kms_key_id(b.kms_key_id.clone())
+            .set_snapshot_id(b.snapshot_id.clone())
+            .build();
+        data = data.block_device_mappings(LaunchTemplateBlockDeviceMappingRequest::builder().device_name(&b.device_name).ebs(ebs).build());
+    }
+    for rt in [ResourceType::Volume, ResourceType::NetworkInterface] {
+        data = data.tag_specifications(LaunchTemplateTagSpecificationRequest::builder().resource_type(rt).set_tags(Some(tags(&spec.tags))).build());
+    }
+    data.build()
+}
+
+/// Creates the template unless it exists; returns its name.
+pub async fn ensure(ec2: &aws_sdk_ec2::Client, spec: &TemplateSpec) -> Result<String, LaunchError> {
+    let name = name(spec);
+    let res = ec2
+        .create_launch_template()
+        .launch_template_name(&name)
+        .launch_template_data(request_data(spec))
+        .tag_specifications(TagSpecification::builder().resource_type(ResourceType::LaunchTemplate).set_tags(Some(tags(&spec.tags))).build())
+        .send()
+        .await;
+    match res {
+        Ok(_) => Ok(name),
+        // Same name means same content: a concurrent launch made it first.
+        Err(e) if e.code() == Some("InvalidLaunchTemplateName.AlreadyExistsException") => Ok(name),
+        Err(e) => Err(LaunchError::aws("ec2:CreateLaunchTemplate", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::ec2nodeclass::BlockDevice as Ebs;
+    use crate::quantity::Quantity;
+
+    fn spec() -> TemplateSpec {
+        TemplateSpec {
+            cluster: "demo".into(),
+            image_id: "ami-1".into(),
+            user_data: "x".into(),
+            security_groups: vec!["sg-1".into()],
+            instance_profile: Some("KarpenterNodeRole".into()),
+            block_devices: block_devices("AL2023", &[]),
+            metadata: MetadataOptions::default(),
+            monitoring: false,
+            tags: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn name_is_stable_and_changes_with_content() {
+        let a = name(&spec());
+        assert_eq!(a, name(&spec()));
+        assert!(a.starts_with("nodesmith/") && a.len() == "nodesmith/".len() + 32);
+        assert_ne!(a, name(&TemplateSpec { image_id: "ami-2".into(), ..spec() }));
+        assert_ne!(a, name(&TemplateSpec { cluster: "other".into(), ..spec() }));
+        assert_ne!(a, name(&TemplateSpec { user_data: "y".into(), ..spec() }));
+    }
+
+    #[test]
+    fn block_devices_default_by_family_and_convert_sizes() {
+        assert_eq!(block_devices("Bottlerocket", &[]).iter().map(|b| b.device_name.as_str()).collect::<Vec<_>>(), vec!["/dev/xvda", "/dev/xvdb"]);
+        assert_eq!(block_devices("AL2023", &[])[0].size_gib, Some(20));
+        let m = BlockDeviceMapping {
+            device_name: Some("/dev/xvda".into()),
+            ebs: Some(Ebs { volume_size: Some(Quantity::parse("100Gi").unwrap()), volume_type: Some("io2".into()), iops: Some(3000), ..Default::default() }),
+            root_volume: true,
+        };
+        let got = block_devices("AL2023", &[m]);
+        assert_eq!((got[0].size_gib, got[0].volume_type.as_str(), got[0].iops), (Some(100), "io2", Some(3000)));
+    }
+
+    #[test]
+    fn request_data_encodes_user_data_and_sets_imds() {
+        let d = request_data(&spec());
+        let ud = base64::engine::general_purpose::STANDARD.decode(d.user_data().unwrap()).unwrap();
+        assert_eq!(ud, b"x");
+        let md = d.metadata_options().unwrap();
+        assert_eq!(md.http_tokens(), Some(&LaunchTemplateHttpTokensState::Required));
+        assert_eq!(md.http_put_response_hop_limit(), Some(1));
+        assert_eq!(d.iam_instance_profile().and_then(|p| p.name()), Some("KarpenterNodeRole"));
+    }
+}

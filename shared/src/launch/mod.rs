@@ -1,0 +1,448 @@
+//! The launch path for one NodeClaim: resolve subnets, security groups and
+//! the AMI, build user data, ensure a launch template, CreateFleet with
+//! fallback over offerings, and record the instance on the NodeClaim.
+//!
+//! Safety under at-least-once delivery: a per-NodeClaim lease serialises
+//! concurrent deliveries; after taking it the claim is re-read (Launched →
+//! nothing to do) and EC2 is asked for an instance already tagged with the
+//! claim (a crash after CreateFleet but before the record); CreateFleet
+//! carries a ClientToken derived from the claim and its overrides.
+
+pub mod ami;
+pub mod cluster;
+pub mod errors;
+pub mod fleet;
+pub mod launchtemplate;
+pub mod request;
+pub mod securitygroup;
+pub mod subnet;
+pub mod userdata;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_config::SdkConfig;
+use aws_sdk_ec2::types::Filter;
+use tokio::sync::OnceCell;
+
+pub use errors::LaunchError;
+pub use request::LaunchRequest;
+
+use self::fleet::{Decision, Launched, Scope};
+use self::launchtemplate::TemplateSpec;
+use self::userdata::{ClusterInfo, NodeSettings};
+use crate::apis::EC2NodeClass;
+use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
+use crate::catalog::Catalog;
+use crate::nodeclaim::{NodeClaim, Phase};
+use crate::requirements::{Requirement, Requirements};
+use crate::state::{self, OfferingKey, StateStore};
+
+/// Tag and label naming the NodeClaim.
+pub const NODECLAIM_TAG: &str = "karpenter.sh/nodeclaim";
+/// How long one launch may hold its NodeClaim's lease.
+pub const LAUNCH_LEASE_MS: i64 = 10 * 60 * 1000;
+/// CreateFleet rounds before giving up (each round removes failed offerings).
+pub const MAX_FLEET_ROUNDS: usize = 10;
+
+/// What a launch request came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LaunchOutcome {
+    /// A new instance, recorded on the claim.
+    Launched(NodeClaim),
+    /// The claim was launched before (a redelivery); nothing done.
+    AlreadyLaunched(NodeClaim),
+    /// An instance tagged with the claim existed (crash before recording); now recorded.
+    Recovered(NodeClaim),
+    /// The claim no longer exists; nothing to do.
+    Gone(String),
+    /// No offering had capacity; the claim was deleted so its pods are solved again.
+    NoCapacity {
+        /// The claim.
+        node_claim: String,
+        /// Offerings tried and marked unavailable.
+        tried: Vec<OfferingKey>,
+    },
+}
+
+/// Settings of the launch function.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchConfig {
+    /// The state table.
+    pub table: String,
+    /// The EKS cluster.
+    pub cluster_name: String,
+}
+
+impl LaunchConfig {
+    /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing.
+    pub fn from_env() -> Result<Self, LaunchError> {
+        let get = |k: &str| {
+            std::env::var(k).ok().filter(|v| !v.trim().is_empty()).ok_or_else(|| LaunchError::Config(format!("environment variable {k} is not set")))
+        };
+        Ok(LaunchConfig { table: get("NODESMITH_TABLE")?, cluster_name: get("NODESMITH_CLUSTER_NAME")? })
+    }
+}
+
+/// Clients and caches, built once per process.
+#[derive(Debug)]
+pub struct Launcher {
+    ec2: aws_sdk_ec2::Client,
+    ssm: aws_sdk_ssm::Client,
+    eks: aws_sdk_eks::Client,
+    store: StateStore,
+    config: LaunchConfig,
+    cluster: OnceCell<ClusterInfo>,
+}
+
+/// The Kubernetes architecture of an instance type: the catalog's label, else
+/// the naming rule (a `g` after the generation digit means Graviton) (pure).
+pub fn arch_of(instance_type: &str, catalog: Option<&Catalog>) -> String {
+    if let Some(a) = catalog.and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type)).and_then(|i| i.labels.get(labels::ARCH)) {
+        return a.clone();
+    }
+    let family = instance_type.split('.').next().unwrap_or_default();
+    let after_digit = family.trim_start_matches(|c: char| c.is_ascii_alphabetic()).trim_start_matches(|c: char| c.is_ascii_digit());
+    if after_digit.starts_with('g') { "arm64".into() } else { "amd64".into() }
+}
+
+/// The claim's requirements as an algebra value (unknown operators are skipped, as they cannot narrow).
+fn requirements(claim: &NodeClaim) -> Requirements {
+    let mut r = Requirements::new();
+    for q in &claim.requirements {
+        if let Ok(req) = Requirement::new(&q.key, q.operator, &q.values) {
+            r.add(req);
+        }
+    }
+    r
+}
+
+/// Capacity types the claim allows, spot first; on-demand when it says nothing (pure).
+pub fn allowed_capacity_types(claim: &NodeClaim) -> Vec<String> {
+    let r = requirements(claim);
+    match r.get(labels::CAPACITY_TYPE) {
+        None => vec![CAPACITY_ON_DEMAND.to_string()],
+        Some(req) => [labels::CAPACITY_SPOT, CAPACITY_ON_DEMAND].iter().filter(|ct| req.has(ct)).map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Zones the claim allows, if it narrows them (pure).
+pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>) -> Option<BTreeSet<String>> {
+    let r = requirements(claim);
+    r.get(labels::ZONE).map(|req| known.into_iter().filter(|z| req.has(z)).collect())
+}
+
+/// Node labels: the claim's, plus the pool, the class and the claim's name (pure).
+pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
+    let mut l = claim.labels.clone();
+    l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
+    l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
+    l.insert(NODECLAIM_TAG.into(), claim.name.clone());
+    l
+}
+
+/// Instance tags: the class's, then the ones nodesmith owns (pure).
+pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
+    let mut t = class.spec.tags.clone();
+    t.insert(format!("kubernetes.io/cluster/{cluster}"), "owned".into());
+    t.insert("eks:eks-cluster-name".into(), cluster.into());
+    t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
+    t.insert(NODECLAIM_TAG.into(), claim.name.clone());
+    t.insert(labels::EC2NODECLASS.into(), class.name().into());
+    t
+}
+
+/// Records a launched instance on the claim (pure).
+pub fn record(claim: &NodeClaim, launched: &Launched, zone: &str, price: Option<f64>, at: &str) -> Result<NodeClaim, LaunchError> {
+    let mut c = claim.clone();
+    c.advance(Phase::Launched, at)?;
+    c.instance_id = Some(launched.instance_id.clone());
+    c.provider_id = Some(format!("aws:///{zone}/{}", launched.instance_id));
+    c.instance_type = Some(launched.instance_type.clone());
+    c.zone = Some(zone.to_string());
+    c.capacity_type = Some(launched.capacity_type.clone());
+    c.price = price;
+    Ok(c)
+}
+
+fn lease_holder() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("launch-{}-{}-{}", std::process::id(), state::now_ms(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+impl Launcher {
+    /// Builds the clients from one SDK configuration.
+    pub fn new(sdk: &SdkConfig, config: LaunchConfig) -> Self {
+        let store = StateStore::new(aws_sdk_dynamodb::Client::new(sdk), config.table.clone());
+        Launcher {
+            ec2: aws_sdk_ec2::Client::new(sdk),
+            ssm: aws_sdk_ssm::Client::new(sdk),
+            eks: aws_sdk_eks::Client::new(sdk),
+            store,
+            config,
+            cluster: OnceCell::new(),
+        }
+    }
+
+    /// The state store.
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+
+    async fn cluster(&self) -> Result<&ClusterInfo, LaunchError> {
+        self.cluster.get_or_try_init(|| cluster::describe(&self.eks, &self.config.cluster_name)).await
+    }
+
+    /// Handles one launch request, idempotently.
+    pub async fn launch(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
+        let name = &req.node_claim;
+        match self.store.get_node_claim(name).await? {
+            None => return Ok(LaunchOutcome::Gone(name.clone())),
+            Some(c) if c.phase != Phase::Pending => return Ok(LaunchOutcome::AlreadyLaunched(c)),
+            Some(_) => {}
+        }
+        let lease_name = format!("launch/{name}");
+        let Some(lease) = self.store.acquire_lease(&lease_name, &lease_holder(), LAUNCH_LEASE_MS, state::now_ms()).await? else {
+            return Err(LaunchError::Busy(name.clone()));
+        };
+        let result = self.launch_leased(req).await;
+        // A failed release only delays the next delivery until the lease expires.
+        if let Err(e) = self.store.release_lease(&lease, state::now_ms()).await {
+            tracing::warn!(node_claim = %name, error = %e, "cannot release launch lease");
+        }
+        result
+    }
+
+    async fn launch_leased(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
+        let name = &req.node_claim;
+        // Re-read under the lease: the previous holder may have finished.
+        let claim = match self.store.get_node_claim(name).await? {
+            None => return Ok(LaunchOutcome::Gone(name.clone())),
+            Some(c) if c.phase != Phase::Pending => return Ok(LaunchOutcome::AlreadyLaunched(c)),
+            Some(c) => c,
+        };
+        if let Some(existing) = self.tagged_instance(name).await? {
+            let zone = existing.zone.clone().unwrap_or_default();
+            let c = self.store.update_node_claim(&record(&claim, &existing, &zone, None, &now_rfc3339())?).await?;
+            tracing::info!(node_claim = %name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
+            return Ok(LaunchOutcome::Recovered(c));
+        }
+        let class = req.node_class();
+        let resolve = |what: String| LaunchError::Resolve { node_claim: name.clone(), what };
+        let family = class.ami_family().ok_or_else(|| resolve("EC2NodeClass has no AMI family".into()))?;
+        let cluster = self.cluster().await?.clone();
+        let catalog = self.store.get_catalog().await?;
+
+        let all_subnets = subnet::resolve(&self.ec2, &class.spec.subnet_selector_terms).await?;
+        let subnets = subnet::per_zone(&all_subnets);
+        if subnets.is_empty() {
+            return Err(resolve("subnetSelectorTerms select no subnets".into()));
+        }
+        let security_groups = securitygroup::resolve(&self.ec2, &class.spec.security_group_selector_terms).await?;
+        if security_groups.is_empty() {
+            return Err(resolve("securityGroupSelectorTerms select no security groups".into()));
+        }
+        let arch_by_type: BTreeMap<String, String> =
+            claim.instance_type_options.iter().map(|t| (t.clone(), arch_of(t, catalog.as_ref()))).collect();
+        let archs: BTreeSet<String> = arch_by_type.values().cloned().collect();
+        let amis = ami::resolve(&self.ec2, &self.ssm, &class.spec.ami_selector_terms, &cluster.version, &archs)
+            .await
+            .map_err(|e| match e {
+                LaunchError::Resolve { what, .. } => resolve(what),
+                other => other,
+            })?;
+        if amis.is_empty() {
+            return Err(resolve(format!("amiSelectorTerms select no AMI for {archs:?}")));
+        }
+
+        let settings = NodeSettings {
+            labels: node_labels(&claim),
+            taints: claim.taints.iter().chain(&claim.startup_taints).cloned().collect(),
+            kubelet: class.spec.kubelet.clone(),
+            user_data: class.spec.user_data.clone(),
+        };
+        let user_data =
+            userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData { node_claim: name.clone(), source })?;
+        let tags = instance_tags(&cluster.name, &claim, &class);
+        let mut template_by_arch = BTreeMap::new();
+        for (arch, image) in &amis {
+            let spec = TemplateSpec {
+                cluster: cluster.name.clone(),
+                image_id: image.clone(),
+                user_data: user_data.clone(),
+                security_groups: security_groups.clone(),
+                instance_profile: class.spec.instance_profile.clone().or_else(|| class.spec.role.clone()),
+                block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
+                metadata: class.spec.metadata_options.clone(),
+                monitoring: class.spec.detailed_monitoring.unwrap_or(false),
+                tags: tags.clone(),
+            };
+            template_by_arch.insert(arch.clone(), launchtemplate::ensure(&self.ec2, &spec).await?);
+        }
+        let templates: BTreeMap<String, String> =
+            arch_by_type.iter().filter_map(|(t, a)| template_by_arch.get(a).map(|lt| (t.clone(), lt.clone()))).collect();
+
+        let capacity_types = allowed_capacity_types(&claim);
+        let zones = allowed_zones(&claim, subnets.keys().cloned());
+        let scope = Scope {
+            instance_types: &claim.instance_type_options,
+            zones: zones.as_ref(),
+            capacity_types: &capacity_types,
+            subnets: &subnets,
+            templates: &templates,
+            catalog: catalog.as_ref(),
+        };
+        let mut unavailable: BTreeSet<OfferingKey> =
+            self.store.unavailable_offerings(state::now_secs()).await?.into_iter().map(|u| u.key).collect();
+        let mut tried = Vec::new();
+        for round in 0..MAX_FLEET_ROUNDS {
+            let cands = fleet::candidates(&scope, &unavailable);
+            let Some(ct) = fleet::capacity_type(&cands) else { break };
+            let plan = fleet::plan(name, &cands, ct);
+            tracing::info!(node_claim = %name, round, capacity_type = ct, overrides = cands.iter().filter(|c| c.offering.capacity_type == ct).count(), "CreateFleet");
+            let answer = fleet::create(&self.ec2, &plan, &tags).await?;
+            match fleet::decide(&plan, &answer) {
+                Decision::Launched(l) => {
+                    let chosen = cands.iter().find(|c| {
+                        c.offering.instance_type == l.instance_type
+                            && c.offering.capacity_type == l.capacity_type
+                            && (l.subnet_id.as_ref() == Some(&c.subnet_id) || l.zone.as_ref() == Some(&c.offering.zone))
+                    });
+                    let zone = l.zone.clone().or_else(|| chosen.map(|c| c.offering.zone.clone())).unwrap_or_default();
+                    let price = chosen.and_then(|c| c.price);
+                    let c = self.store.update_node_claim(&record(&claim, &l, &zone, price, &now_rfc3339())?).await?;
+                    tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
+                    return Ok(LaunchOutcome::Launched(c));
+                }
+                Decision::Retry(marks) => {
+                    tracing::warn!(node_claim = %name, offerings = ?marks, "insufficient capacity; marking offerings unavailable");
+                    let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
+                    for (k, code) in marks {
+                        unavailable.insert(k.clone());
+                        tried.push(k.clone());
+                        by_code.entry(code).or_default().push(k);
+                    }
+                    for (code, keys) in by_code {
+                        self.store.mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS).await?;
+                    }
+                }
+                Decision::Transient(why) => return Err(LaunchError::Aws { op: "ec2:CreateFleet", message: why }),
+                Decision::Fatal(code, message) => return Err(LaunchError::Fleet { node_claim: name.clone(), code, message }),
+            }
+        }
+        tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
+        self.store.delete_node_claim(name, claim.version).await?;
+        Ok(LaunchOutcome::NoCapacity { node_claim: name.clone(), tried })
+    }
+
+    /// A live instance already tagged with this claim, if any.
+    async fn tagged_instance(&self, name: &str) -> Result<Option<Launched>, LaunchError> {
+        let out = self
+            .ec2
+            .describe_instances()
+            .filters(Filter::builder().name(format!("tag:{NODECLAIM_TAG}")).values(name).build())
+            .filters(Filter::builder().name("tag:eks:eks-cluster-name").values(&self.config.cluster_name).build())
+            .filters(Filter::builder().name("instance-state-name").values("pending").values("running").build())
+            .send()
+            .await
+            .map_err(|e| LaunchError::aws("ec2:DescribeInstances", e))?;
+        let found = out.reservations().iter().flat_map(|r| r.instances()).find_map(|i| {
+            Some(Launched {
+                instance_id: i.instance_id()?.to_string(),
+                instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+                capacity_type: if i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot") { "spot".into() } else { CAPACITY_ON_DEMAND.into() },
+                zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
+                subnet_id: i.subnet_id().map(str::to_string),
+            })
+        });
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
+    use crate::resources::Resources;
+
+    fn claim(reqs: Vec<(&str, &[&str])>) -> NodeClaim {
+        NodeClaim {
+            name: "default-x".into(),
+            node_pool: "default".into(),
+            node_class: "default".into(),
+            requirements: reqs
+                .into_iter()
+                .map(|(k, vs)| {
+                    serde_json::from_value::<NodeSelectorRequirementWithMinValues>(serde_json::json!({"key": k, "operator": "In", "values": vs}))
+                        .unwrap()
+                })
+                .collect(),
+            resources: Resources::new(),
+            instance_type_options: vec!["m5.large".into()],
+            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
+            taints: vec![],
+            startup_taints: vec![],
+            phase: Phase::Pending,
+            instance_id: None,
+            provider_id: None,
+            instance_type: None,
+            zone: None,
+            capacity_type: None,
+            price: None,
+            node_name: None,
+            nodepool_hash: None,
+            nodeclass_hash: None,
+            timestamps: BTreeMap::new(),
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn capacity_types_and_zones_from_requirements() {
+        assert_eq!(allowed_capacity_types(&claim(vec![])), vec!["on-demand"]);
+        assert_eq!(allowed_capacity_types(&claim(vec![(labels::CAPACITY_TYPE, &["on-demand", "spot"])])), vec!["spot", "on-demand"]);
+        assert_eq!(allowed_capacity_types(&claim(vec![(labels::CAPACITY_TYPE, &["spot"])])), vec!["spot"]);
+        let known = || ["us-east-1a".to_string(), "us-east-1b".to_string()];
+        assert_eq!(allowed_zones(&claim(vec![]), known()), None);
+        assert_eq!(allowed_zones(&claim(vec![(labels::ZONE, &["us-east-1b"])]), known()), Some(BTreeSet::from(["us-east-1b".to_string()])));
+    }
+
+    #[test]
+    fn architecture_from_catalog_or_name() {
+        for (t, want) in [("m5.large", "amd64"), ("m6g.large", "arm64"), ("c7gd.xlarge", "arm64"), ("g5.xlarge", "amd64"), ("t4g.micro", "arm64"), ("m7i.large", "amd64")] {
+            assert_eq!(arch_of(t, None), want, "{t}");
+        }
+    }
+
+    #[test]
+    fn labels_and_tags_carry_pool_class_and_claim() {
+        let c = claim(vec![]);
+        let l = node_labels(&c);
+        assert_eq!(l["karpenter.sh/nodepool"], "default");
+        assert_eq!(l["karpenter.sh/nodeclaim"], "default-x");
+        assert_eq!(l["team"], "a");
+        let mut class = EC2NodeClass::new("default", Default::default());
+        class.spec.tags.insert("cost-center".into(), "42".into());
+        let t = instance_tags("demo", &c, &class);
+        assert_eq!(t["kubernetes.io/cluster/demo"], "owned");
+        assert_eq!(t["eks:eks-cluster-name"], "demo");
+        assert_eq!(t["karpenter.sh/nodepool"], "default");
+        assert_eq!(t["karpenter.sh/nodeclaim"], "default-x");
+        assert_eq!(t["karpenter.k8s.aws/ec2nodeclass"], "default");
+        assert_eq!(t["cost-center"], "42");
+    }
+
+    #[test]
+    fn recording_moves_to_launched_once() {
+        let l = Launched { instance_id: "i-1".into(), instance_type: "m5.large".into(), capacity_type: "spot".into(), zone: None, subnet_id: None };
+        let c = record(&claim(vec![]), &l, "us-east-1a", Some(0.03), "t").unwrap();
+        assert_eq!(c.phase, Phase::Launched);
+        assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
+        assert_eq!(c.price, Some(0.03));
+        assert!(record(&c, &l, "us-east-1a", None, "t").is_err());
+    }
+}

@@ -1,0 +1,39 @@
+//! Idempotency records: "this message was handled", kept until a TTL.
+
+use super::item::{self, n};
+use super::{PK_PROCESSED, StateError, StateStore};
+
+impl StateStore {
+    /// Records `key` as processed until `expires_at` (epoch s). Returns false if
+    /// it was already recorded and has not expired, i.e. the caller should skip.
+    pub async fn record_processed(&self, key: &str, expires_at: i64, now_secs: i64) -> Result<bool, StateError> {
+        let mut it = item::key(PK_PROCESSED, key);
+        it.insert("expiresAt".into(), n(expires_at));
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(it))
+            .condition_expression("attribute_not_exists(pk) OR expiresAt <= :now")
+            .expression_attribute_values(":now", n(now_secs))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(false),
+            Err(e) => Err(self.dynamo("PutItem", e)),
+        }
+    }
+
+    /// Forgets a processed record (when handling failed after recording it).
+    pub async fn forget_processed(&self, key: &str) -> Result<(), StateError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_PROCESSED, key)))
+            .send()
+            .await
+            .map_err(|e| self.dynamo("DeleteItem", e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! Leases: mutual exclusion with expiry, and a fencing token that grows on
+//! every acquisition so a stale holder's fenced writes fail.
+
+use super::item::{self, get_i64, get_s, n, s};
+use super::{PK_LEASE, StateError, StateStore};
+
+/// A held lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease's name (e.g. `provision`, `sweep`, `launch/<nodeclaim>`).
+    pub name: String,
+    /// Who holds it.
+    pub holder: String,
+    /// Fencing token: bumped on every acquisition, never reused.
+    pub version: u64,
+    /// Held until this time (epoch ms) unless renewed.
+    pub until_ms: i64,
+}
+
+impl StateStore {
+    /// Takes the lease for `ttl_ms` if it is free, expired, or already ours.
+    /// `Ok(None)` means someone else holds it.
+    pub async fn acquire_lease(&self, name: &str, holder: &str, ttl_ms: i64, now_ms: i64) -> Result<Option<Lease>, StateError> {
+        let until = now_ms + ttl_ms;
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_LEASE, name)))
+            .update_expression("SET holder = :h, leaseUntil = :u ADD version :one")
+            .condition_expression("attribute_not_exists(pk) OR leaseUntil <= :now OR holder = :h")
+            .expression_attribute_values(":h", s(holder))
+            .expression_attribute_values(":u", n(until))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":now", n(now_ms))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
+            .send()
+            .await;
+        match res {
+            Ok(out) => {
+                let attrs = out.attributes().cloned().unwrap_or_default();
+                let version = get_i64(&attrs, "lease", "version")?;
+                Ok(Some(Lease {
+                    name: name.to_string(),
+                    holder: get_s(&attrs, "lease", "holder")?.to_string(),
+                    version: version as u64,
+                    until_ms: until,
+                }))
+            }
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(None),
+            Err(e) => Err(self.dynamo("UpdateItem", e)),
+        }
+    }
+
+    /// Extends a held lease; `LeaseLost` if it expired and was taken, or was released.
+    pub async fn renew_lease(&self, lease: &Lease, ttl_ms: i64, now_ms: i64) -> Result<Lease, StateError> {
+        let until = now_ms + ttl_ms;
+        self.guarded_lease_write(lease, "SET leaseUntil = :u", until, now_ms).await?;
+        Ok(Lease { until_ms: until, ..lease.clone() })
+    }
+
+    /// Gives a held lease up at once (the token stays, so the next holder gets a higher one).
+    pub async fn release_lease(&self, lease: &Lease, now_ms: i64) -> Result<(), StateError> {
+        self.guarded_lease_write(lease, "SET leaseUntil = :u", 0, now_ms).await
+    }
+
+    async fn guarded_lease_write(&self, lease: &Lease, update: &str, until: i64, now_ms: i64) -> Result<(), StateError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_LEASE, &lease.name)))
+            .update_expression(update)
+            .condition_expression("holder = :h AND version = :v AND leaseUntil > :now")
+            .expression_attribute_values(":h", s(&lease.holder))
+            .expression_attribute_values(":v", n(lease.version))
+            .expression_attribute_values(":u", n(until))
+            .expression_attribute_values(":now", n(now_ms))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Err(StateError::LeaseLost { name: lease.name.clone(), holder: lease.holder.clone(), version: lease.version })
+            }
+            Err(e) => Err(self.dynamo("UpdateItem", e)),
+        }
+    }
+
+    /// The lease as stored (holder, token, expiry), whether or not it is live.
+    pub async fn read_lease(&self, name: &str) -> Result<Option<Lease>, StateError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_LEASE, name)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.dynamo("GetItem", e))?;
+        let Some(it) = out.item() else { return Ok(None) };
+        Ok(Some(Lease {
+            name: name.to_string(),
+            holder: get_s(it, "lease", "holder")?.to_string(),
+            version: get_i64(it, "lease", "version")? as u64,
+            until_ms: get_i64(it, "lease", "leaseUntil")?,
+        }))
+    }
+}

@@ -1,0 +1,144 @@
+//! Durable state in one DynamoDB table: NodeClaims, leases, unavailable
+//! offerings, the catalog snapshot and idempotency records.
+//!
+//! # Table schema
+//!
+//! One table, composite key `pk` (S, partition) + `sk` (S, sort); every kind
+//! of item lives under its own fixed partition so one Query lists it.
+//!
+//! | item | `pk` | `sk` | other attributes |
+//! |---|---|---|---|
+//! | NodeClaim | `NODECLAIM` | claim name | `version` (N), `phase` (S), `nodePool` (S), `instanceId` (S, once launched), `body` (S, the claim as JSON) |
+//! | lease | `LEASE` | lease name | `holder` (S), `version` (N, the fencing token), `leaseUntil` (N, epoch ms) |
+//! | unavailable offering | `UNAVAILABLE` | `<capacity type>#<zone>#<instance type>` | `reason` (S), `expiresAt` (N, epoch s) |
+//! | catalog head | `CATALOG` | `HEAD` | `generation` (S, sha256 of the JSON), `parts` (N) |
+//! | catalog part | `CATALOG` | `PART#<generation>#<index, 4 digits>` | `data` (B, a slice of the catalog JSON) |
+//! | processed message | `PROCESSED` | idempotency key | `expiresAt` (N, epoch s) |
+//!
+//! - GSI `byInstanceId`: partition key `instanceId` (S), projection ALL. Only
+//!   launched NodeClaims carry the attribute, so the index is sparse.
+//! - TTL attribute: `expiresAt`. DynamoDB deletes expired items lazily (up to
+//!   days later), so every read filters expired items itself.
+//! - NodeClaims are written with a condition on `version` (optimistic
+//!   concurrency); a lost race is [`StateError::Conflict`].
+//! - The catalog is split into parts of at most [`catalog::PART_BYTES`] since
+//!   an item holds at most 400 KB; the head is written last, so a reader never
+//!   sees a half-written generation.
+
+mod catalog;
+mod idempotency;
+mod item;
+mod leases;
+mod nodeclaims;
+mod offerings;
+mod table;
+
+pub use catalog::PART_BYTES;
+pub use leases::Lease;
+pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
+pub use table::create_table;
+
+use aws_sdk_dynamodb::Client;
+use aws_smithy_types::error::display::DisplayErrorContext;
+
+/// Partition of NodeClaim items.
+pub const PK_NODECLAIM: &str = "NODECLAIM";
+/// Partition of lease items.
+pub const PK_LEASE: &str = "LEASE";
+/// Partition of unavailable-offering items.
+pub const PK_UNAVAILABLE: &str = "UNAVAILABLE";
+/// Partition of the catalog snapshot.
+pub const PK_CATALOG: &str = "CATALOG";
+/// Partition of idempotency records.
+pub const PK_PROCESSED: &str = "PROCESSED";
+/// The GSI on instance id.
+pub const INSTANCE_INDEX: &str = "byInstanceId";
+
+/// What can go wrong reading or writing state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Someone else wrote the NodeClaim since it was read.
+    #[error("nodeclaim {name}: version conflict (expected version {expected}, the table has {found:?})")]
+    Conflict {
+        /// The claim.
+        name: String,
+        /// The version the writer read.
+        expected: u64,
+        /// The version in the table, if the item still exists.
+        found: Option<u64>,
+    },
+    /// A NodeClaim with this name exists already.
+    #[error("nodeclaim {0} already exists")]
+    AlreadyExists(String),
+    /// The lease is no longer held by this holder (expired and taken, or released).
+    #[error("lease {name} lost by {holder} (fencing token {version})")]
+    LeaseLost {
+        /// The lease.
+        name: String,
+        /// Who thought it held it.
+        holder: String,
+        /// The fencing token it held.
+        version: u64,
+    },
+    /// An item in the table is not what this code wrote.
+    #[error("corrupt {what} item {key}: {reason}")]
+    Corrupt {
+        /// Kind of item.
+        what: &'static str,
+        /// Its sort key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A DynamoDB call failed.
+    #[error("dynamodb {op} on table {table}: {message}")]
+    Dynamo {
+        /// The operation.
+        op: &'static str,
+        /// The table.
+        table: String,
+        /// The SDK's error with its causes.
+        message: String,
+    },
+}
+
+/// The state store: a DynamoDB client and the table name.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    client: Client,
+    table: String,
+}
+
+impl StateStore {
+    /// A store over `table`.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        StateStore { client, table: table.into() }
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The DynamoDB client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn dynamo<E: std::error::Error + 'static>(&self, op: &'static str, err: E) -> StateError {
+        StateError::Dynamo { op, table: self.table.clone(), message: DisplayErrorContext(&err).to_string() }
+    }
+}
+
+/// Milliseconds since the Unix epoch, from the system clock.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// Seconds since the Unix epoch, from the system clock.
+pub fn now_secs() -> i64 {
+    now_ms() / 1000
+}

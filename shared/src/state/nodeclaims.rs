@@ -1,0 +1,278 @@
+//! NodeClaim items: conditional create, versioned update, list, lookup by instance id.
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
+
+use super::item::{self, Item, get_i64, get_s, n, s};
+use super::leases::Lease;
+use super::{INSTANCE_INDEX, PK_LEASE, PK_NODECLAIM, StateError, StateStore};
+use crate::nodeclaim::NodeClaim;
+
+/// DynamoDB allows 100 actions per transaction; one is the lease check.
+const CLAIMS_PER_TRANSACTION: usize = 99;
+
+/// The item for a claim at a given version (pure).
+pub fn to_item(claim: &NodeClaim, version: u64) -> Result<Item, StateError> {
+    let mut c = claim.clone();
+    c.version = version;
+    let body = serde_json::to_string(&c).map_err(|e| StateError::Corrupt {
+        what: "nodeclaim",
+        key: claim.name.clone(),
+        reason: format!("cannot serialise: {e}"),
+    })?;
+    let mut it = item::key(PK_NODECLAIM, &claim.name);
+    it.insert("version".into(), n(version));
+    it.insert("phase".into(), s(format!("{:?}", claim.phase)));
+    it.insert("nodePool".into(), s(&claim.node_pool));
+    if let Some(id) = &claim.instance_id {
+        it.insert("instanceId".into(), s(id));
+    }
+    it.insert("body".into(), s(body));
+    Ok(it)
+}
+
+/// The claim an item holds; the `version` attribute is authoritative (pure).
+pub fn from_item(it: &Item) -> Result<NodeClaim, StateError> {
+    let body = get_s(it, "nodeclaim", "body")?;
+    let version = get_i64(it, "nodeclaim", "version")?;
+    let mut claim: NodeClaim =
+        serde_json::from_str(body).map_err(|e| item::corrupt(it, "nodeclaim", format!("body is not a NodeClaim: {e}")))?;
+    claim.version = u64::try_from(version).map_err(|_| item::corrupt(it, "nodeclaim", format!("negative version {version}")))?;
+    Ok(claim)
+}
+
+impl StateStore {
+    /// Creates a NodeClaim (version 1); fails with `AlreadyExists` if the name is taken.
+    pub async fn create_node_claim(&self, claim: &NodeClaim) -> Result<NodeClaim, StateError> {
+        let it = to_item(claim, 1)?;
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(it))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(NodeClaim { version: 1, ..claim.clone() }),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Err(StateError::AlreadyExists(claim.name.clone()))
+            }
+            Err(e) => Err(self.dynamo("PutItem", e)),
+        }
+    }
+
+    /// Creates NodeClaims only while `lease` is still held (fencing): each
+    /// transaction checks the lease item's holder, token and expiry beside
+    /// the conditional puts, so a solver whose lease was taken over writes nothing.
+    pub async fn create_node_claims_fenced(&self, lease: &Lease, claims: &[NodeClaim], now_ms: i64) -> Result<Vec<NodeClaim>, StateError> {
+        let mut out = Vec::with_capacity(claims.len());
+        for chunk in claims.chunks(CLAIMS_PER_TRANSACTION) {
+            let check = ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::key(PK_LEASE, &lease.name)))
+                .condition_expression("holder = :h AND version = :v AND leaseUntil > :now")
+                .expression_attribute_values(":h", s(&lease.holder))
+                .expression_attribute_values(":v", n(lease.version))
+                .expression_attribute_values(":now", n(now_ms))
+                .build()
+                .map_err(|e| self.dynamo("TransactWriteItems", e))?;
+            let mut req = self.client.transact_write_items().transact_items(TransactWriteItem::builder().condition_check(check).build());
+            for c in chunk {
+                let put = Put::builder()
+                    .table_name(&self.table)
+                    .set_item(Some(to_item(c, 1)?))
+                    .condition_expression("attribute_not_exists(pk)")
+                    .build()
+                    .map_err(|e| self.dynamo("TransactWriteItems", e))?;
+                req = req.transact_items(TransactWriteItem::builder().put(put).build());
+            }
+            match req.send().await {
+                Ok(_) => out.extend(chunk.iter().map(|c| NodeClaim { version: 1, ..c.clone() })),
+                Err(e) => {
+                    let reasons: Vec<Option<String>> = e
+                        .as_service_error()
+                        .and_then(|se| match se {
+                            aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(t) => {
+                                Some(t.cancellation_reasons().iter().map(|r| r.code().map(str::to_string)).collect())
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    let failed = |r: Option<&Option<String>>| r.and_then(|c| c.as_deref()) == Some("ConditionalCheckFailed");
+                    if failed(reasons.first()) {
+                        return Err(StateError::LeaseLost { name: lease.name.clone(), holder: lease.holder.clone(), version: lease.version });
+                    }
+                    if let Some(i) = (1..reasons.len()).find(|i| failed(reasons.get(*i))) {
+                        return Err(StateError::AlreadyExists(chunk[i - 1].name.clone()));
+                    }
+                    return Err(self.dynamo("TransactWriteItems", e));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads one NodeClaim (strongly consistent).
+    pub async fn get_node_claim(&self, name: &str) -> Result<Option<NodeClaim>, StateError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_NODECLAIM, name)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.dynamo("GetItem", e))?;
+        out.item().map(from_item).transpose()
+    }
+
+    /// Writes `claim` if the table still has `claim.version`; returns it at the next version.
+    pub async fn update_node_claim(&self, claim: &NodeClaim) -> Result<NodeClaim, StateError> {
+        let next = claim.version + 1;
+        let it = to_item(claim, next)?;
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(it))
+            .condition_expression("version = :v")
+            .expression_attribute_values(":v", n(claim.version))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(NodeClaim { version: next, ..claim.clone() }),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                let found = self.get_node_claim(&claim.name).await?.map(|c| c.version);
+                Err(StateError::Conflict { name: claim.name.clone(), expected: claim.version, found })
+            }
+            Err(e) => Err(self.dynamo("PutItem", e)),
+        }
+    }
+
+    /// Deletes a NodeClaim if the table still has `version`.
+    pub async fn delete_node_claim(&self, name: &str, version: u64) -> Result<(), StateError> {
+        let res = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_NODECLAIM, name)))
+            .condition_expression("version = :v")
+            .expression_attribute_values(":v", n(version))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                let found = self.get_node_claim(name).await?.map(|c| c.version);
+                Err(StateError::Conflict { name: name.to_string(), expected: version, found })
+            }
+            Err(e) => Err(self.dynamo("DeleteItem", e)),
+        }
+    }
+
+    /// Every NodeClaim in the table, by name.
+    pub async fn list_node_claims(&self) -> Result<Vec<NodeClaim>, StateError> {
+        let mut out = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk")
+                .expression_attribute_values(":pk", s(PK_NODECLAIM))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| self.dynamo("Query", e))?;
+            for it in page.items() {
+                out.push(from_item(it)?);
+            }
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// NodeClaims whose capacity exists or is on its way (everything but Terminating):
+    /// what the solver must count against NodePool limits and reuse.
+    pub async fn in_flight_node_claims(&self) -> Result<Vec<NodeClaim>, StateError> {
+        Ok(self.list_node_claims().await?.into_iter().filter(|c| c.phase.holds_capacity()).collect())
+    }
+
+    /// The NodeClaim that launched `instance_id`, through the GSI (eventually consistent).
+    pub async fn node_claim_by_instance(&self, instance_id: &str) -> Result<Option<NodeClaim>, StateError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(INSTANCE_INDEX)
+            .key_condition_expression("instanceId = :i")
+            .expression_attribute_values(":i", AttributeValue::S(instance_id.to_string()))
+            .send()
+            .await
+            .map_err(|e| self.dynamo("Query", e))?;
+        out.items().first().map(from_item).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::nodeclaim::Phase;
+    use crate::resources::Resources;
+
+    fn claim() -> NodeClaim {
+        NodeClaim {
+            name: "default-x1".into(),
+            node_pool: "default".into(),
+            node_class: "default".into(),
+            requirements: vec![],
+            resources: Resources::new(),
+            instance_type_options: vec!["m5.large".into()],
+            labels: BTreeMap::new(),
+            taints: vec![],
+            startup_taints: vec![],
+            phase: Phase::Launched,
+            instance_id: Some("i-123".into()),
+            provider_id: None,
+            instance_type: None,
+            zone: None,
+            capacity_type: None,
+            price: None,
+            node_name: None,
+            nodepool_hash: None,
+            nodeclass_hash: None,
+            timestamps: BTreeMap::new(),
+            version: 3,
+        }
+    }
+
+    #[test]
+    fn item_round_trips_and_version_attribute_wins() {
+        let it = to_item(&claim(), 4).unwrap();
+        assert_eq!(it.get("instanceId"), Some(&s("i-123")));
+        assert_eq!(it.get("phase"), Some(&s("Launched")));
+        let back = from_item(&it).unwrap();
+        assert_eq!(back, NodeClaim { version: 4, ..claim() });
+    }
+
+    #[test]
+    fn pending_claims_stay_out_of_the_instance_index() {
+        let c = NodeClaim { instance_id: None, phase: Phase::Pending, ..claim() };
+        assert!(!to_item(&c, 1).unwrap().contains_key("instanceId"));
+    }
+
+    #[test]
+    fn corrupt_body_is_named() {
+        let mut it = to_item(&claim(), 1).unwrap();
+        it.insert("body".into(), s("{not json"));
+        let e = from_item(&it).unwrap_err().to_string();
+        assert!(e.contains("corrupt nodeclaim item default-x1") && e.contains("body is not a NodeClaim"), "{e}");
+    }
+}
