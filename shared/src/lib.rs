@@ -10,6 +10,7 @@ pub mod kubernetes;
 pub mod launch;
 pub mod messages;
 pub mod nodeclaim;
+pub mod provisioning;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;

@@ -1,1 +1,40 @@
-fn main() {}
+//! The `provision` Lambda: a batch of pending-pod references from SQS → one
+//! solve → NodeClaims in DynamoDB and launch requests on the launch queue.
+
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
+use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use nodesmith::kubernetes::KubeCluster;
+use nodesmith::provisioning::{ProvisionConfig, Provisioner};
+use nodesmith::state::StateStore;
+
+/// Reads a required environment variable, naming it when missing.
+fn env(name: &str) -> Result<String, Error> {
+    std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    nodesmith::telemetry::init();
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    // NODESMITH_KUBE_URL (plain HTTP) is for local runs against the test API server.
+    let cluster = match std::env::var("NODESMITH_KUBE_URL") {
+        Ok(url) => KubeCluster::from_client(nodesmith::kubernetes::client::client_for(&url, None, None)?),
+        Err(_) => KubeCluster::for_eks(sdk.clone(), &env("NODESMITH_CLUSTER_NAME")?),
+    };
+    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), env("NODESMITH_TABLE")?);
+    let config = ProvisionConfig::from_env()?;
+    let provisioner = Provisioner::new(cluster, store, aws_sdk_sqs::Client::new(&sdk), config);
+    let provisioner = &provisioner;
+    run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        let outcome = provisioner.handle(&event.payload).await;
+        tracing::info!(
+            created = outcome.created.len(),
+            placed_on_existing = outcome.placed_on_existing,
+            unschedulable = outcome.unschedulable.len(),
+            failed = outcome.failed.len(),
+            "batch done"
+        );
+        Ok::<SqsBatchResponse, Error>(outcome.response())
+    }))
+    .await
+}

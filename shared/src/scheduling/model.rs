@@ -363,7 +363,15 @@ impl Model {
         }
         for c in input.node_claims.iter().filter(|c| c.phase.holds_capacity()) {
             let types = resolved.iter().find(|(n, _)| *n == c.node_class).map(|(_, t)| t.as_slice()).unwrap_or(&[]);
-            let e = Existing::from_claim(c, types, &res);
+            let mut e = Existing::from_claim(c, types, &res);
+            // An in-flight claim's pods are still pending and this solve packs
+            // them again (onto it first); only its DaemonSet pods are spoken for.
+            e.used = res.zero();
+            let claim_reqs: Requirements =
+                c.requirements.iter().filter_map(|r| crate::requirements::Requirement::new(&r.key, r.operator, &r.values).ok()).collect();
+            for d in daemons.iter().filter(|d| d.lands_on(&c.taints, |t| claim_reqs.compatible(t, true).is_ok())) {
+                dense::add(&mut e.used, &res.vector(d.requests()));
+            }
             if let Some(pi) = pools.iter().position(|p| p.name == c.node_pool) {
                 dense::add(&mut pools[pi].used, &e.capacity);
                 pools[pi].used_nodes += 1;

@@ -661,6 +661,21 @@ fn in_flight_claims_take_pods() {
     assert!(plan.node_claims.is_empty());
 }
 
+#[test]
+fn in_flight_claims_are_repacked_with_the_pods_they_were_made_for() {
+    // The claim was made for these very pods, which are still pending: its
+    // recorded requests must not count twice, or a redelivered batch would
+    // launch a second node for the same pods.
+    let mut case = Case::new(pods("p", 3, "1", "1Gi", json!({})));
+    let mut c = fixtures_claim();
+    c.instance_type_options = vec!["m.xlarge".into()];
+    c.resources = crate::resources::Resources::parse([("cpu", "3"), ("memory", "3Gi"), ("pods", "3")]).unwrap();
+    case.claims = vec![c];
+    let plan = case.solve();
+    assert!(plan.node_claims.is_empty(), "{plan:?}");
+    assert_eq!(plan.existing.iter().map(|e| e.pods.len()).sum::<usize>(), 3);
+}
+
 fn fixtures_claim() -> NodeClaim {
     NodeClaim {
         name: "default-infl1".into(),

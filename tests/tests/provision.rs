@@ -1,0 +1,235 @@
+//! The provision function end to end on the local stack: pending pods in the
+//! Kubernetes API test server, a batch of references from SQS, NodeClaims in
+//! moto's DynamoDB and launch requests on moto's SQS — through the real
+//! kube-rs and AWS SDK clients.
+
+use std::time::Duration;
+
+use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use nodesmith::kubernetes::KubeCluster;
+use nodesmith::kubernetes::retry::RetryPolicy;
+use nodesmith::launch::request::LaunchRequest;
+use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
+use nodesmith::resources::CPU;
+use nodesmith::state::{self, StateStore};
+use nodesmith_tests::kube_server::KubeServer;
+use nodesmith_tests::moto::{Moto, moto};
+use serde_json::{Value, json};
+
+const TABLE: &str = "nodesmith";
+
+struct Stack {
+    _moto: Moto,
+    kube: KubeServer,
+    store: StateStore,
+    sqs: aws_sdk_sqs::Client,
+    launch_queue: String,
+    dlq: String,
+}
+
+fn pool(cpu_limit: Option<&str>) -> Value {
+    let mut spec = json!({
+        "template": {"spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+            "requirements": [
+                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5", "c5"]}
+            ]
+        }}
+    });
+    if let Some(l) = cpu_limit {
+        spec["limits"] = json!({"cpu": l});
+    }
+    json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": spec})
+}
+
+fn node_class() -> Value {
+    json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+        "role": "KarpenterNodeRole",
+        "amiSelectorTerms": [{"alias": "al2023@latest"}],
+        "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}],
+        "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}]
+    }})
+}
+
+fn pod(name: &str, cpu: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"containers": [{"name": "c", "image": "app", "resources": {"requests": {"cpu": cpu, "memory": "512Mi"}}}]}})
+}
+
+async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
+    let m = moto().await;
+    let conf = m.sdk_config().await;
+    let dynamo = aws_sdk_dynamodb::Client::new(&conf);
+    state::create_table(&dynamo, TABLE).await.unwrap();
+    let sqs = aws_sdk_sqs::Client::new(&conf);
+    let q = |name: &'static str| {
+        let sqs = sqs.clone();
+        async move { sqs.create_queue().queue_name(name).send().await.unwrap().queue_url().unwrap().to_string() }
+    };
+    let launch_queue = q("launch").await;
+    let dlq = q("pending-pods-dlq").await;
+    let kube = KubeServer::start().await;
+    kube.apply(&pool(cpu_limit)).unwrap();
+    kube.apply(&node_class()).unwrap();
+    for (name, cpu) in pods {
+        kube.apply(&pod(name, cpu)).unwrap();
+    }
+    // No nodes yet: the scheduler marks every pod Unschedulable, as a cluster would.
+    kube.schedule();
+    Stack { _moto: m, kube, store: StateStore::new(dynamo, TABLE), sqs, launch_queue, dlq }
+}
+
+impl Stack {
+    fn provisioner(&self, holder: &str, dead_letter: bool) -> Provisioner<KubeCluster> {
+        let cluster = KubeCluster::from_client(self.kube.client())
+            .with_retry(RetryPolicy { attempts: 3, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) });
+        let mut config = ProvisionConfig::new(&self.launch_queue);
+        config.holder = holder.into();
+        config.lease_wait = Duration::from_secs(30);
+        if dead_letter {
+            config.dead_letter_queue_url = Some(self.dlq.clone());
+        }
+        Provisioner::new(cluster, self.store.clone(), self.sqs.clone(), config)
+    }
+
+    async fn drain_queue(&self, url: &str) -> Vec<String> {
+        let mut bodies = Vec::new();
+        loop {
+            let out = self.sqs.receive_message().queue_url(url).max_number_of_messages(10).send().await.unwrap();
+            if out.messages().is_empty() {
+                return bodies;
+            }
+            for msg in out.messages() {
+                bodies.push(msg.body().unwrap_or_default().to_string());
+                self.sqs.delete_message().queue_url(url).receipt_handle(msg.receipt_handle().unwrap()).send().await.unwrap();
+            }
+        }
+    }
+}
+
+fn event(messages: &[(&str, String)]) -> SqsEvent {
+    let mut e = SqsEvent::default();
+    e.records = messages
+        .iter()
+        .map(|(id, body)| {
+            let mut m = SqsMessage::default();
+            m.message_id = Some(id.to_string());
+            m.body = Some(body.clone());
+            m
+        })
+        .collect();
+    e
+}
+
+fn reference(name: &str) -> String {
+    json!({"namespace": "default", "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"}).to_string()
+}
+
+fn refs(names: &[&str]) -> SqsEvent {
+    let msgs: Vec<(&str, String)> = names.iter().map(|n| (*n, reference(n))).collect();
+    event(&msgs)
+}
+
+fn pods_in(outcome: &Outcome) -> usize {
+    outcome.created.iter().map(|c| c.resources.get("pods").units_ceil() as usize).sum()
+}
+
+#[tokio::test]
+async fn a_batch_becomes_nodeclaims_and_one_launch_request_each() {
+    let names = ["web-0", "web-1", "web-2", "web-3", "web-4", "web-5"];
+    let s = stack(None, &names.iter().map(|n| (*n, "1")).collect::<Vec<_>>()).await;
+    let out = s.provisioner("a", false).handle(&refs(&names)).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert!(!out.created.is_empty());
+    assert!(out.unschedulable.is_empty(), "{:?}", out.unschedulable);
+    // Every pod is on exactly one new claim (the claim's `pods` resource counts them, DaemonSets aside).
+    assert!(pods_in(&out) >= names.len(), "{out:?}");
+
+    let stored = s.store.in_flight_node_claims().await.unwrap();
+    assert_eq!(stored.len(), out.created.len());
+    for c in &stored {
+        assert_eq!(c.node_pool, "default");
+        assert!(!c.instance_type_options.is_empty());
+        assert!(c.instance_type_options.iter().all(|t| t.starts_with("m5.") || t.starts_with("c5.")), "{:?}", c.instance_type_options);
+        assert!(c.requirements.iter().any(|r| r.key == "karpenter.sh/capacity-type" && r.values == ["on-demand"]));
+    }
+    let mut launched: Vec<String> =
+        s.drain_queue(&s.launch_queue).await.iter().map(|b| LaunchRequest::parse(b).unwrap().node_claim).collect();
+    launched.sort();
+    let mut names: Vec<String> = stored.iter().map(|c| c.name.clone()).collect();
+    names.sort();
+    assert_eq!(launched, names);
+}
+
+#[tokio::test]
+async fn redelivery_and_concurrent_invocations_add_no_capacity() {
+    let names = ["api-0", "api-1", "api-2", "api-3"];
+    let s = stack(None, &names.iter().map(|n| (*n, "1500m")).collect::<Vec<_>>()).await;
+    let batch = refs(&names);
+    let first = s.provisioner("a", false).handle(&batch).await;
+    assert!(first.failed.is_empty() && !first.created.is_empty(), "{first:?}");
+    // Delivered again three times, twice at once: the pods sit on in-flight claims now.
+    let again = s.provisioner("b", false).handle(&batch).await;
+    let (pc, pd) = (s.provisioner("c", false), s.provisioner("d", false));
+    let (x, y) = tokio::join!(pc.handle(&batch), pd.handle(&batch));
+    for o in [&again, &x, &y] {
+        assert!(o.failed.is_empty(), "{o:?}");
+        assert!(o.created.is_empty(), "a redelivered batch created {:?}", o.created);
+        assert_eq!(o.placed_on_existing, names.len());
+    }
+    assert_eq!(s.store.in_flight_node_claims().await.unwrap().len(), first.created.len());
+    assert_eq!(s.drain_queue(&s.launch_queue).await.len(), first.created.len());
+}
+
+#[tokio::test]
+async fn two_first_deliveries_at_once_respect_the_pool_limit() {
+    // 8 pods of 1 CPU but the pool may only have 4 CPUs of nodes.
+    let names: Vec<String> = (0..8).map(|i| format!("job-{i}")).collect();
+    let pods: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    let s = stack(Some("4"), &pods).await;
+    let half_a: Vec<&str> = names[..4].iter().map(String::as_str).collect();
+    let half_b: Vec<&str> = names[4..].iter().map(String::as_str).collect();
+    let (pa, pb) = (s.provisioner("a", false), s.provisioner("b", false));
+    let (ea, eb) = (refs(&half_a), refs(&half_b));
+    let (a, b) = tokio::join!(pa.handle(&ea), pb.handle(&eb));
+    assert!(a.failed.is_empty() && b.failed.is_empty(), "{a:?} {b:?}");
+    let claims = s.store.in_flight_node_claims().await.unwrap();
+    // Whichever option CreateFleet grants, the pool stays within its limit.
+    let catalog = nodesmith::catalog::builtin().unwrap();
+    let largest_cpu = |name: &String| catalog.instance_types.iter().find(|t| &t.name == name).map(|t| t.capacity.get(CPU).milli()).unwrap();
+    let cpu: i64 = claims.iter().map(|c| c.instance_type_options.iter().map(largest_cpu).max().unwrap()).sum();
+    assert!(cpu <= 4000, "claims {:?} may hold {cpu}m CPU, over the 4-CPU limit", claims.iter().map(|c| &c.instance_type_options).collect::<Vec<_>>());
+    assert!(!a.unschedulable.is_empty() || !b.unschedulable.is_empty(), "some pods must wait for the limit");
+}
+
+#[tokio::test]
+async fn malformed_messages_are_dead_lettered_without_failing_the_batch() {
+    let s = stack(None, &[("ok-0", "500m")]).await;
+    let batch = event(&[("good", reference("ok-0")), ("bad-json", "{not json".into()), ("bad-schema", r#"{"namespace":"default"}"#.into())]);
+    // Without a dead-letter URL the bad ones are given back (SQS's redrive dead-letters them).
+    let out = s.provisioner("a", false).handle(&batch).await;
+    let mut failed = out.failed.clone();
+    failed.sort();
+    assert_eq!(failed, vec!["bad-json", "bad-schema"]);
+    assert_eq!(out.malformed, 2);
+    assert_eq!(out.response().batch_item_failures.len(), 2);
+    // With one, they are sent there with the reason, and nothing is given back.
+    let out = s.provisioner("b", true).handle(&batch).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    let dead = s.drain_queue(&s.dlq).await;
+    assert_eq!(dead.len(), 2);
+    assert!(dead.contains(&"{not json".to_string()));
+}
+
+#[tokio::test]
+async fn pods_that_are_no_longer_pending_are_dropped() {
+    let s = stack(None, &[("done-0", "500m")]).await;
+    s.kube.delete("v1", "Pod", "default", "done-0").unwrap();
+    let stale = event(&[("m1", reference("done-0")), ("m2", json!({"namespace": "default", "name": "never", "uid": "x", "resourceVersion": "1"}).to_string())]);
+    let out = s.provisioner("a", false).handle(&stale).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert_eq!(out.gone, 2);
+    assert!(out.created.is_empty());
+    assert!(s.drain_queue(&s.launch_queue).await.is_empty());
+}
