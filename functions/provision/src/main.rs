@@ -16,11 +16,7 @@ fn env(name: &str) -> Result<String, Error> {
 async fn main() -> Result<(), Error> {
     nodesmith::telemetry::init();
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    // NODESMITH_KUBE_URL (plain HTTP) is for local runs against the test API server.
-    let cluster = match std::env::var("NODESMITH_KUBE_URL") {
-        Ok(url) => KubeCluster::from_client(nodesmith::kubernetes::client::client_for(&url, None, None)?),
-        Err(_) => KubeCluster::for_eks(sdk.clone(), &env("NODESMITH_CLUSTER_NAME")?),
-    };
+    let cluster = KubeCluster::from_env(sdk.clone())?;
     let store = StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), env("NODESMITH_TABLE")?);
     let config = ProvisionConfig::from_env()?;
     let provisioner = Provisioner::new(cluster, store, aws_sdk_sqs::Client::new(&sdk), config);
