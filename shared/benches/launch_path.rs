@@ -8,8 +8,7 @@ use nodesmith::apis::{KubeletConfiguration, Taint, TaintEffect};
 use nodesmith::launch::fleet::{self, Scope};
 use nodesmith::launch::subnet::Subnet;
 use nodesmith::launch::userdata::{self, ClusterInfo, NodeSettings};
-use nodesmith::nodeclaim::{NodeClaim, Phase};
-use nodesmith::resources::Resources;
+use nodesmith::nodeclaim::NodeClaim;
 use nodesmith::state::{self, OfferingKey};
 
 fn cluster() -> ClusterInfo {
@@ -33,27 +32,8 @@ fn settings() -> NodeSettings {
 
 fn claim(i: usize, types: &[String]) -> NodeClaim {
     NodeClaim {
-        name: format!("default-{i:05}"),
-        node_pool: "default".into(),
-        node_class: "default".into(),
-        requirements: vec![],
-        resources: Resources::new(),
         instance_type_options: types.to_vec(),
-        labels: BTreeMap::new(),
-        taints: vec![],
-        startup_taints: vec![],
-        phase: Phase::Pending,
-        instance_id: None,
-        provider_id: None,
-        instance_type: None,
-        zone: None,
-        capacity_type: None,
-        price: None,
-        node_name: None,
-        nodepool_hash: None,
-        nodeclass_hash: None,
-        timestamps: BTreeMap::new(),
-        version: 0,
+        ..NodeClaim::pending(format!("default-{i:05}"), "default", "default")
     }
 }
 

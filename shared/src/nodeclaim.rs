@@ -115,6 +115,34 @@ pub struct NodeClaim {
 }
 
 impl NodeClaim {
+    /// A Pending claim with nothing decided beyond its pool and class; set the
+    /// other fields with struct update syntax.
+    pub fn pending(name: impl Into<String>, node_pool: impl Into<String>, node_class: impl Into<String>) -> Self {
+        NodeClaim {
+            name: name.into(),
+            node_pool: node_pool.into(),
+            node_class: node_class.into(),
+            requirements: Vec::new(),
+            resources: Resources::new(),
+            instance_type_options: Vec::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            startup_taints: Vec::new(),
+            phase: Phase::Pending,
+            instance_id: None,
+            provider_id: None,
+            instance_type: None,
+            zone: None,
+            capacity_type: None,
+            price: None,
+            node_name: None,
+            nodepool_hash: None,
+            nodeclass_hash: None,
+            timestamps: BTreeMap::new(),
+            version: 0,
+        }
+    }
+
     /// Moves to `next` if the lifecycle allows it.
     pub fn advance(&mut self, next: Phase, at: &str) -> Result<(), InvalidTransition> {
         if !self.phase.can_move_to(next) {
@@ -144,27 +172,8 @@ mod tests {
 
     fn claim() -> NodeClaim {
         NodeClaim {
-            name: "default-abc12".into(),
-            node_pool: "default".into(),
-            node_class: "default".into(),
-            requirements: vec![],
-            resources: Resources::new(),
             instance_type_options: vec!["m5.large".into()],
-            labels: BTreeMap::new(),
-            taints: vec![],
-            startup_taints: vec![],
-            phase: Phase::Pending,
-            instance_id: None,
-            provider_id: None,
-            instance_type: None,
-            zone: None,
-            capacity_type: None,
-            price: None,
-            node_name: None,
-            nodepool_hash: None,
-            nodeclass_hash: None,
-            timestamps: BTreeMap::new(),
-            version: 0,
+            ..NodeClaim::pending("default-abc12", "default", "default")
         }
     }
 

@@ -16,27 +16,8 @@ async fn store(m: &nodesmith_tests::moto::Moto) -> StateStore {
 
 fn claim(name: &str) -> NodeClaim {
     NodeClaim {
-        name: name.into(),
-        node_pool: "default".into(),
-        node_class: "default".into(),
-        requirements: vec![],
-        resources: Resources::new(),
         instance_type_options: vec!["m5.large".into(), "m5.xlarge".into()],
-        labels: BTreeMap::new(),
-        taints: vec![],
-        startup_taints: vec![],
-        phase: Phase::Pending,
-        instance_id: None,
-        provider_id: None,
-        instance_type: None,
-        zone: None,
-        capacity_type: None,
-        price: None,
-        node_name: None,
-        nodepool_hash: None,
-        nodeclass_hash: None,
-        timestamps: BTreeMap::new(),
-        version: 0,
+        ..NodeClaim::pending(name, "default", "default")
     }
 }
 

@@ -403,9 +403,6 @@ mod tests {
 
     fn claim(reqs: Vec<(&str, &[&str])>) -> NodeClaim {
         NodeClaim {
-            name: "default-x".into(),
-            node_pool: "default".into(),
-            node_class: "default".into(),
             requirements: reqs
                 .into_iter()
                 .map(|(k, vs)| {
@@ -413,23 +410,10 @@ mod tests {
                         .unwrap()
                 })
                 .collect(),
-            resources: Resources::new(),
             instance_type_options: vec!["m5.large".into()],
             labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
-            taints: vec![],
-            startup_taints: vec![],
-            phase: Phase::Pending,
-            instance_id: None,
-            provider_id: None,
-            instance_type: None,
-            zone: None,
-            capacity_type: None,
-            price: None,
-            node_name: None,
-            nodepool_hash: None,
-            nodeclass_hash: None,
-            timestamps: BTreeMap::new(),
             version: 1,
+            ..NodeClaim::pending("default-x", "default", "default")
         }
     }
 

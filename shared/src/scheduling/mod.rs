@@ -34,7 +34,7 @@ use serde::Serialize;
 use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
 use crate::apis::{EC2NodeClass, NodePool, Taint};
 use crate::catalog::Catalog;
-use crate::nodeclaim::{NodeClaim, Phase};
+use crate::nodeclaim::NodeClaim;
 use crate::requirements::Requirements;
 use crate::resources::Resources;
 
@@ -194,27 +194,13 @@ impl NewNodeClaim {
             })
             .collect();
         NodeClaim {
-            name: self.name.clone(),
-            node_pool: self.node_pool.clone(),
-            node_class: self.node_class.clone(),
             requirements,
             resources: self.requests.clone(),
             instance_type_options: self.instance_type_options.clone(),
             labels: self.labels.clone(),
             taints: self.taints.clone(),
             startup_taints: self.startup_taints.clone(),
-            phase: Phase::Pending,
-            instance_id: None,
-            provider_id: None,
-            instance_type: None,
-            zone: None,
-            capacity_type: None,
-            price: None,
-            node_name: None,
-            nodepool_hash: None,
-            nodeclass_hash: None,
-            timestamps: BTreeMap::new(),
-            version: 0,
+            ..NodeClaim::pending(self.name.clone(), self.node_pool.clone(), self.node_class.clone())
         }
     }
 }

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::fixtures::{catalog, default_pool, pod, pool};
 use super::*;
+use crate::nodeclaim::Phase;
 use crate::apis::labels;
 use crate::catalog::Catalog;
 
@@ -678,27 +679,13 @@ fn in_flight_claims_are_repacked_with_the_pods_they_were_made_for() {
 
 fn fixtures_claim() -> NodeClaim {
     NodeClaim {
-        name: "default-infl1".into(),
-        node_pool: "default".into(),
-        node_class: "default".into(),
-        requirements: vec![],
         resources: crate::resources::Resources::parse([("cpu", "1"), ("pods", "1")]).unwrap(),
-        instance_type_options: vec![],
         labels: Default::default(),
-        taints: vec![],
-        startup_taints: vec![],
         phase: Phase::Launched,
-        instance_id: None,
-        provider_id: None,
-        instance_type: None,
         zone: Some("test-zone-a".into()),
         capacity_type: Some("spot".into()),
-        price: None,
-        node_name: None,
-        nodepool_hash: None,
-        nodeclass_hash: None,
         timestamps: Default::default(),
-        version: 0,
+        ..NodeClaim::pending("default-infl1", "default", "default")
     }
 }
 

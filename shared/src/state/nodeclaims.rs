@@ -221,35 +221,19 @@ impl StateStore {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    
 
     use super::*;
     use crate::nodeclaim::Phase;
-    use crate::resources::Resources;
+    
 
     fn claim() -> NodeClaim {
         NodeClaim {
-            name: "default-x1".into(),
-            node_pool: "default".into(),
-            node_class: "default".into(),
-            requirements: vec![],
-            resources: Resources::new(),
             instance_type_options: vec!["m5.large".into()],
-            labels: BTreeMap::new(),
-            taints: vec![],
-            startup_taints: vec![],
             phase: Phase::Launched,
             instance_id: Some("i-123".into()),
-            provider_id: None,
-            instance_type: None,
-            zone: None,
-            capacity_type: None,
-            price: None,
-            node_name: None,
-            nodepool_hash: None,
-            nodeclass_hash: None,
-            timestamps: BTreeMap::new(),
             version: 3,
+            ..NodeClaim::pending("default-x1", "default", "default")
         }
     }
 

@@ -12,8 +12,7 @@ use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith::apis::ec2nodeclass::{AmiSelectorTerm, EC2NodeClassSpec, SelectorTerm};
 use nodesmith::apis::{Taint, TaintEffect};
 use nodesmith::launch::{LaunchConfig, LaunchRequest, Launcher};
-use nodesmith::nodeclaim::{NodeClaim, Phase};
-use nodesmith::resources::Resources;
+use nodesmith::nodeclaim::NodeClaim;
 use nodesmith::state::{self, StateStore};
 use nodesmith_tests::moto::Moto;
 
@@ -119,27 +118,12 @@ pub fn node_class(alias: &str) -> EC2NodeClassSpec {
 pub fn claim(name: &str, types: &[&str], capacity_types: &[&str]) -> NodeClaim {
     let req = serde_json::from_value(serde_json::json!({"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity_types})).unwrap();
     NodeClaim {
-        name: name.into(),
-        node_pool: "default".into(),
-        node_class: "default".into(),
         requirements: vec![req],
-        resources: Resources::new(),
         instance_type_options: types.iter().map(|t| t.to_string()).collect(),
         labels: BTreeMap::from([("workload".to_string(), "web".to_string())]),
         taints: vec![Taint::new("dedicated", Some("web"), TaintEffect::NoSchedule)],
         startup_taints: vec![Taint::new("node.cilium.io/agent-not-ready", Some("true"), TaintEffect::NoExecute)],
-        phase: Phase::Pending,
-        instance_id: None,
-        provider_id: None,
-        instance_type: None,
-        zone: None,
-        capacity_type: None,
-        price: None,
-        node_name: None,
-        nodepool_hash: None,
-        nodeclass_hash: None,
-        timestamps: BTreeMap::new(),
-        version: 0,
+        ..NodeClaim::pending(name, "default", "default")
     }
 }
 
