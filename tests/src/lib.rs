@@ -1,6 +1,8 @@
 //! The local stack for nodesmith's tests: moto's server (AWS), a Kubernetes API
-//! test server, and a fault-injecting proxy, shared by every integration test.
+//! test server, a fault-injecting proxy, and a Lambda Runtime API for running
+//! the function binaries — shared by every integration test.
 
-pub mod kube_server;
-pub mod moto;
 pub mod fault_proxy;
+pub mod kube_server;
+pub mod lambda_runtime;
+pub mod moto;
