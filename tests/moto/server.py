@@ -15,6 +15,7 @@ closes, so a crashed test run never leaves a server behind.
 import json
 import logging
 import sys
+import threading
 from datetime import datetime, timezone
 
 from moto.core import DEFAULT_ACCOUNT_ID
@@ -23,7 +24,9 @@ from moto.ec2.models.amis import Ami
 from moto.ec2.responses import spot_instances
 from moto.core.responses import ActionResult
 from moto.moto_api import _internal as moto_api
+from moto.moto_server import threaded_moto_server
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.ssm.models import Parameter, ssm_backends
 
 REGION = "us-east-1"
@@ -44,6 +47,21 @@ EKS_AMIS = [
 ]
 
 SPOT_PRICES = {}
+
+
+class AtomicDynamoDB(DomainDispatcherApplication):
+    """DynamoDB applies each conditional write atomically; moto's threaded
+    server checks and writes without a lock, so two racing conditional puts
+    can both succeed. Serialise DynamoDB requests to keep DynamoDB's semantics
+    (leases and fenced writes depend on them)."""
+
+    _lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB"):
+            with self._lock:
+                return super().__call__(environ, start_response)
+        return super().__call__(environ, start_response)
 
 
 def seed():
@@ -85,6 +103,7 @@ def describe_spot_price_history(self):
 
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
     spot_instances.SpotInstances.describe_spot_price_history = describe_spot_price_history
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
