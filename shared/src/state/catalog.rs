@@ -5,7 +5,7 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use sha2::{Digest, Sha256};
 
-use super::item::{self, Item, get_i64, get_s, n, s};
+use super::item::{self, get_i64, get_s, n, s};
 use super::{PK_CATALOG, StateError, StateStore};
 use crate::catalog::Catalog;
 
@@ -85,30 +85,11 @@ impl StateStore {
     pub async fn get_catalog(&self) -> Result<Option<Catalog>, StateError> {
         let Some((generation, count)) = self.catalog_head().await? else { return Ok(None) };
         let mut parts: Vec<(String, Vec<u8>)> = Vec::with_capacity(count);
-        let mut start: Option<Item> = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                .expression_attribute_values(":pk", s(PK_CATALOG))
-                .expression_attribute_values(":prefix", s(format!("PART#{generation}#")))
-                .consistent_read(true)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| self.dynamo("Query", e))?;
-            for it in page.items() {
-                let sk = get_s(it, "catalog", "sk")?.to_string();
-                match it.get("data") {
-                    Some(AttributeValue::B(b)) => parts.push((sk, b.clone().into_inner())),
-                    _ => return Err(item::corrupt(it, "catalog", "part has no binary data".into())),
-                }
-            }
-            match page.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => break,
+        for it in &self.query_partition(PK_CATALOG, Some(&format!("PART#{generation}#"))).await? {
+            let sk = get_s(it, "catalog", "sk")?.to_string();
+            match it.get("data") {
+                Some(AttributeValue::B(b)) => parts.push((sk, b.clone().into_inner())),
+                _ => return Err(item::corrupt(it, "catalog", "part has no binary data".into())),
             }
         }
         if parts.len() != count {

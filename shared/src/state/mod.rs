@@ -126,6 +126,34 @@ impl StateStore {
         &self.client
     }
 
+    /// Every item of one partition (optionally only sort keys with a prefix),
+    /// following Query pagination to the end.
+    async fn query_partition(&self, pk: &str, sk_prefix: Option<&str>) -> Result<Vec<item::Item>, StateError> {
+        let mut items = Vec::new();
+        let mut start: Option<item::Item> = None;
+        loop {
+            let mut q = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .expression_attribute_values(":pk", item::s(pk))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take());
+            q = match sk_prefix {
+                Some(prefix) => q
+                    .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                    .expression_attribute_values(":prefix", item::s(prefix)),
+                None => q.key_condition_expression("pk = :pk"),
+            };
+            let page = q.send().await.map_err(|e| self.dynamo("Query", e))?;
+            items.extend(page.items().iter().cloned());
+            match page.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(items),
+            }
+        }
+    }
+
     fn dynamo<E: std::error::Error + 'static>(&self, op: &'static str, err: E) -> StateError {
         StateError::Dynamo { op, table: self.table.clone(), message: DisplayErrorContext(&err).to_string() }
     }

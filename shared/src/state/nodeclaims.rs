@@ -172,29 +172,7 @@ impl StateStore {
 
     /// Every NodeClaim in the table, by name.
     pub async fn list_node_claims(&self) -> Result<Vec<NodeClaim>, StateError> {
-        let mut out = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk")
-                .expression_attribute_values(":pk", s(PK_NODECLAIM))
-                .consistent_read(true)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| self.dynamo("Query", e))?;
-            for it in page.items() {
-                out.push(from_item(it)?);
-            }
-            match page.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => break,
-            }
-        }
-        Ok(out)
+        self.query_partition(PK_NODECLAIM, None).await?.iter().map(from_item).collect()
     }
 
     /// NodeClaims whose capacity exists or is on its way (everything but Terminating):

@@ -114,25 +114,7 @@ impl StateStore {
 
     /// Offerings unavailable at `now_secs`.
     pub async fn unavailable_offerings(&self, now_secs: i64) -> Result<Vec<UnavailableOffering>, StateError> {
-        let mut items = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk")
-                .expression_attribute_values(":pk", s(PK_UNAVAILABLE))
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| self.dynamo("Query", e))?;
-            items.extend(page.items().iter().cloned());
-            match page.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => break,
-            }
-        }
+        let items = self.query_partition(PK_UNAVAILABLE, None).await?;
         live(&items, now_secs)
     }
 }
