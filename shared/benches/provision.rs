@@ -44,7 +44,11 @@ fn bench(c: &mut Criterion) {
     c.bench_function("provision warm path, 100 pods (solve + NodeClaim items)", |b| {
         b.iter(|| {
             let plan = solve(black_box(&input));
-            let items: Vec<_> = plan.node_claims.iter().map(|nc| state::node_claim_item(&nc.to_node_claim(), 1)).collect();
+            let items: Vec<_> = plan
+                .node_claims
+                .iter()
+                .map(|nc| state::node_claim_item(&nc.to_node_claim(), 1))
+                .collect();
             black_box(items.len())
         })
     });

@@ -30,11 +30,21 @@ fn catalog() -> Catalog {
             let od = 0.04 * cpu as f64 + 0.005 * mem_gib as f64;
             let mut offerings = Vec::new();
             for (zi, z) in ZONES.iter().enumerate() {
-                offerings.push(Offering { zone: z.to_string(), capacity_type: "on-demand".into(), price: od, available: true });
+                offerings.push(Offering {
+                    zone: z.to_string(),
+                    capacity_type: "on-demand".into(),
+                    price: od,
+                    available: true,
+                });
                 if zi < 2 {
                     // Spot discounts vary by type, as they do on EC2.
                     let discount = 0.25 + 0.5 * (((i * 7919) % 100) as f64 / 100.0);
-                    offerings.push(Offering { zone: z.to_string(), capacity_type: "spot".into(), price: od * discount, available: true });
+                    offerings.push(Offering {
+                        zone: z.to_string(),
+                        capacity_type: "spot".into(),
+                        price: od * discount,
+                        available: true,
+                    });
                 }
             }
             let capacity = Resources::from_pairs([
@@ -50,10 +60,21 @@ fn catalog() -> Catalog {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
-            InstanceTypeInfo { name: format!("fake-{i}"), labels, allocatable: Some(capacity.clone()), capacity, vcpus: cpu, eni_max_pods: 10 * (i + 1), offerings }
+            InstanceTypeInfo {
+                name: format!("fake-{i}"),
+                labels,
+                allocatable: Some(capacity.clone()),
+                capacity,
+                vcpus: cpu,
+                eni_max_pods: 10 * (i + 1),
+                offerings,
+            }
         })
         .collect();
-    Catalog { region: "bench".into(), instance_types }
+    Catalog {
+        region: "bench".into(),
+        instance_types,
+    }
 }
 
 fn pool() -> NodePool {
@@ -173,7 +194,9 @@ fn bench(c: &mut Criterion) {
         let mut input = SolveInput::new(&cat);
         input.node_pools = vec![pool()];
         input.pods = pods(n);
-        group.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| b.iter(|| solve(input)));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
+            b.iter(|| solve(input))
+        });
     }
     group.finish();
 }

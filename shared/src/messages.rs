@@ -49,7 +49,8 @@ pub struct MessageError {
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -64,7 +65,10 @@ impl PendingPodRef {
         let de = &mut serde_json::Deserializer::from_str(body);
         let r: PendingPodRef = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            MessageError { field: if path == "." { String::new() } else { path }, message: e.inner().to_string() }
+            MessageError {
+                field: if path == "." { String::new() } else { path },
+                message: e.inner().to_string(),
+            }
         })?;
         r.validate()?;
         Ok(r)
@@ -72,12 +76,23 @@ impl PendingPodRef {
 
     /// Checks the fields against the schema above.
     pub fn validate(&self) -> Result<(), MessageError> {
-        let bad = |field: &str, message: String| Err(MessageError { field: field.into(), message });
+        let bad = |field: &str, message: String| {
+            Err(MessageError {
+                field: field.into(),
+                message,
+            })
+        };
         if !is_dns_label(&self.namespace) {
-            return bad("namespace", format!("{:?} is not a valid namespace (DNS-1123 label)", self.namespace));
+            return bad(
+                "namespace",
+                format!("{:?} is not a valid namespace (DNS-1123 label)", self.namespace),
+            );
         }
         if !is_dns_subdomain(&self.name) {
-            return bad("name", format!("{:?} is not a valid pod name (DNS-1123 subdomain)", self.name));
+            return bad(
+                "name",
+                format!("{:?} is not a valid pod name (DNS-1123 subdomain)", self.name),
+            );
         }
         if self.uid.is_empty() || self.uid.len() > 128 {
             return bad("uid", "must be 1 to 128 characters".into());
@@ -106,9 +121,17 @@ mod tests {
 
     #[test]
     fn round_trips_through_the_wire_format() {
-        let r = PendingPodRef { namespace: "default".into(), name: "web-1".into(), uid: "u-1".into(), resource_version: "42".into() };
+        let r = PendingPodRef {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            uid: "u-1".into(),
+            resource_version: "42".into(),
+        };
         let body = r.to_body();
-        assert_eq!(body, r#"{"namespace":"default","name":"web-1","uid":"u-1","resourceVersion":"42"}"#);
+        assert_eq!(
+            body,
+            r#"{"namespace":"default","name":"web-1","uid":"u-1","resourceVersion":"42"}"#
+        );
         assert_eq!(PendingPodRef::parse(&body).unwrap(), r);
     }
 
@@ -117,12 +140,36 @@ mod tests {
         for (body, field, needle) in [
             ("not json", "", "expected"),
             (r#"{"namespace":"d","name":"n","uid":"u"}"#, "", "resourceVersion"),
-            (r#"{"namespace":"d","name":"n","uid":"u","resourceVersion":"1","extra":1}"#, "extra", "unknown field"),
-            (r#"{"namespace":"D!","name":"n","uid":"u","resourceVersion":"1"}"#, "namespace", "DNS-1123"),
-            (r#"{"namespace":"d","name":"-n","uid":"u","resourceVersion":"1"}"#, "name", "DNS-1123"),
-            (r#"{"namespace":"d","name":"n","uid":"","resourceVersion":"1"}"#, "uid", "1 to 128"),
-            (r#"{"namespace":"d","name":"n","uid":"u","resourceVersion":""}"#, "resourceVersion", "1 to 64"),
-            (r#"{"namespace":"d","name":5,"uid":"u","resourceVersion":"1"}"#, "name", "invalid type"),
+            (
+                r#"{"namespace":"d","name":"n","uid":"u","resourceVersion":"1","extra":1}"#,
+                "extra",
+                "unknown field",
+            ),
+            (
+                r#"{"namespace":"D!","name":"n","uid":"u","resourceVersion":"1"}"#,
+                "namespace",
+                "DNS-1123",
+            ),
+            (
+                r#"{"namespace":"d","name":"-n","uid":"u","resourceVersion":"1"}"#,
+                "name",
+                "DNS-1123",
+            ),
+            (
+                r#"{"namespace":"d","name":"n","uid":"","resourceVersion":"1"}"#,
+                "uid",
+                "1 to 128",
+            ),
+            (
+                r#"{"namespace":"d","name":"n","uid":"u","resourceVersion":""}"#,
+                "resourceVersion",
+                "1 to 64",
+            ),
+            (
+                r#"{"namespace":"d","name":5,"uid":"u","resourceVersion":"1"}"#,
+                "name",
+                "invalid type",
+            ),
         ] {
             let e = PendingPodRef::parse(body).unwrap_err();
             assert_eq!(e.field, field, "{body}: {e}");

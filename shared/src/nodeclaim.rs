@@ -146,10 +146,15 @@ impl NodeClaim {
     /// Moves to `next` if the lifecycle allows it.
     pub fn advance(&mut self, next: Phase, at: &str) -> Result<(), InvalidTransition> {
         if !self.phase.can_move_to(next) {
-            return Err(InvalidTransition { name: self.name.clone(), from: self.phase, to: next });
+            return Err(InvalidTransition {
+                name: self.name.clone(),
+                from: self.phase,
+                to: next,
+            });
         }
         self.phase = next;
-        self.timestamps.insert(format!("{next:?}").to_lowercase(), at.to_string());
+        self.timestamps
+            .insert(format!("{next:?}").to_lowercase(), at.to_string());
         Ok(())
     }
 }
@@ -188,7 +193,10 @@ mod tests {
         c.advance(Phase::Draining, "t").unwrap();
         c.advance(Phase::Terminating, "t").unwrap();
         assert!(!c.phase.holds_capacity());
-        assert_eq!(c.timestamps.get("launched").map(String::as_str), Some("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            c.timestamps.get("launched").map(String::as_str),
+            Some("2026-01-01T00:00:00Z")
+        );
     }
 
     #[test]

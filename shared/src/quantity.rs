@@ -72,7 +72,10 @@ impl Quantity {
     /// Parses Kubernetes notation: an optional sign, a decimal number, and a
     /// suffix from m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent.
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
-        let err = |reason| QuantityError { input: input.to_string(), reason };
+        let err = |reason| QuantityError {
+            input: input.to_string(),
+            reason,
+        };
         let s = input.trim();
         if s.is_empty() {
             return Err(err("empty"));
@@ -82,9 +85,7 @@ impl Quantity {
             b'+' => (false, &s[1..]),
             _ => (false, s),
         };
-        let num_end = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(s.len());
+        let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
         let (num, suffix) = s.split_at(num_end);
         if num.is_empty() || num == "." || num.matches('.').count() > 1 {
             return Err(err("no number"));
@@ -119,7 +120,11 @@ impl Quantity {
         if digits.len() > 30 {
             return Err(err("too many digits"));
         }
-        let mantissa: i128 = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| err("no number"))? };
+        let mantissa: i128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().map_err(|_| err("no number"))?
+        };
         // value = mantissa * 10^(exp10 - frac_len) * mul, in milli: * 10^3
         let shift = exp10 - frac_part.len() as i32 + 3;
         let mut v = mantissa.checked_mul(mul).ok_or_else(|| err("too large"))?;

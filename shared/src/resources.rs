@@ -102,7 +102,9 @@ impl Resources {
     /// True when every resource requested is available in `capacity`
     /// (a resource that capacity lacks counts as zero).
     pub fn fits_in(&self, capacity: &Resources) -> bool {
-        self.0.iter().all(|(k, v)| *v <= Quantity::ZERO || *v <= capacity.get(k))
+        self.0
+            .iter()
+            .all(|(k, v)| *v <= Quantity::ZERO || *v <= capacity.get(k))
     }
 
     /// The first resource that does not fit, for error messages.
@@ -139,6 +141,9 @@ mod tests {
         assert!(!sum.fits_in(&a));
         assert_eq!(sum.first_exceeding(&a).map(|x| x.0), Some("cpu"));
         assert_eq!(a.max(&b).get(CPU), Quantity::from_units(1));
-        assert_eq!(sum.minus(&b), a.plus(&Resources::parse([("cpu", "0"), ("nvidia.com/gpu", "0")]).unwrap()));
+        assert_eq!(
+            sum.minus(&b),
+            a.plus(&Resources::parse([("cpu", "0"), ("nvidia.com/gpu", "0")]).unwrap())
+        );
     }
 }

@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 /// Initialises tracing: JSON lines when running in Lambda, human-readable
 /// otherwise; the level comes from `RUST_LOG` (default `info`).
 pub fn init() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     // A second init (tests, warm containers) is harmless: keep the first.
     let _ = if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
@@ -64,12 +65,23 @@ mod tests {
     #[test]
     fn emf_has_the_documented_shape() {
         let dims = BTreeMap::from([("Function", "provision".to_string())]);
-        let line = emf(1_700_000_000_000, &dims, &[Metric { name: "NodeClaimsCreated", value: 3.0, unit: "Count" }]);
+        let line = emf(
+            1_700_000_000_000,
+            &dims,
+            &[Metric {
+                name: "NodeClaimsCreated",
+                value: 3.0,
+                unit: "Count",
+            }],
+        );
         let v: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000i64);
         assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Namespace"], "nodesmith");
         assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0][0], "Function");
-        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"], "NodeClaimsCreated");
+        assert_eq!(
+            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"],
+            "NodeClaimsCreated"
+        );
         assert_eq!(v["Function"], "provision");
         assert_eq!(v["NodeClaimsCreated"], 3.0);
     }

@@ -23,7 +23,10 @@ fn every_example_parses() {
         })
         .collect();
     assert_eq!(pools.len(), 5, "one pool in 01, 02, 04 and two in 03");
-    let deployments = docs.iter().filter(|d| matches!(d.object, Object::Deployment(_))).count();
+    let deployments = docs
+        .iter()
+        .filter(|d| matches!(d.object, Object::Deployment(_)))
+        .count();
     assert_eq!(deployments, 6);
     // Files are read in sorted order, documents in file order.
     let files: Vec<&str> = docs.iter().map(|d| d.file.rsplit('/').next().unwrap()).collect();
@@ -36,15 +39,28 @@ fn every_example_parses() {
 fn karpenter_defaults_are_applied() {
     let text = std::fs::read_to_string(examples().join("03-guard-rails-and-gpu.yaml")).unwrap();
     let (docs, _) = parse_documents("03.yaml", &text).unwrap();
-    let Object::NodePool(pool) = &docs[0].object else { panic!("first document is a NodePool") };
+    let Object::NodePool(pool) = &docs[0].object else {
+        panic!("first document is a NodePool")
+    };
     let spec = &pool.spec;
-    assert_eq!(spec.template.spec.expire_after, NillableDuration::parse("720h").unwrap());
-    assert_eq!(spec.disruption.consolidation_policy, ConsolidationPolicy::WhenEmptyOrUnderutilized);
-    assert_eq!(spec.disruption.consolidate_after, NillableDuration::parse("0s").unwrap());
+    assert_eq!(
+        spec.template.spec.expire_after,
+        NillableDuration::parse("720h").unwrap()
+    );
+    assert_eq!(
+        spec.disruption.consolidation_policy,
+        ConsolidationPolicy::WhenEmptyOrUnderutilized
+    );
+    assert_eq!(
+        spec.disruption.consolidate_after,
+        NillableDuration::parse("0s").unwrap()
+    );
     assert_eq!(spec.disruption.budgets.len(), 1);
     assert_eq!(spec.disruption.budgets[0].nodes, "10%");
     assert_eq!(pool.weight(), 0);
-    let Object::NodePool(gpu) = &docs[1].object else { panic!("second document is a NodePool") };
+    let Object::NodePool(gpu) = &docs[1].object else {
+        panic!("second document is a NodePool")
+    };
     assert_eq!(gpu.weight(), 10);
     assert_eq!(gpu.spec.limits["cpu"].to_string(), "900");
     let reqs = gpu.requirements().unwrap();
@@ -54,7 +70,8 @@ fn karpenter_defaults_are_applied() {
 
 const POOL_HEAD: &str = "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: p}\nspec:\n";
 const CLASS_HEAD: &str = "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {name: c}\nspec:\n";
-const TEMPLATE: &str = "  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n";
+const TEMPLATE: &str =
+    "  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n";
 
 #[test]
 fn malformed_manifests_name_the_field() {
@@ -111,13 +128,17 @@ fn malformed_manifests_name_the_field() {
         assert_eq!(err.file, "bad.yaml");
         assert_eq!(err.index, 1, "case {i}: {err}");
         assert_eq!(err.path, *path, "case {i}: {err}");
-        assert!(err.to_string().contains(words), "case {i}: {err:?} should mention {words:?}");
+        assert!(
+            err.to_string().contains(words),
+            "case {i}: {err:?} should mention {words:?}"
+        );
     }
 }
 
 #[test]
 fn unknown_kinds_are_warnings_not_errors() {
-    let (docs, warnings) = parse_documents("x.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n").unwrap();
+    let (docs, warnings) =
+        parse_documents("x.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n").unwrap();
     assert!(docs.is_empty());
     assert_eq!(warnings.len(), 1);
     assert!(warnings[0].message.contains("ConfigMap"));
@@ -129,12 +150,23 @@ fn the_nodeclass_reference_example_is_valid() {
         "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: bottlerocket@latest}}]\n  subnetSelectorTerms: [{{tags: {{karpenter.sh/discovery: c}}}}, {{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  kubelet: {{maxPods: 110, evictionHard: {{memory.available: 5%}}, imageGCHighThresholdPercent: 85, imageGCLowThresholdPercent: 80}}\n  blockDeviceMappings: [{{deviceName: /dev/xvda, rootVolume: true, ebs: {{volumeSize: 100Gi, volumeType: gp3}}}}]\n  tags: {{team: a}}\n  associatePublicIPAddress: false\n  capacityReservationSelectorTerms: [{{ownerID: \"012345678901\", tags: {{a: b}}}}]\n"
     );
     let (docs, _) = parse_documents("c.yaml", &text).unwrap();
-    let Object::EC2NodeClass(c) = &docs[0].object else { panic!("an EC2NodeClass") };
+    let Object::EC2NodeClass(c) = &docs[0].object else {
+        panic!("an EC2NodeClass")
+    };
     assert_eq!(c.ami_family().as_deref(), Some("Bottlerocket"));
     assert_eq!(c.spec.metadata_options.http_tokens, "required");
     assert_eq!(c.spec.metadata_options.http_put_response_hop_limit, 1);
     let kubelet = c.spec.kubelet.as_ref().unwrap();
-    assert_eq!((kubelet.image_gc_high_threshold_percent, kubelet.image_gc_low_threshold_percent), (Some(85), Some(80)));
+    assert_eq!(
+        (
+            kubelet.image_gc_high_threshold_percent,
+            kubelet.image_gc_low_threshold_percent
+        ),
+        (Some(85), Some(80))
+    );
     assert_eq!(c.spec.associate_public_ip_address, Some(false));
-    assert_eq!(c.spec.capacity_reservation_selector_terms[0].owner_id.as_deref(), Some("012345678901"));
+    assert_eq!(
+        c.spec.capacity_reservation_selector_terms[0].owner_id.as_deref(),
+        Some("012345678901")
+    );
 }

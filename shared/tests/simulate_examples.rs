@@ -16,8 +16,17 @@ fn root() -> PathBuf {
 
 fn simulate(example: &str) -> Value {
     let path = root().join("../examples").join(example);
-    let out = Command::new(env!("CARGO_BIN_EXE_nodesmith")).args(["simulate", "--output", "json"]).arg(&path).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_nodesmith"))
+        .args(["simulate", "--output", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
     // Wall time is the only non-deterministic field.
     v["stats"].as_object_mut().unwrap().remove("solveMillis");
@@ -30,7 +39,8 @@ fn golden(name: &str, v: &Value) {
     if std::env::var_os("NODESMITH_BLESS").is_some() {
         std::fs::write(&path, &text).unwrap();
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (bless with NODESMITH_BLESS=1)", path.display()));
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (bless with NODESMITH_BLESS=1)", path.display()));
     assert_eq!(text, want, "plan for {name} changed; review and bless");
 }
 
@@ -39,7 +49,13 @@ fn common(v: &Value, pending: usize) {
     let mut pods: Vec<String> = Vec::new();
     let mut total = 0.0;
     for c in v["nodeClaims"].as_array().unwrap() {
-        pods.extend(c["pods"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()));
+        pods.extend(
+            c["pods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap().to_string()),
+        );
         total += c["pricePerHour"].as_f64().unwrap();
         assert_eq!(c["instanceTypeOptions"][0], c["instanceType"]);
         assert_eq!(c["labels"]["kubernetes.io/hostname"], c["name"]);
@@ -53,9 +69,21 @@ fn common(v: &Value, pending: usize) {
         }
     }
     for e in v["existingNodes"].as_array().unwrap() {
-        pods.extend(e["pods"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()));
+        pods.extend(
+            e["pods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap().to_string()),
+        );
     }
-    pods.extend(v["unschedulable"].as_array().unwrap().iter().map(|u| u["pod"].as_str().unwrap().to_string()));
+    pods.extend(
+        v["unschedulable"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["pod"].as_str().unwrap().to_string()),
+    );
     let unique: BTreeSet<&String> = pods.iter().collect();
     assert_eq!(pods.len(), pending, "{pods:?}");
     assert_eq!(unique.len(), pending, "a pod appears twice");
@@ -64,7 +92,18 @@ fn common(v: &Value, pending: usize) {
 }
 
 fn claims_with<'a>(v: &'a Value, prefix: &str) -> Vec<&'a Value> {
-    v["nodeClaims"].as_array().unwrap().iter().filter(|c| c["pods"].as_array().unwrap().iter().any(|p| p.as_str().unwrap().starts_with(prefix))).collect()
+    v["nodeClaims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["pods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p.as_str().unwrap().starts_with(prefix))
+        })
+        .collect()
 }
 
 #[test]
@@ -86,7 +125,12 @@ fn example_02_spread_across_zones() {
     for app in ["default/spread-across-az-1-", "default/spread-across-az-2-"] {
         let mut zones = Vec::new();
         for c in v["nodeClaims"].as_array().unwrap() {
-            let n = c["pods"].as_array().unwrap().iter().filter(|p| p.as_str().unwrap().starts_with(app)).count();
+            let n = c["pods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p.as_str().unwrap().starts_with(app))
+                .count();
             zones.extend(std::iter::repeat_n(c["zone"].as_str().unwrap().to_string(), n));
         }
         let distinct: BTreeSet<&String> = zones.iter().collect();
@@ -105,7 +149,9 @@ fn example_03_guard_rails_and_gpu() {
     assert!(v["unschedulable"].as_array().unwrap().is_empty());
     for c in claims_with(&v, "default/trainer-") {
         assert_eq!(c["nodePool"], "specialist-compute");
-        assert!(["p3.8xlarge", "p3.16xlarge", "g5.xlarge", "g5.2xlarge"].contains(&c["instanceType"].as_str().unwrap()));
+        assert!(
+            ["p3.8xlarge", "p3.16xlarge", "g5.xlarge", "g5.2xlarge"].contains(&c["instanceType"].as_str().unwrap())
+        );
         assert_eq!(c["taints"][0]["key"], "nvidia.com/gpu");
     }
     for c in claims_with(&v, "default/web-") {
@@ -115,7 +161,10 @@ fn example_03_guard_rails_and_gpu() {
         assert!(["m5", "r5", "c5"].contains(&family), "{family}");
         for o in c["instanceTypeOptions"].as_array().unwrap() {
             let o = o.as_str().unwrap();
-            assert!(o.starts_with("m5.") || o.starts_with("r5.") || o.starts_with("c5."), "{o}");
+            assert!(
+                o.starts_with("m5.") || o.starts_with("r5.") || o.starts_with("c5."),
+                "{o}"
+            );
         }
     }
     golden("03-guard-rails-and-gpu", &v);
@@ -138,5 +187,8 @@ fn example_04_pinned_instance() {
 
 #[test]
 fn output_is_deterministic() {
-    assert_eq!(simulate("02-spread-across-zones.yaml"), simulate("02-spread-across-zones.yaml"));
+    assert_eq!(
+        simulate("02-spread-across-zones.yaml"),
+        simulate("02-spread-across-zones.yaml")
+    );
 }

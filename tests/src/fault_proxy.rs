@@ -87,16 +87,28 @@ impl FaultProxy {
     /// Starts a proxy on 127.0.0.1 (a free port) in front of `upstream`.
     pub async fn start(upstream: &str) -> FaultProxy {
         let rules = Arc::new(Mutex::new(Rules::default()));
-        let shared = Shared { upstream: upstream.trim_end_matches('/').to_string(), http: reqwest::Client::new(), rules: rules.clone() };
+        let shared = Shared {
+            upstream: upstream.trim_end_matches('/').to_string(),
+            http: reqwest::Client::new(),
+            rules: rules.clone(),
+        };
         let app = Router::new().fallback(handle).with_state(shared);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("fault proxy cannot bind: {e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("fault proxy has no address: {e}"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("fault proxy cannot bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("fault proxy has no address: {e}"));
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 eprintln!("fault proxy stopped: {e}");
             }
         });
-        FaultProxy { endpoint: format!("http://{addr}"), rules, task }
+        FaultProxy {
+            endpoint: format!("http://{addr}"),
+            rules,
+            task,
+        }
     }
 
     /// The URL to point SDK clients at.
@@ -150,13 +162,21 @@ fn action(headers: &HeaderMap, form: &[(String, String)]) -> String {
     if let Some(t) = headers.get("x-amz-target").and_then(|v| v.to_str().ok()) {
         return t.rsplit('.').next().unwrap_or(t).to_string();
     }
-    form.iter().find(|(k, _)| k == "Action").map(|(_, v)| v.clone()).unwrap_or_default()
+    form.iter()
+        .find(|(k, _)| k == "Action")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
 }
 
 fn throttle_response(json: bool) -> Response {
     if json {
         let body = r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#;
-        (StatusCode::BAD_REQUEST, [("content-type", "application/x-amz-json-1.0")], body).into_response()
+        (
+            StatusCode::BAD_REQUEST,
+            [("content-type", "application/x-amz-json-1.0")],
+            body,
+        )
+            .into_response()
     } else {
         let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>";
         (StatusCode::SERVICE_UNAVAILABLE, [("content-type", "text/xml")], body).into_response()
@@ -164,7 +184,11 @@ fn throttle_response(json: bool) -> Response {
 }
 
 async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
-    let form: Vec<(String, String)> = if headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|c| c.contains("x-www-form-urlencoded")) {
+    let form: Vec<(String, String)> = if headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.contains("x-www-form-urlencoded"))
+    {
         form_urlencoded::parse(&body).into_owned().collect()
     } else {
         Vec::new()
@@ -198,7 +222,11 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             }
         }
     }
-    let url = format!("{}{}", s.upstream, uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"));
+    let url = format!(
+        "{}{}",
+        s.upstream,
+        uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+    );
     let mut req = s.http.request(method, &url);
     for (k, v) in headers.iter() {
         if k != "host" && k != "content-length" {
@@ -219,7 +247,13 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
     let mut bytes = up.bytes().await.unwrap_or_default().to_vec();
     if !errors_xml.is_empty() && status.is_success() {
         let text = String::from_utf8_lossy(&bytes).to_string();
-        bytes = text.replacen("</CreateFleetResponse>", &format!("<errorSet>{errors_xml}</errorSet></CreateFleetResponse>"), 1).into_bytes();
+        bytes = text
+            .replacen(
+                "</CreateFleetResponse>",
+                &format!("<errorSet>{errors_xml}</errorSet></CreateFleetResponse>"),
+                1,
+            )
+            .into_bytes();
     }
     (status, out_headers, bytes).into_response()
 }
@@ -227,7 +261,12 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
 /// Splits a CreateFleet form into the request to forward (None if no override
 /// is left), the errorSet items for the failed overrides, and what was seen.
 fn filter_fleet(form: &[(String, String)], rules: &[CapacityRule]) -> (Option<String>, String, SeenFleet) {
-    let get = |k: &str| form.iter().find(|(fk, _)| fk == k).map(|(_, v)| v.clone()).unwrap_or_default();
+    let get = |k: &str| {
+        form.iter()
+            .find(|(fk, _)| fk == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
     let capacity_type = get("TargetCapacitySpecification.DefaultTargetCapacityType");
     // LaunchTemplateConfigs.<i>.Overrides.<j>.<field> → (i, j) → field → value
     let mut overrides: BTreeMap<(usize, usize), BTreeMap<String, String>> = BTreeMap::new();
@@ -239,7 +278,10 @@ fn filter_fleet(form: &[(String, String)], rules: &[CapacityRule]) -> (Option<St
             && parts[2] == "Overrides"
             && let (Ok(i), Ok(j)) = (parts[1].parse::<usize>(), parts[3].parse::<usize>())
         {
-            overrides.entry((i, j)).or_default().insert(parts[4].to_string(), v.clone());
+            overrides
+                .entry((i, j))
+                .or_default()
+                .insert(parts[4].to_string(), v.clone());
             continue;
         }
         rest.push((k.clone(), v.clone()));
@@ -253,14 +295,25 @@ fn filter_fleet(form: &[(String, String)], rules: &[CapacityRule]) -> (Option<St
     };
     let mut errors = String::new();
     let mut kept: BTreeMap<usize, Vec<&BTreeMap<String, String>>> = BTreeMap::new();
-    let mut seen = SeenFleet { capacity_type: capacity_type.clone(), client_token: get("ClientToken"), overrides: vec![], failed: 0 };
+    let mut seen = SeenFleet {
+        capacity_type: capacity_type.clone(),
+        client_token: get("ClientToken"),
+        overrides: vec![],
+        failed: 0,
+    };
     for ((i, _), o) in &overrides {
         let field = |f: &str| o.get(f).cloned().unwrap_or_default();
-        seen.overrides.push(SeenOverride { instance_type: field("InstanceType"), zone: field("AvailabilityZone"), subnet_id: field("SubnetId") });
+        seen.overrides.push(SeenOverride {
+            instance_type: field("InstanceType"),
+            zone: field("AvailabilityZone"),
+            subnet_id: field("SubnetId"),
+        });
         match matches(o) {
             Some(rule) => {
                 seen.failed += 1;
-                let lt = get(&format!("LaunchTemplateConfigs.{i}.LaunchTemplateSpecification.LaunchTemplateName"));
+                let lt = get(&format!(
+                    "LaunchTemplateConfigs.{i}.LaunchTemplateSpecification.LaunchTemplateName"
+                ));
                 errors.push_str(&format!(
                     "<item><launchTemplateAndOverrides><launchTemplateSpecification><launchTemplateName>{lt}</launchTemplateName><version>$Latest</version></launchTemplateSpecification><overrides><instanceType>{}</instanceType><subnetId>{}</subnetId><availabilityZone>{}</availabilityZone></overrides></launchTemplateAndOverrides><lifecycle>{capacity_type}</lifecycle><errorCode>{}</errorCode><errorMessage>We currently do not have sufficient {} capacity in the Availability Zone you requested ({}).</errorMessage></item>",
                     field("InstanceType"), field("SubnetId"), field("AvailabilityZone"), rule.code, field("InstanceType"), field("AvailabilityZone")
@@ -292,7 +345,10 @@ fn filter_fleet(form: &[(String, String)], rules: &[CapacityRule]) -> (Option<St
     for (i, os) in &kept {
         for (j, o) in os.iter().enumerate() {
             for (f, v) in o.iter() {
-                out.push((format!("LaunchTemplateConfigs.{}.Overrides.{}.{f}", new_index[i], j + 1), v.clone()));
+                out.push((
+                    format!("LaunchTemplateConfigs.{}.Overrides.{}.{f}", new_index[i], j + 1),
+                    v.clone(),
+                ));
             }
         }
     }

@@ -28,12 +28,22 @@ async fn next(State(api): State<Api>) -> impl IntoResponse {
     let event = api.event.lock().ok().and_then(|mut e| e.take());
     match event {
         Some(body) => {
-            let deadline = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() + 60_000;
+            let deadline = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis()
+                + 60_000;
             let headers = [
                 ("Lambda-Runtime-Aws-Request-Id", "req-1".to_string()),
                 ("Lambda-Runtime-Deadline-Ms", deadline.to_string()),
-                ("Lambda-Runtime-Invoked-Function-Arn", format!("arn:aws:lambda:us-east-1:123456789012:function:{}", api.function)),
-                ("Lambda-Runtime-Trace-Id", "Root=1-00000000-000000000000000000000000".to_string()),
+                (
+                    "Lambda-Runtime-Invoked-Function-Arn",
+                    format!("arn:aws:lambda:us-east-1:123456789012:function:{}", api.function),
+                ),
+                (
+                    "Lambda-Runtime-Trace-Id",
+                    "Root=1-00000000-000000000000000000000000".to_string(),
+                ),
             ];
             let mut h = HeaderMap::new();
             for (k, v) in headers {
@@ -66,15 +76,27 @@ pub struct Invocation {
 
 /// Runs `binary` with `env` under a Runtime API that hands it `event`, and
 /// returns its answer (or an error after 60 s without one).
-pub async fn invoke(binary: &Path, function: &str, env: &BTreeMap<String, String>, event: &serde_json::Value) -> Result<Invocation, String> {
+pub async fn invoke(
+    binary: &Path,
+    function: &str,
+    env: &BTreeMap<String, String>,
+    event: &serde_json::Value,
+) -> Result<Invocation, String> {
     let (polls, mut polled) = mpsc::unbounded_channel();
     let (answers, mut answered) = mpsc::unbounded_channel();
-    let api = Api { event: Arc::new(Mutex::new(Some(event.to_string()))), function: function.into(), polls, answers };
+    let api = Api {
+        event: Arc::new(Mutex::new(Some(event.to_string()))),
+        function: function.into(),
+        polls,
+        answers,
+    };
     let app = Router::new()
         .route("/2018-06-01/runtime/invocation/next", get(next))
         .route("/2018-06-01/runtime/invocation/{id}/{kind}", post(answer))
         .with_state(api);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let started = Instant::now();
@@ -93,7 +115,11 @@ pub async fn invoke(binary: &Path, function: &str, env: &BTreeMap<String, String
     let result = tokio::time::timeout(Duration::from_secs(60), async {
         let first = polled.recv().await.ok_or("the function never polled")?;
         let (path, body) = answered.recv().await.ok_or("the function never answered")?;
-        Ok::<_, String>(Invocation { path, body, init: first - started })
+        Ok::<_, String>(Invocation {
+            path,
+            body,
+            init: first - started,
+        })
     })
     .await
     .map_err(|_| format!("{function} did not answer within 60 s"))?;

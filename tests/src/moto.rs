@@ -35,13 +35,18 @@ pub fn repo_root() -> PathBuf {
 
 /// The Python with moto installed: `NODESMITH_PYTHON`, else the repo's `.venv`.
 pub fn python() -> PathBuf {
-    std::env::var_os("NODESMITH_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+    std::env::var_os("NODESMITH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
 }
 
 fn start() -> Result<Mutex<Server>, String> {
     let py = python();
     if !py.exists() {
-        return Err(format!("no Python at {} — run scripts/test, which creates the repo's .venv with moto", py.display()));
+        return Err(format!(
+            "no Python at {} — run scripts/test, which creates the repo's .venv with moto",
+            py.display()
+        ));
     }
     let mut child = Command::new(&py)
         .arg(repo_root().join("tests/moto/server.py"))
@@ -53,13 +58,25 @@ fn start() -> Result<Mutex<Server>, String> {
     let stdin = child.stdin.take().ok_or("moto has no stdin")?;
     let mut stdout = BufReader::new(child.stdout.take().ok_or("moto has no stdout")?);
     let mut line = String::new();
-    stdout.read_line(&mut line).map_err(|e| format!("moto did not start: {e}"))?;
+    stdout
+        .read_line(&mut line)
+        .map_err(|e| format!("moto did not start: {e}"))?;
     let port = line
         .trim()
         .strip_prefix("READY ")
-        .ok_or_else(|| format!("moto did not start (said {line:?}); is moto[server] installed in {}?", py.display()))?
+        .ok_or_else(|| {
+            format!(
+                "moto did not start (said {line:?}); is moto[server] installed in {}?",
+                py.display()
+            )
+        })?
         .to_string();
-    Ok(Mutex::new(Server { endpoint: format!("http://127.0.0.1:{port}"), stdin, stdout, _child: child }))
+    Ok(Mutex::new(Server {
+        endpoint: format!("http://127.0.0.1:{port}"),
+        stdin,
+        stdout,
+        _child: child,
+    }))
 }
 
 fn server() -> &'static Mutex<Server> {
@@ -74,7 +91,9 @@ fn command(line: &str) -> Result<(), String> {
     writeln!(s.stdin, "{line}").map_err(|e| format!("moto is gone: {e}"))?;
     s.stdin.flush().map_err(|e| format!("moto is gone: {e}"))?;
     let mut answer = String::new();
-    s.stdout.read_line(&mut answer).map_err(|e| format!("moto is gone: {e}"))?;
+    s.stdout
+        .read_line(&mut answer)
+        .map_err(|e| format!("moto is gone: {e}"))?;
     match answer.trim() {
         "OK" => Ok(()),
         other => Err(format!("moto refused {line:?}: {other}")),
@@ -132,8 +151,10 @@ impl Moto {
 
     /// Seeds spot prices, which moto does not model: (type, zone, price per hour).
     pub fn seed_spot_prices(&self, prices: &[(&str, &str, f64)]) {
-        let json: Vec<serde_json::Value> =
-            prices.iter().map(|(t, z, p)| serde_json::json!({"type": t, "zone": z, "price": p})).collect();
+        let json: Vec<serde_json::Value> = prices
+            .iter()
+            .map(|(t, z, p)| serde_json::json!({"type": t, "zone": z, "price": p}))
+            .collect();
         let line = format!("spot {}", serde_json::Value::Array(json));
         if let Err(e) = command(&line) {
             panic!("{e}");

@@ -7,15 +7,32 @@ use std::collections::BTreeSet;
 use nodesmith::catalog::{self, Catalog, InstanceTypeInfo, ec2};
 use nodesmith_tests::moto::moto;
 
-const SAMPLE: &[&str] = &["m5.large", "c5.4xlarge", "t4g.2xlarge", "g5.xlarge", "c6g.medium", "inf2.xlarge", "trn1.32xlarge", "p4d.24xlarge", "m5.metal", "c6gn.16xlarge", "u-6tb1.112xlarge"];
+const SAMPLE: &[&str] = &[
+    "m5.large",
+    "c5.4xlarge",
+    "t4g.2xlarge",
+    "g5.xlarge",
+    "c6g.medium",
+    "inf2.xlarge",
+    "trn1.32xlarge",
+    "p4d.24xlarge",
+    "m5.metal",
+    "c6gn.16xlarge",
+    "u-6tb1.112xlarge",
+];
 
 fn find<'a>(c: &'a Catalog, name: &str) -> &'a InstanceTypeInfo {
-    c.instance_types.iter().find(|i| i.name == name).unwrap_or_else(|| panic!("{name} missing"))
+    c.instance_types
+        .iter()
+        .find(|i| i.name == name)
+        .unwrap_or_else(|| panic!("{name} missing"))
 }
 
 async fn moto_catalog(m: &nodesmith_tests::moto::Moto) -> Catalog {
     let client = aws_sdk_ec2::Client::new(&m.sdk_config().await);
-    ec2::catalog(&client, "us-east-1", &ec2::PriceTable::bundled().unwrap()).await.unwrap()
+    ec2::catalog(&client, "us-east-1", &ec2::PriceTable::bundled().unwrap())
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -39,28 +56,47 @@ async fn ec2_catalog_matches_the_builtin_snapshot() {
         assert_eq!(l.labels, b.labels, "{}", l.name);
         assert_eq!(l.capacity, b.capacity, "{}", l.name);
         assert_eq!((l.vcpus, l.eni_max_pods), (b.vcpus, b.eni_max_pods), "{}", l.name);
-        let od = |i: &InstanceTypeInfo| i.offerings.iter().filter(|o| o.capacity_type == "on-demand").cloned().collect::<Vec<_>>();
+        let od = |i: &InstanceTypeInfo| {
+            i.offerings
+                .iter()
+                .filter(|o| o.capacity_type == "on-demand")
+                .cloned()
+                .collect::<Vec<_>>()
+        };
         assert_eq!(od(l), od(b), "{}", l.name);
     }
 
     // Same allocatable for the sample, by the shared formulas.
     let (lr, br) = (live.resolve(None), builtin.resolve(None));
     for name in SAMPLE {
-        let l = lr.iter().find(|t| t.name == *name).unwrap_or_else(|| panic!("{name} missing from EC2 catalog"));
+        let l = lr
+            .iter()
+            .find(|t| t.name == *name)
+            .unwrap_or_else(|| panic!("{name} missing from EC2 catalog"));
         let b = br.iter().find(|t| t.name == *name).unwrap();
         assert_eq!(l.allocatable, b.allocatable, "{name}");
         assert_eq!(l.labels, b.labels, "{name}");
     }
 
     // Spot prices are not invented: moto has none until seeded.
-    assert!(live.instance_types.iter().all(|i| i.offerings.iter().all(|o| o.capacity_type == "on-demand")));
+    assert!(
+        live.instance_types
+            .iter()
+            .all(|i| i.offerings.iter().all(|o| o.capacity_type == "on-demand"))
+    );
 }
 
 #[tokio::test]
 async fn sample_labels_are_karpenters() {
     let m = moto().await;
     let live = moto_catalog(&m).await;
-    let l = |name: &str, key: &str| find(&live, name).labels.get(key).cloned().unwrap_or_else(|| panic!("{name} has no {key}"));
+    let l = |name: &str, key: &str| {
+        find(&live, name)
+            .labels
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} has no {key}"))
+    };
     use nodesmith::apis::labels::{self as k, aws};
     let table: &[(&str, &str, &str)] = &[
         ("m5.large", aws::FAMILY, "m5"),
@@ -89,31 +125,59 @@ async fn sample_labels_are_karpenters() {
     let inf2 = find(&live, "inf2.xlarge");
     assert_eq!(inf2.capacity.get("aws.amazon.com/neuron").to_string(), "1");
     assert_eq!(inf2.capacity.get("aws.amazon.com/neuroncore").to_string(), "2");
-    assert_eq!(find(&live, "p4d.24xlarge").capacity.get("vpc.amazonaws.com/efa").to_string(), "4");
+    assert_eq!(
+        find(&live, "p4d.24xlarge")
+            .capacity
+            .get("vpc.amazonaws.com/efa")
+            .to_string(),
+        "4"
+    );
 }
 
 #[tokio::test]
 async fn seeded_spot_prices_become_spot_offerings() {
     let m = moto().await;
-    m.seed_spot_prices(&[("m5.large", "us-east-1a", 0.0312), ("m5.large", "us-east-1c", 0.0333), ("c6g.medium", "us-east-1b", 0.0101)]);
+    m.seed_spot_prices(&[
+        ("m5.large", "us-east-1a", 0.0312),
+        ("m5.large", "us-east-1c", 0.0333),
+        ("c6g.medium", "us-east-1b", 0.0101),
+    ]);
     let live = moto_catalog(&m).await;
     let spot = |name: &str| {
-        find(&live, name).offerings.iter().filter(|o| o.capacity_type == "spot").map(|o| (o.zone.clone(), o.price)).collect::<Vec<_>>()
+        find(&live, name)
+            .offerings
+            .iter()
+            .filter(|o| o.capacity_type == "spot")
+            .map(|o| (o.zone.clone(), o.price))
+            .collect::<Vec<_>>()
     };
-    assert_eq!(spot("m5.large"), [("us-east-1a".to_string(), 0.0312), ("us-east-1c".to_string(), 0.0333)]);
+    assert_eq!(
+        spot("m5.large"),
+        [("us-east-1a".to_string(), 0.0312), ("us-east-1c".to_string(), 0.0333)]
+    );
     assert_eq!(spot("c6g.medium"), [("us-east-1b".to_string(), 0.0101)]);
     assert!(spot("c5.4xlarge").is_empty());
     // The solver's choice follows: spot in the cheapest zone.
     let types = live.resolve(None);
     let m5 = types.iter().find(|t| t.name == "m5.large").unwrap();
-    let best = m5.cheapest_offering(&nodesmith::requirements::Requirements::default()).unwrap();
-    assert_eq!((best.zone.as_str(), best.capacity_type.as_str(), best.price), ("us-east-1a", "spot", 0.0312));
+    let best = m5
+        .cheapest_offering(&nodesmith::requirements::Requirements::default())
+        .unwrap();
+    assert_eq!(
+        (best.zone.as_str(), best.capacity_type.as_str(), best.price),
+        ("us-east-1a", "spot", 0.0312)
+    );
 }
 
 #[test]
 fn builtin_allocatable_matches_karpenters_documented_values() {
     let types = catalog::builtin().unwrap().resolve(None);
-    for (name, cpu, mem, pods) in [("m5.large", "1930m", "6903Mi", "29"), ("c5.4xlarge", "15890m", "27381Mi", "234"), ("t4g.2xlarge", "7910m", "29317Mi", "58"), ("g5.xlarge", "3920m", "14162Mi", "58")] {
+    for (name, cpu, mem, pods) in [
+        ("m5.large", "1930m", "6903Mi", "29"),
+        ("c5.4xlarge", "15890m", "27381Mi", "234"),
+        ("t4g.2xlarge", "7910m", "29317Mi", "58"),
+        ("g5.xlarge", "3920m", "14162Mi", "58"),
+    ] {
         let a = &types.iter().find(|t| t.name == name).unwrap().allocatable;
         assert_eq!(a.get("cpu").to_k8s_string("cpu"), cpu, "{name}");
         assert_eq!(a.get("memory").to_k8s_string("memory"), mem, "{name}");

@@ -16,7 +16,11 @@ async fn describe_cluster_reads_endpoint_and_ca_from_eks() {
     eks.create_cluster()
         .name("prod")
         .role_arn("arn:aws:iam::123456789012:role/eks")
-        .resources_vpc_config(aws_sdk_eks::types::VpcConfigRequest::builder().subnet_ids("subnet-1").build())
+        .resources_vpc_config(
+            aws_sdk_eks::types::VpcConfigRequest::builder()
+                .subnet_ids("subnet-1")
+                .build(),
+        )
         .send()
         .await
         .unwrap();
@@ -34,17 +38,28 @@ async fn requests_carry_a_minted_token_bound_to_the_cluster() {
     let m = moto().await;
     let conf = m.sdk_config().await;
     let server = KubeServer::start().await;
-    let endpoint = ClusterEndpoint { name: "prod".into(), endpoint: server.url().to_string(), ca_der: Vec::new() };
+    let endpoint = ClusterEndpoint {
+        name: "prod".into(),
+        endpoint: server.url().to_string(),
+        ca_der: Vec::new(),
+    };
     let cluster = KubeCluster::new(ClientSource::Eks(Box::new(EksClients::with_endpoint(conf, endpoint))));
     assert!(cluster.nodes().await.unwrap().is_empty());
     assert!(cluster.pods().await.unwrap().is_empty());
-    let auths: Vec<String> = server.requests().into_iter().map(|r| r.authorization.unwrap()).collect();
+    let auths: Vec<String> = server
+        .requests()
+        .into_iter()
+        .map(|r| r.authorization.unwrap())
+        .collect();
     assert_eq!(auths.len(), 2);
     assert_eq!(auths[0], auths[1], "a fresh token is reused");
     let token = auths[0].strip_prefix("Bearer ").unwrap();
     let b64 = token.strip_prefix(auth::TOKEN_PREFIX).unwrap();
     let url = String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(b64).unwrap()).unwrap();
-    assert!(url.starts_with("https://sts.us-east-1.amazonaws.com/?Action=GetCallerIdentity&Version=2011-06-15&"), "{url}");
+    assert!(
+        url.starts_with("https://sts.us-east-1.amazonaws.com/?Action=GetCallerIdentity&Version=2011-06-15&"),
+        "{url}"
+    );
     assert!(url.contains("X-Amz-SignedHeaders=host%3Bx-k8s-aws-id"), "{url}");
     assert!(url.contains("X-Amz-Credential=testing%2F"), "{url}");
     assert!(url.contains("X-Amz-Expires=60"), "{url}");
@@ -69,7 +84,8 @@ async fn functions_pick_the_cluster_from_their_environment() {
     let err = KubeCluster::from_lookup(conf.clone(), |_| None).err().unwrap();
     assert!(err.to_string().contains("NODESMITH_CLUSTER_NAME"), "{err}");
     // With a cluster name the adapter goes to EKS: moto knows no such cluster.
-    let eks = KubeCluster::from_lookup(conf, |k| (k == "NODESMITH_CLUSTER_NAME").then(|| "absent".to_string())).unwrap();
+    let eks =
+        KubeCluster::from_lookup(conf, |k| (k == "NODESMITH_CLUSTER_NAME").then(|| "absent".to_string())).unwrap();
     let err = eks.nodes().await.unwrap_err();
     assert!(err.to_string().contains("eks:DescribeCluster \"absent\""), "{err}");
 }

@@ -38,7 +38,15 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
     world(&m).await;
     let conf = m.sdk_config().await;
     let sqs = aws_sdk_sqs::Client::new(&conf);
-    let launch_queue = sqs.create_queue().queue_name("launch").send().await.unwrap().queue_url().unwrap().to_string();
+    let launch_queue = sqs
+        .create_queue()
+        .queue_name("launch")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
 
     let kube = KubeServer::start().await;
     kube.apply(&json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
@@ -52,12 +60,14 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         "limits": {"cpu": "64"}
     }}))
     .unwrap();
-    kube.apply(&json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
-        "role": "KarpenterNodeRole-demo",
-        "amiSelectorTerms": [{"alias": "al2023@latest"}],
-        "subnetSelectorTerms": [{"tags": {DISCOVERY: "*"}}],
-        "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}]
-    }}))
+    kube.apply(
+        &json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+            "role": "KarpenterNodeRole-demo",
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "subnetSelectorTerms": [{"tags": {DISCOVERY: "*"}}],
+            "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}]
+        }}),
+    )
     .unwrap();
     let names: Vec<String> = (0..10).map(|i| format!("web-{i}")).collect();
     for n in &names {
@@ -66,35 +76,69 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
             .unwrap();
     }
     kube.schedule();
-    assert!(kube.pods().iter().all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()), "no node exists yet");
+    assert!(
+        kube.pods()
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()),
+        "no node exists yet"
+    );
 
     // What the forwarder sends: one reference per unschedulable pod.
     let refs = records(names.iter().map(|n| {
-        (format!("msg-{n}"), json!({"namespace": "default", "name": n, "uid": format!("uid-{n}"), "resourceVersion": "1"}).to_string())
+        (
+            format!("msg-{n}"),
+            json!({"namespace": "default", "name": n, "uid": format!("uid-{n}"), "resourceVersion": "1"}).to_string(),
+        )
     }));
-    let cluster = KubeCluster::from_client(kube.client())
-        .with_retry(RetryPolicy { attempts: 3, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) });
-    let provisioner = Provisioner::new(cluster, store(&m).await, sqs.clone(), ProvisionConfig::new(&launch_queue));
+    let cluster = KubeCluster::from_client(kube.client()).with_retry(RetryPolicy {
+        attempts: 3,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    });
+    let provisioner = Provisioner::new(
+        cluster,
+        store(&m).await,
+        sqs.clone(),
+        ProvisionConfig::new(&launch_queue),
+    );
     let outcome = provisioner.handle(&refs).await;
-    assert!(outcome.failed.is_empty() && outcome.unschedulable.is_empty(), "{outcome:?}");
+    assert!(
+        outcome.failed.is_empty() && outcome.unschedulable.is_empty(),
+        "{outcome:?}"
+    );
     assert!(!outcome.created.is_empty());
 
     // The launch function takes what provision queued.
     let mut launch_records = Vec::new();
     loop {
-        let got = sqs.receive_message().queue_url(&launch_queue).max_number_of_messages(10).send().await.unwrap();
+        let got = sqs
+            .receive_message()
+            .queue_url(&launch_queue)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap();
         if got.messages().is_empty() {
             break;
         }
         for msg in got.messages() {
             launch_records.push((msg.message_id().unwrap().to_string(), msg.body().unwrap().to_string()));
-            sqs.delete_message().queue_url(&launch_queue).receipt_handle(msg.receipt_handle().unwrap()).send().await.unwrap();
+            sqs.delete_message()
+                .queue_url(&launch_queue)
+                .receipt_handle(msg.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
         }
     }
     assert_eq!(launch_records.len(), outcome.created.len());
     let launcher = launcher(&m, m.endpoint()).await;
     let (response, _) = batch::handle(&launcher, &records(launch_records)).await;
-    assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "{:?}",
+        response.batch_item_failures
+    );
 
     // Every claim is Launched with an instance that carries its tags.
     let claims = store(&m).await.list_node_claims().await.unwrap();
@@ -105,13 +149,28 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         let id = c.instance_id.clone().unwrap();
         let found = ec2.describe_instances().instance_ids(&id).send().await.unwrap();
         let instance = &found.reservations()[0].instances()[0];
-        let tags: Vec<(String, String)> =
-            instance.tags().iter().map(|t| (t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string())).collect();
-        assert!(tags.contains(&("karpenter.sh/nodeclaim".into(), c.name.clone())), "{tags:?}");
+        let tags: Vec<(String, String)> = instance
+            .tags()
+            .iter()
+            .map(|t| {
+                (
+                    t.key().unwrap_or_default().to_string(),
+                    t.value().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        assert!(
+            tags.contains(&("karpenter.sh/nodeclaim".into(), c.name.clone())),
+            "{tags:?}"
+        );
         assert!(tags.contains(&("karpenter.sh/nodepool".into(), "default".into())));
         assert!(tags.contains(&(format!("kubernetes.io/cluster/{CLUSTER}"), "owned".into())));
         let itype = instance.instance_type().unwrap().as_str().to_string();
-        assert!(c.instance_type_options.contains(&itype), "{itype} not among {:?}", c.instance_type_options);
+        assert!(
+            c.instance_type_options.contains(&itype),
+            "{itype} not among {:?}",
+            c.instance_type_options
+        );
     }
 
     // The instances join as nodes and the scheduler binds every pod.
@@ -125,10 +184,17 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
         .map(|p| p.metadata.name.clone().unwrap_or_default())
         .collect();
-    assert!(unbound.is_empty(), "pods left pending after the nodes joined: {unbound:?}");
+    assert!(
+        unbound.is_empty(),
+        "pods left pending after the nodes joined: {unbound:?}"
+    );
     for n in &nodes {
         let labels = n.metadata.labels.clone().unwrap_or_default();
-        assert_eq!(labels.get("team").map(String::as_str), Some("web"), "template labels reach the node");
+        assert_eq!(
+            labels.get("team").map(String::as_str),
+            Some("web"),
+            "template labels reach the node"
+        );
         assert_eq!(labels.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
     }
 

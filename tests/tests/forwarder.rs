@@ -38,7 +38,12 @@ struct Running {
 fn start(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Running {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let health = Health::default();
-    let (client, sink, cfg, h) = (server.client(), SqsSink::new(sqs.clone(), queue_url), config(queue_url), health.clone());
+    let (client, sink, cfg, h) = (
+        server.client(),
+        SqsSink::new(sqs.clone(), queue_url),
+        config(queue_url),
+        health.clone(),
+    );
     let task = tokio::spawn(async move {
         run(client, sink, &cfg, h, async {
             let _ = stopped.await;
@@ -52,10 +57,22 @@ fn start(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Run
 async fn receive_until(sqs: &aws_sdk_sqs::Client, queue_url: &str, sentinel: &str) -> Vec<PendingPodRef> {
     let mut got = Vec::new();
     for _ in 0..60 {
-        let out = sqs.receive_message().queue_url(queue_url).max_number_of_messages(10).wait_time_seconds(1).send().await.unwrap();
+        let out = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
         for m in out.messages() {
             got.push(PendingPodRef::parse(m.body().unwrap()).unwrap());
-            sqs.delete_message().queue_url(queue_url).receipt_handle(m.receipt_handle().unwrap()).send().await.unwrap();
+            sqs.delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
         }
         if got.iter().any(|r| r.name == sentinel) {
             return got;
@@ -68,13 +85,24 @@ async fn receive_until(sqs: &aws_sdk_sqs::Client, queue_url: &str, sentinel: &st
 async fn drain_queue(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Vec<PendingPodRef> {
     let mut got = Vec::new();
     loop {
-        let out = sqs.receive_message().queue_url(queue_url).max_number_of_messages(10).send().await.unwrap();
+        let out = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap();
         if out.messages().is_empty() {
             return got;
         }
         for m in out.messages() {
             got.push(PendingPodRef::parse(m.body().unwrap()).unwrap());
-            sqs.delete_message().queue_url(queue_url).receipt_handle(m.receipt_handle().unwrap()).send().await.unwrap();
+            sqs.delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
         }
     }
 }
@@ -87,7 +115,15 @@ fn count(refs: &[PendingPodRef], name: &str) -> usize {
 async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() {
     let m = moto().await;
     let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
-    let queue_url = sqs.create_queue().queue_name("pending-pods").send().await.unwrap().queue_url().unwrap().to_string();
+    let queue_url = sqs
+        .create_queue()
+        .queue_name("pending-pods")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
     let server = KubeServer::start().await;
     // One small node: "fits" is bound, "big" cannot fit anywhere.
     server
@@ -136,8 +172,16 @@ async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() 
     }
     assert_eq!(count(&all, "fits"), 0);
     assert_eq!(stats.sent, 4, "{stats:?}");
-    let watches: Vec<String> = server.requests().into_iter().filter(|r| r.uri.contains("/pods")).map(|r| r.uri).collect();
-    assert!(stats.duplicates >= 3, "the re-list saw the three earlier pending pods again: {stats:?} {watches:#?}");
+    let watches: Vec<String> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.uri.contains("/pods"))
+        .map(|r| r.uri)
+        .collect();
+    assert!(
+        stats.duplicates >= 3,
+        "the re-list saw the three earlier pending pods again: {stats:?} {watches:#?}"
+    );
     assert!(fw.health.is_ready());
 }
 
@@ -145,7 +189,15 @@ async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() 
 async fn a_pod_that_changes_while_pending_is_sent_again_and_bound_pods_never() {
     let m = moto().await;
     let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
-    let queue_url = sqs.create_queue().queue_name("pending-pods").send().await.unwrap().queue_url().unwrap().to_string();
+    let queue_url = sqs
+        .create_queue()
+        .queue_name("pending-pods")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
     let server = KubeServer::start().await;
     let fw = start(&server, &sqs, &queue_url);
     server.apply(&pod("web", "1")).unwrap();
@@ -202,7 +254,13 @@ async fn health_endpoints_follow_the_watch() {
         })
         .await
     });
-    let get = |path: &'static str| async move { reqwest::get(format!("http://{addr}{path}")).await.unwrap().status().as_u16() };
+    let get = |path: &'static str| async move {
+        reqwest::get(format!("http://{addr}{path}"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
     assert_eq!((get("/healthz").await, get("/readyz").await), (200, 503));
     health.synced();
     assert_eq!((get("/healthz").await, get("/readyz").await), (200, 200));

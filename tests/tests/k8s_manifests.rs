@@ -47,7 +47,11 @@ fn normalize(v: &Value) -> Value {
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| (k.clone(), normalize(v)))
-                .filter(|(_, v)| !(v.is_null() || v.as_object().is_some_and(|o| o.is_empty()) || v.as_array().is_some_and(|a| a.is_empty())))
+                .filter(|(_, v)| {
+                    !(v.is_null()
+                        || v.as_object().is_some_and(|o| o.is_empty())
+                        || v.as_array().is_some_and(|a| a.is_empty()))
+                })
                 .collect(),
         ),
         Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
@@ -58,7 +62,11 @@ fn normalize(v: &Value) -> Value {
 fn round_trips<K: DeserializeOwned + Serialize>(doc: &Value, what: &str) {
     let typed: K = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let back = serde_json::to_value(&typed).unwrap();
-    assert_eq!(normalize(&back), normalize(doc), "{what}: some field is unknown to the typed object");
+    assert_eq!(
+        normalize(&back),
+        normalize(doc),
+        "{what}: some field is unknown to the typed object"
+    );
 }
 
 #[test]
@@ -79,14 +87,26 @@ fn every_document_is_a_known_kubernetes_object() {
                 ("apps/v1", "Deployment") => round_trips::<Deployment>(doc, &what),
                 ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trips::<ClusterRole>(doc, &what),
                 ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => round_trips::<ClusterRoleBinding>(doc, &what),
-                ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => round_trips::<CustomResourceDefinition>(doc, &what),
+                ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+                    round_trips::<CustomResourceDefinition>(doc, &what)
+                }
                 (api, k) => panic!("{what}: unexpected {api}/{k}"),
             }
-            assert!(doc["metadata"]["name"].as_str().is_some_and(|n| !n.is_empty()), "{what}: no name");
+            assert!(
+                doc["metadata"]["name"].as_str().is_some_and(|n| !n.is_empty()),
+                "{what}: no name"
+            );
             kinds.push(kind);
         }
     }
-    for k in ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "CustomResourceDefinition"] {
+    for k in [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "CustomResourceDefinition",
+    ] {
         assert!(kinds.iter().any(|x| x == k), "no {k} among {kinds:?}");
     }
 }
@@ -95,7 +115,12 @@ fn every_document_is_a_known_kubernetes_object() {
 fn the_kustomization_lists_exactly_the_manifests() {
     let k = &documents(&k8s_dir().join("kustomization.yaml"))[0];
     assert_eq!(k["kind"], "Kustomization");
-    let listed: BTreeSet<String> = k["resources"].as_array().unwrap().iter().map(|r| r.as_str().unwrap().to_string()).collect();
+    let listed: BTreeSet<String> = k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
     let present: BTreeSet<String> = yaml_files()
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
@@ -108,7 +133,10 @@ fn the_kustomization_lists_exactly_the_manifests() {
 fn checked_in_crds_are_what_the_types_generate() {
     let checked_in = std::fs::read_to_string(k8s_dir().join("crds.yaml")).unwrap();
     let generated = nodesmith::kubernetes::crds::crds_yaml().unwrap();
-    assert!(checked_in == generated, "infra/k8s/crds.yaml is stale: run `cargo run -p nodesmith --bin crdgen > infra/k8s/crds.yaml`");
+    assert!(
+        checked_in == generated,
+        "infra/k8s/crds.yaml is stale: run `cargo run -p nodesmith --bin crdgen > infra/k8s/crds.yaml`"
+    );
 }
 
 /// Checks the rules that make a CRD schema structural (what the API server
@@ -123,11 +151,28 @@ fn structural_violations(schema: &Value, path: &str, out: &mut Vec<String>) {
         out.push(format!("{path}: no type"));
     }
     for junctor in ["anyOf", "allOf", "oneOf"] {
-        for (i, member) in s.get(junctor).and_then(Value::as_array).into_iter().flatten().enumerate() {
-            for banned in ["type", "additionalProperties", "default", "nullable", "description", "properties", "items"] {
-                let int_or_string = junctor == "anyOf" && banned == "type" && s.contains_key("x-kubernetes-int-or-string");
+        for (i, member) in s
+            .get(junctor)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for banned in [
+                "type",
+                "additionalProperties",
+                "default",
+                "nullable",
+                "description",
+                "properties",
+                "items",
+            ] {
+                let int_or_string =
+                    junctor == "anyOf" && banned == "type" && s.contains_key("x-kubernetes-int-or-string");
                 if member.get(banned).is_some() && !int_or_string {
-                    out.push(format!("{path}.{junctor}[{i}]: {banned} is not allowed inside {junctor}"));
+                    out.push(format!(
+                        "{path}.{junctor}[{i}]: {banned} is not allowed inside {junctor}"
+                    ));
                 }
             }
         }
@@ -168,8 +213,15 @@ fn crd_schemas_are_structural() {
     }
     // The checker itself catches what it claims to.
     let mut v = Vec::new();
-    structural_violations(&serde_json::json!({"type": "object", "properties": {"a": {}, "b": {"type": "array"}}}), "t", &mut v);
-    assert_eq!(v, vec!["t.a: no type".to_string(), "t.b: array without items".to_string()]);
+    structural_violations(
+        &serde_json::json!({"type": "object", "properties": {"a": {}, "b": {"type": "array"}}}),
+        "t",
+        &mut v,
+    );
+    assert_eq!(
+        v,
+        vec!["t.a: no type".to_string(), "t.b: array without items".to_string()]
+    );
 }
 
 /// Fields of `doc` the schema does not declare (the API server would prune them).
@@ -211,7 +263,9 @@ fn users_karpenter_manifests_use_only_fields_the_crds_declare() {
         }
         for doc in documents(&path) {
             let kind = doc["kind"].as_str().unwrap_or_default();
-            let Some((_, schema)) = schemas.iter().find(|(k, _)| k == kind) else { continue };
+            let Some((_, schema)) = schemas.iter().find(|(k, _)| k == kind) else {
+                continue;
+            };
             let mut body = doc.clone();
             // apiVersion, kind and metadata are the API server's, not the schema's.
             for f in ["apiVersion", "kind", "metadata"] {
@@ -223,11 +277,19 @@ fn users_karpenter_manifests_use_only_fields_the_crds_declare() {
             checked += 1;
         }
     }
-    assert!(checked >= 2, "expected NodePools and EC2NodeClasses among the examples, checked {checked}");
+    assert!(
+        checked >= 2,
+        "expected NodePools and EC2NodeClasses among the examples, checked {checked}"
+    );
     // A misspelt field is caught.
     let (_, np) = schemas.iter().find(|(k, _)| k == "NodePool").unwrap();
     let mut unknown = Vec::new();
-    unknown_fields(&serde_json::json!({"spec": {"template": {"spec": {"nodeClasRef": {}}}}}), np, "NodePool", &mut unknown);
+    unknown_fields(
+        &serde_json::json!({"spec": {"template": {"spec": {"nodeClasRef": {}}}}}),
+        np,
+        "NodePool",
+        &mut unknown,
+    );
     assert_eq!(unknown, vec!["NodePool.spec.template.spec.nodeClasRef".to_string()]);
 }
 
@@ -236,7 +298,10 @@ fn rules(file: &str, role: &str) -> Vec<PolicyRule> {
         .into_iter()
         .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == role)
         .unwrap_or_else(|| panic!("no ClusterRole {role} in {file}"));
-    serde_json::from_value::<ClusterRole>(doc).unwrap().rules.unwrap_or_default()
+    serde_json::from_value::<ClusterRole>(doc)
+        .unwrap()
+        .rules
+        .unwrap_or_default()
 }
 
 fn grants(rules: &[PolicyRule]) -> BTreeSet<String> {
@@ -258,7 +323,13 @@ fn grants(rules: &[PolicyRule]) -> BTreeSet<String> {
 #[test]
 fn rbac_grants_what_the_code_calls_and_no_more() {
     let forwarder = grants(&rules("forwarder.yaml", "nodesmith-forwarder"));
-    assert_eq!(forwarder, ["/pods:get", "/pods:list", "/pods:watch"].iter().map(|s| s.to_string()).collect());
+    assert_eq!(
+        forwarder,
+        ["/pods:get", "/pods:list", "/pods:watch"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
     let lambda = grants(&rules("lambda-rbac.yaml", "nodesmith-lambda"));
     for needed in [
         "/nodes:get",
@@ -279,14 +350,24 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
     ] {
         assert!(lambda.contains(needed), "the Lambda role lacks {needed}");
     }
-    for never in ["/pods:delete", "/pods:create", "/nodes:create", "/secrets:get", "/secrets:list", "/pods:patch"] {
+    for never in [
+        "/pods:delete",
+        "/pods:create",
+        "/nodes:create",
+        "/secrets:get",
+        "/secrets:list",
+        "/pods:patch",
+    ] {
         assert!(!lambda.contains(never), "the Lambda role must not have {never}");
     }
 }
 
 #[test]
 fn the_forwarder_deployment_is_small_and_locked_down() {
-    let doc = documents(&k8s_dir().join("forwarder.yaml")).into_iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let doc = documents(&k8s_dir().join("forwarder.yaml"))
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
     let d: Deployment = serde_json::from_value(doc).unwrap();
     let spec = d.spec.unwrap();
     assert_eq!(spec.replicas, Some(1));
@@ -300,6 +381,9 @@ fn the_forwarder_deployment_is_small_and_locked_down() {
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(pod.service_account_name.as_deref(), Some("nodesmith-forwarder"));
     let probes = [c.liveness_probe.as_ref(), c.readiness_probe.as_ref()];
-    let paths: Vec<&str> = probes.iter().map(|p| p.unwrap().http_get.as_ref().unwrap().path.as_deref().unwrap()).collect();
+    let paths: Vec<&str> = probes
+        .iter()
+        .map(|p| p.unwrap().http_get.as_ref().unwrap().path.as_deref().unwrap())
+        .collect();
     assert_eq!(paths, vec!["/healthz", "/readyz"]);
 }

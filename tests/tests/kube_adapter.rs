@@ -14,7 +14,11 @@ use nodesmith_tests::kube_server::{Fault, KubeServer, NodeRegistration};
 use serde_json::{Value, json};
 
 fn fast_retry() -> RetryPolicy {
-    RetryPolicy { attempts: 4, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) }
+    RetryPolicy {
+        attempts: 4,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    }
 }
 
 fn adapter(server: &KubeServer) -> KubeCluster {
@@ -35,7 +39,11 @@ fn node(name: &str) -> NodeRegistration {
         instance_type: "m5.xlarge".into(),
         zone: "us-east-1a".into(),
         capacity_type: "spot".into(),
-        capacity: BTreeMap::from([("cpu".into(), "4".into()), ("memory".into(), "16Gi".into()), ("pods".into(), "58".into())]),
+        capacity: BTreeMap::from([
+            ("cpu".into(), "4".into()),
+            ("memory".into(), "16Gi".into()),
+            ("pods".into(), "58".into()),
+        ]),
         ..Default::default()
     }
 }
@@ -45,12 +53,30 @@ fn node(name: &str) -> NodeRegistration {
 async fn busy_node() -> KubeServer {
     let server = KubeServer::start().await;
     server.register_node(&node("n1")).unwrap();
-    server.apply(&pod("web-1", json!({"app": "web"}), json!({}), json!({}))).unwrap();
-    server.apply(&pod("web-2", json!({"app": "web"}), json!({}), json!({}))).unwrap();
-    server.apply(&pod("precious", json!({}), json!({"karpenter.sh/do-not-disrupt": "true"}), json!({}))).unwrap();
+    server
+        .apply(&pod("web-1", json!({"app": "web"}), json!({}), json!({})))
+        .unwrap();
+    server
+        .apply(&pod("web-2", json!({"app": "web"}), json!({}), json!({})))
+        .unwrap();
+    server
+        .apply(&pod(
+            "precious",
+            json!({}),
+            json!({"karpenter.sh/do-not-disrupt": "true"}),
+            json!({}),
+        ))
+        .unwrap();
     let ds_owner = json!({"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u-ds", "controller": true}]});
     server.apply(&pod("agent-x", json!({}), json!({}), ds_owner)).unwrap();
-    server.apply(&pod("static", json!({}), json!({"kubernetes.io/config.mirror": "abc"}), json!({}))).unwrap();
+    server
+        .apply(&pod(
+            "static",
+            json!({}),
+            json!({"kubernetes.io/config.mirror": "abc"}),
+            json!({}),
+        ))
+        .unwrap();
     server
         .apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}))
@@ -68,9 +94,19 @@ async fn drain_evicts_within_the_pdb_and_honours_do_not_disrupt() {
     assert_eq!(report.evicted, vec!["default/web-1".to_string()]);
     assert_eq!(report.blocked_by_pdb.len(), 1);
     assert_eq!(report.blocked_by_pdb[0].0, "default/web-2");
-    assert!(report.blocked_by_pdb[0].1.contains("disruption budget web"), "{:?}", report.blocked_by_pdb);
+    assert!(
+        report.blocked_by_pdb[0].1.contains("disruption budget web"),
+        "{:?}",
+        report.blocked_by_pdb
+    );
     assert_eq!(report.do_not_disrupt, vec!["default/precious".to_string()]);
-    assert_eq!(report.skipped, vec![("default/agent-x".to_string(), Skip::DaemonSet), ("default/static".to_string(), Skip::Mirror)]);
+    assert_eq!(
+        report.skipped,
+        vec![
+            ("default/agent-x".to_string(), Skip::DaemonSet),
+            ("default/static".to_string(), Skip::Mirror)
+        ]
+    );
     assert!(!report.is_complete());
     // The blocked and protected pods are still there; the evicted one is gone.
     assert!(server.pod("default", "web-1").is_none());
@@ -78,7 +114,12 @@ async fn drain_evicts_within_the_pdb_and_honours_do_not_disrupt() {
     assert!(server.pod("default", "precious").is_some());
     assert!(server.pod("default", "agent-x").is_some());
     // The eviction was recorded as an Event on the pod.
-    assert!(server.events().iter().any(|e| e.reason.as_deref() == Some("Evicted") && e.involved_object.name.as_deref() == Some("web-1")));
+    assert!(
+        server
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Evicted") && e.involved_object.name.as_deref() == Some("web-1"))
+    );
     // Exactly one eviction request per evictable pod: the PDB's 429 is an answer, not retried.
     assert_eq!(server.count_requests(&Method::POST, "/pods/web-2/eviction"), 1);
 }
@@ -87,7 +128,15 @@ async fn drain_evicts_within_the_pdb_and_honours_do_not_disrupt() {
 async fn forced_drain_evicts_do_not_disrupt_pods() {
     let server = busy_node().await;
     let cluster = adapter(&server);
-    let report = drain(&cluster, "n1", DrainOptions { ignore_do_not_disrupt: true }).await.unwrap();
+    let report = drain(
+        &cluster,
+        "n1",
+        DrainOptions {
+            ignore_do_not_disrupt: true,
+        },
+    )
+    .await
+    .unwrap();
     assert!(report.evicted.contains(&"default/precious".to_string()));
     assert!(server.pod("default", "precious").is_none());
 }
@@ -99,7 +148,10 @@ async fn evict_reports_blocked_evicted_and_gone() {
     let web1 = server.pod("default", "web-1").unwrap();
     let web2 = server.pod("default", "web-2").unwrap();
     assert_eq!(cluster.evict(&web1).await.unwrap(), EvictionOutcome::Evicted);
-    assert!(matches!(cluster.evict(&web2).await.unwrap(), EvictionOutcome::Blocked { .. }));
+    assert!(matches!(
+        cluster.evict(&web2).await.unwrap(),
+        EvictionOutcome::Blocked { .. }
+    ));
     assert_eq!(cluster.evict(&web1).await.unwrap(), EvictionOutcome::Gone);
 }
 
@@ -122,12 +174,27 @@ async fn taint_conflicts_are_retried_from_a_fresh_read() {
     assert!(cluster.taint_disrupted("n1").await.unwrap());
     assert_eq!(server.count_requests(&Method::PATCH, "/api/v1/nodes/n1"), 3);
     let taints = server.node("n1").unwrap().spec.unwrap().taints.unwrap();
-    assert_eq!(taints.iter().filter(|t| t.key == "karpenter.sh/disrupted" && t.effect == "NoSchedule").count(), 1);
+    assert_eq!(
+        taints
+            .iter()
+            .filter(|t| t.key == "karpenter.sh/disrupted" && t.effect == "NoSchedule")
+            .count(),
+        1
+    );
     // Idempotent: a second call changes nothing.
     assert!(!cluster.taint_disrupted("n1").await.unwrap());
     assert_eq!(server.count_requests(&Method::PATCH, "/api/v1/nodes/n1"), 3);
     assert!(cluster.untaint_disrupted("n1").await.unwrap());
-    assert!(server.node("n1").unwrap().spec.unwrap().taints.unwrap_or_default().is_empty());
+    assert!(
+        server
+            .node("n1")
+            .unwrap()
+            .spec
+            .unwrap()
+            .taints
+            .unwrap_or_default()
+            .is_empty()
+    );
     // The new taint keeps the scheduler away.
     assert!(cluster.taint_disrupted("n1").await.unwrap());
     server.apply(&pod("late", json!({}), json!({}), json!({}))).unwrap();
@@ -169,14 +236,28 @@ async fn pending_pods_are_the_unschedulable_ones() {
     let mut picky = pod("picky", json!({}), json!({}), json!({}));
     json_patch::merge(&mut picky, &json!({"spec": {"nodeSelector": {"gpu": "true"}}}));
     server.apply(&picky).unwrap();
-    server.apply(&pod("not-yet-seen", json!({}), json!({}), json!({}))).unwrap();
+    server
+        .apply(&pod("not-yet-seen", json!({}), json!({}), json!({})))
+        .unwrap();
     let cluster = adapter(&server);
     // Before the scheduler ran nothing is known to be unschedulable.
     assert!(cluster.pending_pods().await.unwrap().is_empty());
     server.schedule();
-    let pending: Vec<String> = cluster.pending_pods().await.unwrap().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    let pending: Vec<String> = cluster
+        .pending_pods()
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
     assert_eq!(pending, vec!["picky".to_string()]);
-    let on_node: Vec<String> = cluster.pods_on_node("n1").await.unwrap().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    let on_node: Vec<String> = cluster
+        .pods_on_node("n1")
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
     assert_eq!(on_node, vec!["fits".to_string(), "not-yet-seen".to_string()]);
     assert!(cluster.pod("default", "picky").await.unwrap().is_some());
     assert!(cluster.pod("default", "nope").await.unwrap().is_none());
@@ -201,10 +282,24 @@ async fn lists_every_kind_the_functions_read() {
     let cluster = adapter(&server);
     assert_eq!(cluster.daemon_sets().await.unwrap().len(), 1);
     assert_eq!(cluster.persistent_volumes().await.unwrap().len(), 1);
-    assert_eq!(cluster.persistent_volume_claims().await.unwrap()[0].spec.as_ref().unwrap().storage_class_name.as_deref(), Some("gp3"));
-    assert_eq!(cluster.storage_classes().await.unwrap()[0].provisioner, "ebs.csi.aws.com");
+    assert_eq!(
+        cluster.persistent_volume_claims().await.unwrap()[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .storage_class_name
+            .as_deref(),
+        Some("gp3")
+    );
+    assert_eq!(
+        cluster.storage_classes().await.unwrap()[0].provisioner,
+        "ebs.csi.aws.com"
+    );
     assert_eq!(cluster.node_pools().await.unwrap()[0].name(), "default");
-    assert_eq!(cluster.node_classes().await.unwrap()[0].ami_family().as_deref(), Some("AL2023"));
+    assert_eq!(
+        cluster.node_classes().await.unwrap()[0].ami_family().as_deref(),
+        Some("AL2023")
+    );
     assert!(cluster.pod_disruption_budgets().await.unwrap().is_empty());
 }
 
@@ -214,10 +309,25 @@ async fn nodes_are_deleted_idempotently_and_events_recorded() {
     server.register_node(&node("n1")).unwrap();
     let cluster = adapter(&server);
     let n = cluster.node("n1").await.unwrap().unwrap();
-    cluster.emit_event(&EventSpec::disrupting(nodesmith::kubernetes::events::node_ref(&n), "Underutilized")).await.unwrap();
-    cluster.emit_event(&EventSpec::disruption_blocked(node_name_ref("n1"), "pdb default/web prevents eviction")).await.unwrap();
+    cluster
+        .emit_event(&EventSpec::disrupting(
+            nodesmith::kubernetes::events::node_ref(&n),
+            "Underutilized",
+        ))
+        .await
+        .unwrap();
+    cluster
+        .emit_event(&EventSpec::disruption_blocked(
+            node_name_ref("n1"),
+            "pdb default/web prevents eviction",
+        ))
+        .await
+        .unwrap();
     let p: Pod = serde_json::from_value(pod("w", json!({}), json!({}), json!({}))).unwrap();
-    cluster.emit_event(&EventSpec::nominated(&p, "default-x1")).await.unwrap();
+    cluster
+        .emit_event(&EventSpec::nominated(&p, "default-x1"))
+        .await
+        .unwrap();
     let events = server.events();
     let reasons: Vec<&str> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
     assert_eq!(events.len(), 3, "{reasons:?}");

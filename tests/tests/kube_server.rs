@@ -25,7 +25,11 @@ fn node_reg(name: &str, cpu: &str) -> NodeRegistration {
         instance_type: "m5.large".into(),
         zone: "us-east-1a".into(),
         capacity_type: "on-demand".into(),
-        capacity: BTreeMap::from([("cpu".into(), cpu.into()), ("memory".into(), "8Gi".into()), ("pods".into(), "29".into())]),
+        capacity: BTreeMap::from([
+            ("cpu".into(), cpu.into()),
+            ("memory".into(), "8Gi".into()),
+            ("pods".into(), "29".into()),
+        ]),
         ..Default::default()
     }
 }
@@ -34,16 +38,32 @@ fn node_reg(name: &str, cpu: &str) -> NodeRegistration {
 async fn crud_with_resource_versions_and_conflicts() {
     let server = KubeServer::start().await;
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    let created = pods.create(&PostParams::default(), &pod("a", "100m", json!({"app": "web"}))).await.unwrap();
+    let created = pods
+        .create(&PostParams::default(), &pod("a", "100m", json!({"app": "web"})))
+        .await
+        .unwrap();
     let rv1 = created.metadata.resource_version.clone().unwrap();
     assert!(created.metadata.uid.is_some());
-    let err = pods.create(&PostParams::default(), &pod("a", "100m", json!({}))).await.unwrap_err();
+    let err = pods
+        .create(&PostParams::default(), &pod("a", "100m", json!({})))
+        .await
+        .unwrap_err();
     assert!(matches!(err, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"));
 
-    let patched = pods.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}}))).await.unwrap();
+    let patched = pods
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}})),
+        )
+        .await
+        .unwrap();
     let rv2 = patched.metadata.resource_version.clone().unwrap();
     assert_ne!(rv1, rv2);
-    assert_eq!(patched.metadata.labels.unwrap().get("app").map(String::as_str), Some("web"));
+    assert_eq!(
+        patched.metadata.labels.unwrap().get("app").map(String::as_str),
+        Some("web")
+    );
 
     // A stale resourceVersion in a replace is a conflict.
     let mut stale = created.clone();
@@ -57,7 +77,10 @@ async fn crud_with_resource_versions_and_conflicts() {
         {"op": "add", "path": "/metadata/labels/z", "value": "1"}
     ]))
     .unwrap();
-    let err = pods.patch("a", &PatchParams::default(), &Patch::<()>::Json(jp)).await.unwrap_err();
+    let err = pods
+        .patch("a", &PatchParams::default(), &Patch::<()>::Json(jp))
+        .await
+        .unwrap_err();
     assert!(matches!(err, kube::Error::Api(s) if s.code == 409));
 
     pods.delete("a", &DeleteParams::default()).await.unwrap();
@@ -74,12 +97,44 @@ async fn lists_filter_by_label_and_field_selectors() {
     server.register_node(&node_reg("n1", "1")).unwrap();
     server.schedule();
     let pods: Api<Pod> = Api::all(server.client());
-    let names = |l: kube::core::ObjectList<Pod>| l.items.into_iter().map(|p| p.metadata.name.unwrap()).collect::<Vec<_>>();
-    assert_eq!(names(pods.list(&ListParams::default().labels("app=web")).await.unwrap()), vec!["web-1", "web-2"]);
-    assert_eq!(names(pods.list(&ListParams::default().labels("app in (db)")).await.unwrap()), vec!["db-1"]);
-    assert_eq!(names(pods.list(&ListParams::default().fields("metadata.name=web-2")).await.unwrap()), vec!["web-2"]);
-    assert_eq!(pods.list(&ListParams::default().fields("spec.nodeName=n1")).await.unwrap().items.len(), 3);
-    assert_eq!(pods.list(&ListParams::default().fields("spec.nodeName=")).await.unwrap().items.len(), 0);
+    let names = |l: kube::core::ObjectList<Pod>| {
+        l.items
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(pods.list(&ListParams::default().labels("app=web")).await.unwrap()),
+        vec!["web-1", "web-2"]
+    );
+    assert_eq!(
+        names(pods.list(&ListParams::default().labels("app in (db)")).await.unwrap()),
+        vec!["db-1"]
+    );
+    assert_eq!(
+        names(
+            pods.list(&ListParams::default().fields("metadata.name=web-2"))
+                .await
+                .unwrap()
+        ),
+        vec!["web-2"]
+    );
+    assert_eq!(
+        pods.list(&ListParams::default().fields("spec.nodeName=n1"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        3
+    );
+    assert_eq!(
+        pods.list(&ListParams::default().fields("spec.nodeName="))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        0
+    );
     let err = pods.list(&ListParams::default().fields("garbage")).await.unwrap_err();
     assert!(matches!(err, kube::Error::Api(s) if s.code == 400));
 }
@@ -91,17 +146,36 @@ async fn scheduler_binds_what_fits_and_marks_the_rest_unschedulable() {
     server.apply(&pod("small", "600m", json!({}))).unwrap();
     server.apply(&pod("big", "600m", json!({}))).unwrap();
     let mut tainted = pod("selector", "10m", json!({}));
-    tainted.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([("topology.kubernetes.io/zone".into(), "us-east-1b".into())]));
+    tainted.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([(
+        "topology.kubernetes.io/zone".into(),
+        "us-east-1b".into(),
+    )]));
     server.apply(&tainted).unwrap();
     let report = server.schedule();
     assert_eq!(report.bound, vec![("default/big".to_string(), "n1".to_string())]);
-    assert_eq!(report.unschedulable, vec!["default/selector".to_string(), "default/small".to_string()]);
+    assert_eq!(
+        report.unschedulable,
+        vec!["default/selector".to_string(), "default/small".to_string()]
+    );
     let small = server.pod("default", "small").unwrap();
-    let cond = small.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "PodScheduled").unwrap();
-    assert_eq!((cond.status.as_str(), cond.reason.as_deref()), ("False", Some("Unschedulable")));
+    let cond = small
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .unwrap();
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_deref()),
+        ("False", Some("Unschedulable"))
+    );
     // A second pass with nothing new writes nothing.
     let rv = server.pod("default", "small").unwrap().metadata.resource_version;
-    assert_eq!(server.schedule().unschedulable, vec!["default/selector".to_string(), "default/small".to_string()]);
+    assert_eq!(
+        server.schedule().unschedulable,
+        vec!["default/selector".to_string(), "default/small".to_string()]
+    );
     assert_eq!(server.pod("default", "small").unwrap().metadata.resource_version, rv);
     // A tainted node is skipped by pods that do not tolerate it.
     let mut reg = node_reg("n2", "4");
@@ -109,7 +183,10 @@ async fn scheduler_binds_what_fits_and_marks_the_rest_unschedulable() {
     server.register_node(&reg).unwrap();
     assert!(server.schedule().bound.is_empty());
     server.register_node(&node_reg("n3", "4")).unwrap();
-    assert_eq!(server.schedule().bound, vec![("default/small".to_string(), "n3".to_string())]);
+    assert_eq!(
+        server.schedule().bound,
+        vec![("default/small".to_string(), "n3".to_string())]
+    );
 }
 
 #[tokio::test]
@@ -138,7 +215,14 @@ async fn eviction_enforces_disruption_budgets() {
     assert!(server.pod("default", "w2").is_some());
     let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::namespaced(server.client(), "default");
     let status = pdbs.get("web").await.unwrap().status.unwrap();
-    assert_eq!((status.current_healthy, status.desired_healthy, status.disruptions_allowed), (1, 1, 0));
+    assert_eq!(
+        (
+            status.current_healthy,
+            status.desired_healthy,
+            status.disruptions_allowed
+        ),
+        (1, 1, 0)
+    );
 }
 
 #[tokio::test]
@@ -147,7 +231,11 @@ async fn watches_stream_changes_and_selector_transitions() {
     let pods: Api<Pod> = Api::all(server.client());
     let list = pods.list(&ListParams::default()).await.unwrap();
     let rv = list.metadata.resource_version.unwrap();
-    let mut stream = pods.watch(&WatchParams::default().fields("spec.nodeName="), &rv).await.unwrap().boxed();
+    let mut stream = pods
+        .watch(&WatchParams::default().fields("spec.nodeName="), &rv)
+        .await
+        .unwrap()
+        .boxed();
     server.apply(&pod("p", "100m", json!({}))).unwrap();
     server.register_node(&node_reg("n1", "1")).unwrap();
     server.schedule();
@@ -187,7 +275,10 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
     use nodesmith::resources::Resources;
     let m = nodesmith_tests::moto::moto().await;
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
-    let ami = ec2.describe_images().send().await.unwrap().images()[0].image_id().unwrap().to_string();
+    let ami = ec2.describe_images().send().await.unwrap().images()[0]
+        .image_id()
+        .unwrap()
+        .to_string();
     let user_data = "#!/bin/bash\n/etc/eks/bootstrap.sh prod --kubelet-extra-args '--node-labels=karpenter.sh/nodepool=default,team=a --register-with-taints=dedicated=batch:NoSchedule'\n";
     let run = ec2
         .run_instances()
@@ -195,7 +286,11 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
         .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
         .min_count(1)
         .max_count(1)
-        .placement(aws_sdk_ec2::types::Placement::builder().availability_zone("us-east-1b").build())
+        .placement(
+            aws_sdk_ec2::types::Placement::builder()
+                .availability_zone("us-east-1b")
+                .build(),
+        )
         .user_data(base64::engine::general_purpose::STANDARD.encode(user_data))
         .send()
         .await
@@ -205,7 +300,10 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
         region: "us-east-1".into(),
         instance_types: vec![InstanceTypeInfo {
             name: "m5.large".into(),
-            labels: BTreeMap::from([("node.kubernetes.io/instance-type".into(), "m5.large".into()), ("kubernetes.io/arch".into(), "amd64".into())]),
+            labels: BTreeMap::from([
+                ("node.kubernetes.io/instance-type".into(), "m5.large".into()),
+                ("kubernetes.io/arch".into(), "amd64".into()),
+            ]),
             capacity: Resources::parse([("cpu", "2"), ("memory", "7577Mi")]).unwrap(),
             allocatable: None,
             vcpus: 2,
@@ -225,7 +323,14 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
     let spec = n.spec.clone().unwrap();
     assert_eq!(spec.provider_id.unwrap(), format!("aws:///us-east-1b/{id}"));
     let taints = spec.taints.unwrap();
-    assert_eq!((taints[0].key.as_str(), taints[0].value.as_deref(), taints[0].effect.as_str()), ("dedicated", Some("batch"), "NoSchedule"));
+    assert_eq!(
+        (
+            taints[0].key.as_str(),
+            taints[0].value.as_deref(),
+            taints[0].effect.as_str()
+        ),
+        ("dedicated", Some("batch"), "NoSchedule")
+    );
     let status = n.status.clone().unwrap();
     assert_eq!(status.capacity.unwrap()["pods"].0, "29");
     // Allocatable is below capacity by the EKS reservations.
@@ -233,13 +338,22 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
     // Re-registering is idempotent and keeps what others changed on the node.
     let all: Api<Node> = Api::all(server.client());
     let name = n.metadata.name.clone().unwrap();
-    all.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}}))).await.unwrap();
+    all.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+    )
+    .await
+    .unwrap();
     let again = server.register_ec2_instances(&ec2, &catalog).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].spec.as_ref().unwrap().unschedulable, Some(true));
     assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 1);
     // A type the catalog lacks is named.
-    let empty = Catalog { region: "us-east-1".into(), instance_types: vec![] };
+    let empty = Catalog {
+        region: "us-east-1".into(),
+        instance_types: vec![],
+    };
     let err = server.register_ec2_instances(&ec2, &empty).await.unwrap_err();
     assert!(err.contains("m5.large"), "{err}");
 }

@@ -31,20 +31,48 @@ async fn a_batch_reports_only_its_bad_records() {
     event.records = vec![
         message("m-good", &body),
         message("m-garbage", "{\"nodeClaim\": 42}"),
-        message("m-huge", &format!("{{\"nodeClaim\":\"{}\"}}", "x".repeat(MAX_BODY_BYTES))),
+        message(
+            "m-huge",
+            &format!("{{\"nodeClaim\":\"{}\"}}", "x".repeat(MAX_BODY_BYTES)),
+        ),
         message("m-dup", &body),
     ];
     let (resp, results) = batch::handle(&l, &event).await;
-    let failed: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    let failed: Vec<&str> = resp
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
     assert_eq!(failed, vec!["m-garbage", "m-huge"]);
-    let why = |id: &str| results.iter().find(|r| r.message_id.as_deref() == Some(id)).unwrap().result.as_ref().unwrap_err().to_string();
-    assert!(why("m-garbage").contains("nodeClaim") && why("m-garbage").contains("invalid type"), "{}", why("m-garbage"));
-    assert!(why("m-huge").contains("over the 262144-byte limit"), "{}", why("m-huge"));
+    let why = |id: &str| {
+        results
+            .iter()
+            .find(|r| r.message_id.as_deref() == Some(id))
+            .unwrap()
+            .result
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(
+        why("m-garbage").contains("nodeClaim") && why("m-garbage").contains("invalid type"),
+        "{}",
+        why("m-garbage")
+    );
+    assert!(
+        why("m-huge").contains("over the 262144-byte limit"),
+        "{}",
+        why("m-huge")
+    );
     // The good request and its duplicate in the same batch: one instance.
     assert_eq!(instances_of(&m, "batch-1").await.len(), 1);
     let ok: Vec<&LaunchOutcome> = results.iter().filter_map(|r| r.result.as_ref().ok()).collect();
     assert_eq!(ok.len(), 2);
-    assert!(results.iter().all(|r| !matches!(r.result, Err(LaunchError::Aws { .. }))));
+    assert!(
+        results
+            .iter()
+            .all(|r| !matches!(r.result, Err(LaunchError::Aws { .. })))
+    );
 }
 
 #[tokio::test]
@@ -53,7 +81,12 @@ async fn a_lambda_test_event_in_json_is_handled() {
     world(&m).await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint()).await;
-    let req = pending(&st, &claim("json-1", &["m5.large"], &["on-demand"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("json-1", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
     // The shape Lambda delivers (and `cargo lambda invoke --data-file` sends).
     let event: SqsEvent = serde_json::from_value(serde_json::json!({
         "Records": [
@@ -65,7 +98,10 @@ async fn a_lambda_test_event_in_json_is_handled() {
     }))
     .unwrap();
     let (resp, _) = batch::handle(&l, &event).await;
-    assert_eq!(serde_json::to_value(&resp).unwrap(), serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}]}));
+    assert_eq!(
+        serde_json::to_value(&resp).unwrap(),
+        serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}]})
+    );
     assert_eq!(instances_of(&m, "json-1").await.len(), 1);
 }
 
@@ -76,7 +112,15 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
     let st = store(&m).await;
     let conf = m.sdk_config().await;
     let sqs = aws_sdk_sqs::Client::new(&conf);
-    let dlq = sqs.create_queue().queue_name("launch-dlq").send().await.unwrap().queue_url().unwrap().to_string();
+    let dlq = sqs
+        .create_queue()
+        .queue_name("launch-dlq")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
     let dlq_arn = sqs
         .get_queue_attributes()
         .queue_url(&dlq)
@@ -103,15 +147,33 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
         .to_string();
 
     // What provision does: write its NodeClaims under the solve lease, then enqueue one request each.
-    let lease = st.acquire_lease("provision", "solver-1", 60_000, state::now_ms()).await.unwrap().unwrap();
+    let lease = st
+        .acquire_lease("provision", "solver-1", 60_000, state::now_ms())
+        .await
+        .unwrap()
+        .unwrap();
     let class = nodesmith::apis::EC2NodeClass::new("default", node_class("al2023@latest"));
-    let claims: Vec<_> = (0..12).map(|i| claim(&format!("q-{i:02}"), &["m5.large"], &["on-demand"])).collect();
-    st.create_node_claims_fenced(&lease, &claims, state::now_ms()).await.unwrap();
+    let claims: Vec<_> = (0..12)
+        .map(|i| claim(&format!("q-{i:02}"), &["m5.large"], &["on-demand"]))
+        .collect();
+    st.create_node_claims_fenced(&lease, &claims, state::now_ms())
+        .await
+        .unwrap();
     let requests: Vec<LaunchRequest> = claims.iter().map(|c| LaunchRequest::new(&c.name, &class)).collect();
     request::enqueue(&sqs, &queue, &requests).await.unwrap();
     // A redelivered duplicate and a poison message ride along.
-    sqs.send_message().queue_url(&queue).message_body(requests[0].to_body().unwrap()).send().await.unwrap();
-    sqs.send_message().queue_url(&queue).message_body("{\"nodeClaim\": \"q-00\"}").send().await.unwrap();
+    sqs.send_message()
+        .queue_url(&queue)
+        .message_body(requests[0].to_body().unwrap())
+        .send()
+        .await
+        .unwrap();
+    sqs.send_message()
+        .queue_url(&queue)
+        .message_body("{\"nodeClaim\": \"q-00\"}")
+        .send()
+        .await
+        .unwrap();
 
     // The event source mapping: receive, invoke, delete what did not fail.
     let l = launcher(&m, m.endpoint()).await;
@@ -119,25 +181,56 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
     loop {
         rounds += 1;
         assert!(rounds < 10, "queue never drained");
-        let got = sqs.receive_message().queue_url(&queue).max_number_of_messages(10).send().await.unwrap();
+        let got = sqs
+            .receive_message()
+            .queue_url(&queue)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap();
         let msgs = got.messages().to_vec();
         if msgs.is_empty() {
             break;
         }
         let mut event = SqsEvent::default();
-        event.records = msgs.iter().map(|x| message(x.message_id().unwrap(), x.body().unwrap())).collect();
+        event.records = msgs
+            .iter()
+            .map(|x| message(x.message_id().unwrap(), x.body().unwrap()))
+            .collect();
         let (resp, _) = batch::handle(&l, &event).await;
         for x in &msgs {
-            if !resp.batch_item_failures.iter().any(|f| Some(f.item_identifier.as_str()) == x.message_id()) {
-                sqs.delete_message().queue_url(&queue).receipt_handle(x.receipt_handle().unwrap()).send().await.unwrap();
+            if !resp
+                .batch_item_failures
+                .iter()
+                .any(|f| Some(f.item_identifier.as_str()) == x.message_id())
+            {
+                sqs.delete_message()
+                    .queue_url(&queue)
+                    .receipt_handle(x.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
             }
         }
     }
     for c in &claims {
         assert_eq!(instances_of(&m, &c.name).await.len(), 1, "{}", c.name);
-        assert_eq!(st.get_node_claim(&c.name).await.unwrap().unwrap().phase, nodesmith::nodeclaim::Phase::Launched);
+        assert_eq!(
+            st.get_node_claim(&c.name).await.unwrap().unwrap().phase,
+            nodesmith::nodeclaim::Phase::Launched
+        );
     }
-    let dead = sqs.receive_message().queue_url(&dlq).max_number_of_messages(10).send().await.unwrap();
+    let dead = sqs
+        .receive_message()
+        .queue_url(&dlq)
+        .max_number_of_messages(10)
+        .send()
+        .await
+        .unwrap();
     let bodies: Vec<&str> = dead.messages().iter().filter_map(|x| x.body()).collect();
-    assert_eq!(bodies, vec!["{\"nodeClaim\": \"q-00\"}"], "only the poison message is dead-lettered");
+    assert_eq!(
+        bodies,
+        vec!["{\"nodeClaim\": \"q-00\"}"],
+        "only the poison message is dead-lettered"
+    );
 }

@@ -22,22 +22,51 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
         }
     }
     let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(&st, &claim("fb-1", &["m5.large", "c5.large"], &["spot", "on-demand"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("fb-1", &["m5.large", "c5.large"], &["spot", "on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
 
-    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else { panic!("no launch") };
+    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
+        panic!("no launch")
+    };
     assert_eq!(c.capacity_type.as_deref(), Some("on-demand"));
     assert_eq!(instances_of(&m, "fb-1").await.len(), 1);
 
     let fleets = proxy.fleets();
     assert_eq!(fleets.len(), 2, "{fleets:?}");
-    assert_eq!((fleets[0].capacity_type.as_str(), fleets[0].overrides.len(), fleets[0].failed), ("spot", 6, 6));
-    assert_eq!((fleets[1].capacity_type.as_str(), fleets[1].overrides.len(), fleets[1].failed), ("on-demand", 6, 0));
+    assert_eq!(
+        (
+            fleets[0].capacity_type.as_str(),
+            fleets[0].overrides.len(),
+            fleets[0].failed
+        ),
+        ("spot", 6, 6)
+    );
+    assert_eq!(
+        (
+            fleets[1].capacity_type.as_str(),
+            fleets[1].overrides.len(),
+            fleets[1].failed
+        ),
+        ("on-demand", 6, 0)
+    );
     assert_ne!(fleets[0].client_token, fleets[1].client_token);
 
-    let mut marked: Vec<OfferingKey> = st.unavailable_offerings(state::now_secs()).await.unwrap().into_iter().map(|u| u.key).collect();
+    let mut marked: Vec<OfferingKey> = st
+        .unavailable_offerings(state::now_secs())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
     marked.sort();
-    let mut want: Vec<OfferingKey> =
-        ["m5.large", "c5.large"].iter().flat_map(|t| ZONES.iter().map(move |z| OfferingKey::new(t, z, "spot"))).collect();
+    let mut want: Vec<OfferingKey> = ["m5.large", "c5.large"]
+        .iter()
+        .flat_map(|t| ZONES.iter().map(move |z| OfferingKey::new(t, z, "spot")))
+        .collect();
     want.sort();
     assert_eq!(marked, want);
 }
@@ -52,8 +81,15 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
         proxy.no_capacity("m5.large", z, None);
     }
     let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(&st, &claim("fb-2", &["m5.large", "m5.xlarge"], &["spot"]), &node_class("al2023@latest")).await;
-    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else { panic!("no launch") };
+    let req = pending(
+        &st,
+        &claim("fb-2", &["m5.large", "m5.xlarge"], &["spot"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
+    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
+        panic!("no launch")
+    };
     assert_eq!(c.instance_type.as_deref(), Some("m5.xlarge"));
     assert_eq!(c.capacity_type.as_deref(), Some("spot"));
     let fleets = proxy.fleets();
@@ -61,13 +97,25 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
     assert_eq!(fleets[0].failed, 3);
     let marked = st.unavailable_offerings(state::now_secs()).await.unwrap();
     assert_eq!(marked.len(), 3, "m5.large spot in every zone: {marked:?}");
-    assert!(marked.iter().all(|u| u.key.instance_type == "m5.large" && u.reason == "InsufficientInstanceCapacity"));
+    assert!(
+        marked
+            .iter()
+            .all(|u| u.key.instance_type == "m5.large" && u.reason == "InsufficientInstanceCapacity")
+    );
 
     // The next claim skips the marked offerings without asking EC2 for them.
-    let req = pending(&st, &claim("fb-3", &["m5.large", "m5.xlarge"], &["spot"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("fb-3", &["m5.large", "m5.xlarge"], &["spot"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
     l.launch(&req).await.unwrap();
     let last = proxy.fleets().pop().unwrap();
-    assert!(last.overrides.iter().all(|o| o.instance_type == "m5.xlarge"), "{last:?}");
+    assert!(
+        last.overrides.iter().all(|o| o.instance_type == "m5.xlarge"),
+        "{last:?}"
+    );
 }
 
 #[tokio::test]
@@ -80,7 +128,12 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
         proxy.fail_offering("m5.large", z, None, "UnfulfillableCapacity");
     }
     let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(&st, &claim("fb-4", &["m5.large"], &["spot"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("fb-4", &["m5.large"], &["spot"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
     match l.launch(&req).await.unwrap() {
         LaunchOutcome::NoCapacity { node_claim, tried } => {
             assert_eq!(node_claim, "fb-4");
@@ -88,7 +141,11 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
         }
         other => panic!("expected no capacity, got {other:?}"),
     }
-    assert_eq!(st.get_node_claim("fb-4").await.unwrap(), None, "deleted so its pods are solved again");
+    assert_eq!(
+        st.get_node_claim("fb-4").await.unwrap(),
+        None,
+        "deleted so its pods are solved again"
+    );
     assert!(instances_of(&m, "fb-4").await.is_empty());
     assert_eq!(proxy.fleets().len(), 1, "nothing left to try after one call");
 }
@@ -103,14 +160,30 @@ async fn throttling_is_retried_with_backoff_by_the_sdk() {
     proxy.throttle("CreateLaunchTemplate", 1);
     proxy.throttle("PutItem", 2); // DynamoDB (JSON protocol): the conditional write recording the launch
     let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(&st, &claim("thr-1", &["m5.large"], &["on-demand"]), &node_class("al2023@latest")).await;
-    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else { panic!("no launch") };
+    let req = pending(
+        &st,
+        &claim("thr-1", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
+    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
+        panic!("no launch")
+    };
     assert_eq!(c.phase, nodesmith::nodeclaim::Phase::Launched);
     assert_eq!((proxy.throttled("CreateFleet"), proxy.calls("CreateFleet")), (2, 3));
-    assert_eq!((proxy.throttled("CreateLaunchTemplate"), proxy.calls("CreateLaunchTemplate")), (1, 2));
+    assert_eq!(
+        (
+            proxy.throttled("CreateLaunchTemplate"),
+            proxy.calls("CreateLaunchTemplate")
+        ),
+        (1, 2)
+    );
     assert_eq!(proxy.throttled("PutItem"), 2);
     assert_eq!(instances_of(&m, "thr-1").await.len(), 1);
-    assert_eq!(st.get_node_claim("thr-1").await.unwrap().unwrap().instance_id, c.instance_id);
+    assert_eq!(
+        st.get_node_claim("thr-1").await.unwrap().unwrap().instance_id,
+        c.instance_id
+    );
 }
 
 #[tokio::test]
@@ -121,11 +194,22 @@ async fn throttling_past_the_retry_budget_fails_the_request_for_redelivery() {
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.throttle("CreateFleet", 100);
     let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(&st, &claim("thr-2", &["m5.large"], &["on-demand"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("thr-2", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
     let e = l.launch(&req).await.unwrap_err().to_string();
-    assert!(e.contains("ec2:CreateFleet") && e.contains("RequestLimitExceeded"), "{e}");
+    assert!(
+        e.contains("ec2:CreateFleet") && e.contains("RequestLimitExceeded"),
+        "{e}"
+    );
     assert_eq!(proxy.calls("CreateFleet"), 4, "max attempts");
-    assert_eq!(st.get_node_claim("thr-2").await.unwrap().unwrap().phase, nodesmith::nodeclaim::Phase::Pending);
+    assert_eq!(
+        st.get_node_claim("thr-2").await.unwrap().unwrap().phase,
+        nodesmith::nodeclaim::Phase::Pending
+    );
     // The lease was released: the redelivery is not blocked.
     proxy.throttle("CreateFleet", 0);
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));

@@ -13,7 +13,15 @@ use nodesmith::nodeclaim::Phase;
 use nodesmith_tests::moto::moto;
 
 fn tags_of(i: &aws_sdk_ec2::types::Instance) -> BTreeMap<String, String> {
-    i.tags().iter().map(|t| (t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string())).collect()
+    i.tags()
+        .iter()
+        .map(|t| {
+            (
+                t.key().unwrap_or_default().to_string(),
+                t.value().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 async fn template_user_data(m: &nodesmith_tests::moto::Moto) -> Vec<(String, String, String)> {
@@ -22,10 +30,21 @@ async fn template_user_data(m: &nodesmith_tests::moto::Moto) -> Vec<(String, Str
     let mut out = Vec::new();
     for lt in lts.launch_templates() {
         let name = lt.launch_template_name().unwrap().to_string();
-        let v = ec2.describe_launch_template_versions().launch_template_name(&name).send().await.unwrap();
+        let v = ec2
+            .describe_launch_template_versions()
+            .launch_template_name(&name)
+            .send()
+            .await
+            .unwrap();
         let data = v.launch_template_versions()[0].launch_template_data().unwrap();
-        let ud = base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap();
-        out.push((name, data.image_id().unwrap().to_string(), String::from_utf8(ud).unwrap()));
+        let ud = base64::engine::general_purpose::STANDARD
+            .decode(data.user_data().unwrap())
+            .unwrap();
+        out.push((
+            name,
+            data.image_id().unwrap().to_string(),
+            String::from_utf8(ud).unwrap(),
+        ));
     }
     out
 }
@@ -36,10 +55,17 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     let w = world(&m).await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint()).await;
-    let req = pending(&st, &claim("default-a1", &["m5.large", "m5.xlarge"], &["spot", "on-demand"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("default-a1", &["m5.large", "m5.xlarge"], &["spot", "on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
 
     let got = l.launch(&req).await.unwrap();
-    let LaunchOutcome::Launched(c) = got else { panic!("expected a launch, got {got:?}") };
+    let LaunchOutcome::Launched(c) = got else {
+        panic!("expected a launch, got {got:?}")
+    };
     assert_eq!(c.phase, Phase::Launched);
     assert_eq!(c.capacity_type.as_deref(), Some("spot"));
     let id = c.instance_id.clone().unwrap();
@@ -51,9 +77,17 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     assert_eq!(i.instance_type().map(|t| t.as_str()), c.instance_type.as_deref());
     assert!(["m5.large", "m5.xlarge"].contains(&c.instance_type.as_deref().unwrap()));
     let zone = c.zone.clone().unwrap();
-    assert_eq!(i.subnet_id(), w.best_subnets.get(&zone).map(String::as_str), "most free IPs in {zone}");
+    assert_eq!(
+        i.subnet_id(),
+        w.best_subnets.get(&zone).map(String::as_str),
+        "most free IPs in {zone}"
+    );
     assert_eq!(c.provider_id, Some(format!("aws:///{zone}/{id}")));
-    assert_eq!(i.image_id(), Some("ami-0a1b2c3d4e5f60001"), "the al2023 x86_64 AMI from SSM");
+    assert_eq!(
+        i.image_id(),
+        Some("ami-0a1b2c3d4e5f60001"),
+        "the al2023 x86_64 AMI from SSM"
+    );
     let tags = tags_of(i);
     for (k, v) in [
         ("kubernetes.io/cluster/demo", "owned"),
@@ -69,25 +103,42 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     let lts = template_user_data(&m).await;
     // One template per capacity type the claim allows: the node's capacity-type label differs.
     assert_eq!(lts.len(), 2);
-    let mut cts: Vec<bool> = lts.iter().map(|(_, _, ud)| ud.contains("karpenter.sh/capacity-type=spot")).collect();
+    let mut cts: Vec<bool> = lts
+        .iter()
+        .map(|(_, _, ud)| ud.contains("karpenter.sh/capacity-type=spot"))
+        .collect();
     cts.sort();
     assert_eq!(cts, vec![false, true]);
-    let (name, image, ud) = lts.iter().find(|(_, _, ud)| ud.contains("karpenter.sh/capacity-type=spot")).unwrap();
+    let (name, image, ud) = lts
+        .iter()
+        .find(|(_, _, ud)| ud.contains("karpenter.sh/capacity-type=spot"))
+        .unwrap();
     assert!(name.starts_with("nodesmith/"), "{name}");
     assert_eq!(image, "ami-0a1b2c3d4e5f60001");
     let parts = parse_mime(ud).unwrap();
-    let nc: serde_json::Value = serde_yaml_ng::from_str(&parts.iter().find(|p| p.content_type == NODECONFIG_TYPE).unwrap().body).unwrap();
+    let nc: serde_json::Value =
+        serde_yaml_ng::from_str(&parts.iter().find(|p| p.content_type == NODECONFIG_TYPE).unwrap().body).unwrap();
     assert_eq!(nc["kind"], "NodeConfig");
     assert_eq!(nc["spec"]["cluster"]["name"], "demo");
     let eks = aws_sdk_eks::Client::new(&m.sdk_config().await);
     let cl = eks.describe_cluster().name("demo").send().await.unwrap();
     let cl = cl.cluster().unwrap();
     assert_eq!(nc["spec"]["cluster"]["apiServerEndpoint"], cl.endpoint().unwrap());
-    assert_eq!(nc["spec"]["cluster"]["certificateAuthority"], cl.certificate_authority().unwrap().data().unwrap());
+    assert_eq!(
+        nc["spec"]["cluster"]["certificateAuthority"],
+        cl.certificate_authority().unwrap().data().unwrap()
+    );
     assert_eq!(nc["spec"]["cluster"]["cidr"], "172.20.0.0/16");
     let flags = nc["spec"]["kubelet"]["flags"][0].as_str().unwrap();
-    assert!(flags.contains("karpenter.sh/nodepool=default") && flags.contains("karpenter.sh/nodeclaim=default-a1") && flags.contains("workload=web"), "{flags}");
-    let taints = nc["spec"]["kubelet"]["config"]["registerWithTaints"].as_array().unwrap();
+    assert!(
+        flags.contains("karpenter.sh/nodepool=default")
+            && flags.contains("karpenter.sh/nodeclaim=default-a1")
+            && flags.contains("workload=web"),
+        "{flags}"
+    );
+    let taints = nc["spec"]["kubelet"]["config"]["registerWithTaints"]
+        .as_array()
+        .unwrap();
     assert_eq!(taints.len(), 2, "taints and startup taints");
 
     // The record is durable and findable by instance id.
@@ -105,15 +156,23 @@ async fn bottlerocket_on_graviton_gets_the_arm64_ami_and_toml_user_data() {
     let mut class = node_class("bottlerocket@latest");
     class.user_data = Some("[settings.host-containers.admin]\nenabled = true\n".into());
     let req = pending(&st, &claim("br-1", &["m6g.large"], &["on-demand"]), &class).await;
-    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else { panic!("no launch") };
+    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
+        panic!("no launch")
+    };
     assert_eq!(c.capacity_type.as_deref(), Some("on-demand"));
     let i = &instances_of(&m, "br-1").await[0];
     assert_eq!(i.image_id(), Some("ami-0a1b2c3d4e5f60005"), "bottlerocket arm64");
     let (_, _, ud) = &template_user_data(&m).await[0];
     let doc: toml_edit::DocumentMut = ud.parse().unwrap();
     assert_eq!(doc["settings"]["kubernetes"]["cluster-name"].as_str(), Some("demo"));
-    assert_eq!(doc["settings"]["kubernetes"]["node-labels"]["karpenter.sh/nodeclaim"].as_str(), Some("br-1"));
-    assert_eq!(doc["settings"]["host-containers"]["admin"]["enabled"].as_bool(), Some(true));
+    assert_eq!(
+        doc["settings"]["kubernetes"]["node-labels"]["karpenter.sh/nodeclaim"].as_str(),
+        Some("br-1")
+    );
+    assert_eq!(
+        doc["settings"]["host-containers"]["admin"]["enabled"].as_bool(),
+        Some(true)
+    );
 }
 
 #[tokio::test]
@@ -135,15 +194,28 @@ async fn redelivered_and_concurrent_requests_launch_exactly_once() {
     // Two deliveries at once: one launches, the other is told the claim is busy or done.
     let l2 = launcher(&m, m.endpoint()).await;
     let (x, y) = tokio::join!(l.launch(&b), l2.launch(&b));
-    let launched = [&x, &y].iter().filter(|r| matches!(r, Ok(LaunchOutcome::Launched(_)))).count();
+    let launched = [&x, &y]
+        .iter()
+        .filter(|r| matches!(r, Ok(LaunchOutcome::Launched(_))))
+        .count();
     assert_eq!(launched, 1, "{x:?} {y:?}");
     for r in [&x, &y] {
-        assert!(matches!(r, Ok(LaunchOutcome::Launched(_)) | Ok(LaunchOutcome::AlreadyLaunched(_)) | Err(LaunchError::Busy(_))), "{r:?}");
+        assert!(
+            matches!(
+                r,
+                Ok(LaunchOutcome::Launched(_)) | Ok(LaunchOutcome::AlreadyLaunched(_)) | Err(LaunchError::Busy(_))
+            ),
+            "{r:?}"
+        );
     }
     // SQS redelivers the busy one later: nothing more happens.
     assert!(matches!(l.launch(&b).await.unwrap(), LaunchOutcome::AlreadyLaunched(_)));
 
-    assert_eq!(st.read_lease("launch/dup-a").await.unwrap(), None, "lease items of launched claims are removed");
+    assert_eq!(
+        st.read_lease("launch/dup-a").await.unwrap(),
+        None,
+        "lease items of launched claims are removed"
+    );
     assert_eq!(instances_of(&m, "dup-a").await.len(), 1);
     assert_eq!(instances_of(&m, "dup-b").await.len(), 1);
     // One template serves both claims? No: labels carry the claim name, so each claim has its own.
@@ -156,13 +228,28 @@ async fn an_instance_launched_before_a_crash_is_recorded_not_launched_again() {
     world(&m).await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint()).await;
-    let req = pending(&st, &claim("crash-1", &["m5.large"], &["on-demand"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("crash-1", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
     // As if a previous invocation's CreateFleet succeeded and it died before recording.
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
     let tags = aws_sdk_ec2::types::TagSpecification::builder()
         .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
-        .tags(aws_sdk_ec2::types::Tag::builder().key("karpenter.sh/nodeclaim").value("crash-1").build())
-        .tags(aws_sdk_ec2::types::Tag::builder().key("eks:eks-cluster-name").value("demo").build())
+        .tags(
+            aws_sdk_ec2::types::Tag::builder()
+                .key("karpenter.sh/nodeclaim")
+                .value("crash-1")
+                .build(),
+        )
+        .tags(
+            aws_sdk_ec2::types::Tag::builder()
+                .key("eks:eks-cluster-name")
+                .value("demo")
+                .build(),
+        )
         .build();
     let run = ec2
         .run_instances()
@@ -176,7 +263,9 @@ async fn an_instance_launched_before_a_crash_is_recorded_not_launched_again() {
         .unwrap();
     let earlier = run.instances()[0].instance_id().unwrap().to_string();
     let got = l.launch(&req).await.unwrap();
-    let LaunchOutcome::Recovered(c) = got else { panic!("expected recovery, got {got:?}") };
+    let LaunchOutcome::Recovered(c) = got else {
+        panic!("expected recovery, got {got:?}")
+    };
     assert_eq!(c.instance_id.as_deref(), Some(earlier.as_str()));
     assert_eq!(instances_of(&m, "crash-1").await.len(), 1);
 }
@@ -188,15 +277,26 @@ async fn a_claim_that_is_gone_is_not_launched_and_bad_selectors_are_named() {
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint()).await;
     let class = node_class("al2023@latest");
-    let req = nodesmith::launch::LaunchRequest { node_claim: "never-made".into(), node_class_name: "default".into(), node_class: class.clone() };
+    let req = nodesmith::launch::LaunchRequest {
+        node_claim: "never-made".into(),
+        node_class_name: "default".into(),
+        node_class: class.clone(),
+    };
     assert_eq!(l.launch(&req).await.unwrap(), LaunchOutcome::Gone("never-made".into()));
 
     let mut nowhere = class.clone();
     nowhere.subnet_selector_terms[0].tags = BTreeMap::from([("no-such-tag".to_string(), "x".to_string())]);
     let req = pending(&st, &claim("lost-1", &["m5.large"], &["on-demand"]), &nowhere).await;
     let e = l.launch(&req).await.unwrap_err().to_string();
-    assert!(e.contains("lost-1") && e.contains("subnetSelectorTerms select no subnets"), "{e}");
-    assert_eq!(st.get_node_claim("lost-1").await.unwrap().unwrap().phase, Phase::Pending, "left for a later retry");
+    assert!(
+        e.contains("lost-1") && e.contains("subnetSelectorTerms select no subnets"),
+        "{e}"
+    );
+    assert_eq!(
+        st.get_node_claim("lost-1").await.unwrap().unwrap().phase,
+        Phase::Pending,
+        "left for a later retry"
+    );
     assert!(instances_of(&m, "lost-1").await.is_empty());
 }
 
@@ -207,14 +307,31 @@ async fn gpu_types_get_the_nvidia_ami_in_their_own_template() {
     let st = store(&m).await;
     let proxy = nodesmith_tests::fault_proxy::FaultProxy::start(m.endpoint()).await;
     let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(&st, &claim("gpu-1", &["g5.xlarge", "m5.large"], &["on-demand"]), &node_class("al2023@latest")).await;
+    let req = pending(
+        &st,
+        &claim("gpu-1", &["g5.xlarge", "m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
-    let mut images: Vec<String> = template_user_data(&m).await.into_iter().map(|(_, image, _)| image).collect();
+    let mut images: Vec<String> = template_user_data(&m)
+        .await
+        .into_iter()
+        .map(|(_, image, _)| image)
+        .collect();
     images.sort();
-    assert_eq!(images, vec!["ami-0a1b2c3d4e5f60001", "ami-0a1b2c3d4e5f60003"], "standard and nvidia AL2023");
+    assert_eq!(
+        images,
+        vec!["ami-0a1b2c3d4e5f60001", "ami-0a1b2c3d4e5f60003"],
+        "standard and nvidia AL2023"
+    );
     let fleet = &proxy.fleets()[0];
     let mut types: Vec<&str> = fleet.overrides.iter().map(|o| o.instance_type.as_str()).collect();
     types.sort();
     types.dedup();
-    assert_eq!(types, vec!["g5.xlarge", "m5.large"], "one CreateFleet over both templates");
+    assert_eq!(
+        types,
+        vec!["g5.xlarge", "m5.large"],
+        "one CreateFleet over both templates"
+    );
 }

@@ -48,8 +48,19 @@ async fn spot_prices_are_served_as_seeded() {
     let mut got: Vec<(String, String)> = out
         .spot_price_history()
         .iter()
-        .map(|p| (p.availability_zone().unwrap().to_string(), p.spot_price().unwrap().to_string()))
+        .map(|p| {
+            (
+                p.availability_zone().unwrap().to_string(),
+                p.spot_price().unwrap().to_string(),
+            )
+        })
         .collect();
     got.sort();
-    assert_eq!(got, vec![("us-east-1a".into(), "0.031200".into()), ("us-east-1b".into(), "0.033300".into())]);
+    assert_eq!(
+        got,
+        vec![
+            ("us-east-1a".into(), "0.031200".into()),
+            ("us-east-1b".into(), "0.033300".into())
+        ]
+    );
 }

@@ -65,7 +65,16 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
     let sqs = aws_sdk_sqs::Client::new(&conf);
     let q = |name: &'static str| {
         let sqs = sqs.clone();
-        async move { sqs.create_queue().queue_name(name).send().await.unwrap().queue_url().unwrap().to_string() }
+        async move {
+            sqs.create_queue()
+                .queue_name(name)
+                .send()
+                .await
+                .unwrap()
+                .queue_url()
+                .unwrap()
+                .to_string()
+        }
     };
     let launch_queue = q("launch").await;
     let dlq = q("pending-pods-dlq").await;
@@ -77,13 +86,23 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
     }
     // No nodes yet: the scheduler marks every pod Unschedulable, as a cluster would.
     kube.schedule();
-    Stack { _moto: m, kube, store: StateStore::new(dynamo, TABLE), sqs, launch_queue, dlq }
+    Stack {
+        _moto: m,
+        kube,
+        store: StateStore::new(dynamo, TABLE),
+        sqs,
+        launch_queue,
+        dlq,
+    }
 }
 
 impl Stack {
     fn provisioner(&self, holder: &str, dead_letter: bool) -> Provisioner<KubeCluster> {
-        let cluster = KubeCluster::from_client(self.kube.client())
-            .with_retry(RetryPolicy { attempts: 3, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) });
+        let cluster = KubeCluster::from_client(self.kube.client()).with_retry(RetryPolicy {
+            attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        });
         let mut config = ProvisionConfig::new(&self.launch_queue);
         config.holder = holder.into();
         config.lease_wait = Duration::from_secs(30);
@@ -96,13 +115,26 @@ impl Stack {
     async fn drain_queue(&self, url: &str) -> Vec<String> {
         let mut bodies = Vec::new();
         loop {
-            let out = self.sqs.receive_message().queue_url(url).max_number_of_messages(10).send().await.unwrap();
+            let out = self
+                .sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .send()
+                .await
+                .unwrap();
             if out.messages().is_empty() {
                 return bodies;
             }
             for msg in out.messages() {
                 bodies.push(msg.body().unwrap_or_default().to_string());
-                self.sqs.delete_message().queue_url(url).receipt_handle(msg.receipt_handle().unwrap()).send().await.unwrap();
+                self.sqs
+                    .delete_message()
+                    .queue_url(url)
+                    .receipt_handle(msg.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
             }
         }
     }
@@ -132,7 +164,11 @@ fn refs(names: &[&str]) -> SqsEvent {
 }
 
 fn pods_in(outcome: &Outcome) -> usize {
-    outcome.created.iter().map(|c| c.resources.get("pods").units_ceil() as usize).sum()
+    outcome
+        .created
+        .iter()
+        .map(|c| c.resources.get("pods").units_ceil() as usize)
+        .sum()
 }
 
 #[tokio::test]
@@ -151,11 +187,25 @@ async fn a_batch_becomes_nodeclaims_and_one_launch_request_each() {
     for c in &stored {
         assert_eq!(c.node_pool, "default");
         assert!(!c.instance_type_options.is_empty());
-        assert!(c.instance_type_options.iter().all(|t| t.starts_with("m5.") || t.starts_with("c5.")), "{:?}", c.instance_type_options);
-        assert!(c.requirements.iter().any(|r| r.key == "karpenter.sh/capacity-type" && r.values == ["on-demand"]));
+        assert!(
+            c.instance_type_options
+                .iter()
+                .all(|t| t.starts_with("m5.") || t.starts_with("c5.")),
+            "{:?}",
+            c.instance_type_options
+        );
+        assert!(
+            c.requirements
+                .iter()
+                .any(|r| r.key == "karpenter.sh/capacity-type" && r.values == ["on-demand"])
+        );
     }
-    let mut launched: Vec<String> =
-        s.drain_queue(&s.launch_queue).await.iter().map(|b| LaunchRequest::parse(b).unwrap().node_claim).collect();
+    let mut launched: Vec<String> = s
+        .drain_queue(&s.launch_queue)
+        .await
+        .iter()
+        .map(|b| LaunchRequest::parse(b).unwrap().node_claim)
+        .collect();
     launched.sort();
     let mut names: Vec<String> = stored.iter().map(|c| c.name.clone()).collect();
     names.sort();
@@ -178,7 +228,10 @@ async fn redelivery_and_concurrent_invocations_add_no_capacity() {
         assert!(o.created.is_empty(), "a redelivered batch created {:?}", o.created);
         assert_eq!(o.placed_on_existing, names.len());
     }
-    assert_eq!(s.store.in_flight_node_claims().await.unwrap().len(), first.created.len());
+    assert_eq!(
+        s.store.in_flight_node_claims().await.unwrap().len(),
+        first.created.len()
+    );
     assert_eq!(s.drain_queue(&s.launch_queue).await.len(), first.created.len());
 }
 
@@ -197,16 +250,37 @@ async fn two_first_deliveries_at_once_respect_the_pool_limit() {
     let claims = s.store.in_flight_node_claims().await.unwrap();
     // Whichever option CreateFleet grants, the pool stays within its limit.
     let catalog = nodesmith::catalog::builtin().unwrap();
-    let largest_cpu = |name: &String| catalog.instance_types.iter().find(|t| &t.name == name).map(|t| t.capacity.get(CPU).milli()).unwrap();
-    let cpu: i64 = claims.iter().map(|c| c.instance_type_options.iter().map(largest_cpu).max().unwrap()).sum();
-    assert!(cpu <= 4000, "claims {:?} may hold {cpu}m CPU, over the 4-CPU limit", claims.iter().map(|c| &c.instance_type_options).collect::<Vec<_>>());
-    assert!(!a.unschedulable.is_empty() || !b.unschedulable.is_empty(), "some pods must wait for the limit");
+    let largest_cpu = |name: &String| {
+        catalog
+            .instance_types
+            .iter()
+            .find(|t| &t.name == name)
+            .map(|t| t.capacity.get(CPU).milli())
+            .unwrap()
+    };
+    let cpu: i64 = claims
+        .iter()
+        .map(|c| c.instance_type_options.iter().map(largest_cpu).max().unwrap())
+        .sum();
+    assert!(
+        cpu <= 4000,
+        "claims {:?} may hold {cpu}m CPU, over the 4-CPU limit",
+        claims.iter().map(|c| &c.instance_type_options).collect::<Vec<_>>()
+    );
+    assert!(
+        !a.unschedulable.is_empty() || !b.unschedulable.is_empty(),
+        "some pods must wait for the limit"
+    );
 }
 
 #[tokio::test]
 async fn malformed_messages_are_dead_lettered_without_failing_the_batch() {
     let s = stack(None, &[("ok-0", "500m")]).await;
-    let batch = event(&[("good", reference("ok-0")), ("bad-json", "{not json".into()), ("bad-schema", r#"{"namespace":"default"}"#.into())]);
+    let batch = event(&[
+        ("good", reference("ok-0")),
+        ("bad-json", "{not json".into()),
+        ("bad-schema", r#"{"namespace":"default"}"#.into()),
+    ]);
     // Without a dead-letter URL the bad ones are given back (SQS's redrive dead-letters them).
     let out = s.provisioner("a", false).handle(&batch).await;
     let mut failed = out.failed.clone();
@@ -226,7 +300,13 @@ async fn malformed_messages_are_dead_lettered_without_failing_the_batch() {
 async fn pods_that_are_no_longer_pending_are_dropped() {
     let s = stack(None, &[("done-0", "500m")]).await;
     s.kube.delete("v1", "Pod", "default", "done-0").unwrap();
-    let stale = event(&[("m1", reference("done-0")), ("m2", json!({"namespace": "default", "name": "never", "uid": "x", "resourceVersion": "1"}).to_string())]);
+    let stale = event(&[
+        ("m1", reference("done-0")),
+        (
+            "m2",
+            json!({"namespace": "default", "name": "never", "uid": "x", "resourceVersion": "1"}).to_string(),
+        ),
+    ]);
     let out = s.provisioner("a", false).handle(&stale).await;
     assert!(out.failed.is_empty(), "{out:?}");
     assert_eq!(out.gone, 2);

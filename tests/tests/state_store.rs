@@ -27,7 +27,9 @@ async fn nodeclaim_writes_are_conditional_on_version() {
     let st = store(&m).await;
     let c = st.create_node_claim(&claim("default-a")).await.unwrap();
     assert_eq!(c.version, 1);
-    assert!(matches!(st.create_node_claim(&claim("default-a")).await, Err(StateError::AlreadyExists(n)) if n == "default-a"));
+    assert!(
+        matches!(st.create_node_claim(&claim("default-a")).await, Err(StateError::AlreadyExists(n)) if n == "default-a")
+    );
 
     // Two writers read version 1; the first wins, the second gets a typed conflict.
     let mut first = c.clone();
@@ -38,17 +40,27 @@ async fn nodeclaim_writes_are_conditional_on_version() {
     let mut second = c.clone();
     second.advance(Phase::Terminating, "t").unwrap();
     match st.update_node_claim(&second).await {
-        Err(StateError::Conflict { name, expected: 1, found: Some(2) }) => assert_eq!(name, "default-a"),
+        Err(StateError::Conflict {
+            name,
+            expected: 1,
+            found: Some(2),
+        }) => assert_eq!(name, "default-a"),
         other => panic!("expected a conflict, got {other:?}"),
     }
     let stored = st.get_node_claim("default-a").await.unwrap().unwrap();
     assert_eq!(stored.phase, Phase::Launched);
     assert_eq!(stored.version, 2);
 
-    assert!(matches!(st.delete_node_claim("default-a", 1).await, Err(StateError::Conflict { .. })));
+    assert!(matches!(
+        st.delete_node_claim("default-a", 1).await,
+        Err(StateError::Conflict { .. })
+    ));
     st.delete_node_claim("default-a", 2).await.unwrap();
     assert_eq!(st.get_node_claim("default-a").await.unwrap(), None);
-    assert!(matches!(st.update_node_claim(&stored).await, Err(StateError::Conflict { found: None, .. })));
+    assert!(matches!(
+        st.update_node_claim(&stored).await,
+        Err(StateError::Conflict { found: None, .. })
+    ));
 }
 
 #[tokio::test]
@@ -66,11 +78,26 @@ async fn instance_index_finds_launched_claims_and_listing_sees_all() {
     t.advance(Phase::Terminating, "t").unwrap();
     st.update_node_claim(&t).await.unwrap();
 
-    assert_eq!(st.node_claim_by_instance("i-0abc").await.unwrap().map(|c| c.name), Some("p-2".to_string()));
+    assert_eq!(
+        st.node_claim_by_instance("i-0abc").await.unwrap().map(|c| c.name),
+        Some("p-2".to_string())
+    );
     assert_eq!(st.node_claim_by_instance("i-none").await.unwrap(), None);
-    let all: Vec<String> = st.list_node_claims().await.unwrap().into_iter().map(|c| c.name).collect();
+    let all: Vec<String> = st
+        .list_node_claims()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
     assert_eq!(all, vec!["p-1", "p-2", "p-3"]);
-    let live: Vec<String> = st.in_flight_node_claims().await.unwrap().into_iter().map(|c| c.name).collect();
+    let live: Vec<String> = st
+        .in_flight_node_claims()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
     assert_eq!(live, vec!["p-1", "p-2"]);
 }
 
@@ -82,7 +109,11 @@ async fn leases_are_exclusive_under_concurrent_acquirers_and_fence_stale_holders
     // Eight acquirers race for the same lease at the same instant: exactly one wins.
     let tries = (0..8).map(|i| {
         let st = st.clone();
-        async move { st.acquire_lease("provision", &format!("holder-{i}"), 30_000, now).await.unwrap() }
+        async move {
+            st.acquire_lease("provision", &format!("holder-{i}"), 30_000, now)
+                .await
+                .unwrap()
+        }
     });
     let won: Vec<_> = futures::future::join_all(tries).await.into_iter().flatten().collect();
     assert_eq!(won.len(), 1, "{won:?}");
@@ -92,31 +123,66 @@ async fn leases_are_exclusive_under_concurrent_acquirers_and_fence_stale_holders
     // Re-acquiring as the same holder is fine; renewing extends.
     let a = st.renew_lease(&a, 30_000, now + 10_000).await.unwrap();
     assert_eq!(a.until_ms, now + 40_000);
-    assert_eq!(st.acquire_lease("provision", "other", 30_000, now + 39_999).await.unwrap(), None);
+    assert_eq!(
+        st.acquire_lease("provision", "other", 30_000, now + 39_999)
+            .await
+            .unwrap(),
+        None
+    );
 
     // After expiry another holder takes it with a higher fencing token; the old holder is fenced.
-    let b = st.acquire_lease("provision", "other", 30_000, now + 40_000).await.unwrap().unwrap();
+    let b = st
+        .acquire_lease("provision", "other", 30_000, now + 40_000)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(b.version, 2);
-    assert!(matches!(st.renew_lease(&a, 30_000, now + 40_001).await, Err(StateError::LeaseLost { version: 1, .. })));
-    match st.create_node_claims_fenced(&a, &[claim("stale-1")], now + 40_001).await {
+    assert!(matches!(
+        st.renew_lease(&a, 30_000, now + 40_001).await,
+        Err(StateError::LeaseLost { version: 1, .. })
+    ));
+    match st
+        .create_node_claims_fenced(&a, &[claim("stale-1")], now + 40_001)
+        .await
+    {
         Err(StateError::LeaseLost { .. }) => {}
         other => panic!("stale holder wrote: {other:?}"),
     }
     assert_eq!(st.get_node_claim("stale-1").await.unwrap(), None);
 
-    let made = st.create_node_claims_fenced(&b, &[claim("fresh-1"), claim("fresh-2")], now + 40_001).await.unwrap();
+    let made = st
+        .create_node_claims_fenced(&b, &[claim("fresh-1"), claim("fresh-2")], now + 40_001)
+        .await
+        .unwrap();
     assert_eq!(made.iter().map(|c| c.version).collect::<Vec<_>>(), vec![1, 1]);
     assert!(matches!(
         st.create_node_claims_fenced(&b, &[claim("fresh-3"), claim("fresh-1")], now + 40_002).await,
         Err(StateError::AlreadyExists(n)) if n == "fresh-1"
     ));
-    assert_eq!(st.get_node_claim("fresh-3").await.unwrap(), None, "a failed transaction writes nothing");
+    assert_eq!(
+        st.get_node_claim("fresh-3").await.unwrap(),
+        None,
+        "a failed transaction writes nothing"
+    );
 
     st.release_lease(&b, now + 40_003).await.unwrap();
-    let c = st.acquire_lease("provision", "third", 30_000, now + 40_004).await.unwrap().unwrap();
+    let c = st
+        .acquire_lease("provision", "third", 30_000, now + 40_004)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.version, 3);
-    assert_eq!(st.read_lease("provision").await.unwrap().map(|l| l.holder), Some("third".to_string()));
-    assert!(matches!(st.delete_lease(&b, now + 40_005).await, Err(StateError::LeaseLost { .. })), "only the holder deletes");
+    assert_eq!(
+        st.read_lease("provision").await.unwrap().map(|l| l.holder),
+        Some("third".to_string())
+    );
+    assert!(
+        matches!(
+            st.delete_lease(&b, now + 40_005).await,
+            Err(StateError::LeaseLost { .. })
+        ),
+        "only the holder deletes"
+    );
     st.delete_lease(&c, now + 40_005).await.unwrap();
     assert_eq!(st.read_lease("provision").await.unwrap(), None);
 }
@@ -128,14 +194,27 @@ async fn unavailable_offerings_expire_on_read() {
     let now = state::now_secs();
     let a = OfferingKey::new("m5.large", "us-east-1a", "spot");
     let b = OfferingKey::new("c5.large", "us-east-1b", "on-demand");
-    st.mark_unavailable(std::slice::from_ref(&a), "InsufficientInstanceCapacity", now + state::UNAVAILABLE_TTL_SECS).await.unwrap();
+    st.mark_unavailable(
+        std::slice::from_ref(&a),
+        "InsufficientInstanceCapacity",
+        now + state::UNAVAILABLE_TTL_SECS,
+    )
+    .await
+    .unwrap();
     // Already expired, but DynamoDB (and moto) may still return it: the read must drop it.
-    st.mark_unavailable(std::slice::from_ref(&b), "InsufficientInstanceCapacity", now - 1).await.unwrap();
+    st.mark_unavailable(std::slice::from_ref(&b), "InsufficientInstanceCapacity", now - 1)
+        .await
+        .unwrap();
     let got = st.unavailable_offerings(now).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].key, a);
     assert_eq!(got[0].reason, "InsufficientInstanceCapacity");
-    assert!(st.unavailable_offerings(now + state::UNAVAILABLE_TTL_SECS).await.unwrap().is_empty());
+    assert!(
+        st.unavailable_offerings(now + state::UNAVAILABLE_TTL_SECS)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -144,7 +223,10 @@ async fn idempotency_records_hold_until_they_expire() {
     let st = store(&m).await;
     assert!(st.record_processed("msg-1", 200, 100).await.unwrap());
     assert!(!st.record_processed("msg-1", 300, 150).await.unwrap());
-    assert!(st.record_processed("msg-1", 400, 200).await.unwrap(), "expired record is taken over");
+    assert!(
+        st.record_processed("msg-1", 400, 200).await.unwrap(),
+        "expired record is taken over"
+    );
     st.forget_processed("msg-1").await.unwrap();
     assert!(st.record_processed("msg-1", 500, 250).await.unwrap());
 }
@@ -165,16 +247,30 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
             eni_max_pods: 29,
             offerings: ["us-east-1a", "us-east-1b"]
                 .iter()
-                .map(|z| Offering { zone: z.to_string(), capacity_type: "spot".into(), price: (i % 64) as f64 * 0.25, available: true })
+                .map(|z| Offering {
+                    zone: z.to_string(),
+                    capacity_type: "spot".into(),
+                    price: (i % 64) as f64 * 0.25,
+                    available: true,
+                })
                 .collect(),
         })
         .collect();
-    let big = Catalog { region: "us-east-1".into(), instance_types: types };
+    let big = Catalog {
+        region: "us-east-1".into(),
+        instance_types: types,
+    };
     assert!(serde_json::to_vec(&big).unwrap().len() > state::PART_BYTES * 2);
     let g1 = st.put_catalog(&big).await.unwrap();
     // (prices are binary fractions: serde_json's default float parsing may drop a last bit)
-    assert!(st.get_catalog().await.unwrap().as_ref() == Some(&big), "big catalog did not round-trip");
-    let small = Catalog { region: "us-east-1".into(), instance_types: big.instance_types[..2].to_vec() };
+    assert!(
+        st.get_catalog().await.unwrap().as_ref() == Some(&big),
+        "big catalog did not round-trip"
+    );
+    let small = Catalog {
+        region: "us-east-1".into(),
+        instance_types: big.instance_types[..2].to_vec(),
+    };
     let g2 = st.put_catalog(&small).await.unwrap();
     assert_ne!(g1, g2);
     assert_eq!(st.get_catalog().await.unwrap(), Some(small));

@@ -13,14 +13,19 @@ fn template() -> Value {
 }
 
 fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
-    t.get("Resources").and_then(|r| r.get(name)).unwrap_or_else(|| panic!("template has no resource {name}"))
+    t.get("Resources")
+        .and_then(|r| r.get(name))
+        .unwrap_or_else(|| panic!("template has no resource {name}"))
 }
 
 fn strings(v: &Value) -> Vec<String> {
     match v {
         Value::String(s) => vec![s.clone()],
         Value::Sequence(s) => s.iter().flat_map(strings).collect(),
-        Value::Mapping(m) => m.iter().flat_map(|(k, v)| strings(k).into_iter().chain(strings(v))).collect(),
+        Value::Mapping(m) => m
+            .iter()
+            .flat_map(|(k, v)| strings(k).into_iter().chain(strings(v)))
+            .collect(),
         Value::Tagged(t) => strings(&t.value),
         _ => vec![],
     }
@@ -29,15 +34,21 @@ fn strings(v: &Value) -> Vec<String> {
 #[test]
 fn every_function_is_a_workspace_binary() {
     let t = template();
-    for (resource_name, binary) in
-        [("ProvisionFunction", "provision"), ("LaunchFunction", "launch"), ("InterruptFunction", "interrupt"), ("SweepFunction", "sweep")]
-    {
+    for (resource_name, binary) in [
+        ("ProvisionFunction", "provision"),
+        ("LaunchFunction", "launch"),
+        ("InterruptFunction", "interrupt"),
+        ("SweepFunction", "sweep"),
+    ] {
         let r = resource(&t, resource_name);
         assert_eq!(r["Type"].as_str(), Some("AWS::Serverless::Function"));
         assert_eq!(r["Metadata"]["BuildProperties"]["Binary"].as_str(), Some(binary));
         let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../functions/{binary}/Cargo.toml"));
         let text = std::fs::read_to_string(&manifest).unwrap_or_else(|_| panic!("no crate for {binary}"));
-        assert!(text.contains(&format!("name = \"{binary}\"")), "{manifest:?} builds {binary}");
+        assert!(
+            text.contains(&format!("name = \"{binary}\"")),
+            "{manifest:?} builds {binary}"
+        );
     }
 }
 
@@ -49,20 +60,32 @@ fn state_table_matches_the_state_store() {
         .as_sequence()
         .unwrap()
         .iter()
-        .map(|k| (k["AttributeName"].as_str().unwrap().to_string(), k["KeyType"].as_str().unwrap().to_string()))
+        .map(|k| {
+            (
+                k["AttributeName"].as_str().unwrap().to_string(),
+                k["KeyType"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     assert_eq!(keys, vec![("pk".into(), "HASH".into()), ("sk".into(), "RANGE".into())]);
     let gsi = &table["GlobalSecondaryIndexes"][0];
     assert_eq!(gsi["IndexName"].as_str(), Some(nodesmith::state::INSTANCE_INDEX));
     assert_eq!(gsi["KeySchema"][0]["AttributeName"].as_str(), Some("instanceId"));
-    assert_eq!(table["TimeToLiveSpecification"]["AttributeName"].as_str(), Some(nodesmith::state::TTL_ATTRIBUTE));
+    assert_eq!(
+        table["TimeToLiveSpecification"]["AttributeName"].as_str(),
+        Some(nodesmith::state::TTL_ATTRIBUTE)
+    );
 }
 
 #[test]
 fn functions_get_the_environment_their_code_reads() {
     let t = template();
     let globals: Vec<String> = strings(&t["Globals"]["Function"]["Environment"]["Variables"]);
-    for var in ["NODESMITH_CLUSTER_NAME", "NODESMITH_TABLE", "NODESMITH_LAUNCH_QUEUE_URL"] {
+    for var in [
+        "NODESMITH_CLUSTER_NAME",
+        "NODESMITH_TABLE",
+        "NODESMITH_LAUNCH_QUEUE_URL",
+    ] {
         assert!(globals.contains(&var.to_string()), "{var} is not set for the functions");
     }
     let provision = strings(&resource(&t, "ProvisionFunction")["Properties"]["Environment"]);
@@ -70,6 +93,9 @@ fn functions_get_the_environment_their_code_reads() {
     // SQS-triggered functions report partial batch failures.
     for f in ["ProvisionFunction", "LaunchFunction", "InterruptFunction"] {
         let events = strings(&resource(&t, f)["Properties"]["Events"]);
-        assert!(events.contains(&"ReportBatchItemFailures".to_string()), "{f} must report batch item failures");
+        assert!(
+            events.contains(&"ReportBatchItemFailures".to_string()),
+            "{f} must report batch item failures"
+        );
     }
 }

@@ -14,7 +14,10 @@ async fn main() -> Result<(), Error> {
         .init();
     let config = LaunchConfig::from_env()?;
     // Throttling and 5xx are retried by the SDK with exponential backoff and jitter.
-    let sdk = aws_config::from_env().retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5)).load().await;
+    let sdk = aws_config::from_env()
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5))
+        .load()
+        .await;
     let launcher = Launcher::new(&sdk, config);
     let launcher = &launcher;
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

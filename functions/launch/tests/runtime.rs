@@ -24,12 +24,17 @@ async fn binary_handles_an_sqs_event_against_moto() {
     let mut env: BTreeMap<String, String> = m.env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
     env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
-    let Invocation { path, body, init } = invoke(Path::new(env!("CARGO_BIN_EXE_launch")), "launch", &env, &event).await.unwrap();
+    let Invocation { path, body, init } = invoke(Path::new(env!("CARGO_BIN_EXE_launch")), "launch", &env, &event)
+        .await
+        .unwrap();
     // Reported, not asserted: timing depends on the machine.
     eprintln!("launch init (spawn → first poll of the Runtime API): {init:?}");
     assert_eq!(path, "req-1/response");
     let resp: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(resp, serde_json::json!({"batchItemFailures": [{"itemIdentifier": "poison"}]}));
+    assert_eq!(
+        resp,
+        serde_json::json!({"batchItemFailures": [{"itemIdentifier": "poison"}]})
+    );
 }
 
 #[tokio::test]
@@ -42,6 +47,13 @@ async fn binary_without_configuration_says_what_is_missing() {
         .await
         .unwrap();
     assert!(!out.status.success());
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("environment variable NODESMITH_TABLE is not set"), "{text}");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("environment variable NODESMITH_TABLE is not set"),
+        "{text}"
+    );
 }

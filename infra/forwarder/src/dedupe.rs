@@ -17,7 +17,12 @@ pub struct Dedupe<K> {
 impl<K: Clone + Eq + std::hash::Hash> Dedupe<K> {
     /// An empty memory (capacity at least 1).
     pub fn new(capacity: usize, ttl: Duration) -> Self {
-        Dedupe { capacity: capacity.max(1), ttl, order: VecDeque::new(), seen: HashMap::new() }
+        Dedupe {
+            capacity: capacity.max(1),
+            ttl,
+            order: VecDeque::new(),
+            seen: HashMap::new(),
+        }
     }
 
     /// Records `key` at `now`; true when it was not remembered (send it).

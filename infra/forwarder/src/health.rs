@@ -47,12 +47,36 @@ impl Health {
         let live = self.clone();
         let ready = self.clone();
         Router::new()
-            .route("/healthz", get(move || async move { if live.is_live() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "pod watch failing") } }))
-            .route("/readyz", get(move || async move { if ready.is_ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "pods not listed yet") } }))
+            .route(
+                "/healthz",
+                get(move || async move {
+                    if live.is_live() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "pod watch failing")
+                    }
+                }),
+            )
+            .route(
+                "/readyz",
+                get(move || async move {
+                    if ready.is_ready() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "pods not listed yet")
+                    }
+                }),
+            )
     }
 
     /// Serves the routes on `listener` until `shutdown` resolves.
-    pub async fn serve(&self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
     }
 }

@@ -55,14 +55,22 @@ impl Config {
     /// `QUEUE_URL` (required), `HEALTH_ADDR` (default `0.0.0.0:8080`),
     /// `FLUSH_INTERVAL_MS` (1000), `DEDUPE_CAPACITY` (10000), `RESEND_AFTER_SECS` (300).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let err = |name: &str, message: String| ConfigError { name: name.into(), message };
+        let err = |name: &str, message: String| ConfigError {
+            name: name.into(),
+            message,
+        };
         let num = |name: &str, default: u64| -> Result<u64, ConfigError> {
             match get(name) {
                 None => Ok(default),
-                Some(v) => v.trim().parse::<u64>().map_err(|_| err(name, format!("{v:?} is not a non-negative integer"))),
+                Some(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| err(name, format!("{v:?} is not a non-negative integer"))),
             }
         };
-        let queue_url = get("QUEUE_URL").filter(|v| !v.trim().is_empty()).ok_or_else(|| err("QUEUE_URL", "is required (the pending-pods queue URL)".into()))?;
+        let queue_url = get("QUEUE_URL")
+            .filter(|v| !v.trim().is_empty())
+            .ok_or_else(|| err("QUEUE_URL", "is required (the pending-pods queue URL)".into()))?;
         if !queue_url.starts_with("https://") && !queue_url.starts_with("http://") {
             return Err(err("QUEUE_URL", format!("{queue_url:?} is not a queue URL")));
         }
@@ -74,7 +82,9 @@ impl Config {
             queue_url,
             health_addr: get("HEALTH_ADDR").unwrap_or_else(|| "0.0.0.0:8080".into()),
             flush_interval: Duration::from_millis(flush),
-            dedupe_capacity: usize::try_from(num("DEDUPE_CAPACITY", 10_000)?).unwrap_or(usize::MAX).max(1),
+            dedupe_capacity: usize::try_from(num("DEDUPE_CAPACITY", 10_000)?)
+                .unwrap_or(usize::MAX)
+                .max(1),
             resend_after: Duration::from_secs(num("RESEND_AFTER_SECS", 300)?),
         })
     }
@@ -149,7 +159,13 @@ impl Forwarder {
 
 /// Watches pods and forwards unschedulable ones until `shutdown` resolves;
 /// then sends what is pending and returns the counts.
-pub async fn run(client: kube::Client, sink: SqsSink, config: &Config, health: Health, shutdown: impl Future<Output = ()>) -> Stats {
+pub async fn run(
+    client: kube::Client,
+    sink: SqsSink,
+    config: &Config,
+    health: Health,
+    shutdown: impl Future<Output = ()>,
+) -> Stats {
     let api: Api<Pod> = Api::all(client);
     // Only pods without a node can be unschedulable; the server filters the rest.
     let stream = watcher(api, watcher::Config::default().fields("spec.nodeName=")).default_backoff();
@@ -157,7 +173,11 @@ pub async fn run(client: kube::Client, sink: SqsSink, config: &Config, health: H
     futures::pin_mut!(shutdown);
     let mut ticker = tokio::time::interval(config.flush_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut fw = Forwarder { dedupe: Dedupe::new(config.dedupe_capacity, config.resend_after), batch: Vec::new(), stats: Stats::default() };
+    let mut fw = Forwarder {
+        dedupe: Dedupe::new(config.dedupe_capacity, config.resend_after),
+        batch: Vec::new(),
+        stats: Stats::default(),
+    };
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -202,17 +222,31 @@ mod tests {
 
     #[test]
     fn settings_have_defaults_and_name_bad_values() {
-        let c = Config::from_lookup(lookup(&[("QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/pending")])).unwrap();
+        let c = Config::from_lookup(lookup(&[(
+            "QUEUE_URL",
+            "https://sqs.us-east-1.amazonaws.com/1/pending",
+        )]))
+        .unwrap();
         assert_eq!(c.flush_interval, Duration::from_secs(1));
         assert_eq!(c.dedupe_capacity, 10_000);
         assert_eq!(c.resend_after, Duration::from_secs(300));
         assert_eq!(c.health_addr, "0.0.0.0:8080");
         assert_eq!(Config::from_lookup(lookup(&[])).unwrap_err().name, "QUEUE_URL");
-        assert_eq!(Config::from_lookup(lookup(&[("QUEUE_URL", "pending")])).unwrap_err().name, "QUEUE_URL");
+        assert_eq!(
+            Config::from_lookup(lookup(&[("QUEUE_URL", "pending")]))
+                .unwrap_err()
+                .name,
+            "QUEUE_URL"
+        );
         let e = Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("FLUSH_INTERVAL_MS", "soon")])).unwrap_err();
         assert_eq!(e.name, "FLUSH_INTERVAL_MS");
         assert!(e.to_string().contains("\"soon\""));
-        assert_eq!(Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("FLUSH_INTERVAL_MS", "0")])).unwrap_err().name, "FLUSH_INTERVAL_MS");
+        assert_eq!(
+            Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("FLUSH_INTERVAL_MS", "0")]))
+                .unwrap_err()
+                .name,
+            "FLUSH_INTERVAL_MS"
+        );
     }
 
     #[test]
@@ -224,7 +258,15 @@ mod tests {
         }))
         .unwrap();
         let r = pending_ref(&p).unwrap();
-        assert_eq!((r.namespace.as_str(), r.name.as_str(), r.uid.as_str(), r.resource_version.as_str()), ("default", "web", "u", "7"));
+        assert_eq!(
+            (
+                r.namespace.as_str(),
+                r.name.as_str(),
+                r.uid.as_str(),
+                r.resource_version.as_str()
+            ),
+            ("default", "web", "u", "7")
+        );
         let mut bound = p.clone();
         bound.spec.as_mut().unwrap().node_name = Some("n".into());
         assert!(pending_ref(&bound).is_none());

@@ -17,7 +17,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut health_stop = stop_rx.clone();
     let server = tokio::spawn({
         let health = health.clone();
-        async move { health.serve(listener, async move { let _ = health_stop.changed().await; }).await }
+        async move {
+            health
+                .serve(listener, async move {
+                    let _ = health_stop.changed().await;
+                })
+                .await
+        }
     });
     let stats = run(kube, sink, &config, health, shutdown_signal()).await;
     let _ = stop_tx.send(true);

@@ -16,7 +16,10 @@ pub struct SqsSink {
 impl SqsSink {
     /// A sink for one queue.
     pub fn new(client: aws_sdk_sqs::Client, queue_url: &str) -> Self {
-        SqsSink { client, queue_url: queue_url.to_string() }
+        SqsSink {
+            client,
+            queue_url: queue_url.to_string(),
+        }
     }
 
     /// Sends the references in batches of ten; returns the ones to retry
@@ -27,20 +30,38 @@ impl SqsSink {
             let entries: Vec<SendMessageBatchRequestEntry> = chunk
                 .iter()
                 .enumerate()
-                .filter_map(|(i, r)| SendMessageBatchRequestEntry::builder().id(i.to_string()).message_body(r.to_body()).build().ok())
+                .filter_map(|(i, r)| {
+                    SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_body(r.to_body())
+                        .build()
+                        .ok()
+                })
                 .collect();
-            let out = self.client.send_message_batch().queue_url(&self.queue_url).set_entries(Some(entries)).send().await;
+            let out = self
+                .client
+                .send_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await;
             match out {
                 Ok(out) => {
                     for f in out.failed() {
-                        let Some(r) = f.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) else { continue };
+                        let Some(r) = f.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) else {
+                            continue;
+                        };
                         if f.sender_fault() {
                             tracing::error!(pod = %format!("{}/{}", r.namespace, r.name), code = f.code(), message = ?f.message(), "queue rejected the reference; dropping it");
                         } else {
                             retry.push(r.clone());
                         }
                     }
-                    tracing::info!(sent = out.successful().len(), failed = out.failed().len(), "sent pending pods");
+                    tracing::info!(
+                        sent = out.successful().len(),
+                        failed = out.failed().len(),
+                        "sent pending pods"
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), count = chunk.len(), "SendMessageBatch failed; will retry");

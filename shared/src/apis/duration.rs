@@ -59,7 +59,9 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
         } else {
             return Err(bad());
         };
-        total = total.checked_add(unit.checked_mul(u32::try_from(n).map_err(|_| bad())?).ok_or_else(bad)?).ok_or_else(bad)?;
+        total = total
+            .checked_add(unit.checked_mul(u32::try_from(n).map_err(|_| bad())?).ok_or_else(bad)?)
+            .ok_or_else(bad)?;
         rest = &rest[len..];
     }
     Ok(total)
@@ -122,7 +124,13 @@ mod tests {
 
     #[test]
     fn parses_and_prints() {
-        for (s, secs) in [("30s", 30), ("5m", 300), ("720h", 720 * 3600), ("1h30m", 5400), ("0s", 0)] {
+        for (s, secs) in [
+            ("30s", 30),
+            ("5m", 300),
+            ("720h", 720 * 3600),
+            ("1h30m", 5400),
+            ("0s", 0),
+        ] {
             let d = NillableDuration::parse(s).unwrap();
             assert_eq!(d.duration(), Some(Duration::from_secs(secs)), "{s}");
             assert_eq!(NillableDuration::parse(&d.to_string()).unwrap(), d);

@@ -59,7 +59,11 @@ pub struct EC2NodeClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet: Option<KubeletConfiguration>,
     /// Whether instances get a public IPv4 address.
-    #[serde(default, rename = "associatePublicIPAddress", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "associatePublicIPAddress",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub associate_public_ip_address: Option<bool>,
     /// Whether detailed CloudWatch monitoring is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -217,7 +221,12 @@ fn required() -> String {
 
 impl Default for MetadataOptions {
     fn default() -> Self {
-        MetadataOptions { http_endpoint: enabled(), http_protocol_ipv6: disabled(), http_put_response_hop_limit: 1, http_tokens: required() }
+        MetadataOptions {
+            http_endpoint: enabled(),
+            http_protocol_ipv6: disabled(),
+            http_put_response_hop_limit: 1,
+            http_tokens: required(),
+        }
     }
 }
 
@@ -253,10 +262,18 @@ pub struct KubeletConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction_max_pod_grace_period: Option<i64>,
     /// Disk usage that triggers image GC.
-    #[serde(default, rename = "imageGCHighThresholdPercent", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "imageGCHighThresholdPercent",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub image_gc_high_threshold_percent: Option<i64>,
     /// Disk usage image GC frees down to.
-    #[serde(default, rename = "imageGCLowThresholdPercent", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "imageGCLowThresholdPercent",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub image_gc_low_threshold_percent: Option<i64>,
     /// Enforce CPU CFS quota.
     #[serde(default, rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]
@@ -264,10 +281,22 @@ pub struct KubeletConfiguration {
 }
 
 const RESERVED_KEYS: &[&str] = &["cpu", "memory", "ephemeral-storage", "pid"];
-const EVICTION_SIGNALS: &[&str] = &["memory.available", "nodefs.available", "nodefs.inodesFree", "imagefs.available", "imagefs.inodesFree", "pid.available"];
+const EVICTION_SIGNALS: &[&str] = &[
+    "memory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "pid.available",
+];
 const AMI_FAMILIES: &[&str] = &["AL2", "AL2023", "Bottlerocket", "Windows2019", "Windows2022", "Custom"];
 const ALIAS_FAMILIES: &[&str] = &["al2", "al2023", "bottlerocket", "windows2019", "windows2022"];
-const RESTRICTED_TAGS: &[&str] = &["karpenter.sh/nodepool", "eks:eks-cluster-name", "karpenter.sh/nodeclaim", "karpenter.k8s.aws/ec2nodeclass"];
+const RESTRICTED_TAGS: &[&str] = &[
+    "karpenter.sh/nodepool",
+    "eks:eks-cluster-name",
+    "karpenter.sh/nodeclaim",
+    "karpenter.k8s.aws/ec2nodeclass",
+];
 
 impl EC2NodeClass {
     /// The class's name.
@@ -303,7 +332,10 @@ impl EC2NodeClass {
         }
         if let Some(f) = &s.ami_family {
             if !AMI_FAMILIES.contains(&f.as_str()) {
-                errs.push(spec.field("amiFamily"), format!("must be one of {AMI_FAMILIES:?}, got {f:?}"));
+                errs.push(
+                    spec.field("amiFamily"),
+                    format!("must be one of {AMI_FAMILIES:?}, got {f:?}"),
+                );
             }
         }
         let terms = spec.field("amiSelectorTerms");
@@ -312,24 +344,45 @@ impl EC2NodeClass {
         }
         let has_alias = s.ami_selector_terms.iter().any(|t| t.alias.is_some());
         if has_alias && s.ami_selector_terms.len() > 1 {
-            errs.push(terms.clone(), "'alias' is mutually exclusive, cannot be set with a combination of other amiSelectorTerms");
+            errs.push(
+                terms.clone(),
+                "'alias' is mutually exclusive, cannot be set with a combination of other amiSelectorTerms",
+            );
         }
         if !has_alias && s.ami_family.is_none() && !s.ami_selector_terms.is_empty() {
-            errs.push(spec.field("amiFamily"), "is required when amiSelectorTerms have no alias");
+            errs.push(
+                spec.field("amiFamily"),
+                "is required when amiSelectorTerms have no alias",
+            );
         }
         for (i, t) in s.ami_selector_terms.iter().enumerate() {
             let p = terms.index(i);
-            let set = [t.alias.is_some(), t.id.is_some(), t.name.is_some(), t.ssm_parameter.is_some(), !t.tags.is_empty()];
+            let set = [
+                t.alias.is_some(),
+                t.id.is_some(),
+                t.name.is_some(),
+                t.ssm_parameter.is_some(),
+                !t.tags.is_empty(),
+            ];
             if !set.iter().any(|x| *x) {
-                errs.push(p.clone(), "expected at least one, got none, ['tags', 'id', 'name', 'alias', 'ssmParameter']");
+                errs.push(
+                    p.clone(),
+                    "expected at least one, got none, ['tags', 'id', 'name', 'alias', 'ssmParameter']",
+                );
             }
             if let Some(a) = &t.alias {
                 if set.iter().filter(|x| **x).count() > 1 || t.owner.is_some() {
-                    errs.push(p.field("alias"), "'alias' is mutually exclusive, cannot be set with a combination of other fields");
+                    errs.push(
+                        p.field("alias"),
+                        "'alias' is mutually exclusive, cannot be set with a combination of other fields",
+                    );
                 }
                 match a.split_once('@') {
                     Some((fam, ver)) if ALIAS_FAMILIES.contains(&fam) && !ver.is_empty() => {}
-                    _ => errs.push(p.field("alias"), format!("must be family@version with family in {ALIAS_FAMILIES:?}, got {a:?}")),
+                    _ => errs.push(
+                        p.field("alias"),
+                        format!("must be family@version with family in {ALIAS_FAMILIES:?}, got {a:?}"),
+                    ),
                 }
             }
             if let Some(id) = &t.id {
@@ -337,14 +390,38 @@ impl EC2NodeClass {
                     errs.push(p.field("id"), format!("must match ami-[0-9a-z]+, got {id:?}"));
                 }
                 if t.name.is_some() || !t.tags.is_empty() || t.ssm_parameter.is_some() {
-                    errs.push(p.field("id"), "'id' is mutually exclusive, cannot be set with a combination of other fields");
+                    errs.push(
+                        p.field("id"),
+                        "'id' is mutually exclusive, cannot be set with a combination of other fields",
+                    );
                 }
             }
             validate_tags(&mut errs, &p.field("tags"), &t.tags);
         }
-        validate_selector(&mut errs, &spec.field("subnetSelectorTerms"), &s.subnet_selector_terms, "subnet-", false, true);
-        validate_selector(&mut errs, &spec.field("securityGroupSelectorTerms"), &s.security_group_selector_terms, "sg-", true, true);
-        validate_selector(&mut errs, &spec.field("capacityReservationSelectorTerms"), &s.capacity_reservation_selector_terms, "cr-", false, false);
+        validate_selector(
+            &mut errs,
+            &spec.field("subnetSelectorTerms"),
+            &s.subnet_selector_terms,
+            "subnet-",
+            false,
+            true,
+        );
+        validate_selector(
+            &mut errs,
+            &spec.field("securityGroupSelectorTerms"),
+            &s.security_group_selector_terms,
+            "sg-",
+            true,
+            true,
+        );
+        validate_selector(
+            &mut errs,
+            &spec.field("capacityReservationSelectorTerms"),
+            &s.capacity_reservation_selector_terms,
+            "cr-",
+            false,
+            false,
+        );
         if s.role.is_some() == s.instance_profile.is_some() {
             errs.push(spec.clone(), "must specify exactly one of ['role', 'instanceProfile']");
         }
@@ -355,7 +432,10 @@ impl EC2NodeClass {
         }
         let roots = s.block_device_mappings.iter().filter(|b| b.root_volume).count();
         if roots > 1 {
-            errs.push(spec.field("blockDeviceMappings"), "must have only one blockDeviceMapping with rootVolume");
+            errs.push(
+                spec.field("blockDeviceMappings"),
+                "must have only one blockDeviceMapping with rootVolume",
+            );
         }
         if s.block_device_mappings.len() > 50 {
             errs.push(spec.field("blockDeviceMappings"), "may have at most 50 items");
@@ -407,25 +487,44 @@ fn validate_tags(errs: &mut Errors, p: &Path, tags: &std::collections::BTreeMap<
     }
 }
 
-fn validate_selector(errs: &mut Errors, p: &Path, terms: &[SelectorTerm], id_prefix: &str, allow_name: bool, required: bool) {
+fn validate_selector(
+    errs: &mut Errors,
+    p: &Path,
+    terms: &[SelectorTerm],
+    id_prefix: &str,
+    allow_name: bool,
+    required: bool,
+) {
     if required && (terms.is_empty() || terms.len() > 30) {
         errs.push(p.clone(), "must have between 1 and 30 terms");
     }
     for (i, t) in terms.iter().enumerate() {
         let tp = p.index(i);
         if t.tags.is_empty() && t.id.is_none() && t.name.is_none() {
-            errs.push(tp.clone(), if allow_name { "expected at least one, got none, ['tags', 'id', 'name']" } else { "expected at least one, got none, ['tags', 'id']" });
+            errs.push(
+                tp.clone(),
+                if allow_name {
+                    "expected at least one, got none, ['tags', 'id', 'name']"
+                } else {
+                    "expected at least one, got none, ['tags', 'id']"
+                },
+            );
         }
         if t.name.is_some() && !allow_name {
             errs.push(tp.field("name"), "is not supported here");
         }
         if let Some(id) = &t.id {
-            let ok = id.strip_prefix(id_prefix).is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_alphanumeric()));
+            let ok = id
+                .strip_prefix(id_prefix)
+                .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_alphanumeric()));
             if !ok {
                 errs.push(tp.field("id"), format!("must match {id_prefix}[0-9a-z]+, got {id:?}"));
             }
             if !t.tags.is_empty() || t.name.is_some() {
-                errs.push(tp.field("id"), "'id' is mutually exclusive, cannot be set with a combination of other fields");
+                errs.push(
+                    tp.field("id"),
+                    "'id' is mutually exclusive, cannot be set with a combination of other fields",
+                );
             }
         }
         validate_tags(errs, &tp.field("tags"), &t.tags);
@@ -440,7 +539,10 @@ impl KubeletConfiguration {
         if self.pods_per_core.is_some_and(|m| m < 0) {
             errs.push(p.field("podsPerCore"), "must be non-negative");
         }
-        for (field, map) in [("systemReserved", &self.system_reserved), ("kubeReserved", &self.kube_reserved)] {
+        for (field, map) in [
+            ("systemReserved", &self.system_reserved),
+            ("kubeReserved", &self.kube_reserved),
+        ] {
             for (k, v) in map {
                 if !RESERVED_KEYS.contains(&k.as_str()) {
                     errs.push(p.field(field).key(k), format!("valid keys are {RESERVED_KEYS:?}"));
@@ -449,7 +551,11 @@ impl KubeletConfiguration {
                 }
             }
         }
-        for (field, map) in [("evictionHard", &self.eviction_hard), ("evictionSoft", &self.eviction_soft), ("evictionSoftGracePeriod", &self.eviction_soft_grace_period)] {
+        for (field, map) in [
+            ("evictionHard", &self.eviction_hard),
+            ("evictionSoft", &self.eviction_soft),
+            ("evictionSoftGracePeriod", &self.eviction_soft_grace_period),
+        ] {
             for (k, v) in map {
                 if !EVICTION_SIGNALS.contains(&k.as_str()) {
                     errs.push(p.field(field).key(k), format!("valid keys are {EVICTION_SIGNALS:?}"));
@@ -460,15 +566,27 @@ impl KubeletConfiguration {
         }
         for k in self.eviction_soft.keys() {
             if !self.eviction_soft_grace_period.contains_key(k) {
-                errs.push(p.field("evictionSoftGracePeriod"), format!("evictionSoft {k:?} needs a matching grace period"));
+                errs.push(
+                    p.field("evictionSoftGracePeriod"),
+                    format!("evictionSoft {k:?} needs a matching grace period"),
+                );
             }
         }
-        if let (Some(h), Some(l)) = (self.image_gc_high_threshold_percent, self.image_gc_low_threshold_percent) {
+        if let (Some(h), Some(l)) = (
+            self.image_gc_high_threshold_percent,
+            self.image_gc_low_threshold_percent,
+        ) {
             if l >= h {
-                errs.push(p.field("imageGCLowThresholdPercent"), "must be less than imageGCHighThresholdPercent");
+                errs.push(
+                    p.field("imageGCLowThresholdPercent"),
+                    "must be less than imageGCHighThresholdPercent",
+                );
             }
         }
-        for (field, v) in [("imageGCHighThresholdPercent", self.image_gc_high_threshold_percent), ("imageGCLowThresholdPercent", self.image_gc_low_threshold_percent)] {
+        for (field, v) in [
+            ("imageGCHighThresholdPercent", self.image_gc_high_threshold_percent),
+            ("imageGCLowThresholdPercent", self.image_gc_low_threshold_percent),
+        ] {
             if v.is_some_and(|v| !(0..=100).contains(&v)) {
                 errs.push(p.field(field), "must be between 0 and 100");
             }

@@ -160,7 +160,10 @@ pub fn restricted_reason(key: &str) -> Option<String> {
         return Some(format!("label {key:?} is restricted"));
     }
     let d = domain(key)?;
-    if DOMAIN_EXCEPTIONS.iter().any(|e| d == *e || d.ends_with(&format!(".{e}"))) {
+    if DOMAIN_EXCEPTIONS
+        .iter()
+        .any(|e| d == *e || d.ends_with(&format!(".{e}")))
+    {
         return None;
     }
     if is_well_known(key) {
@@ -200,7 +203,8 @@ pub fn is_label_value(v: &str) -> bool {
     v.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -209,7 +213,8 @@ fn is_dns_label(s: &str) -> bool {
         && s.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 #[cfg(test)]

@@ -85,7 +85,12 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
     let mut docs = Vec::new();
     let mut warnings = Vec::new();
     for (index, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let err = |path: String, message: String| ManifestError { file: file.to_string(), index, path, message };
+        let err = |path: String, message: String| ManifestError {
+            file: file.to_string(),
+            index,
+            path,
+            message,
+        };
         let value: serde_json::Value = match serde_path_to_error::deserialize(de) {
             Ok(v) => v,
             Err(e) => return Err(err(path_of(e.path()), format!("invalid YAML: {}", e.inner()))),
@@ -93,8 +98,16 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
         if value.is_null() {
             continue;
         }
-        let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default().to_string();
-        let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        let api_version = value
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let kind = value
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
         if kind.is_empty() {
             return Err(err("kind".into(), "is required".into()));
         }
@@ -119,50 +132,89 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
             }
             ("apps/v1", "Deployment") => {
                 let o: Deployment = typed(value).map_err(|(p, m)| err(p, m))?;
-                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(
+                    o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                    "spec.template.spec",
+                )
+                .map_err(|(p, m)| err(p, m))?;
                 Object::Deployment(o)
             }
             ("apps/v1", "ReplicaSet") => {
                 let o: ReplicaSet = typed(value).map_err(|(p, m)| err(p, m))?;
-                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.as_ref()).and_then(|t| t.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(
+                    o.spec
+                        .as_ref()
+                        .and_then(|s| s.template.as_ref())
+                        .and_then(|t| t.spec.as_ref()),
+                    "spec.template.spec",
+                )
+                .map_err(|(p, m)| err(p, m))?;
                 Object::ReplicaSet(o)
             }
             ("apps/v1", "StatefulSet") => {
                 let o: StatefulSet = typed(value).map_err(|(p, m)| err(p, m))?;
-                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(
+                    o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                    "spec.template.spec",
+                )
+                .map_err(|(p, m)| err(p, m))?;
                 Object::StatefulSet(o)
             }
             ("batch/v1", "Job") => {
                 let o: Job = typed(value).map_err(|(p, m)| err(p, m))?;
-                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(
+                    o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                    "spec.template.spec",
+                )
+                .map_err(|(p, m)| err(p, m))?;
                 Object::Job(o)
             }
             ("apps/v1", "DaemonSet") => {
                 let o: DaemonSet = typed(value).map_err(|(p, m)| err(p, m))?;
-                check_pod_spec(o.spec.as_ref().and_then(|s| s.template.spec.as_ref()), "spec.template.spec").map_err(|(p, m)| err(p, m))?;
+                check_pod_spec(
+                    o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                    "spec.template.spec",
+                )
+                .map_err(|(p, m)| err(p, m))?;
                 Object::DaemonSet(o)
             }
             ("v1", "Node") => {
                 let node: Node = typed(value).map_err(|(p, m)| err(p, m))?;
                 let status = node.status.as_ref();
-                for (field, list) in [("capacity", status.and_then(|s| s.capacity.as_ref())), ("allocatable", status.and_then(|s| s.allocatable.as_ref()))] {
+                for (field, list) in [
+                    ("capacity", status.and_then(|s| s.capacity.as_ref())),
+                    ("allocatable", status.and_then(|s| s.allocatable.as_ref())),
+                ] {
                     check_quantities(list, &format!("status.{field}")).map_err(|(p, m)| err(p, m))?;
                 }
                 Object::Node(node)
             }
-            ("policy/v1", "PodDisruptionBudget") => Object::PodDisruptionBudget(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("policy/v1", "PodDisruptionBudget") => {
+                Object::PodDisruptionBudget(typed(value).map_err(|(p, m)| err(p, m))?)
+            }
             ("v1", "PersistentVolume") => Object::PersistentVolume(typed(value).map_err(|(p, m)| err(p, m))?),
             ("v1", "PersistentVolumeClaim") => Object::PersistentVolumeClaim(typed(value).map_err(|(p, m)| err(p, m))?),
             ("storage.k8s.io/v1", "StorageClass") => Object::StorageClass(typed(value).map_err(|(p, m)| err(p, m))?),
             (av, k) if (k == "NodePool" || k == "EC2NodeClass") && av.starts_with("karpenter") => {
-                return Err(err("apiVersion".into(), format!("{av} is not supported for {k}: use the v1 API")));
+                return Err(err(
+                    "apiVersion".into(),
+                    format!("{av} is not supported for {k}: use the v1 API"),
+                ));
             }
             (av, k) => {
-                warnings.push(Warning { file: file.to_string(), index, message: format!("ignoring {av} {k}") });
+                warnings.push(Warning {
+                    file: file.to_string(),
+                    index,
+                    message: format!("ignoring {av} {k}"),
+                });
                 continue;
             }
         };
-        docs.push(Document { file: file.to_string(), index, object });
+        docs.push(Document {
+            file: file.to_string(),
+            index,
+            object,
+        });
     }
     Ok((docs, warnings))
 }
@@ -177,7 +229,15 @@ fn validation_error(file: &str, index: usize, e: super::Errors) -> ManifestError
             "{} {:?}: {}",
             e.kind,
             e.name,
-            e.fields.iter().map(|f| if Some(f) == first.as_ref() { f.message.clone() } else { format!("{}: {}", f.path, f.message) }).collect::<Vec<_>>().join("; ")
+            e.fields
+                .iter()
+                .map(|f| if Some(f) == first.as_ref() {
+                    f.message.clone()
+                } else {
+                    format!("{}: {}", f.path, f.message)
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
         ),
     }
 }
@@ -186,11 +246,17 @@ fn validation_error(file: &str, index: usize, e: super::Errors) -> ManifestError
 fn check_pod_spec(spec: Option<&k8s_openapi::api::core::v1::PodSpec>, at: &str) -> Result<(), (String, String)> {
     let Some(spec) = spec else { return Ok(()) };
     let none = Vec::new();
-    let lists = [("containers", &spec.containers), ("initContainers", spec.init_containers.as_ref().unwrap_or(&none))];
+    let lists = [
+        ("containers", &spec.containers),
+        ("initContainers", spec.init_containers.as_ref().unwrap_or(&none)),
+    ];
     for (field, containers) in lists {
         for (i, c) in containers.iter().enumerate() {
             let r = c.resources.as_ref();
-            for (kind, list) in [("requests", r.and_then(|r| r.requests.as_ref())), ("limits", r.and_then(|r| r.limits.as_ref()))] {
+            for (kind, list) in [
+                ("requests", r.and_then(|r| r.requests.as_ref())),
+                ("limits", r.and_then(|r| r.limits.as_ref())),
+            ] {
                 check_quantities(list, &format!("{at}.{field}[{i}].resources.{kind}"))?;
             }
         }
@@ -263,14 +329,23 @@ fn path_of(p: &serde_path_to_error::Path) -> String {
 pub fn load_paths(paths: &[PathBuf]) -> Result<(Vec<Document>, Vec<Warning>), ManifestError> {
     let mut files = Vec::new();
     for p in paths {
-        collect(p, &mut files).map_err(|message| ManifestError { file: p.display().to_string(), index: 0, path: String::new(), message })?;
+        collect(p, &mut files).map_err(|message| ManifestError {
+            file: p.display().to_string(),
+            index: 0,
+            path: String::new(),
+            message,
+        })?;
     }
     let mut docs = Vec::new();
     let mut warnings = Vec::new();
     for f in files {
         let name = f.display().to_string();
-        let text = std::fs::read_to_string(&f)
-            .map_err(|e| ManifestError { file: name.clone(), index: 0, path: String::new(), message: format!("cannot read: {e}") })?;
+        let text = std::fs::read_to_string(&f).map_err(|e| ManifestError {
+            file: name.clone(),
+            index: 0,
+            path: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
         let (d, w) = parse_documents(&name, &text)?;
         docs.extend(d);
         warnings.extend(w);

@@ -51,7 +51,12 @@ pub enum TaintEffect {
 impl Taint {
     /// A taint with a value.
     pub fn new(key: &str, value: Option<&str>, effect: TaintEffect) -> Self {
-        Taint { key: key.into(), value: value.map(Into::into), effect, time_added: None }
+        Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect,
+            time_added: None,
+        }
     }
 
     fn validate(&self, errs: &mut Errors, p: &Path) {

@@ -173,7 +173,12 @@ fn zero_duration() -> NillableDuration {
 }
 
 fn default_budgets() -> Vec<Budget> {
-    vec![Budget { nodes: "10%".into(), reasons: None, schedule: None, duration: None }]
+    vec![Budget {
+        nodes: "10%".into(),
+        reasons: None,
+        schedule: None,
+        duration: None,
+    }]
 }
 
 /// Why a node is being disrupted, as budgets name it.
@@ -251,7 +256,10 @@ impl NodePool {
         // Karpenter's AWS provider documents on-demand as the default when a
         // pool says nothing about capacity type: spot is opt-in.
         if !r.has(labels::CAPACITY_TYPE) {
-            r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_ON_DEMAND]));
+            r.add(Requirement::in_values(
+                labels::CAPACITY_TYPE,
+                &[labels::CAPACITY_ON_DEMAND],
+            ));
         }
         Ok(r)
     }
@@ -299,7 +307,10 @@ impl NodePool {
                 errs.push(ncp.field(name), "is required");
             }
         }
-        for (field, taints) in [("taints", &self.spec.template.spec.taints), ("startupTaints", &self.spec.template.spec.startup_taints)] {
+        for (field, taints) in [
+            ("taints", &self.spec.template.spec.taints),
+            ("startupTaints", &self.spec.template.spec.startup_taints),
+        ] {
             for (i, t) in taints.iter().enumerate() {
                 t.validate(&mut errs, &tspec.field(field).index(i));
             }
@@ -312,7 +323,13 @@ impl NodePool {
         for (i, b) in budgets.iter().enumerate() {
             let bp = dp.field("budgets").index(i);
             if !valid_budget_nodes(&b.nodes) {
-                errs.push(bp.field("nodes"), format!("must be a non-negative integer or a percentage up to 100%, got {:?}", b.nodes));
+                errs.push(
+                    bp.field("nodes"),
+                    format!(
+                        "must be a non-negative integer or a percentage up to 100%, got {:?}",
+                        b.nodes
+                    ),
+                );
             }
             if b.schedule.is_some() != b.duration.is_some() {
                 errs.push(bp.clone(), "'schedule' must be set with 'duration'");
@@ -334,7 +351,12 @@ impl NodePool {
 
 fn valid_budget_nodes(s: &str) -> bool {
     match s.strip_suffix('%') {
-        Some(p) => !p.is_empty() && p.len() <= 3 && p.bytes().all(|c| c.is_ascii_digit()) && p.parse::<u32>().is_ok_and(|v| v <= 100),
+        Some(p) => {
+            !p.is_empty()
+                && p.len() <= 3
+                && p.bytes().all(|c| c.is_ascii_digit())
+                && p.parse::<u32>().is_ok_and(|v| v <= 100)
+        }
         None => !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()),
     }
 }
@@ -357,7 +379,10 @@ fn validate_requirement(errs: &mut Errors, p: &Path, q: &NodeSelectorRequirement
     if matches!(q.operator, Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte)
         && q.values.first().is_some_and(|v| v.parse::<i64>().is_ok_and(|n| n < 0))
     {
-        errs.push(p.field("values"), format!("operator {} needs a non-negative integer", q.operator));
+        errs.push(
+            p.field("values"),
+            format!("operator {} needs a non-negative integer", q.operator),
+        );
     }
     for v in &q.values {
         if !labels::is_label_value(v) {
@@ -368,7 +393,10 @@ fn validate_requirement(errs: &mut Errors, p: &Path, q: &NodeSelectorRequirement
         if !(1..=50).contains(&m) {
             errs.push(p.field("minValues"), format!("must be between 1 and 50, got {m}"));
         } else if q.operator == Operator::In && (q.values.len() as i64) < m {
-            errs.push(p.field("minValues"), "requirements with 'minValues' must have at least that many values specified in the 'values' field");
+            errs.push(
+                p.field("minValues"),
+                "requirements with 'minValues' must have at least that many values specified in the 'values' field",
+            );
         }
     }
 }
@@ -391,16 +419,25 @@ mod tests {
         assert!(ct.has("on-demand") && !ct.has("spot"));
         assert!(r.get("team").unwrap().has("a"));
         assert!(r.get(labels::NODEPOOL).unwrap().has("p"));
-        let r = pool("[{key: karpenter.sh/capacity-type, operator: In, values: [spot]}]").requirements().unwrap();
+        let r = pool("[{key: karpenter.sh/capacity-type, operator: In, values: [spot]}]")
+            .requirements()
+            .unwrap();
         let ct = r.get(labels::CAPACITY_TYPE).unwrap();
         assert!(ct.has("spot") && !ct.has("on-demand"));
-        let r = pool("[{key: karpenter.sh/capacity-type, operator: Exists}]").requirements().unwrap();
+        let r = pool("[{key: karpenter.sh/capacity-type, operator: Exists}]")
+            .requirements()
+            .unwrap();
         assert!(r.get(labels::CAPACITY_TYPE).unwrap().has("spot"));
     }
 
     #[test]
     fn budgets_round_percentages_up() {
-        let b = |nodes: &str| Budget { nodes: nodes.into(), reasons: None, schedule: None, duration: None };
+        let b = |nodes: &str| Budget {
+            nodes: nodes.into(),
+            reasons: None,
+            schedule: None,
+            duration: None,
+        };
         assert_eq!(b("10%").allowed(5), 1);
         assert_eq!(b("10%").allowed(0), 0);
         assert_eq!(b("50%").allowed(3), 2);

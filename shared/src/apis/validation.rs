@@ -58,12 +58,19 @@ pub struct Errors {
 impl Errors {
     /// An empty error list for one object.
     pub fn new(kind: &'static str, name: &str) -> Self {
-        Errors { kind, name: name.to_string(), fields: Vec::new() }
+        Errors {
+            kind,
+            name: name.to_string(),
+            fields: Vec::new(),
+        }
     }
 
     /// Records an invalid field.
     pub fn push(&mut self, path: Path, message: impl Into<String>) {
-        self.fields.push(FieldError { path: path.0, message: message.into() });
+        self.fields.push(FieldError {
+            path: path.0,
+            message: message.into(),
+        });
     }
 
     /// `Ok` when nothing was recorded.
@@ -88,13 +95,27 @@ impl fmt::Display for Errors {
 /// Checks a five-field cron expression (or a macro such as `@daily`) the way
 /// Karpenter's budget schedules are written.
 pub fn validate_cron(s: &str) -> Result<(), String> {
-    const MACROS: &[&str] = &["@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"];
+    const MACROS: &[&str] = &[
+        "@yearly",
+        "@annually",
+        "@monthly",
+        "@weekly",
+        "@daily",
+        "@midnight",
+        "@hourly",
+    ];
     if s.starts_with('@') {
-        return if MACROS.contains(&s) { Ok(()) } else { Err(format!("unknown schedule macro {s:?}")) };
+        return if MACROS.contains(&s) {
+            Ok(())
+        } else {
+            Err(format!("unknown schedule macro {s:?}"))
+        };
     }
     let fields: Vec<&str> = s.split_whitespace().collect();
     if fields.len() != 5 {
-        return Err(format!("schedule {s:?} must have 5 fields (minute hour day-of-month month day-of-week)"));
+        return Err(format!(
+            "schedule {s:?} must have 5 fields (minute hour day-of-month month day-of-week)"
+        ));
     }
     let ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
     for (f, (lo, hi)) in fields.iter().zip(ranges) {
@@ -128,7 +149,8 @@ pub fn validate_cron(s: &str) -> Result<(), String> {
 
 fn is_name(b: &str) -> bool {
     const NAMES: &[&str] = &[
-        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec", "sun", "mon", "tue", "wed", "thu", "fri", "sat",
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec", "sun", "mon", "tue", "wed",
+        "thu", "fri", "sat",
     ];
     NAMES.contains(&b.to_ascii_lowercase().as_str())
 }
@@ -139,10 +161,24 @@ mod tests {
 
     #[test]
     fn cron_table() {
-        for ok in ["0 9 * * mon-fri", "*/5 * * * *", "@daily", "0 0 1 1 *", "15,45 8-17 * * 1-5"] {
+        for ok in [
+            "0 9 * * mon-fri",
+            "*/5 * * * *",
+            "@daily",
+            "0 0 1 1 *",
+            "15,45 8-17 * * 1-5",
+        ] {
             assert!(validate_cron(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "* * * *", "60 * * * *", "* 24 * * *", "@sometimes", "*/0 * * * *", "a b c d e"] {
+        for bad in [
+            "",
+            "* * * *",
+            "60 * * * *",
+            "* 24 * * *",
+            "@sometimes",
+            "*/0 * * * *",
+            "a b c d e",
+        ] {
             assert!(validate_cron(bad).is_err(), "{bad}");
         }
     }
@@ -151,6 +187,9 @@ mod tests {
     fn errors_name_paths() {
         let mut e = Errors::new("NodePool", "default");
         e.push(Path::root("spec").field("template").index(2).key("a/b"), "bad");
-        assert_eq!(e.to_string(), "NodePool \"default\" is invalid: spec.template[2][\"a/b\"]: bad");
+        assert_eq!(
+            e.to_string(),
+            "NodePool \"default\" is invalid: spec.template[2][\"a/b\"]: bad"
+        );
     }
 }

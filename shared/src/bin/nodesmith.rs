@@ -54,7 +54,11 @@ fn main() -> ExitCode {
             for w in &report.plan.warnings {
                 eprintln!("warning: {w}");
             }
-            let output = output.unwrap_or(if std::io::stdout().is_terminal() { Output::Table } else { Output::Json });
+            let output = output.unwrap_or(if std::io::stdout().is_terminal() {
+                Output::Table
+            } else {
+                Output::Json
+            });
             match output {
                 Output::Json => match serde_json::to_string_pretty(&nodesmith::simulate::to_json(&report)) {
                     Ok(s) => println!("{s}"),

@@ -60,13 +60,22 @@ pub fn compute(info: &InstanceTypeInfo, kubelet: Option<&KubeletConfiguration>) 
     let mut capacity = info.capacity.clone();
     capacity.set(resources::PODS, Quantity::from_units(pods));
     if capacity.get(resources::EPHEMERAL_STORAGE) == Quantity::ZERO {
-        capacity.set(resources::EPHEMERAL_STORAGE, Quantity::from_units(DEFAULT_ROOT_VOLUME_GIB << 30));
+        capacity.set(
+            resources::EPHEMERAL_STORAGE,
+            Quantity::from_units(DEFAULT_ROOT_VOLUME_GIB << 30),
+        );
     }
 
     let mut kube_reserved = Resources::from_pairs([
-        (resources::CPU, Quantity::from_milli(kube_reserved_cpu_milli(info.vcpus))),
+        (
+            resources::CPU,
+            Quantity::from_milli(kube_reserved_cpu_milli(info.vcpus)),
+        ),
         (resources::MEMORY, Quantity::from_mib(kube_reserved_memory_mib(pods))),
-        (resources::EPHEMERAL_STORAGE, Quantity::from_units(KUBE_RESERVED_EPHEMERAL_GIB << 30)),
+        (
+            resources::EPHEMERAL_STORAGE,
+            Quantity::from_units(KUBE_RESERVED_EPHEMERAL_GIB << 30),
+        ),
     ]);
     let mut system_reserved = Resources::new();
     if let Some(k) = kubelet {
@@ -77,12 +86,18 @@ pub fn compute(info: &InstanceTypeInfo, kubelet: Option<&KubeletConfiguration>) 
     let storage = capacity.get(resources::EPHEMERAL_STORAGE);
     let mut eviction = Resources::from_pairs([
         (resources::MEMORY, Quantity::from_mib(EVICTION_MEMORY_MIB)),
-        (resources::EPHEMERAL_STORAGE, percent_of(storage, EVICTION_NODEFS_PERCENT)),
+        (
+            resources::EPHEMERAL_STORAGE,
+            percent_of(storage, EVICTION_NODEFS_PERCENT),
+        ),
     ]);
     if let Some(k) = kubelet {
         // Karpenter takes the larger of the hard and soft thresholds; hard
         // replaces the default.
-        for (signal, resource, cap) in [("memory.available", resources::MEMORY, capacity.get(resources::MEMORY)), ("nodefs.available", resources::EPHEMERAL_STORAGE, storage)] {
+        for (signal, resource, cap) in [
+            ("memory.available", resources::MEMORY, capacity.get(resources::MEMORY)),
+            ("nodefs.available", resources::EPHEMERAL_STORAGE, storage),
+        ] {
             let hard = k.eviction_hard.get(signal).and_then(|v| threshold(v, cap));
             let soft = k.eviction_soft.get(signal).and_then(|v| threshold(v, cap));
             let base = hard.unwrap_or(eviction.get(resource));
@@ -143,7 +158,11 @@ mod tests {
 
     fn alloc(i: &InstanceTypeInfo, k: Option<&KubeletConfiguration>) -> (String, String, String) {
         let (_, a) = compute(i, k);
-        (a.get("cpu").to_k8s_string("cpu"), a.get("memory").to_k8s_string("memory"), a.get("pods").to_string())
+        (
+            a.get("cpu").to_k8s_string("cpu"),
+            a.get("memory").to_k8s_string("memory"),
+            a.get("pods").to_string(),
+        )
     }
 
     #[test]
@@ -155,7 +174,12 @@ mod tests {
             (info("g5.xlarge", 4, 16384, 4, 15), ("3920m", "14162Mi", "58")),
         ];
         for (i, (cpu, mem, pods)) in table {
-            assert_eq!(alloc(&i, None), (cpu.to_string(), mem.to_string(), pods.to_string()), "{}", i.name);
+            assert_eq!(
+                alloc(&i, None),
+                (cpu.to_string(), mem.to_string(), pods.to_string()),
+                "{}",
+                i.name
+            );
         }
     }
 
@@ -169,21 +193,39 @@ mod tests {
     #[test]
     fn kubelet_overrides() {
         let i = info("m5.large", 2, 8192, 3, 10);
-        let k = KubeletConfiguration { max_pods: Some(110), ..Default::default() };
+        let k = KubeletConfiguration {
+            max_pods: Some(110),
+            ..Default::default()
+        };
         // 7577 - (11*110+255) - 100
         assert_eq!(alloc(&i, Some(&k)), ("1930m".into(), "6012Mi".into(), "110".into()));
-        let k = KubeletConfiguration { pods_per_core: Some(4), ..Default::default() };
+        let k = KubeletConfiguration {
+            pods_per_core: Some(4),
+            ..Default::default()
+        };
         assert_eq!(alloc(&i, Some(&k)).2, "8");
         let k = KubeletConfiguration {
-            kube_reserved: [("cpu".to_string(), "200m".to_string()), ("memory".to_string(), "1Gi".to_string())].into(),
+            kube_reserved: [
+                ("cpu".to_string(), "200m".to_string()),
+                ("memory".to_string(), "1Gi".to_string()),
+            ]
+            .into(),
             system_reserved: [("cpu".to_string(), "100m".to_string())].into(),
             eviction_hard: [("memory.available".to_string(), "500Mi".to_string())].into(),
             ..Default::default()
         };
-        assert_eq!(alloc(&i, Some(&k)), ("1700m".into(), format!("{}Mi", 7577 - 1024 - 500), "29".into()));
-        let k = KubeletConfiguration { eviction_hard: [("memory.available".to_string(), "10%".to_string())].into(), ..Default::default() };
+        assert_eq!(
+            alloc(&i, Some(&k)),
+            ("1700m".into(), format!("{}Mi", 7577 - 1024 - 500), "29".into())
+        );
+        let k = KubeletConfiguration {
+            eviction_hard: [("memory.available".to_string(), "10%".to_string())].into(),
+            ..Default::default()
+        };
         let (_, a) = compute(&i, Some(&k));
-        let expect = Quantity::from_mib(7577).milli() - Quantity::from_mib(574).milli() - (Quantity::from_mib(7577).milli() as f64 * 0.1).ceil() as i64;
+        let expect = Quantity::from_mib(7577).milli()
+            - Quantity::from_mib(574).milli()
+            - (Quantity::from_mib(7577).milli() as f64 * 0.1).ceil() as i64;
         assert_eq!(a.get("memory").milli(), expect);
     }
 

@@ -61,10 +61,20 @@ impl SnapshotType {
         let mut out = Vec::with_capacity(self.zones.len() * 2);
         for (i, zone) in self.zones.iter().enumerate() {
             if let (Some(p), true) = (self.on_demand_price, self.facts.supports_on_demand()) {
-                out.push(Offering { zone: zone.clone(), capacity_type: labels::CAPACITY_ON_DEMAND.to_string(), price: p, available: true });
+                out.push(Offering {
+                    zone: zone.clone(),
+                    capacity_type: labels::CAPACITY_ON_DEMAND.to_string(),
+                    price: p,
+                    available: true,
+                });
             }
             if let (Some(Some(p)), true) = (self.spot_prices.get(i), self.facts.supports_spot()) {
-                out.push(Offering { zone: zone.clone(), capacity_type: labels::CAPACITY_SPOT.to_string(), price: *p, available: true });
+                out.push(Offering {
+                    zone: zone.clone(),
+                    capacity_type: labels::CAPACITY_SPOT.to_string(),
+                    price: *p,
+                    available: true,
+                });
             }
         }
         Ok(out)
@@ -78,7 +88,10 @@ impl Snapshot {
         // explain a failure.
         serde_json::from_str(text).or_else(|_| {
             let de = &mut serde_json::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| CatalogError::Field { path: e.path().to_string(), message: e.inner().to_string() })
+            serde_path_to_error::deserialize(de).map_err(|e| CatalogError::Field {
+                path: e.path().to_string(),
+                message: e.inner().to_string(),
+            })
         })
     }
 
@@ -105,7 +118,11 @@ impl Snapshot {
 pub fn builtin() -> Result<&'static Catalog, CatalogError> {
     static CATALOG: OnceLock<Result<Catalog, CatalogError>> = OnceLock::new();
     CATALOG
-        .get_or_init(|| Snapshot::parse(SNAPSHOT_JSON).and_then(Snapshot::into_catalog).map_err(|e| CatalogError::Builtin(Box::new(e))))
+        .get_or_init(|| {
+            Snapshot::parse(SNAPSHOT_JSON)
+                .and_then(Snapshot::into_catalog)
+                .map_err(|e| CatalogError::Builtin(Box::new(e)))
+        })
         .as_ref()
         .map_err(Clone::clone)
 }
@@ -131,32 +148,87 @@ mod tests {
         let mut zones: Vec<&str> = m5.offerings.iter().map(|o| o.zone.as_str()).collect();
         zones.dedup();
         // moto's us-east-1 offerings list m5.large in five zones (not us-east-1e).
-        assert_eq!(zones, ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"]);
-        let od: Vec<f64> = m5.offerings.iter().filter(|o| o.capacity_type == "on-demand").map(|o| o.price).collect();
+        assert_eq!(
+            zones,
+            ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"]
+        );
+        let od: Vec<f64> = m5
+            .offerings
+            .iter()
+            .filter(|o| o.capacity_type == "on-demand")
+            .map(|o| o.price)
+            .collect();
         assert_eq!(od, vec![0.096; 5]);
-        assert!(m5.offerings.iter().filter(|o| o.capacity_type == "spot").all(|o| o.price > 0.0 && o.price < 0.096));
-        let all_zones: std::collections::BTreeSet<&str> = c.instance_types.iter().flat_map(|i| i.offerings.iter().map(|o| o.zone.as_str())).collect();
-        assert_eq!(all_zones.into_iter().collect::<Vec<_>>(), ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"]);
-        assert!(c.instance_types.iter().all(|i| !i.offerings.is_empty()), "every type has an offering");
+        assert!(
+            m5.offerings
+                .iter()
+                .filter(|o| o.capacity_type == "spot")
+                .all(|o| o.price > 0.0 && o.price < 0.096)
+        );
+        let all_zones: std::collections::BTreeSet<&str> = c
+            .instance_types
+            .iter()
+            .flat_map(|i| i.offerings.iter().map(|o| o.zone.as_str()))
+            .collect();
+        assert_eq!(
+            all_zones.into_iter().collect::<Vec<_>>(),
+            [
+                "us-east-1a",
+                "us-east-1b",
+                "us-east-1c",
+                "us-east-1d",
+                "us-east-1e",
+                "us-east-1f"
+            ]
+        );
+        assert!(
+            c.instance_types.iter().all(|i| !i.offerings.is_empty()),
+            "every type has an offering"
+        );
     }
 
     #[test]
     fn documented_allocatable() {
         let c = builtin().unwrap();
         let types = c.resolve(None);
-        for (name, cpu, mem, pods) in [("m5.large", "1930m", "6903Mi", "29"), ("c5.4xlarge", "15890m", "27381Mi", "234"), ("t4g.2xlarge", "7910m", "29317Mi", "58"), ("g5.xlarge", "3920m", "14162Mi", "58")] {
+        for (name, cpu, mem, pods) in [
+            ("m5.large", "1930m", "6903Mi", "29"),
+            ("c5.4xlarge", "15890m", "27381Mi", "234"),
+            ("t4g.2xlarge", "7910m", "29317Mi", "58"),
+            ("g5.xlarge", "3920m", "14162Mi", "58"),
+        ] {
             let t = types.iter().find(|t| t.name == name).unwrap();
             let a = &t.allocatable;
-            assert_eq!((a.get("cpu").to_k8s_string("cpu"), a.get("memory").to_k8s_string("memory"), a.get("pods").to_string()), (cpu.to_string(), mem.to_string(), pods.to_string()), "{name}");
+            assert_eq!(
+                (
+                    a.get("cpu").to_k8s_string("cpu"),
+                    a.get("memory").to_k8s_string("memory"),
+                    a.get("pods").to_string()
+                ),
+                (cpu.to_string(), mem.to_string(), pods.to_string()),
+                "{name}"
+            );
         }
     }
 
     #[test]
     fn supplement_gpu_types() {
         let c = builtin().unwrap();
-        for (name, gpus, vcpus, mem_gib, pods) in [("p3.2xlarge", 1, 8, 61, 58), ("p3.8xlarge", 4, 32, 244, 234), ("p3.16xlarge", 8, 64, 488, 234)] {
-            let t = c.instance_types.iter().find(|i| i.name == name).unwrap_or_else(|| panic!("{name} missing"));
-            assert_eq!(t.capacity.get(resources::NVIDIA_GPU), Quantity::from_units(gpus), "{name}");
+        for (name, gpus, vcpus, mem_gib, pods) in [
+            ("p3.2xlarge", 1, 8, 61, 58),
+            ("p3.8xlarge", 4, 32, 244, 234),
+            ("p3.16xlarge", 8, 64, 488, 234),
+        ] {
+            let t = c
+                .instance_types
+                .iter()
+                .find(|i| i.name == name)
+                .unwrap_or_else(|| panic!("{name} missing"));
+            assert_eq!(
+                t.capacity.get(resources::NVIDIA_GPU),
+                Quantity::from_units(gpus),
+                "{name}"
+            );
             assert_eq!(t.vcpus, vcpus);
             assert_eq!(t.labels[labels::aws::MEMORY], (mem_gib * 1024).to_string());
             assert_eq!(t.labels[labels::aws::GPU_NAME], "v100");
@@ -169,7 +241,11 @@ mod tests {
     fn no_mac_or_unpriced_types() {
         let c = builtin().unwrap();
         assert!(c.instance_types.iter().all(|i| !i.name.starts_with("mac")));
-        assert!(c.instance_types.iter().all(|i| i.offerings.iter().any(|o| o.capacity_type == "on-demand")));
+        assert!(
+            c.instance_types
+                .iter()
+                .all(|i| i.offerings.iter().any(|o| o.capacity_type == "on-demand"))
+        );
     }
 
     #[test]
@@ -177,15 +253,35 @@ mod tests {
         let c = builtin().unwrap();
         for i in &c.instance_types {
             for (k, v) in &i.labels {
-                assert!(labels::validate_key(k).is_ok() && labels::is_label_value(v), "{}: {k}={v:?}", i.name);
+                assert!(
+                    labels::validate_key(k).is_ok() && labels::is_label_value(v),
+                    "{}: {k}={v:?}",
+                    i.name
+                );
                 assert!(labels::is_well_known(k), "{}: {k} is not a well-known label", i.name);
             }
-            for k in [labels::INSTANCE_TYPE, labels::ARCH, labels::OS, labels::aws::FAMILY, labels::aws::SIZE, labels::aws::CPU, labels::aws::MEMORY, labels::aws::HYPERVISOR] {
+            for k in [
+                labels::INSTANCE_TYPE,
+                labels::ARCH,
+                labels::OS,
+                labels::aws::FAMILY,
+                labels::aws::SIZE,
+                labels::aws::CPU,
+                labels::aws::MEMORY,
+                labels::aws::HYPERVISOR,
+            ] {
                 assert!(i.labels.contains_key(k), "{} lacks {k}", i.name);
             }
         }
-        let gpu_names: std::collections::BTreeSet<&str> = c.instance_types.iter().filter_map(|i| i.labels.get(labels::aws::GPU_NAME).map(String::as_str)).collect();
-        assert!(gpu_names.contains("a10g") && gpu_names.contains("v100") && gpu_names.contains("t4"), "{gpu_names:?}");
+        let gpu_names: std::collections::BTreeSet<&str> = c
+            .instance_types
+            .iter()
+            .filter_map(|i| i.labels.get(labels::aws::GPU_NAME).map(String::as_str))
+            .collect();
+        assert!(
+            gpu_names.contains("a10g") && gpu_names.contains("v100") && gpu_names.contains("t4"),
+            "{gpu_names:?}"
+        );
     }
 
     #[test]
@@ -195,7 +291,8 @@ mod tests {
 
     #[test]
     fn malformed_snapshot_names_the_field() {
-        let e = Snapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"x","vcpus":"two"}}]}"#).unwrap_err();
+        let e =
+            Snapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"x","vcpus":"two"}}]}"#).unwrap_err();
         assert!(e.to_string().starts_with("instanceTypes[0].facts.vcpus:"), "{e}");
         let s = Snapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"m5.large","vcpus":2,"memoryMib":8192,"architectures":["x86_64"],"maxEnis":3,"ipv4PerEni":10,"usageClasses":["spot"]},"zones":["a","b"],"spotPrices":[0.1]}]}"#).unwrap();
         let e = s.to_catalog().unwrap_err().to_string();

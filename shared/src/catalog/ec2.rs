@@ -23,7 +23,8 @@ pub const BUNDLED_PRICES_JSON: &str = include_str!("../../data/ec2-on-demand-pri
 /// A source of on-demand prices per instance type for a region.
 pub trait Pricing {
     /// On-demand price per hour in USD by instance type name.
-    fn on_demand_prices(&self, region: &str) -> impl Future<Output = Result<HashMap<String, f64>, CatalogError>> + Send;
+    fn on_demand_prices(&self, region: &str)
+    -> impl Future<Output = Result<HashMap<String, f64>, CatalogError>> + Send;
 }
 
 /// On-demand prices from a static table (by default the bundled us-east-1 one).
@@ -44,11 +45,20 @@ impl PriceTable {
             prices: HashMap<String, f64>,
         }
         let de = &mut serde_json::Deserializer::from_str(text);
-        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| CatalogError::Field { path: e.path().to_string(), message: e.inner().to_string() })?;
+        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| CatalogError::Field {
+            path: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
         if let Some((name, p)) = raw.prices.iter().find(|(_, p)| !p.is_finite() || **p < 0.0) {
-            return Err(CatalogError::Field { path: format!("prices.{name}"), message: format!("invalid price {p}") });
+            return Err(CatalogError::Field {
+                path: format!("prices.{name}"),
+                message: format!("invalid price {p}"),
+            });
         }
-        Ok(PriceTable { region: raw.region, prices: raw.prices })
+        Ok(PriceTable {
+            region: raw.region,
+            prices: raw.prices,
+        })
     }
 
     /// The bundled us-east-1 table.
@@ -60,7 +70,10 @@ impl PriceTable {
 impl Pricing for PriceTable {
     /// The table's prices; for another region they stand in as an
     /// approximation (the relative order of types is what bin-packing needs).
-    fn on_demand_prices(&self, region: &str) -> impl Future<Output = Result<HashMap<String, f64>, CatalogError>> + Send {
+    fn on_demand_prices(
+        &self,
+        region: &str,
+    ) -> impl Future<Output = Result<HashMap<String, f64>, CatalogError>> + Send {
         if region != self.region {
             tracing::warn!(region, table = %self.region, "no on-demand price table for this region; using the bundled one");
         }
@@ -69,12 +82,19 @@ impl Pricing for PriceTable {
 }
 
 fn ec2_error<E: std::error::Error + 'static>(operation: &'static str) -> impl Fn(E) -> CatalogError {
-    move |e| CatalogError::Ec2 { operation, message: DisplayErrorContext(e).to_string() }
+    move |e| CatalogError::Ec2 {
+        operation,
+        message: DisplayErrorContext(e).to_string(),
+    }
 }
 
 /// Every instance type's facts (all pages).
 pub async fn describe_instance_types(client: &Client) -> Result<Vec<Ec2Facts>, CatalogError> {
-    let mut pages = client.describe_instance_types().max_results(100).into_paginator().send();
+    let mut pages = client
+        .describe_instance_types()
+        .max_results(100)
+        .into_paginator()
+        .send();
     let mut out = Vec::new();
     while let Some(page) = pages.next().await {
         let page = page.map_err(ec2_error("DescribeInstanceTypes"))?;
@@ -89,7 +109,12 @@ pub async fn describe_instance_types(client: &Client) -> Result<Vec<Ec2Facts>, C
 
 /// Zones offering each instance type (all pages).
 pub async fn describe_zones(client: &Client) -> Result<BTreeMap<String, BTreeSet<String>>, CatalogError> {
-    let mut pages = client.describe_instance_type_offerings().location_type(LocationType::AvailabilityZone).max_results(1000).into_paginator().send();
+    let mut pages = client
+        .describe_instance_type_offerings()
+        .location_type(LocationType::AvailabilityZone)
+        .max_results(1000)
+        .into_paginator()
+        .send();
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     while let Some(page) = pages.next().await {
         let page = page.map_err(ec2_error("DescribeInstanceTypeOfferings"))?;
@@ -116,8 +141,12 @@ pub async fn describe_spot_prices(client: &Client) -> Result<BTreeMap<(String, S
     while let Some(page) = pages.next().await {
         let page = page.map_err(ec2_error("DescribeSpotPriceHistory"))?;
         for p in page.spot_price_history() {
-            let linux = p.product_description().is_some_and(|d| d.as_str().starts_with("Linux/UNIX"));
-            let (Some(t), Some(z), Some(price)) = (p.instance_type(), p.availability_zone(), p.spot_price()) else { continue };
+            let linux = p
+                .product_description()
+                .is_some_and(|d| d.as_str().starts_with("Linux/UNIX"));
+            let (Some(t), Some(z), Some(price)) = (p.instance_type(), p.availability_zone(), p.spot_price()) else {
+                continue;
+            };
             let Ok(price) = price.parse::<f64>() else {
                 tracing::warn!(instance_type = t.as_str(), zone = z, price, "unreadable spot price");
                 continue;
@@ -145,7 +174,12 @@ pub async fn snapshot(client: &Client, region: &str, pricing: &impl Pricing) -> 
     let spot = describe_spot_prices(client).await?;
     let on_demand = pricing.on_demand_prices(region).await?;
     let s = assemble(region, facts, &zones, &on_demand, &spot);
-    tracing::info!(region, instance_types = s.instance_types.len(), spot_prices = spot.len(), "built instance catalog from EC2");
+    tracing::info!(
+        region,
+        instance_types = s.instance_types.len(),
+        spot_prices = spot.len(),
+        "built instance catalog from EC2"
+    );
     Ok(s)
 }
 
@@ -170,15 +204,32 @@ pub fn assemble(
         .filter_map(|f| {
             let zones: Vec<String> = zones.get(&f.name)?.iter().cloned().collect();
             let on_demand_price = on_demand.get(&f.name).copied();
-            let spot_prices: Vec<Option<f64>> = zones.iter().map(|z| spot.get(&(f.name.clone(), z.clone())).copied()).collect();
-            let spot_prices = if spot_prices.iter().any(Option::is_some) { spot_prices } else { vec![] };
-            let t = SnapshotType { facts: f, zones, on_demand_price, spot_prices };
-            let priced = (t.on_demand_price.is_some() && t.facts.supports_on_demand()) || (!t.spot_prices.is_empty() && t.facts.supports_spot());
+            let spot_prices: Vec<Option<f64>> = zones
+                .iter()
+                .map(|z| spot.get(&(f.name.clone(), z.clone())).copied())
+                .collect();
+            let spot_prices = if spot_prices.iter().any(Option::is_some) {
+                spot_prices
+            } else {
+                vec![]
+            };
+            let t = SnapshotType {
+                facts: f,
+                zones,
+                on_demand_price,
+                spot_prices,
+            };
+            let priced = (t.on_demand_price.is_some() && t.facts.supports_on_demand())
+                || (!t.spot_prices.is_empty() && t.facts.supports_spot());
             priced.then_some(t)
         })
         .collect();
     instance_types.sort_by(|a, b| a.facts.name.cmp(&b.facts.name));
-    Snapshot { region: region.to_string(), spot_prices_are_estimates: false, instance_types }
+    Snapshot {
+        region: region.to_string(),
+        spot_prices_are_estimates: false,
+        instance_types,
+    }
 }
 
 /// Maps one DescribeInstanceTypes entry to facts (the same mapping as
@@ -188,7 +239,14 @@ pub fn facts_from_sdk(t: &SdkInstanceType) -> Option<Ec2Facts> {
     let proc = t.processor_info();
     let net = t.network_info();
     let storage = t.instance_storage_info();
-    let cards: Vec<f64> = net.map(|n| n.network_cards().iter().filter_map(|c| c.baseline_bandwidth_in_gbps()).collect()).unwrap_or_default();
+    let cards: Vec<f64> = net
+        .map(|n| {
+            n.network_cards()
+                .iter()
+                .filter_map(|c| c.baseline_bandwidth_in_gbps())
+                .collect()
+        })
+        .unwrap_or_default();
     let gpus = t
         .gpu_info()
         .map(|g| {
@@ -243,25 +301,51 @@ pub fn facts_from_sdk(t: &SdkInstanceType) -> Option<Ec2Facts> {
         name,
         vcpus: t.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0).into(),
         memory_mib: t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0),
-        architectures: proc.map(|p| p.supported_architectures().iter().map(|a| a.as_str().to_string()).collect()).unwrap_or_default(),
-        cpu_manufacturer: proc.and_then(|p| p.manufacturer()).filter(|m| !m.is_empty()).map(str::to_string),
+        architectures: proc
+            .map(|p| {
+                p.supported_architectures()
+                    .iter()
+                    .map(|a| a.as_str().to_string())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        cpu_manufacturer: proc
+            .and_then(|p| p.manufacturer())
+            .filter(|m| !m.is_empty())
+            .map(str::to_string),
         clock_ghz: proc.and_then(|p| p.sustained_clock_speed_in_ghz()),
         hypervisor: t.hypervisor().map(|h| h.as_str().to_string()).filter(|h| !h.is_empty()),
         bare_metal: t.bare_metal().unwrap_or(false),
         max_enis: net.and_then(|n| n.maximum_network_interfaces()).unwrap_or(0).into(),
         ipv4_per_eni: net.and_then(|n| n.ipv4_addresses_per_interface()).unwrap_or(0).into(),
         network_bandwidth_mbps: (!cards.is_empty()).then(|| cards.iter().map(|g| gbps_to_mbps(*g)).sum()),
-        ebs_bandwidth_mbps: t.ebs_info().and_then(|e| e.ebs_optimized_info()).and_then(|o| o.maximum_bandwidth_in_mbps()).map(i64::from),
+        ebs_bandwidth_mbps: t
+            .ebs_info()
+            .and_then(|e| e.ebs_optimized_info())
+            .and_then(|o| o.maximum_bandwidth_in_mbps())
+            .map(i64::from),
         local_storage_gb: storage.and_then(|s| s.total_size_in_gb()),
-        local_nvme: storage.is_some_and(|s| s.total_size_in_gb().is_some() && s.nvme_support().is_some_and(|n| matches!(n.as_str(), "required" | "supported"))),
+        local_nvme: storage.is_some_and(|s| {
+            s.total_size_in_gb().is_some()
+                && s.nvme_support()
+                    .is_some_and(|n| matches!(n.as_str(), "required" | "supported"))
+        }),
         gpus,
         accelerators,
         efa_interfaces: match net {
-            Some(n) if n.efa_supported() == Some(true) => n.efa_info().and_then(|e| e.maximum_efa_interfaces()).unwrap_or(0).into(),
+            Some(n) if n.efa_supported() == Some(true) => n
+                .efa_info()
+                .and_then(|e| e.maximum_efa_interfaces())
+                .unwrap_or(0)
+                .into(),
             _ => 0,
         },
         encryption_in_transit: net.and_then(|n| n.encryption_in_transit_supported()).unwrap_or(false),
-        usage_classes: t.supported_usage_classes().iter().map(|u| u.as_str().to_string()).collect(),
+        usage_classes: t
+            .supported_usage_classes()
+            .iter()
+            .map(|u| u.as_str().to_string())
+            .collect(),
     })
 }
 
@@ -302,8 +386,17 @@ mod tests {
             ("unpriced.large".to_string(), ["z-a".to_string()].into()),
         ]
         .into();
-        let od: HashMap<String, f64> = [("m5.large".to_string(), 0.096), ("mac1.metal".to_string(), 1.0), ("odonly.large".to_string(), 0.5)].into();
-        let spot: BTreeMap<(String, String), f64> = [(("m5.large".to_string(), "z-b".to_string()), 0.03), (("odonly.large".to_string(), "z-a".to_string()), 0.1)].into();
+        let od: HashMap<String, f64> = [
+            ("m5.large".to_string(), 0.096),
+            ("mac1.metal".to_string(), 1.0),
+            ("odonly.large".to_string(), 0.5),
+        ]
+        .into();
+        let spot: BTreeMap<(String, String), f64> = [
+            (("m5.large".to_string(), "z-b".to_string()), 0.03),
+            (("odonly.large".to_string(), "z-a".to_string()), 0.1),
+        ]
+        .into();
         let all = vec![
             facts("unpriced.large", "x86_64", &["on-demand", "spot"]),
             facts("m5.large", "x86_64", &["on-demand", "spot"]),
@@ -312,18 +405,39 @@ mod tests {
             facts("nozone.large", "x86_64", &["on-demand"]),
         ];
         let s = assemble("r", all, &zones, &od, &spot);
-        assert_eq!(s.instance_types.iter().map(|t| t.facts.name.as_str()).collect::<Vec<_>>(), ["m5.large", "odonly.large"]);
+        assert_eq!(
+            s.instance_types
+                .iter()
+                .map(|t| t.facts.name.as_str())
+                .collect::<Vec<_>>(),
+            ["m5.large", "odonly.large"]
+        );
         let m5 = &s.instance_types[0];
         assert_eq!(m5.zones, ["z-a", "z-b"]);
         assert_eq!(m5.spot_prices, [None, Some(0.03)]);
-        let offers: Vec<(String, String, f64)> = m5.offerings().unwrap().into_iter().map(|o| (o.zone, o.capacity_type, o.price)).collect();
+        let offers: Vec<(String, String, f64)> = m5
+            .offerings()
+            .unwrap()
+            .into_iter()
+            .map(|o| (o.zone, o.capacity_type, o.price))
+            .collect();
         assert_eq!(
             offers,
-            [("z-a".into(), "on-demand".into(), 0.096), ("z-b".into(), "on-demand".into(), 0.096), ("z-b".into(), "spot".into(), 0.03)]
+            [
+                ("z-a".into(), "on-demand".into(), 0.096),
+                ("z-b".into(), "on-demand".into(), 0.096),
+                ("z-b".into(), "spot".into(), 0.03)
+            ]
         );
         // A spot price for a type that does not sell spot is not an offering.
         let odonly = &s.instance_types[1];
-        assert!(odonly.offerings().unwrap().iter().all(|o| o.capacity_type == "on-demand"));
+        assert!(
+            odonly
+                .offerings()
+                .unwrap()
+                .iter()
+                .all(|o| o.capacity_type == "on-demand")
+        );
         assert!(!s.spot_prices_are_estimates);
     }
 
@@ -332,9 +446,13 @@ mod tests {
         let t = PriceTable::bundled().unwrap();
         assert_eq!(t.region, "us-east-1");
         assert_eq!(t.prices.get("m5.large"), Some(&0.096));
-        let e = PriceTable::parse(r#"{"region":"r","prices":{"m5.large":"cheap"}}"#).unwrap_err().to_string();
+        let e = PriceTable::parse(r#"{"region":"r","prices":{"m5.large":"cheap"}}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("prices.m5.large:"), "{e}");
-        let e = PriceTable::parse(r#"{"region":"r","prices":{"m5.large":-1}}"#).unwrap_err().to_string();
+        let e = PriceTable::parse(r#"{"region":"r","prices":{"m5.large":-1}}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid price"), "{e}");
     }
 }

@@ -150,7 +150,11 @@ pub fn label_value(name: &str) -> String {
         .chars()
         .map(|c| {
             let c = c.to_ascii_lowercase();
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' }
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
         })
         .take(63)
         .collect();
@@ -197,13 +201,24 @@ pub fn name_labels(name: &str) -> BTreeMap<String, String> {
 /// after the VM overhead, ENI-limited pods, default root volume, GPUs,
 /// Neuron devices, EFA) and the ENI pod limit.
 pub fn instance_type_info(facts: &Ec2Facts, offerings: Vec<Offering>) -> Result<InstanceTypeInfo, CatalogError> {
-    let bad = |message: String| CatalogError::Facts { name: facts.name.clone(), message };
-    let arch = facts.kube_arch().ok_or_else(|| bad(format!("no Linux architecture among {:?}", facts.architectures)))?;
+    let bad = |message: String| CatalogError::Facts {
+        name: facts.name.clone(),
+        message,
+    };
+    let arch = facts
+        .kube_arch()
+        .ok_or_else(|| bad(format!("no Linux architecture among {:?}", facts.architectures)))?;
     if facts.vcpus <= 0 || facts.memory_mib <= 0 {
-        return Err(bad(format!("vcpus {} and memory {} MiB must be positive", facts.vcpus, facts.memory_mib)));
+        return Err(bad(format!(
+            "vcpus {} and memory {} MiB must be positive",
+            facts.vcpus, facts.memory_mib
+        )));
     }
     if facts.max_enis <= 0 || facts.ipv4_per_eni <= 1 {
-        return Err(bad(format!("{} ENIs × {} IPv4 addresses leave no pod addresses", facts.max_enis, facts.ipv4_per_eni)));
+        return Err(bad(format!(
+            "{} ENIs × {} IPv4 addresses leave no pod addresses",
+            facts.max_enis, facts.ipv4_per_eni
+        )));
     }
 
     let mut l = name_labels(&facts.name);
@@ -231,8 +246,14 @@ pub fn instance_type_info(facts: &Ec2Facts, offerings: Vec<Offering>) -> Result<
         set(labels::aws::LOCAL_NVME, gb.to_string());
     }
     // Bare metal has no hypervisor; Karpenter labels it with an empty value.
-    set(labels::aws::HYPERVISOR, facts.hypervisor.as_deref().map(label_value).unwrap_or_default());
-    set(labels::aws::ENCRYPTION_IN_TRANSIT_SUPPORTED, facts.encryption_in_transit.to_string());
+    set(
+        labels::aws::HYPERVISOR,
+        facts.hypervisor.as_deref().map(label_value).unwrap_or_default(),
+    );
+    set(
+        labels::aws::ENCRYPTION_IN_TRANSIT_SUPPORTED,
+        facts.encryption_in_transit.to_string(),
+    );
     if let Some(g) = facts.gpus.first() {
         set(labels::aws::GPU_NAME, label_value(&g.name));
         set(labels::aws::GPU_MANUFACTURER, label_value(&g.manufacturer));
@@ -250,9 +271,15 @@ pub fn instance_type_info(facts: &Ec2Facts, offerings: Vec<Offering>) -> Result<
     let eni_max_pods = facts.eni_max_pods();
     let mut capacity = Resources::from_pairs([
         (resources::CPU, Quantity::from_units(facts.vcpus)),
-        (resources::MEMORY, Quantity::from_mib(memory_capacity_mib(facts.memory_mib))),
+        (
+            resources::MEMORY,
+            Quantity::from_mib(memory_capacity_mib(facts.memory_mib)),
+        ),
         (resources::PODS, Quantity::from_units(eni_max_pods)),
-        (resources::EPHEMERAL_STORAGE, Quantity::from_units(DEFAULT_ROOT_VOLUME_GIB << 30)),
+        (
+            resources::EPHEMERAL_STORAGE,
+            Quantity::from_units(DEFAULT_ROOT_VOLUME_GIB << 30),
+        ),
     ]);
     let mut add = |name: &str, n: i64| {
         if n > 0 {
@@ -277,7 +304,15 @@ pub fn instance_type_info(facts: &Ec2Facts, offerings: Vec<Offering>) -> Result<
     }
     add(resources::AWS_EFA, facts.efa_interfaces);
 
-    Ok(InstanceTypeInfo { name: facts.name.clone(), labels: l, capacity, allocatable: None, vcpus: facts.vcpus, eni_max_pods, offerings })
+    Ok(InstanceTypeInfo {
+        name: facts.name.clone(),
+        labels: l,
+        capacity,
+        allocatable: None,
+        vcpus: facts.vcpus,
+        eni_max_pods,
+        offerings,
+    })
 }
 
 #[cfg(test)]
@@ -316,15 +351,62 @@ mod tests {
     fn name_derived_labels() {
         use labels::aws::*;
         let table: &[(&str, &[(&str, &str)])] = &[
-            ("m5.large", &[(FAMILY, "m5"), (SIZE, "large"), (CATEGORY, "m"), (GENERATION, "5")]),
-            ("c6gn.16xlarge", &[(FAMILY, "c6gn"), (SIZE, "16xlarge"), (CATEGORY, "c"), (GENERATION, "6")]),
-            ("m5.metal", &[(FAMILY, "m5"), (SIZE, "metal"), (CATEGORY, "m"), (GENERATION, "5")]),
-            ("u-6tb1.metal", &[(FAMILY, "u-6tb1"), (SIZE, "metal"), (CATEGORY, "u"), (GENERATION, "1")]),
-            ("u7i-12tb.224xlarge", &[(FAMILY, "u7i-12tb"), (SIZE, "224xlarge"), (CATEGORY, "u"), (GENERATION, "7")]),
-            ("inf2.xlarge", &[(FAMILY, "inf2"), (SIZE, "xlarge"), (CATEGORY, "inf"), (GENERATION, "2")]),
-            ("x2iedn.32xlarge", &[(FAMILY, "x2iedn"), (SIZE, "32xlarge"), (CATEGORY, "x"), (GENERATION, "2")]),
-            ("mac2-m2pro.metal", &[(FAMILY, "mac2-m2pro"), (SIZE, "metal"), (CATEGORY, "mac"), (GENERATION, "2")]),
-            ("c7i-flex.large", &[(FAMILY, "c7i-flex"), (SIZE, "large"), (CATEGORY, "c"), (GENERATION, "7")]),
+            (
+                "m5.large",
+                &[(FAMILY, "m5"), (SIZE, "large"), (CATEGORY, "m"), (GENERATION, "5")],
+            ),
+            (
+                "c6gn.16xlarge",
+                &[(FAMILY, "c6gn"), (SIZE, "16xlarge"), (CATEGORY, "c"), (GENERATION, "6")],
+            ),
+            (
+                "m5.metal",
+                &[(FAMILY, "m5"), (SIZE, "metal"), (CATEGORY, "m"), (GENERATION, "5")],
+            ),
+            (
+                "u-6tb1.metal",
+                &[(FAMILY, "u-6tb1"), (SIZE, "metal"), (CATEGORY, "u"), (GENERATION, "1")],
+            ),
+            (
+                "u7i-12tb.224xlarge",
+                &[
+                    (FAMILY, "u7i-12tb"),
+                    (SIZE, "224xlarge"),
+                    (CATEGORY, "u"),
+                    (GENERATION, "7"),
+                ],
+            ),
+            (
+                "inf2.xlarge",
+                &[(FAMILY, "inf2"), (SIZE, "xlarge"), (CATEGORY, "inf"), (GENERATION, "2")],
+            ),
+            (
+                "x2iedn.32xlarge",
+                &[
+                    (FAMILY, "x2iedn"),
+                    (SIZE, "32xlarge"),
+                    (CATEGORY, "x"),
+                    (GENERATION, "2"),
+                ],
+            ),
+            (
+                "mac2-m2pro.metal",
+                &[
+                    (FAMILY, "mac2-m2pro"),
+                    (SIZE, "metal"),
+                    (CATEGORY, "mac"),
+                    (GENERATION, "2"),
+                ],
+            ),
+            (
+                "c7i-flex.large",
+                &[
+                    (FAMILY, "c7i-flex"),
+                    (SIZE, "large"),
+                    (CATEGORY, "c"),
+                    (GENERATION, "7"),
+                ],
+            ),
             // No digits after the letters: no category or generation.
             ("custom.big", &[(FAMILY, "custom"), (SIZE, "big")]),
             ("nodot", &[]),
@@ -359,7 +441,15 @@ mod tests {
         ]);
         assert_eq!(i.labels, want);
         assert_eq!(i.eni_max_pods, 29);
-        assert_eq!(i.capacity.to_k8s_strings(), lbl(&[("cpu", "2"), ("memory", "7577Mi"), ("pods", "29"), ("ephemeral-storage", "20Gi")]));
+        assert_eq!(
+            i.capacity.to_k8s_strings(),
+            lbl(&[
+                ("cpu", "2"),
+                ("memory", "7577Mi"),
+                ("pods", "29"),
+                ("ephemeral-storage", "20Gi")
+            ])
+        );
     }
 
     #[test]
@@ -371,16 +461,36 @@ mod tests {
         g5.local_storage_gb = Some(250);
         g5.local_nvme = true;
         g5.encryption_in_transit = true;
-        g5.gpus = vec![Device { name: "A10G".into(), manufacturer: "NVIDIA".into(), count: 1, memory_mib: Some(22888), cores: None }];
+        g5.gpus = vec![Device {
+            name: "A10G".into(),
+            manufacturer: "NVIDIA".into(),
+            count: 1,
+            memory_mib: Some(22888),
+            cores: None,
+        }];
         let i = instance_type_info(&g5, vec![]).unwrap();
         use labels::aws::*;
-        for (k, v) in [(GPU_NAME, "a10g"), (GPU_MANUFACTURER, "nvidia"), (GPU_COUNT, "1"), (GPU_MEMORY, "22888"), (LOCAL_NVME, "250"), (CPU_MANUFACTURER, "amd"), (ENCRYPTION_IN_TRANSIT_SUPPORTED, "true")] {
+        for (k, v) in [
+            (GPU_NAME, "a10g"),
+            (GPU_MANUFACTURER, "nvidia"),
+            (GPU_COUNT, "1"),
+            (GPU_MEMORY, "22888"),
+            (LOCAL_NVME, "250"),
+            (CPU_MANUFACTURER, "amd"),
+            (ENCRYPTION_IN_TRANSIT_SUPPORTED, "true"),
+        ] {
             assert_eq!(i.labels.get(k).map(String::as_str), Some(v), "{k}");
         }
         assert_eq!(i.capacity.get(resources::NVIDIA_GPU), Quantity::from_units(1));
 
         let mut trn = facts("trn1.32xlarge");
-        trn.accelerators = vec![Device { name: "Trainium".into(), manufacturer: "AWS".into(), count: 16, memory_mib: Some(32768), cores: Some(2) }];
+        trn.accelerators = vec![Device {
+            name: "Trainium".into(),
+            manufacturer: "AWS".into(),
+            count: 16,
+            memory_mib: Some(32768),
+            cores: Some(2),
+        }];
         trn.efa_interfaces = 8;
         let i = instance_type_info(&trn, vec![]).unwrap();
         assert_eq!(i.labels.get(ACCELERATOR_NAME).map(String::as_str), Some("trainium"));
@@ -392,7 +502,13 @@ mod tests {
         assert!(!i.labels.contains_key(GPU_NAME));
 
         let mut dl1 = facts("dl1.24xlarge");
-        dl1.gpus = vec![Device { name: "Gaudi HL-205".into(), manufacturer: "Habana".into(), count: 8, memory_mib: Some(32768), cores: None }];
+        dl1.gpus = vec![Device {
+            name: "Gaudi HL-205".into(),
+            manufacturer: "Habana".into(),
+            count: 8,
+            memory_mib: Some(32768),
+            cores: None,
+        }];
         let i = instance_type_info(&dl1, vec![]).unwrap();
         assert_eq!(i.capacity.get(resources::HABANA_GAUDI), Quantity::from_units(8));
         assert_eq!(i.labels.get(GPU_NAME).map(String::as_str), Some("gaudi-hl-205"));
@@ -411,7 +527,10 @@ mod tests {
         f.cpu_manufacturer = Some("AWS".into());
         let i = instance_type_info(&f, vec![]).unwrap();
         assert_eq!(i.labels.get(labels::ARCH).map(String::as_str), Some("arm64"));
-        assert_eq!(i.labels.get(labels::aws::CPU_MANUFACTURER).map(String::as_str), Some("aws"));
+        assert_eq!(
+            i.labels.get(labels::aws::CPU_MANUFACTURER).map(String::as_str),
+            Some("aws")
+        );
 
         f.architectures = vec!["arm64_mac".into()];
         let e = instance_type_info(&f, vec![]).unwrap_err().to_string();
@@ -442,7 +561,12 @@ mod tests {
 
     #[test]
     fn label_values_are_valid() {
-        for (raw, want) in [("RTX PRO Server 6000", "rtx-pro-server-6000"), ("NVIDIA", "nvidia"), ("Qualcomm AI100", "qualcomm-ai100"), (" x ", "x")] {
+        for (raw, want) in [
+            ("RTX PRO Server 6000", "rtx-pro-server-6000"),
+            ("NVIDIA", "nvidia"),
+            ("Qualcomm AI100", "qualcomm-ai100"),
+            (" x ", "x"),
+        ] {
             assert_eq!(label_value(raw), want);
             assert!(labels::is_label_value(want));
         }

@@ -54,7 +54,10 @@ pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
     let file: FileCatalog = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let path = if path == "." { "catalog".to_string() } else { path };
-        CatalogError::Field { path, message: e.inner().to_string() }
+        CatalogError::Field {
+            path,
+            message: e.inner().to_string(),
+        }
     })?;
     if file.region.trim().is_empty() {
         return Err(field("region", "must not be empty"));
@@ -64,27 +67,42 @@ pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
     for (i, t) in file.instance_types.into_iter().enumerate() {
         let at = format!("instanceTypes[{i}]");
         if !seen.insert(t.name.clone()) {
-            return Err(field(&format!("{at}.name"), &format!("duplicate instance type {:?}", t.name)));
+            return Err(field(
+                &format!("{at}.name"),
+                &format!("duplicate instance type {:?}", t.name),
+            ));
         }
         instance_types.push(instance_type(&at, t)?);
     }
     instance_types.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Catalog { region: file.region, instance_types })
+    Ok(Catalog {
+        region: file.region,
+        instance_types,
+    })
 }
 
 fn field(path: &str, message: &str) -> CatalogError {
-    CatalogError::Field { path: path.to_string(), message: message.to_string() }
+    CatalogError::Field {
+        path: path.to_string(),
+        message: message.to_string(),
+    }
 }
 
 fn instance_type(at: &str, t: FileType) -> Result<InstanceTypeInfo, CatalogError> {
     if t.name.is_empty() || !labels::is_label_value(&t.name) {
-        return Err(field(&format!("{at}.name"), &format!("{:?} is not a valid instance type name", t.name)));
+        return Err(field(
+            &format!("{at}.name"),
+            &format!("{:?} is not a valid instance type name", t.name),
+        ));
     }
     let given = t.labels.unwrap_or_default();
     for (k, v) in &given {
         labels::validate_key(k).map_err(|e| field(&format!("{at}.labels"), &e))?;
         if !labels::is_label_value(v) {
-            return Err(field(&format!("{at}.labels.{k}"), &format!("invalid label value {v:?}")));
+            return Err(field(
+                &format!("{at}.labels.{k}"),
+                &format!("invalid label value {v:?}"),
+            ));
         }
     }
     let arch = match (&t.architecture, given.get(labels::ARCH)) {
@@ -93,28 +111,47 @@ fn instance_type(at: &str, t: FileType) -> Result<InstanceTypeInfo, CatalogError
         (None, None) => "amd64".to_string(),
     };
     if arch.is_empty() || !labels::is_label_value(&arch) {
-        return Err(field(&format!("{at}.architecture"), &format!("invalid architecture {arch:?}")));
+        return Err(field(
+            &format!("{at}.architecture"),
+            &format!("invalid architecture {arch:?}"),
+        ));
     }
     let oss = t.operating_systems.unwrap_or_else(|| vec!["linux".to_string()]);
     if oss.is_empty() {
-        return Err(field(&format!("{at}.operatingSystems"), "must list at least one operating system"));
+        return Err(field(
+            &format!("{at}.operatingSystems"),
+            "must list at least one operating system",
+        ));
     }
     for (j, os) in oss.iter().enumerate() {
         if os.is_empty() || !labels::is_label_value(os) {
-            return Err(field(&format!("{at}.operatingSystems[{j}]"), &format!("invalid operating system {os:?}")));
+            return Err(field(
+                &format!("{at}.operatingSystems[{j}]"),
+                &format!("invalid operating system {os:?}"),
+            ));
         }
     }
-    let os = if oss.iter().any(|o| o == "linux") { "linux" } else { oss[0].as_str() };
+    let os = if oss.iter().any(|o| o == "linux") {
+        "linux"
+    } else {
+        oss[0].as_str()
+    };
 
     let mut capacity = t.capacity;
     for (name, q) in &capacity.0 {
         if *q < Quantity::ZERO {
-            return Err(field(&format!("{at}.capacity.{name}"), &format!("must not be negative, got {q}")));
+            return Err(field(
+                &format!("{at}.capacity.{name}"),
+                &format!("must not be negative, got {q}"),
+            ));
         }
     }
     for required in [resources::CPU, resources::MEMORY] {
         if capacity.get(required) <= Quantity::ZERO {
-            return Err(field(&format!("{at}.capacity.{required}"), "is required and must be positive"));
+            return Err(field(
+                &format!("{at}.capacity.{required}"),
+                "is required and must be positive",
+            ));
         }
     }
     if !capacity.0.contains_key(resources::PODS) {
@@ -122,14 +159,20 @@ fn instance_type(at: &str, t: FileType) -> Result<InstanceTypeInfo, CatalogError
     }
     let pods = capacity.get(resources::PODS);
     if pods.milli() % 1000 != 0 || pods <= Quantity::ZERO {
-        return Err(field(&format!("{at}.capacity.pods"), &format!("must be a positive whole number, got {pods}")));
+        return Err(field(
+            &format!("{at}.capacity.pods"),
+            &format!("must be a positive whole number, got {pods}"),
+        ));
     }
     let allocatable = match t.allocatable {
         None => None,
         Some(mut a) => {
             for (name, q) in &a.0 {
                 if *q < Quantity::ZERO {
-                    return Err(field(&format!("{at}.allocatable.{name}"), &format!("must not be negative, got {q}")));
+                    return Err(field(
+                        &format!("{at}.allocatable.{name}"),
+                        &format!("must not be negative, got {q}"),
+                    ));
                 }
             }
             for (name, q) in &capacity.0 {
@@ -144,11 +187,23 @@ fn instance_type(at: &str, t: FileType) -> Result<InstanceTypeInfo, CatalogError
         if o.zone.is_empty() || !labels::is_label_value(&o.zone) {
             return Err(field(&format!("{oat}.zone"), &format!("invalid zone {:?}", o.zone)));
         }
-        if ![labels::CAPACITY_SPOT, labels::CAPACITY_ON_DEMAND, labels::CAPACITY_RESERVED].contains(&o.capacity_type.as_str()) {
-            return Err(field(&format!("{oat}.capacityType"), &format!("{:?} is not one of spot, on-demand, reserved", o.capacity_type)));
+        if ![
+            labels::CAPACITY_SPOT,
+            labels::CAPACITY_ON_DEMAND,
+            labels::CAPACITY_RESERVED,
+        ]
+        .contains(&o.capacity_type.as_str())
+        {
+            return Err(field(
+                &format!("{oat}.capacityType"),
+                &format!("{:?} is not one of spot, on-demand, reserved", o.capacity_type),
+            ));
         }
         if !o.price.is_finite() || o.price < 0.0 {
-            return Err(field(&format!("{oat}.price"), &format!("must be a non-negative number, got {}", o.price)));
+            return Err(field(
+                &format!("{oat}.price"),
+                &format!("must be a non-negative number, got {}", o.price),
+            ));
         }
     }
 
@@ -167,7 +222,15 @@ fn instance_type(at: &str, t: FileType) -> Result<InstanceTypeInfo, CatalogError
     }
     l.extend(given);
 
-    Ok(InstanceTypeInfo { name: t.name, labels: l, eni_max_pods: pods.units_ceil(), vcpus, capacity, allocatable, offerings: t.offerings })
+    Ok(InstanceTypeInfo {
+        name: t.name,
+        labels: l,
+        eni_max_pods: pods.units_ceil(),
+        vcpus,
+        capacity,
+        allocatable,
+        offerings: t.offerings,
+    })
 }
 
 #[cfg(test)]
@@ -212,7 +275,10 @@ mod tests {
     fn parses_the_documented_example_and_defaults() {
         let c = parse(GOOD).unwrap();
         assert_eq!(c.region, "test-region");
-        assert_eq!(c.instance_types.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["c6g.xlarge", "gpu.box", "m5.large"]);
+        assert_eq!(
+            c.instance_types.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+            ["c6g.xlarge", "gpu.box", "m5.large"]
+        );
 
         let m5 = get(&c, "m5.large");
         let a = m5.allocatable.as_ref().unwrap();
@@ -236,7 +302,11 @@ mod tests {
         assert!(c6g.allocatable.is_none());
 
         let gpu = get(&c, "gpu.box");
-        assert_eq!(gpu.labels[labels::aws::FAMILY], "special", "given labels override derived ones");
+        assert_eq!(
+            gpu.labels[labels::aws::FAMILY],
+            "special",
+            "given labels override derived ones"
+        );
         assert_eq!(gpu.labels["example.com/team"], "ml");
         assert_eq!(gpu.labels[labels::aws::GPU_COUNT], "2");
         assert_eq!(gpu.labels[labels::ARCH], "amd64");
@@ -275,34 +345,130 @@ mod tests {
 
     #[test]
     fn bad_files_name_the_field() {
-        let ty = |body: &str| format!(r#"{{"region":"r","instanceTypes":[{{"name":"ok.large","capacity":{{"cpu":"1","memory":"1Gi"}}}},{body}]}}"#);
+        let ty = |body: &str| {
+            format!(
+                r#"{{"region":"r","instanceTypes":[{{"name":"ok.large","capacity":{{"cpu":"1","memory":"1Gi"}}}},{body}]}}"#
+            )
+        };
         let table: Vec<(String, &str, &str)> = vec![
             ("not json".into(), "catalog", "expected"),
             (r#"{"instanceTypes":[]}"#.into(), "catalog", "missing field `region`"),
-            (r#"{"region":"","instanceTypes":[]}"#.into(), "region", "must not be empty"),
-            (r#"{"region":"r","instanceTypes":{}}"#.into(), "instanceTypes", "expected a sequence"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"x","memory":"1Gi"}}"#), "instanceTypes[1].capacity.cpu", r#"invalid quantity "x""#),
-            (ty(r#"{"name":"m5.large","capacity":{"memory":"1Gi"}}"#), "instanceTypes[1].capacity.cpu", "is required"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1"}}"#), "instanceTypes[1].capacity.memory", "is required"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"-1Gi"}}"#), "instanceTypes[1].capacity.memory", "negative"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi","pods":"2.5"}}"#), "instanceTypes[1].capacity.pods", "whole number"),
-            (ty(r#"{"capacity":{"cpu":"1","memory":"1Gi"}}"#), "instanceTypes[1]", "missing field `name`"),
-            (ty(r#"{"name":"ok.large","capacity":{"cpu":"1","memory":"1Gi"}}"#), "instanceTypes[1].name", "duplicate"),
-            (ty(r#"{"name":"bad name","capacity":{"cpu":"1","memory":"1Gi"}}"#), "instanceTypes[1].name", "not a valid"),
-            (ty(r#"{"name":"m5.large","architecture":"x 86","capacity":{"cpu":"1","memory":"1Gi"}}"#), "instanceTypes[1].architecture", "invalid"),
-            (ty(r#"{"name":"m5.large","operatingSystems":[],"capacity":{"cpu":"1","memory":"1Gi"}}"#), "instanceTypes[1].operatingSystems", "at least one"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"allocatable":{"cpu":"1q"}}"#), "instanceTypes[1].allocatable.cpu", "invalid quantity"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"labels":{"Bad Key/x":"v"}}"#), "instanceTypes[1].labels", "invalid"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"labels":{"team":"a b"}}"#), "instanceTypes[1].labels.team", "invalid label value"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"z","capacityType":"cheap","price":1}]}"#), "instanceTypes[1].offerings[0].capacityType", "not one of"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"z","capacityType":"spot","price":-1}]}"#), "instanceTypes[1].offerings[0].price", "non-negative"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"z","capacityType":"spot","price":"1"}]}"#), "instanceTypes[1].offerings[0].price", "expected f64"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"","capacityType":"spot","price":1}]}"#), "instanceTypes[1].offerings[0].zone", "invalid zone"),
-            (ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"capacityType":"spot","price":1}]}"#), "instanceTypes[1].offerings[0]", "missing field `zone`"),
+            (
+                r#"{"region":"","instanceTypes":[]}"#.into(),
+                "region",
+                "must not be empty",
+            ),
+            (
+                r#"{"region":"r","instanceTypes":{}}"#.into(),
+                "instanceTypes",
+                "expected a sequence",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"x","memory":"1Gi"}}"#),
+                "instanceTypes[1].capacity.cpu",
+                r#"invalid quantity "x""#,
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"memory":"1Gi"}}"#),
+                "instanceTypes[1].capacity.cpu",
+                "is required",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"1"}}"#),
+                "instanceTypes[1].capacity.memory",
+                "is required",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"-1Gi"}}"#),
+                "instanceTypes[1].capacity.memory",
+                "negative",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi","pods":"2.5"}}"#),
+                "instanceTypes[1].capacity.pods",
+                "whole number",
+            ),
+            (
+                ty(r#"{"capacity":{"cpu":"1","memory":"1Gi"}}"#),
+                "instanceTypes[1]",
+                "missing field `name`",
+            ),
+            (
+                ty(r#"{"name":"ok.large","capacity":{"cpu":"1","memory":"1Gi"}}"#),
+                "instanceTypes[1].name",
+                "duplicate",
+            ),
+            (
+                ty(r#"{"name":"bad name","capacity":{"cpu":"1","memory":"1Gi"}}"#),
+                "instanceTypes[1].name",
+                "not a valid",
+            ),
+            (
+                ty(r#"{"name":"m5.large","architecture":"x 86","capacity":{"cpu":"1","memory":"1Gi"}}"#),
+                "instanceTypes[1].architecture",
+                "invalid",
+            ),
+            (
+                ty(r#"{"name":"m5.large","operatingSystems":[],"capacity":{"cpu":"1","memory":"1Gi"}}"#),
+                "instanceTypes[1].operatingSystems",
+                "at least one",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"allocatable":{"cpu":"1q"}}"#),
+                "instanceTypes[1].allocatable.cpu",
+                "invalid quantity",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"labels":{"Bad Key/x":"v"}}"#),
+                "instanceTypes[1].labels",
+                "invalid",
+            ),
+            (
+                ty(r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"labels":{"team":"a b"}}"#),
+                "instanceTypes[1].labels.team",
+                "invalid label value",
+            ),
+            (
+                ty(
+                    r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"z","capacityType":"cheap","price":1}]}"#,
+                ),
+                "instanceTypes[1].offerings[0].capacityType",
+                "not one of",
+            ),
+            (
+                ty(
+                    r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"z","capacityType":"spot","price":-1}]}"#,
+                ),
+                "instanceTypes[1].offerings[0].price",
+                "non-negative",
+            ),
+            (
+                ty(
+                    r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"z","capacityType":"spot","price":"1"}]}"#,
+                ),
+                "instanceTypes[1].offerings[0].price",
+                "expected f64",
+            ),
+            (
+                ty(
+                    r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"zone":"","capacityType":"spot","price":1}]}"#,
+                ),
+                "instanceTypes[1].offerings[0].zone",
+                "invalid zone",
+            ),
+            (
+                ty(
+                    r#"{"name":"m5.large","capacity":{"cpu":"1","memory":"1Gi"},"offerings":[{"capacityType":"spot","price":1}]}"#,
+                ),
+                "instanceTypes[1].offerings[0]",
+                "missing field `zone`",
+            ),
         ];
         for (text, path, msg) in table {
             let e = parse(&text).expect_err(&text);
-            let CatalogError::Field { path: got, message } = &e else { panic!("{e:?}") };
+            let CatalogError::Field { path: got, message } = &e else {
+                panic!("{e:?}")
+            };
             assert_eq!(got, path, "{text}: {e}");
             assert!(message.contains(msg), "{text}: {e}");
         }

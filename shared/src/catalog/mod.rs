@@ -93,7 +93,12 @@ impl InstanceType {
         };
         cheapest(labels::CAPACITY_SPOT)
             .or_else(|| cheapest(labels::CAPACITY_ON_DEMAND))
-            .or_else(|| self.offerings.iter().filter(ok).min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone))))
+            .or_else(|| {
+                self.offerings
+                    .iter()
+                    .filter(ok)
+                    .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
+            })
     }
 }
 
@@ -110,7 +115,10 @@ pub struct Catalog {
 impl Catalog {
     /// Schedulable instance types for one EC2NodeClass's kubelet settings.
     pub fn resolve(&self, kubelet: Option<&KubeletConfiguration>) -> Vec<InstanceType> {
-        self.instance_types.iter().map(|i| i.resolve(&self.region, kubelet)).collect()
+        self.instance_types
+            .iter()
+            .map(|i| i.resolve(&self.region, kubelet))
+            .collect()
     }
 }
 
@@ -129,7 +137,14 @@ impl InstanceTypeInfo {
         requirements.add(Requirement::in_values(labels::CAPACITY_TYPE, &cts));
         let mut labels = self.labels.clone();
         labels.insert(labels::REGION.to_string(), region.to_string());
-        InstanceType { name: self.name.clone(), requirements, labels, capacity, allocatable, offerings: self.offerings.clone() }
+        InstanceType {
+            name: self.name.clone(),
+            requirements,
+            labels,
+            capacity,
+            allocatable,
+            offerings: self.offerings.clone(),
+        }
     }
 }
 

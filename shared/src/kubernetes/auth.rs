@@ -72,7 +72,10 @@ pub struct Token {
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The token is a credential: never log it.
-        f.debug_struct("Token").field("minted_at", &self.minted_at).field("refresh_at", &self.refresh_at).finish_non_exhaustive()
+        f.debug_struct("Token")
+            .field("minted_at", &self.minted_at)
+            .field("refresh_at", &self.refresh_at)
+            .finish_non_exhaustive()
     }
 }
 
@@ -98,13 +101,20 @@ fn uri_encode(s: &str) -> String {
 
 /// The regional STS endpoint host for a region.
 pub fn sts_host(region: &str) -> String {
-    if region.starts_with("cn-") { format!("sts.{region}.amazonaws.com.cn") } else { format!("sts.{region}.amazonaws.com") }
+    if region.starts_with("cn-") {
+        format!("sts.{region}.amazonaws.com.cn")
+    } else {
+        format!("sts.{region}.amazonaws.com")
+    }
 }
 
 /// Mints a token for `cluster` with `creds`, signed for `region` at `now`.
 /// Pure apart from the clock value passed in, so tests can decode and check it.
 pub fn mint_token(creds: &Credentials, region: &str, cluster: &str, now: SystemTime) -> Result<Token, AuthError> {
-    let signing_err = |message: String| AuthError::Signing { cluster: cluster.to_string(), message };
+    let signing_err = |message: String| AuthError::Signing {
+        cluster: cluster.to_string(),
+        message,
+    };
     if cluster.is_empty() {
         return Err(signing_err("the cluster name is empty".into()));
     }
@@ -127,8 +137,11 @@ pub fn mint_token(creds: &Credentials, region: &str, cluster: &str, now: SystemT
         .map_err(|e| signing_err(e.to_string()))?
         .into();
     let headers = [("host", host.as_str()), (CLUSTER_ID_HEADER, cluster)];
-    let request = SignableRequest::new("GET", url.as_str(), headers.into_iter(), SignableBody::Bytes(&[])).map_err(|e| signing_err(e.to_string()))?;
-    let (instructions, _signature) = sign(request, &params).map_err(|e| signing_err(e.to_string()))?.into_parts();
+    let request = SignableRequest::new("GET", url.as_str(), headers.into_iter(), SignableBody::Bytes(&[]))
+        .map_err(|e| signing_err(e.to_string()))?;
+    let (instructions, _signature) = sign(request, &params)
+        .map_err(|e| signing_err(e.to_string()))?
+        .into_parts();
     let mut presigned = url;
     for (name, value) in instructions.params() {
         presigned.push('&');
@@ -140,15 +153,27 @@ pub fn mint_token(creds: &Credentials, region: &str, cluster: &str, now: SystemT
     if let Some(exp) = creds.expiry() {
         refresh_at = refresh_at.min(exp.checked_sub(Duration::from_secs(60)).unwrap_or(exp));
     }
-    Ok(Token { value: format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(presigned)), minted_at: now, refresh_at })
+    Ok(Token {
+        value: format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(presigned)),
+        minted_at: now,
+        refresh_at,
+    })
 }
 
 /// Mints a token with the credentials and region of an SDK configuration.
 pub async fn mint_token_from_config(config: &aws_config::SdkConfig, cluster: &str) -> Result<Token, AuthError> {
     use aws_credential_types::provider::ProvideCredentials;
-    let provider = config.credentials_provider().ok_or_else(|| AuthError::Config("no credentials provider configured".into()))?;
-    let creds = provider.provide_credentials().await.map_err(|e| AuthError::Credentials(e.to_string()))?;
-    let region = config.region().map(|r| r.to_string()).ok_or_else(|| AuthError::Config("no AWS region configured".into()))?;
+    let provider = config
+        .credentials_provider()
+        .ok_or_else(|| AuthError::Config("no credentials provider configured".into()))?;
+    let creds = provider
+        .provide_credentials()
+        .await
+        .map_err(|e| AuthError::Credentials(e.to_string()))?;
+    let region = config
+        .region()
+        .map(|r| r.to_string())
+        .ok_or_else(|| AuthError::Config("no AWS region configured".into()))?;
     mint_token(&creds, &region, cluster, SystemTime::now())
 }
 
@@ -165,13 +190,33 @@ pub struct ClusterEndpoint {
 
 /// Reads a cluster's endpoint and CA with `eks:DescribeCluster`.
 pub async fn describe_cluster(eks: &aws_sdk_eks::Client, cluster: &str) -> Result<ClusterEndpoint, AuthError> {
-    let err = |message: String| AuthError::DescribeCluster { cluster: cluster.to_string(), message };
-    let out = eks.describe_cluster().name(cluster).send().await.map_err(|e| err(aws_sdk_eks::error::DisplayErrorContext(&e).to_string()))?;
+    let err = |message: String| AuthError::DescribeCluster {
+        cluster: cluster.to_string(),
+        message,
+    };
+    let out = eks
+        .describe_cluster()
+        .name(cluster)
+        .send()
+        .await
+        .map_err(|e| err(aws_sdk_eks::error::DisplayErrorContext(&e).to_string()))?;
     let c = out.cluster().ok_or_else(|| err("the response has no cluster".into()))?;
-    let endpoint = c.endpoint().filter(|e| !e.is_empty()).ok_or_else(|| err("the cluster has no endpoint yet (is it still creating?)".into()))?;
-    let ca_b64 = c.certificate_authority().and_then(|ca| ca.data()).ok_or_else(|| err("the cluster has no certificateAuthority.data".into()))?;
-    let pem = STANDARD.decode(ca_b64.trim()).map_err(|e| AuthError::Certificate(format!("certificateAuthority.data is not base64: {e}")))?;
-    Ok(ClusterEndpoint { name: cluster.to_string(), endpoint: endpoint.to_string(), ca_der: pem_to_der(&pem)? })
+    let endpoint = c
+        .endpoint()
+        .filter(|e| !e.is_empty())
+        .ok_or_else(|| err("the cluster has no endpoint yet (is it still creating?)".into()))?;
+    let ca_b64 = c
+        .certificate_authority()
+        .and_then(|ca| ca.data())
+        .ok_or_else(|| err("the cluster has no certificateAuthority.data".into()))?;
+    let pem = STANDARD
+        .decode(ca_b64.trim())
+        .map_err(|e| AuthError::Certificate(format!("certificateAuthority.data is not base64: {e}")))?;
+    Ok(ClusterEndpoint {
+        name: cluster.to_string(),
+        endpoint: endpoint.to_string(),
+        ca_der: pem_to_der(&pem)?,
+    })
 }
 
 /// Extracts the DER bytes of every `CERTIFICATE` block in a PEM bundle.
@@ -183,7 +228,9 @@ pub fn pem_to_der(pem: &[u8]) -> Result<Vec<Vec<u8>>, AuthError> {
         match (line, body.as_mut()) {
             ("-----BEGIN CERTIFICATE-----", None) => body = Some(String::new()),
             ("-----END CERTIFICATE-----", Some(b)) => {
-                let der = STANDARD.decode(b.as_bytes()).map_err(|e| AuthError::Certificate(format!("certificate {} is not base64: {e}", certs.len() + 1)))?;
+                let der = STANDARD.decode(b.as_bytes()).map_err(|e| {
+                    AuthError::Certificate(format!("certificate {} is not base64: {e}", certs.len() + 1))
+                })?;
                 certs.push(der);
                 body = None;
             }
@@ -263,7 +310,9 @@ mod tests {
     #[test]
     fn the_signature_depends_on_the_cluster_and_the_time() {
         let creds = Credentials::new("AKID", "secret", None, None, "test");
-        let sig = |cluster: &str, t: u64| decode(&mint_token(&creds, "us-east-1", cluster, at(t)).unwrap().value).1["X-Amz-Signature"].clone();
+        let sig = |cluster: &str, t: u64| {
+            decode(&mint_token(&creds, "us-east-1", cluster, at(t)).unwrap().value).1["X-Amz-Signature"].clone()
+        };
         assert_eq!(sig("a", 1_700_000_000), sig("a", 1_700_000_000));
         assert_ne!(sig("a", 1_700_000_000), sig("b", 1_700_000_000));
         assert_ne!(sig("a", 1_700_000_000), sig("a", 1_700_000_001));
@@ -281,13 +330,19 @@ mod tests {
         let short = Credentials::new("AKID", "secret", None, Some(at(1_000_000 + 300)), "test");
         let t = mint_token(&short, "us-east-1", "c", at(1_000_000)).unwrap();
         assert_eq!(t.refresh_at, at(1_000_000 + 240));
-        assert!(!format!("{t:?}").contains(TOKEN_PREFIX), "Debug must not print the token");
+        assert!(
+            !format!("{t:?}").contains(TOKEN_PREFIX),
+            "Debug must not print the token"
+        );
     }
 
     #[test]
     fn bad_input_is_named() {
         let creds = Credentials::new("AKID", "secret", None, None, "test");
-        assert!(matches!(mint_token(&creds, "us-east-1", "", at(0)), Err(AuthError::Signing { .. })));
+        assert!(matches!(
+            mint_token(&creds, "us-east-1", "", at(0)),
+            Err(AuthError::Signing { .. })
+        ));
         assert!(matches!(mint_token(&creds, "", "c", at(0)), Err(AuthError::Config(_))));
     }
 

@@ -42,9 +42,16 @@ pub enum ClientError {
 
 /// A kube client for an API server URL with an optional CA bundle and bearer token.
 /// Transport retries are off: the adapter retries with knowledge of what failed.
-pub fn client_for(endpoint: &str, ca_der: Option<Vec<Vec<u8>>>, token: Option<&str>) -> Result<kube::Client, ClientError> {
+pub fn client_for(
+    endpoint: &str,
+    ca_der: Option<Vec<Vec<u8>>>,
+    token: Option<&str>,
+) -> Result<kube::Client, ClientError> {
     install_crypto_provider();
-    let uri = endpoint.parse::<http::Uri>().map_err(|e| ClientError::Endpoint { endpoint: endpoint.to_string(), message: e.to_string() })?;
+    let uri = endpoint.parse::<http::Uri>().map_err(|e| ClientError::Endpoint {
+        endpoint: endpoint.to_string(),
+        message: e.to_string(),
+    })?;
     let mut config = kube::Config::new(uri);
     config.root_cert = ca_der;
     config.default_retry = false;
@@ -96,13 +103,21 @@ impl EksClients {
     /// Clients for `cluster` with the credentials and region of `config`.
     /// Nothing is called until the first [`EksClients::client`].
     pub fn new(config: aws_config::SdkConfig, cluster: &str) -> Self {
-        EksClients { config, cluster: cluster.to_string(), state: Mutex::new((None, None)) }
+        EksClients {
+            config,
+            cluster: cluster.to_string(),
+            state: Mutex::new((None, None)),
+        }
     }
 
     /// Clients for a cluster whose endpoint and CA are already known
     /// (no `eks:DescribeCluster` call; e.g. from configuration, or in tests).
     pub fn with_endpoint(config: aws_config::SdkConfig, endpoint: ClusterEndpoint) -> Self {
-        EksClients { config, cluster: endpoint.name.clone(), state: Mutex::new((Some(endpoint), None)) }
+        EksClients {
+            config,
+            cluster: endpoint.name.clone(),
+            state: Mutex::new((Some(endpoint), None)),
+        }
     }
 
     /// A client whose token is fresh.
@@ -118,11 +133,19 @@ impl EksClients {
             state.0 = Some(auth::describe_cluster(&eks, &self.cluster).await?);
         }
         let Some(ep) = state.0.clone() else {
-            return Err(AuthError::DescribeCluster { cluster: self.cluster.clone(), message: "no endpoint cached".into() }.into());
+            return Err(AuthError::DescribeCluster {
+                cluster: self.cluster.clone(),
+                message: "no endpoint cached".into(),
+            }
+            .into());
         };
         let token = auth::mint_token_from_config(&self.config, &self.cluster).await?;
         tracing::debug!(cluster = %self.cluster, refresh_at = ?token.refresh_at, "minted EKS token");
-        let ca = if ep.ca_der.is_empty() { None } else { Some(ep.ca_der.clone()) };
+        let ca = if ep.ca_der.is_empty() {
+            None
+        } else {
+            Some(ep.ca_der.clone())
+        };
         let client = client_for(&ep.endpoint, ca, Some(&token.value))?;
         state.1 = Some((client.clone(), token));
         Ok(client)

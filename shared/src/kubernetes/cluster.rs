@@ -44,8 +44,16 @@ impl ClusterError {
     /// Wraps a kube error with the operation it broke.
     pub fn from_kube(op: impl Into<String>, e: kube::Error) -> Self {
         match e {
-            kube::Error::Api(s) => ClusterError::Api { op: op.into(), code: s.code, reason: s.reason.clone(), message: s.message.clone() },
-            other => ClusterError::Transport { op: op.into(), message: other.to_string() },
+            kube::Error::Api(s) => ClusterError::Api {
+                op: op.into(),
+                code: s.code,
+                reason: s.reason.clone(),
+                message: s.message.clone(),
+            },
+            other => ClusterError::Transport {
+                op: op.into(),
+                message: other.to_string(),
+            },
         }
     }
 
@@ -94,7 +102,8 @@ pub trait Cluster: Send + Sync {
     /// Every PersistentVolume.
     fn persistent_volumes(&self) -> impl Future<Output = Result<Vec<PersistentVolume>, ClusterError>> + Send;
     /// Every PersistentVolumeClaim.
-    fn persistent_volume_claims(&self) -> impl Future<Output = Result<Vec<PersistentVolumeClaim>, ClusterError>> + Send;
+    fn persistent_volume_claims(&self)
+    -> impl Future<Output = Result<Vec<PersistentVolumeClaim>, ClusterError>> + Send;
     /// Every StorageClass.
     fn storage_classes(&self) -> impl Future<Output = Result<Vec<StorageClass>, ClusterError>> + Send;
     /// Every NodePool.

@@ -69,7 +69,16 @@ pub fn plan(pods_on_node: &[Pod], opts: DrainOptions) -> Vec<Action> {
         })
         .collect();
     let others_left = first.iter().any(|a| matches!(a, Action::Evict | Action::DoNotDisrupt));
-    first.into_iter().map(|a| if a == Action::EvictLater && !others_left { Action::Evict } else { a }).collect()
+    first
+        .into_iter()
+        .map(|a| {
+            if a == Action::EvictLater && !others_left {
+                Action::Evict
+            } else {
+                a
+            }
+        })
+        .collect()
 }
 
 /// What one drain pass did.
@@ -90,7 +99,10 @@ pub struct DrainReport {
 impl DrainReport {
     /// True when nothing evictable is left on the node (only skipped pods remain).
     pub fn is_complete(&self) -> bool {
-        self.evicted.is_empty() && self.blocked_by_pdb.is_empty() && self.do_not_disrupt.is_empty() && self.waiting.is_empty()
+        self.evicted.is_empty()
+            && self.blocked_by_pdb.is_empty()
+            && self.do_not_disrupt.is_empty()
+            && self.waiting.is_empty()
     }
 }
 
@@ -119,8 +131,14 @@ pub async fn drain<C: Cluster>(cluster: &C, node: &str, opts: DrainOptions) -> R
             },
         }
     }
-    tracing::info!(node, evicted = report.evicted.len(), blocked = report.blocked_by_pdb.len(),
-        do_not_disrupt = report.do_not_disrupt.len(), waiting = report.waiting.len(), "drain pass");
+    tracing::info!(
+        node,
+        evicted = report.evicted.len(),
+        blocked = report.blocked_by_pdb.len(),
+        do_not_disrupt = report.do_not_disrupt.len(),
+        waiting = report.waiting.len(),
+        "drain pass"
+    );
     Ok(report)
 }
 
@@ -135,14 +153,36 @@ mod tests {
 
     #[test]
     fn plan_table() {
-        let ds = pod(json!({"name": "ds", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]}), json!({"containers": []}));
-        let mirror = pod(json!({"name": "m", "annotations": {"kubernetes.io/config.mirror": "h"}}), json!({"containers": []}));
-        let dnd = pod(json!({"name": "x", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}), json!({"containers": []}));
+        let ds = pod(
+            json!({"name": "ds", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]}),
+            json!({"containers": []}),
+        );
+        let mirror = pod(
+            json!({"name": "m", "annotations": {"kubernetes.io/config.mirror": "h"}}),
+            json!({"containers": []}),
+        );
+        let dnd = pod(
+            json!({"name": "x", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}),
+            json!({"containers": []}),
+        );
         let plain = pod(json!({"name": "p"}), json!({"containers": []}));
-        let critical = pod(json!({"name": "c"}), json!({"containers": [], "priorityClassName": "system-cluster-critical"}));
-        let tolerant = pod(json!({"name": "t"}), json!({"containers": [], "tolerations": [{"operator": "Exists"}]}));
+        let critical = pod(
+            json!({"name": "c"}),
+            json!({"containers": [], "priorityClassName": "system-cluster-critical"}),
+        );
+        let tolerant = pod(
+            json!({"name": "t"}),
+            json!({"containers": [], "tolerations": [{"operator": "Exists"}]}),
+        );
 
-        let all = [ds.clone(), mirror.clone(), dnd.clone(), plain.clone(), critical.clone(), tolerant];
+        let all = [
+            ds.clone(),
+            mirror.clone(),
+            dnd.clone(),
+            plain.clone(),
+            critical.clone(),
+            tolerant,
+        ];
         assert_eq!(
             plan(&all, DrainOptions::default()),
             vec![
@@ -155,10 +195,24 @@ mod tests {
             ]
         );
         // Forced drains evict do-not-disrupt pods.
-        assert_eq!(plan(std::slice::from_ref(&dnd), DrainOptions { ignore_do_not_disrupt: true }), vec![Action::Evict]);
+        assert_eq!(
+            plan(
+                std::slice::from_ref(&dnd),
+                DrainOptions {
+                    ignore_do_not_disrupt: true
+                }
+            ),
+            vec![Action::Evict]
+        );
         // Critical pods go once the others are gone.
-        assert_eq!(plan(&[ds, critical.clone()], DrainOptions::default()), vec![Action::Skip(Skip::DaemonSet), Action::Evict]);
+        assert_eq!(
+            plan(&[ds, critical.clone()], DrainOptions::default()),
+            vec![Action::Skip(Skip::DaemonSet), Action::Evict]
+        );
         // A do-not-disrupt pod holds critical pods back too.
-        assert_eq!(plan(&[dnd, critical], DrainOptions::default()), vec![Action::DoNotDisrupt, Action::EvictLater]);
+        assert_eq!(
+            plan(&[dnd, critical], DrainOptions::default()),
+            vec![Action::DoNotDisrupt, Action::EvictLater]
+        );
     }
 }

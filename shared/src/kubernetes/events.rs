@@ -85,38 +85,73 @@ pub fn node_ref(node: &Node) -> ObjectReference {
 
 /// A reference to a node by name only (when the Node object is not at hand).
 pub fn node_name_ref(name: &str) -> ObjectReference {
-    ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(name.into()), ..Default::default() }
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
 }
 
 impl EventSpec {
     /// `Nominated`: the pod should schedule on the NodeClaim being launched.
     pub fn nominated(pod: &Pod, nodeclaim: &str) -> Self {
-        EventSpec { object: pod_ref(pod), type_: EventType::Normal, reason: reasons::NOMINATED.into(), message: format!("Pod should schedule on: nodeclaim/{nodeclaim}") }
+        EventSpec {
+            object: pod_ref(pod),
+            type_: EventType::Normal,
+            reason: reasons::NOMINATED.into(),
+            message: format!("Pod should schedule on: nodeclaim/{nodeclaim}"),
+        }
     }
 
     /// `Disrupting`: the node is being disrupted for `why` (e.g. "Underutilized").
     pub fn disrupting(node: ObjectReference, why: &str) -> Self {
-        EventSpec { object: node, type_: EventType::Normal, reason: reasons::DISRUPTING.into(), message: format!("Disrupting Node: {why}") }
+        EventSpec {
+            object: node,
+            type_: EventType::Normal,
+            reason: reasons::DISRUPTING.into(),
+            message: format!("Disrupting Node: {why}"),
+        }
     }
 
     /// `DisruptionBlocked`: the node cannot be disrupted because of `why`.
     pub fn disruption_blocked(node: ObjectReference, why: &str) -> Self {
-        EventSpec { object: node, type_: EventType::Normal, reason: reasons::DISRUPTION_BLOCKED.into(), message: format!("Cannot disrupt Node: {why}") }
+        EventSpec {
+            object: node,
+            type_: EventType::Normal,
+            reason: reasons::DISRUPTION_BLOCKED.into(),
+            message: format!("Cannot disrupt Node: {why}"),
+        }
     }
 
     /// `Evicted`: the pod was evicted from a node being drained.
     pub fn evicted(pod: &Pod) -> Self {
-        EventSpec { object: pod_ref(pod), type_: EventType::Normal, reason: reasons::EVICTED.into(), message: "Evicted pod: draining node".into() }
+        EventSpec {
+            object: pod_ref(pod),
+            type_: EventType::Normal,
+            reason: reasons::EVICTED.into(),
+            message: "Evicted pod: draining node".into(),
+        }
     }
 
     /// `FailedDraining`: a node's drain is waiting on pods.
     pub fn failed_draining(node: ObjectReference, why: &str) -> Self {
-        EventSpec { object: node, type_: EventType::Warning, reason: reasons::FAILED_DRAINING.into(), message: format!("Failed to drain node, {why}") }
+        EventSpec {
+            object: node,
+            type_: EventType::Warning,
+            reason: reasons::FAILED_DRAINING.into(),
+            message: format!("Failed to drain node, {why}"),
+        }
     }
 
     /// `FailedScheduling`: no NodePool can take the pod.
     pub fn failed_scheduling(pod: &Pod, why: &str) -> Self {
-        EventSpec { object: pod_ref(pod), type_: EventType::Warning, reason: reasons::FAILED_SCHEDULING.into(), message: why.to_string() }
+        EventSpec {
+            object: pod_ref(pod),
+            type_: EventType::Warning,
+            reason: reasons::FAILED_SCHEDULING.into(),
+            message: why.to_string(),
+        }
     }
 
     /// The core/v1 Event object for this spec at `now`. Its name is derived
@@ -125,7 +160,13 @@ impl EventSpec {
     pub fn to_event(&self, now: jiff::Timestamp) -> Event {
         let obj_name = self.object.name.clone().unwrap_or_default();
         let mut h = Sha256::new();
-        for part in [obj_name.as_str(), self.object.uid.as_deref().unwrap_or(""), &self.reason, &self.message, &now.as_second().to_string()] {
+        for part in [
+            obj_name.as_str(),
+            self.object.uid.as_deref().unwrap_or(""),
+            &self.reason,
+            &self.message,
+            &now.as_second().to_string(),
+        ] {
             h.update(part.as_bytes());
             h.update([0]);
         }
@@ -142,7 +183,10 @@ impl EventSpec {
             reason: Some(self.reason.clone()),
             message: Some(self.message.clone()),
             type_: Some(self.type_.as_str().into()),
-            source: Some(EventSource { component: Some(COMPONENT.into()), host: None }),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: None,
+            }),
             reporting_component: Some(COMPONENT.into()),
             reporting_instance: Some(COMPONENT.into()),
             first_timestamp: Some(t.clone()),
@@ -160,7 +204,8 @@ mod tests {
 
     #[test]
     fn events_reference_their_object_and_land_in_its_namespace() {
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u1"}})).unwrap();
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u1"}})).unwrap();
         let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
         let e = EventSpec::nominated(&pod, "default-abc12").to_event(now);
         assert_eq!(e.metadata.namespace.as_deref(), Some("shop"));
@@ -168,8 +213,15 @@ mod tests {
         assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
         assert_eq!(e.involved_object.uid.as_deref(), Some("u1"));
         assert_eq!(e.reason.as_deref(), Some("Nominated"));
-        assert_eq!(e.message.as_deref(), Some("Pod should schedule on: nodeclaim/default-abc12"));
-        assert_eq!(e, EventSpec::nominated(&pod, "default-abc12").to_event(now), "same event, same name");
+        assert_eq!(
+            e.message.as_deref(),
+            Some("Pod should schedule on: nodeclaim/default-abc12")
+        );
+        assert_eq!(
+            e,
+            EventSpec::nominated(&pod, "default-abc12").to_event(now),
+            "same event, same name"
+        );
         let n = EventSpec::disrupting(node_name_ref("ip-10-0-0-1"), "Underutilized").to_event(now);
         assert_eq!(n.metadata.namespace.as_deref(), Some("default"));
         assert_ne!(n.metadata.name, e.metadata.name);

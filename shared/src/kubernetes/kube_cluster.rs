@@ -39,7 +39,11 @@ enum Step<T> {
 impl KubeCluster {
     /// An adapter over any client source, with default rate limit and retries.
     pub fn new(source: ClientSource) -> Self {
-        KubeCluster { source, limiter: RateLimiter::default(), retry: RetryPolicy::default() }
+        KubeCluster {
+            source,
+            limiter: RateLimiter::default(),
+            retry: RetryPolicy::default(),
+        }
     }
 
     /// An adapter over one fixed client.
@@ -49,7 +53,9 @@ impl KubeCluster {
 
     /// An adapter for an EKS cluster, authenticated with the SDK config's credentials.
     pub fn for_eks(config: aws_config::SdkConfig, cluster: &str) -> Self {
-        Self::new(ClientSource::Eks(Box::new(super::client::EksClients::new(config, cluster))))
+        Self::new(ClientSource::Eks(Box::new(super::client::EksClients::new(
+            config, cluster,
+        ))))
     }
 
     /// The adapter a function builds at start-up: a plain URL from
@@ -60,7 +66,10 @@ impl KubeCluster {
     }
 
     /// [`KubeCluster::from_env`] with the variables read through `get`.
-    pub fn from_lookup(config: aws_config::SdkConfig, get: impl Fn(&str) -> Option<String>) -> Result<Self, super::client::ClientError> {
+    pub fn from_lookup(
+        config: aws_config::SdkConfig,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, super::client::ClientError> {
         if let Some(url) = get(KUBE_URL_ENV).filter(|u| !u.is_empty()) {
             return Ok(Self::from_client(super::client::client_for(&url, None, None)?));
         }
@@ -131,7 +140,12 @@ impl KubeCluster {
                 }
             }
         }
-        Err(ClusterError::Api { op: op.to_string(), code: 409, reason: "Conflict".into(), message: format!("still conflicting after {attempts} attempts") })
+        Err(ClusterError::Api {
+            op: op.to_string(),
+            code: 409,
+            reason: "Conflict".into(),
+            message: format!("still conflicting after {attempts} attempts"),
+        })
     }
 
     async fn list_all<K>(&self, op: &str, lp: ListParams) -> Result<Vec<K>, ClusterError>
@@ -150,7 +164,12 @@ impl KubeCluster {
         let op = format!("{} node {node}", if add { "taint" } else { "untaint" });
         self.with_conflict_retry(&op, || async {
             let Some(current) = self.node(node).await? else {
-                return Err(ClusterError::Api { op: op.clone(), code: 404, reason: "NotFound".into(), message: format!("node {node:?} not found") });
+                return Err(ClusterError::Api {
+                    op: op.clone(),
+                    code: 404,
+                    reason: "NotFound".into(),
+                    message: format!("node {node:?} not found"),
+                });
             };
             let mut taints = current.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
             let has = taints.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY);
@@ -163,11 +182,16 @@ impl KubeCluster {
                 taints.retain(|t| t.key != pods::DISRUPTED_TAINT_KEY);
             }
             // Merge patches replace lists whole; the resourceVersion makes that safe.
-            let patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}, "spec": {"taints": taints}});
+            let patch =
+                json!({"metadata": {"resourceVersion": current.metadata.resource_version}, "spec": {"taints": taints}});
             let result = self
                 .call(&op, |c| {
                     let patch = patch.clone();
-                    async move { Api::<Node>::all(c).patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await }
+                    async move {
+                        Api::<Node>::all(c)
+                            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                    }
                 })
                 .await;
             match result {
@@ -191,13 +215,19 @@ fn get_opt<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
 /// Whether a 429 on eviction comes from a PodDisruptionBudget (as opposed to throttling).
 fn is_pdb_refusal(s: &kube::core::Status) -> bool {
     s.code == 429
-        && (s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
+        && (s
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
             || s.message.contains("disruption budget"))
 }
 
 impl Cluster for KubeCluster {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ClusterError> {
-        self.call(&format!("get pod {namespace}/{name}"), |c| async move { get_opt(Api::<Pod>::namespaced(c, namespace).get(name).await) }).await
+        self.call(&format!("get pod {namespace}/{name}"), |c| async move {
+            get_opt(Api::<Pod>::namespaced(c, namespace).get(name).await)
+        })
+        .await
     }
 
     async fn pods(&self) -> Result<Vec<Pod>, ClusterError> {
@@ -205,12 +235,21 @@ impl Cluster for KubeCluster {
     }
 
     async fn pending_pods(&self) -> Result<Vec<Pod>, ClusterError> {
-        let pods: Vec<Pod> = self.list_all("list pending pods", ListParams::default().fields("spec.nodeName=,status.phase=Pending")).await?;
+        let pods: Vec<Pod> = self
+            .list_all(
+                "list pending pods",
+                ListParams::default().fields("spec.nodeName=,status.phase=Pending"),
+            )
+            .await?;
         Ok(pods.into_iter().filter(pods::is_provisionable).collect())
     }
 
     async fn pods_on_node(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
-        self.list_all(&format!("list pods on node {node}"), ListParams::default().fields(&format!("spec.nodeName={node}"))).await
+        self.list_all(
+            &format!("list pods on node {node}"),
+            ListParams::default().fields(&format!("spec.nodeName={node}")),
+        )
+        .await
     }
 
     async fn nodes(&self) -> Result<Vec<Node>, ClusterError> {
@@ -218,7 +257,10 @@ impl Cluster for KubeCluster {
     }
 
     async fn node(&self, name: &str) -> Result<Option<Node>, ClusterError> {
-        self.call(&format!("get node {name}"), |c| async move { get_opt(Api::<Node>::all(c).get(name).await) }).await
+        self.call(&format!("get node {name}"), |c| async move {
+            get_opt(Api::<Node>::all(c).get(name).await)
+        })
+        .await
     }
 
     async fn daemon_sets(&self) -> Result<Vec<DaemonSet>, ClusterError> {
@@ -234,7 +276,8 @@ impl Cluster for KubeCluster {
     }
 
     async fn persistent_volume_claims(&self) -> Result<Vec<PersistentVolumeClaim>, ClusterError> {
-        self.list_all("list persistentvolumeclaims", ListParams::default()).await
+        self.list_all("list persistentvolumeclaims", ListParams::default())
+            .await
     }
 
     async fn storage_classes(&self) -> Result<Vec<StorageClass>, ClusterError> {
@@ -265,12 +308,22 @@ impl Cluster for KubeCluster {
             .call(&op, |c| {
                 let (ns, name) = (ns.clone(), name.clone());
                 async move {
-                    match Api::<Pod>::namespaced(c, &ns).evict(&name, &EvictParams::default()).await {
+                    match Api::<Pod>::namespaced(c, &ns)
+                        .evict(&name, &EvictParams::default())
+                        .await
+                    {
                         Ok(_) => Ok(EvictionOutcome::Evicted),
                         // A PDB's refusal is an answer, not a failure to retry here.
                         Err(kube::Error::Api(s)) if is_pdb_refusal(&s) => {
-                            let why = s.details.as_ref().and_then(|d| d.causes.first()).map(|c| c.message.clone()).filter(|m| !m.is_empty());
-                            Ok(EvictionOutcome::Blocked { reason: why.unwrap_or(s.message.clone()) })
+                            let why = s
+                                .details
+                                .as_ref()
+                                .and_then(|d| d.causes.first())
+                                .map(|c| c.message.clone())
+                                .filter(|m| !m.is_empty());
+                            Ok(EvictionOutcome::Blocked {
+                                reason: why.unwrap_or(s.message.clone()),
+                            })
                         }
                         Err(kube::Error::Api(s)) if s.code == 404 => Ok(EvictionOutcome::Gone),
                         Err(e) => Err(e),
@@ -296,17 +349,27 @@ impl Cluster for KubeCluster {
     async fn emit_event(&self, event: &EventSpec) -> Result<(), ClusterError> {
         let ev: Event = event.to_event(jiff::Timestamp::now());
         let ns = ev.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        self.call(&format!("record event {} on {}", event.reason, event.object.name.as_deref().unwrap_or("")), |c| {
-            let (ev, ns) = (ev.clone(), ns.clone());
-            async move {
-                match Api::<Event>::namespaced(c, &ns).create(&PostParams::default(), &ev).await {
-                    Ok(_) => Ok(()),
-                    // The same event from a retried request: already recorded.
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                    Err(e) => Err(e),
+        self.call(
+            &format!(
+                "record event {} on {}",
+                event.reason,
+                event.object.name.as_deref().unwrap_or("")
+            ),
+            |c| {
+                let (ev, ns) = (ev.clone(), ns.clone());
+                async move {
+                    match Api::<Event>::namespaced(c, &ns)
+                        .create(&PostParams::default(), &ev)
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        // The same event from a retried request: already recorded.
+                        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                        Err(e) => Err(e),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await
     }
 }

@@ -21,7 +21,11 @@ impl RateLimiter {
     /// A limiter allowing `qps` per second with bursts of `burst` (both at least 1).
     pub fn new(qps: f64, burst: u32) -> Self {
         let burst = f64::from(burst.max(1));
-        RateLimiter { qps: qps.max(0.001), burst, state: Mutex::new((burst, Instant::now())) }
+        RateLimiter {
+            qps: qps.max(0.001),
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
     }
 
     /// Waits until a request may be sent.
@@ -43,7 +47,11 @@ impl RateLimiter {
 /// says how long to wait (a negative balance is debt paid back at `qps`).
 pub fn take_token(tokens: f64, elapsed: Duration, qps: f64, burst: f64) -> (f64, Duration) {
     let left = (tokens + elapsed.as_secs_f64() * qps).min(burst) - 1.0;
-    let wait = if left < 0.0 { Duration::from_secs_f64(-left / qps) } else { Duration::ZERO };
+    let wait = if left < 0.0 {
+        Duration::from_secs_f64(-left / qps)
+    } else {
+        Duration::ZERO
+    };
     (left, wait)
 }
 
@@ -68,14 +76,20 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { attempts: 5, base_delay: Duration::from_millis(100), max_delay: Duration::from_secs(2) }
+        RetryPolicy {
+            attempts: 5,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+        }
     }
 }
 
 impl RetryPolicy {
     /// The delay before retry number `retry` (from 0).
     pub fn delay(&self, retry: u32) -> Duration {
-        let d = self.base_delay.saturating_mul(1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX));
+        let d = self
+            .base_delay
+            .saturating_mul(1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX));
         d.min(self.max_delay)
     }
 }
@@ -96,7 +110,11 @@ mod tests {
 
     #[test]
     fn delays_double_and_cap() {
-        let p = RetryPolicy { attempts: 10, base_delay: Duration::from_millis(100), max_delay: Duration::from_millis(500) };
+        let p = RetryPolicy {
+            attempts: 10,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+        };
         let d: Vec<u128> = (0..5).map(|i| p.delay(i).as_millis()).collect();
         assert_eq!(d, vec![100, 200, 400, 500, 500]);
         assert_eq!(p.delay(1000), Duration::from_millis(500));
@@ -104,7 +122,12 @@ mod tests {
 
     #[test]
     fn transient_errors_are_throttling_and_server_errors() {
-        let api = |code: u16| kube::Error::Api(Box::new(kube::core::Status { code, ..Default::default() }));
+        let api = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            }))
+        };
         assert!(is_transient(&api(429)));
         assert!(is_transient(&api(503)));
         assert!(!is_transient(&api(409)));

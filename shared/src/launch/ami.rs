@@ -49,18 +49,29 @@ pub struct AmiKey {
 
 /// The public SSM parameter holding the AMI for an alias (pure).
 pub fn alias_parameter(alias: &str, k8s_version: &str, key: &AmiKey) -> Result<String, String> {
-    let (family, version) = alias.split_once('@').ok_or_else(|| format!("alias {alias:?} is not family@version"))?;
+    let (family, version) = alias
+        .split_once('@')
+        .ok_or_else(|| format!("alias {alias:?} is not family@version"))?;
     let a = ec2_arch(&key.arch).ok_or_else(|| format!("no AMI architecture for {:?}", key.arch))?;
     let variant = if key.nvidia { "nvidia" } else { "standard" };
     let br = if key.nvidia { "-nvidia" } else { "" };
     match (family, version) {
-        ("al2023", "latest") => Ok(format!("/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/{variant}/recommended/image_id")),
+        ("al2023", "latest") => Ok(format!(
+            "/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/{variant}/recommended/image_id"
+        )),
         ("al2023", v) => Ok(format!(
             "/aws/service/eks/optimized-ami/{k8s_version}/amazon-linux-2023/{a}/{variant}/amazon-eks-node-al2023-{a}-{variant}-{k8s_version}-{v}/image_id"
         )),
-        ("bottlerocket", "latest") => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}{br}/{a}/latest/image_id")),
-        ("bottlerocket", v) => Ok(format!("/aws/service/bottlerocket/aws-k8s-{k8s_version}{br}/{a}/{}/image_id", v.trim_start_matches('v'))),
-        (f, _) => Err(format!("alias family {f:?} is not supported for launch (al2023, bottlerocket)")),
+        ("bottlerocket", "latest") => Ok(format!(
+            "/aws/service/bottlerocket/aws-k8s-{k8s_version}{br}/{a}/latest/image_id"
+        )),
+        ("bottlerocket", v) => Ok(format!(
+            "/aws/service/bottlerocket/aws-k8s-{k8s_version}{br}/{a}/{}/image_id",
+            v.trim_start_matches('v')
+        )),
+        (f, _) => Err(format!(
+            "alias family {f:?} is not supported for launch (al2023, bottlerocket)"
+        )),
     }
 }
 
@@ -92,7 +103,9 @@ pub fn tag_filter(key: &str, value: &str) -> Filter {
 pub fn newest_per_arch(amis: impl IntoIterator<Item = Ami>) -> BTreeMap<String, Ami> {
     let mut best: BTreeMap<String, Ami> = BTreeMap::new();
     for a in amis {
-        let newer = best.get(&a.arch).is_none_or(|b| (a.created.as_str(), a.id.as_str()) > (b.created.as_str(), b.id.as_str()));
+        let newer = best
+            .get(&a.arch)
+            .is_none_or(|b| (a.created.as_str(), a.id.as_str()) > (b.created.as_str(), b.id.as_str()));
         if newer {
             best.insert(a.arch.clone(), a);
         }
@@ -112,7 +125,10 @@ pub async fn resolve(
     if let Some(alias) = terms.iter().find_map(|t| t.alias.as_deref()) {
         let mut out = BTreeMap::new();
         for key in keys {
-            let name = alias_parameter(alias, k8s_version, key).map_err(|what| LaunchError::Resolve { node_claim: String::new(), what })?;
+            let name = alias_parameter(alias, k8s_version, key).map_err(|what| LaunchError::Resolve {
+                node_claim: String::new(),
+                what,
+            })?;
             out.insert(key.clone(), parameter(ssm, &name).await?);
         }
         return Ok(out);
@@ -127,26 +143,49 @@ pub async fn resolve(
         if filters.is_empty() && ids.is_empty() {
             continue;
         }
-        let mut req = ec2.describe_images().set_filters((!filters.is_empty()).then_some(filters)).set_image_ids((!ids.is_empty()).then_some(ids));
+        let mut req = ec2
+            .describe_images()
+            .set_filters((!filters.is_empty()).then_some(filters))
+            .set_image_ids((!ids.is_empty()).then_some(ids));
         if let Some(o) = &term.owner {
             req = req.owners(o);
         }
-        let out = req.send().await.map_err(|e| LaunchError::aws("ec2:DescribeImages", e))?;
+        let out = req
+            .send()
+            .await
+            .map_err(|e| LaunchError::aws("ec2:DescribeImages", e))?;
         for img in out.images() {
-            let (Some(id), Some(arch)) = (img.image_id(), img.architecture().and_then(|a| k8s_arch(a.as_str()))) else { continue };
-            found.push(Ami { id: id.to_string(), arch: arch.to_string(), created: img.creation_date().unwrap_or_default().to_string() });
+            let (Some(id), Some(arch)) = (img.image_id(), img.architecture().and_then(|a| k8s_arch(a.as_str()))) else {
+                continue;
+            };
+            found.push(Ami {
+                id: id.to_string(),
+                arch: arch.to_string(),
+                created: img.creation_date().unwrap_or_default().to_string(),
+            });
         }
     }
     let newest = newest_per_arch(found);
-    Ok(keys.iter().filter_map(|k| newest.get(&k.arch).map(|ami| (k.clone(), ami.id.clone()))).collect())
+    Ok(keys
+        .iter()
+        .filter_map(|k| newest.get(&k.arch).map(|ami| (k.clone(), ami.id.clone())))
+        .collect())
 }
 
 async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<String, LaunchError> {
-    let out = ssm.get_parameter().name(name).send().await.map_err(|e| LaunchError::aws("ssm:GetParameter", e))?;
+    let out = ssm
+        .get_parameter()
+        .name(name)
+        .send()
+        .await
+        .map_err(|e| LaunchError::aws("ssm:GetParameter", e))?;
     out.parameter()
         .and_then(|p| p.value())
         .map(str::to_string)
-        .ok_or_else(|| LaunchError::Resolve { node_claim: String::new(), what: format!("SSM parameter {name} has no value") })
+        .ok_or_else(|| LaunchError::Resolve {
+            node_claim: String::new(),
+            what: format!("SSM parameter {name} has no value"),
+        })
 }
 
 #[cfg(test)]
@@ -156,25 +195,57 @@ mod tests {
     #[test]
     fn alias_parameters_follow_the_public_names() {
         let cases = [
-            ("al2023@latest", "amd64", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id")),
-            ("al2023@latest", "amd64+nvidia", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id")),
-            ("bottlerocket@latest", "amd64+nvidia", Ok("/aws/service/bottlerocket/aws-k8s-1.33-nvidia/x86_64/latest/image_id")),
-            ("al2023@latest", "arm64", Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/arm64/standard/recommended/image_id")),
+            (
+                "al2023@latest",
+                "amd64",
+                Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id"),
+            ),
+            (
+                "al2023@latest",
+                "amd64+nvidia",
+                Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id"),
+            ),
+            (
+                "bottlerocket@latest",
+                "amd64+nvidia",
+                Ok("/aws/service/bottlerocket/aws-k8s-1.33-nvidia/x86_64/latest/image_id"),
+            ),
+            (
+                "al2023@latest",
+                "arm64",
+                Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/arm64/standard/recommended/image_id"),
+            ),
             (
                 "al2023@v20250101",
                 "amd64",
-                Ok("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/amazon-eks-node-al2023-x86_64-standard-1.33-v20250101/image_id"),
+                Ok(
+                    "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/amazon-eks-node-al2023-x86_64-standard-1.33-v20250101/image_id",
+                ),
             ),
-            ("bottlerocket@latest", "arm64", Ok("/aws/service/bottlerocket/aws-k8s-1.33/arm64/latest/image_id")),
-            ("bottlerocket@v1.40.0", "amd64", Ok("/aws/service/bottlerocket/aws-k8s-1.33/x86_64/1.40.0/image_id")),
+            (
+                "bottlerocket@latest",
+                "arm64",
+                Ok("/aws/service/bottlerocket/aws-k8s-1.33/arm64/latest/image_id"),
+            ),
+            (
+                "bottlerocket@v1.40.0",
+                "amd64",
+                Ok("/aws/service/bottlerocket/aws-k8s-1.33/x86_64/1.40.0/image_id"),
+            ),
             ("al2@latest", "amd64", Err("alias family \"al2\" is not supported")),
             ("al2023", "amd64", Err("is not family@version")),
             ("al2023@latest", "s390x", Err("no AMI architecture for \"s390x\"")),
         ];
         for (alias, arch, want) in cases {
             let key = match arch.strip_suffix("+nvidia") {
-                Some(a) => AmiKey { arch: a.into(), nvidia: true },
-                None => AmiKey { arch: arch.into(), nvidia: false },
+                Some(a) => AmiKey {
+                    arch: a.into(),
+                    nvidia: true,
+                },
+                None => AmiKey {
+                    arch: arch.into(),
+                    nvidia: false,
+                },
             };
             let got = alias_parameter(alias, "1.33", &key);
             match want {
@@ -186,7 +257,11 @@ mod tests {
 
     #[test]
     fn newest_wins_per_architecture() {
-        let a = |id: &str, arch: &str, created: &str| Ami { id: id.into(), arch: arch.into(), created: created.into() };
+        let a = |id: &str, arch: &str, created: &str| Ami {
+            id: id.into(),
+            arch: arch.into(),
+            created: created.into(),
+        };
         let got = newest_per_arch([
             a("ami-1", "amd64", "2026-01-01T00:00:00.000Z"),
             a("ami-2", "amd64", "2026-03-01T00:00:00.000Z"),
@@ -201,11 +276,17 @@ mod tests {
     fn filters_from_terms() {
         let t = AmiSelectorTerm {
             name: Some("my-ami-*".into()),
-            tags: [("team".to_string(), "*".to_string()), ("env".to_string(), "prod".to_string())].into(),
+            tags: [
+                ("team".to_string(), "*".to_string()),
+                ("env".to_string(), "prod".to_string()),
+            ]
+            .into(),
             ..Default::default()
         };
-        let got: Vec<(String, Vec<String>)> =
-            image_filters(&t).iter().map(|f| (f.name().unwrap_or_default().to_string(), f.values().to_vec())).collect();
+        let got: Vec<(String, Vec<String>)> = image_filters(&t)
+            .iter()
+            .map(|f| (f.name().unwrap_or_default().to_string(), f.values().to_vec()))
+            .collect();
         assert_eq!(
             got,
             vec![

@@ -31,7 +31,11 @@ pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
     resp
 }
 
-async fn handle_record(launcher: &Launcher, msg: &SqsMessage, parsed: Result<LaunchRequest, RequestError>) -> RecordResult {
+async fn handle_record(
+    launcher: &Launcher,
+    msg: &SqsMessage,
+    parsed: Result<LaunchRequest, RequestError>,
+) -> RecordResult {
     let message_id = msg.message_id.clone();
     let id = message_id.as_deref().unwrap_or("<none>");
     let result = match parsed {
@@ -42,8 +46,12 @@ async fn handle_record(launcher: &Launcher, msg: &SqsMessage, parsed: Result<Lau
         Ok(req) => {
             let r = launcher.launch(&req).await;
             match &r {
-                Ok(o) => tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled"),
-                Err(e) => tracing::error!(message_id = id, node_claim = %req.node_claim, error = %e, "launch request failed; SQS will redeliver it"),
+                Ok(o) => {
+                    tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled")
+                }
+                Err(e) => {
+                    tracing::error!(message_id = id, node_claim = %req.node_claim, error = %e, "launch request failed; SQS will redeliver it")
+                }
             }
             r
         }
@@ -100,11 +108,24 @@ mod tests {
 
     #[test]
     fn only_failed_records_are_reported() {
-        let ok = |id: &str| RecordResult { message_id: Some(id.into()), result: Ok(LaunchOutcome::Gone("x".into())) };
-        let bad = |id: Option<&str>| RecordResult { message_id: id.map(String::from), result: Err(LaunchError::Request(RequestError::Invalid("x".into()))) };
+        let ok = |id: &str| RecordResult {
+            message_id: Some(id.into()),
+            result: Ok(LaunchOutcome::Gone("x".into())),
+        };
+        let bad = |id: Option<&str>| RecordResult {
+            message_id: id.map(String::from),
+            result: Err(LaunchError::Request(RequestError::Invalid("x".into()))),
+        };
         let resp = response(&[ok("1"), bad(Some("2")), ok("3"), bad(Some("4")), bad(None)]);
-        let ids: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        let ids: Vec<&str> = resp
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
         assert_eq!(ids, vec!["2", "4"]);
-        assert_eq!(serde_json::to_value(&resp).unwrap(), serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}, {"itemIdentifier": "4"}]}));
+        assert_eq!(
+            serde_json::to_value(&resp).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}, {"itemIdentifier": "4"}]})
+        );
     }
 }

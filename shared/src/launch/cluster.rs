@@ -5,13 +5,24 @@ use super::userdata::ClusterInfo;
 
 /// Describes the cluster.
 pub async fn describe(eks: &aws_sdk_eks::Client, name: &str) -> Result<ClusterInfo, LaunchError> {
-    let out = eks.describe_cluster().name(name).send().await.map_err(|e| LaunchError::aws("eks:DescribeCluster", e))?;
-    let c = out.cluster().ok_or_else(|| LaunchError::Config(format!("eks:DescribeCluster {name} returned no cluster")))?;
+    let out = eks
+        .describe_cluster()
+        .name(name)
+        .send()
+        .await
+        .map_err(|e| LaunchError::aws("eks:DescribeCluster", e))?;
+    let c = out
+        .cluster()
+        .ok_or_else(|| LaunchError::Config(format!("eks:DescribeCluster {name} returned no cluster")))?;
     let missing = |what: &str| LaunchError::Config(format!("cluster {name} has no {what}"));
     Ok(ClusterInfo {
         name: name.to_string(),
         endpoint: c.endpoint().ok_or_else(|| missing("endpoint"))?.to_string(),
-        certificate_authority: c.certificate_authority().and_then(|a| a.data()).ok_or_else(|| missing("certificate authority"))?.to_string(),
+        certificate_authority: c
+            .certificate_authority()
+            .and_then(|a| a.data())
+            .ok_or_else(|| missing("certificate authority"))?
+            .to_string(),
         service_cidr: c
             .kubernetes_network_config()
             .and_then(|n| n.service_ipv4_cidr())

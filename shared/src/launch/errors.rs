@@ -64,6 +64,9 @@ pub enum LaunchError {
 impl LaunchError {
     /// An AWS SDK error with its causes.
     pub fn aws<E: std::error::Error + 'static>(op: &'static str, err: E) -> Self {
-        LaunchError::Aws { op, message: DisplayErrorContext(&err).to_string() }
+        LaunchError::Aws {
+            op,
+            message: DisplayErrorContext(&err).to_string(),
+        }
     }
 }

@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_ec2::types::{
     DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
-    FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType, OnDemandOptionsRequest, ResourceType,
-    SpotAllocationStrategy, SpotOptionsRequest, Tag, TagSpecification, TargetCapacitySpecificationRequest,
+    FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType, OnDemandOptionsRequest,
+    ResourceType, SpotAllocationStrategy, SpotOptionsRequest, Tag, TagSpecification,
+    TargetCapacitySpecificationRequest,
 };
 use sha2::{Digest, Sha256};
 
@@ -53,7 +54,9 @@ pub struct Scope<'a> {
 pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Candidate> {
     let mut out = Vec::new();
     for t in scope.instance_types.iter().take(MAX_INSTANCE_TYPES) {
-        let info = scope.catalog.and_then(|c| c.instance_types.iter().find(|i| &i.name == t));
+        let info = scope
+            .catalog
+            .and_then(|c| c.instance_types.iter().find(|i| &i.name == t));
         if scope.catalog.is_some() && info.is_none() {
             continue;
         }
@@ -66,15 +69,26 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
                 if unavailable.contains(&key) {
                     continue;
                 }
-                let Some(template) = scope.templates.get(&(t.clone(), ct.clone())) else { continue };
+                let Some(template) = scope.templates.get(&(t.clone(), ct.clone())) else {
+                    continue;
+                };
                 let price = match info {
-                    Some(i) => match i.offerings.iter().find(|o| &o.zone == zone && &o.capacity_type == ct && o.available) {
+                    Some(i) => match i
+                        .offerings
+                        .iter()
+                        .find(|o| &o.zone == zone && &o.capacity_type == ct && o.available)
+                    {
                         Some(o) => Some(o.price),
                         None => continue,
                     },
                     None => None,
                 };
-                out.push(Candidate { offering: key, subnet_id: subnet.id.clone(), template: template.clone(), price });
+                out.push(Candidate {
+                    offering: key,
+                    subnet_id: subnet.id.clone(),
+                    template: template.clone(),
+                    price,
+                });
             }
         }
     }
@@ -83,7 +97,9 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
 
 /// The capacity type to ask for: spot when allowed and possible, else on-demand (pure).
 pub fn capacity_type(cands: &[Candidate]) -> Option<&'static str> {
-    [CAPACITY_SPOT, CAPACITY_ON_DEMAND].into_iter().find(|ct| cands.iter().any(|c| c.offering.capacity_type == *ct))
+    [CAPACITY_SPOT, CAPACITY_ON_DEMAND]
+        .into_iter()
+        .find(|ct| cands.iter().any(|c| c.offering.capacity_type == *ct))
 }
 
 /// One CreateFleet call.
@@ -105,11 +121,21 @@ pub fn plan(node_claim: &str, cands: &[Candidate], capacity_type: &'static str) 
     h.update(node_claim.as_bytes());
     h.update(capacity_type.as_bytes());
     for c in cands.iter().filter(|c| c.offering.capacity_type == capacity_type) {
-        h.update(format!("|{}/{}/{}/{}", c.offering.instance_type, c.offering.zone, c.subnet_id, c.template).as_bytes());
+        h.update(
+            format!(
+                "|{}/{}/{}/{}",
+                c.offering.instance_type, c.offering.zone, c.subnet_id, c.template
+            )
+            .as_bytes(),
+        );
         overrides.entry(c.template.clone()).or_default().push(c.clone());
     }
     // ClientToken: at most 64 ASCII characters.
-    FleetPlan { capacity_type, overrides, client_token: hex::encode(h.finalize())[..64].to_string() }
+    FleetPlan {
+        capacity_type,
+        overrides,
+        client_token: hex::encode(h.finalize())[..64].to_string(),
+    }
 }
 
 /// How an EC2 error code is handled.
@@ -128,10 +154,20 @@ pub enum ErrorClass {
 /// Classifies an EC2 error code (pure).
 pub fn classify(code: &str) -> ErrorClass {
     match code {
-        "InsufficientInstanceCapacity" | "UnfulfillableCapacity" | "InsufficientCapacity" | "Unsupported"
-        | "InsufficientFreeAddressesInSubnet" | "ReservationCapacityExceeded" | "VcpuLimitExceeded" => ErrorClass::Capacity,
+        "InsufficientInstanceCapacity"
+        | "UnfulfillableCapacity"
+        | "InsufficientCapacity"
+        | "Unsupported"
+        | "InsufficientFreeAddressesInSubnet"
+        | "ReservationCapacityExceeded"
+        | "VcpuLimitExceeded" => ErrorClass::Capacity,
         "MaxSpotInstanceCountExceeded" => ErrorClass::SpotLimit,
-        "RequestLimitExceeded" | "Throttling" | "ThrottlingException" | "InternalError" | "InternalFailure" | "ServiceUnavailable"
+        "RequestLimitExceeded"
+        | "Throttling"
+        | "ThrottlingException"
+        | "InternalError"
+        | "InternalFailure"
+        | "ServiceUnavailable"
         | "Unavailable" => ErrorClass::Transient,
         _ => ErrorClass::Fatal,
     }
@@ -197,22 +233,31 @@ pub enum Decision {
 pub fn capacity_failures(plan: &FleetPlan, answer: &FleetAnswer) -> Vec<(OfferingKey, String)> {
     let all: Vec<&Candidate> = plan.overrides.values().flatten().collect();
     let zone_of = |e: &FleetError| {
-        e.zone.clone().or_else(|| e.subnet_id.as_ref().and_then(|s| all.iter().find(|c| &c.subnet_id == s).map(|c| c.offering.zone.clone())))
+        e.zone.clone().or_else(|| {
+            e.subnet_id
+                .as_ref()
+                .and_then(|s| all.iter().find(|c| &c.subnet_id == s).map(|c| c.offering.zone.clone()))
+        })
     };
     let mut mark = Vec::new();
     for e in &answer.errors {
         match classify(&e.code) {
             ErrorClass::Capacity => {
-                let ct = e.capacity_type.clone().unwrap_or_else(|| plan.capacity_type.to_string());
+                let ct = e
+                    .capacity_type
+                    .clone()
+                    .unwrap_or_else(|| plan.capacity_type.to_string());
                 match (&e.instance_type, zone_of(e)) {
                     (Some(t), Some(z)) => mark.push((OfferingKey::new(t, &z, &ct), e.code.clone())),
                     // An error without an override names the whole call.
                     _ => mark.extend(all.iter().map(|c| (c.offering.clone(), e.code.clone()))),
                 }
             }
-            ErrorClass::SpotLimit => {
-                mark.extend(all.iter().filter(|c| c.offering.capacity_type == CAPACITY_SPOT).map(|c| (c.offering.clone(), e.code.clone())))
-            }
+            ErrorClass::SpotLimit => mark.extend(
+                all.iter()
+                    .filter(|c| c.offering.capacity_type == CAPACITY_SPOT)
+                    .map(|c| (c.offering.clone(), e.code.clone())),
+            ),
             ErrorClass::Transient | ErrorClass::Fatal => {}
         }
     }
@@ -241,7 +286,11 @@ pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
 }
 
 /// Calls CreateFleet for a plan; `tags` go on the instance.
-pub async fn create(ec2: &aws_sdk_ec2::Client, plan: &FleetPlan, tags: &BTreeMap<String, String>) -> Result<FleetAnswer, LaunchError> {
+pub async fn create(
+    ec2: &aws_sdk_ec2::Client,
+    plan: &FleetPlan,
+    tags: &BTreeMap<String, String>,
+) -> Result<FleetAnswer, LaunchError> {
     let spot = plan.capacity_type == CAPACITY_SPOT;
     let mut req = ec2
         .create_fleet()
@@ -250,23 +299,42 @@ pub async fn create(ec2: &aws_sdk_ec2::Client, plan: &FleetPlan, tags: &BTreeMap
         .target_capacity_specification(
             TargetCapacitySpecificationRequest::builder()
                 .total_target_capacity(1)
-                .default_target_capacity_type(if spot { DefaultTargetCapacityType::Spot } else { DefaultTargetCapacityType::OnDemand })
+                .default_target_capacity_type(if spot {
+                    DefaultTargetCapacityType::Spot
+                } else {
+                    DefaultTargetCapacityType::OnDemand
+                })
                 .build(),
         )
         .tag_specifications(
             TagSpecification::builder()
                 .resource_type(ResourceType::Instance)
-                .set_tags(Some(tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect()))
+                .set_tags(Some(
+                    tags.iter()
+                        .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                        .collect(),
+                ))
                 .build(),
         );
     req = if spot {
-        req.spot_options(SpotOptionsRequest::builder().allocation_strategy(SpotAllocationStrategy::PriceCapacityOptimized).build())
+        req.spot_options(
+            SpotOptionsRequest::builder()
+                .allocation_strategy(SpotAllocationStrategy::PriceCapacityOptimized)
+                .build(),
+        )
     } else {
-        req.on_demand_options(OnDemandOptionsRequest::builder().allocation_strategy(FleetOnDemandAllocationStrategy::LowestPrice).build())
+        req.on_demand_options(
+            OnDemandOptionsRequest::builder()
+                .allocation_strategy(FleetOnDemandAllocationStrategy::LowestPrice)
+                .build(),
+        )
     };
     for (template, cands) in &plan.overrides {
         let mut config = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
-            FleetLaunchTemplateSpecificationRequest::builder().launch_template_name(template).version("$Latest").build(),
+            FleetLaunchTemplateSpecificationRequest::builder()
+                .launch_template_name(template)
+                .version("$Latest")
+                .build(),
         );
         for c in cands {
             config = config.overrides(
@@ -287,7 +355,10 @@ pub async fn create(ec2: &aws_sdk_ec2::Client, plan: &FleetPlan, tags: &BTreeMap
             answer.instances.push(Launched {
                 instance_id: id.clone(),
                 instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                capacity_type: i.lifecycle().map(|l| l.as_str().to_string()).unwrap_or_else(|| plan.capacity_type.to_string()),
+                capacity_type: i
+                    .lifecycle()
+                    .map(|l| l.as_str().to_string())
+                    .unwrap_or_else(|| plan.capacity_type.to_string()),
                 zone: ov.and_then(|o| o.availability_zone()).map(str::to_string),
                 subnet_id: ov.and_then(|o| o.subnet_id()).map(str::to_string),
             });
@@ -316,12 +387,24 @@ mod tests {
     fn subnets() -> BTreeMap<String, Subnet> {
         ["a", "b"]
             .iter()
-            .map(|z| (z.to_string(), Subnet { id: format!("subnet-{z}"), zone: z.to_string(), available_ips: 100 }))
+            .map(|z| {
+                (
+                    z.to_string(),
+                    Subnet {
+                        id: format!("subnet-{z}"),
+                        zone: z.to_string(),
+                        available_ips: 100,
+                    },
+                )
+            })
             .collect()
     }
 
     fn templates(types: &[&str]) -> BTreeMap<(String, String), String> {
-        types.iter().flat_map(|t| ["spot", "on-demand"].map(|ct| ((t.to_string(), ct.to_string()), format!("lt-{ct}")))).collect()
+        types
+            .iter()
+            .flat_map(|t| ["spot", "on-demand"].map(|ct| ((t.to_string(), ct.to_string()), format!("lt-{ct}"))))
+            .collect()
     }
 
     fn keys(c: &[Candidate]) -> Vec<String> {
@@ -335,9 +418,19 @@ mod tests {
         let subnets = subnets();
         let tpl = templates(&["m5.large", "c5.large"]);
         let zones = BTreeSet::from(["a".to_string()]);
-        let scope = Scope { instance_types: &types, zones: Some(&zones), capacity_types: &cts, subnets: &subnets, templates: &tpl, catalog: None };
+        let scope = Scope {
+            instance_types: &types,
+            zones: Some(&zones),
+            capacity_types: &cts,
+            subnets: &subnets,
+            templates: &tpl,
+            catalog: None,
+        };
         let unavailable = BTreeSet::from([OfferingKey::new("m5.large", "a", "spot")]);
-        assert_eq!(keys(&candidates(&scope, &unavailable)), vec!["on-demand#a#m5.large", "spot#a#c5.large", "on-demand#a#c5.large"]);
+        assert_eq!(
+            keys(&candidates(&scope, &unavailable)),
+            vec!["on-demand#a#m5.large", "spot#a#c5.large", "on-demand#a#c5.large"]
+        );
         let scope = Scope { zones: None, ..scope };
         assert_eq!(candidates(&scope, &BTreeSet::new()).len(), 8);
     }
@@ -352,42 +445,86 @@ mod tests {
             vcpus: 2,
             eni_max_pods: 29,
             offerings: vec![
-                Offering { zone: "a".into(), capacity_type: "spot".into(), price: 0.03, available: true },
-                Offering { zone: "b".into(), capacity_type: "spot".into(), price: 0.04, available: false },
-                Offering { zone: "b".into(), capacity_type: "on-demand".into(), price: 0.096, available: true },
+                Offering {
+                    zone: "a".into(),
+                    capacity_type: "spot".into(),
+                    price: 0.03,
+                    available: true,
+                },
+                Offering {
+                    zone: "b".into(),
+                    capacity_type: "spot".into(),
+                    price: 0.04,
+                    available: false,
+                },
+                Offering {
+                    zone: "b".into(),
+                    capacity_type: "on-demand".into(),
+                    price: 0.096,
+                    available: true,
+                },
             ],
         };
-        let catalog = Catalog { region: "r".into(), instance_types: vec![info] };
+        let catalog = Catalog {
+            region: "r".into(),
+            instance_types: vec![info],
+        };
         let types = vec!["m5.large".to_string(), "unknown.large".to_string()];
         let cts = vec!["spot".to_string(), "on-demand".to_string()];
         let subnets = subnets();
         let tpl = templates(&["m5.large", "unknown.large"]);
-        let scope = Scope { instance_types: &types, zones: None, capacity_types: &cts, subnets: &subnets, templates: &tpl, catalog: Some(&catalog) };
+        let scope = Scope {
+            instance_types: &types,
+            zones: None,
+            capacity_types: &cts,
+            subnets: &subnets,
+            templates: &tpl,
+            catalog: Some(&catalog),
+        };
         let got = candidates(&scope, &BTreeSet::new());
         assert_eq!(keys(&got), vec!["spot#a#m5.large", "on-demand#b#m5.large"]);
-        assert_eq!(got.iter().map(|c| c.price).collect::<Vec<_>>(), vec![Some(0.03), Some(0.096)]);
+        assert_eq!(
+            got.iter().map(|c| c.price).collect::<Vec<_>>(),
+            vec![Some(0.03), Some(0.096)]
+        );
     }
 
     fn cand(t: &str, z: &str, ct: &str) -> Candidate {
-        Candidate { offering: OfferingKey::new(t, z, ct), subnet_id: format!("subnet-{z}"), template: "lt".into(), price: None }
+        Candidate {
+            offering: OfferingKey::new(t, z, ct),
+            subnet_id: format!("subnet-{z}"),
+            template: "lt".into(),
+            price: None,
+        }
     }
 
     #[test]
     fn spot_first_then_on_demand() {
-        assert_eq!(capacity_type(&[cand("m5.large", "a", "on-demand"), cand("m5.large", "a", "spot")]), Some("spot"));
+        assert_eq!(
+            capacity_type(&[cand("m5.large", "a", "on-demand"), cand("m5.large", "a", "spot")]),
+            Some("spot")
+        );
         assert_eq!(capacity_type(&[cand("m5.large", "a", "on-demand")]), Some("on-demand"));
         assert_eq!(capacity_type(&[]), None);
     }
 
     #[test]
     fn plan_takes_one_capacity_type_and_a_stable_token() {
-        let cands = vec![cand("m5.large", "a", "spot"), cand("m5.large", "a", "on-demand"), cand("c5.large", "b", "spot")];
+        let cands = vec![
+            cand("m5.large", "a", "spot"),
+            cand("m5.large", "a", "on-demand"),
+            cand("c5.large", "b", "spot"),
+        ];
         let p = plan("claim-1", &cands, "spot");
         assert_eq!(p.overrides["lt"].len(), 2);
         assert_eq!(p.client_token.len(), 64);
         assert_eq!(p.client_token, plan("claim-1", &cands, "spot").client_token);
         assert_ne!(p.client_token, plan("claim-2", &cands, "spot").client_token);
-        assert_ne!(p.client_token, plan("claim-1", &cands[..1], "spot").client_token, "fewer overrides after a capacity error: a new call");
+        assert_ne!(
+            p.client_token,
+            plan("claim-1", &cands[..1], "spot").client_token,
+            "fewer overrides after a capacity error: a new call"
+        );
     }
 
     #[test]
@@ -423,33 +560,84 @@ mod tests {
         let cands = vec![cand("m5.large", "a", "spot"), cand("c5.large", "b", "spot")];
         let p = plan("c", &cands, "spot");
         let ice = "InsufficientInstanceCapacity";
-        let launched = Launched { instance_id: "i-1".into(), instance_type: "m5.large".into(), capacity_type: "spot".into(), zone: None, subnet_id: None };
+        let launched = Launched {
+            instance_id: "i-1".into(),
+            instance_type: "m5.large".into(),
+            capacity_type: "spot".into(),
+            zone: None,
+            subnet_id: None,
+        };
         let cases: Vec<(FleetAnswer, Decision)> = vec![
-            (FleetAnswer { instances: vec![launched.clone()], errors: vec![err(Some("c5.large"), Some("b"), None, ice)] }, Decision::Launched(launched)),
             (
-                FleetAnswer { instances: vec![], errors: vec![err(Some("m5.large"), Some("a"), None, ice), err(Some("c5.large"), None, Some("subnet-b"), ice)] },
-                Decision::Retry(vec![(OfferingKey::new("c5.large", "b", "spot"), ice.into()), (OfferingKey::new("m5.large", "a", "spot"), ice.into())]),
+                FleetAnswer {
+                    instances: vec![launched.clone()],
+                    errors: vec![err(Some("c5.large"), Some("b"), None, ice)],
+                },
+                Decision::Launched(launched),
             ),
             (
-                FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "MaxSpotInstanceCountExceeded")] },
+                FleetAnswer {
+                    instances: vec![],
+                    errors: vec![
+                        err(Some("m5.large"), Some("a"), None, ice),
+                        err(Some("c5.large"), None, Some("subnet-b"), ice),
+                    ],
+                },
                 Decision::Retry(vec![
-                    (OfferingKey::new("c5.large", "b", "spot"), "MaxSpotInstanceCountExceeded".into()),
-                    (OfferingKey::new("m5.large", "a", "spot"), "MaxSpotInstanceCountExceeded".into()),
+                    (OfferingKey::new("c5.large", "b", "spot"), ice.into()),
+                    (OfferingKey::new("m5.large", "a", "spot"), ice.into()),
                 ]),
             ),
             (
-                FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "UnfulfillableCapacity")] },
+                FleetAnswer {
+                    instances: vec![],
+                    errors: vec![err(None, None, None, "MaxSpotInstanceCountExceeded")],
+                },
                 Decision::Retry(vec![
-                    (OfferingKey::new("c5.large", "b", "spot"), "UnfulfillableCapacity".into()),
-                    (OfferingKey::new("m5.large", "a", "spot"), "UnfulfillableCapacity".into()),
+                    (
+                        OfferingKey::new("c5.large", "b", "spot"),
+                        "MaxSpotInstanceCountExceeded".into(),
+                    ),
+                    (
+                        OfferingKey::new("m5.large", "a", "spot"),
+                        "MaxSpotInstanceCountExceeded".into(),
+                    ),
                 ]),
             ),
             (
-                FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "InvalidParameterValue")] },
+                FleetAnswer {
+                    instances: vec![],
+                    errors: vec![err(None, None, None, "UnfulfillableCapacity")],
+                },
+                Decision::Retry(vec![
+                    (
+                        OfferingKey::new("c5.large", "b", "spot"),
+                        "UnfulfillableCapacity".into(),
+                    ),
+                    (
+                        OfferingKey::new("m5.large", "a", "spot"),
+                        "UnfulfillableCapacity".into(),
+                    ),
+                ]),
+            ),
+            (
+                FleetAnswer {
+                    instances: vec![],
+                    errors: vec![err(None, None, None, "InvalidParameterValue")],
+                },
                 Decision::Fatal("InvalidParameterValue".into(), "m".into()),
             ),
-            (FleetAnswer { instances: vec![], errors: vec![err(None, None, None, "InternalError")] }, Decision::Transient("InternalError: m".into())),
-            (FleetAnswer::default(), Decision::Transient("CreateFleet returned neither an instance nor an error".into())),
+            (
+                FleetAnswer {
+                    instances: vec![],
+                    errors: vec![err(None, None, None, "InternalError")],
+                },
+                Decision::Transient("InternalError: m".into()),
+            ),
+            (
+                FleetAnswer::default(),
+                Decision::Transient("CreateFleet returned neither an instance nor an error".into()),
+            ),
         ];
         for (answer, want) in cases {
             assert_eq!(decide(&p, &answer), want, "{answer:?}");
@@ -460,11 +648,26 @@ mod tests {
     fn capacity_failures_are_read_even_when_an_instance_came_back() {
         let cands = vec![cand("m5.large", "a", "spot"), cand("c5.large", "b", "spot")];
         let p = plan("c", &cands, "spot");
-        let launched = Launched { instance_id: "i-1".into(), instance_type: "c5.large".into(), capacity_type: "spot".into(), zone: None, subnet_id: None };
+        let launched = Launched {
+            instance_id: "i-1".into(),
+            instance_type: "c5.large".into(),
+            capacity_type: "spot".into(),
+            zone: None,
+            subnet_id: None,
+        };
         let answer = FleetAnswer {
             instances: vec![launched],
-            errors: vec![err(Some("m5.large"), Some("a"), None, "InsufficientInstanceCapacity"), err(None, None, None, "InvalidParameterValue")],
+            errors: vec![
+                err(Some("m5.large"), Some("a"), None, "InsufficientInstanceCapacity"),
+                err(None, None, None, "InvalidParameterValue"),
+            ],
         };
-        assert_eq!(capacity_failures(&p, &answer), vec![(OfferingKey::new("m5.large", "a", "spot"), "InsufficientInstanceCapacity".to_string())]);
+        assert_eq!(
+            capacity_failures(&p, &answer),
+            vec![(
+                OfferingKey::new("m5.large", "a", "spot"),
+                "InsufficientInstanceCapacity".to_string()
+            )]
+        );
     }
 }

@@ -7,8 +7,9 @@ use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
     LaunchTemplateBlockDeviceMappingRequest, LaunchTemplateEbsBlockDeviceRequest, LaunchTemplateHttpTokensState,
     LaunchTemplateIamInstanceProfileSpecificationRequest, LaunchTemplateInstanceMetadataEndpointState,
-    LaunchTemplateInstanceMetadataOptionsRequest, LaunchTemplateInstanceMetadataProtocolIpv6, LaunchTemplateTagSpecificationRequest,
-    LaunchTemplatesMonitoringRequest, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification, VolumeType,
+    LaunchTemplateInstanceMetadataOptionsRequest, LaunchTemplateInstanceMetadataProtocolIpv6,
+    LaunchTemplateTagSpecificationRequest, LaunchTemplatesMonitoringRequest, RequestLaunchTemplateData, ResourceType,
+    Tag, TagSpecification, VolumeType,
 };
 use base64::Engine;
 use serde::Serialize;
@@ -89,7 +90,9 @@ pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<Block
         .iter()
         .filter_map(|m| {
             let ebs = m.ebs.as_ref()?;
-            let gib = ebs.volume_size.map(|q| (q.as_f64() / (1u64 << 30) as f64).ceil() as i32);
+            let gib = ebs
+                .volume_size
+                .map(|q| (q.as_f64() / (1u64 << 30) as f64).ceil() as i32);
             Some(BlockDevice {
                 device_name: m.device_name.clone().unwrap_or_else(|| "/dev/xvda".into()),
                 size_gib: gib,
@@ -123,17 +126,29 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
         .image_id(&spec.image_id)
         .user_data(base64::engine::general_purpose::STANDARD.encode(&spec.user_data))
         .set_security_group_ids(Some(spec.security_groups.clone()))
-        .monitoring(LaunchTemplatesMonitoringRequest::builder().enabled(spec.monitoring).build())
+        .monitoring(
+            LaunchTemplatesMonitoringRequest::builder()
+                .enabled(spec.monitoring)
+                .build(),
+        )
         .metadata_options(
             LaunchTemplateInstanceMetadataOptionsRequest::builder()
-                .http_endpoint(LaunchTemplateInstanceMetadataEndpointState::from(md.http_endpoint.as_str()))
-                .http_protocol_ipv6(LaunchTemplateInstanceMetadataProtocolIpv6::from(md.http_protocol_ipv6.as_str()))
+                .http_endpoint(LaunchTemplateInstanceMetadataEndpointState::from(
+                    md.http_endpoint.as_str(),
+                ))
+                .http_protocol_ipv6(LaunchTemplateInstanceMetadataProtocolIpv6::from(
+                    md.http_protocol_ipv6.as_str(),
+                ))
                 .http_put_response_hop_limit(md.http_put_response_hop_limit as i32)
                 .http_tokens(LaunchTemplateHttpTokensState::from(md.http_tokens.as_str()))
                 .build(),
         );
     if let Some(p) = &spec.instance_profile {
-        data = data.iam_instance_profile(LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(p).build());
+        data = data.iam_instance_profile(
+            LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
+                .name(p)
+                .build(),
+        );
     }
     for b in &spec.block_devices {
         let ebs = LaunchTemplateEbsBlockDeviceRequest::builder()
@@ -146,10 +161,20 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
             .set_kms_key_id(b.kms_key_id.clone())
             .set_snapshot_id(b.snapshot_id.clone())
             .build();
-        data = data.block_device_mappings(LaunchTemplateBlockDeviceMappingRequest::builder().device_name(&b.device_name).ebs(ebs).build());
+        data = data.block_device_mappings(
+            LaunchTemplateBlockDeviceMappingRequest::builder()
+                .device_name(&b.device_name)
+                .ebs(ebs)
+                .build(),
+        );
     }
     for rt in [ResourceType::Volume, ResourceType::NetworkInterface] {
-        data = data.tag_specifications(LaunchTemplateTagSpecificationRequest::builder().resource_type(rt).set_tags(Some(tags(&spec.tags))).build());
+        data = data.tag_specifications(
+            LaunchTemplateTagSpecificationRequest::builder()
+                .resource_type(rt)
+                .set_tags(Some(tags(&spec.tags)))
+                .build(),
+        );
     }
     data.build()
 }
@@ -161,7 +186,12 @@ pub async fn ensure(ec2: &aws_sdk_ec2::Client, spec: &TemplateSpec) -> Result<St
         .create_launch_template()
         .launch_template_name(&name)
         .launch_template_data(request_data(spec))
-        .tag_specifications(TagSpecification::builder().resource_type(ResourceType::LaunchTemplate).set_tags(Some(tags(&spec.tags))).build())
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::LaunchTemplate)
+                .set_tags(Some(tags(&spec.tags)))
+                .build(),
+        )
         .send()
         .await;
     match res {
@@ -197,32 +227,69 @@ mod tests {
         let a = name(&spec());
         assert_eq!(a, name(&spec()));
         assert!(a.starts_with("nodesmith/") && a.len() == "nodesmith/".len() + 32);
-        assert_ne!(a, name(&TemplateSpec { image_id: "ami-2".into(), ..spec() }));
-        assert_ne!(a, name(&TemplateSpec { cluster: "other".into(), ..spec() }));
-        assert_ne!(a, name(&TemplateSpec { user_data: "y".into(), ..spec() }));
+        assert_ne!(
+            a,
+            name(&TemplateSpec {
+                image_id: "ami-2".into(),
+                ..spec()
+            })
+        );
+        assert_ne!(
+            a,
+            name(&TemplateSpec {
+                cluster: "other".into(),
+                ..spec()
+            })
+        );
+        assert_ne!(
+            a,
+            name(&TemplateSpec {
+                user_data: "y".into(),
+                ..spec()
+            })
+        );
     }
 
     #[test]
     fn block_devices_default_by_family_and_convert_sizes() {
-        assert_eq!(block_devices("Bottlerocket", &[]).iter().map(|b| b.device_name.as_str()).collect::<Vec<_>>(), vec!["/dev/xvda", "/dev/xvdb"]);
+        assert_eq!(
+            block_devices("Bottlerocket", &[])
+                .iter()
+                .map(|b| b.device_name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["/dev/xvda", "/dev/xvdb"]
+        );
         assert_eq!(block_devices("AL2023", &[])[0].size_gib, Some(20));
         let m = BlockDeviceMapping {
             device_name: Some("/dev/xvda".into()),
-            ebs: Some(Ebs { volume_size: Some(Quantity::parse("100Gi").unwrap()), volume_type: Some("io2".into()), iops: Some(3000), ..Default::default() }),
+            ebs: Some(Ebs {
+                volume_size: Some(Quantity::parse("100Gi").unwrap()),
+                volume_type: Some("io2".into()),
+                iops: Some(3000),
+                ..Default::default()
+            }),
             root_volume: true,
         };
         let got = block_devices("AL2023", &[m]);
-        assert_eq!((got[0].size_gib, got[0].volume_type.as_str(), got[0].iops), (Some(100), "io2", Some(3000)));
+        assert_eq!(
+            (got[0].size_gib, got[0].volume_type.as_str(), got[0].iops),
+            (Some(100), "io2", Some(3000))
+        );
     }
 
     #[test]
     fn request_data_encodes_user_data_and_sets_imds() {
         let d = request_data(&spec());
-        let ud = base64::engine::general_purpose::STANDARD.decode(d.user_data().unwrap()).unwrap();
+        let ud = base64::engine::general_purpose::STANDARD
+            .decode(d.user_data().unwrap())
+            .unwrap();
         assert_eq!(ud, b"x");
         let md = d.metadata_options().unwrap();
         assert_eq!(md.http_tokens(), Some(&LaunchTemplateHttpTokensState::Required));
         assert_eq!(md.http_put_response_hop_limit(), Some(1));
-        assert_eq!(d.iam_instance_profile().and_then(|p| p.name()), Some("KarpenterNodeRole"));
+        assert_eq!(
+            d.iam_instance_profile().and_then(|p| p.name()),
+            Some("KarpenterNodeRole")
+        );
     }
 }

@@ -79,9 +79,15 @@ impl LaunchConfig {
     /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing.
     pub fn from_env() -> Result<Self, LaunchError> {
         let get = |k: &str| {
-            std::env::var(k).ok().filter(|v| !v.trim().is_empty()).ok_or_else(|| LaunchError::Config(format!("environment variable {k} is not set")))
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| LaunchError::Config(format!("environment variable {k} is not set")))
         };
-        Ok(LaunchConfig { table: get("NODESMITH_TABLE")?, cluster_name: get("NODESMITH_CLUSTER_NAME")? })
+        Ok(LaunchConfig {
+            table: get("NODESMITH_TABLE")?,
+            cluster_name: get("NODESMITH_CLUSTER_NAME")?,
+        })
     }
 }
 
@@ -99,28 +105,45 @@ pub struct Launcher {
 /// The Kubernetes architecture of an instance type: the catalog's label, else
 /// the naming rule (a `g` after the generation digit means Graviton) (pure).
 pub fn arch_of(instance_type: &str, catalog: Option<&Catalog>) -> String {
-    if let Some(a) = catalog.and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type)).and_then(|i| i.labels.get(labels::ARCH)) {
+    if let Some(a) = catalog
+        .and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type))
+        .and_then(|i| i.labels.get(labels::ARCH))
+    {
         return a.clone();
     }
     let family = instance_type.split('.').next().unwrap_or_default();
-    let after_digit = family.trim_start_matches(|c: char| c.is_ascii_alphabetic()).trim_start_matches(|c: char| c.is_ascii_digit());
-    if after_digit.starts_with('g') { "arm64".into() } else { "amd64".into() }
+    let after_digit = family
+        .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+        .trim_start_matches(|c: char| c.is_ascii_digit());
+    if after_digit.starts_with('g') {
+        "arm64".into()
+    } else {
+        "amd64".into()
+    }
 }
 
 /// Whether an instance type has NVIDIA GPUs: the catalog's label, else the
 /// naming rule (g and p families, but not the AMD-GPU g4ad) (pure).
 pub fn has_nvidia_gpu(instance_type: &str, catalog: Option<&Catalog>) -> bool {
     if let Some(info) = catalog.and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type)) {
-        return info.labels.get(labels::aws::GPU_MANUFACTURER).is_some_and(|m| m == "nvidia");
+        return info
+            .labels
+            .get(labels::aws::GPU_MANUFACTURER)
+            .is_some_and(|m| m == "nvidia");
     }
     let family = instance_type.split('.').next().unwrap_or_default();
     let mut chars = family.chars();
-    matches!(chars.next(), Some('g' | 'p')) && chars.next().is_some_and(|c| c.is_ascii_digit()) && !family.starts_with("g4ad")
+    matches!(chars.next(), Some('g' | 'p'))
+        && chars.next().is_some_and(|c| c.is_ascii_digit())
+        && !family.starts_with("g4ad")
 }
 
 /// The AMI an instance type needs (pure).
 pub fn ami_key_of(instance_type: &str, catalog: Option<&Catalog>) -> ami::AmiKey {
-    ami::AmiKey { arch: arch_of(instance_type, catalog), nvidia: has_nvidia_gpu(instance_type, catalog) }
+    ami::AmiKey {
+        arch: arch_of(instance_type, catalog),
+        nvidia: has_nvidia_gpu(instance_type, catalog),
+    }
 }
 
 /// The claim's requirements as an algebra value (unknown operators are skipped, as they cannot narrow).
@@ -139,14 +162,19 @@ pub fn allowed_capacity_types(claim: &NodeClaim) -> Vec<String> {
     let r = requirements(claim);
     match r.get(labels::CAPACITY_TYPE) {
         None => vec![CAPACITY_ON_DEMAND.to_string()],
-        Some(req) => [labels::CAPACITY_SPOT, CAPACITY_ON_DEMAND].iter().filter(|ct| req.has(ct)).map(|s| s.to_string()).collect(),
+        Some(req) => [labels::CAPACITY_SPOT, CAPACITY_ON_DEMAND]
+            .iter()
+            .filter(|ct| req.has(ct))
+            .map(|s| s.to_string())
+            .collect(),
     }
 }
 
 /// Zones the claim allows, if it narrows them (pure).
 pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>) -> Option<BTreeSet<String>> {
     let r = requirements(claim);
-    r.get(labels::ZONE).map(|req| known.into_iter().filter(|z| req.has(z)).collect())
+    r.get(labels::ZONE)
+        .map(|req| known.into_iter().filter(|z| req.has(z)).collect())
 }
 
 /// Node labels: the claim's, plus the pool, the class and the claim's name (pure).
@@ -170,7 +198,13 @@ pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> 
 }
 
 /// Records a launched instance on the claim (pure).
-pub fn record(claim: &NodeClaim, launched: &Launched, zone: &str, price: Option<f64>, at: &str) -> Result<NodeClaim, LaunchError> {
+pub fn record(
+    claim: &NodeClaim,
+    launched: &Launched,
+    zone: &str,
+    price: Option<f64>,
+    at: &str,
+) -> Result<NodeClaim, LaunchError> {
     let mut c = claim.clone();
     c.advance(Phase::Launched, at)?;
     c.instance_id = Some(launched.instance_id.clone());
@@ -184,7 +218,12 @@ pub fn record(claim: &NodeClaim, launched: &Launched, zone: &str, price: Option<
 
 fn lease_holder() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("launch-{}-{}-{}", std::process::id(), state::now_ms(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "launch-{}-{}-{}",
+        std::process::id(),
+        state::now_ms(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn now_rfc3339() -> String {
@@ -211,7 +250,9 @@ impl Launcher {
     }
 
     async fn cluster(&self) -> Result<&ClusterInfo, LaunchError> {
-        self.cluster.get_or_try_init(|| cluster::describe(&self.eks, &self.config.cluster_name)).await
+        self.cluster
+            .get_or_try_init(|| cluster::describe(&self.eks, &self.config.cluster_name))
+            .await
     }
 
     /// Handles one launch request, idempotently.
@@ -223,14 +264,22 @@ impl Launcher {
             Some(_) => {}
         }
         let lease_name = format!("launch/{name}");
-        let Some(lease) = self.store.acquire_lease(&lease_name, &lease_holder(), LAUNCH_LEASE_MS, state::now_ms()).await? else {
+        let Some(lease) = self
+            .store
+            .acquire_lease(&lease_name, &lease_holder(), LAUNCH_LEASE_MS, state::now_ms())
+            .await?
+        else {
             return Err(LaunchError::Busy(name.clone()));
         };
         let result = self.launch_leased(req).await;
         // Done with the claim: the lease item goes. Failed: released for the redelivery.
         // Either failing only delays a redelivery until the lease expires.
         let now = state::now_ms();
-        let freed = if result.is_ok() { self.store.delete_lease(&lease, now).await } else { self.store.release_lease(&lease, now).await };
+        let freed = if result.is_ok() {
+            self.store.delete_lease(&lease, now).await
+        } else {
+            self.store.release_lease(&lease, now).await
+        };
         if let Err(e) = freed {
             tracing::warn!(node_claim = %name, error = %e, "cannot free launch lease");
         }
@@ -247,13 +296,21 @@ impl Launcher {
         };
         if let Some(existing) = self.tagged_instance(name).await? {
             let zone = existing.zone.clone().unwrap_or_default();
-            let c = self.store.update_node_claim(&record(&claim, &existing, &zone, None, &now_rfc3339())?).await?;
+            let c = self
+                .store
+                .update_node_claim(&record(&claim, &existing, &zone, None, &now_rfc3339())?)
+                .await?;
             tracing::info!(node_claim = %name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
             return Ok(LaunchOutcome::Recovered(c));
         }
         let class = req.node_class();
-        let resolve = |what: String| LaunchError::Resolve { node_claim: name.clone(), what };
-        let family = class.ami_family().ok_or_else(|| resolve("EC2NodeClass has no AMI family".into()))?;
+        let resolve = |what: String| LaunchError::Resolve {
+            node_claim: name.clone(),
+            what,
+        };
+        let family = class
+            .ami_family()
+            .ok_or_else(|| resolve("EC2NodeClass has no AMI family".into()))?;
         let cluster = self.cluster().await?.clone();
         let catalog = self.store.get_catalog().await?;
 
@@ -266,15 +323,24 @@ impl Launcher {
         if security_groups.is_empty() {
             return Err(resolve("securityGroupSelectorTerms select no security groups".into()));
         }
-        let key_by_type: BTreeMap<String, ami::AmiKey> =
-            claim.instance_type_options.iter().map(|t| (t.clone(), ami_key_of(t, catalog.as_ref()))).collect();
+        let key_by_type: BTreeMap<String, ami::AmiKey> = claim
+            .instance_type_options
+            .iter()
+            .map(|t| (t.clone(), ami_key_of(t, catalog.as_ref())))
+            .collect();
         let keys: BTreeSet<ami::AmiKey> = key_by_type.values().cloned().collect();
-        let amis = ami::resolve(&self.ec2, &self.ssm, &class.spec.ami_selector_terms, &cluster.version, &keys)
-            .await
-            .map_err(|e| match e {
-                LaunchError::Resolve { what, .. } => resolve(what),
-                other => other,
-            })?;
+        let amis = ami::resolve(
+            &self.ec2,
+            &self.ssm,
+            &class.spec.ami_selector_terms,
+            &cluster.version,
+            &keys,
+        )
+        .await
+        .map_err(|e| match e {
+            LaunchError::Resolve { what, .. } => resolve(what),
+            other => other,
+        })?;
         if amis.is_empty() {
             return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
         }
@@ -293,8 +359,10 @@ impl Launcher {
                 kubelet: class.spec.kubelet.clone(),
                 user_data: class.spec.user_data.clone(),
             };
-            let user_data =
-                userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData { node_claim: name.clone(), source })?;
+            let user_data = userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData {
+                node_claim: name.clone(),
+                source,
+            })?;
             for (key, image) in &amis {
                 let spec = TemplateSpec {
                     cluster: cluster.name.clone(),
@@ -325,8 +393,13 @@ impl Launcher {
             templates: &templates,
             catalog: catalog.as_ref(),
         };
-        let mut unavailable: BTreeSet<OfferingKey> =
-            self.store.unavailable_offerings(state::now_secs()).await?.into_iter().map(|u| u.key).collect();
+        let mut unavailable: BTreeSet<OfferingKey> = self
+            .store
+            .unavailable_offerings(state::now_secs())
+            .await?
+            .into_iter()
+            .map(|u| u.key)
+            .collect();
         let mut tried = Vec::new();
         for round in 0..MAX_FLEET_ROUNDS {
             let cands = fleet::candidates(&scope, &unavailable);
@@ -344,7 +417,9 @@ impl Launcher {
                     by_code.entry(code).or_default().push(k);
                 }
                 for (code, keys) in by_code {
-                    self.store.mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS).await?;
+                    self.store
+                        .mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS)
+                        .await?;
                 }
             }
             match fleet::decide(&plan, &answer) {
@@ -354,21 +429,42 @@ impl Launcher {
                             && c.offering.capacity_type == l.capacity_type
                             && (l.subnet_id.as_ref() == Some(&c.subnet_id) || l.zone.as_ref() == Some(&c.offering.zone))
                     });
-                    let zone = l.zone.clone().or_else(|| chosen.map(|c| c.offering.zone.clone())).unwrap_or_default();
+                    let zone = l
+                        .zone
+                        .clone()
+                        .or_else(|| chosen.map(|c| c.offering.zone.clone()))
+                        .unwrap_or_default();
                     let price = chosen.and_then(|c| c.price);
-                    let c = self.store.update_node_claim(&record(&claim, &l, &zone, price, &now_rfc3339())?).await?;
+                    let c = self
+                        .store
+                        .update_node_claim(&record(&claim, &l, &zone, price, &now_rfc3339())?)
+                        .await?;
                     tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
                     return Ok(LaunchOutcome::Launched(c));
                 }
                 // Already marked above; the next round tries the rest.
                 Decision::Retry(_) => {}
-                Decision::Transient(why) => return Err(LaunchError::Aws { op: "ec2:CreateFleet", message: why }),
-                Decision::Fatal(code, message) => return Err(LaunchError::Fleet { node_claim: name.clone(), code, message }),
+                Decision::Transient(why) => {
+                    return Err(LaunchError::Aws {
+                        op: "ec2:CreateFleet",
+                        message: why,
+                    });
+                }
+                Decision::Fatal(code, message) => {
+                    return Err(LaunchError::Fleet {
+                        node_claim: name.clone(),
+                        code,
+                        message,
+                    });
+                }
             }
         }
         tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
         self.store.delete_node_claim(name, claim.version).await?;
-        Ok(LaunchOutcome::NoCapacity { node_claim: name.clone(), tried })
+        Ok(LaunchOutcome::NoCapacity {
+            node_claim: name.clone(),
+            tried,
+        })
     }
 
     /// A live instance already tagged with this claim, if any.
@@ -376,9 +472,25 @@ impl Launcher {
         let out = self
             .ec2
             .describe_instances()
-            .filters(Filter::builder().name(format!("tag:{NODECLAIM_TAG}")).values(name).build())
-            .filters(Filter::builder().name("tag:eks:eks-cluster-name").values(&self.config.cluster_name).build())
-            .filters(Filter::builder().name("instance-state-name").values("pending").values("running").build())
+            .filters(
+                Filter::builder()
+                    .name(format!("tag:{NODECLAIM_TAG}"))
+                    .values(name)
+                    .build(),
+            )
+            .filters(
+                Filter::builder()
+                    .name("tag:eks:eks-cluster-name")
+                    .values(&self.config.cluster_name)
+                    .build(),
+            )
+            .filters(
+                Filter::builder()
+                    .name("instance-state-name")
+                    .values("pending")
+                    .values("running")
+                    .build(),
+            )
             .send()
             .await
             .map_err(|e| LaunchError::aws("ec2:DescribeInstances", e))?;
@@ -386,7 +498,11 @@ impl Launcher {
             Some(Launched {
                 instance_id: i.instance_id()?.to_string(),
                 instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                capacity_type: if i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot") { "spot".into() } else { CAPACITY_ON_DEMAND.into() },
+                capacity_type: if i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot") {
+                    "spot".into()
+                } else {
+                    CAPACITY_ON_DEMAND.into()
+                },
                 zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
                 subnet_id: i.subnet_id().map(str::to_string),
             })
@@ -406,8 +522,10 @@ mod tests {
             requirements: reqs
                 .into_iter()
                 .map(|(k, vs)| {
-                    serde_json::from_value::<NodeSelectorRequirementWithMinValues>(serde_json::json!({"key": k, "operator": "In", "values": vs}))
-                        .unwrap()
+                    serde_json::from_value::<NodeSelectorRequirementWithMinValues>(
+                        serde_json::json!({"key": k, "operator": "In", "values": vs}),
+                    )
+                    .unwrap()
                 })
                 .collect(),
             instance_type_options: vec!["m5.large".into()],
@@ -420,38 +538,86 @@ mod tests {
     #[test]
     fn capacity_types_and_zones_from_requirements() {
         assert_eq!(allowed_capacity_types(&claim(vec![])), vec!["on-demand"]);
-        assert_eq!(allowed_capacity_types(&claim(vec![(labels::CAPACITY_TYPE, &["on-demand", "spot"])])), vec!["spot", "on-demand"]);
-        assert_eq!(allowed_capacity_types(&claim(vec![(labels::CAPACITY_TYPE, &["spot"])])), vec!["spot"]);
+        assert_eq!(
+            allowed_capacity_types(&claim(vec![(labels::CAPACITY_TYPE, &["on-demand", "spot"])])),
+            vec!["spot", "on-demand"]
+        );
+        assert_eq!(
+            allowed_capacity_types(&claim(vec![(labels::CAPACITY_TYPE, &["spot"])])),
+            vec!["spot"]
+        );
         let known = || ["us-east-1a".to_string(), "us-east-1b".to_string()];
         assert_eq!(allowed_zones(&claim(vec![]), known()), None);
-        assert_eq!(allowed_zones(&claim(vec![(labels::ZONE, &["us-east-1b"])]), known()), Some(BTreeSet::from(["us-east-1b".to_string()])));
+        assert_eq!(
+            allowed_zones(&claim(vec![(labels::ZONE, &["us-east-1b"])]), known()),
+            Some(BTreeSet::from(["us-east-1b".to_string()]))
+        );
     }
 
     #[test]
     fn architecture_from_catalog_or_name() {
-        for (t, want) in [("m5.large", "amd64"), ("m6g.large", "arm64"), ("c7gd.xlarge", "arm64"), ("g5.xlarge", "amd64"), ("t4g.micro", "arm64"), ("m7i.large", "amd64")] {
+        for (t, want) in [
+            ("m5.large", "amd64"),
+            ("m6g.large", "arm64"),
+            ("c7gd.xlarge", "arm64"),
+            ("g5.xlarge", "amd64"),
+            ("t4g.micro", "arm64"),
+            ("m7i.large", "amd64"),
+        ] {
             assert_eq!(arch_of(t, None), want, "{t}");
         }
     }
 
     #[test]
     fn nvidia_gpus_from_catalog_or_name() {
-        for (t, want) in [("g5.xlarge", true), ("p4d.24xlarge", true), ("g5g.xlarge", true), ("g4ad.xlarge", false), ("m5.large", false), ("c7gd.large", false)] {
+        for (t, want) in [
+            ("g5.xlarge", true),
+            ("p4d.24xlarge", true),
+            ("g5g.xlarge", true),
+            ("g4ad.xlarge", false),
+            ("m5.large", false),
+            ("c7gd.large", false),
+        ] {
             assert_eq!(has_nvidia_gpu(t, None), want, "{t}");
         }
         let info = crate::catalog::InstanceTypeInfo {
             name: "x1.large".into(),
-            labels: BTreeMap::from([(labels::aws::GPU_MANUFACTURER.to_string(), "nvidia".to_string()), (labels::ARCH.to_string(), "arm64".to_string())]),
+            labels: BTreeMap::from([
+                (labels::aws::GPU_MANUFACTURER.to_string(), "nvidia".to_string()),
+                (labels::ARCH.to_string(), "arm64".to_string()),
+            ]),
             capacity: Resources::new(),
             allocatable: None,
             vcpus: 2,
             eni_max_pods: 29,
             offerings: vec![],
         };
-        let catalog = Catalog { region: "r".into(), instance_types: vec![info] };
-        assert_eq!(ami_key_of("x1.large", Some(&catalog)), ami::AmiKey { arch: "arm64".into(), nvidia: true });
-        assert_eq!(ami_key_of("g5.xlarge", Some(&catalog)), ami::AmiKey { arch: "amd64".into(), nvidia: true }, "unknown to the catalog: the name decides");
-        assert_eq!(ami_key_of("g5g.xlarge", None), ami::AmiKey { arch: "arm64".into(), nvidia: true });
+        let catalog = Catalog {
+            region: "r".into(),
+            instance_types: vec![info],
+        };
+        assert_eq!(
+            ami_key_of("x1.large", Some(&catalog)),
+            ami::AmiKey {
+                arch: "arm64".into(),
+                nvidia: true
+            }
+        );
+        assert_eq!(
+            ami_key_of("g5.xlarge", Some(&catalog)),
+            ami::AmiKey {
+                arch: "amd64".into(),
+                nvidia: true
+            },
+            "unknown to the catalog: the name decides"
+        );
+        assert_eq!(
+            ami_key_of("g5g.xlarge", None),
+            ami::AmiKey {
+                arch: "arm64".into(),
+                nvidia: true
+            }
+        );
     }
 
     #[test]
@@ -474,7 +640,13 @@ mod tests {
 
     #[test]
     fn recording_moves_to_launched_once() {
-        let l = Launched { instance_id: "i-1".into(), instance_type: "m5.large".into(), capacity_type: "spot".into(), zone: None, subnet_id: None };
+        let l = Launched {
+            instance_id: "i-1".into(),
+            instance_type: "m5.large".into(),
+            capacity_type: "spot".into(),
+            zone: None,
+            subnet_id: None,
+        };
         let c = record(&claim(vec![]), &l, "us-east-1a", Some(0.03), "t").unwrap();
         assert_eq!(c.phase, Phase::Launched);
         assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));

@@ -62,7 +62,11 @@ pub enum RequestError {
 impl LaunchRequest {
     /// A request for `claim` using `class`.
     pub fn new(node_claim: &str, class: &EC2NodeClass) -> Self {
-        LaunchRequest { node_claim: node_claim.into(), node_class_name: class.name().into(), node_class: class.spec.clone() }
+        LaunchRequest {
+            node_claim: node_claim.into(),
+            node_class_name: class.name().into(),
+            node_class: class.spec.clone(),
+        }
     }
 
     /// Parses and validates a message body (pure).
@@ -71,12 +75,16 @@ impl LaunchRequest {
             return Err(RequestError::TooLarge { size: body.len() });
         }
         let de = &mut serde_json::Deserializer::from_str(body);
-        let req: LaunchRequest = serde_path_to_error::deserialize(de)
-            .map_err(|e| RequestError::Malformed { path: e.path().to_string(), message: e.inner().to_string() })?;
+        let req: LaunchRequest = serde_path_to_error::deserialize(de).map_err(|e| RequestError::Malformed {
+            path: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
         if req.node_claim.is_empty() {
             return Err(RequestError::Invalid("nodeClaim is empty".into()));
         }
-        req.node_class().validate().map_err(|e| RequestError::Invalid(e.to_string()))?;
+        req.node_class()
+            .validate()
+            .map_err(|e| RequestError::Invalid(e.to_string()))?;
         Ok(req)
     }
 
@@ -119,21 +127,37 @@ pub enum EnqueueError {
 /// Sends one message per request (SendMessageBatch, 10 at a time). Entry ids
 /// are the batch index, so a failure names the NodeClaims not sent; the caller
 /// may retry them (the launch path is idempotent).
-pub async fn enqueue(sqs: &aws_sdk_sqs::Client, queue_url: &str, requests: &[LaunchRequest]) -> Result<(), EnqueueError> {
+pub async fn enqueue(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    requests: &[LaunchRequest],
+) -> Result<(), EnqueueError> {
     let mut failed = Vec::new();
     let mut message = String::new();
     for chunk in requests.chunks(SQS_BATCH) {
         let mut entries = Vec::with_capacity(chunk.len());
         for (i, r) in chunk.iter().enumerate() {
-            let body = r.to_body().map_err(|source| EnqueueError::Request { node_claim: r.node_claim.clone(), source })?;
+            let body = r.to_body().map_err(|source| EnqueueError::Request {
+                node_claim: r.node_claim.clone(),
+                source,
+            })?;
             let entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(body)
                 .build()
-                .map_err(|e| EnqueueError::Sqs { failed: vec![r.node_claim.clone()], message: e.to_string() })?;
+                .map_err(|e| EnqueueError::Sqs {
+                    failed: vec![r.node_claim.clone()],
+                    message: e.to_string(),
+                })?;
             entries.push(entry);
         }
-        match sqs.send_message_batch().queue_url(queue_url).set_entries(Some(entries)).send().await {
+        match sqs
+            .send_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
             Ok(out) => {
                 for f in out.failed() {
                     if let Some(r) = f.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) {
@@ -148,7 +172,11 @@ pub async fn enqueue(sqs: &aws_sdk_sqs::Client, queue_url: &str, requests: &[Lau
             }
         }
     }
-    if failed.is_empty() { Ok(()) } else { Err(EnqueueError::Sqs { failed, message }) }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(EnqueueError::Sqs { failed, message })
+    }
 }
 
 #[cfg(test)]
@@ -195,7 +223,10 @@ mod tests {
             (no_claim.to_string(), "missing field `nodeClaim`"),
             (bad_type.to_string(), "nodeClass.amiSelectorTerms"),
             (empty.to_string(), "nodeClaim is empty"),
-            (invalid_class.to_string(), "spec.amiSelectorTerms: must have between 1 and 30 terms"),
+            (
+                invalid_class.to_string(),
+                "spec.amiSelectorTerms: must have between 1 and 30 terms",
+            ),
             ("x".repeat(MAX_BODY_BYTES + 1), "over the 262144-byte limit"),
         ];
         for (body, want) in cases {

@@ -31,10 +31,19 @@ pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Resul
         if f.is_empty() {
             continue;
         }
-        let mut pages = ec2.describe_security_groups().set_filters(Some(f)).into_paginator().send();
+        let mut pages = ec2
+            .describe_security_groups()
+            .set_filters(Some(f))
+            .into_paginator()
+            .send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| LaunchError::aws("ec2:DescribeSecurityGroups", e))?;
-            found.extend(page.security_groups().iter().filter_map(|g| g.group_id()).map(str::to_string));
+            found.extend(
+                page.security_groups()
+                    .iter()
+                    .filter_map(|g| g.group_id())
+                    .map(str::to_string),
+            );
         }
     }
     Ok(found.into_iter().collect())
@@ -46,8 +55,14 @@ mod tests {
 
     #[test]
     fn name_terms_filter_on_group_name() {
-        let t = SelectorTerm { name: Some("eks-cluster-sg-*".into()), ..Default::default() };
+        let t = SelectorTerm {
+            name: Some("eks-cluster-sg-*".into()),
+            ..Default::default()
+        };
         let f = filters(&t);
-        assert_eq!((f[0].name(), f[0].values()), (Some("group-name"), &["eks-cluster-sg-*".to_string()][..]));
+        assert_eq!(
+            (f[0].name(), f[0].values()),
+            (Some("group-name"), &["eks-cluster-sg-*".to_string()][..])
+        );
     }
 }

@@ -60,7 +60,11 @@ pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Resul
                 if let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) {
                     found.insert(
                         id.to_string(),
-                        Subnet { id: id.into(), zone: zone.into(), available_ips: s.available_ip_address_count().unwrap_or(0).into() },
+                        Subnet {
+                            id: id.into(),
+                            zone: zone.into(),
+                            available_ips: s.available_ip_address_count().unwrap_or(0).into(),
+                        },
                     );
                 }
             }
@@ -75,18 +79,37 @@ mod tests {
 
     #[test]
     fn most_free_ips_wins_per_zone() {
-        let s = |id: &str, zone: &str, ips: i64| Subnet { id: id.into(), zone: zone.into(), available_ips: ips };
-        let got = per_zone(&[s("subnet-b", "a", 10), s("subnet-a", "a", 10), s("subnet-c", "a", 5), s("subnet-d", "b", 1), s("subnet-e", "b", 300)]);
+        let s = |id: &str, zone: &str, ips: i64| Subnet {
+            id: id.into(),
+            zone: zone.into(),
+            available_ips: ips,
+        };
+        let got = per_zone(&[
+            s("subnet-b", "a", 10),
+            s("subnet-a", "a", 10),
+            s("subnet-c", "a", 5),
+            s("subnet-d", "b", 1),
+            s("subnet-e", "b", 300),
+        ]);
         let ids: Vec<(&str, &str)> = got.iter().map(|(z, s)| (z.as_str(), s.id.as_str())).collect();
         assert_eq!(ids, vec![("a", "subnet-a"), ("b", "subnet-e")]);
     }
 
     #[test]
     fn filters_for_ids_and_wildcard_tags() {
-        let t = SelectorTerm { tags: [("karpenter.sh/discovery".to_string(), "*".to_string())].into(), ..Default::default() };
+        let t = SelectorTerm {
+            tags: [("karpenter.sh/discovery".to_string(), "*".to_string())].into(),
+            ..Default::default()
+        };
         let f = filters(&t);
-        assert_eq!((f[0].name(), f[0].values()), (Some("tag-key"), &["karpenter.sh/discovery".to_string()][..]));
-        let t = SelectorTerm { id: Some("subnet-123".into()), ..Default::default() };
+        assert_eq!(
+            (f[0].name(), f[0].values()),
+            (Some("tag-key"), &["karpenter.sh/discovery".to_string()][..])
+        );
+        let t = SelectorTerm {
+            id: Some("subnet-123".into()),
+            ..Default::default()
+        };
         assert_eq!(filters(&t)[0].name(), Some("subnet-id"));
     }
 }

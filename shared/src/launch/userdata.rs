@@ -149,7 +149,9 @@ pub fn node_config(cluster: &ClusterInfo, node: &NodeSettings) -> String {
 /// Parses a MIME multipart document into its parts.
 pub fn parse_mime(doc: &str) -> Result<Vec<MimePart>, String> {
     let doc = doc.replace("\r\n", "\n");
-    let (head, body) = doc.split_once("\n\n").ok_or("MIME document has no blank line after its headers")?;
+    let (head, body) = doc
+        .split_once("\n\n")
+        .ok_or("MIME document has no blank line after its headers")?;
     let boundary = head
         .lines()
         .filter(|l| l.to_ascii_lowercase().starts_with("content-type:") || l.starts_with(' ') || l.starts_with('\t'))
@@ -188,10 +190,17 @@ pub fn parse_mime(doc: &str) -> Result<Vec<MimePart>, String> {
             let (h, b) = text.split_once("\n\n").unwrap_or((text.as_str(), ""));
             let content_type = h
                 .lines()
-                .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-type")).map(|(_, v)| v))
+                .find_map(|l| {
+                    l.split_once(':')
+                        .filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-type"))
+                        .map(|(_, v)| v)
+                })
                 .map(|v| v.split(';').next().unwrap_or_default().trim().to_string())
                 .ok_or_else(|| "MIME part has no Content-Type".to_string())?;
-            Ok(MimePart { content_type, body: b.to_string() })
+            Ok(MimePart {
+                content_type,
+                body: b.to_string(),
+            })
         })
         .collect()
 }
@@ -217,7 +226,10 @@ fn user_parts(user: &str) -> Result<Vec<MimePart>, UserDataError> {
     } else {
         "text/x-shellscript"
     };
-    Ok(vec![MimePart { content_type: content_type.into(), body: user.to_string() }])
+    Ok(vec![MimePart {
+        content_type: content_type.into(),
+        body: user.to_string(),
+    }])
 }
 
 /// Renders MIME parts as one multipart/mixed document.
@@ -225,10 +237,19 @@ pub fn render_mime(parts: &[MimePart]) -> Result<String, UserDataError> {
     let mut out = format!("MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{BOUNDARY}\"\n\n");
     for p in parts {
         if p.body.contains(BOUNDARY) {
-            return Err(UserDataError::User(format!("a part contains the MIME boundary {BOUNDARY}")));
+            return Err(UserDataError::User(format!(
+                "a part contains the MIME boundary {BOUNDARY}"
+            )));
         }
-        let charset = if p.content_type.starts_with("text/") { "; charset=\"us-ascii\"" } else { "" };
-        out.push_str(&format!("--{BOUNDARY}\nContent-Type: {}{charset}\n\n{}", p.content_type, p.body));
+        let charset = if p.content_type.starts_with("text/") {
+            "; charset=\"us-ascii\""
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "--{BOUNDARY}\nContent-Type: {}{charset}\n\n{}",
+            p.content_type, p.body
+        ));
         if !p.body.ends_with('\n') {
             out.push('\n');
         }
@@ -242,7 +263,10 @@ pub fn render_mime(parts: &[MimePart]) -> Result<String, UserDataError> {
 /// nodeadm applies over earlier configs.
 pub fn al2023(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String, UserDataError> {
     let mut parts = user_parts(node.user_data.as_deref().unwrap_or_default())?;
-    parts.push(MimePart { content_type: NODECONFIG_TYPE.into(), body: node_config(cluster, node) });
+    parts.push(MimePart {
+        content_type: NODECONFIG_TYPE.into(),
+        body: node_config(cluster, node),
+    });
     render_mime(&parts)
 }
 
@@ -258,7 +282,8 @@ pub fn bottlerocket(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String
         .map_err(|e: toml_edit::TomlError| UserDataError::User(format!("not valid TOML for Bottlerocket: {e}")))?;
     fn table<'a>(parent: &'a mut Table, key: &str) -> Result<&'a mut Table, UserDataError> {
         let item = parent.entry(key).or_insert_with(|| Item::Table(Table::new()));
-        item.as_table_mut().ok_or_else(|| UserDataError::User(format!("Bottlerocket userData: {key} must be a table")))
+        item.as_table_mut()
+            .ok_or_else(|| UserDataError::User(format!("Bottlerocket userData: {key} must be a table")))
     }
     let settings = table(doc.as_table_mut(), "settings")?;
     let k8s = table(settings, "kubernetes")?;
@@ -273,7 +298,11 @@ pub fn bottlerocket(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String
         let taints = table(k8s, "node-taints")?;
         let mut by_key: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for t in &node.taints {
-            by_key.entry(&t.key).or_default().push(format!("{}:{}", t.value.as_deref().unwrap_or_default(), effect(t.effect)));
+            by_key.entry(&t.key).or_default().push(format!(
+                "{}:{}",
+                t.value.as_deref().unwrap_or_default(),
+                effect(t.effect)
+            ));
         }
         for (k, vs) in by_key {
             taints[k] = value(vs.into_iter().collect::<Array>());
@@ -377,7 +406,10 @@ mod tests {
         let nc = nodeconfig_of(&doc);
         assert_eq!(nc["kind"], "NodeConfig");
         assert_eq!(nc["spec"]["cluster"]["name"], "demo");
-        assert_eq!(nc["spec"]["cluster"]["apiServerEndpoint"], "https://ABC.gr7.us-east-1.eks.amazonaws.com");
+        assert_eq!(
+            nc["spec"]["cluster"]["apiServerEndpoint"],
+            "https://ABC.gr7.us-east-1.eks.amazonaws.com"
+        );
         assert_eq!(nc["spec"]["cluster"]["certificateAuthority"], "Q0FEQVRB");
         assert_eq!(nc["spec"]["cluster"]["cidr"], "10.100.0.0/16");
         let config = &nc["spec"]["kubelet"]["config"];
@@ -403,7 +435,13 @@ mod tests {
         let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
             (script, vec![("text/x-shellscript", "echo hello")]),
             (nodeconfig, vec![(NODECONFIG_TYPE, "shutdownGracePeriod: 30s")]),
-            (mime, vec![("text/x-shellscript", "echo one"), (NODECONFIG_TYPE, "kind: NodeConfig")]),
+            (
+                mime,
+                vec![
+                    ("text/x-shellscript", "echo one"),
+                    (NODECONFIG_TYPE, "kind: NodeConfig"),
+                ],
+            ),
             ("", vec![]),
         ];
         for (user, want) in cases {
@@ -422,7 +460,10 @@ mod tests {
     fn broken_user_mime_is_a_clear_error() {
         let bad = "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"B\"\n\n--B\nContent-Type: text/x-shellscript\n\necho\n";
         let e = al2023(&cluster(), &node(Some(bad))).unwrap_err().to_string();
-        assert!(e.contains("spec.userData") && e.contains("does not end with --B--"), "{e}");
+        assert!(
+            e.contains("spec.userData") && e.contains("does not end with --B--"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -432,24 +473,39 @@ mod tests {
         let doc: toml_edit::DocumentMut = out.parse().unwrap();
         let k = &doc["settings"]["kubernetes"];
         assert_eq!(k["cluster-name"].as_str(), Some("demo"));
-        assert_eq!(k["api-server"].as_str(), Some("https://ABC.gr7.us-east-1.eks.amazonaws.com"));
+        assert_eq!(
+            k["api-server"].as_str(),
+            Some("https://ABC.gr7.us-east-1.eks.amazonaws.com")
+        );
         assert_eq!(k["cluster-certificate"].as_str(), Some("Q0FEQVRB"));
         assert_eq!(k["cluster-dns-ip"].as_str(), Some("10.100.0.10"));
         assert_eq!(k["max-pods"].as_integer(), Some(58));
         assert_eq!(k["node-labels"]["team"].as_str(), Some("a"));
         assert_eq!(k["node-labels"]["karpenter.sh/nodepool"].as_str(), Some("default"));
         assert_eq!(k["node-labels"]["karpenter.sh/nodeclaim"].as_str(), Some("default-abc"));
-        let dedicated: Vec<&str> = k["node-taints"]["dedicated"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        let dedicated: Vec<&str> = k["node-taints"]["dedicated"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
         assert_eq!(dedicated, vec!["gpu:NoSchedule"]);
         assert_eq!(k["system-reserved"]["cpu"].as_str(), Some("100m"));
-        assert_eq!(doc["settings"]["host-containers"]["admin"]["enabled"].as_bool(), Some(true));
+        assert_eq!(
+            doc["settings"]["host-containers"]["admin"]["enabled"].as_bool(),
+            Some(true)
+        );
     }
 
     #[test]
     fn bottlerocket_rejects_bad_toml_and_unsupported_families_are_named() {
-        let e = bottlerocket(&cluster(), &node(Some("[settings"))).unwrap_err().to_string();
+        let e = bottlerocket(&cluster(), &node(Some("[settings")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not valid TOML"), "{e}");
-        let e = bottlerocket(&cluster(), &node(Some("settings = 1"))).unwrap_err().to_string();
+        let e = bottlerocket(&cluster(), &node(Some("settings = 1")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("settings must be a table"), "{e}");
         let e = render("Windows2022", &cluster(), &node(None)).unwrap_err().to_string();
         assert!(e.contains("\"Windows2022\" is not supported"), "{e}");

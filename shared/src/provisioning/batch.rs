@@ -41,7 +41,11 @@ pub fn read_records(records: &[SqsMessage]) -> Vec<Record> {
             let body = r.body.clone().unwrap_or_default();
             match PendingPodRef::parse(&body) {
                 Ok(pod) => Record::Pod { message_id, pod },
-                Err(error) => Record::Malformed { message_id, body, error },
+                Err(error) => Record::Malformed {
+                    message_id,
+                    body,
+                    error,
+                },
             }
         })
         .collect()
@@ -59,8 +63,16 @@ pub enum PodState {
 /// Matches references against the pods that are pending now (by uid, since a
 /// recreated pod of the same name is another pod).
 pub fn pod_state(reference: &PendingPodRef, pending: &BTreeSet<(String, String, String)>) -> PodState {
-    let key = (reference.namespace.clone(), reference.name.clone(), reference.uid.clone());
-    if pending.contains(&key) { PodState::Pending } else { PodState::Gone }
+    let key = (
+        reference.namespace.clone(),
+        reference.name.clone(),
+        reference.uid.clone(),
+    );
+    if pending.contains(&key) {
+        PodState::Pending
+    } else {
+        PodState::Gone
+    }
 }
 
 /// The (namespace, name, uid) of each pod, for [`pod_state`].
@@ -68,7 +80,11 @@ pub fn pod_keys(pods: &[Pod]) -> BTreeSet<(String, String, String)> {
     pods.iter()
         .map(|p| {
             let m = &p.metadata;
-            (m.namespace.clone().unwrap_or_else(|| "default".into()), m.name.clone().unwrap_or_default(), m.uid.clone().unwrap_or_default())
+            (
+                m.namespace.clone().unwrap_or_else(|| "default".into()),
+                m.name.clone().unwrap_or_default(),
+                m.uid.clone().unwrap_or_default(),
+            )
         })
         .collect()
 }
@@ -78,7 +94,10 @@ pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
     let mut by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
     for p in pods {
         if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            let finished = matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+            let finished = matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
             if !finished {
                 by_node.entry(n).or_default().push(p.clone());
             }
@@ -97,8 +116,10 @@ pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
 /// NodeClaims whose capacity is not yet a node: a claim that registered
 /// (its provider id or node name matches a node) is counted as that node.
 pub fn in_flight(claims: Vec<NodeClaim>, nodes: &[ExistingNode]) -> Vec<NodeClaim> {
-    let provider_ids: BTreeSet<&str> =
-        nodes.iter().filter_map(|n| n.node.spec.as_ref().and_then(|s| s.provider_id.as_deref())).collect();
+    let provider_ids: BTreeSet<&str> = nodes
+        .iter()
+        .filter_map(|n| n.node.spec.as_ref().and_then(|s| s.provider_id.as_deref()))
+        .collect();
     let names: BTreeSet<&str> = nodes.iter().filter_map(|n| n.node.metadata.name.as_deref()).collect();
     claims
         .into_iter()
@@ -123,10 +144,22 @@ mod tests {
     #[test]
     fn malformed_records_do_not_spoil_the_batch() {
         let good = r#"{"namespace":"default","name":"web-1","uid":"u1","resourceVersion":"7"}"#;
-        let recs = read_records(&[msg("a", good), msg("b", "not json"), msg("c", r#"{"namespace":"default"}"#), msg("d", good)]);
+        let recs = read_records(&[
+            msg("a", good),
+            msg("b", "not json"),
+            msg("c", r#"{"namespace":"default"}"#),
+            msg("d", good),
+        ]);
         let kinds: Vec<bool> = recs.iter().map(|r| matches!(r, Record::Pod { .. })).collect();
         assert_eq!(kinds, vec![true, false, false, true]);
-        let Record::Malformed { message_id, body, error } = &recs[1] else { panic!("b is malformed") };
+        let Record::Malformed {
+            message_id,
+            body,
+            error,
+        } = &recs[1]
+        else {
+            panic!("b is malformed")
+        };
         assert_eq!((message_id.as_str(), body.as_str()), ("b", "not json"));
         assert!(!error.to_string().is_empty());
     }
@@ -138,7 +171,12 @@ mod tests {
         pod.metadata.name = Some("web-1".into());
         pod.metadata.uid = Some("u2".into());
         let keys = pod_keys(&[pod]);
-        let r = |uid: &str| PendingPodRef { namespace: "default".into(), name: "web-1".into(), uid: uid.into(), resource_version: "1".into() };
+        let r = |uid: &str| PendingPodRef {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            uid: uid.into(),
+            resource_version: "1".into(),
+        };
         assert_eq!(pod_state(&r("u2"), &keys), PodState::Pending);
         assert_eq!(pod_state(&r("u1"), &keys), PodState::Gone);
     }
@@ -158,7 +196,10 @@ mod tests {
     fn registered_claims_count_as_their_nodes() {
         let mut node = Node::default();
         node.metadata.name = Some("ip-10-0-0-1.ec2.internal".into());
-        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec { provider_id: Some("aws:///us-east-1a/i-1".into()), ..Default::default() });
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some("aws:///us-east-1a/i-1".into()),
+            ..Default::default()
+        });
         let nodes = existing_nodes(vec![node], &[]);
         let claims = vec![
             claim("a", Phase::Pending, None),
@@ -176,8 +217,14 @@ mod tests {
         node.metadata.name = Some("n1".into());
         let pod = |phase: &str| {
             let mut p = Pod::default();
-            p.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: Some("n1".into()), ..Default::default() });
-            p.status = Some(k8s_openapi::api::core::v1::PodStatus { phase: Some(phase.into()), ..Default::default() });
+            p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+                node_name: Some("n1".into()),
+                ..Default::default()
+            });
+            p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            });
             p
         };
         let nodes = existing_nodes(vec![node], &[pod("Running"), pod("Succeeded"), pod("Failed")]);

@@ -50,7 +50,9 @@ impl ProvisionConfig {
             .map_err(|_| ProvisionError::Config("NODESMITH_LAUNCH_QUEUE_URL is not set".into()))?;
         Ok(ProvisionConfig {
             launch_queue_url,
-            dead_letter_queue_url: std::env::var("NODESMITH_PENDING_DLQ_URL").ok().filter(|s| !s.is_empty()),
+            dead_letter_queue_url: std::env::var("NODESMITH_PENDING_DLQ_URL")
+                .ok()
+                .filter(|s| !s.is_empty()),
             ..ProvisionConfig::new("")
         })
     }
@@ -136,7 +138,12 @@ pub struct Provisioner<C> {
 impl<C: Cluster> Provisioner<C> {
     /// Wires the function.
     pub fn new(cluster: C, store: StateStore, sqs: aws_sdk_sqs::Client, config: ProvisionConfig) -> Self {
-        Provisioner { cluster, store, sqs, config }
+        Provisioner {
+            cluster,
+            store,
+            sqs,
+            config,
+        }
     }
 
     /// Handles one SQS batch; never fails as a whole because of one record.
@@ -147,7 +154,11 @@ impl<C: Cluster> Provisioner<C> {
         for r in records {
             match r {
                 Record::Pod { message_id, pod } => refs.push((message_id, pod)),
-                Record::Malformed { message_id, body, error } => {
+                Record::Malformed {
+                    message_id,
+                    body,
+                    error,
+                } => {
                     outcome.malformed += 1;
                     tracing::error!(%message_id, %error, "rejecting malformed pending-pod message");
                     if !self.dead_letter(&body, &error.to_string()).await {
@@ -170,11 +181,24 @@ impl<C: Cluster> Provisioner<C> {
     }
 
     async fn dead_letter(&self, body: &str, error: &str) -> bool {
-        let Some(url) = &self.config.dead_letter_queue_url else { return false };
-        let Ok(reason) = aws_sdk_sqs::types::MessageAttributeValue::builder().data_type("String").string_value(error).build() else {
+        let Some(url) = &self.config.dead_letter_queue_url else {
             return false;
         };
-        let sent = self.sqs.send_message().queue_url(url).message_body(body).message_attributes("error", reason).send().await;
+        let Ok(reason) = aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(error)
+            .build()
+        else {
+            return false;
+        };
+        let sent = self
+            .sqs
+            .send_message()
+            .queue_url(url)
+            .message_body(body)
+            .message_attributes("error", reason)
+            .send()
+            .await;
         match sent {
             Ok(_) => true,
             Err(e) => {
@@ -188,7 +212,11 @@ impl<C: Cluster> Provisioner<C> {
         let deadline = now_ms() + self.config.lease_wait.as_millis() as i64;
         loop {
             let ttl = self.config.lease_ttl.as_millis() as i64;
-            if let Some(lease) = self.store.acquire_lease(LEASE, &self.config.holder, ttl, now_ms()).await? {
+            if let Some(lease) = self
+                .store
+                .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
+                .await?
+            {
                 return Ok(lease);
             }
             if now_ms() >= deadline {
@@ -198,7 +226,11 @@ impl<C: Cluster> Provisioner<C> {
         }
     }
 
-    async fn solve_and_record(&self, refs: &[(String, crate::messages::PendingPodRef)], outcome: &mut Outcome) -> Result<(), ProvisionError> {
+    async fn solve_and_record(
+        &self,
+        refs: &[(String, crate::messages::PendingPodRef)],
+        outcome: &mut Outcome,
+    ) -> Result<(), ProvisionError> {
         let lease = self.acquire().await?;
         let result = self.solve_under(&lease, refs, outcome).await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
@@ -207,7 +239,12 @@ impl<C: Cluster> Provisioner<C> {
         result
     }
 
-    async fn solve_under(&self, lease: &Lease, refs: &[(String, crate::messages::PendingPodRef)], outcome: &mut Outcome) -> Result<(), ProvisionError> {
+    async fn solve_under(
+        &self,
+        lease: &Lease,
+        refs: &[(String, crate::messages::PendingPodRef)],
+        outcome: &mut Outcome,
+    ) -> Result<(), ProvisionError> {
         let pending = self.cluster.pending_pods().await?;
         let keys = batch::pod_keys(&pending);
         for (_, r) in refs {
@@ -227,7 +264,11 @@ impl<C: Cluster> Provisioner<C> {
             .unavailable_offerings(now_secs())
             .await?
             .into_iter()
-            .map(|u| UnavailableOffering { instance_type: u.key.instance_type, zone: u.key.zone, capacity_type: u.key.capacity_type })
+            .map(|u| UnavailableOffering {
+                instance_type: u.key.instance_type,
+                zone: u.key.zone,
+                capacity_type: u.key.capacity_type,
+            })
             .collect();
         let node_classes = self.cluster.node_classes().await?;
         let mut input = SolveInput::new(&catalog);
@@ -251,7 +292,11 @@ impl<C: Cluster> Provisioner<C> {
             "solved"
         );
         outcome.placed_on_existing = plan.existing.iter().map(|e| e.pods.len()).sum();
-        outcome.unschedulable = plan.unschedulable.iter().map(|u| (u.pod.to_string(), u.reason.clone())).collect();
+        outcome.unschedulable = plan
+            .unschedulable
+            .iter()
+            .map(|u| (u.pod.to_string(), u.reason.clone()))
+            .collect();
 
         let now = jiff::Timestamp::now().to_string();
         let new_claims: Vec<NodeClaim> = plan
@@ -263,13 +308,23 @@ impl<C: Cluster> Provisioner<C> {
                 claim
             })
             .collect();
-        let created = self.store.create_node_claims_fenced(lease, &new_claims, now_ms()).await?;
+        let created = self
+            .store
+            .create_node_claims_fenced(lease, &new_claims, now_ms())
+            .await?;
         let requests: Vec<LaunchRequest> = created
             .iter()
-            .filter_map(|c| node_classes.iter().find(|nc| nc.name() == c.node_class).map(|nc| LaunchRequest::new(&c.name, nc)))
+            .filter_map(|c| {
+                node_classes
+                    .iter()
+                    .find(|nc| nc.name() == c.node_class)
+                    .map(|nc| LaunchRequest::new(&c.name, nc))
+            })
             .collect();
         if requests.len() < created.len() {
-            tracing::error!("a NodeClaim names an EC2NodeClass that does not exist; it stays Pending until the class appears");
+            tracing::error!(
+                "a NodeClaim names an EC2NodeClass that does not exist; it stays Pending until the class appears"
+            );
         }
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         outcome.created = created;
@@ -280,11 +335,17 @@ impl<C: Cluster> Provisioner<C> {
     /// Pending claim nobody launches: queue it again (CreateFleet's client
     /// token makes a second launch of the same claim a no-op).
     async fn relaunch_stale(&self, claims: &[NodeClaim]) -> Result<(), ProvisionError> {
-        let cutoff = jiff::Timestamp::now() - jiff::SignedDuration::try_from(self.config.relaunch_after).unwrap_or_default();
+        let cutoff =
+            jiff::Timestamp::now() - jiff::SignedDuration::try_from(self.config.relaunch_after).unwrap_or_default();
         let stale: Vec<&NodeClaim> = claims
             .iter()
             .filter(|c| c.phase == Phase::Pending)
-            .filter(|c| c.timestamps.get("created").and_then(|t| t.parse::<jiff::Timestamp>().ok()).is_some_and(|t| t < cutoff))
+            .filter(|c| {
+                c.timestamps
+                    .get("created")
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .is_some_and(|t| t < cutoff)
+            })
             .collect();
         if stale.is_empty() {
             return Ok(());
@@ -292,9 +353,17 @@ impl<C: Cluster> Provisioner<C> {
         let classes = self.cluster.node_classes().await?;
         let requests: Vec<LaunchRequest> = stale
             .iter()
-            .filter_map(|c| classes.iter().find(|nc| nc.name() == c.node_class).map(|nc| LaunchRequest::new(&c.name, nc)))
+            .filter_map(|c| {
+                classes
+                    .iter()
+                    .find(|nc| nc.name() == c.node_class)
+                    .map(|nc| LaunchRequest::new(&c.name, nc))
+            })
             .collect();
-        tracing::warn!(claims = requests.len(), "re-queueing launches of stale Pending NodeClaims");
+        tracing::warn!(
+            claims = requests.len(),
+            "re-queueing launches of stale Pending NodeClaims"
+        );
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         Ok(())
     }
@@ -303,6 +372,8 @@ impl<C: Cluster> Provisioner<C> {
         if let Some(c) = self.store.get_catalog().await? {
             return Ok(c);
         }
-        catalog::builtin().map(Clone::clone).map_err(|e| ProvisionError::Catalog(e.to_string()))
+        catalog::builtin()
+            .map(Clone::clone)
+            .map_err(|e| ProvisionError::Catalog(e.to_string()))
     }
 }

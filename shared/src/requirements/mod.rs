@@ -91,11 +91,15 @@ impl Requirement {
         let vals: BTreeSet<String> = values.iter().map(|v| v.as_ref().to_string()).collect();
         let int = |op| -> Result<i64, RequirementError> {
             match values {
-                [v] => v.as_ref().trim().parse::<i64>().map_err(|_| RequirementError::NotOneInteger {
-                    key: key.clone(),
-                    op,
-                    values: values.iter().map(|v| v.as_ref().to_string()).collect(),
-                }),
+                [v] => v
+                    .as_ref()
+                    .trim()
+                    .parse::<i64>()
+                    .map_err(|_| RequirementError::NotOneInteger {
+                        key: key.clone(),
+                        op,
+                        values: values.iter().map(|v| v.as_ref().to_string()).collect(),
+                    }),
                 _ => Err(RequirementError::NotOneInteger {
                     key: key.clone(),
                     op,
@@ -165,7 +169,10 @@ impl Requirement {
 
     /// `key DoesNotExist`.
     pub fn does_not_exist(key: &str) -> Self {
-        Requirement { complement: false, ..Requirement::exists(key) }
+        Requirement {
+            complement: false,
+            ..Requirement::exists(key)
+        }
     }
 
     /// Sets minValues.
@@ -256,7 +263,14 @@ impl Requirement {
             (false, true) => (false, self.values.difference(&other.values).cloned().collect()),
             (false, false) => (false, self.values.intersection(&other.values).cloned().collect()),
         };
-        let mut r = Requirement { key: self.key.clone(), complement, values, greater_than, less_than, min_values };
+        let mut r = Requirement {
+            key: self.key.clone(),
+            complement,
+            values,
+            greater_than,
+            less_than,
+            min_values,
+        };
         if !r.complement {
             // A finite set absorbs its bounds.
             let values = r.values.iter().filter(|v| r.within_bounds(v)).cloned().collect();
@@ -264,7 +278,13 @@ impl Requirement {
             r.greater_than = None;
             r.less_than = None;
         } else if r.bounds_empty() {
-            r = Requirement { complement: false, values: BTreeSet::new(), greater_than: None, less_than: None, ..r };
+            r = Requirement {
+                complement: false,
+                values: BTreeSet::new(),
+                greater_than: None,
+                less_than: None,
+                ..r
+            };
         }
         r
     }
@@ -278,7 +298,10 @@ impl Requirement {
         if self.greater_than.is_some() || self.less_than.is_some() {
             let start = self.greater_than.map_or(0, |g| g.saturating_add(1));
             let end = self.less_than.unwrap_or(i64::MAX);
-            return (start..end).take(10_000).map(|n| n.to_string()).find(|v| !self.values.contains(v));
+            return (start..end)
+                .take(10_000)
+                .map(|n| n.to_string())
+                .find(|v| !self.values.contains(v));
         }
         None
     }

@@ -13,10 +13,22 @@ use Operator::*;
 
 #[test]
 fn builds_from_manifest_form() {
-    assert!(matches!(Requirement::new("k", In, &[] as &[&str]), Err(RequirementError::InWithoutValues { .. })));
-    assert!(matches!(Requirement::new("k", Exists, &["a"]), Err(RequirementError::UnexpectedValues { .. })));
-    assert!(matches!(Requirement::new("k", Gt, &["a"]), Err(RequirementError::NotOneInteger { .. })));
-    assert!(matches!(Requirement::new("k", Lt, &["1", "2"]), Err(RequirementError::NotOneInteger { .. })));
+    assert!(matches!(
+        Requirement::new("k", In, &[] as &[&str]),
+        Err(RequirementError::InWithoutValues { .. })
+    ));
+    assert!(matches!(
+        Requirement::new("k", Exists, &["a"]),
+        Err(RequirementError::UnexpectedValues { .. })
+    ));
+    assert!(matches!(
+        Requirement::new("k", Gt, &["a"]),
+        Err(RequirementError::NotOneInteger { .. })
+    ));
+    assert!(matches!(
+        Requirement::new("k", Lt, &["1", "2"]),
+        Err(RequirementError::NotOneInteger { .. })
+    ));
     assert_eq!(req("beta.kubernetes.io/arch", In, &["amd64"]).key, "kubernetes.io/arch");
 }
 
@@ -143,7 +155,10 @@ fn compatibility_table() {
     }
     // Without the well-known allowance, undefined zone is rejected.
     let pod = reqs(&[("topology.kubernetes.io/zone", In, &["us-east-1a"])]);
-    assert!(matches!(pool.compatible(&pod, false), Err(Incompatible::Undefined { .. })));
+    assert!(matches!(
+        pool.compatible(&pod, false),
+        Err(Incompatible::Undefined { .. })
+    ));
 }
 
 #[test]
@@ -157,7 +172,12 @@ fn both_excluding_requirements_intersect() {
 
 #[test]
 fn label_matching() {
-    let r = reqs(&[("a", In, &["1"]), ("b", NotIn, &["x"]), ("c", DoesNotExist, &[]), ("d", Gt, &["3"])]);
+    let r = reqs(&[
+        ("a", In, &["1"]),
+        ("b", NotIn, &["x"]),
+        ("c", DoesNotExist, &[]),
+        ("d", Gt, &["3"]),
+    ]);
     let labels = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     assert!(r.matches_labels(&labels(&[("a", "1"), ("d", "4")])));
     assert!(!r.matches_labels(&labels(&[("a", "1"), ("d", "3")])));
@@ -173,7 +193,10 @@ fn unmet_min_values_reports_shortfall() {
     for q in r.iter() {
         r2.add(q.clone().with_min_values(Some(3)));
     }
-    assert_eq!(r2.unmet_min_values(|_| 2), vec![("node.kubernetes.io/instance-type".to_string(), 3, 2)]);
+    assert_eq!(
+        r2.unmet_min_values(|_| 2),
+        vec![("node.kubernetes.io/instance-type".to_string(), 3, 2)]
+    );
     assert!(r2.unmet_min_values(|_| 3).is_empty());
 }
 

@@ -112,8 +112,12 @@ impl Claim {
 
     /// True when a spread group's node filter admits this claim.
     pub fn passes(&self, f: &NodeFilter, pool: &Pool) -> bool {
-        f.terms.as_ref().is_none_or(|ts| ts.iter().any(|t| self.reqs.intersects(t).is_ok()))
-            && f.tolerations.as_ref().is_none_or(|t| super::pod::tolerates_all(t, &pool.taints, true).is_ok())
+        f.terms
+            .as_ref()
+            .is_none_or(|ts| ts.iter().any(|t| self.reqs.intersects(t).is_ok()))
+            && f.tolerations
+                .as_ref()
+                .is_none_or(|t| super::pod::tolerates_all(t, &pool.taints, true).is_ok())
     }
 
     /// Applies an update with the pod's requests and ports.
@@ -140,17 +144,29 @@ impl Claim {
         let p = m.pod(pi);
         let pool = &m.pools[self.pool];
         let mono = Fail { monotone: true };
-        if self.used.iter().zip(&p.req).zip(&self.max_avail).any(|((u, r), m)| *r > 0 && u + r > *m) {
+        if self
+            .used
+            .iter()
+            .zip(&p.req)
+            .zip(&self.max_avail)
+            .any(|((u, r), m)| *r > 0 && u + r > *m)
+        {
             return Err(mono);
         }
         for g in &a.groups {
             let group = &m.groups.list[*g];
-            if group.hostname && !cx.counts.allows(group, *g, p.counts_in.binary_search(g).is_ok(), Some(self.host)) {
+            if group.hostname
+                && !cx
+                    .counts
+                    .allows(group, *g, p.counts_in.binary_search(g).is_ok(), Some(self.host))
+            {
                 // On its own hostname a node's count only grows, and the
                 // minimum over hostnames is always zero (a new node): spread
                 // and anti-affinity failures here are permanent.
                 let permanent = !matches!(group.id.kind, GroupKind::Affinity);
-                return Err(Fail { monotone: permanent || p.monotone });
+                return Err(Fail {
+                    monotone: permanent || p.monotone,
+                });
             }
         }
         for g in &p.inverse {
@@ -159,10 +175,16 @@ impl Claim {
             }
         }
         let used = dense::plus(&self.used, &p.req);
-        if !pool.taints.is_empty() && super::pod::tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
+        if !pool.taints.is_empty()
+            && super::pod::tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err()
+        {
             return Err(mono);
         }
-        if p.model.host_ports.iter().any(|h| self.ports.iter().any(|o| h.conflicts(o))) {
+        if p.model
+            .host_ports
+            .iter()
+            .any(|h| self.ports.iter().any(|o| h.conflicts(o)))
+        {
             return Err(mono);
         }
         let mut fail = mono;
@@ -179,7 +201,11 @@ impl Claim {
                     reqs = Cow::Owned(r);
                 }
             }
-            let mut changed: Vec<String> = if matches!(reqs, Cow::Owned(_)) { term.keys().cloned().collect() } else { Vec::new() };
+            let mut changed: Vec<String> = if matches!(reqs, Cow::Owned(_)) {
+                term.keys().cloned().collect()
+            } else {
+                Vec::new()
+            };
             match self.pin(cx, pi, a, reqs, &mut changed, &used) {
                 Ok((reqs, options)) => {
                     let reqs = match reqs {
@@ -196,17 +222,37 @@ impl Claim {
 
     /// Gives the claim one domain for every topology key the pod relates to,
     /// then filters the options.
-    fn pin<'r>(&self, cx: &Ctx, pi: usize, a: &Active, mut reqs: Cow<'r, Requirements>, changed: &mut Vec<String>, used: &Vector) -> Result<(Cow<'r, Requirements>, Option<Vec<u32>>), Fail> {
+    fn pin<'r>(
+        &self,
+        cx: &Ctx,
+        pi: usize,
+        a: &Active,
+        mut reqs: Cow<'r, Requirements>,
+        changed: &mut Vec<String>,
+        used: &Vector,
+    ) -> Result<(Cow<'r, Requirements>, Option<Vec<u32>>), Fail> {
         let m = cx.m;
         let p = m.pod(pi);
         let pool = &m.pools[self.pool];
         let topo = Fail { monotone: p.monotone };
         for key in &p.pin_keys {
-            let owned: Vec<usize> = a.groups.iter().copied().filter(|g| &m.groups.list[*g].id.key == key).collect();
-            let inverse: Vec<usize> = p.inverse.iter().copied().filter(|g| &m.groups.list[*g].id.key == key).collect();
+            let owned: Vec<usize> = a
+                .groups
+                .iter()
+                .copied()
+                .filter(|g| &m.groups.list[*g].id.key == key)
+                .collect();
+            let inverse: Vec<usize> = p
+                .inverse
+                .iter()
+                .copied()
+                .filter(|g| &m.groups.list[*g].id.key == key)
+                .collect();
             let allowed = |d: Option<DomainId>| {
-                owned.iter().all(|g| cx.counts.allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), d))
-                    && inverse.iter().all(|g| cx.counts.inverse_allows(*g, d))
+                owned.iter().all(|g| {
+                    cx.counts
+                        .allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), d)
+                }) && inverse.iter().all(|g| cx.counts.inverse_allows(*g, d))
             };
             let current = reqs.get(key);
             if let Some(v) = single(current) {
@@ -219,7 +265,13 @@ impl Claim {
             }
             let pinnable = current.is_some() || labels::is_well_known(key);
             let known: Vec<DomainId> = if pinnable {
-                m.key_domains.get(key).into_iter().flatten().copied().filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d)))).collect()
+                m.key_domains
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d))))
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -245,9 +297,20 @@ impl Claim {
                 if opts.is_empty() {
                     continue;
                 }
-                let spread: i64 = owned.iter().filter(|g| matches!(m.groups.list[**g].id.kind, GroupKind::Spread { .. })).map(|g| cx.counts.count(*g, d) as i64).sum();
-                let aff: i64 = owned.iter().filter(|g| m.groups.list[**g].id.kind == GroupKind::Affinity).map(|g| cx.counts.count(*g, d) as i64).sum();
-                let price = opts.iter().map(|t| cheapest(&pool.types[*t as usize].offerings, &r).map_or(f64::INFINITY, |o| o.price)).fold(f64::INFINITY, f64::min);
+                let spread: i64 = owned
+                    .iter()
+                    .filter(|g| matches!(m.groups.list[**g].id.kind, GroupKind::Spread { .. }))
+                    .map(|g| cx.counts.count(*g, d) as i64)
+                    .sum();
+                let aff: i64 = owned
+                    .iter()
+                    .filter(|g| m.groups.list[**g].id.kind == GroupKind::Affinity)
+                    .map(|g| cx.counts.count(*g, d) as i64)
+                    .sum();
+                let price = opts
+                    .iter()
+                    .map(|t| cheapest(&pool.types[*t as usize].offerings, &r).map_or(f64::INFINITY, |o| o.price))
+                    .fold(f64::INFINITY, f64::min);
                 let score = (spread, -aff, (price * 1e6) as u64, d);
                 if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
                     best = Some((score, r, opts));
@@ -264,7 +327,9 @@ impl Claim {
         }
         let opts = self.filter(pool, &reqs, changed, used);
         if opts.is_empty() {
-            return Err(Fail { monotone: p.pin_keys.is_empty() || p.monotone });
+            return Err(Fail {
+                monotone: p.pin_keys.is_empty() || p.monotone,
+            });
         }
         if pool.has_min_values && !min_values_met(pool, &reqs, &opts) {
             return Err(Fail { monotone: true });
@@ -289,7 +354,9 @@ impl Claim {
 
 /// The single value a requirement pins, if it pins one.
 pub fn single(r: Option<&Requirement>) -> Option<&str> {
-    r.filter(|r| !r.complement && r.values.len() == 1).and_then(|r| r.values.iter().next()).map(String::as_str)
+    r.filter(|r| !r.complement && r.values.len() == 1)
+        .and_then(|r| r.values.iter().next())
+        .map(String::as_str)
 }
 
 /// The cheapest offering that satisfies the zone and capacity-type requirements.
@@ -305,22 +372,31 @@ pub fn cheapest<'o>(offerings: &'o [Offering], reqs: &Requirements) -> Option<&'
 /// True when the options keep at least minValues distinct values for every
 /// requirement that sets it.
 pub fn min_values_met(pool: &Pool, reqs: &Requirements, opts: &[u32]) -> bool {
-    reqs.iter().filter_map(|r| r.min_values.map(|m| (r, m))).all(|(r, min)| {
-        let mut seen = std::collections::BTreeSet::new();
-        for t in opts {
-            let ty = &pool.types[*t as usize];
-            match r.key.as_str() {
-                labels::ZONE => seen.extend(ty.offerings.iter().filter(|o| r.has(&o.zone)).map(|o| o.zone.as_str())),
-                labels::CAPACITY_TYPE => seen.extend(ty.offerings.iter().filter(|o| r.has(&o.capacity_type)).map(|o| o.capacity_type.as_str())),
-                k => {
-                    if let Some(v) = ty.labels.get(k).filter(|v| r.has(v)) {
-                        seen.insert(v.as_str());
-                    } else if !instance_defined(k) {
-                        return true;
+    reqs.iter()
+        .filter_map(|r| r.min_values.map(|m| (r, m)))
+        .all(|(r, min)| {
+            let mut seen = std::collections::BTreeSet::new();
+            for t in opts {
+                let ty = &pool.types[*t as usize];
+                match r.key.as_str() {
+                    labels::ZONE => {
+                        seen.extend(ty.offerings.iter().filter(|o| r.has(&o.zone)).map(|o| o.zone.as_str()))
+                    }
+                    labels::CAPACITY_TYPE => seen.extend(
+                        ty.offerings
+                            .iter()
+                            .filter(|o| r.has(&o.capacity_type))
+                            .map(|o| o.capacity_type.as_str()),
+                    ),
+                    k => {
+                        if let Some(v) = ty.labels.get(k).filter(|v| r.has(v)) {
+                            seen.insert(v.as_str());
+                        } else if !instance_defined(k) {
+                            return true;
+                        }
                     }
                 }
             }
-        }
-        seen.len() >= min
-    })
+            seen.len() >= min
+        })
 }

@@ -24,7 +24,11 @@ pub fn daemon_pod(ds: &DaemonSet) -> Option<Pod> {
     let mut meta = spec.template.metadata.clone().unwrap_or_default();
     meta.namespace = ds.metadata.namespace.clone().or_else(|| Some("default".into()));
     meta.name = ds.metadata.name.clone();
-    Some(Pod { metadata: meta, spec: spec.template.spec.clone(), status: None })
+    Some(Pod {
+        metadata: meta,
+        spec: spec.template.spec.clone(),
+        status: None,
+    })
 }
 
 /// Models every DaemonSet; ones whose pod cannot be modelled are skipped
@@ -33,7 +37,11 @@ pub fn daemons(list: &[DaemonSet]) -> (Vec<Daemon>, Vec<String>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     for ds in list {
-        let name = format!("{}/{}", ds.metadata.namespace.as_deref().unwrap_or("default"), ds.metadata.name.as_deref().unwrap_or_default());
+        let name = format!(
+            "{}/{}",
+            ds.metadata.namespace.as_deref().unwrap_or("default"),
+            ds.metadata.name.as_deref().unwrap_or_default()
+        );
         match daemon_pod(ds).map(|p| PodModel::from_pod(&p)) {
             Some(Ok(pod)) => out.push(Daemon { name, pod }),
             Some(Err(e)) => skipped.push(format!("daemonset {name}: spec.template.{e}")),

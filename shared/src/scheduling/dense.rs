@@ -20,7 +20,9 @@ impl ResourceTable {
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
         let fixed = [resources::CPU, resources::MEMORY, resources::PODS];
         let rest: BTreeSet<&str> = names.into_iter().filter(|n| !fixed.contains(n)).collect();
-        ResourceTable { names: fixed.iter().copied().chain(rest).map(str::to_string).collect() }
+        ResourceTable {
+            names: fixed.iter().copied().chain(rest).map(str::to_string).collect(),
+        }
     }
 
     /// Number of resources.

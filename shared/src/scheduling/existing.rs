@@ -62,10 +62,17 @@ impl Existing {
         let name = n.node.metadata.name.clone().unwrap_or_default();
         let mut labels = n.node.metadata.labels.clone().unwrap_or_default();
         let hostname = labels.get(labels::HOSTNAME).cloned().unwrap_or_else(|| name.clone());
-        labels.entry(labels::HOSTNAME.to_string()).or_insert_with(|| name.clone());
+        labels
+            .entry(labels::HOSTNAME.to_string())
+            .or_insert_with(|| name.clone());
         labels.insert("metadata.name".to_string(), name.clone());
         let spec = n.node.spec.as_ref();
-        let taints = spec.and_then(|s| s.taints.as_ref()).into_iter().flatten().filter_map(taint_from_k8s).collect();
+        let taints = spec
+            .and_then(|s| s.taints.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(taint_from_k8s)
+            .collect();
         let status = n.node.status.as_ref();
         let alloc = resources_of(status.and_then(|s| s.allocatable.as_ref()));
         let mut capacity = resources_of(status.and_then(|s| s.capacity.as_ref()));
@@ -103,7 +110,10 @@ impl Existing {
         labels.extend(c.labels.clone());
         let options: Vec<&InstanceType> = match &c.instance_type {
             Some(t) => types.iter().filter(|it| &it.name == t).collect(),
-            None => types.iter().filter(|it| c.instance_type_options.contains(&it.name)).collect(),
+            None => types
+                .iter()
+                .filter(|it| c.instance_type_options.contains(&it.name))
+                .collect(),
         };
         if let [only] = options.as_slice() {
             labels.extend(only.labels.clone());
@@ -155,7 +165,11 @@ impl Existing {
 
     /// True when a spread group's node filter admits this node.
     pub fn passes(&self, f: &NodeFilter) -> bool {
-        f.terms.as_ref().is_none_or(|ts| ts.iter().any(|t| t.matches_labels(&self.labels)))
-            && f.tolerations.as_ref().is_none_or(|t| tolerates_all(t, &self.taints, true).is_ok())
+        f.terms
+            .as_ref()
+            .is_none_or(|ts| ts.iter().any(|t| t.matches_labels(&self.labels)))
+            && f.tolerations
+                .as_ref()
+                .is_none_or(|t| tolerates_all(t, &self.taints, true).is_ok())
     }
 }

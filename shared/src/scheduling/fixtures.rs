@@ -16,13 +16,24 @@ pub const ZONES: [&str; 3] = ["test-zone-a", "test-zone-b", "test-zone-c"];
 
 /// An instance type with allocatable equal to capacity, offered on demand in
 /// every zone at `od` and as spot at `spot` (when given).
-pub fn instance(name: &str, arch: &str, cpu: i64, mem_gib: i64, pods: i64, od: f64, spot: Option<f64>) -> InstanceTypeInfo {
+pub fn instance(
+    name: &str,
+    arch: &str,
+    cpu: i64,
+    mem_gib: i64,
+    pods: i64,
+    od: f64,
+    spot: Option<f64>,
+) -> InstanceTypeInfo {
     let family = name.split('.').next().unwrap_or(name).to_string();
     let mut lbls = BTreeMap::new();
     lbls.insert(labels::ARCH.to_string(), arch.to_string());
     lbls.insert(labels::OS.to_string(), "linux".to_string());
     lbls.insert(labels::aws::FAMILY.to_string(), family.clone());
-    lbls.insert(labels::aws::CATEGORY.to_string(), family.chars().next().map(String::from).unwrap_or_default());
+    lbls.insert(
+        labels::aws::CATEGORY.to_string(),
+        family.chars().next().map(String::from).unwrap_or_default(),
+    );
     lbls.insert(labels::aws::CPU.to_string(), cpu.to_string());
     lbls.insert(labels::aws::MEMORY.to_string(), (mem_gib * 1024).to_string());
     let capacity = Resources::from_pairs([
@@ -32,12 +43,30 @@ pub fn instance(name: &str, arch: &str, cpu: i64, mem_gib: i64, pods: i64, od: f
     ]);
     let mut offerings = Vec::new();
     for z in ZONES {
-        offerings.push(Offering { zone: z.into(), capacity_type: "on-demand".into(), price: od, available: true });
+        offerings.push(Offering {
+            zone: z.into(),
+            capacity_type: "on-demand".into(),
+            price: od,
+            available: true,
+        });
         if let Some(s) = spot {
-            offerings.push(Offering { zone: z.into(), capacity_type: "spot".into(), price: s, available: true });
+            offerings.push(Offering {
+                zone: z.into(),
+                capacity_type: "spot".into(),
+                price: s,
+                available: true,
+            });
         }
     }
-    InstanceTypeInfo { name: name.into(), labels: lbls, allocatable: Some(capacity.clone()), capacity, vcpus: cpu, eni_max_pods: pods, offerings }
+    InstanceTypeInfo {
+        name: name.into(),
+        labels: lbls,
+        allocatable: Some(capacity.clone()),
+        capacity,
+        vcpus: cpu,
+        eni_max_pods: pods,
+        offerings,
+    }
 }
 
 /// A small catalog: general, compute, memory, arm and GPU types.
@@ -66,14 +95,21 @@ pub fn catalog() -> Catalog {
 pub fn pool(name: &str, spec_yaml: &str) -> NodePool {
     let text = format!(
         "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata:\n  name: {name}\nspec:\n{}",
-        spec_yaml.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+        spec_yaml
+            .lines()
+            .map(|l| format!("  {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("bad pool fixture: {e}\n{text}"))
 }
 
 /// The default pool: any capacity type, the default node class.
 pub fn default_pool() -> NodePool {
-    pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [spot, on-demand]}")
+    pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [spot, on-demand]}",
+    )
 }
 
 /// A pod `default/<name>` with one container requesting cpu and memory,

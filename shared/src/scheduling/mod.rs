@@ -185,12 +185,23 @@ impl NewNodeClaim {
         // The claim is launched as one of its options: say so in its requirements.
         let mut reqs = self.requirements.clone();
         let min_values = reqs.get(crate::apis::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
-        reqs.add(crate::requirements::Requirement::in_values(crate::apis::labels::INSTANCE_TYPE, &self.instance_type_options).with_min_values(min_values));
+        reqs.add(
+            crate::requirements::Requirement::in_values(
+                crate::apis::labels::INSTANCE_TYPE,
+                &self.instance_type_options,
+            )
+            .with_min_values(min_values),
+        );
         let requirements = reqs
             .iter()
             .map(|r| {
                 let (key, operator, values) = r.to_manifest();
-                NodeSelectorRequirementWithMinValues { key, operator, values, min_values: r.min_values.map(|m| m as i64) }
+                NodeSelectorRequirementWithMinValues {
+                    key,
+                    operator,
+                    values,
+                    min_values: r.min_values.map(|m| m as i64),
+                }
             })
             .collect();
         NodeClaim {
@@ -238,7 +249,11 @@ pub struct Unschedulable {
 /// (unless disabled) searches for a cheaper packing; deterministic.
 pub fn solve(input: &SolveInput) -> Plan {
     let model = model::Model::build(input);
-    let plan = if input.options.improve { packing::best(&model) } else { scheduler::Run::new(&model, packing::Strategy::default()).schedule() };
+    let plan = if input.options.improve {
+        packing::best(&model)
+    } else {
+        scheduler::Run::new(&model, packing::Strategy::default()).schedule()
+    };
     plan.finish(&model)
 }
 

@@ -170,7 +170,15 @@ pub struct Model {
 /// type lacks the label), as opposed to keys the pool or offering defines.
 pub fn instance_defined(key: &str) -> bool {
     labels::is_well_known(key)
-        && !matches!(key, labels::ZONE | labels::CAPACITY_TYPE | labels::NODEPOOL | labels::EC2NODECLASS | labels::ZONE_ID | labels::REGION)
+        && !matches!(
+            key,
+            labels::ZONE
+                | labels::CAPACITY_TYPE
+                | labels::NODEPOOL
+                | labels::EC2NODECLASS
+                | labels::ZONE_ID
+                | labels::REGION
+        )
 }
 
 /// True when two requirements on one key can both hold, allocation-free in
@@ -198,7 +206,9 @@ impl TypeModel {
     pub fn offered(&self, reqs: &Requirements) -> bool {
         let z = reqs.get(labels::ZONE);
         let c = reqs.get(labels::CAPACITY_TYPE);
-        self.offerings.iter().any(|o| z.is_none_or(|r| r.has(&o.zone)) && c.is_none_or(|r| r.has(&o.capacity_type)))
+        self.offerings
+            .iter()
+            .any(|o| z.is_none_or(|r| r.has(&o.zone)) && c.is_none_or(|r| r.has(&o.capacity_type)))
     }
 
     /// True when every requirement holds for this type (offerings included).
@@ -229,7 +239,11 @@ impl Model {
         warnings.extend(skipped);
 
         // Model pods first: their resource names size the vectors.
-        let volumes = Volumes::new(&input.persistent_volumes, &input.persistent_volume_claims, &input.storage_classes);
+        let volumes = Volumes::new(
+            &input.persistent_volumes,
+            &input.persistent_volume_claims,
+            &input.storage_classes,
+        );
         let mut invalid = Vec::new();
         // Pods with identical constraints (replicas of one workload) share one
         // compiled shape, so 20,000 pods cost little more than their names.
@@ -240,7 +254,11 @@ impl Model {
             match PodModel::from_pod(p) {
                 Ok(m) => match volumes.requirements(&m) {
                     Ok(v) => {
-                        let terms = if v.is_empty() { m.node_terms.clone() } else { cross(&m.node_terms, &v) };
+                        let terms = if v.is_empty() {
+                            m.node_terms.clone()
+                        } else {
+                            cross(&m.node_terms, &v)
+                        };
                         let key = ShapeKey::of(&m, &terms);
                         let next = pending.len();
                         let idx = *shape_index.entry(key).or_insert(next);
@@ -266,12 +284,20 @@ impl Model {
         }
 
         let resolved: Vec<(String, Vec<InstanceType>)> = {
-            let mut classes: BTreeSet<String> = input.node_pools.iter().map(|p| p.spec.template.spec.node_class_ref.name.clone()).collect();
+            let mut classes: BTreeSet<String> = input
+                .node_pools
+                .iter()
+                .map(|p| p.spec.template.spec.node_class_ref.name.clone())
+                .collect();
             classes.extend(input.node_claims.iter().map(|c| c.node_class.clone()));
             classes
                 .into_iter()
                 .map(|c| {
-                    let kubelet: Option<&KubeletConfiguration> = input.node_classes.iter().find(|nc| nc.metadata.name.as_deref() == Some(c.as_str())).and_then(|nc| nc.spec.kubelet.as_ref());
+                    let kubelet: Option<&KubeletConfiguration> = input
+                        .node_classes
+                        .iter()
+                        .find(|nc| nc.metadata.name.as_deref() == Some(c.as_str()))
+                        .and_then(|nc| nc.spec.kubelet.as_ref());
                     (c, input.catalog.resolve(kubelet))
                 })
                 .collect()
@@ -291,11 +317,23 @@ impl Model {
             names.extend(p.spec.limits.keys().filter(|k| *k != "nodes").cloned());
         }
         for n in &input.nodes {
-            names.extend(n.node.status.as_ref().and_then(|s| s.allocatable.as_ref()).into_iter().flatten().map(|(k, _)| k.clone()));
+            names.extend(
+                n.node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocatable.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, _)| k.clone()),
+            );
         }
         let res = ResourceTable::new(names.iter().map(String::as_str));
 
-        let unavailable: BTreeSet<(&str, &str, &str)> = input.unavailable.iter().map(|u| (u.instance_type.as_str(), u.zone.as_str(), u.capacity_type.as_str())).collect();
+        let unavailable: BTreeSet<(&str, &str, &str)> = input
+            .unavailable
+            .iter()
+            .map(|u| (u.instance_type.as_str(), u.zone.as_str(), u.capacity_type.as_str()))
+            .collect();
 
         // Pools, highest weight first.
         let mut pool_list: Vec<&crate::apis::NodePool> = input.node_pools.iter().collect();
@@ -312,9 +350,16 @@ impl Model {
                 }
             };
             reqs.add(Requirement::in_values(labels::EC2NODECLASS, &[node_class.as_str()]));
-            let types_src = resolved.iter().find(|(c, _)| *c == node_class).map(|(_, t)| t.as_slice()).unwrap_or(&[]);
+            let types_src = resolved
+                .iter()
+                .find(|(c, _)| *c == node_class)
+                .map(|(_, t)| t.as_slice())
+                .unwrap_or(&[]);
             let taints = np.spec.template.spec.taints.clone();
-            let overhead_daemons: Vec<&Daemon> = daemons.iter().filter(|d| d.lands_on(&taints, |t| reqs.compatible(t, true).is_ok())).collect();
+            let overhead_daemons: Vec<&Daemon> = daemons
+                .iter()
+                .filter(|d| d.lands_on(&taints, |t| reqs.compatible(t, true).is_ok()))
+                .collect();
             let mut types = Vec::new();
             for it in types_src {
                 if let Some(t) = type_model(it, &reqs, &unavailable, &res, &overhead_daemons) {
@@ -325,7 +370,12 @@ impl Model {
             drop(overhead_daemons);
             let asks_accelerator = Pool::asks(&reqs);
             let has_min_values = reqs.iter().any(|r| r.min_values.is_some());
-            let limits = np.spec.limits.iter().filter_map(|(k, q)| res.index(k).map(|i| (i, q.milli()))).collect();
+            let limits = np
+                .spec
+                .limits
+                .iter()
+                .filter_map(|(k, q)| res.index(k).map(|i| (i, q.milli())))
+                .collect();
             let node_limit = np.spec.limits.get("nodes").map(|q| q.units_ceil());
             pools.push(Pool {
                 name: np.name().to_string(),
@@ -350,7 +400,11 @@ impl Model {
         let mut existing = Vec::new();
         for n in &input.nodes {
             let e = Existing::from_node(n, &res);
-            if let Some(pi) = e.pool.as_ref().and_then(|name| pools.iter().position(|p| &p.name == name)) {
+            if let Some(pi) = e
+                .pool
+                .as_ref()
+                .and_then(|name| pools.iter().position(|p| &p.name == name))
+            {
                 dense::add(&mut pools[pi].used, &e.capacity);
                 pools[pi].used_nodes += 1;
             }
@@ -362,14 +416,24 @@ impl Model {
             e.ports.extend(m.host_ports.iter().cloned());
         }
         for c in input.node_claims.iter().filter(|c| c.phase.holds_capacity()) {
-            let types = resolved.iter().find(|(n, _)| *n == c.node_class).map(|(_, t)| t.as_slice()).unwrap_or(&[]);
+            let types = resolved
+                .iter()
+                .find(|(n, _)| *n == c.node_class)
+                .map(|(_, t)| t.as_slice())
+                .unwrap_or(&[]);
             let mut e = Existing::from_claim(c, types, &res);
             // An in-flight claim's pods are still pending and this solve packs
             // them again (onto it first); only its DaemonSet pods are spoken for.
             e.used = res.zero();
-            let claim_reqs: Requirements =
-                c.requirements.iter().filter_map(|r| crate::requirements::Requirement::new(&r.key, r.operator, &r.values).ok()).collect();
-            for d in daemons.iter().filter(|d| d.lands_on(&c.taints, |t| claim_reqs.compatible(t, true).is_ok())) {
+            let claim_reqs: Requirements = c
+                .requirements
+                .iter()
+                .filter_map(|r| crate::requirements::Requirement::new(&r.key, r.operator, &r.values).ok())
+                .collect();
+            for d in daemons
+                .iter()
+                .filter(|d| d.lands_on(&c.taints, |t| claim_reqs.compatible(t, true).is_ok()))
+            {
                 dense::add(&mut e.used, &res.vector(d.requests()));
             }
             if let Some(pi) = pools.iter().position(|p| p.name == c.node_pool) {
@@ -389,41 +453,65 @@ impl Model {
         }
         let mut owned = Vec::new();
         for (m, terms) in &pending {
-            let mut o = Owned { required: vec![], pref_affinity: vec![], pref_anti: vec![], soft_spread: vec![] };
+            let mut o = Owned {
+                required: vec![],
+                pref_affinity: vec![],
+                pref_anti: vec![],
+                soft_spread: vec![],
+            };
             for s in &m.spreads {
                 let g = groups.spread(s, &m.pod.namespace, terms, &m.tolerations);
-                if s.required { o.required.push(g) } else { o.soft_spread.push(g) }
+                if s.required {
+                    o.required.push(g)
+                } else {
+                    o.soft_spread.push(g)
+                }
             }
             for t in &m.affinity {
                 o.required.push(groups.term(t, GroupKind::Affinity));
             }
             for t in &m.anti_affinity {
-                o.required.push(groups.term(t, GroupKind::AntiAffinity { required: true }));
+                o.required
+                    .push(groups.term(t, GroupKind::AntiAffinity { required: true }));
             }
             for (_, t) in &m.preferred_affinity {
                 o.pref_affinity.push(groups.term(t, GroupKind::Affinity));
             }
             for (_, t) in &m.preferred_anti_affinity {
-                o.pref_anti.push(groups.term(t, GroupKind::AntiAffinity { required: false }));
+                o.pref_anti
+                    .push(groups.term(t, GroupKind::AntiAffinity { required: false }));
             }
             owned.push(o);
         }
         let mut running_owned = Vec::new();
         for (_, m) in &running {
-            running_owned.push(m.anti_affinity.iter().map(|t| groups.term(t, GroupKind::AntiAffinity { required: true })).collect::<Vec<_>>());
+            running_owned.push(
+                m.anti_affinity
+                    .iter()
+                    .map(|t| groups.term(t, GroupKind::AntiAffinity { required: true }))
+                    .collect::<Vec<_>>(),
+            );
         }
 
         // Domains: every value a topology key can take.
         let mut domains = Domains::default();
         let mut key_domains: HashMap<String, Vec<super::topology::DomainId>> = HashMap::new();
-        let keys: BTreeSet<String> = groups.list.iter().filter(|g| !g.hostname).map(|g| g.id.key.clone()).collect();
+        let keys: BTreeSet<String> = groups
+            .list
+            .iter()
+            .filter(|g| !g.hostname)
+            .map(|g| g.id.key.clone())
+            .collect();
         for key in &keys {
             let vals = domain_values(key, &pools, &existing, None);
             key_domains.insert(key.clone(), vals.iter().map(|v| domains.intern(v)).collect());
         }
         for e in existing.iter_mut() {
             e.host = domains.intern(&format!("node:{}", e.hostname));
-            e.domains = keys.iter().map(|k| (k.clone(), e.labels.get(k).map(|v| domains.intern(v)))).collect();
+            e.domains = keys
+                .iter()
+                .map(|k| (k.clone(), e.labels.get(k).map(|v| domains.intern(v))))
+                .collect();
         }
         for g in 0..groups.list.len() {
             let group = &groups.list[g];
@@ -433,7 +521,14 @@ impl Model {
             let vals = domain_values(&group.id.key, &pools, &existing, group.id.filter.tolerations.as_deref());
             let universe = vals
                 .iter()
-                .filter(|v| group.id.filter.terms.as_ref().is_none_or(|ts| ts.iter().any(|t| t.get(&group.id.key).is_none_or(|r| r.has(v)))))
+                .filter(|v| {
+                    group
+                        .id
+                        .filter
+                        .terms
+                        .as_ref()
+                        .is_none_or(|ts| ts.iter().any(|t| t.get(&group.id.key).is_none_or(|r| r.has(v))))
+                })
                 .filter_map(|v| domains.get(v))
                 .collect();
             groups.list[g].universe = universe;
@@ -444,7 +539,10 @@ impl Model {
         let mut match_cache: HashMap<(String, BTreeMap<String, String>), Vec<GroupId>> = HashMap::new();
         for ((ni, m), anti) in running.iter().zip(&running_owned) {
             let e = &existing[*ni];
-            let matching = match_cache.entry((m.pod.namespace.clone(), m.labels.clone())).or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels)).clone();
+            let matching = match_cache
+                .entry((m.pod.namespace.clone(), m.labels.clone()))
+                .or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels))
+                .clone();
             for g in matching {
                 let group = &groups.list[g];
                 if e.passes(&group.id.filter) {
@@ -463,11 +561,30 @@ impl Model {
         // Pending shapes compiled; pods sorted first-fit-decreasing.
         let mut shapes = Vec::new();
         for (si, ((m, terms), o)) in pending.into_iter().zip(owned).enumerate() {
-            let counts_in = match_cache.entry((m.pod.namespace.clone(), m.labels.clone())).or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels)).clone();
-            let inverse: Vec<GroupId> = counts_in.iter().copied().filter(|g| groups.list[*g].id.kind == GroupKind::AntiAffinity { required: true }).collect();
-            let all_owned = o.required.iter().chain(&o.pref_affinity).chain(&o.pref_anti).chain(&o.soft_spread);
-            let pin_keys: BTreeSet<String> = all_owned.clone().chain(&counts_in).filter(|g| !groups.list[**g].hostname).map(|g| groups.list[*g].id.key.clone()).collect();
-            let monotone = all_owned.clone().all(|g| matches!(groups.list[*g].id.kind, GroupKind::AntiAffinity { .. }));
+            let counts_in = match_cache
+                .entry((m.pod.namespace.clone(), m.labels.clone()))
+                .or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels))
+                .clone();
+            let inverse: Vec<GroupId> = counts_in
+                .iter()
+                .copied()
+                .filter(|g| groups.list[*g].id.kind == GroupKind::AntiAffinity { required: true })
+                .collect();
+            let all_owned = o
+                .required
+                .iter()
+                .chain(&o.pref_affinity)
+                .chain(&o.pref_anti)
+                .chain(&o.soft_spread);
+            let pin_keys: BTreeSet<String> = all_owned
+                .clone()
+                .chain(&counts_in)
+                .filter(|g| !groups.list[**g].hostname)
+                .map(|g| groups.list[*g].id.key.clone())
+                .collect();
+            let monotone = all_owned
+                .clone()
+                .all(|g| matches!(groups.list[*g].id.kind, GroupKind::AntiAffinity { .. }));
             let req = res.vector(&m.requests);
             let accelerator = accelerator_of(&m.requests);
             let preferred_node: Vec<Requirements> = m.preferred_node.iter().map(|(_, r)| r.clone()).collect();
@@ -488,14 +605,36 @@ impl Model {
                 model: m,
             });
         }
-        let mut pods: Vec<PodEntry> = entries.into_iter().map(|(pod, shape)| PodEntry { pod, shape: shape as u32 }).collect();
+        let mut pods: Vec<PodEntry> = entries
+            .into_iter()
+            .map(|(pod, shape)| PodEntry {
+                pod,
+                shape: shape as u32,
+            })
+            .collect();
         let (cpu, mem) = (0, 1);
         pods.sort_by(|a, b| {
             let (x, y) = (&shapes[a.shape as usize].req, &shapes[b.shape as usize].req);
-            y[cpu].cmp(&x[cpu]).then_with(|| y[mem].cmp(&x[mem])).then_with(|| a.pod.cmp(&b.pod))
+            y[cpu]
+                .cmp(&x[cpu])
+                .then_with(|| y[mem].cmp(&x[mem]))
+                .then_with(|| a.pod.cmp(&b.pod))
         });
 
-        Model { res, pods, shapes, invalid, pools, existing, groups, domains, key_domains, counts, warnings, daemons }
+        Model {
+            res,
+            pods,
+            shapes,
+            invalid,
+            pools,
+            existing,
+            groups,
+            domains,
+            key_domains,
+            counts,
+            warnings,
+            daemons,
+        }
     }
 
     /// The compiled shape of pending pod `i`.
@@ -548,7 +687,12 @@ impl ShapeKey {
 /// The values a topology key takes across pools (their requirements and
 /// their instance types' offerings) and existing nodes; with `tolerations`,
 /// only pools and nodes whose taints they tolerate count.
-fn domain_values(key: &str, pools: &[Pool], existing: &[Existing], tolerations: Option<&[Toleration]>) -> BTreeSet<String> {
+fn domain_values(
+    key: &str,
+    pools: &[Pool],
+    existing: &[Existing],
+    tolerations: Option<&[Toleration]>,
+) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for p in pools {
         if p.error.is_some() || tolerations.is_some_and(|t| super::pod::tolerates_all(t, &p.taints, true).is_err()) {
@@ -556,14 +700,29 @@ fn domain_values(key: &str, pools: &[Pool], existing: &[Existing], tolerations: 
         }
         let pool_req = p.reqs.get(key);
         if let Some(r) = pool_req.filter(|r| !r.complement) {
-            out.extend(r.values.iter().filter(|v| p.types.iter().any(|t| t.reqs.get(key).is_none_or(|tr| tr.has(v)))).cloned());
+            out.extend(
+                r.values
+                    .iter()
+                    .filter(|v| p.types.iter().any(|t| t.reqs.get(key).is_none_or(|tr| tr.has(v))))
+                    .cloned(),
+            );
             continue;
         }
         for t in &p.types {
             if key == labels::ZONE {
-                out.extend(t.offerings.iter().map(|o| o.zone.clone()).filter(|z| pool_req.is_none_or(|r| r.has(z))));
+                out.extend(
+                    t.offerings
+                        .iter()
+                        .map(|o| o.zone.clone())
+                        .filter(|z| pool_req.is_none_or(|r| r.has(z))),
+                );
             } else if key == labels::CAPACITY_TYPE {
-                out.extend(t.offerings.iter().map(|o| o.capacity_type.clone()).filter(|z| pool_req.is_none_or(|r| r.has(z))));
+                out.extend(
+                    t.offerings
+                        .iter()
+                        .map(|o| o.capacity_type.clone())
+                        .filter(|z| pool_req.is_none_or(|r| r.has(z))),
+                );
             } else if let Some(tr) = t.reqs.get(key).filter(|r| !r.complement) {
                 out.extend(tr.values.iter().filter(|v| pool_req.is_none_or(|r| r.has(v))).cloned());
             }
@@ -594,7 +753,9 @@ fn type_model(
     let offerings: Vec<Offering> = it
         .offerings
         .iter()
-        .filter(|o| o.available && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str())))
+        .filter(|o| {
+            o.available && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str()))
+        })
         .filter(|o| zone.is_none_or(|r| r.has(&o.zone)) && ct.is_none_or(|r| r.has(&o.capacity_type)))
         .cloned()
         .collect();
@@ -602,7 +763,9 @@ fn type_model(
         return None;
     }
     let mut labels_map = it.labels.clone();
-    labels_map.entry(labels::OS.to_string()).or_insert_with(|| "linux".to_string());
+    labels_map
+        .entry(labels::OS.to_string())
+        .or_insert_with(|| "linux".to_string());
     labels_map.insert(labels::INSTANCE_TYPE.to_string(), it.name.clone());
     let mut reqs = Requirements::from_labels(labels_map.iter());
     let zones: Vec<&str> = offerings.iter().map(|o| o.zone.as_str()).collect();

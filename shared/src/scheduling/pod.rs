@@ -48,7 +48,10 @@ pub struct PodError {
 }
 
 fn perr(path: impl Into<String>, message: impl Into<String>) -> PodError {
-    PodError { path: path.into(), message: message.into() }
+    PodError {
+        path: path.into(),
+        message: message.into(),
+    }
 }
 
 /// A label selector in normal form (hashable, so equal terms share a topology group).
@@ -76,7 +79,12 @@ pub enum SelectorOp {
 impl Selector {
     /// Builds from a Kubernetes selector; `None` matches nothing, as for pod affinity terms.
     pub fn from_k8s(sel: Option<&LabelSelector>, path: &str) -> Result<Self, PodError> {
-        let Some(sel) = sel else { return Ok(Selector { exprs: vec![], nothing: true }) };
+        let Some(sel) = sel else {
+            return Ok(Selector {
+                exprs: vec![],
+                nothing: true,
+            });
+        };
         let mut exprs = Vec::new();
         for (k, v) in sel.match_labels.iter().flatten() {
             exprs.push((k.clone(), SelectorOp::In, vec![v.clone()]));
@@ -87,7 +95,12 @@ impl Selector {
                 "NotIn" => SelectorOp::NotIn,
                 "Exists" => SelectorOp::Exists,
                 "DoesNotExist" => SelectorOp::DoesNotExist,
-                o => return Err(perr(format!("{path}.matchExpressions[{i}].operator"), format!("unknown operator {o:?}"))),
+                o => {
+                    return Err(perr(
+                        format!("{path}.matchExpressions[{i}].operator"),
+                        format!("unknown operator {o:?}"),
+                    ));
+                }
             };
             let mut values = e.values.clone().unwrap_or_default();
             values.sort();
@@ -99,7 +112,8 @@ impl Selector {
 
     /// Adds `key In [value]` (matchLabelKeys).
     pub fn with_label(mut self, key: &str, value: &str) -> Self {
-        self.exprs.push((key.to_string(), SelectorOp::In, vec![value.to_string()]));
+        self.exprs
+            .push((key.to_string(), SelectorOp::In, vec![value.to_string()]));
         self.exprs.sort();
         self
     }
@@ -294,7 +308,10 @@ fn resource_list(list: Option<&BTreeMap<String, K8sQuantity>>, path: &str) -> Re
 /// A container's requests, each resource defaulting to its limit.
 fn container_requests(c: &Container, path: &str) -> Result<Resources, PodError> {
     let res = c.resources.as_ref();
-    let mut req = resource_list(res.and_then(|r| r.requests.as_ref()), &format!("{path}.resources.requests"))?;
+    let mut req = resource_list(
+        res.and_then(|r| r.requests.as_ref()),
+        &format!("{path}.resources.requests"),
+    )?;
     let limits = resource_list(res.and_then(|r| r.limits.as_ref()), &format!("{path}.resources.limits"))?;
     for (k, v) in limits.0 {
         req.0.entry(k).or_insert(v);
@@ -324,7 +341,10 @@ pub fn effective_requests(spec: &k8s_openapi::api::core::v1::PodSpec, path: &str
     }
     let mut total = sum.max(&init_max);
     total.add(&resource_list(spec.overhead.as_ref(), &format!("{path}.overhead"))?);
-    total.set(resources::PODS, total.get(resources::PODS).saturating_add(Quantity::from_units(1)));
+    total.set(
+        resources::PODS,
+        total.get(resources::PODS).saturating_add(Quantity::from_units(1)),
+    );
     Ok(total)
 }
 
@@ -347,12 +367,20 @@ pub fn term_requirements(term: &NodeSelectorTerm, path: &str) -> Result<Requirem
     }
     // matchFields (metadata.name) pins a node by name; no new node can match it.
     if let Some(f) = term.match_fields.as_ref().and_then(|f| f.first()) {
-        r.add(Requirement::in_values("metadata.name", &f.values.clone().unwrap_or_default()));
+        r.add(Requirement::in_values(
+            "metadata.name",
+            &f.values.clone().unwrap_or_default(),
+        ));
     }
     Ok(r)
 }
 
-fn pod_term(t: &PodAffinityTerm, own_ns: &str, labels: &BTreeMap<String, String>, path: &str) -> Result<PodTerm, PodError> {
+fn pod_term(
+    t: &PodAffinityTerm,
+    own_ns: &str,
+    labels: &BTreeMap<String, String>,
+    path: &str,
+) -> Result<PodTerm, PodError> {
     let mut selector = Selector::from_k8s(t.label_selector.as_ref(), &format!("{path}.labelSelector"))?;
     for k in t.match_label_keys.iter().flatten() {
         if let Some(v) = labels.get(k) {
@@ -368,14 +396,23 @@ fn pod_term(t: &PodAffinityTerm, own_ns: &str, labels: &BTreeMap<String, String>
     let namespaces = match (&t.namespace_selector, &t.namespaces) {
         // An empty namespaceSelector selects every namespace. Namespace labels
         // are not part of the input, so a non-empty one adds no namespaces.
-        (Some(ns), _) if ns.match_labels.as_ref().is_none_or(|m| m.is_empty()) && ns.match_expressions.as_ref().is_none_or(|m| m.is_empty()) => Namespaces::All,
+        (Some(ns), _)
+            if ns.match_labels.as_ref().is_none_or(|m| m.is_empty())
+                && ns.match_expressions.as_ref().is_none_or(|m| m.is_empty()) =>
+        {
+            Namespaces::All
+        }
         (_, Some(list)) if !list.is_empty() => Namespaces::Only(list.iter().cloned().collect()),
         _ => Namespaces::Only([own_ns.to_string()].into()),
     };
     if t.topology_key.is_empty() {
         return Err(perr(format!("{path}.topologyKey"), "is required"));
     }
-    Ok(PodTerm { key: crate::apis::labels::normalize(&t.topology_key).to_string(), selector, namespaces })
+    Ok(PodTerm {
+        key: crate::apis::labels::normalize(&t.topology_key).to_string(),
+        selector,
+        namespaces,
+    })
 }
 
 impl PodModel {
@@ -383,7 +420,9 @@ impl PodModel {
     pub fn from_pod(pod: &Pod) -> Result<Self, PodError> {
         let pod_ref = PodRef::of(pod);
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let Some(spec) = pod.spec.as_ref() else { return Err(perr("spec", "is required")) };
+        let Some(spec) = pod.spec.as_ref() else {
+            return Err(perr("spec", "is required"));
+        };
         let requests = effective_requests(spec, "spec")?;
 
         let mut selector_reqs = Requirements::new();
@@ -394,7 +433,9 @@ impl PodModel {
         let mut node_terms = Vec::new();
         if let Some(req) = na.and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref()) {
             for (i, t) in req.node_selector_terms.iter().enumerate() {
-                let p = format!("spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]");
+                let p = format!(
+                    "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]"
+                );
                 let mut r = selector_reqs.clone();
                 r.add_all(&term_requirements(t, &p)?);
                 node_terms.push(r);
@@ -404,8 +445,14 @@ impl PodModel {
             node_terms.push(selector_reqs);
         }
         let mut preferred_node = Vec::new();
-        for (i, t) in na.and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref()).into_iter().flatten().enumerate() {
-            let p = format!("spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference");
+        for (i, t) in na
+            .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let p =
+                format!("spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference");
             preferred_node.push((t.weight, term_requirements(&t.preference, &p)?));
         }
         preferred_node.sort_by(|a, b| b.0.cmp(&a.0));
@@ -419,12 +466,20 @@ impl PodModel {
         for (i, c) in spec.topology_spread_constraints.iter().flatten().enumerate() {
             let p = format!("spec.topologySpreadConstraints[{i}]");
             if c.max_skew < 1 {
-                return Err(perr(format!("{p}.maxSkew"), format!("must be at least 1, got {}", c.max_skew)));
+                return Err(perr(
+                    format!("{p}.maxSkew"),
+                    format!("must be at least 1, got {}", c.max_skew),
+                ));
             }
             let required = match c.when_unsatisfiable.as_str() {
                 "DoNotSchedule" => true,
                 "ScheduleAnyway" => false,
-                o => return Err(perr(format!("{p}.whenUnsatisfiable"), format!("must be DoNotSchedule or ScheduleAnyway, got {o:?}"))),
+                o => {
+                    return Err(perr(
+                        format!("{p}.whenUnsatisfiable"),
+                        format!("must be DoNotSchedule or ScheduleAnyway, got {o:?}"),
+                    ));
+                }
             };
             if c.topology_key.is_empty() {
                 return Err(perr(format!("{p}.topologyKey"), "is required"));
@@ -439,7 +494,10 @@ impl PodModel {
                 None => Ok(default),
                 Some("Honor") => Ok(true),
                 Some("Ignore") => Ok(false),
-                Some(o) => Err(perr(format!("{p}.{field}"), format!("must be Honor or Ignore, got {o:?}"))),
+                Some(o) => Err(perr(
+                    format!("{p}.{field}"),
+                    format!("must be Honor or Ignore, got {o:?}"),
+                )),
             };
             spreads.push(Spread {
                 key: crate::apis::labels::normalize(&c.topology_key).to_string(),
@@ -456,28 +514,67 @@ impl PodModel {
         let pa = spec.affinity.as_ref().and_then(|a| a.pod_affinity.as_ref());
         let paa = spec.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref());
         let mut affinity = Vec::new();
-        for (i, t) in pa.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()).into_iter().flatten().enumerate() {
-            affinity.push(pod_term(t, &ns, &labels, &format!("spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}]"))?);
+        for (i, t) in pa
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            affinity.push(pod_term(
+                t,
+                &ns,
+                &labels,
+                &format!("spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}]"),
+            )?);
         }
         let mut anti_affinity = Vec::new();
-        for (i, t) in paa.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()).into_iter().flatten().enumerate() {
-            anti_affinity.push(pod_term(t, &ns, &labels, &format!("spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}]"))?);
+        for (i, t) in paa
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            anti_affinity.push(pod_term(
+                t,
+                &ns,
+                &labels,
+                &format!("spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}]"),
+            )?);
         }
         let mut preferred_affinity = Vec::new();
-        for (i, t) in pa.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()).into_iter().flatten().enumerate() {
-            let p = format!("spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm");
+        for (i, t) in pa
+            .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let p = format!(
+                "spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm"
+            );
             preferred_affinity.push((t.weight, pod_term(&t.pod_affinity_term, &ns, &labels, &p)?));
         }
         preferred_affinity.sort_by(|a, b| b.0.cmp(&a.0));
         let mut preferred_anti_affinity = Vec::new();
-        for (i, t) in paa.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()).into_iter().flatten().enumerate() {
-            let p = format!("spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm");
+        for (i, t) in paa
+            .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let p = format!(
+                "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm"
+            );
             preferred_anti_affinity.push((t.weight, pod_term(&t.pod_affinity_term, &ns, &labels, &p)?));
         }
         preferred_anti_affinity.sort_by(|a, b| b.0.cmp(&a.0));
 
         let mut host_ports = Vec::new();
-        let all = spec.containers.iter().chain(spec.init_containers.iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always")));
+        let all = spec.containers.iter().chain(
+            spec.init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always")),
+        );
         for c in all {
             for p in c.ports.iter().flatten() {
                 if let Some(port) = p.host_port.filter(|p| *p > 0) {
@@ -498,7 +595,11 @@ impl PodModel {
                 claims.push(c.claim_name.clone());
             }
             if let Some(e) = &v.ephemeral {
-                ephemeral_classes.push(e.volume_claim_template.as_ref().and_then(|t| t.spec.storage_class_name.clone()));
+                ephemeral_classes.push(
+                    e.volume_claim_template
+                        .as_ref()
+                        .and_then(|t| t.spec.storage_class_name.clone()),
+                );
             }
         }
 
@@ -529,5 +630,10 @@ pub fn taint_from_k8s(t: &k8s_openapi::api::core::v1::Taint) -> Option<Taint> {
         "NoExecute" => TaintEffect::NoExecute,
         _ => return None,
     };
-    Some(Taint { key: t.key.clone(), value: t.value.clone(), effect, time_added: None })
+    Some(Taint {
+        key: t.key.clone(),
+        value: t.value.clone(),
+        effect,
+        time_added: None,
+    })
 }

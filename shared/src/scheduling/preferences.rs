@@ -80,6 +80,10 @@ impl Relaxation {
         if !self.spread_dropped {
             groups.extend(&p.soft_spread);
         }
-        Active { terms, groups, tolerate_prefer: self.tolerate_prefer }
+        Active {
+            terms,
+            groups,
+            tolerate_prefer: self.tolerate_prefer,
+        }
     }
 }

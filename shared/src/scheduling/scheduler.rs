@@ -86,8 +86,17 @@ impl<'m> Run<'m> {
                 unschedulable.push((i, self.explain(i, &rel)));
             }
         }
-        let cost = self.claims.iter().map(|c| price(self.m, c).map_or(0.0, |p| p.offering.price)).sum();
-        Outcome { claims: self.claims, existing: self.ex_pods, unschedulable, cost }
+        let cost = self
+            .claims
+            .iter()
+            .map(|c| price(self.m, c).map_or(0.0, |p| p.offering.price))
+            .sum();
+        Outcome {
+            claims: self.claims,
+            existing: self.ex_pods,
+            unschedulable,
+            cost,
+        }
     }
 
     fn place(&mut self, i: usize, rel: &Relaxation) -> bool {
@@ -101,11 +110,19 @@ impl<'m> Run<'m> {
             }
         }
         let use_cursor = rel.is_strict();
-        let start = if use_cursor { self.cursors.get(&p.class).copied().unwrap_or(0) } else { 0 };
+        let start = if use_cursor {
+            self.cursors.get(&p.class).copied().unwrap_or(0)
+        } else {
+            0
+        };
         let mut cursor = start;
         let mut contiguous = true;
         for ci in start..self.claims.len() {
-            let cx = Ctx { m, counts: &self.counts, domains: &self.domains };
+            let cx = Ctx {
+                m,
+                counts: &self.counts,
+                domains: &self.domains,
+            };
             match self.claims[ci].try_add(&cx, i, &a) {
                 Ok(u) => {
                     self.commit_claim(ci, i, &a, u);
@@ -144,14 +161,27 @@ impl<'m> Run<'m> {
         if tolerates_all(&p.model.tolerations, &ex.taints, a.tolerate_prefer).is_err() {
             return false;
         }
-        if p.model.host_ports.iter().any(|h| self.ex_ports[e].iter().any(|o| h.conflicts(o))) {
+        if p.model
+            .host_ports
+            .iter()
+            .any(|h| self.ex_ports[e].iter().any(|o| h.conflicts(o)))
+        {
             return false;
         }
         if !a.terms.iter().any(|t| t.matches_labels(&ex.labels)) {
             return false;
         }
-        a.groups.iter().all(|g| self.counts.allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), ex.domain(&m.groups.list[*g])))
-            && p.inverse.iter().all(|g| self.counts.inverse_allows(*g, ex.domain(&m.groups.list[*g])))
+        a.groups.iter().all(|g| {
+            self.counts.allows(
+                &m.groups.list[*g],
+                *g,
+                p.counts_in.binary_search(g).is_ok(),
+                ex.domain(&m.groups.list[*g]),
+            )
+        }) && p
+            .inverse
+            .iter()
+            .all(|g| self.counts.inverse_allows(*g, ex.domain(&m.groups.list[*g])))
     }
 
     fn commit_existing(&mut self, e: usize, i: usize, a: &Active) {
@@ -169,7 +199,11 @@ impl<'m> Run<'m> {
                 }
             }
         }
-        for g in a.groups.iter().filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true }) {
+        for g in a
+            .groups
+            .iter()
+            .filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true })
+        {
             if let Some(d) = ex.domain(&m.groups.list[*g]) {
                 self.counts.record_owner(*g, d);
             }
@@ -193,7 +227,11 @@ impl<'m> Run<'m> {
                 }
             }
         }
-        for g in a.groups.iter().filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true }) {
+        for g in a
+            .groups
+            .iter()
+            .filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true })
+        {
             if let Some(d) = c.domain(&m.groups.list[*g], &self.domains) {
                 self.counts.record_owner(*g, d);
             }
@@ -206,7 +244,10 @@ impl<'m> Run<'m> {
         let m = self.m;
         let pool = &m.pools[pi];
         let p = m.pod(i);
-        if pool.node_limit.is_some_and(|l| pool.used_nodes + self.pool_nodes[pi] >= l) {
+        if pool
+            .node_limit
+            .is_some_and(|l| pool.used_nodes + self.pool_nodes[pi] >= l)
+        {
             return Vec::new();
         }
         let accel_ok = p.accelerator || pool.asks_accelerator;
@@ -215,7 +256,10 @@ impl<'m> Run<'m> {
                 let ty = &pool.types[*t as usize];
                 (accel_ok || !ty.accelerator)
                     && fits(&p.req, &ty.avail)
-                    && pool.limits.iter().all(|(d, limit)| ty.capacity[*d] <= limit - pool.used[*d] - self.pool_reserved[pi][*d])
+                    && pool
+                        .limits
+                        .iter()
+                        .all(|(d, limit)| ty.capacity[*d] <= limit - pool.used[*d] - self.pool_reserved[pi][*d])
             })
             .collect()
     }
@@ -236,7 +280,11 @@ impl<'m> Run<'m> {
         }
         let mut attempts = Vec::new();
         if let Some(cap) = self.strategy.cap {
-            let capped: Vec<u32> = base.iter().copied().filter(|t| cap.admits(&pool.types[*t as usize].avail)).collect();
+            let capped: Vec<u32> = base
+                .iter()
+                .copied()
+                .filter(|t| cap.admits(&pool.types[*t as usize].avail))
+                .collect();
             if !capped.is_empty() && capped.len() < base.len() {
                 attempts.push(capped);
             }
@@ -245,7 +293,11 @@ impl<'m> Run<'m> {
         for opts in attempts {
             let host = self.domains.fresh();
             let claim = Claim::new(m, pi, opts, host);
-            let cx = Ctx { m, counts: &self.counts, domains: &self.domains };
+            let cx = Ctx {
+                m,
+                counts: &self.counts,
+                domains: &self.domains,
+            };
             if let Ok(u) = claim.try_add(&cx, i, a) {
                 self.claims.push(claim);
                 self.pool_nodes[pi] += 1;
@@ -274,12 +326,26 @@ impl<'m> Run<'m> {
                 continue;
             }
             if let Err(t) = tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer) {
-                reasons.push(format!("NodePool {name} has taint {}={}:{:?} that the pod does not tolerate", t.key, t.value.as_deref().unwrap_or(""), t.effect));
+                reasons.push(format!(
+                    "NodePool {name} has taint {}={}:{:?} that the pod does not tolerate",
+                    t.key,
+                    t.value.as_deref().unwrap_or(""),
+                    t.effect
+                ));
                 continue;
             }
-            let compatible: Vec<_> = a.terms.iter().filter(|t| pool.reqs.compatible(t, true).is_ok()).collect();
+            let compatible: Vec<_> = a
+                .terms
+                .iter()
+                .filter(|t| pool.reqs.compatible(t, true).is_ok())
+                .collect();
             if compatible.is_empty() {
-                let err = a.terms.iter().find_map(|t| pool.reqs.compatible(t, true).err()).map(|e| e.to_string()).unwrap_or_default();
+                let err = a
+                    .terms
+                    .iter()
+                    .find_map(|t| pool.reqs.compatible(t, true).err())
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
                 reasons.push(format!("incompatible with NodePool {name} requirements: {err}"));
                 continue;
             }
@@ -294,13 +360,27 @@ impl<'m> Run<'m> {
                     })
                 })
                 .collect();
-            let usable: Vec<usize> = matching.iter().copied().filter(|t| accel_ok || !pool.types[*t].accelerator).collect();
+            let usable: Vec<usize> = matching
+                .iter()
+                .copied()
+                .filter(|t| accel_ok || !pool.types[*t].accelerator)
+                .collect();
             if usable.is_empty() {
-                let why = if matching.is_empty() { "" } else { " (accelerator types are used only for pods that request accelerators)" };
-                reasons.push(format!("no instance type in NodePool {name} satisfies the pod's requirements{why}"));
+                let why = if matching.is_empty() {
+                    ""
+                } else {
+                    " (accelerator types are used only for pods that request accelerators)"
+                };
+                reasons.push(format!(
+                    "no instance type in NodePool {name} satisfies the pod's requirements{why}"
+                ));
                 continue;
             }
-            let fitting: Vec<usize> = usable.iter().copied().filter(|t| fits(&p.req, &pool.types[*t].avail)).collect();
+            let fitting: Vec<usize> = usable
+                .iter()
+                .copied()
+                .filter(|t| fits(&p.req, &pool.types[*t].avail))
+                .collect();
             if fitting.is_empty() {
                 let mut best = m.res.zero();
                 for t in &usable {
@@ -309,7 +389,10 @@ impl<'m> Run<'m> {
                 let what = match dense::first_exceeding(&p.req, &best) {
                     Some(d) => {
                         let r = m.res.name(d);
-                        format!("{} {r}", crate::quantity::Quantity::from_milli(p.req[d]).to_k8s_string(r))
+                        format!(
+                            "{} {r}",
+                            crate::quantity::Quantity::from_milli(p.req[d]).to_k8s_string(r)
+                        )
                     }
                     None => "the pod's requests".into(),
                 };
@@ -327,7 +410,9 @@ impl<'m> Run<'m> {
                 let kind = match group.id.kind {
                     GroupKind::Spread { max_skew, .. } => format!("topology spread (maxSkew {max_skew})"),
                     GroupKind::Affinity => "pod affinity".to_string(),
-                    GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => "another pod's anti-affinity".to_string(),
+                    GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => {
+                        "another pod's anti-affinity".to_string()
+                    }
                     GroupKind::AntiAffinity { .. } => "pod anti-affinity".to_string(),
                 };
                 kinds.insert(format!("{kind} on {}", group.id.key));
@@ -335,7 +420,11 @@ impl<'m> Run<'m> {
             if !p.model.host_ports.is_empty() {
                 kinds.insert("host ports".into());
             }
-            let what = if kinds.is_empty() { "constraints".to_string() } else { kinds.into_iter().collect::<Vec<_>>().join(", ") };
+            let what = if kinds.is_empty() {
+                "constraints".to_string()
+            } else {
+                kinds.into_iter().collect::<Vec<_>>().join(", ")
+            };
             reasons.push(format!("NodePool {name}: {what} cannot be satisfied"));
         }
         reasons.join("; ")
@@ -357,14 +446,28 @@ pub fn price(m: &Model, c: &Claim) -> Option<Priced> {
     let pool = &m.pools[c.pool];
     let mut spot = c.reqs.clone();
     spot.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
-    let spot_any = c.options.iter().any(|t| cheapest(&pool.types[*t as usize].offerings, &spot).is_some());
+    let spot_any = c
+        .options
+        .iter()
+        .any(|t| cheapest(&pool.types[*t as usize].offerings, &spot).is_some());
     let mut reqs = c.reqs.clone();
     if spot_any {
         reqs = spot;
-    } else if c.options.iter().any(|t| pool.types[*t as usize].offerings.iter().any(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND)) {
+    } else if c.options.iter().any(|t| {
+        pool.types[*t as usize]
+            .offerings
+            .iter()
+            .any(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND)
+    }) {
         let mut r = reqs.clone();
-        r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_ON_DEMAND]));
-        if c.options.iter().any(|t| cheapest(&pool.types[*t as usize].offerings, &r).is_some()) {
+        r.add(Requirement::in_values(
+            labels::CAPACITY_TYPE,
+            &[labels::CAPACITY_ON_DEMAND],
+        ));
+        if c.options
+            .iter()
+            .any(|t| cheapest(&pool.types[*t as usize].offerings, &r).is_some())
+        {
             reqs = r;
         }
     }
@@ -381,7 +484,10 @@ pub fn price(m: &Model, c: &Claim) -> Option<Priced> {
         .collect();
     priced.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
     let offering = priced.first().and_then(|p| p.3).cloned()?;
-    Some(Priced { options: priced.iter().map(|p| p.2).collect(), offering })
+    Some(Priced {
+        options: priced.iter().map(|p| p.2).collect(),
+        offering,
+    })
 }
 
 /// `<pool>-<5 lowercase alphanumerics>` from a hash of the pool and its pods.
@@ -395,7 +501,11 @@ fn claim_name(pool: &str, pods: &[PodRef], salt: u32) -> String {
     h.update(salt.to_le_bytes());
     let digest = h.finalize();
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let suffix: String = digest.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
+    let suffix: String = digest
+        .iter()
+        .take(5)
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect();
     format!("{pool}-{suffix}")
 }
 
@@ -404,7 +514,14 @@ impl Outcome {
     pub fn finish(self, m: &Model) -> Plan {
         let mut taken: BTreeSet<String> = m.existing.iter().map(|e| e.name.clone()).collect();
         let mut node_claims = Vec::new();
-        let mut unschedulable: Vec<Unschedulable> = m.invalid.iter().map(|(p, r)| Unschedulable { pod: p.clone(), reason: r.clone() }).collect();
+        let mut unschedulable: Vec<Unschedulable> = m
+            .invalid
+            .iter()
+            .map(|(p, r)| Unschedulable {
+                pod: p.clone(),
+                reason: r.clone(),
+            })
+            .collect();
         for c in &self.claims {
             let pool = &m.pools[c.pool];
             let mut pods: Vec<PodRef> = c.pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
@@ -412,7 +529,10 @@ impl Outcome {
             let Some(priced) = price(m, c) else {
                 // Cannot happen for a claim with options; keep the pods accounted for.
                 for p in pods {
-                    unschedulable.push(Unschedulable { pod: p, reason: "no offering left for its node".into() });
+                    unschedulable.push(Unschedulable {
+                        pod: p,
+                        reason: "no offering left for its node".into(),
+                    });
                 }
                 continue;
             };
@@ -424,7 +544,11 @@ impl Outcome {
             }
             taken.insert(name.clone());
             let ty = &pool.types[priced.options[0] as usize];
-            let option_names: Vec<String> = priced.options.iter().map(|t| pool.types[*t as usize].name.clone()).collect();
+            let option_names: Vec<String> = priced
+                .options
+                .iter()
+                .map(|t| pool.types[*t as usize].name.clone())
+                .collect();
             let requirements = c.reqs.clone();
             let mut labels_map: BTreeMap<String, String> = ty.labels.clone();
             labels_map.extend(pool.labels.clone());
@@ -461,12 +585,24 @@ impl Outcome {
             .map(|(e, pods)| {
                 let mut pods: Vec<PodRef> = pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
                 pods.sort();
-                ExistingPlacement { name: m.existing[e].name.clone(), kind: m.target_kind(e), pods }
+                ExistingPlacement {
+                    name: m.existing[e].name.clone(),
+                    kind: m.target_kind(e),
+                    pods,
+                }
             })
             .collect();
         existing.sort_by(|a, b| a.name.cmp(&b.name));
-        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable { pod: m.pods[*i].pod.clone(), reason: r.clone() }));
+        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable {
+            pod: m.pods[*i].pod.clone(),
+            reason: r.clone(),
+        }));
         unschedulable.sort_by(|a, b| a.pod.cmp(&b.pod));
-        Plan { node_claims, existing, unschedulable, warnings: m.warnings.clone() }
+        Plan {
+            node_claims,
+            existing,
+            unschedulable,
+            warnings: m.warnings.clone(),
+        }
     }
 }

@@ -8,9 +8,9 @@ use serde_json::json;
 
 use super::fixtures::{catalog, default_pool, pod, pool};
 use super::*;
-use crate::nodeclaim::Phase;
 use crate::apis::labels;
 use crate::catalog::Catalog;
+use crate::nodeclaim::Phase;
 
 struct Case {
     catalog: Catalog,
@@ -66,7 +66,11 @@ impl Case {
 
 /// Every pending pod appears exactly once.
 fn check_accounting(pods: &[Pod], plan: &Plan) {
-    let mut seen: Vec<String> = plan.node_claims.iter().flat_map(|c| c.pods.iter().map(|p| p.to_string())).collect();
+    let mut seen: Vec<String> = plan
+        .node_claims
+        .iter()
+        .flat_map(|c| c.pods.iter().map(|p| p.to_string()))
+        .collect();
     seen.extend(plan.existing.iter().flat_map(|e| e.pods.iter().map(|p| p.to_string())));
     seen.extend(plan.unschedulable.iter().map(|u| u.pod.to_string()));
     seen.sort();
@@ -76,11 +80,16 @@ fn check_accounting(pods: &[Pod], plan: &Plan) {
 }
 
 fn claim_of<'a>(plan: &'a Plan, pod: &str) -> &'a NewNodeClaim {
-    plan.node_claims.iter().find(|c| c.pods.iter().any(|p| p.name == pod)).unwrap_or_else(|| panic!("{pod} not on a new claim: {plan:#?}"))
+    plan.node_claims
+        .iter()
+        .find(|c| c.pods.iter().any(|p| p.name == pod))
+        .unwrap_or_else(|| panic!("{pod} not on a new claim: {plan:#?}"))
 }
 
 fn pods(prefix: &str, n: usize, cpu: &str, mem: &str, extra: serde_json::Value) -> Vec<Pod> {
-    (0..n).map(|i| pod(&format!("{prefix}-{i}"), cpu, mem, extra.clone())).collect()
+    (0..n)
+        .map(|i| pod(&format!("{prefix}-{i}"), cpu, mem, extra.clone()))
+        .collect()
 }
 
 fn app(app: &str) -> serde_json::Value {
@@ -134,7 +143,12 @@ fn effective_requests_count_init_containers_sidecars_overhead_and_a_pod_slot() {
 
 #[test]
 fn requests_default_to_limits() {
-    let p = pod("x", "1", "1Gi", json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"cpu": "3", "memory": "2Gi"}}}]}}));
+    let p = pod(
+        "x",
+        "1",
+        "1Gi",
+        json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"cpu": "3", "memory": "2Gi"}}}]}}),
+    );
     let m = pod::PodModel::from_pod(&p).unwrap();
     assert_eq!(m.requests.get("cpu").milli(), 3000);
     // A 3-cpu pod needs a 4-cpu type.
@@ -148,7 +162,12 @@ fn bad_quantity_names_the_field() {
     let e = pod::PodModel::from_pod(&p).unwrap_err();
     assert_eq!(e.path, "spec.containers[0].resources.requests.cpu");
     let plan = Case::new(vec![p]).solve();
-    assert!(plan.unschedulable[0].reason.contains("spec.containers[0].resources.requests.cpu"), "{plan:?}");
+    assert!(
+        plan.unschedulable[0]
+            .reason
+            .contains("spec.containers[0].resources.requests.cpu"),
+        "{plan:?}"
+    );
 }
 
 // ---------- basic packing and pricing ----------
@@ -162,10 +181,21 @@ fn packs_small_pods_onto_the_cheapest_spot_type() {
     assert_eq!(c.capacity_type, "spot");
     assert_eq!(c.price, 0.03);
     assert_eq!(c.instance_type_options.first().map(String::as_str), Some("c.large"));
-    assert!(!c.instance_type_options.contains(&"g.xlarge".to_string()), "no GPU types for pods that do not ask");
+    assert!(
+        !c.instance_type_options.contains(&"g.xlarge".to_string()),
+        "no GPU types for pods that do not ask"
+    );
     assert!(c.name.starts_with("default-") && c.name.len() == "default-".len() + 5);
     assert_eq!(c.labels.get(labels::HOSTNAME), Some(&c.name));
-    for k in [labels::INSTANCE_TYPE, labels::ZONE, labels::REGION, labels::CAPACITY_TYPE, labels::NODEPOOL, labels::ARCH, labels::OS] {
+    for k in [
+        labels::INSTANCE_TYPE,
+        labels::ZONE,
+        labels::REGION,
+        labels::CAPACITY_TYPE,
+        labels::NODEPOOL,
+        labels::ARCH,
+        labels::OS,
+    ] {
         assert!(c.labels.contains_key(k), "label {k} missing");
     }
     assert_eq!(c.requests.get("cpu").milli(), 1500);
@@ -174,7 +204,10 @@ fn packs_small_pods_onto_the_cheapest_spot_type() {
 
 #[test]
 fn on_demand_only_pool_launches_on_demand() {
-    let p = pool("od", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}");
+    let p = pool(
+        "od",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}",
+    );
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![p]).solve();
     assert_eq!(plan.node_claims[0].capacity_type, "on-demand");
     assert_eq!(plan.node_claims[0].price, 0.08);
@@ -182,8 +215,18 @@ fn on_demand_only_pool_launches_on_demand() {
 
 #[test]
 fn unavailable_offerings_are_skipped() {
-    let mut case = Case::new(pods("p", 1, "1", "1Gi", json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-a"}}})));
-    case.unavailable = vec![UnavailableOffering { instance_type: "c.large".into(), zone: "test-zone-a".into(), capacity_type: "spot".into() }];
+    let mut case = Case::new(pods(
+        "p",
+        1,
+        "1",
+        "1Gi",
+        json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-a"}}}),
+    ));
+    case.unavailable = vec![UnavailableOffering {
+        instance_type: "c.large".into(),
+        zone: "test-zone-a".into(),
+        capacity_type: "spot".into(),
+    }];
     let plan = case.solve();
     let c = &plan.node_claims[0];
     assert!(!(c.instance_type == "c.large" && c.capacity_type == "spot"), "{c:?}");
@@ -194,7 +237,10 @@ fn unavailable_offerings_are_skipped() {
 fn too_big_pod_is_unschedulable_with_the_resource_named() {
     let plan = Case::new(pods("huge", 1, "900", "1Gi", json!({}))).solve();
     assert_eq!(plan.node_claims.len(), 0);
-    assert_eq!(plan.unschedulable[0].reason, "no instance type in NodePool default fits 900 cpu");
+    assert_eq!(
+        plan.unschedulable[0].reason,
+        "no instance type in NodePool default fits 900 cpu"
+    );
 }
 
 #[test]
@@ -207,7 +253,12 @@ fn no_pools_means_unschedulable() {
 
 #[test]
 fn gpu_pods_get_gpu_types_and_others_never_do() {
-    let gpu = pod("gpu", "1", "1Gi", json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}));
+    let gpu = pod(
+        "gpu",
+        "1",
+        "1Gi",
+        json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}),
+    );
     let plain = pods("big", 1, "3500m", "14Gi", json!({}));
     let mut all = vec![gpu];
     all.extend(plain);
@@ -220,7 +271,10 @@ fn gpu_pods_get_gpu_types_and_others_never_do() {
 
 #[test]
 fn pool_that_lists_gpu_types_may_use_them() {
-    let p = pool("gpu", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: node.kubernetes.io/instance-type, operator: In, values: [g.xlarge]}");
+    let p = pool(
+        "gpu",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: node.kubernetes.io/instance-type, operator: In, values: [g.xlarge]}",
+    );
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![p]).solve();
     assert_eq!(claim_of(&plan, "p-0").instance_type, "g.xlarge");
 }
@@ -238,10 +292,33 @@ fn node_selector_pins_architecture_and_zone() {
 
 #[test]
 fn node_selector_on_a_label_no_pool_defines_is_unschedulable() {
-    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({"spec": {"nodeSelector": {"team": "a"}}}))).solve();
-    assert!(plan.unschedulable[0].reason.contains("incompatible with NodePool default requirements"), "{plan:?}");
-    let p = pool("team", "template:\n  metadata: {labels: {team: a}}\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}");
-    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({"spec": {"nodeSelector": {"team": "a"}}}))).pools(vec![default_pool(), p]).solve();
+    let plan = Case::new(pods(
+        "p",
+        1,
+        "1",
+        "1Gi",
+        json!({"spec": {"nodeSelector": {"team": "a"}}}),
+    ))
+    .solve();
+    assert!(
+        plan.unschedulable[0]
+            .reason
+            .contains("incompatible with NodePool default requirements"),
+        "{plan:?}"
+    );
+    let p = pool(
+        "team",
+        "template:\n  metadata: {labels: {team: a}}\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}",
+    );
+    let plan = Case::new(pods(
+        "p",
+        1,
+        "1",
+        "1Gi",
+        json!({"spec": {"nodeSelector": {"team": "a"}}}),
+    ))
+    .pools(vec![default_pool(), p])
+    .solve();
     assert_eq!(claim_of(&plan, "p-0").node_pool, "team");
     assert_eq!(claim_of(&plan, "p-0").labels.get("team").map(String::as_str), Some("a"));
 }
@@ -267,14 +344,22 @@ fn gt_lt_and_not_in_requirements_filter_types() {
     let plan = Case::new(pods("p", 1, "1", "1Gi", aff)).solve();
     let c = claim_of(&plan, "p-0");
     assert_eq!(c.instance_type, "m.xlarge");
-    assert!(c.instance_type_options.iter().all(|t| !t.starts_with("c.") && !t.ends_with(".large")), "{:?}", c.instance_type_options);
+    assert!(
+        c.instance_type_options
+            .iter()
+            .all(|t| !t.starts_with("c.") && !t.ends_with(".large")),
+        "{:?}",
+        c.instance_type_options
+    );
 }
 
 #[test]
 fn preferred_node_affinity_is_honoured_then_relaxed() {
-    let pref = |zone: &str| json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 10, "preference": {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}]}}
-    ]}}}});
+    let pref = |zone: &str| {
+        json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}]}}
+        ]}}}})
+    };
     let plan = Case::new(pods("p", 1, "1", "1Gi", pref("test-zone-c"))).solve();
     assert_eq!(claim_of(&plan, "p-0").zone, "test-zone-c");
     let plan = Case::new(pods("p", 1, "1", "1Gi", pref("nowhere"))).solve();
@@ -285,7 +370,10 @@ fn preferred_node_affinity_is_honoured_then_relaxed() {
 
 #[test]
 fn tainted_pool_only_takes_tolerating_pods_and_startup_taints_are_ignored() {
-    let tainted = pool("gpu", "weight: 50\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: dedicated, value: ml, effect: NoSchedule}]\n    startupTaints: [{key: init, effect: NoSchedule}]");
+    let tainted = pool(
+        "gpu",
+        "weight: 50\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: dedicated, value: ml, effect: NoSchedule}]\n    startupTaints: [{key: init, effect: NoSchedule}]",
+    );
     let tol = json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]}});
     // The tolerating pod is bigger, so it is placed first and opens the weighted pool.
     let mut all = pods("tol", 1, "3", "1Gi", tol);
@@ -300,9 +388,14 @@ fn tainted_pool_only_takes_tolerating_pods_and_startup_taints_are_ignored() {
 
 #[test]
 fn prefer_no_schedule_taint_is_avoided_then_tolerated() {
-    let soft = pool("soft", "weight: 90\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: spare, effect: PreferNoSchedule}]");
+    let soft = pool(
+        "soft",
+        "weight: 90\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: spare, effect: PreferNoSchedule}]",
+    );
     // The heavier pool is avoided while another pool can take the pod ...
-    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![soft.clone(), default_pool()]).solve();
+    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({})))
+        .pools(vec![soft.clone(), default_pool()])
+        .solve();
     assert_eq!(claim_of(&plan, "p-0").node_pool, "default");
     // ... and used when it is the only one.
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![soft]).solve();
@@ -313,9 +406,17 @@ fn prefer_no_schedule_taint_is_avoided_then_tolerated() {
 
 #[test]
 fn higher_weight_pool_first() {
-    let low = pool("low", "weight: 1\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}");
-    let high = pool("high", "weight: 90\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.k8s.aws/instance-family, operator: In, values: [m]}]");
-    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![low, high]).solve();
+    let low = pool(
+        "low",
+        "weight: 1\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}",
+    );
+    let high = pool(
+        "high",
+        "weight: 90\ntemplate:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.k8s.aws/instance-family, operator: In, values: [m]}]",
+    );
+    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({})))
+        .pools(vec![low, high])
+        .solve();
     let c = claim_of(&plan, "p-0");
     assert_eq!(c.node_pool, "high");
     assert_eq!(c.instance_type, "m.large");
@@ -323,16 +424,38 @@ fn higher_weight_pool_first() {
 
 #[test]
 fn limits_are_never_exceeded_and_count_existing_nodes() {
-    let limited = pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.k8s.aws/instance-family, operator: In, values: [c]}]\nlimits: {cpu: \"4\"}");
+    let limited = pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.k8s.aws/instance-family, operator: In, values: [c]}]\nlimits: {cpu: \"4\"}",
+    );
     // 4 pods of 1.5 cpu: one c.xlarge (4 cpu) takes two; the limit allows no more.
-    let plan = Case::new(pods("p", 4, "1500m", "1Gi", json!({}))).pools(vec![limited.clone()]).solve();
-    let cpu: i64 = plan.node_claims.iter().map(|c| plan_capacity_cpu(&c.instance_type_options)).sum();
+    let plan = Case::new(pods("p", 4, "1500m", "1Gi", json!({})))
+        .pools(vec![limited.clone()])
+        .solve();
+    let cpu: i64 = plan
+        .node_claims
+        .iter()
+        .map(|c| plan_capacity_cpu(&c.instance_type_options))
+        .sum();
     assert!(cpu <= 4000, "{plan:#?}");
     assert_eq!(plan.unschedulable.len(), 2);
-    assert!(plan.unschedulable[0].reason.contains("limits exceeded"), "{:?}", plan.unschedulable);
+    assert!(
+        plan.unschedulable[0].reason.contains("limits exceeded"),
+        "{:?}",
+        plan.unschedulable
+    );
     // An existing 2-cpu node of the pool leaves room for 2 more cpu only.
     let mut case = Case::new(pods("p", 2, "1500m", "1Gi", json!({}))).pools(vec![limited]);
-    case.nodes = vec![ExistingNode { node: node("n1", "test-zone-a", "2", "4Gi", json!({"metadata": {"labels": {"karpenter.sh/nodepool": "default"}}})), pods: vec![running("busy", "n1", "2", json!({}))] }];
+    case.nodes = vec![ExistingNode {
+        node: node(
+            "n1",
+            "test-zone-a",
+            "2",
+            "4Gi",
+            json!({"metadata": {"labels": {"karpenter.sh/nodepool": "default"}}}),
+        ),
+        pods: vec![running("busy", "n1", "2", json!({}))],
+    }];
     let plan = case.solve();
     assert_eq!(plan.node_claims.len(), 1);
     assert_eq!(plan.node_claims[0].instance_type_options, vec!["c.large"]);
@@ -341,14 +464,35 @@ fn limits_are_never_exceeded_and_count_existing_nodes() {
 
 fn plan_capacity_cpu(options: &[String]) -> i64 {
     let cat = catalog();
-    options.iter().map(|o| cat.instance_types.iter().find(|t| &t.name == o).unwrap().capacity.get("cpu").milli()).max().unwrap_or(0)
+    options
+        .iter()
+        .map(|o| {
+            cat.instance_types
+                .iter()
+                .find(|t| &t.name == o)
+                .unwrap()
+                .capacity
+                .get("cpu")
+                .milli()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[test]
 fn min_values_keeps_enough_families_open() {
-    let p = pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.k8s.aws/instance-family, operator: Exists, minValues: 3}]");
-    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![p.clone()]).solve();
-    let fams: std::collections::BTreeSet<&str> = plan.node_claims[0].instance_type_options.iter().map(|t| t.split('.').next().unwrap()).collect();
+    let p = pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.k8s.aws/instance-family, operator: Exists, minValues: 3}]",
+    );
+    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({})))
+        .pools(vec![p.clone()])
+        .solve();
+    let fams: std::collections::BTreeSet<&str> = plan.node_claims[0]
+        .instance_type_options
+        .iter()
+        .map(|t| t.split('.').next().unwrap())
+        .collect();
     assert!(fams.len() >= 3, "{fams:?}");
     // A pod that only m and r types fit (in memory) cannot keep 3 families open.
     let plan = Case::new(pods("p", 1, "1", "15Gi", json!({}))).pools(vec![p]).solve();
@@ -377,7 +521,14 @@ fn spread(key: &str, skew: i32, when: &str, app: &str) -> serde_json::Value {
 
 #[test]
 fn zonal_spread_balances_across_zones() {
-    let plan = Case::new(pods("web", 6, "500m", "512Mi", spread(labels::ZONE, 1, "DoNotSchedule", "web"))).solve();
+    let plan = Case::new(pods(
+        "web",
+        6,
+        "500m",
+        "512Mi",
+        spread(labels::ZONE, 1, "DoNotSchedule", "web"),
+    ))
+    .solve();
     let z = zones_of(&plan, "web");
     assert_eq!(z.len(), 3, "{z:?}");
     assert!(z.values().all(|n| *n == 2), "{z:?}");
@@ -385,8 +536,17 @@ fn zonal_spread_balances_across_zones() {
 
 #[test]
 fn zonal_spread_counts_running_pods() {
-    let mut case = Case::new(pods("web", 2, "500m", "512Mi", spread(labels::ZONE, 1, "DoNotSchedule", "web")));
-    case.nodes = vec![ExistingNode { node: node("n1", "test-zone-a", "1", "1Gi", json!({})), pods: vec![running("old", "n1", "1", app("web"))] }];
+    let mut case = Case::new(pods(
+        "web",
+        2,
+        "500m",
+        "512Mi",
+        spread(labels::ZONE, 1, "DoNotSchedule", "web"),
+    ));
+    case.nodes = vec![ExistingNode {
+        node: node("n1", "test-zone-a", "1", "1Gi", json!({})),
+        pods: vec![running("old", "n1", "1", app("web"))],
+    }];
     let plan = case.solve();
     let z = zones_of(&plan, "web");
     assert_eq!(z.get("test-zone-a"), None, "zone a already has one: {z:?}");
@@ -396,11 +556,17 @@ fn zonal_spread_counts_running_pods() {
 #[test]
 fn node_affinity_policy_honor_limits_the_domains() {
     let mut extra = spread(labels::ZONE, 1, "DoNotSchedule", "web");
-    fixtures::merge(&mut extra, json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a", "test-zone-b"]}]}]}}}}}));
+    fixtures::merge(
+        &mut extra,
+        json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a", "test-zone-b"]}]}]}}}}}),
+    );
     let plan = Case::new(pods("web", 4, "500m", "512Mi", extra)).solve();
     let z = zones_of(&plan, "web");
-    assert_eq!(z, [("test-zone-a".to_string(), 2), ("test-zone-b".to_string(), 2)].into());
+    assert_eq!(
+        z,
+        [("test-zone-a".to_string(), 2), ("test-zone-b".to_string(), 2)].into()
+    );
 }
 
 #[test]
@@ -419,8 +585,20 @@ fn min_domains_forces_spreading_before_skew_allows_stacking() {
 #[test]
 fn node_taints_policy_decides_whether_tainted_domains_count() {
     // Pools make nodes in zones a and b only; an existing tainted node is in zone c.
-    let ab = pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: topology.kubernetes.io/zone, operator: In, values: [test-zone-a, test-zone-b]}]");
-    let tainted = || ExistingNode { node: node("n-c", "test-zone-c", "1", "1Gi", json!({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}})), pods: vec![] };
+    let ab = pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: topology.kubernetes.io/zone, operator: In, values: [test-zone-a, test-zone-b]}]",
+    );
+    let tainted = || ExistingNode {
+        node: node(
+            "n-c",
+            "test-zone-c",
+            "1",
+            "1Gi",
+            json!({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}),
+        ),
+        pods: vec![],
+    };
     let run = |policy: &str| {
         let mut extra = spread(labels::ZONE, 1, "DoNotSchedule", "web");
         extra["spec"]["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!(policy);
@@ -433,7 +611,10 @@ fn node_taints_policy_decides_whether_tainted_domains_count() {
     // Honor: the untolerated node's zone is not a domain; a and b take two each.
     let plan = run("Honor");
     assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
-    assert_eq!(zones_of(&plan, "web"), [("test-zone-a".to_string(), 2), ("test-zone-b".to_string(), 2)].into());
+    assert_eq!(
+        zones_of(&plan, "web"),
+        [("test-zone-a".to_string(), 2), ("test-zone-b".to_string(), 2)].into()
+    );
 }
 
 #[test]
@@ -441,41 +622,102 @@ fn preferred_pod_affinity_is_honoured_when_possible() {
     let pref = json!({"spec": {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 10, "podAffinityTerm": {"topologyKey": labels::ZONE, "labelSelector": {"matchLabels": {"app": "db"}}}}]}}}});
     let mut case = Case::new(pods("a", 1, "1", "1Gi", pref.clone()));
-    case.nodes = vec![ExistingNode { node: node("n1", "test-zone-c", "1", "1Gi", json!({})), pods: vec![running("db", "n1", "1", app("db"))] }];
+    case.nodes = vec![ExistingNode {
+        node: node("n1", "test-zone-c", "1", "1Gi", json!({})),
+        pods: vec![running("db", "n1", "1", app("db"))],
+    }];
     assert_eq!(zones_of(&case.solve(), "a"), [("test-zone-c".to_string(), 1)].into());
     // Nothing to be near: relaxed, still scheduled.
-    assert!(Case::new(pods("a", 1, "1", "1Gi", pref)).solve().unschedulable.is_empty());
+    assert!(
+        Case::new(pods("a", 1, "1", "1Gi", pref))
+            .solve()
+            .unschedulable
+            .is_empty()
+    );
 }
 
 #[test]
 fn hostname_spread_and_schedule_anyway() {
-    let plan = Case::new(pods("h", 4, "100m", "100Mi", spread(labels::HOSTNAME, 1, "DoNotSchedule", "h"))).solve();
+    let plan = Case::new(pods(
+        "h",
+        4,
+        "100m",
+        "100Mi",
+        spread(labels::HOSTNAME, 1, "DoNotSchedule", "h"),
+    ))
+    .solve();
     assert_eq!(plan.node_claims.len(), 4);
     // ScheduleAnyway is honoured when possible too ...
-    let plan = Case::new(pods("s", 3, "100m", "100Mi", spread(labels::HOSTNAME, 1, "ScheduleAnyway", "s"))).solve();
+    let plan = Case::new(pods(
+        "s",
+        3,
+        "100m",
+        "100Mi",
+        spread(labels::HOSTNAME, 1, "ScheduleAnyway", "s"),
+    ))
+    .solve();
     assert_eq!(plan.node_claims.len(), 3);
     // ... and relaxed when the pool cannot make more nodes.
-    let one = pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\nlimits: {nodes: \"1\"}");
-    let plan = Case::new(pods("s", 3, "100m", "100Mi", spread(labels::HOSTNAME, 1, "ScheduleAnyway", "s"))).pools(vec![one.clone()]).solve();
+    let one = pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\nlimits: {nodes: \"1\"}",
+    );
+    let plan = Case::new(pods(
+        "s",
+        3,
+        "100m",
+        "100Mi",
+        spread(labels::HOSTNAME, 1, "ScheduleAnyway", "s"),
+    ))
+    .pools(vec![one.clone()])
+    .solve();
     assert_eq!(plan.node_claims.len(), 1);
     assert!(plan.unschedulable.is_empty());
-    let plan = Case::new(pods("h", 3, "100m", "100Mi", spread(labels::HOSTNAME, 1, "DoNotSchedule", "h"))).pools(vec![one]).solve();
+    let plan = Case::new(pods(
+        "h",
+        3,
+        "100m",
+        "100Mi",
+        spread(labels::HOSTNAME, 1, "DoNotSchedule", "h"),
+    ))
+    .pools(vec![one])
+    .solve();
     assert_eq!(plan.unschedulable.len(), 2);
 }
 
 #[test]
 fn capacity_type_and_custom_label_spread() {
-    let plan = Case::new(pods("c", 4, "500m", "512Mi", spread(labels::CAPACITY_TYPE, 1, "DoNotSchedule", "c"))).solve();
+    let plan = Case::new(pods(
+        "c",
+        4,
+        "500m",
+        "512Mi",
+        spread(labels::CAPACITY_TYPE, 1, "DoNotSchedule", "c"),
+    ))
+    .solve();
     let mut by_ct = std::collections::BTreeMap::new();
     for c in &plan.node_claims {
         *by_ct.entry(c.capacity_type.clone()).or_insert(0) += c.pods.len();
     }
     assert_eq!(by_ct, [("on-demand".to_string(), 2), ("spot".to_string(), 2)].into());
-    let racks = pool("default", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: example.com/rack, operator: In, values: [r1, r2]}]");
-    let plan = Case::new(pods("r", 4, "500m", "512Mi", spread("example.com/rack", 1, "DoNotSchedule", "r"))).pools(vec![racks]).solve();
+    let racks = pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: example.com/rack, operator: In, values: [r1, r2]}]",
+    );
+    let plan = Case::new(pods(
+        "r",
+        4,
+        "500m",
+        "512Mi",
+        spread("example.com/rack", 1, "DoNotSchedule", "r"),
+    ))
+    .pools(vec![racks])
+    .solve();
     let mut by_rack = std::collections::BTreeMap::new();
     for c in &plan.node_claims {
-        *by_rack.entry(c.labels.get("example.com/rack").cloned().unwrap_or_default()).or_insert(0) += c.pods.len();
+        *by_rack
+            .entry(c.labels.get("example.com/rack").cloned().unwrap_or_default())
+            .or_insert(0) += c.pods.len();
     }
     assert_eq!(by_rack, [("r1".to_string(), 2), ("r2".to_string(), 2)].into());
 }
@@ -483,11 +725,24 @@ fn capacity_type_and_custom_label_spread() {
 #[test]
 fn match_label_keys_split_groups() {
     let mk = |name: &str, ver: &str| {
-        pod(name, "500m", "512Mi", json!({"metadata": {"labels": {"app": "w", "ver": ver}}, "spec": {"topologySpreadConstraints": [
-            {"maxSkew": 1, "topologyKey": labels::ZONE, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "w"}}, "matchLabelKeys": ["ver"]}]}}))
+        pod(
+            name,
+            "500m",
+            "512Mi",
+            json!({"metadata": {"labels": {"app": "w", "ver": ver}}, "spec": {"topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": labels::ZONE, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "w"}}, "matchLabelKeys": ["ver"]}]}}),
+        )
     };
     // Per version, one pod per zone; both versions may share a zone.
-    let plan = Case::new(vec![mk("a-0", "1"), mk("a-1", "1"), mk("a-2", "1"), mk("b-0", "2"), mk("b-1", "2"), mk("b-2", "2")]).solve();
+    let plan = Case::new(vec![
+        mk("a-0", "1"),
+        mk("a-1", "1"),
+        mk("a-2", "1"),
+        mk("b-0", "2"),
+        mk("b-1", "2"),
+        mk("b-2", "2"),
+    ])
+    .solve();
     assert!(zones_of(&plan, "a-").values().all(|n| *n == 1));
     assert!(zones_of(&plan, "b-").values().all(|n| *n == 1));
 }
@@ -501,22 +756,49 @@ fn term(kind: &str, key: &str, app: &str) -> serde_json::Value {
 
 #[test]
 fn hostname_anti_affinity_one_pod_per_node() {
-    let plan = Case::new(pods("a", 3, "100m", "100Mi", with(app("a"), term("podAntiAffinity", labels::HOSTNAME, "a")))).solve();
+    let plan = Case::new(pods(
+        "a",
+        3,
+        "100m",
+        "100Mi",
+        with(app("a"), term("podAntiAffinity", labels::HOSTNAME, "a")),
+    ))
+    .solve();
     assert_eq!(plan.node_claims.len(), 3);
     assert!(plan.node_claims.iter().all(|c| c.pods.len() == 1));
 }
 
 #[test]
 fn zonal_anti_affinity_at_most_one_per_zone() {
-    let plan = Case::new(pods("a", 4, "100m", "100Mi", with(app("a"), term("podAntiAffinity", labels::ZONE, "a")))).solve();
+    let plan = Case::new(pods(
+        "a",
+        4,
+        "100m",
+        "100Mi",
+        with(app("a"), term("podAntiAffinity", labels::ZONE, "a")),
+    ))
+    .solve();
     assert_eq!(zones_of(&plan, "a").len(), 3);
     assert_eq!(plan.unschedulable.len(), 1, "{plan:#?}");
-    assert!(plan.unschedulable[0].reason.contains("pod anti-affinity on topology.kubernetes.io/zone"), "{:?}", plan.unschedulable);
+    assert!(
+        plan.unschedulable[0]
+            .reason
+            .contains("pod anti-affinity on topology.kubernetes.io/zone"),
+        "{:?}",
+        plan.unschedulable
+    );
 }
 
 #[test]
 fn zonal_self_affinity_keeps_pods_together() {
-    let plan = Case::new(pods("a", 10, "1", "1Gi", with(app("a"), term("podAffinity", labels::ZONE, "a")))).solve();
+    let plan = Case::new(pods(
+        "a",
+        10,
+        "1",
+        "1Gi",
+        with(app("a"), term("podAffinity", labels::ZONE, "a")),
+    ))
+    .solve();
     assert_eq!(zones_of(&plan, "a").len(), 1, "{plan:#?}");
     assert!(plan.node_claims.len() > 1);
 }
@@ -524,7 +806,10 @@ fn zonal_self_affinity_keeps_pods_together() {
 #[test]
 fn affinity_to_a_running_pod_follows_its_zone() {
     let mut case = Case::new(pods("a", 2, "1", "1Gi", term("podAffinity", labels::ZONE, "db")));
-    case.nodes = vec![ExistingNode { node: node("n1", "test-zone-b", "1", "1Gi", json!({})), pods: vec![running("db", "n1", "1", app("db"))] }];
+    case.nodes = vec![ExistingNode {
+        node: node("n1", "test-zone-b", "1", "1Gi", json!({})),
+        pods: vec![running("db", "n1", "1", app("db"))],
+    }];
     let plan = case.solve();
     assert_eq!(zones_of(&plan, "a"), [("test-zone-b".to_string(), 2)].into());
     // Without the running pod nothing matches: unschedulable.
@@ -537,10 +822,18 @@ fn inverse_anti_affinity_of_running_pods() {
     let mut case = Case::new(pods("w", 1, "100m", "100Mi", app("web")));
     case.nodes = vec![ExistingNode {
         node: node("n1", "test-zone-a", "4", "8Gi", json!({})),
-        pods: vec![running("guard", "n1", "100m", with(app("guard"), term("podAntiAffinity", labels::HOSTNAME, "web")))],
+        pods: vec![running(
+            "guard",
+            "n1",
+            "100m",
+            with(app("guard"), term("podAntiAffinity", labels::HOSTNAME, "web")),
+        )],
     }];
     let plan = case.solve();
-    assert!(plan.existing.is_empty(), "the running pod's anti-affinity keeps web off n1: {plan:?}");
+    assert!(
+        plan.existing.is_empty(),
+        "the running pod's anti-affinity keeps web off n1: {plan:?}"
+    );
     assert_eq!(plan.node_claims.len(), 1);
     // A pod the term does not match goes onto the node.
     let mut case2 = Case::new(pods("o", 1, "100m", "100Mi", app("other")));
@@ -566,17 +859,38 @@ fn host_ports_conflict() {
     let plan = Case::new(pods("h", 2, "100m", "100Mi", hp)).solve();
     assert_eq!(plan.node_claims.len(), 2);
     let udp = json!({"spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}], "resources": {"requests": {"cpu": "100m"}}}]}});
-    let mut all = pods("h", 1, "100m", "100Mi", json!({"spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 8080}], "resources": {"requests": {"cpu": "100m"}}}]}}));
+    let mut all = pods(
+        "h",
+        1,
+        "100m",
+        "100Mi",
+        json!({"spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 8080}], "resources": {"requests": {"cpu": "100m"}}}]}}),
+    );
     all.extend(pods("u", 1, "100m", "100Mi", udp));
-    assert_eq!(Case::new(all).solve().node_claims.len(), 1, "TCP and UDP do not conflict");
+    assert_eq!(
+        Case::new(all).solve().node_claims.len(),
+        1,
+        "TCP and UDP do not conflict"
+    );
 }
 
 // ---------- volumes ----------
 
 #[test]
 fn bound_volume_pins_the_zone() {
-    let mut case = Case::new(pods("v", 1, "100m", "100Mi", json!({"spec": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}})));
-    case.pvcs = vec![serde_json::from_value(json!({"metadata": {"name": "data", "namespace": "default"}, "spec": {"volumeName": "pv1"}})).unwrap()];
+    let mut case = Case::new(pods(
+        "v",
+        1,
+        "100m",
+        "100Mi",
+        json!({"spec": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+    ));
+    case.pvcs = vec![
+        serde_json::from_value(
+            json!({"metadata": {"name": "data", "namespace": "default"}, "spec": {"volumeName": "pv1"}}),
+        )
+        .unwrap(),
+    ];
     case.pvs = vec![serde_json::from_value(json!({"metadata": {"name": "pv1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "topology.ebs.csi.aws.com/zone", "operator": "In", "values": ["test-zone-c"]}]}]}}}})).unwrap()];
     let plan = case.solve();
@@ -585,14 +899,33 @@ fn bound_volume_pins_the_zone() {
 
 #[test]
 fn storage_class_allowed_topologies_and_missing_claims() {
-    let mut case = Case::new(pods("v", 1, "100m", "100Mi", json!({"spec": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}})));
-    case.pvcs = vec![serde_json::from_value(json!({"metadata": {"name": "data", "namespace": "default"}, "spec": {"storageClassName": "zonal"}})).unwrap()];
-    case.scs = vec![serde_json::from_value(json!({"metadata": {"name": "zonal"}, "provisioner": "ebs.csi.aws.com", "allowedTopologies": [
-        {"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["test-zone-b"]}]}]})).unwrap()];
+    let mut case = Case::new(pods(
+        "v",
+        1,
+        "100m",
+        "100Mi",
+        json!({"spec": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+    ));
+    case.pvcs = vec![
+        serde_json::from_value(
+            json!({"metadata": {"name": "data", "namespace": "default"}, "spec": {"storageClassName": "zonal"}}),
+        )
+        .unwrap(),
+    ];
+    case.scs = vec![
+        serde_json::from_value(
+            json!({"metadata": {"name": "zonal"}, "provisioner": "ebs.csi.aws.com", "allowedTopologies": [
+        {"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["test-zone-b"]}]}]}),
+        )
+        .unwrap(),
+    ];
     assert_eq!(claim_of(&case.solve(), "v-0").zone, "test-zone-b");
     case.pvcs.clear();
     let plan = case.solve();
-    assert_eq!(plan.unschedulable[0].reason, "persistentvolumeclaim default/data not found");
+    assert_eq!(
+        plan.unschedulable[0].reason,
+        "persistentvolumeclaim default/data not found"
+    );
 }
 
 // ---------- daemonsets ----------
@@ -615,15 +948,28 @@ fn daemonset_overhead_is_reserved_on_new_nodes() {
     assert_eq!(c.instance_type, "c.xlarge", "1.5 + 1 cpu no longer fits 2 cpu");
     assert_eq!(c.requests.get("cpu").milli(), 2500);
     // A daemon that only runs on arm64 adds nothing to amd64 nodes.
-    case.daemon_sets = vec![daemonset("1", json!({"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/arch": "arm64"}}}}}))];
+    case.daemon_sets = vec![daemonset(
+        "1",
+        json!({"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/arch": "arm64"}}}}}),
+    )];
     let plan = case.solve();
     assert_eq!(claim_of(&plan, "p-0").instance_type, "c.large");
 }
 
 #[test]
 fn daemonset_that_does_not_tolerate_the_pool_taint_adds_nothing() {
-    let tainted = pool("t", "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: dedicated, effect: NoSchedule}]");
-    let mut case = Case::new(pods("p", 1, "1500m", "1Gi", json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}}))).pools(vec![tainted]);
+    let tainted = pool(
+        "t",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    taints: [{key: dedicated, effect: NoSchedule}]",
+    );
+    let mut case = Case::new(pods(
+        "p",
+        1,
+        "1500m",
+        "1Gi",
+        json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}}),
+    ))
+    .pools(vec![tainted]);
     case.daemon_sets = vec![daemonset("1", json!({}))];
     assert_eq!(claim_of(&case.solve(), "p-0").instance_type, "c.large");
 }
@@ -632,7 +978,10 @@ fn daemonset_that_does_not_tolerate_the_pool_taint_adds_nothing() {
 
 #[test]
 fn existing_nodes_are_used_first_unless_cordoned_tainted_or_full() {
-    let n = |extra| ExistingNode { node: node("n1", "test-zone-a", "2", "4Gi", extra), pods: vec![running("r", "n1", "1", json!({}))] };
+    let n = |extra| ExistingNode {
+        node: node("n1", "test-zone-a", "2", "4Gi", extra),
+        pods: vec![running("r", "n1", "1", json!({}))],
+    };
     let mut case = Case::new(pods("p", 2, "500m", "512Mi", json!({})));
     case.nodes = vec![n(json!({}))];
     let plan = case.solve();
@@ -694,7 +1043,13 @@ fn fixtures_claim() -> NodeClaim {
 #[test]
 fn deterministic_and_names_are_stable() {
     let mk = || {
-        let mut v = pods("web", 6, "500m", "512Mi", spread(labels::ZONE, 1, "DoNotSchedule", "web"));
+        let mut v = pods(
+            "web",
+            6,
+            "500m",
+            "512Mi",
+            spread(labels::ZONE, 1, "DoNotSchedule", "web"),
+        );
         v.extend(pods("big", 3, "3", "6Gi", json!({})));
         Case::new(v)
     };
@@ -707,7 +1062,14 @@ fn deterministic_and_names_are_stable() {
 
 #[test]
 fn converts_to_a_pending_node_claim() {
-    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-b"}}}))).solve();
+    let plan = Case::new(pods(
+        "p",
+        1,
+        "1",
+        "1Gi",
+        json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-b"}}}),
+    ))
+    .solve();
     let c = &plan.node_claims[0];
     let nc = c.to_node_claim();
     assert_eq!(nc.phase, Phase::Pending);

@@ -92,18 +92,31 @@ impl Groups {
         let g = self.list.len();
         let hostname = id.key == labels::HOSTNAME;
         self.index.insert(id.clone(), g);
-        self.list.push(Group { id, hostname, universe: Vec::new() });
+        self.list.push(Group {
+            id,
+            hostname,
+            universe: Vec::new(),
+        });
         g
     }
 
     /// The group of a spread constraint owned by a pod in `namespace`.
-    pub fn spread(&mut self, s: &Spread, namespace: &str, terms: &[Requirements], tolerations: &[Toleration]) -> GroupId {
+    pub fn spread(
+        &mut self,
+        s: &Spread,
+        namespace: &str,
+        terms: &[Requirements],
+        tolerations: &[Toleration],
+    ) -> GroupId {
         let filter = NodeFilter {
             terms: (s.honor_affinity && terms.iter().any(|t| !t.is_empty())).then(|| terms.to_vec()),
             tolerations: s.honor_taints.then(|| tolerations.to_vec()),
         };
         self.intern(GroupKey {
-            kind: GroupKind::Spread { max_skew: s.max_skew, min_domains: s.min_domains.filter(|_| s.required) },
+            kind: GroupKind::Spread {
+                max_skew: s.max_skew,
+                min_domains: s.min_domains.filter(|_| s.required),
+            },
             key: s.key.clone(),
             selector: s.selector.clone(),
             namespaces: Namespaces::Only([namespace.to_string()].into()),
@@ -113,7 +126,13 @@ impl Groups {
 
     /// The group of a pod (anti-)affinity term.
     pub fn term(&mut self, t: &PodTerm, kind: GroupKind) -> GroupId {
-        self.intern(GroupKey { kind, key: t.key.clone(), selector: t.selector.clone(), namespaces: t.namespaces.clone(), filter: NodeFilter::default() })
+        self.intern(GroupKey {
+            kind,
+            key: t.key.clone(),
+            selector: t.selector.clone(),
+            namespaces: t.namespaces.clone(),
+            filter: NodeFilter::default(),
+        })
     }
 
     /// The groups whose selector counts a pod with these labels in `namespace`.
@@ -175,7 +194,11 @@ pub struct Counts {
 impl Counts {
     /// Zero counts for `n` groups.
     pub fn new(n: usize) -> Self {
-        Counts { counts: vec![HashMap::new(); n], owners: vec![HashMap::new(); n], total: vec![0; n] }
+        Counts {
+            counts: vec![HashMap::new(); n],
+            owners: vec![HashMap::new(); n],
+            total: vec![0; n],
+        }
     }
 
     /// Matching pods of group `g` in domain `d`.
@@ -207,7 +230,10 @@ impl Counts {
         if group.hostname || group.universe.is_empty() {
             return 0;
         }
-        if let GroupKind::Spread { min_domains: Some(m), .. } = group.id.kind {
+        if let GroupKind::Spread {
+            min_domains: Some(m), ..
+        } = group.id.kind
+        {
             if (group.universe.len() as i64) < m as i64 {
                 return 0;
             }

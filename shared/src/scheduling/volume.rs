@@ -29,11 +29,28 @@ impl<'a> Volumes<'a> {
         Volumes {
             claims: pvcs
                 .iter()
-                .map(|c| ((c.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name(&c.metadata)), c))
+                .map(|c| {
+                    (
+                        (
+                            c.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                            name(&c.metadata),
+                        ),
+                        c,
+                    )
+                })
                 .collect(),
             volumes: pvs.iter().map(|v| (name(&v.metadata), v)).collect(),
             classes: scs.iter().map(|s| (name(&s.metadata), s)).collect(),
-            default_class: scs.iter().filter(|s| s.metadata.annotations.as_ref().and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION)).is_some_and(|v| v == "true")).min_by_key(|s| name(&s.metadata)),
+            default_class: scs
+                .iter()
+                .filter(|s| {
+                    s.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                        .is_some_and(|v| v == "true")
+                })
+                .min_by_key(|s| name(&s.metadata)),
         }
     }
 
@@ -50,7 +67,12 @@ impl<'a> Volumes<'a> {
             let spec = pvc.spec.as_ref();
             let or = match spec.and_then(|s| s.volume_name.as_deref()).filter(|v| !v.is_empty()) {
                 Some(pv_name) => {
-                    let pv = self.volumes.get(pv_name).ok_or_else(|| format!("persistentvolume {pv_name} (bound to {}/{claim}) not found", pod.pod.namespace))?;
+                    let pv = self.volumes.get(pv_name).ok_or_else(|| {
+                        format!(
+                            "persistentvolume {pv_name} (bound to {}/{claim}) not found",
+                            pod.pod.namespace
+                        )
+                    })?;
                     volume_terms(pv)?
                 }
                 None => self.class_terms(spec.and_then(|s| s.storage_class_name.as_deref()))?,
@@ -72,10 +94,17 @@ impl<'a> Volumes<'a> {
     fn class_terms(&self, name: Option<&str>) -> Result<Option<Vec<Requirements>>, String> {
         let sc = match name {
             Some("") => return Ok(None),
-            Some(n) => Some(*self.classes.get(n).ok_or_else(|| format!("storageclass {n} not found"))?),
+            Some(n) => Some(
+                *self
+                    .classes
+                    .get(n)
+                    .ok_or_else(|| format!("storageclass {n} not found"))?,
+            ),
             None => self.default_class,
         };
-        let Some(terms) = sc.and_then(|s| s.allowed_topologies.as_ref()).filter(|t| !t.is_empty()) else { return Ok(None) };
+        let Some(terms) = sc.and_then(|s| s.allowed_topologies.as_ref()).filter(|t| !t.is_empty()) else {
+            return Ok(None);
+        };
         let mut or = Vec::new();
         for t in terms {
             let mut r = Requirements::new();
@@ -89,11 +118,24 @@ impl<'a> Volumes<'a> {
 }
 
 fn volume_terms(pv: &PersistentVolume) -> Result<Option<Vec<Requirements>>, String> {
-    let Some(sel) = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).and_then(|a| a.required.as_ref()) else { return Ok(None) };
+    let Some(sel) = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+    else {
+        return Ok(None);
+    };
     let name = pv.metadata.name.clone().unwrap_or_default();
     let mut or = Vec::new();
     for (i, t) in sel.node_selector_terms.iter().enumerate() {
-        or.push(term_requirements(t, &format!("persistentvolume {name} spec.nodeAffinity.required.nodeSelectorTerms[{i}]")).map_err(|e| e.to_string())?);
+        or.push(
+            term_requirements(
+                t,
+                &format!("persistentvolume {name} spec.nodeAffinity.required.nodeSelectorTerms[{i}]"),
+            )
+            .map_err(|e| e.to_string())?,
+        );
     }
     Ok(if or.is_empty() { None } else { Some(or) })
 }

@@ -56,7 +56,11 @@ pub fn simulate(s: &Scenario, catalog: &Catalog) -> Report {
     let start = Instant::now();
     let plan = solve(&input);
     let solve_millis = start.elapsed().as_secs_f64() * 1000.0;
-    Report { plan, pending_pods: s.pods.len(), solve_millis }
+    Report {
+        plan,
+        pending_pods: s.pods.len(),
+        solve_millis,
+    }
 }
 
 /// Reads the catalog file, or the built-in catalog without one.
@@ -64,10 +68,19 @@ pub fn load_catalog(path: Option<&std::path::Path>) -> Result<Catalog, SimulateE
     match path {
         Some(p) => {
             let file = p.display().to_string();
-            let text = std::fs::read_to_string(p).map_err(|e| SimulateError::Catalog { file: file.clone(), message: format!("cannot read: {e}") })?;
-            crate::catalog::file::parse(&text).map_err(|e| SimulateError::Catalog { file, message: e.to_string() })
+            let text = std::fs::read_to_string(p).map_err(|e| SimulateError::Catalog {
+                file: file.clone(),
+                message: format!("cannot read: {e}"),
+            })?;
+            crate::catalog::file::parse(&text).map_err(|e| SimulateError::Catalog {
+                file,
+                message: e.to_string(),
+            })
         }
-        None => crate::catalog::builtin().cloned().map_err(|e| SimulateError::Catalog { file: "built-in catalog".into(), message: e.to_string() }),
+        None => crate::catalog::builtin().cloned().map_err(|e| SimulateError::Catalog {
+            file: "built-in catalog".into(),
+            message: e.to_string(),
+        }),
     }
 }
 

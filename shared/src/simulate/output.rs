@@ -37,7 +37,12 @@ pub fn to_json(r: &Report) -> Value {
         .iter()
         .map(|e| json!({"name": e.name, "pods": e.pods.iter().map(|p| p.to_string()).collect::<Vec<_>>()}))
         .collect();
-    let unschedulable: Vec<Value> = r.plan.unschedulable.iter().map(|u| json!({"pod": u.pod.to_string(), "reason": u.reason})).collect();
+    let unschedulable: Vec<Value> = r
+        .plan
+        .unschedulable
+        .iter()
+        .map(|u| json!({"pod": u.pod.to_string(), "reason": u.reason}))
+        .collect();
     json!({
         "nodeClaims": claims,
         "existingNodes": existing,
@@ -50,7 +55,18 @@ pub fn to_json(r: &Report) -> Value {
 /// A human-readable summary: one line per new node, then placements on
 /// existing nodes, unschedulable pods and the total.
 pub fn to_table(r: &Report) -> String {
-    let mut rows: Vec<[String; 7]> = vec![["NODECLAIM", "NODEPOOL", "INSTANCE TYPE", "ZONE", "CAPACITY", "$/HOUR", "PODS"].map(String::from)];
+    let mut rows: Vec<[String; 7]> = vec![
+        [
+            "NODECLAIM",
+            "NODEPOOL",
+            "INSTANCE TYPE",
+            "ZONE",
+            "CAPACITY",
+            "$/HOUR",
+            "PODS",
+        ]
+        .map(String::from),
+    ];
     for c in &r.plan.node_claims {
         rows.push([
             c.name.clone(),
@@ -62,7 +78,9 @@ pub fn to_table(r: &Report) -> String {
             c.pods.len().to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..7).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..7)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
     let mut out = String::new();
     for row in &rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
@@ -78,7 +96,8 @@ pub fn to_table(r: &Report) -> String {
             out.push_str(&format!("  {}: {}\n", u.pod, u.reason));
         }
     }
-    let placed: usize = r.plan.node_claims.iter().map(|c| c.pods.len()).sum::<usize>() + r.plan.existing.iter().map(|e| e.pods.len()).sum::<usize>();
+    let placed: usize = r.plan.node_claims.iter().map(|c| c.pods.len()).sum::<usize>()
+        + r.plan.existing.iter().map(|e| e.pods.len()).sum::<usize>();
     out.push_str(&format!(
         "{} new node(s), ${:.4}/hour; {} pending pod(s): {} placed, {} unschedulable; solved in {:.2} ms\n",
         r.plan.node_claims.len(),

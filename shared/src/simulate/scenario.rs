@@ -44,18 +44,29 @@ fn pods_from_template(meta: &ObjectMeta, template: &PodTemplateSpec, count: i32)
             let mut m = template.metadata.clone().unwrap_or_default();
             m.name = Some(format!("{name}-{i}"));
             m.namespace = Some(namespace.clone());
-            Pod { metadata: m, spec: template.spec.clone(), status: None }
+            Pod {
+                metadata: m,
+                spec: template.spec.clone(),
+                status: None,
+            }
         })
         .collect()
 }
 
 fn err(doc: &Document, path: String, message: String) -> ManifestError {
-    ManifestError { file: doc.file.clone(), index: doc.index, path, message }
+    ManifestError {
+        file: doc.file.clone(),
+        index: doc.index,
+        path,
+        message,
+    }
 }
 
 /// Checks that the solver can model a pod, naming the field when not.
 fn check(doc: &Document, pod: &Pod, prefix: &str) -> Result<(), ManifestError> {
-    PodModel::from_pod(pod).map(|_| ()).map_err(|e| err(doc, format!("{prefix}{}", e.path), e.message))
+    PodModel::from_pod(pod)
+        .map(|_| ())
+        .map_err(|e| err(doc, format!("{prefix}{}", e.path), e.message))
 }
 
 impl Scenario {
@@ -75,7 +86,11 @@ impl Scenario {
                 }
                 Object::Pod(p) => {
                     check(d, p, "")?;
-                    if p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty()) {
+                    if p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .is_some_and(|n| !n.is_empty())
+                    {
                         bound.push((d, p.clone()));
                         continue;
                     }
@@ -83,11 +98,19 @@ impl Scenario {
                     p.metadata.namespace.get_or_insert_with(|| "default".into());
                     vec![p]
                 }
-                Object::Deployment(x) => x.spec.as_ref().map(|sp| pods_from_template(&x.metadata, &sp.template, sp.replicas.unwrap_or(1))).unwrap_or_default(),
+                Object::Deployment(x) => x
+                    .spec
+                    .as_ref()
+                    .map(|sp| pods_from_template(&x.metadata, &sp.template, sp.replicas.unwrap_or(1)))
+                    .unwrap_or_default(),
                 Object::ReplicaSet(x) => x
                     .spec
                     .as_ref()
-                    .and_then(|sp| sp.template.as_ref().map(|t| pods_from_template(&x.metadata, t, sp.replicas.unwrap_or(1))))
+                    .and_then(|sp| {
+                        sp.template
+                            .as_ref()
+                            .map(|t| pods_from_template(&x.metadata, t, sp.replicas.unwrap_or(1)))
+                    })
                     .unwrap_or_default(),
                 Object::StatefulSet(x) => {
                     let Some(sp) = x.spec.as_ref() else { continue };
@@ -99,16 +122,30 @@ impl Scenario {
                             let tmpl = t.metadata.name.clone().unwrap_or_default();
                             let claim = format!("{tmpl}-{set}-{i}");
                             if let Some(spec) = p.spec.as_mut() {
-                                spec.volumes.get_or_insert_with(Vec::new).push(k8s_openapi::api::core::v1::Volume {
-                                    name: tmpl.clone(),
-                                    persistent_volume_claim: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource { claim_name: claim.clone(), read_only: None }),
-                                    ..Default::default()
-                                });
+                                spec.volumes
+                                    .get_or_insert_with(Vec::new)
+                                    .push(k8s_openapi::api::core::v1::Volume {
+                                        name: tmpl.clone(),
+                                        persistent_volume_claim: Some(
+                                            k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                                                claim_name: claim.clone(),
+                                                read_only: None,
+                                            },
+                                        ),
+                                        ..Default::default()
+                                    });
                             }
-                            let exists = s.persistent_volume_claims.iter().any(|c| c.metadata.name.as_deref() == Some(claim.as_str()) && c.metadata.namespace.as_deref().unwrap_or("default") == ns);
+                            let exists = s.persistent_volume_claims.iter().any(|c| {
+                                c.metadata.name.as_deref() == Some(claim.as_str())
+                                    && c.metadata.namespace.as_deref().unwrap_or("default") == ns
+                            });
                             if !exists {
                                 s.persistent_volume_claims.push(PersistentVolumeClaim {
-                                    metadata: ObjectMeta { name: Some(claim), namespace: Some(ns.clone()), ..Default::default() },
+                                    metadata: ObjectMeta {
+                                        name: Some(claim),
+                                        namespace: Some(ns.clone()),
+                                        ..Default::default()
+                                    },
                                     spec: t.spec.clone(),
                                     status: None,
                                 });
@@ -117,7 +154,11 @@ impl Scenario {
                     }
                     pods
                 }
-                Object::Job(x) => x.spec.as_ref().map(|sp| pods_from_template(&x.metadata, &sp.template, sp.parallelism.unwrap_or(1))).unwrap_or_default(),
+                Object::Job(x) => x
+                    .spec
+                    .as_ref()
+                    .map(|sp| pods_from_template(&x.metadata, &sp.template, sp.parallelism.unwrap_or(1)))
+                    .unwrap_or_default(),
                 Object::DaemonSet(x) => {
                     if let Some(p) = daemon_pod(x) {
                         check(d, &p, "spec.template.")?;
@@ -126,7 +167,10 @@ impl Scenario {
                     continue;
                 }
                 Object::Node(n) => {
-                    s.nodes.push(ExistingNode { node: n.clone(), pods: vec![] });
+                    s.nodes.push(ExistingNode {
+                        node: n.clone(),
+                        pods: vec![],
+                    });
                     continue;
                 }
                 Object::PodDisruptionBudget(_) => continue,
@@ -138,7 +182,9 @@ impl Scenario {
                     let mut c = c.clone();
                     c.metadata.namespace.get_or_insert_with(|| "default".into());
                     // A claim template expanded earlier is replaced by the real claim.
-                    s.persistent_volume_claims.retain(|o| !(o.metadata.name == c.metadata.name && o.metadata.namespace == c.metadata.namespace));
+                    s.persistent_volume_claims.retain(|o| {
+                        !(o.metadata.name == c.metadata.name && o.metadata.namespace == c.metadata.namespace)
+                    });
                     s.persistent_volume_claims.push(c);
                     continue;
                 }
@@ -152,12 +198,21 @@ impl Scenario {
             }
             s.pods.extend(expanded);
         }
-        let index: BTreeMap<String, usize> = s.nodes.iter().enumerate().map(|(i, n)| (n.node.metadata.name.clone().unwrap_or_default(), i)).collect();
+        let index: BTreeMap<String, usize> = s
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.node.metadata.name.clone().unwrap_or_default(), i))
+            .collect();
         for (d, p) in bound {
             let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
             match index.get(&node) {
                 Some(i) => s.nodes[*i].pods.push(p),
-                None => warnings.push(Warning { file: d.file.clone(), index: d.index, message: format!("pod bound to unknown node {node:?} ignored") }),
+                None => warnings.push(Warning {
+                    file: d.file.clone(),
+                    index: d.index,
+                    message: format!("pod bound to unknown node {node:?} ignored"),
+                }),
             }
         }
         s.add_daemon_pods();
@@ -173,9 +228,26 @@ impl Scenario {
             let ds_name = ds.metadata.name.clone().unwrap_or_default();
             for n in &mut self.nodes {
                 let labels = n.node.metadata.labels.clone().unwrap_or_default();
-                let taints: Vec<_> = n.node.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten().filter_map(taint_from_k8s).collect();
-                let runs = n.pods.iter().any(|p| p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet" && o.name == ds_name));
-                if runs || tolerates_all(&model.tolerations, &taints, true).is_err() || !model.node_terms.iter().any(|t| t.matches_labels(&labels)) {
+                let taints: Vec<_> = n
+                    .node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(taint_from_k8s)
+                    .collect();
+                let runs = n.pods.iter().any(|p| {
+                    p.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.kind == "DaemonSet" && o.name == ds_name)
+                });
+                if runs
+                    || tolerates_all(&model.tolerations, &taints, true).is_err()
+                    || !model.node_terms.iter().any(|t| t.matches_labels(&labels))
+                {
                     continue;
                 }
                 let mut p = pod.clone();

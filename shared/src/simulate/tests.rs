@@ -18,10 +18,27 @@ fn workloads_expand_into_named_pods() {
     let s = scenario(&format!(
         "{POOL}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: shop}}\nspec:\n  replicas: 3\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec: {{containers: [{{name: c, image: i}}]}}\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {{name: batch}}\nspec:\n  parallelism: 2\n  template:\n    spec: {{restartPolicy: Never, containers: [{{name: c, image: i}}]}}\n---\napiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: db}}\nspec:\n  serviceName: db\n  selector: {{matchLabels: {{app: db}}}}\n  template:\n    metadata: {{labels: {{app: db}}}}\n    spec: {{containers: [{{name: c, image: i}}]}}\n  volumeClaimTemplates:\n    - metadata: {{name: data}}\n      spec: {{accessModes: [ReadWriteOnce]}}\n"
     ));
-    let names: Vec<String> = s.pods.iter().map(|p| crate::scheduling::PodRef::of(p).to_string()).collect();
-    assert_eq!(names, vec!["shop/web-0", "shop/web-1", "shop/web-2", "default/batch-0", "default/batch-1", "default/db-0"]);
+    let names: Vec<String> = s
+        .pods
+        .iter()
+        .map(|p| crate::scheduling::PodRef::of(p).to_string())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "shop/web-0",
+            "shop/web-1",
+            "shop/web-2",
+            "default/batch-0",
+            "default/batch-1",
+            "default/db-0"
+        ]
+    );
     assert_eq!(s.pods[0].metadata.labels.as_ref().unwrap().get("app").unwrap(), "web");
-    assert_eq!(s.persistent_volume_claims[0].metadata.name.as_deref(), Some("data-db-0"));
+    assert_eq!(
+        s.persistent_volume_claims[0].metadata.name.as_deref(),
+        Some("data-db-0")
+    );
     assert_eq!(s.node_pools.len(), 1);
 }
 
@@ -31,7 +48,11 @@ fn bound_pods_run_on_their_node_and_daemons_land_on_nodes_they_fit() {
         "{POOL}---\napiVersion: v1\nkind: Node\nmetadata: {{name: n1, labels: {{kubernetes.io/arch: amd64}}}}\nstatus: {{allocatable: {{cpu: '4', memory: 8Gi, pods: '20'}}}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: n2}}\nspec: {{taints: [{{key: k, effect: NoSchedule}}]}}\nstatus: {{allocatable: {{cpu: '4', memory: 8Gi, pods: '20'}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: r}}\nspec: {{nodeName: n1, containers: [{{name: c, image: i}}]}}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: agent, namespace: kube-system}}\nspec:\n  selector: {{matchLabels: {{app: agent}}}}\n  template:\n    metadata: {{labels: {{app: agent}}}}\n    spec: {{containers: [{{name: a, image: i, resources: {{requests: {{cpu: '1'}}}}}}]}}\n"
     ));
     assert!(s.pods.is_empty());
-    let n1: Vec<String> = s.nodes[0].pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    let n1: Vec<String> = s.nodes[0]
+        .pods
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
     assert_eq!(n1, vec!["r", "agent-n1"]);
     assert!(s.nodes[1].pods.is_empty(), "the daemon does not tolerate n2's taint");
 }
@@ -43,7 +64,10 @@ fn bad_pod_spec_names_document_and_field() {
     );
     let (docs, mut w) = parse_documents("bad.yaml", &text).unwrap();
     let e = Scenario::from_documents(&docs, &mut w).unwrap_err();
-    assert_eq!((e.file.as_str(), e.index, e.path.as_str()), ("bad.yaml", 1, "spec.template.spec.tolerations[0].operator"));
+    assert_eq!(
+        (e.file.as_str(), e.index, e.path.as_str()),
+        ("bad.yaml", 1, "spec.template.spec.tolerations[0].operator")
+    );
 }
 
 #[test]
@@ -61,14 +85,23 @@ fn json_output_follows_the_contract() {
     assert_eq!(c["pricePerHour"], 0.08);
     assert_eq!(c["allocatable"]["memory"], "4Gi");
     assert_eq!(c["labels"]["kubernetes.io/hostname"], c["name"]);
-    assert_eq!(c["pods"], serde_json::json!(["default/inflate-0", "default/inflate-1", "default/inflate-2"]));
+    assert_eq!(
+        c["pods"],
+        serde_json::json!(["default/inflate-0", "default/inflate-1", "default/inflate-2"])
+    );
     assert_eq!(v["unschedulable"][0]["pod"], "default/huge");
-    assert_eq!(v["unschedulable"][0]["reason"], "no instance type in NodePool default fits 900 cpu");
+    assert_eq!(
+        v["unschedulable"][0]["reason"],
+        "no instance type in NodePool default fits 900 cpu"
+    );
     assert_eq!(v["totalPricePerHour"], 0.08);
     assert_eq!(v["stats"]["pendingPods"], 4);
     let table = to_table(&r);
     assert!(table.starts_with("NODECLAIM"), "{table}");
-    assert!(table.contains("default/huge: no instance type in NodePool default fits 900 cpu"), "{table}");
+    assert!(
+        table.contains("default/huge: no instance type in NodePool default fits 900 cpu"),
+        "{table}"
+    );
 }
 
 #[test]

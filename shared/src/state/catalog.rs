@@ -40,25 +40,45 @@ pub fn join(generation: &str, parts: &[Vec<u8>]) -> Result<Vec<u8>, StateError> 
 impl StateStore {
     /// Stores the catalog; returns its generation (sha256 of its JSON).
     pub async fn put_catalog(&self, catalog: &Catalog) -> Result<String, StateError> {
-        let json = serde_json::to_vec(catalog)
-            .map_err(|e| StateError::Corrupt { what: "catalog", key: "HEAD".into(), reason: format!("cannot serialise: {e}") })?;
+        let json = serde_json::to_vec(catalog).map_err(|e| StateError::Corrupt {
+            what: "catalog",
+            key: "HEAD".into(),
+            reason: format!("cannot serialise: {e}"),
+        })?;
         let (generation, parts) = split(&json);
         let previous = self.catalog_head().await?;
         for (i, p) in parts.iter().enumerate() {
             let mut it = item::key(PK_CATALOG, &part_key(&generation, i));
             it.insert("data".into(), AttributeValue::B(Blob::new(p.to_vec())));
-            self.client.put_item().table_name(&self.table).set_item(Some(it)).send().await.map_err(|e| self.dynamo("PutItem", e))?;
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(it))
+                .send()
+                .await
+                .map_err(|e| self.dynamo("PutItem", e))?;
         }
         let mut head = item::key(PK_CATALOG, "HEAD");
         head.insert("generation".into(), s(&generation));
         head.insert("parts".into(), n(parts.len()));
-        self.client.put_item().table_name(&self.table).set_item(Some(head)).send().await.map_err(|e| self.dynamo("PutItem", e))?;
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(head))
+            .send()
+            .await
+            .map_err(|e| self.dynamo("PutItem", e))?;
         // The old generation's parts are garbage now; a reader that fetched the
         // old head a moment ago may still want them, so failures here are only logged.
         if let Some((old, count)) = previous.filter(|(g, _)| *g != generation) {
             for i in 0..count {
-                if let Err(e) =
-                    self.client.delete_item().table_name(&self.table).set_key(Some(item::key(PK_CATALOG, &part_key(&old, i)))).send().await
+                if let Err(e) = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .set_key(Some(item::key(PK_CATALOG, &part_key(&old, i))))
+                    .send()
+                    .await
                 {
                     tracing::warn!(generation = %old, part = i, error = %aws_smithy_types::error::display::DisplayErrorContext(&e), "cannot delete old catalog part");
                 }
@@ -78,14 +98,22 @@ impl StateStore {
             .await
             .map_err(|e| self.dynamo("GetItem", e))?;
         let Some(it) = out.item() else { return Ok(None) };
-        Ok(Some((get_s(it, "catalog", "generation")?.to_string(), get_i64(it, "catalog", "parts")? as usize)))
+        Ok(Some((
+            get_s(it, "catalog", "generation")?.to_string(),
+            get_i64(it, "catalog", "parts")? as usize,
+        )))
     }
 
     /// The stored catalog, if any.
     pub async fn get_catalog(&self) -> Result<Option<Catalog>, StateError> {
-        let Some((generation, count)) = self.catalog_head().await? else { return Ok(None) };
+        let Some((generation, count)) = self.catalog_head().await? else {
+            return Ok(None);
+        };
         let mut parts: Vec<(String, Vec<u8>)> = Vec::with_capacity(count);
-        for it in &self.query_partition(PK_CATALOG, Some(&format!("PART#{generation}#"))).await? {
+        for it in &self
+            .query_partition(PK_CATALOG, Some(&format!("PART#{generation}#")))
+            .await?
+        {
             let sk = get_s(it, "catalog", "sk")?.to_string();
             match it.get("data") {
                 Some(AttributeValue::B(b)) => parts.push((sk, b.clone().into_inner())),
@@ -104,7 +132,11 @@ impl StateStore {
         let json = join(&generation, &bytes)?;
         serde_json::from_slice(&json)
             .map(Some)
-            .map_err(|e| StateError::Corrupt { what: "catalog", key: generation, reason: format!("not a Catalog: {e}") })
+            .map_err(|e| StateError::Corrupt {
+                what: "catalog",
+                key: generation,
+                reason: format!("not a Catalog: {e}"),
+            })
     }
 }
 

@@ -20,7 +20,12 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(false),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(self.dynamo("PutItem", e)),
         }
     }

@@ -36,9 +36,9 @@ pub fn get_s<'a>(item: &'a Item, what: &'static str, attr: &str) -> Result<&'a s
 /// Reads a number attribute as an integer.
 pub fn get_i64(item: &Item, what: &'static str, attr: &str) -> Result<i64, StateError> {
     match item.get(attr) {
-        Some(AttributeValue::N(v)) => {
-            v.parse::<i64>().map_err(|e| corrupt(item, what, format!("attribute {attr}={v:?} is not an integer: {e}")))
-        }
+        Some(AttributeValue::N(v)) => v
+            .parse::<i64>()
+            .map_err(|e| corrupt(item, what, format!("attribute {attr}={v:?} is not an integer: {e}"))),
         Some(_) => Err(corrupt(item, what, format!("attribute {attr} is not a number"))),
         None => Err(corrupt(item, what, format!("attribute {attr} is missing"))),
     }

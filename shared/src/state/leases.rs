@@ -20,7 +20,13 @@ pub struct Lease {
 impl StateStore {
     /// Takes the lease for `ttl_ms` if it is free, expired, or already ours.
     /// `Ok(None)` means someone else holds it.
-    pub async fn acquire_lease(&self, name: &str, holder: &str, ttl_ms: i64, now_ms: i64) -> Result<Option<Lease>, StateError> {
+    pub async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Lease>, StateError> {
         let until = now_ms + ttl_ms;
         let res = self
             .client
@@ -47,7 +53,12 @@ impl StateStore {
                     until_ms: until,
                 }))
             }
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(None),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(self.dynamo("UpdateItem", e)),
         }
     }
@@ -55,8 +66,12 @@ impl StateStore {
     /// Extends a held lease; `LeaseLost` if it expired and was taken, or was released.
     pub async fn renew_lease(&self, lease: &Lease, ttl_ms: i64, now_ms: i64) -> Result<Lease, StateError> {
         let until = now_ms + ttl_ms;
-        self.guarded_lease_write(lease, "SET leaseUntil = :u", until, now_ms).await?;
-        Ok(Lease { until_ms: until, ..lease.clone() })
+        self.guarded_lease_write(lease, "SET leaseUntil = :u", until, now_ms)
+            .await?;
+        Ok(Lease {
+            until_ms: until,
+            ..lease.clone()
+        })
     }
 
     /// Gives a held lease up at once (the token stays, so the next holder gets a higher one).
@@ -64,7 +79,13 @@ impl StateStore {
         self.guarded_lease_write(lease, "SET leaseUntil = :u", 0, now_ms).await
     }
 
-    async fn guarded_lease_write(&self, lease: &Lease, update: &str, until: i64, now_ms: i64) -> Result<(), StateError> {
+    async fn guarded_lease_write(
+        &self,
+        lease: &Lease,
+        update: &str,
+        until: i64,
+        now_ms: i64,
+    ) -> Result<(), StateError> {
         let res = self
             .client
             .update_item()
@@ -80,8 +101,15 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
-                Err(StateError::LeaseLost { name: lease.name.clone(), holder: lease.holder.clone(), version: lease.version })
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Err(StateError::LeaseLost {
+                    name: lease.name.clone(),
+                    holder: lease.holder.clone(),
+                    version: lease.version,
+                })
             }
             Err(e) => Err(self.dynamo("UpdateItem", e)),
         }
@@ -104,8 +132,15 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
-                Err(StateError::LeaseLost { name: lease.name.clone(), holder: lease.holder.clone(), version: lease.version })
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Err(StateError::LeaseLost {
+                    name: lease.name.clone(),
+                    holder: lease.holder.clone(),
+                    version: lease.version,
+                })
             }
             Err(e) => Err(self.dynamo("DeleteItem", e)),
         }

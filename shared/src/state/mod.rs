@@ -113,7 +113,10 @@ pub struct StateStore {
 impl StateStore {
     /// A store over `table`.
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        StateStore { client, table: table.into() }
+        StateStore {
+            client,
+            table: table.into(),
+        }
     }
 
     /// The table name.
@@ -155,7 +158,11 @@ impl StateStore {
     }
 
     fn dynamo<E: std::error::Error + 'static>(&self, op: &'static str, err: E) -> StateError {
-        StateError::Dynamo { op, table: self.table.clone(), message: DisplayErrorContext(&err).to_string() }
+        StateError::Dynamo {
+            op,
+            table: self.table.clone(),
+            message: DisplayErrorContext(&err).to_string(),
+        }
     }
 }
 

@@ -34,9 +34,10 @@ pub fn to_item(claim: &NodeClaim, version: u64) -> Result<Item, StateError> {
 pub fn from_item(it: &Item) -> Result<NodeClaim, StateError> {
     let body = get_s(it, "nodeclaim", "body")?;
     let version = get_i64(it, "nodeclaim", "version")?;
-    let mut claim: NodeClaim =
-        serde_json::from_str(body).map_err(|e| item::corrupt(it, "nodeclaim", format!("body is not a NodeClaim: {e}")))?;
-    claim.version = u64::try_from(version).map_err(|_| item::corrupt(it, "nodeclaim", format!("negative version {version}")))?;
+    let mut claim: NodeClaim = serde_json::from_str(body)
+        .map_err(|e| item::corrupt(it, "nodeclaim", format!("body is not a NodeClaim: {e}")))?;
+    claim.version =
+        u64::try_from(version).map_err(|_| item::corrupt(it, "nodeclaim", format!("negative version {version}")))?;
     Ok(claim)
 }
 
@@ -53,8 +54,14 @@ impl StateStore {
             .send()
             .await;
         match res {
-            Ok(_) => Ok(NodeClaim { version: 1, ..claim.clone() }),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+            Ok(_) => Ok(NodeClaim {
+                version: 1,
+                ..claim.clone()
+            }),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
                 Err(StateError::AlreadyExists(claim.name.clone()))
             }
             Err(e) => Err(self.dynamo("PutItem", e)),
@@ -64,7 +71,12 @@ impl StateStore {
     /// Creates NodeClaims only while `lease` is still held (fencing): each
     /// transaction checks the lease item's holder, token and expiry beside
     /// the conditional puts, so a solver whose lease was taken over writes nothing.
-    pub async fn create_node_claims_fenced(&self, lease: &Lease, claims: &[NodeClaim], now_ms: i64) -> Result<Vec<NodeClaim>, StateError> {
+    pub async fn create_node_claims_fenced(
+        &self,
+        lease: &Lease,
+        claims: &[NodeClaim],
+        now_ms: i64,
+    ) -> Result<Vec<NodeClaim>, StateError> {
         let mut out = Vec::with_capacity(claims.len());
         for chunk in claims.chunks(CLAIMS_PER_TRANSACTION) {
             let check = ConditionCheck::builder()
@@ -76,7 +88,10 @@ impl StateStore {
                 .expression_attribute_values(":now", n(now_ms))
                 .build()
                 .map_err(|e| self.dynamo("TransactWriteItems", e))?;
-            let mut req = self.client.transact_write_items().transact_items(TransactWriteItem::builder().condition_check(check).build());
+            let mut req = self
+                .client
+                .transact_write_items()
+                .transact_items(TransactWriteItem::builder().condition_check(check).build());
             for c in chunk {
                 let put = Put::builder()
                     .table_name(&self.table)
@@ -87,7 +102,10 @@ impl StateStore {
                 req = req.transact_items(TransactWriteItem::builder().put(put).build());
             }
             match req.send().await {
-                Ok(_) => out.extend(chunk.iter().map(|c| NodeClaim { version: 1, ..c.clone() })),
+                Ok(_) => out.extend(chunk.iter().map(|c| NodeClaim {
+                    version: 1,
+                    ..c.clone()
+                })),
                 Err(e) => {
                     let reasons: Vec<Option<String>> = e
                         .as_service_error()
@@ -98,9 +116,14 @@ impl StateStore {
                             _ => None,
                         })
                         .unwrap_or_default();
-                    let failed = |r: Option<&Option<String>>| r.and_then(|c| c.as_deref()) == Some("ConditionalCheckFailed");
+                    let failed =
+                        |r: Option<&Option<String>>| r.and_then(|c| c.as_deref()) == Some("ConditionalCheckFailed");
                     if failed(reasons.first()) {
-                        return Err(StateError::LeaseLost { name: lease.name.clone(), holder: lease.holder.clone(), version: lease.version });
+                        return Err(StateError::LeaseLost {
+                            name: lease.name.clone(),
+                            holder: lease.holder.clone(),
+                            version: lease.version,
+                        });
                     }
                     if let Some(i) = (1..reasons.len()).find(|i| failed(reasons.get(*i))) {
                         return Err(StateError::AlreadyExists(chunk[i - 1].name.clone()));
@@ -140,10 +163,20 @@ impl StateStore {
             .send()
             .await;
         match res {
-            Ok(_) => Ok(NodeClaim { version: next, ..claim.clone() }),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+            Ok(_) => Ok(NodeClaim {
+                version: next,
+                ..claim.clone()
+            }),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
                 let found = self.get_node_claim(&claim.name).await?.map(|c| c.version);
-                Err(StateError::Conflict { name: claim.name.clone(), expected: claim.version, found })
+                Err(StateError::Conflict {
+                    name: claim.name.clone(),
+                    expected: claim.version,
+                    found,
+                })
             }
             Err(e) => Err(self.dynamo("PutItem", e)),
         }
@@ -162,9 +195,16 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
                 let found = self.get_node_claim(name).await?.map(|c| c.version);
-                Err(StateError::Conflict { name: name.to_string(), expected: version, found })
+                Err(StateError::Conflict {
+                    name: name.to_string(),
+                    expected: version,
+                    found,
+                })
             }
             Err(e) => Err(self.dynamo("DeleteItem", e)),
         }
@@ -172,13 +212,22 @@ impl StateStore {
 
     /// Every NodeClaim in the table, by name.
     pub async fn list_node_claims(&self) -> Result<Vec<NodeClaim>, StateError> {
-        self.query_partition(PK_NODECLAIM, None).await?.iter().map(from_item).collect()
+        self.query_partition(PK_NODECLAIM, None)
+            .await?
+            .iter()
+            .map(from_item)
+            .collect()
     }
 
     /// NodeClaims whose capacity exists or is on its way (everything but Terminating):
     /// what the solver must count against NodePool limits and reuse.
     pub async fn in_flight_node_claims(&self) -> Result<Vec<NodeClaim>, StateError> {
-        Ok(self.list_node_claims().await?.into_iter().filter(|c| c.phase.holds_capacity()).collect())
+        Ok(self
+            .list_node_claims()
+            .await?
+            .into_iter()
+            .filter(|c| c.phase.holds_capacity())
+            .collect())
     }
 
     /// The NodeClaim that launched `instance_id`, through the GSI (eventually consistent).
@@ -199,11 +248,9 @@ impl StateStore {
 
 #[cfg(test)]
 mod tests {
-    
 
     use super::*;
     use crate::nodeclaim::Phase;
-    
 
     fn claim() -> NodeClaim {
         NodeClaim {
@@ -226,7 +273,11 @@ mod tests {
 
     #[test]
     fn pending_claims_stay_out_of_the_instance_index() {
-        let c = NodeClaim { instance_id: None, phase: Phase::Pending, ..claim() };
+        let c = NodeClaim {
+            instance_id: None,
+            phase: Phase::Pending,
+            ..claim()
+        };
         assert!(!to_item(&c, 1).unwrap().contains_key("instanceId"));
     }
 
@@ -235,6 +286,9 @@ mod tests {
         let mut it = to_item(&claim(), 1).unwrap();
         it.insert("body".into(), s("{not json"));
         let e = from_item(&it).unwrap_err().to_string();
-        assert!(e.contains("corrupt nodeclaim item default-x1") && e.contains("body is not a NodeClaim"), "{e}");
+        assert!(
+            e.contains("corrupt nodeclaim item default-x1") && e.contains("body is not a NodeClaim"),
+            "{e}"
+        );
     }
 }

@@ -30,7 +30,11 @@ pub struct OfferingKey {
 impl OfferingKey {
     /// An offering key.
     pub fn new(instance_type: &str, zone: &str, capacity_type: &str) -> Self {
-        OfferingKey { instance_type: instance_type.into(), zone: zone.into(), capacity_type: capacity_type.into() }
+        OfferingKey {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            capacity_type: capacity_type.into(),
+        }
     }
 
     /// The sort key: `<capacity type>#<zone>#<instance type>`.
@@ -68,15 +72,26 @@ pub fn live(items: &[Item], now_secs: i64) -> Result<Vec<UnavailableOffering>, S
         let sk = get_s(it, "unavailable offering", "sk")?;
         let key = OfferingKey::from_sort_key(sk)
             .ok_or_else(|| item::corrupt(it, "unavailable offering", "sort key is not capacity#zone#type".into()))?;
-        let reason = get_s(it, "unavailable offering", "reason").unwrap_or("unknown").to_string();
-        out.push(UnavailableOffering { key, reason, expires_at });
+        let reason = get_s(it, "unavailable offering", "reason")
+            .unwrap_or("unknown")
+            .to_string();
+        out.push(UnavailableOffering {
+            key,
+            reason,
+            expires_at,
+        });
     }
     Ok(out)
 }
 
 impl StateStore {
     /// Marks offerings unavailable until `expires_at` (epoch s).
-    pub async fn mark_unavailable(&self, offerings: &[OfferingKey], reason: &str, expires_at: i64) -> Result<(), StateError> {
+    pub async fn mark_unavailable(
+        &self,
+        offerings: &[OfferingKey],
+        reason: &str,
+        expires_at: i64,
+    ) -> Result<(), StateError> {
         let unique: BTreeSet<&OfferingKey> = offerings.iter().collect();
         let unique: Vec<&OfferingKey> = unique.into_iter().collect();
         for chunk in unique.chunks(BATCH) {
@@ -85,13 +100,18 @@ impl StateStore {
                 let mut it = item::key(PK_UNAVAILABLE, &o.sort_key());
                 it.insert("reason".into(), s(reason));
                 it.insert("expiresAt".into(), n(expires_at));
-                let put = PutRequest::builder().set_item(Some(it)).build().map_err(|e| self.dynamo("BatchWriteItem", e))?;
+                let put = PutRequest::builder()
+                    .set_item(Some(it))
+                    .build()
+                    .map_err(|e| self.dynamo("BatchWriteItem", e))?;
                 writes.push(WriteRequest::builder().put_request(put).build());
             }
             let mut pending = Some(writes);
             // Unprocessed items are retried a few times; DynamoDB returns them under throttling.
             for _ in 0..5 {
-                let Some(w) = pending.take().filter(|w| !w.is_empty()) else { break };
+                let Some(w) = pending.take().filter(|w| !w.is_empty()) else {
+                    break;
+                };
                 let out = self
                     .client
                     .batch_write_item()
@@ -142,8 +162,16 @@ mod tests {
 
     #[test]
     fn expired_items_are_filtered_at_the_boundary() {
-        let items = [it("spot#a#m5.large", 100), it("spot#b#m5.large", 101), it("on-demand#a#c5.large", 99)];
-        let got: Vec<String> = live(&items, 100).unwrap().into_iter().map(|u| u.key.sort_key()).collect();
+        let items = [
+            it("spot#a#m5.large", 100),
+            it("spot#b#m5.large", 101),
+            it("on-demand#a#c5.large", 99),
+        ];
+        let got: Vec<String> = live(&items, 100)
+            .unwrap()
+            .into_iter()
+            .map(|u| u.key.sort_key())
+            .collect();
         assert_eq!(got, vec!["spot#b#m5.large"]);
         assert!(live(&[it("garbage", 200)], 100).is_err());
     }

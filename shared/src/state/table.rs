@@ -13,7 +13,11 @@ use super::{INSTANCE_INDEX, StateError};
 pub const TTL_ATTRIBUTE: &str = "expiresAt";
 
 fn err(op: &'static str, table: &str, e: impl std::error::Error + 'static) -> StateError {
-    StateError::Dynamo { op, table: table.to_string(), message: DisplayErrorContext(&e).to_string() }
+    StateError::Dynamo {
+        op,
+        table: table.to_string(),
+        message: DisplayErrorContext(&e).to_string(),
+    }
 }
 
 /// Creates the table with its key schema, GSI and TTL (on-demand billing).
@@ -26,7 +30,11 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), StateError
             .map_err(|e| err("CreateTable", table, e))
     };
     let key = |name: &str, t: KeyType| {
-        KeySchemaElement::builder().attribute_name(name).key_type(t).build().map_err(|e| err("CreateTable", table, e))
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(t)
+            .build()
+            .map_err(|e| err("CreateTable", table, e))
     };
     let gsi = GlobalSecondaryIndex::builder()
         .index_name(INSTANCE_INDEX)

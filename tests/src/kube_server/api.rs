@@ -67,15 +67,47 @@ fn parse_path(path: &str) -> Option<Target> {
         ["namespaces", ns, plural, tail @ ..] if find(plural).is_some_and(|r| r.namespaced) => {
             let res = find(plural)?;
             match tail {
-                [] => Some(Target { res, ns: s(ns), name: None, sub: None }),
-                [name] => Some(Target { res, ns: s(ns), name: s(name), sub: None }),
-                [name, sub] => Some(Target { res, ns: s(ns), name: s(name), sub: s(sub) }),
+                [] => Some(Target {
+                    res,
+                    ns: s(ns),
+                    name: None,
+                    sub: None,
+                }),
+                [name] => Some(Target {
+                    res,
+                    ns: s(ns),
+                    name: s(name),
+                    sub: None,
+                }),
+                [name, sub] => Some(Target {
+                    res,
+                    ns: s(ns),
+                    name: s(name),
+                    sub: s(sub),
+                }),
                 _ => None,
             }
         }
-        [plural] => Some(Target { res: find(plural)?, ns: None, name: None, sub: None }),
-        [plural, name] => Some(Target { res: find(plural)?, ns: None, name: s(name), sub: None }).filter(|t| !t.res.namespaced),
-        [plural, name, sub] => Some(Target { res: find(plural)?, ns: None, name: s(name), sub: s(sub) }).filter(|t| !t.res.namespaced),
+        [plural] => Some(Target {
+            res: find(plural)?,
+            ns: None,
+            name: None,
+            sub: None,
+        }),
+        [plural, name] => Some(Target {
+            res: find(plural)?,
+            ns: None,
+            name: s(name),
+            sub: None,
+        })
+        .filter(|t| !t.res.namespaced),
+        [plural, name, sub] => Some(Target {
+            res: find(plural)?,
+            ns: None,
+            name: s(name),
+            sub: s(sub),
+        })
+        .filter(|t| !t.res.namespaced),
         _ => None,
     }
 }
@@ -103,27 +135,49 @@ pub async fn handle(
         return status(code, reason, &format!("injected fault {code}"), None);
     }
     if path == "/version" {
-        return ok_json(StatusCode::OK, &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-nodesmith-test"}));
+        return ok_json(
+            StatusCode::OK,
+            &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-nodesmith-test"}),
+        );
     }
     let Some(t) = parse_path(&path) else {
-        return status(404, "NotFound", &format!("the server could not find the requested resource ({path})"), None);
+        return status(
+            404,
+            "NotFound",
+            &format!("the server could not find the requested resource ({path})"),
+            None,
+        );
     };
     let ns = t.ns.clone().unwrap_or_default();
     match (method.clone(), t.name.clone(), t.sub.as_deref()) {
-        (Method::GET, None, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => watch(shared, t.res, t.ns, &q).await,
+        (Method::GET, None, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+            watch(shared, t.res, t.ns, &q).await
+        }
         (Method::GET, None, None) => list(&shared, t.res, t.ns.as_deref(), &q),
         (Method::GET, Some(name), _) => {
             let mut store = shared.lock_store();
             let Some(v) = store.get(t.res, &ns, &name).cloned() else {
-                return status(404, "NotFound", &format!("{} \"{}\" not found", t.res.plural, name), None);
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("{} \"{}\" not found", t.res.plural, name),
+                    None,
+                );
             };
             if shared.take_touch(&path) {
                 let mut touched = v.clone();
                 let n = store.resource_version();
-                json_patch::merge(&mut touched, &json!({"metadata": {"annotations": {"test.nodesmith/touched": n.to_string()}}}));
+                json_patch::merge(
+                    &mut touched,
+                    &json!({"metadata": {"annotations": {"test.nodesmith/touched": n.to_string()}}}),
+                );
                 let _ = store.update(t.res, &ns, &name, touched);
             }
-            let v = if t.res == PDBS { disruption::with_status(v, &typed_pods(&store.list(PODS, None))) } else { v };
+            let v = if t.res == PDBS {
+                disruption::with_status(v, &typed_pods(&store.list(PODS, None)))
+            } else {
+                v
+            };
             ok_json(StatusCode::OK, &v)
         }
         (Method::POST, None, None) => {
@@ -133,7 +187,12 @@ pub async fn handle(
             };
             let body_ns = namespace_of(&obj).to_string();
             if t.res.namespaced && !body_ns.is_empty() && body_ns != ns {
-                return status(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request", None);
+                return status(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                    None,
+                );
             }
             match shared.lock_store().create(t.res, &ns, obj) {
                 Ok(v) => ok_json(StatusCode::CREATED, &v),
@@ -142,7 +201,9 @@ pub async fn handle(
         }
         (Method::POST, Some(name), Some("eviction")) if t.res == PODS => evict(&shared, &ns, &name),
         (Method::POST, Some(name), Some("binding")) if t.res == PODS => {
-            let target = serde_json::from_slice::<Value>(&body).ok().and_then(|b| b.pointer("/target/name").and_then(Value::as_str).map(str::to_string));
+            let target = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|b| b.pointer("/target/name").and_then(Value::as_str).map(str::to_string));
             let Some(node) = target else {
                 return status(400, "BadRequest", "binding needs target.name", None);
             };
@@ -152,7 +213,10 @@ pub async fn handle(
             };
             super::bind_json(&mut pod, &node);
             match store.update(PODS, &ns, &name, pod) {
-                Ok(_) => ok_json(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})),
+                Ok(_) => ok_json(
+                    StatusCode::CREATED,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+                ),
                 Err(e) => store_error(e),
             }
         }
@@ -171,18 +235,28 @@ pub async fn handle(
             Ok(v) => ok_json(StatusCode::OK, &v),
             Err(e) => store_error(e),
         },
-        _ => status(405, "MethodNotAllowed", &format!("{method} is not supported on {path}"), None),
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            &format!("{method} is not supported on {path}"),
+            None,
+        ),
     }
 }
 
 fn typed_pods(values: &[Value]) -> Vec<Pod> {
-    values.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect()
+    values
+        .iter()
+        .filter_map(|v| serde_json::from_value(v.clone()).ok())
+        .collect()
 }
 
 #[allow(clippy::result_large_err)] // the error is the response to send
 fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), Response> {
-    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or("")).map_err(|e| status(400, "BadRequest", &e, None))?;
-    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or("")).map_err(|e| status(400, "BadRequest", &e, None))?;
+    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|e| status(400, "BadRequest", &e, None))?;
+    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|e| status(400, "BadRequest", &e, None))?;
     Ok((ls, fs))
 }
 
@@ -192,12 +266,22 @@ fn list(shared: &Shared, res: &'static Resource, ns: Option<&str>, q: &HashMap<S
         Err(r) => return r,
     };
     let store = shared.lock_store();
-    let pods = if res == PDBS { typed_pods(&store.list(PODS, None)) } else { Vec::new() };
+    let pods = if res == PDBS {
+        typed_pods(&store.list(PODS, None))
+    } else {
+        Vec::new()
+    };
     let items: Vec<Value> = store
         .list(res, ns)
         .into_iter()
         .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
-        .map(|o| if res == PDBS { disruption::with_status(o, &pods) } else { o })
+        .map(|o| {
+            if res == PDBS {
+                disruption::with_status(o, &pods)
+            } else {
+                o
+            }
+        })
         .collect();
     let body = json!({
         "apiVersion": res.api_version(),
@@ -209,7 +293,11 @@ fn list(shared: &Shared, res: &'static Resource, ns: Option<&str>, q: &HashMap<S
 }
 
 fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers: &HeaderMap, body: &[u8]) -> Response {
-    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let patch_doc: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return status(400, "BadRequest", &format!("invalid patch body: {e}"), None),
@@ -225,8 +313,17 @@ fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers:
         };
         if let Err(e) = json_patch::patch(&mut doc, &p) {
             // A failed `test` operation is how clients do compare-and-swap.
-            let code = if matches!(e.kind, json_patch::PatchErrorKind::TestFailed) { 409 } else { 422 };
-            return status(code, if code == 409 { "Conflict" } else { "Invalid" }, &format!("JSON patch failed: {e}"), None);
+            let code = if matches!(e.kind, json_patch::PatchErrorKind::TestFailed) {
+                409
+            } else {
+                422
+            };
+            return status(
+                code,
+                if code == 409 { "Conflict" } else { "Invalid" },
+                &format!("JSON patch failed: {e}"),
+                None,
+            );
         }
     } else if ct.starts_with("application/merge-patch+json")
         || ct.starts_with("application/strategic-merge-patch+json")
@@ -236,7 +333,12 @@ fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers:
         // replaced whole. Callers in this project send merge or JSON patches.
         json_patch::merge(&mut doc, &patch_doc);
     } else {
-        return status(415, "UnsupportedMediaType", &format!("unsupported patch content type {ct:?}"), None);
+        return status(
+            415,
+            "UnsupportedMediaType",
+            &format!("unsupported patch content type {ct:?}"),
+            None,
+        );
     }
     match store.update(res, ns, name, doc) {
         Ok(v) => ok_json(StatusCode::OK, &v),
@@ -253,7 +355,11 @@ fn evict(shared: &Shared, ns: &str, name: &str) -> Response {
         return status(500, "InternalError", "stored pod does not parse", None);
     };
     let pods = typed_pods(&store.list(PODS, None));
-    let pdbs: Vec<PodDisruptionBudget> = store.list(PDBS, Some(ns)).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect();
+    let pdbs: Vec<PodDisruptionBudget> = store
+        .list(PDBS, Some(ns))
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
     if let Some(why) = disruption::eviction_blocked_by(&pod, &pdbs, &pods) {
         return status(
             429,
@@ -263,14 +369,23 @@ fn evict(shared: &Shared, ns: &str, name: &str) -> Response {
         );
     }
     match store.delete(PODS, ns, name) {
-        Ok(_) => ok_json(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
+        Ok(_) => ok_json(
+            StatusCode::CREATED,
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        ),
         Err(e) => store_error(e),
     }
 }
 
 /// What a watcher sees of a change, after namespace and selector filtering
 /// (an object leaving the selection is reported as DELETED, entering as ADDED).
-fn visible(r: &Recorded, res: &Resource, ns: Option<&str>, ls: &LabelSelector, fs: &FieldSelector) -> Option<(Change, Value)> {
+fn visible(
+    r: &Recorded,
+    res: &Resource,
+    ns: Option<&str>,
+    ls: &LabelSelector,
+    fs: &FieldSelector,
+) -> Option<(Change, Value)> {
     if r.resource != *res || ns.is_some_and(|n| namespace_of(&r.object) != n) {
         return None;
     }
@@ -291,7 +406,12 @@ fn line(change: &str, obj: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-async fn watch(shared: Arc<Shared>, res: &'static Resource, ns: Option<String>, q: &HashMap<String, String>) -> Response {
+async fn watch(
+    shared: Arc<Shared>,
+    res: &'static Resource,
+    ns: Option<String>,
+    q: &HashMap<String, String>,
+) -> Response {
     let (ls, fs) = match selectors(q) {
         Ok(s) => s,
         Err(r) => return r,
@@ -313,7 +433,11 @@ async fn watch(shared: Arc<Shared>, res: &'static Resource, ns: Option<String>, 
                 .collect()
         } else {
             match store.changes_since(rv) {
-                Some(rs) => rs.iter().filter_map(|r| visible(r, res, ns.as_deref(), &ls, &fs)).map(|(c, o)| line(c.as_str(), &o)).collect(),
+                Some(rs) => rs
+                    .iter()
+                    .filter_map(|r| visible(r, res, ns.as_deref(), &ls, &fs))
+                    .map(|(c, o)| line(c.as_str(), &o))
+                    .collect(),
                 None => {
                     let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
                         "message": format!("too old resource version: {rv} ({})", store.resource_version())});
@@ -362,4 +486,3 @@ async fn watch(shared: Arc<Shared>, res: &'static Resource, ns: Option<String>, 
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| status(500, "InternalError", &e.to_string(), None))
 }
-

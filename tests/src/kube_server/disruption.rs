@@ -30,11 +30,16 @@ pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) 
 pub fn is_healthy(pod: &Pod) -> bool {
     let status = pod.status.as_ref();
     status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && status.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn is_terminal(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"))
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
 }
 
 /// What a budget allows right now.
@@ -80,13 +85,22 @@ pub fn budget(pdb: &PodDisruptionBudget, pods: &[Pod]) -> Budget {
         (None, Some(max)) => (expected - scaled(max, expected)).max(0),
         (None, None) => 0,
     };
-    Budget { expected, healthy, desired, allowed: (healthy - desired).max(0) }
+    Budget {
+        expected,
+        healthy,
+        desired,
+        allowed: (healthy - desired).max(0),
+    }
 }
 
 /// Whether a budget covers a pod.
 pub fn covers(pdb: &PodDisruptionBudget, pod: &Pod) -> bool {
     pdb.metadata.namespace == pod.metadata.namespace
-        && pdb.spec.as_ref().and_then(|s| s.selector.as_ref()).is_some_and(|sel| selector_matches(sel, &pod.metadata.labels.clone().unwrap_or_default()))
+        && pdb
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .is_some_and(|sel| selector_matches(sel, &pod.metadata.labels.clone().unwrap_or_default()))
 }
 
 /// The PDB object with its status filled from the current pods.
@@ -114,7 +128,11 @@ pub fn with_status(pdb_json: Value, pods: &[Pod]) -> Value {
 /// Why an eviction must wait, or None when it may proceed.
 pub fn eviction_blocked_by(pod: &Pod, pdbs: &[PodDisruptionBudget], pods: &[Pod]) -> Option<String> {
     // Pods that are not running can always be evicted (as the API server allows).
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending");
     if phase != "Running" || pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -152,13 +170,38 @@ mod tests {
 
     #[test]
     fn budget_table() {
-        let pods = vec![pod("a", "web", true), pod("b", "web", true), pod("c", "web", false), pod("d", "db", true)];
+        let pods = vec![
+            pod("a", "web", true),
+            pod("b", "web", true),
+            pod("c", "web", false),
+            pod("d", "db", true),
+        ];
         for (spec, allowed, desired) in [
-            (json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}), 1, 1),
-            (json!({"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}), 0, 2),
-            (json!({"minAvailable": "50%", "selector": {"matchLabels": {"app": "web"}}}), 0, 2),
-            (json!({"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}), 0, 2),
-            (json!({"maxUnavailable": 2, "selector": {"matchLabels": {"app": "web"}}}), 1, 1),
+            (
+                json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}),
+                1,
+                1,
+            ),
+            (
+                json!({"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}),
+                0,
+                2,
+            ),
+            (
+                json!({"minAvailable": "50%", "selector": {"matchLabels": {"app": "web"}}}),
+                0,
+                2,
+            ),
+            (
+                json!({"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}),
+                0,
+                2,
+            ),
+            (
+                json!({"maxUnavailable": 2, "selector": {"matchLabels": {"app": "web"}}}),
+                1,
+                1,
+            ),
             (json!({"maxUnavailable": "100%", "selector": {}}), 3, 0),
         ] {
             let b = budget(&pdb(spec.clone()), &pods);

@@ -40,7 +40,9 @@ pub fn kubelet_flags_from_user_data(user_data: &str) -> (BTreeMap<String, String
     let value_after = |flag: &str, rest: &str| -> Option<String> {
         let start = rest.find(flag)? + flag.len();
         let tail = &rest[start..];
-        let end = tail.find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ']').unwrap_or(tail.len());
+        let end = tail
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ']')
+            .unwrap_or(tail.len());
         Some(tail[..end].to_string())
     };
     for line in user_data.lines() {
@@ -77,7 +79,10 @@ impl NodeRegistration {
     /// taints, resources and a Ready condition.
     pub fn to_node(&self) -> Value {
         let mut l = self.labels.clone();
-        let region = self.zone.trim_end_matches(|c: char| c.is_ascii_alphabetic()).to_string();
+        let region = self
+            .zone
+            .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .to_string();
         for (k, v) in [
             (labels::HOSTNAME, self.name.clone()),
             (labels::INSTANCE_TYPE, self.instance_type.clone()),
@@ -85,12 +90,20 @@ impl NodeRegistration {
             (labels::ZONE, self.zone.clone()),
             (labels::REGION, region.clone()),
             (labels::OS, "linux".into()),
-            (labels::ARCH, if self.arch.is_empty() { "amd64".into() } else { self.arch.clone() }),
+            (
+                labels::ARCH,
+                if self.arch.is_empty() {
+                    "amd64".into()
+                } else {
+                    self.arch.clone()
+                },
+            ),
         ] {
             l.entry(k.to_string()).or_insert(v);
         }
         if !self.capacity_type.is_empty() {
-            l.entry(labels::CAPACITY_TYPE.to_string()).or_insert(self.capacity_type.clone());
+            l.entry(labels::CAPACITY_TYPE.to_string())
+                .or_insert(self.capacity_type.clone());
         }
         let mut allocatable = self.capacity.clone();
         allocatable.extend(self.allocatable.clone());
@@ -118,20 +131,31 @@ impl NodeRegistration {
 /// data's `--node-labels`, taints from `--register-with-taints`, capacity and
 /// allocatable from the catalog. Instance types missing from the catalog are
 /// an error naming them.
-pub async fn registrations_from_ec2(ec2: &aws_sdk_ec2::Client, catalog: &nodesmith::catalog::Catalog) -> Result<Vec<NodeRegistration>, String> {
+pub async fn registrations_from_ec2(
+    ec2: &aws_sdk_ec2::Client,
+    catalog: &nodesmith::catalog::Catalog,
+) -> Result<Vec<NodeRegistration>, String> {
     use base64::Engine;
     let mut out = Vec::new();
     let mut pages = ec2.describe_instances().into_paginator().send();
     while let Some(page) = pages.next().await {
         let page = page.map_err(|e| format!("DescribeInstances: {}", aws_sdk_ec2::error::DisplayErrorContext(&e)))?;
         for inst in page.reservations().iter().flat_map(|r| r.instances()) {
-            let state = inst.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default();
+            let state = inst
+                .state()
+                .and_then(|s| s.name())
+                .map(|n| n.as_str().to_string())
+                .unwrap_or_default();
             if state != "running" && state != "pending" {
                 continue;
             }
             let id = inst.instance_id().unwrap_or_default().to_string();
             let itype = inst.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default();
-            let zone = inst.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_string();
+            let zone = inst
+                .placement()
+                .and_then(|p| p.availability_zone())
+                .unwrap_or_default()
+                .to_string();
             let info = catalog
                 .instance_types
                 .iter()
@@ -144,7 +168,12 @@ pub async fn registrations_from_ec2(ec2: &aws_sdk_ec2::Client, catalog: &nodesmi
                 .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
                 .send()
                 .await
-                .map_err(|e| format!("DescribeInstanceAttribute {id}: {}", aws_sdk_ec2::error::DisplayErrorContext(&e)))?;
+                .map_err(|e| {
+                    format!(
+                        "DescribeInstanceAttribute {id}: {}",
+                        aws_sdk_ec2::error::DisplayErrorContext(&e)
+                    )
+                })?;
             let user_data = attr
                 .user_data()
                 .and_then(|u| u.value())
@@ -155,13 +184,21 @@ pub async fn registrations_from_ec2(ec2: &aws_sdk_ec2::Client, catalog: &nodesmi
             let mut node_labels = resolved.labels.clone();
             node_labels.extend(flag_labels);
             let spot = inst.instance_lifecycle().is_some_and(|l| l.as_str() == "spot");
-            let name = inst.private_dns_name().filter(|n| !n.is_empty()).map(str::to_string).unwrap_or_else(|| id.clone());
+            let name = inst
+                .private_dns_name()
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .unwrap_or_else(|| id.clone());
             out.push(NodeRegistration {
                 name,
                 instance_id: id,
                 instance_type: itype,
                 zone,
-                capacity_type: if spot { labels::CAPACITY_SPOT.into() } else { labels::CAPACITY_ON_DEMAND.into() },
+                capacity_type: if spot {
+                    labels::CAPACITY_SPOT.into()
+                } else {
+                    labels::CAPACITY_ON_DEMAND.into()
+                },
                 arch: node_labels.get(labels::ARCH).cloned().unwrap_or_default(),
                 labels: node_labels,
                 taints,

@@ -35,8 +35,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 pub use kubelet::{NodeRegistration, kubelet_flags_from_user_data};
-pub use scheduler::ScheduleReport;
 use resources::{NODES, PODS};
+pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
 
 /// Answers matching requests with an error status instead of serving them.
@@ -55,7 +55,12 @@ pub struct Fault {
 impl Fault {
     /// Fails the next `times` requests of any kind with `status`.
     pub fn new(status: u16, times: usize) -> Self {
-        Fault { method: None, path_contains: String::new(), status, times }
+        Fault {
+            method: None,
+            path_contains: String::new(),
+            status,
+            times,
+        }
     }
 
     /// Restricts the fault to one method.
@@ -103,14 +108,23 @@ impl Shared {
     }
 
     fn record_request(&self, method: &Method, uri: &Uri, headers: &axum::http::HeaderMap) {
-        let authorization = headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
-        lock(&self.requests).push(RequestRecord { method: method.clone(), uri: uri.to_string(), authorization });
+        let authorization = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        lock(&self.requests).push(RequestRecord {
+            method: method.clone(),
+            uri: uri.to_string(),
+            authorization,
+        });
     }
 
     /// Whether a GET of `path` should be followed by a concurrent write.
     fn take_touch(&self, path: &str) -> bool {
         let mut t = lock(&self.touch_after_get);
-        let Some(i) = t.iter().position(|(p, n)| *n > 0 && path.contains(p.as_str())) else { return false };
+        let Some(i) = t.iter().position(|(p, n)| *n > 0 && path.contains(p.as_str())) else {
+            return false;
+        };
         t[i].1 -= 1;
         t.retain(|(_, n)| *n > 0);
         true
@@ -118,7 +132,9 @@ impl Shared {
 
     fn take_fault(&self, method: &Method, path: &str) -> Option<u16> {
         let mut faults = lock(&self.faults);
-        let i = faults.iter().position(|f| f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && path.contains(&f.path_contains))?;
+        let i = faults.iter().position(|f| {
+            f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && path.contains(&f.path_contains)
+        })?;
         faults[i].times -= 1;
         let code = faults[i].status;
         faults.retain(|f| f.times > 0);
@@ -180,14 +196,20 @@ impl KubeServer {
             watch_breaker: tokio::sync::watch::channel(0).0,
         });
         let app = Router::new().fallback(api::handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port for the Kubernetes test server");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the Kubernetes test server");
         let addr = listener.local_addr().expect("local address of the bound listener");
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "kubernetes test server stopped");
             }
         });
-        KubeServer { url: format!("http://{addr}"), shared, task }
+        KubeServer {
+            url: format!("http://{addr}"),
+            shared,
+            task,
+        }
     }
 
     /// The base URL (`http://127.0.0.1:port`).
@@ -226,9 +248,18 @@ impl KubeServer {
         let v = serde_json::to_value(obj).map_err(|e| e.to_string())?;
         let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
         let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
-        let res = resources::by_kind(api_version, kind).ok_or_else(|| format!("the test server does not serve {api_version}/{kind}"))?;
-        let ns = if res.namespaced { store::namespace_of(&v).to_string() } else { String::new() };
-        let ns = if res.namespaced && ns.is_empty() { "default".to_string() } else { ns };
+        let res = resources::by_kind(api_version, kind)
+            .ok_or_else(|| format!("the test server does not serve {api_version}/{kind}"))?;
+        let ns = if res.namespaced {
+            store::namespace_of(&v).to_string()
+        } else {
+            String::new()
+        };
+        let ns = if res.namespaced && ns.is_empty() {
+            "default".to_string()
+        } else {
+            ns
+        };
         let name = store::name_of(&v).to_string();
         let mut store = self.shared.lock_store();
         if !name.is_empty() && store.get(res, &ns, &name).is_some() {
@@ -252,7 +283,12 @@ impl KubeServer {
 
     /// Every pod.
     pub fn pods(&self) -> Vec<Pod> {
-        self.shared.lock_store().list(PODS, None).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect()
+        self.shared
+            .lock_store()
+            .list(PODS, None)
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
     }
 
     /// A node by name.
@@ -262,13 +298,22 @@ impl KubeServer {
 
     /// Every core/v1 Event.
     pub fn events(&self) -> Vec<Event> {
-        self.shared.lock_store().list(resources::EVENTS, None).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect()
+        self.shared
+            .lock_store()
+            .list(resources::EVENTS, None)
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
     }
 
     /// Deletes an object by apiVersion, kind, namespace and name.
     pub fn delete(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Result<Value, String> {
-        let res = resources::by_kind(api_version, kind).ok_or_else(|| format!("the test server does not serve {api_version}/{kind}"))?;
-        self.shared.lock_store().delete(res, ns, name).map_err(|e| format!("{e:?}"))
+        let res = resources::by_kind(api_version, kind)
+            .ok_or_else(|| format!("the test server does not serve {api_version}/{kind}"))?;
+        self.shared
+            .lock_store()
+            .delete(res, ns, name)
+            .map_err(|e| format!("{e:?}"))
     }
 
     /// Fails matching requests (see [`Fault`]).
@@ -290,7 +335,10 @@ impl KubeServer {
 
     /// How many requests had this method and a path+query containing `s`.
     pub fn count_requests(&self, method: &Method, s: &str) -> usize {
-        lock(&self.shared.requests).iter().filter(|r| r.method == method && r.uri.contains(s)).count()
+        lock(&self.shared.requests)
+            .iter()
+            .filter(|r| r.method == method && r.uri.contains(s))
+            .count()
     }
 
     /// Ends every open watch stream (clients reconnect from their last resourceVersion).
@@ -319,7 +367,11 @@ impl KubeServer {
 
     /// Registers a Node for every running EC2 instance (see
     /// [`kubelet::registrations_from_ec2`]); already registered ones are refreshed.
-    pub async fn register_ec2_instances(&self, ec2: &aws_sdk_ec2::Client, catalog: &nodesmith::catalog::Catalog) -> Result<Vec<Node>, String> {
+    pub async fn register_ec2_instances(
+        &self,
+        ec2: &aws_sdk_ec2::Client,
+        catalog: &nodesmith::catalog::Catalog,
+    ) -> Result<Vec<Node>, String> {
         let mut nodes = Vec::new();
         for reg in kubelet::registrations_from_ec2(ec2, catalog).await? {
             nodes.push(self.register_node(&reg)?);
@@ -349,14 +401,23 @@ fn schedule(shared: &Shared) -> ScheduleReport {
     {
         let mut store = shared.lock_store();
         let pod_values = store.list(PODS, None);
-        let pods: Vec<Pod> = pod_values.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
-        let nodes: Vec<Node> = store.list(NODES, None).into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect();
+        let pods: Vec<Pod> = pod_values
+            .iter()
+            .filter_map(|v| serde_json::from_value(v.clone()).ok())
+            .collect();
+        let nodes: Vec<Node> = store
+            .list(NODES, None)
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect();
         let mut report = ScheduleReport::default();
         for (i, outcome) in scheduler::plan(&pods, &nodes) {
             let pod = &pods[i];
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
-            let Some(mut v) = store.get(PODS, &ns, &name).cloned() else { continue };
+            let Some(mut v) = store.get(PODS, &ns, &name).cloned() else {
+                continue;
+            };
             match outcome {
                 Ok(node) => {
                     bind_json(&mut v, &node);
@@ -380,7 +441,11 @@ fn schedule(shared: &Shared) -> ScheduleReport {
 /// when the condition already says exactly that (as the scheduler avoids
 /// needless writes), so the resourceVersion only moves on real news.
 fn mark_unschedulable(pod: &mut Value, message: &str) {
-    let conds = pod.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let conds = pod
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let same = conds.iter().any(|c| {
         c.get("type") == Some(&json!("PodScheduled"))
             && c.get("status") == Some(&json!("False"))
@@ -390,7 +455,10 @@ fn mark_unschedulable(pod: &mut Value, message: &str) {
     if same {
         return;
     }
-    let mut conds: Vec<Value> = conds.into_iter().filter(|c| c.get("type") != Some(&json!("PodScheduled"))).collect();
+    let mut conds: Vec<Value> = conds
+        .into_iter()
+        .filter(|c| c.get("type") != Some(&json!("PodScheduled")))
+        .collect();
     conds.push(json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message, "lastTransitionTime": now_rfc3339()}));
     json_patch::merge(pod, &json!({"status": {"phase": "Pending", "conditions": conds}}));
 }

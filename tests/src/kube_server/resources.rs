@@ -23,12 +23,28 @@ impl Resource {
 
     /// `group/version`, or `version` for the core group.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 }
 
-const fn r(group: &'static str, version: &'static str, plural: &'static str, kind: &'static str, namespaced: bool) -> Resource {
-    Resource { group, version, plural, kind, namespaced }
+const fn r(
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+) -> Resource {
+    Resource {
+        group,
+        version,
+        plural,
+        kind,
+        namespaced,
+    }
 }
 
 /// Every resource the server serves.
@@ -49,12 +65,16 @@ pub const RESOURCES: &[Resource] = &[
 
 /// Looks a resource up by group, version and plural.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
-    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// Looks a resource up by apiVersion and kind (for seeding typed objects).
 pub fn by_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
-    RESOURCES.iter().find(|r| r.api_version() == api_version && r.kind == kind)
+    RESOURCES
+        .iter()
+        .find(|r| r.api_version() == api_version && r.kind == kind)
 }
 
 /// The pods resource.

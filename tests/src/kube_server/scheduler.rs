@@ -99,7 +99,12 @@ pub fn node_rejects(pod: &Pod, node: &Node) -> Option<&'static str> {
     if !ready {
         return Some("node(s) were not ready");
     }
-    if !spec.node_selector.iter().flatten().all(|(k, v)| labels.get(k) == Some(v)) {
+    if !spec
+        .node_selector
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v))
+    {
         return Some("node(s) didn't match Pod's node affinity/selector");
     }
     let terms = spec
@@ -109,7 +114,12 @@ pub fn node_rejects(pod: &Pod, node: &Node) -> Option<&'static str> {
         .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
         .map(|s| s.node_selector_terms.clone());
     if let Some(terms) = terms {
-        let any = terms.iter().any(|t| t.match_expressions.iter().flatten().all(|r| requirement_holds(r, &labels)));
+        let any = terms.iter().any(|t| {
+            t.match_expressions
+                .iter()
+                .flatten()
+                .all(|r| requirement_holds(r, &labels))
+        });
         if !any {
             return Some("node(s) didn't match Pod's node affinity/selector");
         }
@@ -131,7 +141,10 @@ pub fn node_rejects(pod: &Pod, node: &Node) -> Option<&'static str> {
 
 /// Whether a pod is bound or finished, so it uses (or used) node resources.
 pub fn is_active(pod: &Pod) -> bool {
-    !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"))
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
 }
 
 /// Picks a node for each pending pod, first fit in node-name order.
@@ -139,13 +152,22 @@ pub fn is_active(pod: &Pod) -> bool {
 pub fn plan(pods: &[Pod], nodes: &[Node]) -> Vec<(usize, Result<String, String>)> {
     let mut used: BTreeMap<String, Resources> = BTreeMap::new();
     for p in pods.iter().filter(|p| is_active(p)) {
-        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).filter(|n| !n.is_empty()) {
+        if let Some(n) = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .filter(|n| !n.is_empty())
+        {
             used.entry(n.clone()).or_default().add(&pod_requests(p));
         }
     }
     let mut out = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
-        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
+        let bound = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty());
         if bound || !is_active(pod) || pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
@@ -171,7 +193,11 @@ pub fn plan(pods: &[Pod], nodes: &[Node]) -> Vec<(usize, Result<String, String>)
             Some(n) => Ok(n),
             None => {
                 let detail: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
-                let tail = if detail.is_empty() { String::new() } else { format!(" {}.", detail.join(", ")) };
+                let tail = if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}.", detail.join(", "))
+                };
                 Err(format!("0/{} nodes are available:{tail}", nodes.len()))
             }
         };

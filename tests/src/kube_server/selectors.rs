@@ -45,8 +45,16 @@ fn split_terms(s: &str) -> Vec<&str> {
 }
 
 fn set_values(rest: &str, term: &str) -> Result<Vec<String>, String> {
-    let inner = rest.trim().strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(|| format!("invalid label selector term {term:?}: expected (values)"))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    let inner = rest
+        .trim()
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .ok_or_else(|| format!("invalid label selector term {term:?}: expected (values)"))?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -93,7 +101,11 @@ impl LabelSelector {
 pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
     obj.pointer("/metadata/labels")
         .and_then(Value::as_object)
-        .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -113,10 +125,16 @@ impl FieldSelector {
             } else if let Some((k, v)) = t.split_once('=') {
                 (k, true, v)
             } else {
-                return Err(format!("invalid field selector term {t:?}: expected field=value or field!=value"));
+                return Err(format!(
+                    "invalid field selector term {t:?}: expected field=value or field!=value"
+                ));
             };
             let k = k.trim();
-            if k.is_empty() || !k.split('.').all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric())) {
+            if k.is_empty()
+                || !k
+                    .split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric()))
+            {
                 return Err(format!("invalid field selector field {k:?}"));
             }
             terms.push((k.to_string(), eq, v.trim().to_string()));

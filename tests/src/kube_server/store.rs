@@ -73,13 +73,23 @@ pub struct Store {
 
 impl Default for Store {
     fn default() -> Self {
-        Store { objects: BTreeMap::new(), rv: 1, uid: 0, log: Vec::new(), compacted_below: 0, tx: broadcast::channel(4096).0 }
+        Store {
+            objects: BTreeMap::new(),
+            rv: 1,
+            uid: 0,
+            log: Vec::new(),
+            compacted_below: 0,
+            tx: broadcast::channel(4096).0,
+        }
     }
 }
 
 /// The resourceVersion of an object as a number (0 when absent or unparsable).
 pub fn rv_of(obj: &Value) -> u64 {
-    obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok()).unwrap_or(0)
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The namespace of an object ("" for cluster-scoped).
@@ -122,14 +132,21 @@ impl Store {
 
     /// One object.
     pub fn get(&self, res: &Resource, ns: &str, name: &str) -> Option<&Value> {
-        self.objects.get(&res.id()).and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+        self.objects
+            .get(&res.id())
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
     }
 
     /// All objects of a resource, optionally in one namespace, sorted by namespace and name.
     pub fn list(&self, res: &Resource, ns: Option<&str>) -> Vec<Value> {
         self.objects
             .get(&res.id())
-            .map(|m| m.iter().filter(|((n, _), _)| ns.is_none_or(|want| n == want)).map(|(_, v)| v.clone()).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|((n, _), _)| ns.is_none_or(|want| n == want))
+                    .map(|(_, v)| v.clone())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -139,7 +156,13 @@ impl Store {
     }
 
     fn record(&mut self, resource: Resource, change: Change, object: Value, old: Option<Value>) {
-        let r = Recorded { rv: self.rv, resource, change, object, old };
+        let r = Recorded {
+            rv: self.rv,
+            resource,
+            change,
+            object,
+            old,
+        };
         self.log.push(r.clone());
         // Nobody listening is fine.
         let _ = self.tx.send(r);
@@ -160,27 +183,41 @@ impl Store {
         let mut name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_string();
         if name.is_empty() {
             let Some(prefix) = meta.get("generateName").and_then(Value::as_str) else {
-                return Err(StoreError::Invalid("metadata.name or metadata.generateName is required".into()));
+                return Err(StoreError::Invalid(
+                    "metadata.name or metadata.generateName is required".into(),
+                ));
             };
             self.uid += 1;
             name = format!("{prefix}{:05x}", self.uid);
         }
         if res.namespaced {
             if ns.is_empty() {
-                return Err(StoreError::Invalid(format!("{} is namespaced: a namespace is required", res.plural)));
+                return Err(StoreError::Invalid(format!(
+                    "{} is namespaced: a namespace is required",
+                    res.plural
+                )));
             }
             meta.insert("namespace".into(), json!(ns));
         } else {
             meta.remove("namespace");
         }
-        let key = (if res.namespaced { ns.to_string() } else { String::new() }, name.clone());
+        let key = (
+            if res.namespaced { ns.to_string() } else { String::new() },
+            name.clone(),
+        );
         if self.objects.get(&res.id()).is_some_and(|m| m.contains_key(&key)) {
-            return Err(StoreError::AlreadyExists(format!("{} \"{}\" already exists", res.plural, name)));
+            return Err(StoreError::AlreadyExists(format!(
+                "{} \"{}\" already exists",
+                res.plural, name
+            )));
         }
         self.uid += 1;
         let rv = self.rv + 1;
         meta.insert("name".into(), json!(name));
-        meta.insert("uid".into(), json!(format!("00000000-0000-4000-8000-{:012x}", self.uid)));
+        meta.insert(
+            "uid".into(),
+            json!(format!("00000000-0000-4000-8000-{:012x}", self.uid)),
+        );
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         meta.entry("creationTimestamp").or_insert_with(|| json!(now_rfc3339()));
         meta.remove("generateName");
@@ -200,7 +237,10 @@ impl Store {
         let Some(old) = self.objects.get(&res.id()).and_then(|m| m.get(&key)).cloned() else {
             return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
         };
-        let sent = new.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("");
+        let sent = new
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if !sent.is_empty() && sent != rv_of(&old).to_string() {
             return Err(StoreError::Conflict(format!(
                 "Operation cannot be fulfilled on {} \"{}\": the object has been modified; please apply your changes to the latest version and try again",

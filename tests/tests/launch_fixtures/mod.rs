@@ -30,7 +30,11 @@ pub struct World {
 /// Fast SDK retries so throttling tests do not sleep for seconds.
 pub fn fast_retries(conf: SdkConfig) -> SdkConfig {
     conf.to_builder()
-        .retry_config(RetryConfig::standard().with_max_attempts(4).with_initial_backoff(Duration::from_millis(20)))
+        .retry_config(
+            RetryConfig::standard()
+                .with_max_attempts(4)
+                .with_initial_backoff(Duration::from_millis(20)),
+        )
         .build()
 }
 
@@ -55,11 +59,28 @@ pub async fn world(m: &Moto) -> World {
     ];
     let mut ids = Vec::new();
     for (zone, cidr, tagged) in subnets {
-        let mut req = ec2.create_subnet().vpc_id(&vpc_id).cidr_block(cidr).availability_zone(zone);
+        let mut req = ec2
+            .create_subnet()
+            .vpc_id(&vpc_id)
+            .cidr_block(cidr)
+            .availability_zone(zone);
         if tagged {
-            req = req.tag_specifications(TagSpecification::builder().resource_type(ResourceType::Subnet).tags(tag(DISCOVERY, CLUSTER)).build());
+            req = req.tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(ResourceType::Subnet)
+                    .tags(tag(DISCOVERY, CLUSTER))
+                    .build(),
+            );
         }
-        let id = req.send().await.unwrap().subnet().unwrap().subnet_id().unwrap().to_string();
+        let id = req
+            .send()
+            .await
+            .unwrap()
+            .subnet()
+            .unwrap()
+            .subnet_id()
+            .unwrap()
+            .to_string();
         ids.push(id.clone());
         if tagged && cidr != "10.0.2.0/24" {
             best.insert(zone.to_string(), id);
@@ -70,7 +91,12 @@ pub async fn world(m: &Moto) -> World {
         .group_name("demo-nodes")
         .description("nodes")
         .vpc_id(&vpc_id)
-        .tag_specifications(TagSpecification::builder().resource_type(ResourceType::SecurityGroup).tags(tag(DISCOVERY, CLUSTER)).build())
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::SecurityGroup)
+                .tags(tag(DISCOVERY, CLUSTER))
+                .build(),
+        )
         .send()
         .await
         .unwrap()
@@ -82,18 +108,33 @@ pub async fn world(m: &Moto) -> World {
         .name(CLUSTER)
         .version("1.33")
         .role_arn("arn:aws:iam::123456789012:role/eks")
-        .resources_vpc_config(aws_sdk_eks::types::VpcConfigRequest::builder().set_subnet_ids(Some(ids)).build())
+        .resources_vpc_config(
+            aws_sdk_eks::types::VpcConfigRequest::builder()
+                .set_subnet_ids(Some(ids))
+                .build(),
+        )
         .send()
         .await
         .unwrap();
-    state::create_table(&aws_sdk_dynamodb::Client::new(&conf), TABLE).await.unwrap();
-    World { best_subnets: best, security_group: sg }
+    state::create_table(&aws_sdk_dynamodb::Client::new(&conf), TABLE)
+        .await
+        .unwrap();
+    World {
+        best_subnets: best,
+        security_group: sg,
+    }
 }
 
 /// A launcher whose clients go to `endpoint` (moto or a proxy in front of it).
 pub async fn launcher(m: &Moto, endpoint: &str) -> Launcher {
     let conf = fast_retries(m.sdk_config_at(endpoint).await);
-    Launcher::new(&conf, LaunchConfig { table: TABLE.into(), cluster_name: CLUSTER.into() })
+    Launcher::new(
+        &conf,
+        LaunchConfig {
+            table: TABLE.into(),
+            cluster_name: CLUSTER.into(),
+        },
+    )
 }
 
 /// The store, straight to moto.
@@ -105,9 +146,18 @@ pub async fn store(m: &Moto) -> StateStore {
 pub fn node_class(alias: &str) -> EC2NodeClassSpec {
     let discovery = BTreeMap::from([(DISCOVERY.to_string(), CLUSTER.to_string())]);
     EC2NodeClassSpec {
-        ami_selector_terms: vec![AmiSelectorTerm { alias: Some(alias.into()), ..Default::default() }],
-        subnet_selector_terms: vec![SelectorTerm { tags: BTreeMap::from([(DISCOVERY.to_string(), "*".to_string())]), ..Default::default() }],
-        security_group_selector_terms: vec![SelectorTerm { tags: discovery, ..Default::default() }],
+        ami_selector_terms: vec![AmiSelectorTerm {
+            alias: Some(alias.into()),
+            ..Default::default()
+        }],
+        subnet_selector_terms: vec![SelectorTerm {
+            tags: BTreeMap::from([(DISCOVERY.to_string(), "*".to_string())]),
+            ..Default::default()
+        }],
+        security_group_selector_terms: vec![SelectorTerm {
+            tags: discovery,
+            ..Default::default()
+        }],
         role: Some("KarpenterNodeRole-demo".into()),
         tags: BTreeMap::from([("team".to_string(), "platform".to_string())]),
         ..Default::default()
@@ -116,13 +166,20 @@ pub fn node_class(alias: &str) -> EC2NodeClassSpec {
 
 /// A Pending NodeClaim.
 pub fn claim(name: &str, types: &[&str], capacity_types: &[&str]) -> NodeClaim {
-    let req = serde_json::from_value(serde_json::json!({"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity_types})).unwrap();
+    let req = serde_json::from_value(
+        serde_json::json!({"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity_types}),
+    )
+    .unwrap();
     NodeClaim {
         requirements: vec![req],
         instance_type_options: types.iter().map(|t| t.to_string()).collect(),
         labels: BTreeMap::from([("workload".to_string(), "web".to_string())]),
         taints: vec![Taint::new("dedicated", Some("web"), TaintEffect::NoSchedule)],
-        startup_taints: vec![Taint::new("node.cilium.io/agent-not-ready", Some("true"), TaintEffect::NoExecute)],
+        startup_taints: vec![Taint::new(
+            "node.cilium.io/agent-not-ready",
+            Some("true"),
+            TaintEffect::NoExecute,
+        )],
         ..NodeClaim::pending(name, "default", "default")
     }
 }
@@ -130,7 +187,11 @@ pub fn claim(name: &str, types: &[&str], capacity_types: &[&str]) -> NodeClaim {
 /// Stores a claim and returns the request to launch it.
 pub async fn pending(st: &StateStore, c: &NodeClaim, class: &EC2NodeClassSpec) -> LaunchRequest {
     st.create_node_claim(c).await.unwrap();
-    LaunchRequest { node_claim: c.name.clone(), node_class_name: "default".into(), node_class: class.clone() }
+    LaunchRequest {
+        node_claim: c.name.clone(),
+        node_class_name: "default".into(),
+        node_class: class.clone(),
+    }
 }
 
 /// Live instances tagged with a claim.
@@ -138,8 +199,19 @@ pub async fn instances_of(m: &Moto, claim: &str) -> Vec<aws_sdk_ec2::types::Inst
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
     let out = ec2
         .describe_instances()
-        .filters(aws_sdk_ec2::types::Filter::builder().name("tag:karpenter.sh/nodeclaim").values(claim).build())
-        .filters(aws_sdk_ec2::types::Filter::builder().name("instance-state-name").values("pending").values("running").build())
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("tag:karpenter.sh/nodeclaim")
+                .values(claim)
+                .build(),
+        )
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .build(),
+        )
         .send()
         .await
         .unwrap();

@@ -12,10 +12,18 @@ fn kind_extra(kind: usize) -> serde_json::Value {
     let app = format!("k{kind}");
     let sel = json!({"matchLabels": {"app": app}});
     let spec = match kind {
-        1 => json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": labels::ZONE, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel}]}),
-        2 => json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": labels::HOSTNAME, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel}]}),
-        3 => json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": labels::ZONE, "labelSelector": sel}]}}}),
-        4 => json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": labels::HOSTNAME, "labelSelector": sel}]}}}),
+        1 => {
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": labels::ZONE, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel}]})
+        }
+        2 => {
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": labels::HOSTNAME, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel}]})
+        }
+        3 => {
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": labels::ZONE, "labelSelector": sel}]}}})
+        }
+        4 => {
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": labels::HOSTNAME, "labelSelector": sel}]}}})
+        }
         _ => json!({}),
     };
     json!({"metadata": {"labels": {"app": app}}, "spec": spec})
