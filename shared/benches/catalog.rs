@@ -4,16 +4,18 @@
 //! dropped inside the timing, since `builtin()` keeps its catalog for good.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use nodesmith::catalog::builtin::{SNAPSHOT_JSON, Snapshot};
+use nodesmith::catalog::builtin::{CatalogSnapshot, SNAPSHOT_JSON};
 
 fn load(c: &mut Criterion) {
     c.bench_function("builtin catalog: parse snapshot JSON only", |b| {
-        b.iter_with_large_drop(|| Snapshot::parse(std::hint::black_box(SNAPSHOT_JSON)))
+        b.iter_with_large_drop(|| CatalogSnapshot::parse(std::hint::black_box(SNAPSHOT_JSON)))
     });
     c.bench_function("builtin catalog: parse snapshot + build catalog", |b| {
-        b.iter_with_large_drop(|| Snapshot::parse(std::hint::black_box(SNAPSHOT_JSON)).and_then(|s| s.into_catalog()))
+        b.iter_with_large_drop(|| {
+            CatalogSnapshot::parse(std::hint::black_box(SNAPSHOT_JSON)).and_then(|s| s.into_catalog())
+        })
     });
-    if let Ok(catalog) = Snapshot::parse(SNAPSHOT_JSON).and_then(|s| s.into_catalog()) {
+    if let Ok(catalog) = CatalogSnapshot::parse(SNAPSHOT_JSON).and_then(|s| s.into_catalog()) {
         c.bench_function("builtin catalog: resolve all types (default kubelet)", |b| {
             b.iter_with_large_drop(|| catalog.resolve(None))
         });

@@ -6,7 +6,7 @@ use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Pod;
 use nodesmith::apis::NodePool;
 use nodesmith::catalog;
-use nodesmith::scheduling::{SolveInput, solve};
+use nodesmith::scheduling::{SolveInput, SolveOptions, solve};
 use nodesmith::state;
 
 fn pool() -> NodePool {
@@ -38,16 +38,19 @@ fn pods(n: usize) -> Vec<Pod> {
 
 fn bench(c: &mut Criterion) {
     let catalog = catalog::builtin().expect("built-in catalog");
+    let pending = pods(100);
+    let pools = vec![pool()];
     let mut input = SolveInput::new(catalog);
-    input.pods = pods(100);
-    input.node_pools = vec![pool()];
+    input.pods = &pending;
+    input.node_pools = &pools;
+    let now = jiff::Timestamp::UNIX_EPOCH;
     c.bench_function("provision warm path, 100 pods (solve + NodeClaim items)", |b| {
         b.iter(|| {
-            let plan = solve(black_box(&input));
+            let plan = solve(black_box(&input), &SolveOptions::default());
             let items: Vec<_> = plan
                 .node_claims
                 .iter()
-                .map(|nc| state::node_claim_item(&nc.to_node_claim(), 1))
+                .map(|nc| state::node_claim_item(&nc.to_node_claim(now), 1))
                 .collect();
             black_box(items.len())
         })

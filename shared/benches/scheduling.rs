@@ -133,18 +133,22 @@ fn sizes() -> Vec<usize> {
 
 fn report(cat: &Catalog) {
     for n in sizes() {
+        let pools = vec![pool()];
+        let pending = pods(n);
         let mut input = SolveInput::new(cat);
-        input.node_pools = vec![pool()];
-        input.pods = pods(n);
-        input.options = SolveOptions { improve: false };
+        input.node_pools = &pools;
+        input.pods = &pending;
+        let plain = SolveOptions {
+            improve: false,
+            ..SolveOptions::default()
+        };
         let t = Instant::now();
-        let ffd = solve(&input);
+        let ffd = solve(&input, &plain);
         let ffd_ms = t.elapsed().as_secs_f64() * 1000.0;
         let (ffd_nodes, ffd_price) = (ffd.node_claims.len(), ffd.total_price());
         drop(ffd);
-        input.options = SolveOptions { improve: true };
         let t = Instant::now();
-        let plan = solve(&input);
+        let plan = solve(&input, &SolveOptions::default());
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         eprintln!(
             "scheduling/{n}: solve {ms:.1} ms ({:.0} pods/s), {} nodes, ${:.4}/h, {} unschedulable | plain FFD {ffd_ms:.1} ms, {} nodes, ${:.4}/h | saving {:.2}% | peak RSS {:.0} MiB",
@@ -166,11 +170,13 @@ fn report_real_catalog() {
         eprintln!("built-in catalog unavailable");
         return;
     };
+    let pools = vec![pool()];
+    let pending = pods(20_000);
     let mut input = SolveInput::new(cat);
-    input.node_pools = vec![pool()];
-    input.pods = pods(20_000);
+    input.node_pools = &pools;
+    input.pods = &pending;
     let t = Instant::now();
-    let plan = solve(&input);
+    let plan = solve(&input, &SolveOptions::default());
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     eprintln!(
         "real catalog ({} types) x 20000 pods: solve {ms:.1} ms, {} nodes, ${:.4}/h, {} unschedulable, peak RSS {:.0} MiB",
@@ -191,11 +197,13 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("scheduling");
     group.sample_size(10);
     for n in sizes() {
+        let pools = vec![pool()];
+        let pending = pods(n);
         let mut input = SolveInput::new(&cat);
-        input.node_pools = vec![pool()];
-        input.pods = pods(n);
+        input.node_pools = &pools;
+        input.pods = &pending;
         group.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
-            b.iter(|| solve(input))
+            b.iter(|| solve(input, &SolveOptions::default()))
         });
     }
     group.finish();

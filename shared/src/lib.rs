@@ -16,5 +16,6 @@ pub mod requirements;
 pub mod resources;
 pub mod scheduling;
 pub mod simulate;
+pub mod snapshot;
 pub mod state;
 pub mod telemetry;

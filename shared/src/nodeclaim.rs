@@ -3,10 +3,12 @@
 
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::apis::Taint;
 use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
+use crate::requirements::{Requirement, Requirements};
 use crate::resources::Resources;
 
 /// Where a NodeClaim is in its life.
@@ -106,9 +108,9 @@ pub struct NodeClaim {
     /// Hash of the EC2NodeClass it was launched with (drift detection).
     #[serde(default)]
     pub nodeclass_hash: Option<String>,
-    /// Lifecycle timestamps (RFC 3339) keyed by event: created, launched, registered, ...
+    /// When it was created and reached each later phase.
     #[serde(default)]
-    pub timestamps: BTreeMap<String, String>,
+    pub timestamps: Timestamps,
     /// Version for optimistic concurrency; bumped on every write.
     #[serde(default)]
     pub version: u64,
@@ -138,13 +140,43 @@ impl NodeClaim {
             node_name: None,
             nodepool_hash: None,
             nodeclass_hash: None,
-            timestamps: BTreeMap::new(),
+            timestamps: Timestamps::default(),
             version: 0,
         }
     }
 
-    /// Moves to `next` if the lifecycle allows it.
-    pub fn advance(&mut self, next: Phase, at: &str) -> Result<(), InvalidTransition> {
+    /// The claim's requirements as the algebra's type (entries that do not
+    /// parse are skipped: they were written by nodesmith itself).
+    pub fn requirements(&self) -> Requirements {
+        self.requirements
+            .iter()
+            .filter_map(|r| {
+                let min = r.min_values.and_then(|m| usize::try_from(m).ok());
+                Requirement::new(&r.key, r.operator, &r.values)
+                    .ok()
+                    .map(|q| q.with_min_values(min))
+            })
+            .collect()
+    }
+
+    /// Stores requirements in their manifest form.
+    pub fn set_requirements(&mut self, reqs: &Requirements) {
+        self.requirements = reqs
+            .iter()
+            .map(|r| {
+                let (key, operator, values) = r.to_manifest();
+                NodeSelectorRequirementWithMinValues {
+                    key,
+                    operator,
+                    values,
+                    min_values: r.min_values.map(|m| m as i64),
+                }
+            })
+            .collect();
+    }
+
+    /// Moves to `next` at `at` if the lifecycle allows it.
+    pub fn advance(&mut self, next: Phase, at: Timestamp) -> Result<(), InvalidTransition> {
         if !self.phase.can_move_to(next) {
             return Err(InvalidTransition {
                 name: self.name.clone(),
@@ -153,9 +185,101 @@ impl NodeClaim {
             });
         }
         self.phase = next;
-        self.timestamps
-            .insert(format!("{next:?}").to_lowercase(), at.to_string());
+        self.timestamps.set(next, at);
         Ok(())
+    }
+
+    /// Pending → Launched: records the instance CreateFleet returned.
+    pub fn launched(&mut self, instance: LaunchedInstance, at: Timestamp) -> Result<(), InvalidTransition> {
+        self.advance(Phase::Launched, at)?;
+        self.provider_id = Some(format!("aws:///{}/{}", instance.zone, instance.instance_id));
+        self.instance_id = Some(instance.instance_id);
+        self.instance_type = Some(instance.instance_type);
+        self.zone = Some(instance.zone);
+        self.capacity_type = Some(instance.capacity_type);
+        self.price = instance.price;
+        Ok(())
+    }
+
+    /// Launched → Registered: a Node with the claim's providerID exists.
+    pub fn registered(&mut self, node_name: &str, at: Timestamp) -> Result<(), InvalidTransition> {
+        self.advance(Phase::Registered, at)?;
+        self.node_name = Some(node_name.to_string());
+        Ok(())
+    }
+
+    /// How long the claim has existed at `now` (zero when its creation time is unknown or later).
+    pub fn age(&self, now: Timestamp) -> jiff::SignedDuration {
+        self.timestamps
+            .created
+            .map(|c| now.duration_since(c))
+            .filter(|d| d.is_positive())
+            .unwrap_or_default()
+    }
+}
+
+/// What CreateFleet launched for a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchedInstance {
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// Instance type EC2 chose among the overrides.
+    pub instance_type: String,
+    /// Availability zone it runs in.
+    pub zone: String,
+    /// spot or on-demand.
+    pub capacity_type: String,
+    /// Hourly price of that offering, when known.
+    pub price: Option<f64>,
+}
+
+/// When a claim was created and reached each later phase (RFC 3339 in JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timestamps {
+    /// Written by the solver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<Timestamp>,
+    /// CreateFleet returned an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launched: Option<Timestamp>,
+    /// Its Node appeared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered: Option<Timestamp>,
+    /// Its Node became Ready without startup taints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialized: Option<Timestamp>,
+    /// Its drain began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<Timestamp>,
+    /// Its instance termination began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminating: Option<Timestamp>,
+}
+
+impl Timestamps {
+    /// When the claim entered `phase` (`Pending`: when it was created).
+    pub fn get(&self, phase: Phase) -> Option<Timestamp> {
+        match phase {
+            Phase::Pending => self.created,
+            Phase::Launched => self.launched,
+            Phase::Registered => self.registered,
+            Phase::Initialized => self.initialized,
+            Phase::Draining => self.draining,
+            Phase::Terminating => self.terminating,
+        }
+    }
+
+    fn set(&mut self, phase: Phase, at: Timestamp) {
+        let slot = match phase {
+            Phase::Pending => &mut self.created,
+            Phase::Launched => &mut self.launched,
+            Phase::Registered => &mut self.registered,
+            Phase::Initialized => &mut self.initialized,
+            Phase::Draining => &mut self.draining,
+            Phase::Terminating => &mut self.terminating,
+        };
+        *slot = Some(at);
     }
 }
 
@@ -182,27 +306,114 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lifecycle_moves_forward_only() {
-        let mut c = claim();
-        c.advance(Phase::Launched, "2026-01-01T00:00:00Z").unwrap();
-        c.advance(Phase::Registered, "t").unwrap();
-        assert!(c.advance(Phase::Pending, "t").is_err());
-        assert!(c.advance(Phase::Launched, "t").is_err());
-        c.advance(Phase::Initialized, "t").unwrap();
-        c.advance(Phase::Draining, "t").unwrap();
-        c.advance(Phase::Terminating, "t").unwrap();
-        assert!(!c.phase.holds_capacity());
-        assert_eq!(
-            c.timestamps.get("launched").map(String::as_str),
-            Some("2026-01-01T00:00:00Z")
-        );
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
     }
 
     #[test]
-    fn round_trips_as_json() {
-        let c = claim();
+    fn lifecycle_moves_forward_only() {
+        let mut c = claim();
+        c.advance(Phase::Launched, at("2026-01-01T00:00:00Z")).unwrap();
+        c.registered("ip-10-0-0-1", at("2026-01-01T00:00:30Z")).unwrap();
+        assert!(c.advance(Phase::Pending, at("2026-01-01T00:01:00Z")).is_err());
+        assert!(c.advance(Phase::Launched, at("2026-01-01T00:01:00Z")).is_err());
+        c.advance(Phase::Initialized, at("2026-01-01T00:01:00Z")).unwrap();
+        c.advance(Phase::Draining, at("2026-01-01T00:02:00Z")).unwrap();
+        c.advance(Phase::Terminating, at("2026-01-01T00:03:00Z")).unwrap();
+        assert!(!c.phase.holds_capacity());
+        assert_eq!(c.timestamps.launched, Some(at("2026-01-01T00:00:00Z")));
+        assert_eq!(c.timestamps.get(Phase::Registered), Some(at("2026-01-01T00:00:30Z")));
+        assert_eq!(c.node_name.as_deref(), Some("ip-10-0-0-1"));
+    }
+
+    #[test]
+    fn every_illegal_move_is_refused_and_changes_nothing() {
+        use Phase::*;
+        let all = [Pending, Launched, Registered, Initialized, Draining, Terminating];
+        let legal = [
+            (Pending, Launched),
+            (Pending, Terminating),
+            (Launched, Registered),
+            (Launched, Draining),
+            (Launched, Terminating),
+            (Registered, Initialized),
+            (Registered, Draining),
+            (Registered, Terminating),
+            (Initialized, Draining),
+            (Initialized, Terminating),
+            (Draining, Terminating),
+        ];
+        for from in all {
+            for to in all {
+                let mut c = NodeClaim { phase: from, ..claim() };
+                let before = c.clone();
+                let r = c.advance(to, at("2026-01-01T00:00:00Z"));
+                if legal.contains(&(from, to)) {
+                    assert!(r.is_ok(), "{from:?} -> {to:?}");
+                    assert_eq!(c.phase, to);
+                } else {
+                    assert_eq!(
+                        r,
+                        Err(InvalidTransition {
+                            name: c.name.clone(),
+                            from,
+                            to
+                        })
+                    );
+                    assert_eq!(c, before, "{from:?} -> {to:?} changed the claim");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn launch_records_the_instance_once() {
+        let mut c = claim();
+        let i = LaunchedInstance {
+            instance_id: "i-1".into(),
+            instance_type: "m5.large".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: "spot".into(),
+            price: Some(0.03),
+        };
+        c.launched(i.clone(), at("2026-01-01T00:00:00Z")).unwrap();
+        assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
+        assert_eq!(c.instance_type.as_deref(), Some("m5.large"));
+        assert!(c.launched(i, at("2026-01-01T00:01:00Z")).is_err());
+    }
+
+    #[test]
+    fn requirements_round_trip_through_the_manifest_form() {
+        let mut reqs = Requirements::new();
+        reqs.add(Requirement::in_values(
+            "karpenter.sh/capacity-type",
+            &["spot", "on-demand"],
+        ));
+        reqs.add(Requirement::in_values("node.kubernetes.io/instance-type", &["m5.large"]).with_min_values(Some(1)));
+        let mut c = claim();
+        c.set_requirements(&reqs);
+        assert_eq!(c.requirements(), reqs);
+    }
+
+    #[test]
+    fn age_is_measured_from_creation() {
+        let mut c = claim();
+        assert_eq!(c.age(at("2026-01-01T00:00:00Z")), jiff::SignedDuration::ZERO);
+        c.timestamps.created = Some(at("2026-01-01T00:00:00Z"));
+        assert_eq!(c.age(at("2026-01-01T00:02:00Z")), jiff::SignedDuration::from_secs(120));
+        assert_eq!(c.age(at("2025-12-31T00:00:00Z")), jiff::SignedDuration::ZERO);
+    }
+
+    #[test]
+    fn round_trips_as_json_and_reads_the_old_timestamp_map() {
+        let mut c = claim();
+        c.timestamps.created = Some(at("2026-01-01T00:00:00Z"));
         let s = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<NodeClaim>(&s).unwrap(), c);
+        // Items written before timestamps were typed kept a map of RFC 3339 strings.
+        let mut v = serde_json::to_value(&c).unwrap();
+        v["timestamps"] = serde_json::json!({"created": "2026-01-01T00:00:00Z", "launched": "2026-01-01T00:00:05Z"});
+        let old: NodeClaim = serde_json::from_value(v).unwrap();
+        assert_eq!(old.timestamps.launched, Some(at("2026-01-01T00:00:05Z")));
     }
 }

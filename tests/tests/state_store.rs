@@ -33,12 +33,12 @@ async fn nodeclaim_writes_are_conditional_on_version() {
 
     // Two writers read version 1; the first wins, the second gets a typed conflict.
     let mut first = c.clone();
-    first.advance(Phase::Launched, "t").unwrap();
+    first.advance(Phase::Launched, jiff::Timestamp::now()).unwrap();
     first.instance_id = Some("i-0001".into());
     let first = st.update_node_claim(&first).await.unwrap();
     assert_eq!(first.version, 2);
     let mut second = c.clone();
-    second.advance(Phase::Terminating, "t").unwrap();
+    second.advance(Phase::Terminating, jiff::Timestamp::now()).unwrap();
     match st.update_node_claim(&second).await {
         Err(StateError::Conflict {
             name,
@@ -71,11 +71,11 @@ async fn instance_index_finds_launched_claims_and_listing_sees_all() {
         st.create_node_claim(&claim(n)).await.unwrap();
     }
     let mut c = st.get_node_claim("p-2").await.unwrap().unwrap();
-    c.advance(Phase::Launched, "t").unwrap();
+    c.advance(Phase::Launched, jiff::Timestamp::now()).unwrap();
     c.instance_id = Some("i-0abc".into());
     st.update_node_claim(&c).await.unwrap();
     let mut t = st.get_node_claim("p-3").await.unwrap().unwrap();
-    t.advance(Phase::Terminating, "t").unwrap();
+    t.advance(Phase::Terminating, jiff::Timestamp::now()).unwrap();
     st.update_node_claim(&t).await.unwrap();
 
     assert_eq!(

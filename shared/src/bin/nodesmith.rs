@@ -25,6 +25,9 @@ enum Command {
         /// Output format (json when stdout is not a terminal, else table).
         #[arg(long, value_enum)]
         output: Option<Output>,
+        /// The moment decisions are taken, RFC 3339 (default: now).
+        #[arg(long)]
+        now: Option<jiff::Timestamp>,
         /// YAML files or directories.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -40,8 +43,14 @@ enum Output {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Simulate { catalog, output, paths } => {
-            let (report, warnings) = match nodesmith::simulate::run(&paths, catalog.as_deref()) {
+        Command::Simulate {
+            catalog,
+            output,
+            now,
+            paths,
+        } => {
+            let now = now.unwrap_or_else(jiff::Timestamp::now);
+            let (report, warnings) = match nodesmith::simulate::run(&paths, catalog.as_deref(), now) {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -21,7 +21,7 @@ pub const SNAPSHOT_JSON: &str = include_str!("../../data/catalog-us-east-1.json"
 /// A catalog snapshot: EC2 facts per type with zones and prices.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Snapshot {
+pub struct CatalogSnapshot {
     /// The region.
     pub region: String,
     /// True when spot prices are estimates rather than market prices.
@@ -81,9 +81,9 @@ impl SnapshotType {
     }
 }
 
-impl Snapshot {
+impl CatalogSnapshot {
     /// Parses snapshot JSON, naming the field when it is malformed.
-    pub fn parse(text: &str) -> Result<Snapshot, CatalogError> {
+    pub fn parse(text: &str) -> Result<CatalogSnapshot, CatalogError> {
         // Path tracking slows the cold-start path; only pay for it to
         // explain a failure.
         serde_json::from_str(text).or_else(|_| {
@@ -101,7 +101,7 @@ impl Snapshot {
         self.clone().into_catalog()
     }
 
-    /// [`Snapshot::to_catalog`], consuming the snapshot.
+    /// [`CatalogSnapshot::to_catalog`], consuming the snapshot.
     pub fn into_catalog(self) -> Result<Catalog, CatalogError> {
         let region = self.region;
         let mut instance_types = self
@@ -119,8 +119,8 @@ pub fn builtin() -> Result<&'static Catalog, CatalogError> {
     static CATALOG: OnceLock<Result<Catalog, CatalogError>> = OnceLock::new();
     CATALOG
         .get_or_init(|| {
-            Snapshot::parse(SNAPSHOT_JSON)
-                .and_then(Snapshot::into_catalog)
+            CatalogSnapshot::parse(SNAPSHOT_JSON)
+                .and_then(CatalogSnapshot::into_catalog)
                 .map_err(|e| CatalogError::Builtin(Box::new(e)))
         })
         .as_ref()
@@ -128,8 +128,8 @@ pub fn builtin() -> Result<&'static Catalog, CatalogError> {
 }
 
 /// The built-in snapshot's raw facts (for comparing against live EC2 data).
-pub fn builtin_snapshot() -> Result<Snapshot, CatalogError> {
-    Snapshot::parse(SNAPSHOT_JSON).map_err(|e| CatalogError::Builtin(Box::new(e)))
+pub fn builtin_snapshot() -> Result<CatalogSnapshot, CatalogError> {
+    CatalogSnapshot::parse(SNAPSHOT_JSON).map_err(|e| CatalogError::Builtin(Box::new(e)))
 }
 
 #[cfg(test)]
@@ -291,10 +291,10 @@ mod tests {
 
     #[test]
     fn malformed_snapshot_names_the_field() {
-        let e =
-            Snapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"x","vcpus":"two"}}]}"#).unwrap_err();
+        let e = CatalogSnapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"x","vcpus":"two"}}]}"#)
+            .unwrap_err();
         assert!(e.to_string().starts_with("instanceTypes[0].facts.vcpus:"), "{e}");
-        let s = Snapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"m5.large","vcpus":2,"memoryMib":8192,"architectures":["x86_64"],"maxEnis":3,"ipv4PerEni":10,"usageClasses":["spot"]},"zones":["a","b"],"spotPrices":[0.1]}]}"#).unwrap();
+        let s = CatalogSnapshot::parse(r#"{"region":"r","instanceTypes":[{"facts":{"name":"m5.large","vcpus":2,"memoryMib":8192,"architectures":["x86_64"],"maxEnis":3,"ipv4PerEni":10,"usageClasses":["spot"]},"zones":["a","b"],"spotPrices":[0.1]}]}"#).unwrap();
         let e = s.to_catalog().unwrap_err().to_string();
         assert!(e.contains("1 spot prices for 2 zones"), "{e}");
     }

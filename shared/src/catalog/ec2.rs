@@ -13,7 +13,7 @@ use aws_sdk_ec2::Client;
 use aws_sdk_ec2::error::DisplayErrorContext;
 use aws_sdk_ec2::types::{InstanceTypeInfo as SdkInstanceType, LocationType};
 
-use super::builtin::{Snapshot, SnapshotType};
+use super::builtin::{CatalogSnapshot, SnapshotType};
 use super::facts::{Device, Ec2Facts, gbps_to_mbps, kube_arch};
 use super::{Catalog, CatalogError};
 
@@ -168,7 +168,7 @@ pub async fn describe_spot_prices(client: &Client) -> Result<BTreeMap<(String, S
 }
 
 /// A snapshot of the region's catalog from the EC2 API and a price source.
-pub async fn snapshot(client: &Client, region: &str, pricing: &impl Pricing) -> Result<Snapshot, CatalogError> {
+pub async fn snapshot(client: &Client, region: &str, pricing: &impl Pricing) -> Result<CatalogSnapshot, CatalogError> {
     let facts = describe_instance_types(client).await?;
     let zones = describe_zones(client).await?;
     let spot = describe_spot_prices(client).await?;
@@ -197,7 +197,7 @@ pub fn assemble(
     zones: &BTreeMap<String, BTreeSet<String>>,
     on_demand: &HashMap<String, f64>,
     spot: &BTreeMap<(String, String), f64>,
-) -> Snapshot {
+) -> CatalogSnapshot {
     let mut instance_types: Vec<SnapshotType> = facts
         .into_iter()
         .filter(|f| kube_arch(&f.architectures).is_some())
@@ -225,7 +225,7 @@ pub fn assemble(
         })
         .collect();
     instance_types.sort_by(|a, b| a.facts.name.cmp(&b.facts.name));
-    Snapshot {
+    CatalogSnapshot {
         region: region.to_string(),
         spot_prices_are_estimates: false,
         instance_types,

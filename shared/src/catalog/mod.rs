@@ -102,6 +102,30 @@ impl InstanceType {
     }
 }
 
+/// One offering: where and how an instance type is bought (unavailable
+/// offerings are keyed by it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OfferingKey {
+    /// Instance type, e.g. m5.large.
+    pub instance_type: String,
+    /// Availability zone.
+    pub zone: String,
+    /// spot or on-demand.
+    pub capacity_type: String,
+}
+
+impl OfferingKey {
+    /// An offering key.
+    pub fn new(instance_type: &str, zone: &str, capacity_type: &str) -> Self {
+        OfferingKey {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            capacity_type: capacity_type.into(),
+        }
+    }
+}
+
 /// All instance types of a region.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

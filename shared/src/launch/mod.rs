@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_config::SdkConfig;
 use aws_sdk_ec2::types::Filter;
+use jiff::Timestamp;
 use tokio::sync::OnceCell;
 
 pub use errors::LaunchError;
@@ -35,8 +36,7 @@ use self::userdata::{ClusterInfo, NodeSettings};
 use crate::apis::EC2NodeClass;
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::catalog::Catalog;
-use crate::nodeclaim::{NodeClaim, Phase};
-use crate::requirements::{Requirement, Requirements};
+use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::state::{self, OfferingKey, StateStore};
 
 /// Tag and label naming the NodeClaim.
@@ -147,19 +147,9 @@ pub fn ami_key_of(instance_type: &str, catalog: Option<&Catalog>) -> ami::AmiKey
 }
 
 /// The claim's requirements as an algebra value (unknown operators are skipped, as they cannot narrow).
-fn requirements(claim: &NodeClaim) -> Requirements {
-    let mut r = Requirements::new();
-    for q in &claim.requirements {
-        if let Ok(req) = Requirement::new(&q.key, q.operator, &q.values) {
-            r.add(req);
-        }
-    }
-    r
-}
-
 /// Capacity types the claim allows, spot first; on-demand when it says nothing (pure).
 pub fn allowed_capacity_types(claim: &NodeClaim) -> Vec<String> {
-    let r = requirements(claim);
+    let r = claim.requirements();
     match r.get(labels::CAPACITY_TYPE) {
         None => vec![CAPACITY_ON_DEMAND.to_string()],
         Some(req) => [labels::CAPACITY_SPOT, CAPACITY_ON_DEMAND]
@@ -172,7 +162,7 @@ pub fn allowed_capacity_types(claim: &NodeClaim) -> Vec<String> {
 
 /// Zones the claim allows, if it narrows them (pure).
 pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>) -> Option<BTreeSet<String>> {
-    let r = requirements(claim);
+    let r = claim.requirements();
     r.get(labels::ZONE)
         .map(|req| known.into_iter().filter(|z| req.has(z)).collect())
 }
@@ -203,16 +193,19 @@ pub fn record(
     launched: &Launched,
     zone: &str,
     price: Option<f64>,
-    at: &str,
+    at: Timestamp,
 ) -> Result<NodeClaim, LaunchError> {
     let mut c = claim.clone();
-    c.advance(Phase::Launched, at)?;
-    c.instance_id = Some(launched.instance_id.clone());
-    c.provider_id = Some(format!("aws:///{zone}/{}", launched.instance_id));
-    c.instance_type = Some(launched.instance_type.clone());
-    c.zone = Some(zone.to_string());
-    c.capacity_type = Some(launched.capacity_type.clone());
-    c.price = price;
+    c.launched(
+        LaunchedInstance {
+            instance_id: launched.instance_id.clone(),
+            instance_type: launched.instance_type.clone(),
+            zone: zone.to_string(),
+            capacity_type: launched.capacity_type.clone(),
+            price,
+        },
+        at,
+    )?;
     Ok(c)
 }
 
@@ -226,8 +219,9 @@ fn lease_holder() -> String {
     )
 }
 
-fn now_rfc3339() -> String {
-    jiff::Timestamp::now().to_string()
+/// The shell's clock: the pure parts take the time as an argument.
+fn clock() -> Timestamp {
+    Timestamp::now()
 }
 
 impl Launcher {
@@ -298,7 +292,7 @@ impl Launcher {
             let zone = existing.zone.clone().unwrap_or_default();
             let c = self
                 .store
-                .update_node_claim(&record(&claim, &existing, &zone, None, &now_rfc3339())?)
+                .update_node_claim(&record(&claim, &existing, &zone, None, clock())?)
                 .await?;
             tracing::info!(node_claim = %name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
             return Ok(LaunchOutcome::Recovered(c));
@@ -437,7 +431,7 @@ impl Launcher {
                     let price = chosen.and_then(|c| c.price);
                     let c = self
                         .store
-                        .update_node_claim(&record(&claim, &l, &zone, price, &now_rfc3339())?)
+                        .update_node_claim(&record(&claim, &l, &zone, price, clock())?)
                         .await?;
                     tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
                     return Ok(LaunchOutcome::Launched(c));
@@ -647,10 +641,11 @@ mod tests {
             zone: None,
             subnet_id: None,
         };
-        let c = record(&claim(vec![]), &l, "us-east-1a", Some(0.03), "t").unwrap();
+        let t: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let c = record(&claim(vec![]), &l, "us-east-1a", Some(0.03), t).unwrap();
         assert_eq!(c.phase, Phase::Launched);
         assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
         assert_eq!(c.price, Some(0.03));
-        assert!(record(&c, &l, "us-east-1a", None, "t").is_err());
+        assert!(record(&c, &l, "us-east-1a", None, t).is_err());
     }
 }

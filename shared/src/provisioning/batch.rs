@@ -1,14 +1,12 @@
 //! Pure parts of the provision function: reading a batch of pending-pod
 //! messages, and matching what the cluster and the state table say.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use aws_lambda_events::sqs::SqsMessage;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::messages::{MessageError, PendingPodRef};
-use crate::nodeclaim::NodeClaim;
-use crate::scheduling::ExistingNode;
 
 /// One record of the batch, read.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,50 +87,9 @@ pub fn pod_keys(pods: &[Pod]) -> BTreeSet<(String, String, String)> {
         .collect()
 }
 
-/// Groups bound pods by node; pods on nodes that are not listed are dropped.
-pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
-    let mut by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
-    for p in pods {
-        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            let finished = matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            );
-            if !finished {
-                by_node.entry(n).or_default().push(p.clone());
-            }
-        }
-    }
-    nodes
-        .into_iter()
-        .map(|node| {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let pods = by_node.remove(name.as_str()).unwrap_or_default();
-            ExistingNode { node, pods }
-        })
-        .collect()
-}
-
-/// NodeClaims whose capacity is not yet a node: a claim that registered
-/// (its provider id or node name matches a node) is counted as that node.
-pub fn in_flight(claims: Vec<NodeClaim>, nodes: &[ExistingNode]) -> Vec<NodeClaim> {
-    let provider_ids: BTreeSet<&str> = nodes
-        .iter()
-        .filter_map(|n| n.node.spec.as_ref().and_then(|s| s.provider_id.as_deref()))
-        .collect();
-    let names: BTreeSet<&str> = nodes.iter().filter_map(|n| n.node.metadata.name.as_deref()).collect();
-    claims
-        .into_iter()
-        .filter(|c| c.phase.holds_capacity())
-        .filter(|c| !c.provider_id.as_deref().is_some_and(|p| provider_ids.contains(p)))
-        .filter(|c| !c.node_name.as_deref().is_some_and(|n| names.contains(n)))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nodeclaim::Phase;
 
     fn msg(id: &str, body: &str) -> SqsMessage {
         let mut m = SqsMessage::default();
@@ -179,55 +136,5 @@ mod tests {
         };
         assert_eq!(pod_state(&r("u2"), &keys), PodState::Pending);
         assert_eq!(pod_state(&r("u1"), &keys), PodState::Gone);
-    }
-
-    fn claim(name: &str, phase: Phase, provider: Option<&str>) -> NodeClaim {
-        let mut c: NodeClaim = serde_json::from_value(serde_json::json!({
-            "name": name, "nodePool": "default", "nodeClass": "default", "requirements": [],
-            "resources": {}, "instanceTypeOptions": ["m5.large"], "phase": "Pending"
-        }))
-        .unwrap();
-        c.phase = phase;
-        c.provider_id = provider.map(Into::into);
-        c
-    }
-
-    #[test]
-    fn registered_claims_count_as_their_nodes() {
-        let mut node = Node::default();
-        node.metadata.name = Some("ip-10-0-0-1.ec2.internal".into());
-        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-            provider_id: Some("aws:///us-east-1a/i-1".into()),
-            ..Default::default()
-        });
-        let nodes = existing_nodes(vec![node], &[]);
-        let claims = vec![
-            claim("a", Phase::Pending, None),
-            claim("b", Phase::Launched, Some("aws:///us-east-1a/i-1")),
-            claim("c", Phase::Launched, Some("aws:///us-east-1b/i-2")),
-            claim("d", Phase::Terminating, Some("aws:///us-east-1b/i-3")),
-        ];
-        let names: Vec<String> = in_flight(claims, &nodes).into_iter().map(|c| c.name).collect();
-        assert_eq!(names, vec!["a", "c"]);
-    }
-
-    #[test]
-    fn finished_pods_free_their_nodes() {
-        let mut node = Node::default();
-        node.metadata.name = Some("n1".into());
-        let pod = |phase: &str| {
-            let mut p = Pod::default();
-            p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-                node_name: Some("n1".into()),
-                ..Default::default()
-            });
-            p.status = Some(k8s_openapi::api::core::v1::PodStatus {
-                phase: Some(phase.into()),
-                ..Default::default()
-            });
-            p
-        };
-        let nodes = existing_nodes(vec![node], &[pod("Running"), pod("Succeeded"), pod("Failed")]);
-        assert_eq!(nodes[0].pods.len(), 1);
     }
 }

@@ -13,12 +13,15 @@ use std::time::Duration;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 
-use crate::catalog::{self, Catalog};
-use crate::kubernetes::{Cluster, ClusterError};
+use jiff::Timestamp;
+
+use crate::kubernetes::Cluster;
 use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
 use crate::nodeclaim::{NodeClaim, Phase};
-use crate::scheduling::{self, Plan, SolveInput, UnavailableOffering};
-use crate::state::{Lease, StateError, StateStore, now_ms, now_secs};
+use crate::scheduling::{Plan, SolveOptions};
+use crate::snapshot::Snapshot;
+use crate::snapshot::live::{self, SnapshotError};
+use crate::state::{Lease, StateError, StateStore, now_ms};
 
 use batch::{PodState, Record};
 
@@ -76,9 +79,9 @@ pub enum ProvisionError {
     /// Missing or bad configuration.
     #[error("configuration: {0}")]
     Config(String),
-    /// The cluster could not be read.
-    #[error("reading the cluster: {0}")]
-    Cluster(#[from] ClusterError),
+    /// The cluster or the state table could not be read.
+    #[error("{0}")]
+    Snapshot(#[from] SnapshotError),
     /// The state table failed.
     #[error("state: {0}")]
     State(#[from] StateError),
@@ -88,9 +91,6 @@ pub enum ProvisionError {
     /// Another solve held the lease for longer than we wait.
     #[error("another solve holds the {LEASE} lease")]
     Busy,
-    /// The built-in catalog could not be loaded.
-    #[error("catalog: {0}")]
-    Catalog(String),
 }
 
 /// What one batch did.
@@ -146,8 +146,13 @@ impl<C: Cluster> Provisioner<C> {
         }
     }
 
-    /// Handles one SQS batch; never fails as a whole because of one record.
+    /// Handles one SQS batch at the current time.
     pub async fn handle(&self, event: &SqsEvent) -> Outcome {
+        self.handle_at(event, Timestamp::now()).await
+    }
+
+    /// Handles one SQS batch as of `now`; never fails as a whole because of one record.
+    pub async fn handle_at(&self, event: &SqsEvent, now: Timestamp) -> Outcome {
         let records = batch::read_records(&event.records);
         let mut outcome = Outcome::default();
         let mut refs = Vec::new();
@@ -170,7 +175,7 @@ impl<C: Cluster> Provisioner<C> {
         if refs.is_empty() {
             return outcome;
         }
-        match self.solve_and_record(&refs, &mut outcome).await {
+        match self.solve_and_record(&refs, &mut outcome, now).await {
             Ok(()) => {}
             Err(e) => {
                 tracing::error!(error = %e, records = refs.len(), "provisioning failed; the batch will be retried");
@@ -230,9 +235,10 @@ impl<C: Cluster> Provisioner<C> {
         &self,
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut Outcome,
+        now: Timestamp,
     ) -> Result<(), ProvisionError> {
         let lease = self.acquire().await?;
-        let result = self.solve_under(&lease, refs, outcome).await;
+        let result = self.solve_under(&lease, refs, outcome, now).await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
             tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");
         }
@@ -244,48 +250,25 @@ impl<C: Cluster> Provisioner<C> {
         lease: &Lease,
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut Outcome,
+        now: Timestamp,
     ) -> Result<(), ProvisionError> {
-        let pending = self.cluster.pending_pods().await?;
-        let keys = batch::pod_keys(&pending);
+        let snapshot = live::read(&self.cluster, &self.store, now).await?;
+        let keys = batch::pod_keys(&snapshot.pods);
         for (_, r) in refs {
             if batch::pod_state(r, &keys) == PodState::Gone {
                 outcome.gone += 1;
                 tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), "pod is no longer pending");
             }
         }
-        let all_pods = self.cluster.pods().await?;
-        let nodes = batch::existing_nodes(self.cluster.nodes().await?, &all_pods);
-        let claims = self.store.in_flight_node_claims().await?;
-        self.relaunch_stale(&claims).await?;
-        let claims = batch::in_flight(claims, &nodes);
-        let catalog = self.catalog().await?;
-        let unavailable = self
-            .store
-            .unavailable_offerings(now_secs())
-            .await?
-            .into_iter()
-            .map(|u| UnavailableOffering {
-                instance_type: u.key.instance_type,
-                zone: u.key.zone,
-                capacity_type: u.key.capacity_type,
-            })
-            .collect();
-        let node_classes = self.cluster.node_classes().await?;
-        let mut input = SolveInput::new(&catalog);
-        input.pods = pending;
-        input.nodes = nodes;
-        input.node_claims = claims;
-        input.node_pools = self.cluster.node_pools().await?;
-        input.node_classes = node_classes.clone();
-        input.daemon_sets = self.cluster.daemon_sets().await?;
-        input.persistent_volumes = self.cluster.persistent_volumes().await?;
-        input.persistent_volume_claims = self.cluster.persistent_volume_claims().await?;
-        input.storage_classes = self.cluster.storage_classes().await?;
-        input.unavailable = unavailable;
+        self.relaunch(
+            &snapshot,
+            stale_pending(&snapshot.node_claims, now, self.config.relaunch_after),
+        )
+        .await?;
         let started = std::time::Instant::now();
-        let plan: Plan = scheduling::solve(&input);
+        let plan: Plan = snapshot.compile().solve(&SolveOptions::default());
         tracing::info!(
-            pods = input.pods.len(),
+            pods = snapshot.pods.len(),
             new_claims = plan.node_claims.len(),
             unschedulable = plan.unschedulable.len(),
             millis = started.elapsed().as_secs_f64() * 1000.0,
@@ -295,32 +278,15 @@ impl<C: Cluster> Provisioner<C> {
         outcome.unschedulable = plan
             .unschedulable
             .iter()
-            .map(|u| (u.pod.to_string(), u.reason.clone()))
+            .map(|u| (u.pod.to_string(), u.reason.to_string()))
             .collect();
 
-        let now = jiff::Timestamp::now().to_string();
-        let new_claims: Vec<NodeClaim> = plan
-            .node_claims
-            .iter()
-            .map(|c| {
-                let mut claim = c.to_node_claim();
-                claim.timestamps.insert("created".into(), now.clone());
-                claim
-            })
-            .collect();
+        let new_claims: Vec<NodeClaim> = plan.node_claims.iter().map(|c| snapshot.node_claim(c)).collect();
         let created = self
             .store
             .create_node_claims_fenced(lease, &new_claims, now_ms())
             .await?;
-        let requests: Vec<LaunchRequest> = created
-            .iter()
-            .filter_map(|c| {
-                node_classes
-                    .iter()
-                    .find(|nc| nc.name() == c.node_class)
-                    .map(|nc| LaunchRequest::new(&c.name, nc))
-            })
-            .collect();
+        let requests = launch_requests(&snapshot, &created);
         if requests.len() < created.len() {
             tracing::error!(
                 "a NodeClaim names an EC2NodeClass that does not exist; it stays Pending until the class appears"
@@ -332,34 +298,14 @@ impl<C: Cluster> Provisioner<C> {
     }
 
     /// A crash between writing a claim and queueing its launch leaves a
-    /// Pending claim nobody launches: queue it again (CreateFleet's client
-    /// token makes a second launch of the same claim a no-op).
-    async fn relaunch_stale(&self, claims: &[NodeClaim]) -> Result<(), ProvisionError> {
-        let cutoff =
-            jiff::Timestamp::now() - jiff::SignedDuration::try_from(self.config.relaunch_after).unwrap_or_default();
-        let stale: Vec<&NodeClaim> = claims
-            .iter()
-            .filter(|c| c.phase == Phase::Pending)
-            .filter(|c| {
-                c.timestamps
-                    .get("created")
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                    .is_some_and(|t| t < cutoff)
-            })
-            .collect();
+    /// Pending claim nobody launches: queue it again (the launch path finds an
+    /// instance already tagged for the claim, so a second launch adds nothing).
+    async fn relaunch(&self, snapshot: &Snapshot, stale: Vec<&NodeClaim>) -> Result<(), ProvisionError> {
         if stale.is_empty() {
             return Ok(());
         }
-        let classes = self.cluster.node_classes().await?;
-        let requests: Vec<LaunchRequest> = stale
-            .iter()
-            .filter_map(|c| {
-                classes
-                    .iter()
-                    .find(|nc| nc.name() == c.node_class)
-                    .map(|nc| LaunchRequest::new(&c.name, nc))
-            })
-            .collect();
+        let stale: Vec<NodeClaim> = stale.into_iter().cloned().collect();
+        let requests = launch_requests(snapshot, &stale);
         tracing::warn!(
             claims = requests.len(),
             "re-queueing launches of stale Pending NodeClaims"
@@ -367,13 +313,55 @@ impl<C: Cluster> Provisioner<C> {
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         Ok(())
     }
+}
 
-    async fn catalog(&self) -> Result<Catalog, ProvisionError> {
-        if let Some(c) = self.store.get_catalog().await? {
-            return Ok(c);
-        }
-        catalog::builtin()
-            .map(Clone::clone)
-            .map_err(|e| ProvisionError::Catalog(e.to_string()))
+/// Launch requests for claims whose EC2NodeClass exists.
+fn launch_requests(snapshot: &Snapshot, claims: &[NodeClaim]) -> Vec<LaunchRequest> {
+    claims
+        .iter()
+        .filter_map(|c| {
+            snapshot
+                .node_class(&c.node_class)
+                .map(|nc| LaunchRequest::new(&c.name, nc))
+        })
+        .collect()
+}
+
+/// Pending claims older than `after` at `now`: their launch request was
+/// probably lost (pure).
+pub fn stale_pending(claims: &[NodeClaim], now: Timestamp, after: Duration) -> Vec<&NodeClaim> {
+    let after = jiff::SignedDuration::try_from(after).unwrap_or(jiff::SignedDuration::MAX);
+    claims
+        .iter()
+        .filter(|c| c.phase == Phase::Pending && c.timestamps.created.is_some() && c.age(now) > after)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pending_claims_past_the_delay_are_stale() {
+        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let claim = |name: &str, phase: Phase, created: Option<&str>| NodeClaim {
+            phase,
+            timestamps: crate::nodeclaim::Timestamps {
+                created: created.map(|c| c.parse().unwrap()),
+                ..Default::default()
+            },
+            ..NodeClaim::pending(name, "default", "default")
+        };
+        let claims = vec![
+            claim("old", Phase::Pending, Some("2026-01-01T00:07:00Z")),
+            claim("young", Phase::Pending, Some("2026-01-01T00:09:00Z")),
+            claim("launched", Phase::Launched, Some("2026-01-01T00:00:00Z")),
+            claim("undated", Phase::Pending, None),
+        ];
+        let stale: Vec<&str> = stale_pending(&claims, now, Duration::from_secs(120))
+            .into_iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(stale, ["old"]);
     }
 }

@@ -60,7 +60,7 @@ pub struct Fail {
 /// Read-only context for checks.
 pub struct Ctx<'a> {
     /// The model.
-    pub m: &'a Model,
+    pub m: &'a Model<'a>,
     /// Topology counts.
     pub counts: &'a Counts,
     /// Domains.
@@ -69,7 +69,7 @@ pub struct Ctx<'a> {
 
 impl Claim {
     /// An empty claim of a pool with the given options.
-    pub fn new(m: &Model, pool: usize, options: Vec<u32>, host: DomainId) -> Self {
+    pub fn new(m: &Model<'_>, pool: usize, options: Vec<u32>, host: DomainId) -> Self {
         let p = &m.pools[pool];
         let mut c = Claim {
             pool,

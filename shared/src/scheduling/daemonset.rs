@@ -12,8 +12,6 @@ use crate::resources::Resources;
 /// What the solver needs of a DaemonSet's pod.
 #[derive(Debug, Clone)]
 pub struct Daemon {
-    /// `namespace/name` of the DaemonSet.
-    pub name: String,
     /// Its pod's model.
     pub pod: PodModel,
 }
@@ -43,7 +41,7 @@ pub fn daemons(list: &[DaemonSet]) -> (Vec<Daemon>, Vec<String>) {
             ds.metadata.name.as_deref().unwrap_or_default()
         );
         match daemon_pod(ds).map(|p| PodModel::from_pod(&p)) {
-            Some(Ok(pod)) => out.push(Daemon { name, pod }),
+            Some(Ok(pod)) => out.push(Daemon { pod }),
             Some(Err(e)) => skipped.push(format!("daemonset {name}: spec.template.{e}")),
             None => skipped.push(format!("daemonset {name}: spec is required")),
         }

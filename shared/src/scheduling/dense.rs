@@ -25,16 +25,6 @@ impl ResourceTable {
         }
     }
 
-    /// Number of resources.
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    /// True when empty (never: cpu, memory and pods are always present).
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
-
     /// The index of a resource name.
     pub fn index(&self, name: &str) -> Option<usize> {
         self.names.iter().position(|n| n == name)

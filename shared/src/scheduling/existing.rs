@@ -10,7 +10,6 @@ use super::{ExistingNode, TargetKind};
 use crate::apis::{Taint, labels};
 use crate::catalog::InstanceType;
 use crate::nodeclaim::NodeClaim;
-use crate::requirements::{Requirement, Requirements};
 use crate::resources::Resources;
 
 /// An existing node or in-flight claim, compiled.
@@ -100,12 +99,7 @@ impl Existing {
     /// requirements and launch facts); its room is the smallest of its
     /// options' allocatable (or its launched type's) less what it reserved.
     pub fn from_claim(c: &NodeClaim, types: &[InstanceType], res: &ResourceTable) -> Self {
-        let mut reqs = Requirements::new();
-        for r in &c.requirements {
-            if let Ok(q) = Requirement::new(&r.key, r.operator, &r.values) {
-                reqs.add(q);
-            }
-        }
+        let reqs = c.requirements();
         let mut labels = reqs.single_valued_labels();
         labels.extend(c.labels.clone());
         let options: Vec<&InstanceType> = match &c.instance_type {

@@ -10,35 +10,38 @@
 //! requirements and offerings, preferences relaxed step by step. Packing is
 //! first-fit-decreasing, then [`packing`] searches for a cheaper plan.
 
-pub mod claim;
-pub mod daemonset;
-pub mod dense;
-pub mod existing;
+pub(crate) mod claim;
+pub(crate) mod daemonset;
+pub(crate) mod dense;
+pub(crate) mod existing;
 #[cfg(test)]
-pub mod fixtures;
-pub mod model;
-pub mod packing;
-pub mod pod;
-pub mod preferences;
-pub mod scheduler;
-pub mod topology;
-pub mod volume;
+pub(crate) mod fixtures;
+pub(crate) mod model;
+pub(crate) mod packing;
+pub(crate) mod pod;
+pub(crate) mod preferences;
+pub mod reason;
+pub(crate) mod scheduler;
+pub(crate) mod topology;
+pub(crate) mod volume;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::Serialize;
 
-use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
 use crate::apis::{EC2NodeClass, NodePool, Taint};
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, OfferingKey};
 use crate::nodeclaim::NodeClaim;
 use crate::requirements::Requirements;
 use crate::resources::Resources;
 
+pub use model::Compiled;
 pub use pod::PodRef;
+pub use reason::{Constraint, PoolRejection, Reason, Rejection};
 
 /// A node that exists, with the pods running on it (DaemonSet pods included).
 #[derive(Debug, Clone)]
@@ -49,75 +52,91 @@ pub struct ExistingNode {
     pub pods: Vec<Pod>,
 }
 
-/// An offering that recently failed (insufficient capacity, interruption).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UnavailableOffering {
-    /// Instance type name.
-    pub instance_type: String,
-    /// Zone.
-    pub zone: String,
-    /// Capacity type.
-    pub capacity_type: String,
-}
-
-/// Knobs of the solve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What one solve may do, so that one compiled snapshot answers many
+/// questions: provisioning (the defaults), or a disruption what-if such as
+/// "if these nodes were gone, where would their pods go, with no new node or
+/// one cheaper than theirs?".
+#[derive(Debug, Clone, PartialEq)]
 pub struct SolveOptions {
     /// Search for a cheaper packing than plain first-fit-decreasing (on by default).
     pub improve: bool,
+    /// May the solve open new NodeClaims (off: existing capacity only).
+    pub new_claims: bool,
+    /// New claims may only use instance types whose cheapest usable
+    /// offering costs less than this per hour.
+    pub price_below: Option<f64>,
+    /// Existing nodes (or in-flight claims) taken away, by name: their
+    /// capacity is gone and their movable pods are pending.
+    pub removed: BTreeSet<String>,
+    /// When the cheaper-packing search must stop (the first complete plan is
+    /// always finished); `None`: the search's fixed budget alone bounds it.
+    pub deadline: Option<Instant>,
 }
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        SolveOptions { improve: true }
+        SolveOptions {
+            improve: true,
+            new_claims: true,
+            price_below: None,
+            removed: BTreeSet::new(),
+            deadline: None,
+        }
     }
 }
 
-/// Everything a solve looks at, as plain data.
-#[derive(Debug, Clone)]
+impl SolveOptions {
+    /// A what-if: the named nodes removed, everything else as provisioning.
+    pub fn without<I: IntoIterator<Item = S>, S: Into<String>>(nodes: I) -> Self {
+        SolveOptions {
+            removed: nodes.into_iter().map(Into::into).collect(),
+            ..SolveOptions::default()
+        }
+    }
+}
+
+/// Everything a solve looks at, borrowed from a snapshot.
+#[derive(Debug, Clone, Copy)]
 pub struct SolveInput<'a> {
     /// Pods waiting for a node.
-    pub pods: Vec<Pod>,
+    pub pods: &'a [Pod],
     /// Existing nodes and their pods.
-    pub nodes: Vec<ExistingNode>,
+    pub nodes: &'a [ExistingNode],
     /// NodeClaims decided or launched but not yet nodes (phases that hold capacity).
-    pub node_claims: Vec<NodeClaim>,
+    pub node_claims: &'a [NodeClaim],
     /// NodePools.
-    pub node_pools: Vec<NodePool>,
+    pub node_pools: &'a [NodePool],
     /// EC2NodeClasses (their kubelet settings shape allocatable).
-    pub node_classes: Vec<EC2NodeClass>,
+    pub node_classes: &'a [EC2NodeClass],
     /// DaemonSets (their pods' requests are reserved on every new node they fit).
-    pub daemon_sets: Vec<DaemonSet>,
+    pub daemon_sets: &'a [DaemonSet],
     /// PersistentVolumes.
-    pub persistent_volumes: Vec<PersistentVolume>,
+    pub persistent_volumes: &'a [PersistentVolume],
     /// PersistentVolumeClaims.
-    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
+    pub persistent_volume_claims: &'a [PersistentVolumeClaim],
     /// StorageClasses.
-    pub storage_classes: Vec<StorageClass>,
+    pub storage_classes: &'a [StorageClass],
     /// The instance catalog.
     pub catalog: &'a Catalog,
     /// Offerings not to use.
-    pub unavailable: Vec<UnavailableOffering>,
-    /// Knobs.
-    pub options: SolveOptions,
+    pub unavailable: &'a [OfferingKey],
 }
 
 impl<'a> SolveInput<'a> {
     /// An input with only a catalog; fill the rest field by field.
     pub fn new(catalog: &'a Catalog) -> Self {
         SolveInput {
-            pods: vec![],
-            nodes: vec![],
-            node_claims: vec![],
-            node_pools: vec![],
-            node_classes: vec![],
-            daemon_sets: vec![],
-            persistent_volumes: vec![],
-            persistent_volume_claims: vec![],
-            storage_classes: vec![],
+            pods: &[],
+            nodes: &[],
+            node_claims: &[],
+            node_pools: &[],
+            node_classes: &[],
+            daemon_sets: &[],
+            persistent_volumes: &[],
+            persistent_volume_claims: &[],
+            storage_classes: &[],
             catalog,
-            unavailable: vec![],
-            options: SolveOptions::default(),
+            unavailable: &[],
         }
     }
 }
@@ -180,9 +199,9 @@ pub struct NewNodeClaim {
 }
 
 impl NewNodeClaim {
-    /// The NodeClaim record (phase Pending) the provision function stores.
-    pub fn to_node_claim(&self) -> NodeClaim {
-        // The claim is launched as one of its options: say so in its requirements.
+    /// The NodeClaim record (phase Pending) created at `now`; its
+    /// requirements name its instance-type options, since it is launched as one of them.
+    pub fn to_node_claim(&self, now: jiff::Timestamp) -> NodeClaim {
         let mut reqs = self.requirements.clone();
         let min_values = reqs.get(crate::apis::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
         reqs.add(
@@ -192,27 +211,17 @@ impl NewNodeClaim {
             )
             .with_min_values(min_values),
         );
-        let requirements = reqs
-            .iter()
-            .map(|r| {
-                let (key, operator, values) = r.to_manifest();
-                NodeSelectorRequirementWithMinValues {
-                    key,
-                    operator,
-                    values,
-                    min_values: r.min_values.map(|m| m as i64),
-                }
-            })
-            .collect();
-        NodeClaim {
-            requirements,
+        let mut claim = NodeClaim {
             resources: self.requests.clone(),
             instance_type_options: self.instance_type_options.clone(),
             labels: self.labels.clone(),
             taints: self.taints.clone(),
             startup_taints: self.startup_taints.clone(),
             ..NodeClaim::pending(self.name.clone(), self.node_pool.clone(), self.node_class.clone())
-        }
+        };
+        claim.set_requirements(&reqs);
+        claim.timestamps.created = Some(now);
+        claim
     }
 }
 
@@ -241,20 +250,31 @@ pub struct ExistingPlacement {
 pub struct Unschedulable {
     /// The pod.
     pub pod: PodRef,
-    /// Why.
-    pub reason: String,
+    /// Why, as data (rendered to text at the edge).
+    pub reason: Reason,
 }
 
-/// Solves: builds the compact model once, packs first-fit-decreasing, and
-/// (unless disabled) searches for a cheaper packing; deterministic.
-pub fn solve(input: &SolveInput) -> Plan {
-    let model = model::Model::build(input);
-    let plan = if input.options.improve {
-        packing::best(&model)
-    } else {
-        scheduler::Run::new(&model, packing::Strategy::default()).schedule()
-    };
-    plan.finish(&model)
+/// Solves once: compiles the input and runs one solve with `options`.
+/// To ask many questions of one snapshot, compile it once with
+/// [`Compiled::new`] and call [`Compiled::solve`] for each.
+pub fn solve(input: &SolveInput, options: &SolveOptions) -> Plan {
+    Compiled::new(input).solve(options)
+}
+
+impl Compiled {
+    /// Places the pending pods (and the movable pods of `options.removed`)
+    /// onto the remaining capacity and, when allowed, new NodeClaims: packs
+    /// first-fit-decreasing and (unless disabled) searches for a cheaper
+    /// packing; deterministic unless a deadline cuts the search short.
+    pub fn solve(&self, options: &SolveOptions) -> Plan {
+        let model = model::Model::new(self, options);
+        let plan = if options.improve {
+            packing::best(&model, options.deadline)
+        } else {
+            scheduler::Run::new(&model, scheduler::Strategy::default()).schedule()
+        };
+        plan.finish(&model)
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The compact model of a solve, built once from [`SolveInput`]: dense
+//! The compact model of a solve, compiled once from [`SolveInput`]: dense
 //! resource vectors, pools with their usable instance types, existing
 //! capacity, pending pods with their topology groups, and the counts that
 //! running pods contribute.
@@ -8,10 +8,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::daemonset::{self, Daemon};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
+use k8s_openapi::api::core::v1::Pod;
+
 use super::pod::{HostPort, PodModel, PodRef, Toleration};
+use super::reason::Reason;
 use super::topology::{Counts, Domains, GroupId, GroupKind, Groups};
 use super::volume::{Volumes, cross};
-use super::{SolveInput, TargetKind};
+use super::{SolveInput, SolveOptions, TargetKind};
 use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
 use crate::catalog::{InstanceType, Offering};
@@ -64,8 +67,6 @@ pub struct Pool {
     pub name: String,
     /// EC2NodeClass name.
     pub node_class: String,
-    /// Weight.
-    pub weight: i32,
     /// Requirements (spec, template labels, nodepool and nodeclass labels).
     pub reqs: Requirements,
     /// Template taints.
@@ -80,10 +81,6 @@ pub struct Pool {
     pub limits: Vec<(usize, i64)>,
     /// Limit on the node count, if any.
     pub node_limit: Option<i64>,
-    /// Capacity already used by existing nodes and in-flight claims.
-    pub used: Vector,
-    /// Nodes already counted.
-    pub used_nodes: i64,
     /// True when the pool asks for accelerator types by its requirements.
     pub asks_accelerator: bool,
     /// True when some requirement has minValues.
@@ -137,20 +134,75 @@ pub struct PendingPod {
     pub monotone: bool,
 }
 
-/// The compiled solve.
+/// A pending pod as compiled from the snapshot: its model and its required
+/// node terms (volume topology folded in), or why it cannot be modelled.
+type Source = Result<(PodModel, Vec<Requirements>), (PodRef, Reason)>;
+
+/// A pod running on an existing node, compiled once.
 #[derive(Debug, Clone)]
-pub struct Model {
+pub(crate) struct Running {
+    /// Index of its node in [`Compiled::existing`].
+    node: usize,
+    /// Its model.
+    model: PodModel,
+    /// Its required node terms with volume topology, for when it must move.
+    terms: Result<Vec<Requirements>, String>,
+    /// False for DaemonSet, mirror and finished pods: they never move.
+    movable: bool,
+}
+
+/// A snapshot compiled once: pools with their usable instance types, existing
+/// nodes and in-flight claims with what their pods use, and every pod's
+/// constraints. Solving it many times with different [`SolveOptions`] (nodes
+/// removed, no new claims, a price ceiling) recompiles none of this.
+#[derive(Debug, Clone)]
+pub struct Compiled {
     /// Resource names.
-    pub res: ResourceTable,
+    pub(crate) res: ResourceTable,
+    /// Pools by weight (highest first), then name.
+    pub(crate) pools: Vec<Pool>,
+    /// Capacity each pool holds through existing nodes and claims.
+    pub(crate) pool_used: Vec<Vector>,
+    /// Nodes and claims each pool holds.
+    pub(crate) pool_nodes: Vec<i64>,
+    /// Existing nodes, then in-flight claims, with their running pods' usage.
+    pub(crate) existing: Vec<Existing>,
+    /// The pool of each existing entry.
+    pub(crate) existing_pool: Vec<Option<usize>>,
+    /// The snapshot's pending pods, in input order.
+    pending: Vec<Source>,
+    /// Pods running on existing nodes.
+    running: Vec<Running>,
+    /// Skipped input.
+    pub(crate) warnings: Vec<String>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread compiled a snapshot (tests assert what-ifs recompile nothing).
+    pub(crate) static COMPILATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// One solve: the compiled snapshot seen through the solve's options (removed
+/// nodes gone, their movable pods pending), with the pending pods' shapes,
+/// topology groups, domains and counts.
+#[derive(Debug, Clone)]
+pub(crate) struct Model<'c> {
+    /// Resource names.
+    pub res: &'c ResourceTable,
     /// Pending pods in first-fit-decreasing order.
     pub pods: Vec<PodEntry>,
     /// Compiled pod shapes (pods differing only in name share one).
     pub shapes: Vec<PendingPod>,
     /// Pods that cannot be modelled, with the reason.
-    pub invalid: Vec<(PodRef, String)>,
+    pub invalid: Vec<(PodRef, Reason)>,
     /// Pools by weight (highest first), then name.
-    pub pools: Vec<Pool>,
-    /// Existing nodes, then in-flight claims.
+    pub pools: &'c [Pool],
+    /// Capacity each pool already holds (removed nodes excluded).
+    pub pool_used: Vec<Vector>,
+    /// Nodes each pool already holds (removed nodes excluded).
+    pub pool_nodes: Vec<i64>,
+    /// Existing nodes, then in-flight claims, less the removed ones.
     pub existing: Vec<Existing>,
     /// Topology groups.
     pub groups: Groups,
@@ -162,8 +214,10 @@ pub struct Model {
     pub counts: Counts,
     /// Skipped input.
     pub warnings: Vec<String>,
-    /// DaemonSets.
-    pub daemons: Vec<Daemon>,
+    /// May the solve open new NodeClaims.
+    pub new_claims: bool,
+    /// New claims' instance types must cost less than this per hour.
+    pub price_below: Option<f64>,
 }
 
 /// Keys whose value an instance type defines (absent from a type means the
@@ -231,53 +285,73 @@ impl Pool {
     }
 }
 
-impl Model {
-    /// Compiles the input.
-    pub fn build(input: &SolveInput) -> Model {
+/// True for a running pod that moves when its node goes: not a DaemonSet or
+/// mirror pod, and not finished.
+fn movable(p: &Pod) -> bool {
+    let daemon = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet");
+    let mirror = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let finished = p
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+    !(daemon || mirror || finished)
+}
+
+impl Compiled {
+    /// Compiles a solver input once.
+    pub fn new(input: &SolveInput) -> Compiled {
+        #[cfg(test)]
+        COMPILATIONS.with(|c| c.set(c.get() + 1));
         let mut warnings = Vec::new();
-        let (daemons, skipped) = daemonset::daemons(&input.daemon_sets);
+        let (daemons, skipped) = daemonset::daemons(input.daemon_sets);
         warnings.extend(skipped);
 
         // Model pods first: their resource names size the vectors.
         let volumes = Volumes::new(
-            &input.persistent_volumes,
-            &input.persistent_volume_claims,
-            &input.storage_classes,
+            input.persistent_volumes,
+            input.persistent_volume_claims,
+            input.storage_classes,
         );
-        let mut invalid = Vec::new();
-        // Pods with identical constraints (replicas of one workload) share one
-        // compiled shape, so 20,000 pods cost little more than their names.
-        let mut pending: Vec<(PodModel, Vec<Requirements>)> = Vec::new();
-        let mut shape_index: HashMap<ShapeKey, usize> = HashMap::new();
-        let mut entries: Vec<(PodRef, usize)> = Vec::new();
-        for p in &input.pods {
-            match PodModel::from_pod(p) {
-                Ok(m) => match volumes.requirements(&m) {
-                    Ok(v) => {
-                        let terms = if v.is_empty() {
-                            m.node_terms.clone()
-                        } else {
-                            cross(&m.node_terms, &v)
-                        };
-                        let key = ShapeKey::of(&m, &terms);
-                        let next = pending.len();
-                        let idx = *shape_index.entry(key).or_insert(next);
-                        entries.push((m.pod.clone(), idx));
-                        if idx == next {
-                            pending.push((m, terms));
-                        }
-                    }
-                    Err(e) => invalid.push((m.pod.clone(), e)),
+        let with_volumes = |m: &PodModel| {
+            volumes.requirements(m).map(|v| {
+                if v.is_empty() {
+                    m.node_terms.clone()
+                } else {
+                    cross(&m.node_terms, &v)
+                }
+            })
+        };
+        let pending: Vec<Source> = input
+            .pods
+            .iter()
+            .map(|p| match PodModel::from_pod(p) {
+                Ok(m) => match with_volumes(&m) {
+                    Ok(terms) => Ok((m, terms)),
+                    Err(e) => Err((m.pod.clone(), Reason::Volume(e))),
                 },
-                Err(e) => invalid.push((PodRef::of(p), format!("invalid pod: {e}"))),
-            }
-        }
-        drop(shape_index);
-        let mut running: Vec<(usize, PodModel)> = Vec::new();
+                Err(e) => Err((PodRef::of(p), Reason::InvalidPod(e.to_string()))),
+            })
+            .collect();
+        let mut running: Vec<Running> = Vec::new();
         for (ni, n) in input.nodes.iter().enumerate() {
             for p in &n.pods {
                 match PodModel::from_pod(p) {
-                    Ok(m) => running.push((ni, m)),
+                    Ok(m) => running.push(Running {
+                        node: ni,
+                        terms: with_volumes(&m),
+                        movable: movable(p),
+                        model: m,
+                    }),
                     Err(e) => warnings.push(format!("running pod {}: {e}", PodRef::of(p))),
                 }
             }
@@ -304,7 +378,7 @@ impl Model {
         };
 
         let mut names: BTreeSet<String> = BTreeSet::new();
-        for (m, _) in &pending {
+        for (m, _) in pending.iter().flatten() {
             names.extend(m.requests.0.keys().cloned());
         }
         for (_, types) in &resolved {
@@ -313,10 +387,10 @@ impl Model {
                 names.extend(t.capacity.0.keys().cloned());
             }
         }
-        for p in &input.node_pools {
+        for p in input.node_pools {
             names.extend(p.spec.limits.keys().filter(|k| *k != "nodes").cloned());
         }
-        for n in &input.nodes {
+        for n in input.nodes {
             names.extend(
                 n.node
                     .status
@@ -380,7 +454,6 @@ impl Model {
             pools.push(Pool {
                 name: np.name().to_string(),
                 node_class,
-                weight: np.weight(),
                 asks_accelerator,
                 has_min_values,
                 reqs,
@@ -390,30 +463,35 @@ impl Model {
                 types,
                 limits,
                 node_limit,
-                used: res.zero(),
-                used_nodes: 0,
                 error,
             });
         }
 
-        // Existing nodes and in-flight claims.
+        // Existing nodes and in-flight claims, and what they hold of their pools.
+        let mut pool_used = vec![res.zero(); pools.len()];
+        let mut pool_nodes = vec![0i64; pools.len()];
         let mut existing = Vec::new();
-        for n in &input.nodes {
-            let e = Existing::from_node(n, &res);
-            if let Some(pi) = e
+        let mut existing_pool = Vec::new();
+        let mut hold = |e: &Existing, pool_used: &mut Vec<Vector>| {
+            let pi = e
                 .pool
                 .as_ref()
-                .and_then(|name| pools.iter().position(|p| &p.name == name))
-            {
-                dense::add(&mut pools[pi].used, &e.capacity);
-                pools[pi].used_nodes += 1;
+                .and_then(|name| pools.iter().position(|p| &p.name == name));
+            if let Some(pi) = pi {
+                dense::add(&mut pool_used[pi], &e.capacity);
+                pool_nodes[pi] += 1;
             }
+            pi
+        };
+        for n in input.nodes {
+            let e = Existing::from_node(n, &res);
+            existing_pool.push(hold(&e, &mut pool_used));
             existing.push(e);
         }
-        for (ni, m) in &running {
-            let e = &mut existing[*ni];
-            dense::add(&mut e.used, &res.vector(&m.requests));
-            e.ports.extend(m.host_ports.iter().cloned());
+        for r in &running {
+            let e = &mut existing[r.node];
+            dense::add(&mut e.used, &res.vector(&r.model.requests));
+            e.ports.extend(r.model.host_ports.iter().cloned());
         }
         for c in input.node_claims.iter().filter(|c| c.phase.holds_capacity()) {
             let types = resolved
@@ -425,24 +503,92 @@ impl Model {
             // An in-flight claim's pods are still pending and this solve packs
             // them again (onto it first); only its DaemonSet pods are spoken for.
             e.used = res.zero();
-            let claim_reqs: Requirements = c
-                .requirements
-                .iter()
-                .filter_map(|r| crate::requirements::Requirement::new(&r.key, r.operator, &r.values).ok())
-                .collect();
+            let claim_reqs = c.requirements();
             for d in daemons
                 .iter()
                 .filter(|d| d.lands_on(&c.taints, |t| claim_reqs.compatible(t, true).is_ok()))
             {
                 dense::add(&mut e.used, &res.vector(d.requests()));
             }
-            if let Some(pi) = pools.iter().position(|p| p.name == c.node_pool) {
-                dense::add(&mut pools[pi].used, &e.capacity);
-                pools[pi].used_nodes += 1;
-            }
+            existing_pool.push(hold(&e, &mut pool_used));
             existing.push(e);
         }
+        Compiled {
+            res,
+            pools,
+            pool_used,
+            pool_nodes,
+            existing,
+            existing_pool,
+            pending,
+            running,
+            warnings,
+        }
+    }
 
+    /// Names of the existing nodes and in-flight claims, in solve order.
+    pub fn existing_names(&self) -> impl Iterator<Item = &str> {
+        self.existing.iter().map(|e| e.name.as_str())
+    }
+}
+
+impl<'c> Model<'c> {
+    /// The compiled snapshot as one solve sees it.
+    pub fn new(c: &'c Compiled, options: &SolveOptions) -> Model<'c> {
+        let removed: Vec<bool> = c.existing.iter().map(|e| options.removed.contains(&e.name)).collect();
+        let mut pool_used = c.pool_used.clone();
+        let mut pool_nodes = c.pool_nodes.clone();
+        let mut existing = Vec::with_capacity(c.existing.len());
+        let mut index: Vec<Option<usize>> = vec![None; c.existing.len()];
+        for (i, e) in c.existing.iter().enumerate() {
+            if removed[i] {
+                if let Some(pi) = c.existing_pool[i] {
+                    dense::sub(&mut pool_used[pi], &e.capacity);
+                    pool_nodes[pi] -= 1;
+                }
+                continue;
+            }
+            index[i] = Some(existing.len());
+            existing.push(e.clone());
+        }
+
+        // Pending: the snapshot's pending pods, then the movable pods of removed nodes.
+        let mut invalid = Vec::new();
+        let mut sources: Vec<(&PodModel, &[Requirements])> = Vec::new();
+        for s in &c.pending {
+            match s {
+                Ok((m, terms)) => sources.push((m, terms)),
+                Err((p, r)) => invalid.push((p.clone(), r.clone())),
+            }
+        }
+        for r in c.running.iter().filter(|r| removed[r.node] && r.movable) {
+            match &r.terms {
+                Ok(terms) => sources.push((&r.model, terms)),
+                Err(e) => invalid.push((r.model.pod.clone(), Reason::Volume(e.clone()))),
+            }
+        }
+        // Pods with identical constraints (replicas of one workload) share one
+        // compiled shape, so 20,000 pods cost little more than their names.
+        let mut pending: Vec<(PodModel, Vec<Requirements>)> = Vec::new();
+        let mut shape_index: HashMap<ShapeKey, usize> = HashMap::new();
+        let mut entries: Vec<(PodRef, usize)> = Vec::new();
+        for (m, terms) in sources {
+            let key = ShapeKey::of(m, terms);
+            let next = pending.len();
+            let idx = *shape_index.entry(key).or_insert(next);
+            entries.push((m.pod.clone(), idx));
+            if idx == next {
+                pending.push((m.clone(), terms.to_vec()));
+            }
+        }
+        drop(shape_index);
+        let running: Vec<(usize, &PodModel)> = c
+            .running
+            .iter()
+            .filter_map(|r| index[r.node].map(|ni| (ni, &r.model)))
+            .collect();
+        let pools = c.pools.as_slice();
+        let res = &c.res;
         // Topology groups of pending pods and of running pods' anti-affinity.
         let mut groups = Groups::default();
         struct Owned {
@@ -627,16 +773,21 @@ impl Model {
             shapes,
             invalid,
             pools,
+            pool_used,
+            pool_nodes,
             existing,
             groups,
             domains,
             key_domains,
             counts,
-            warnings,
-            daemons,
+            warnings: c.warnings.clone(),
+            new_claims: options.new_claims,
+            price_below: options.price_below,
         }
     }
+}
 
+impl Model<'_> {
     /// The compiled shape of pending pod `i`.
     pub fn pod(&self, i: usize) -> &PendingPod {
         &self.shapes[self.pods[i].shape as usize]

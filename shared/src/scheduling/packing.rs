@@ -8,32 +8,10 @@
 //! so every constraint holds whichever wins. The number of candidates shrinks
 //! with the pod count, so the search has a bounded, deterministic budget.
 
-use super::dense::Vector;
+use std::time::Instant;
+
 use super::model::Model;
-use super::scheduler::{Outcome, Run};
-
-/// How a pass packs.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Strategy {
-    /// Largest node shape to open while a smaller one can take the pod.
-    pub cap: Option<Cap>,
-}
-
-/// A node size ceiling: room for pods in cpu and memory (milli-units).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Cap {
-    /// CPU room.
-    pub cpu: i64,
-    /// Memory room.
-    pub memory: i64,
-}
-
-impl Cap {
-    /// True when a type with this room stays within the cap.
-    pub fn admits(&self, avail: &Vector) -> bool {
-        avail[0] <= self.cpu && avail[1] <= self.memory
-    }
-}
+use super::scheduler::{Assignment, Cap, Run, Strategy};
 
 /// Pod-passes the search may spend beyond the FFD pass (pods × passes).
 pub const SEARCH_BUDGET: usize = 8_000;
@@ -86,16 +64,20 @@ pub fn candidate_caps(m: &Model) -> Vec<Cap> {
     caps
 }
 
-fn better(a: &Outcome, b: &Outcome) -> bool {
+fn better(a: &Assignment, b: &Assignment) -> bool {
     let (ua, ub) = (a.unschedulable.len(), b.unschedulable.len());
     ua < ub || (ua == ub && a.cost < b.cost - 1e-9)
 }
 
-/// The cheapest plan among plain FFD and the capped passes the budget allows.
-pub fn best(m: &Model) -> Outcome {
+/// The cheapest plan among plain FFD and the capped passes the budget (and
+/// the deadline, checked between passes) allows.
+pub fn best(m: &Model, deadline: Option<Instant>) -> Assignment {
     let mut best = Run::new(m, Strategy::default()).schedule();
     let passes = (SEARCH_BUDGET / m.pods.len().max(1)).clamp(1, MAX_CANDIDATES);
     for cap in candidate_caps(m).into_iter().take(passes) {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
         let o = Run::new(m, Strategy { cap: Some(cap) }).schedule();
         if better(&o, &best) {
             best = o;

@@ -9,18 +9,41 @@ use sha2::{Digest, Sha256};
 use super::claim::{Claim, Ctx, Fail, cheapest};
 use super::dense::{self, Vector, fits};
 use super::model::Model;
-use super::packing::Strategy;
 use super::pod::{PodRef, tolerates_all};
 use super::preferences::{Active, Relaxation};
+use super::reason::{Constraint, PoolRejection, Reason, Rejection, normalise};
 use super::topology::{Counts, Domains, GroupKind};
 use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
 use crate::apis::labels;
 use crate::catalog::Offering;
 use crate::requirements::Requirement;
 
+/// How a pass packs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Strategy {
+    /// Largest node shape to open while a smaller one can take the pod.
+    pub cap: Option<Cap>,
+}
+
+/// A node size ceiling: room for pods in cpu and memory (milli-units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cap {
+    /// CPU room.
+    pub cpu: i64,
+    /// Memory room.
+    pub memory: i64,
+}
+
+impl Cap {
+    /// True when a type with this room stays within the cap.
+    pub fn admits(&self, avail: &Vector) -> bool {
+        avail[0] <= self.cpu && avail[1] <= self.memory
+    }
+}
+
 /// The state of one pass.
 pub struct Run<'m> {
-    m: &'m Model,
+    m: &'m Model<'m>,
     strategy: Strategy,
     domains: Domains,
     counts: Counts,
@@ -33,22 +56,22 @@ pub struct Run<'m> {
     cursors: HashMap<u32, usize>,
 }
 
-/// The result of a pass.
+/// The result of a pass: where each pending pod went.
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub struct Assignment {
     /// New claims with their pods.
     pub claims: Vec<Claim>,
     /// Pending pods per existing target.
     pub existing: Vec<Vec<usize>>,
     /// Unplaceable pods with reasons.
-    pub unschedulable: Vec<(usize, String)>,
+    pub unschedulable: Vec<(usize, Reason)>,
     /// Hourly price of the new claims.
     pub cost: f64,
 }
 
 impl<'m> Run<'m> {
     /// A fresh pass over the model.
-    pub fn new(m: &'m Model, strategy: Strategy) -> Self {
+    pub fn new(m: &'m Model<'m>, strategy: Strategy) -> Self {
         Run {
             m,
             strategy,
@@ -65,7 +88,7 @@ impl<'m> Run<'m> {
     }
 
     /// Places every pod it can.
-    pub fn schedule(mut self) -> Outcome {
+    pub fn schedule(mut self) -> Assignment {
         let n = self.m.pods.len();
         let mut queue: VecDeque<(usize, Relaxation)> = (0..n).map(|i| (i, Relaxation::default())).collect();
         let mut placed = 0usize;
@@ -91,7 +114,7 @@ impl<'m> Run<'m> {
             .iter()
             .map(|c| price(self.m, c).map_or(0.0, |p| p.offering.price))
             .sum();
-        Outcome {
+        Assignment {
             claims: self.claims,
             existing: self.ex_pods,
             unschedulable,
@@ -238,15 +261,15 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// Options of a new claim of pool `pi` that pod `i` could start: usable
-    /// types within the remaining limits, accelerators only when asked.
-    fn base_options(&self, pi: usize, i: usize) -> Vec<u32> {
+    /// Types a new claim of pool `pi` could start with pod `i`: usable types
+    /// within the remaining limits, accelerators only when asked.
+    fn options_within_limits(&self, pi: usize, i: usize) -> Vec<u32> {
         let m = self.m;
         let pool = &m.pools[pi];
         let p = m.pod(i);
         if pool
             .node_limit
-            .is_some_and(|l| pool.used_nodes + self.pool_nodes[pi] >= l)
+            .is_some_and(|l| m.pool_nodes[pi] + self.pool_nodes[pi] >= l)
         {
             return Vec::new();
         }
@@ -259,16 +282,34 @@ impl<'m> Run<'m> {
                     && pool
                         .limits
                         .iter()
-                        .all(|(d, limit)| ty.capacity[*d] <= limit - pool.used[*d] - self.pool_reserved[pi][*d])
+                        .all(|(d, limit)| ty.capacity[*d] <= limit - m.pool_used[pi][*d] - self.pool_reserved[pi][*d])
             })
             .collect()
+    }
+
+    /// True when type `t` of pool `pi` is cheaper than the solve's price ceiling.
+    fn under_ceiling(&self, pi: usize, t: u32) -> bool {
+        self.m
+            .price_below
+            .is_none_or(|ceiling| self.m.pools[pi].types[t as usize].price < ceiling)
+    }
+
+    /// Options of a new claim of pool `pi` that pod `i` could start: within
+    /// the limits and under the price ceiling.
+    fn base_options(&self, pi: usize, i: usize) -> Vec<u32> {
+        let mut opts = self.options_within_limits(pi, i);
+        opts.retain(|t| self.under_ceiling(pi, *t));
+        opts
     }
 
     fn new_claim(&mut self, pi: usize, i: usize, a: &Active) -> bool {
         let m = self.m;
         let pool = &m.pools[pi];
         let p = m.pod(i);
-        if pool.error.is_some() || tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err() {
+        if !m.new_claims
+            || pool.error.is_some()
+            || tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err()
+        {
             return false;
         }
         if !a.terms.iter().any(|t| pool.reqs.compatible(t, true).is_ok()) {
@@ -311,123 +352,120 @@ impl<'m> Run<'m> {
     }
 
     /// Why pod `i` cannot be placed anywhere, pool by pool.
-    fn explain(&self, i: usize, rel: &Relaxation) -> String {
+    fn explain(&self, i: usize, rel: &Relaxation) -> Reason {
         let m = self.m;
         let p = m.pod(i);
         let a = rel.active(p);
         if m.pools.is_empty() {
-            return "no NodePool".into();
+            return Reason::NoNodePool;
         }
-        let mut reasons = Vec::new();
-        for (pi, pool) in m.pools.iter().enumerate() {
-            let name = &pool.name;
-            if let Some(e) = &pool.error {
-                reasons.push(format!("NodePool {name}: {e}"));
-                continue;
-            }
-            if let Err(t) = tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer) {
-                reasons.push(format!(
-                    "NodePool {name} has taint {}={}:{:?} that the pod does not tolerate",
-                    t.key,
-                    t.value.as_deref().unwrap_or(""),
-                    t.effect
-                ));
-                continue;
-            }
-            let compatible: Vec<_> = a
+        let rejections = m
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(pi, pool)| PoolRejection {
+                pool: pool.name.clone(),
+                why: self.rejection(pi, i, &a),
+            })
+            .collect();
+        Reason::Pools(rejections)
+    }
+
+    /// Why pool `pi` cannot take pod `i` on a new claim.
+    fn rejection(&self, pi: usize, i: usize, a: &Active) -> Rejection {
+        let m = self.m;
+        let p = m.pod(i);
+        let pool = &m.pools[pi];
+        if let Some(e) = &pool.error {
+            return Rejection::PoolInvalid(e.clone());
+        }
+        if let Err(t) = tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer) {
+            return Rejection::Untolerated(t);
+        }
+        let compatible: Vec<_> = a
+            .terms
+            .iter()
+            .filter(|t| pool.reqs.compatible(t, true).is_ok())
+            .collect();
+        if compatible.is_empty() {
+            let err = a
                 .terms
                 .iter()
-                .filter(|t| pool.reqs.compatible(t, true).is_ok())
-                .collect();
-            if compatible.is_empty() {
-                let err = a
-                    .terms
-                    .iter()
-                    .find_map(|t| pool.reqs.compatible(t, true).err())
-                    .map(|e| e.to_string())
-                    .unwrap_or_default();
-                reasons.push(format!("incompatible with NodePool {name} requirements: {err}"));
-                continue;
-            }
-            let accel_ok = p.accelerator || pool.asks_accelerator;
-            let matching: Vec<usize> = (0..pool.types.len())
-                .filter(|t| {
-                    let ty = &pool.types[*t];
-                    compatible.iter().any(|term| {
-                        let mut r = pool.reqs.clone();
-                        r.add_all(term);
-                        ty.compatible(&r)
-                    })
-                })
-                .collect();
-            let usable: Vec<usize> = matching
-                .iter()
-                .copied()
-                .filter(|t| accel_ok || !pool.types[*t].accelerator)
-                .collect();
-            if usable.is_empty() {
-                let why = if matching.is_empty() {
-                    ""
-                } else {
-                    " (accelerator types are used only for pods that request accelerators)"
-                };
-                reasons.push(format!(
-                    "no instance type in NodePool {name} satisfies the pod's requirements{why}"
-                ));
-                continue;
-            }
-            let fitting: Vec<usize> = usable
-                .iter()
-                .copied()
-                .filter(|t| fits(&p.req, &pool.types[*t].avail))
-                .collect();
-            if fitting.is_empty() {
-                let mut best = m.res.zero();
-                for t in &usable {
-                    dense::max_into(&mut best, &pool.types[*t].avail);
-                }
-                let what = match dense::first_exceeding(&p.req, &best) {
-                    Some(d) => {
-                        let r = m.res.name(d);
-                        format!(
-                            "{} {r}",
-                            crate::quantity::Quantity::from_milli(p.req[d]).to_k8s_string(r)
-                        )
-                    }
-                    None => "the pod's requests".into(),
-                };
-                reasons.push(format!("no instance type in NodePool {name} fits {what}"));
-                continue;
-            }
-            let within: Vec<u32> = self.base_options(pi, i);
-            if !fitting.iter().any(|t| within.contains(&(*t as u32))) {
-                reasons.push(format!("NodePool {name} limits exceeded"));
-                continue;
-            }
-            let mut kinds: BTreeSet<String> = BTreeSet::new();
-            for g in a.groups.iter().chain(&p.inverse) {
-                let group = &m.groups.list[*g];
-                let kind = match group.id.kind {
-                    GroupKind::Spread { max_skew, .. } => format!("topology spread (maxSkew {max_skew})"),
-                    GroupKind::Affinity => "pod affinity".to_string(),
-                    GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => {
-                        "another pod's anti-affinity".to_string()
-                    }
-                    GroupKind::AntiAffinity { .. } => "pod anti-affinity".to_string(),
-                };
-                kinds.insert(format!("{kind} on {}", group.id.key));
-            }
-            if !p.model.host_ports.is_empty() {
-                kinds.insert("host ports".into());
-            }
-            let what = if kinds.is_empty() {
-                "constraints".to_string()
-            } else {
-                kinds.into_iter().collect::<Vec<_>>().join(", ")
-            };
-            reasons.push(format!("NodePool {name}: {what} cannot be satisfied"));
+                .find_map(|t| pool.reqs.compatible(t, true).err())
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            return Rejection::Requirements(err);
         }
-        reasons.join("; ")
+        let accel_ok = p.accelerator || pool.asks_accelerator;
+        let matching: Vec<usize> = (0..pool.types.len())
+            .filter(|t| {
+                let ty = &pool.types[*t];
+                compatible.iter().any(|term| {
+                    let mut r = pool.reqs.clone();
+                    r.add_all(term);
+                    ty.compatible(&r)
+                })
+            })
+            .collect();
+        let usable: Vec<usize> = matching
+            .iter()
+            .copied()
+            .filter(|t| accel_ok || !pool.types[*t].accelerator)
+            .collect();
+        if usable.is_empty() {
+            return Rejection::NoInstanceType {
+                accelerators_only: !matching.is_empty(),
+            };
+        }
+        let fitting: Vec<usize> = usable
+            .iter()
+            .copied()
+            .filter(|t| fits(&p.req, &pool.types[*t].avail))
+            .collect();
+        if fitting.is_empty() {
+            let mut best = m.res.zero();
+            for t in &usable {
+                dense::max_into(&mut best, &pool.types[*t].avail);
+            }
+            let what = match dense::first_exceeding(&p.req, &best) {
+                Some(d) => {
+                    let r = m.res.name(d);
+                    format!(
+                        "{} {r}",
+                        crate::quantity::Quantity::from_milli(p.req[d]).to_k8s_string(r)
+                    )
+                }
+                None => "the pod's requests".into(),
+            };
+            return Rejection::TooLarge { what };
+        }
+        if !m.new_claims {
+            return Rejection::NewClaimsForbidden;
+        }
+        let within = self.options_within_limits(pi, i);
+        if !fitting.iter().any(|t| within.contains(&(*t as u32))) {
+            return Rejection::Limits;
+        }
+        if !within.iter().any(|t| self.under_ceiling(pi, *t)) {
+            return Rejection::PriceCeiling;
+        }
+        let mut constraints = Vec::new();
+        for g in a.groups.iter().chain(&p.inverse) {
+            let group = &m.groups.list[*g];
+            let key = group.id.key.clone();
+            constraints.push(match group.id.kind {
+                GroupKind::Spread { max_skew, .. } => Constraint::TopologySpread { max_skew, key },
+                GroupKind::Affinity => Constraint::PodAffinity { key },
+                GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => {
+                    Constraint::OthersAntiAffinity { key }
+                }
+                GroupKind::AntiAffinity { .. } => Constraint::PodAntiAffinity { key },
+            });
+        }
+        if !p.model.host_ports.is_empty() {
+            constraints.push(Constraint::HostPorts);
+        }
+        Rejection::Constraints(normalise(constraints))
     }
 }
 
@@ -442,7 +480,7 @@ pub struct Priced {
 
 /// Prices a claim: spot when any option offers it under the requirements
 /// (as EC2 Fleet would be asked), else on-demand; options sorted by that price.
-pub fn price(m: &Model, c: &Claim) -> Option<Priced> {
+pub fn price(m: &Model<'_>, c: &Claim) -> Option<Priced> {
     let pool = &m.pools[c.pool];
     let mut spot = c.reqs.clone();
     spot.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
@@ -509,9 +547,9 @@ fn claim_name(pool: &str, pods: &[PodRef], salt: u32) -> String {
     format!("{pool}-{suffix}")
 }
 
-impl Outcome {
+impl Assignment {
     /// Turns a pass into a plan: names, cheapest offerings, labels.
-    pub fn finish(self, m: &Model) -> Plan {
+    pub fn finish(self, m: &Model<'_>) -> Plan {
         let mut taken: BTreeSet<String> = m.existing.iter().map(|e| e.name.clone()).collect();
         let mut node_claims = Vec::new();
         let mut unschedulable: Vec<Unschedulable> = m
@@ -531,7 +569,7 @@ impl Outcome {
                 for p in pods {
                     unschedulable.push(Unschedulable {
                         pod: p,
-                        reason: "no offering left for its node".into(),
+                        reason: Reason::NoOffering,
                     });
                 }
                 continue;

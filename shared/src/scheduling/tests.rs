@@ -22,11 +22,26 @@ struct Case {
     pvs: Vec<PersistentVolume>,
     pvcs: Vec<PersistentVolumeClaim>,
     scs: Vec<StorageClass>,
-    unavailable: Vec<UnavailableOffering>,
+    unavailable: Vec<OfferingKey>,
     improve: bool,
 }
 
 impl Case {
+    fn input(&self) -> SolveInput<'_> {
+        SolveInput {
+            pods: &self.pods,
+            nodes: &self.nodes,
+            node_claims: &self.claims,
+            node_pools: &self.pools,
+            node_classes: &[],
+            daemon_sets: &self.daemon_sets,
+            persistent_volumes: &self.pvs,
+            persistent_volume_claims: &self.pvcs,
+            storage_classes: &self.scs,
+            catalog: &self.catalog,
+            unavailable: &self.unavailable,
+        }
+    }
     fn new(pods: Vec<Pod>) -> Self {
         Case {
             catalog: catalog(),
@@ -47,18 +62,11 @@ impl Case {
         self
     }
     fn solve(&self) -> Plan {
-        let mut input = SolveInput::new(&self.catalog);
-        input.pods = self.pods.clone();
-        input.nodes = self.nodes.clone();
-        input.node_claims = self.claims.clone();
-        input.node_pools = self.pools.clone();
-        input.daemon_sets = self.daemon_sets.clone();
-        input.persistent_volumes = self.pvs.clone();
-        input.persistent_volume_claims = self.pvcs.clone();
-        input.storage_classes = self.scs.clone();
-        input.unavailable = self.unavailable.clone();
-        input.options.improve = self.improve;
-        let plan = solve(&input);
+        let options = SolveOptions {
+            improve: self.improve,
+            ..SolveOptions::default()
+        };
+        let plan = solve(&self.input(), &options);
         check_accounting(&self.pods, &plan);
         plan
     }
@@ -165,6 +173,7 @@ fn bad_quantity_names_the_field() {
     assert!(
         plan.unschedulable[0]
             .reason
+            .to_string()
             .contains("spec.containers[0].resources.requests.cpu"),
         "{plan:?}"
     );
@@ -222,11 +231,7 @@ fn unavailable_offerings_are_skipped() {
         "1Gi",
         json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-a"}}}),
     ));
-    case.unavailable = vec![UnavailableOffering {
-        instance_type: "c.large".into(),
-        zone: "test-zone-a".into(),
-        capacity_type: "spot".into(),
-    }];
+    case.unavailable = vec![OfferingKey::new("c.large", "test-zone-a", "spot")];
     let plan = case.solve();
     let c = &plan.node_claims[0];
     assert!(!(c.instance_type == "c.large" && c.capacity_type == "spot"), "{c:?}");
@@ -238,7 +243,7 @@ fn too_big_pod_is_unschedulable_with_the_resource_named() {
     let plan = Case::new(pods("huge", 1, "900", "1Gi", json!({}))).solve();
     assert_eq!(plan.node_claims.len(), 0);
     assert_eq!(
-        plan.unschedulable[0].reason,
+        plan.unschedulable[0].reason.to_string(),
         "no instance type in NodePool default fits 900 cpu"
     );
 }
@@ -246,7 +251,7 @@ fn too_big_pod_is_unschedulable_with_the_resource_named() {
 #[test]
 fn no_pools_means_unschedulable() {
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![]).solve();
-    assert_eq!(plan.unschedulable[0].reason, "no NodePool");
+    assert_eq!(plan.unschedulable[0].reason.to_string(), "no NodePool");
 }
 
 // ---------- extended resources / accelerators ----------
@@ -303,6 +308,7 @@ fn node_selector_on_a_label_no_pool_defines_is_unschedulable() {
     assert!(
         plan.unschedulable[0]
             .reason
+            .to_string()
             .contains("incompatible with NodePool default requirements"),
         "{plan:?}"
     );
@@ -440,7 +446,7 @@ fn limits_are_never_exceeded_and_count_existing_nodes() {
     assert!(cpu <= 4000, "{plan:#?}");
     assert_eq!(plan.unschedulable.len(), 2);
     assert!(
-        plan.unschedulable[0].reason.contains("limits exceeded"),
+        plan.unschedulable[0].reason.to_string().contains("limits exceeded"),
         "{:?}",
         plan.unschedulable
     );
@@ -783,6 +789,7 @@ fn zonal_anti_affinity_at_most_one_per_zone() {
     assert!(
         plan.unschedulable[0]
             .reason
+            .to_string()
             .contains("pod anti-affinity on topology.kubernetes.io/zone"),
         "{:?}",
         plan.unschedulable
@@ -923,7 +930,7 @@ fn storage_class_allowed_topologies_and_missing_claims() {
     case.pvcs.clear();
     let plan = case.solve();
     assert_eq!(
-        plan.unschedulable[0].reason,
+        plan.unschedulable[0].reason.to_string(),
         "persistentvolumeclaim default/data not found"
     );
 }
@@ -1071,7 +1078,7 @@ fn converts_to_a_pending_node_claim() {
     ))
     .solve();
     let c = &plan.node_claims[0];
-    let nc = c.to_node_claim();
+    let nc = c.to_node_claim("2026-01-01T00:00:00Z".parse().unwrap());
     assert_eq!(nc.phase, Phase::Pending);
     assert_eq!(nc.name, c.name);
     assert_eq!(nc.instance_type_options, c.instance_type_options);

@@ -42,13 +42,6 @@ pub struct NodeFilter {
     pub tolerations: Option<Vec<Toleration>>,
 }
 
-impl NodeFilter {
-    /// True when nothing is filtered.
-    pub fn is_empty(&self) -> bool {
-        self.terms.is_none() && self.tolerations.is_none()
-    }
-}
-
 /// The identity of a group: pods sharing an identical term share its counts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GroupKey {

@@ -3,17 +3,19 @@
 //! exactly as `docs/simulate-format.md` specifies.
 
 pub mod output;
-pub mod scenario;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
+
+use jiff::Timestamp;
 
 use crate::apis::manifest::{ManifestError, Warning, load_paths};
 use crate::catalog::Catalog;
-use crate::scheduling::{Plan, SolveInput, solve};
+use crate::scheduling::{Plan, SolveOptions};
+use crate::snapshot::Snapshot;
 
 pub use output::{to_json, to_table};
-pub use scenario::Scenario;
 
 /// Why a simulation could not run (all of it is bad input: exit status 2).
 #[derive(Debug, thiserror::Error)]
@@ -42,19 +44,10 @@ pub struct Report {
     pub solve_millis: f64,
 }
 
-/// Solves a scenario against a catalog.
-pub fn simulate(s: &Scenario, catalog: &Catalog) -> Report {
-    let mut input = SolveInput::new(catalog);
-    input.pods = s.pods.clone();
-    input.nodes = s.nodes.clone();
-    input.node_pools = s.node_pools.clone();
-    input.node_classes = s.node_classes.clone();
-    input.daemon_sets = s.daemon_sets.clone();
-    input.persistent_volumes = s.persistent_volumes.clone();
-    input.persistent_volume_claims = s.persistent_volume_claims.clone();
-    input.storage_classes = s.storage_classes.clone();
+/// Plans the snapshot's pending pods with the provisioning solver.
+pub fn simulate(s: &Snapshot) -> Report {
     let start = Instant::now();
-    let plan = solve(&input);
+    let plan = s.compile().solve(&SolveOptions::default());
     let solve_millis = start.elapsed().as_secs_f64() * 1000.0;
     Report {
         plan,
@@ -84,12 +77,23 @@ pub fn load_catalog(path: Option<&std::path::Path>) -> Result<Catalog, SimulateE
     }
 }
 
-/// Loads manifests and the catalog, and simulates; warnings are returned for stderr.
-pub fn run(paths: &[PathBuf], catalog: Option<&std::path::Path>) -> Result<(Report, Vec<Warning>), SimulateError> {
+/// Loads manifests and the catalog, and simulates at `now`; warnings are
+/// returned for stderr.
+pub fn run(
+    paths: &[PathBuf],
+    catalog: Option<&std::path::Path>,
+    now: Timestamp,
+) -> Result<(Report, Vec<Warning>), SimulateError> {
     let (docs, mut warnings) = load_paths(paths)?;
-    let scenario = Scenario::from_documents(&docs, &mut warnings)?;
-    let catalog = load_catalog(catalog)?;
-    Ok((simulate(&scenario, &catalog), warnings))
+    // Manifest errors are reported before catalog errors: read the manifests
+    // against an empty catalog, then put the real one in.
+    let empty = Arc::new(Catalog {
+        region: String::new(),
+        instance_types: Vec::new(),
+    });
+    let mut snapshot = Snapshot::from_manifests(&docs, empty, now, &mut warnings)?;
+    snapshot.catalog = Arc::new(load_catalog(catalog)?);
+    Ok((simulate(&snapshot), warnings))
 }
 
 #[cfg(test)]

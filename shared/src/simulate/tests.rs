@@ -1,14 +1,23 @@
-//! Scenario building and output, with a hand-made catalog.
+//! Snapshots from manifests, and the simulate output, with a hand-made catalog.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::*;
 use crate::apis::manifest::{load_paths, parse_documents};
 use crate::scheduling::fixtures;
 
-fn scenario(text: &str) -> Scenario {
+fn now() -> Timestamp {
+    "2026-01-01T00:00:00Z".parse().unwrap()
+}
+
+fn from_docs(docs: &[crate::apis::manifest::Document], w: &mut Vec<Warning>) -> Result<Snapshot, ManifestError> {
+    Snapshot::from_manifests(docs, Arc::new(fixtures::catalog()), now(), w)
+}
+
+fn scenario(text: &str) -> Snapshot {
     let (docs, mut w) = parse_documents("test.yaml", text).unwrap();
-    Scenario::from_documents(&docs, &mut w).unwrap()
+    from_docs(&docs, &mut w).unwrap()
 }
 
 const POOL: &str = "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n";
@@ -63,7 +72,7 @@ fn bad_pod_spec_names_document_and_field() {
         "{POOL}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web}}\nspec:\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec:\n      containers: [{{name: c, image: i}}]\n      tolerations: [{{key: k, operator: Maybe}}]\n"
     );
     let (docs, mut w) = parse_documents("bad.yaml", &text).unwrap();
-    let e = Scenario::from_documents(&docs, &mut w).unwrap_err();
+    let e = from_docs(&docs, &mut w).unwrap_err();
     assert_eq!(
         (e.file.as_str(), e.index, e.path.as_str()),
         ("bad.yaml", 1, "spec.template.spec.tolerations[0].operator")
@@ -75,7 +84,7 @@ fn json_output_follows_the_contract() {
     let s = scenario(&format!(
         "{POOL}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: inflate}}\nspec:\n  replicas: 3\n  selector: {{matchLabels: {{app: inflate}}}}\n  template:\n    metadata: {{labels: {{app: inflate}}}}\n    spec: {{containers: [{{name: c, image: i, resources: {{requests: {{cpu: 500m, memory: 256Mi}}}}}}]}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: huge}}\nspec: {{containers: [{{name: c, image: i, resources: {{requests: {{cpu: '900'}}}}}}]}}\n"
     ));
-    let r = simulate(&s, &fixtures::catalog());
+    let r = simulate(&s);
     let v = to_json(&r);
     let c = &v["nodeClaims"][0];
     assert_eq!(c["nodePool"], "default");
@@ -108,6 +117,6 @@ fn json_output_follows_the_contract() {
 fn examples_load_as_scenarios() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let (docs, mut w) = load_paths(&[dir]).unwrap();
-    let s = Scenario::from_documents(&docs, &mut w).unwrap();
+    let s = from_docs(&docs, &mut w).unwrap();
     assert_eq!(s.pods.len(), 100 + 3 + 3 + 2 + 6 + 3);
 }

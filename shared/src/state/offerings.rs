@@ -4,10 +4,10 @@
 use std::collections::BTreeSet;
 
 use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
-use serde::{Deserialize, Serialize};
 
 use super::item::{self, Item, get_i64, get_s, n, s};
 use super::{PK_UNAVAILABLE, StateError, StateStore};
+pub use crate::catalog::OfferingKey;
 
 /// How long an offering stays unavailable, as Karpenter's cache (3 minutes).
 pub const UNAVAILABLE_TTL_SECS: i64 = 180;
@@ -15,28 +15,7 @@ pub const UNAVAILABLE_TTL_SECS: i64 = 180;
 /// DynamoDB's BatchWriteItem limit.
 const BATCH: usize = 25;
 
-/// One offering: where and how an instance type is bought.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OfferingKey {
-    /// Instance type, e.g. m5.large.
-    pub instance_type: String,
-    /// Availability zone.
-    pub zone: String,
-    /// spot or on-demand.
-    pub capacity_type: String,
-}
-
 impl OfferingKey {
-    /// An offering key.
-    pub fn new(instance_type: &str, zone: &str, capacity_type: &str) -> Self {
-        OfferingKey {
-            instance_type: instance_type.into(),
-            zone: zone.into(),
-            capacity_type: capacity_type.into(),
-        }
-    }
-
     /// The sort key: `<capacity type>#<zone>#<instance type>`.
     pub fn sort_key(&self) -> String {
         format!("{}#{}#{}", self.capacity_type, self.zone, self.instance_type)

@@ -1,40 +1,21 @@
-//! Turning manifests into solver input: workloads expand into pods named
-//! `<name>-<i>`, pods with `spec.nodeName` run on that node, and DaemonSet
-//! pods are added to the existing nodes they fit.
+//! A snapshot from manifests (`nodesmith simulate`): workloads expand into
+//! pods named `<name>-<i>`, pods with `spec.nodeName` run on that node, and
+//! DaemonSet pods are added to the existing nodes they fit.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, PodTemplateSpec};
-use k8s_openapi::api::storage::v1::StorageClass;
+use jiff::Timestamp;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::Snapshot;
 use crate::apis::manifest::{Document, ManifestError, Object, Warning};
-use crate::apis::{EC2NodeClass, NodePool};
+use crate::catalog::Catalog;
 use crate::scheduling::ExistingNode;
 use crate::scheduling::daemonset::daemon_pod;
 use crate::scheduling::pod::{PodModel, taint_from_k8s, tolerates_all};
-
-/// The objects a simulation works on.
-#[derive(Debug, Clone, Default)]
-pub struct Scenario {
-    /// Pending pods (including expanded workloads).
-    pub pods: Vec<Pod>,
-    /// Existing nodes with the pods bound to them.
-    pub nodes: Vec<ExistingNode>,
-    /// NodePools.
-    pub node_pools: Vec<NodePool>,
-    /// EC2NodeClasses.
-    pub node_classes: Vec<EC2NodeClass>,
-    /// DaemonSets.
-    pub daemon_sets: Vec<DaemonSet>,
-    /// PersistentVolumes.
-    pub persistent_volumes: Vec<PersistentVolume>,
-    /// PersistentVolumeClaims (including StatefulSet claim templates).
-    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
-    /// StorageClasses.
-    pub storage_classes: Vec<StorageClass>,
-}
 
 fn pods_from_template(meta: &ObjectMeta, template: &PodTemplateSpec, count: i32) -> Vec<Pod> {
     let name = meta.name.clone().unwrap_or_default();
@@ -69,10 +50,16 @@ fn check(doc: &Document, pod: &Pod, prefix: &str) -> Result<(), ManifestError> {
         .map_err(|e| err(doc, format!("{prefix}{}", e.path), e.message))
 }
 
-impl Scenario {
-    /// Builds the scenario; bad pod specs are errors naming file, document and field.
-    pub fn from_documents(docs: &[Document], warnings: &mut Vec<Warning>) -> Result<Self, ManifestError> {
-        let mut s = Scenario::default();
+impl Snapshot {
+    /// Builds a snapshot at `now` from manifest documents; bad pod specs are
+    /// errors naming file, document and field.
+    pub fn from_manifests(
+        docs: &[Document],
+        catalog: Arc<Catalog>,
+        now: Timestamp,
+        warnings: &mut Vec<Warning>,
+    ) -> Result<Self, ManifestError> {
+        let mut s = Snapshot::new(catalog, now);
         let mut bound: Vec<(&Document, Pod)> = Vec::new();
         for d in docs {
             let expanded: Vec<Pod> = match &d.object {
@@ -173,7 +160,12 @@ impl Scenario {
                     });
                     continue;
                 }
-                Object::PodDisruptionBudget(_) => continue,
+                Object::PodDisruptionBudget(b) => {
+                    let mut b = b.clone();
+                    b.metadata.namespace.get_or_insert_with(|| "default".into());
+                    s.pod_disruption_budgets.push(b);
+                    continue;
+                }
                 Object::PersistentVolume(v) => {
                     s.persistent_volumes.push(v.clone());
                     continue;

@@ -1,0 +1,162 @@
+//! The snapshot read from the live cluster and the state table.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::Snapshot;
+use crate::catalog::{self, CatalogError};
+use crate::kubernetes::{Cluster, ClusterError};
+use crate::nodeclaim::NodeClaim;
+use crate::scheduling::ExistingNode;
+use crate::state::{StateError, StateStore};
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The Kubernetes API failed.
+    #[error("reading the cluster: {0}")]
+    Cluster(#[from] ClusterError),
+    /// The state table failed.
+    #[error("reading the state table: {0}")]
+    State(#[from] StateError),
+    /// No catalog in the state table and the built-in one is unreadable.
+    #[error("catalog: {0}")]
+    Catalog(#[from] CatalogError),
+}
+
+/// Reads the cluster and the state table at `now`: pending pods, nodes with
+/// their pods, in-flight claims, NodePools and classes, DaemonSets, PDBs,
+/// volumes, the catalog (the stored one, else the built-in snapshot) and the
+/// offerings still unavailable at `now`.
+pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) -> Result<Snapshot, SnapshotError> {
+    let pods = cluster.pending_pods().await?;
+    let all_pods = cluster.pods().await?;
+    let nodes = existing_nodes(cluster.nodes().await?, &all_pods);
+    let node_claims = in_flight(store.in_flight_node_claims().await?, &nodes);
+    let catalog = match store.get_catalog().await? {
+        Some(c) => Arc::new(c),
+        None => Arc::new(catalog::builtin()?.clone()),
+    };
+    let unavailable = store
+        .unavailable_offerings(now.as_second())
+        .await?
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
+    Ok(Snapshot {
+        now,
+        pods,
+        nodes,
+        node_claims,
+        node_pools: cluster.node_pools().await?,
+        node_classes: cluster.node_classes().await?,
+        daemon_sets: cluster.daemon_sets().await?,
+        pod_disruption_budgets: cluster.pod_disruption_budgets().await?,
+        persistent_volumes: cluster.persistent_volumes().await?,
+        persistent_volume_claims: cluster.persistent_volume_claims().await?,
+        storage_classes: cluster.storage_classes().await?,
+        catalog,
+        unavailable,
+    })
+}
+
+/// Groups bound pods by node; pods on nodes that are not listed are dropped.
+pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
+    let mut by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
+    for p in pods {
+        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            let finished = matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            if !finished {
+                by_node.entry(n).or_default().push(p.clone());
+            }
+        }
+    }
+    nodes
+        .into_iter()
+        .map(|node| {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let pods = by_node.remove(name.as_str()).unwrap_or_default();
+            ExistingNode { node, pods }
+        })
+        .collect()
+}
+
+/// NodeClaims whose capacity is not yet a node: a claim that registered
+/// (its provider id or node name matches a node) is counted as that node.
+pub fn in_flight(claims: Vec<NodeClaim>, nodes: &[ExistingNode]) -> Vec<NodeClaim> {
+    let provider_ids: BTreeSet<&str> = nodes
+        .iter()
+        .filter_map(|n| n.node.spec.as_ref().and_then(|s| s.provider_id.as_deref()))
+        .collect();
+    let names: BTreeSet<&str> = nodes.iter().filter_map(|n| n.node.metadata.name.as_deref()).collect();
+    claims
+        .into_iter()
+        .filter(|c| c.phase.holds_capacity())
+        .filter(|c| !c.provider_id.as_deref().is_some_and(|p| provider_ids.contains(p)))
+        .filter(|c| !c.node_name.as_deref().is_some_and(|n| names.contains(n)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+
+    use super::*;
+    use crate::nodeclaim::Phase;
+
+    fn claim(name: &str, phase: Phase, provider: Option<&str>) -> NodeClaim {
+        let mut c: NodeClaim = serde_json::from_value(serde_json::json!({
+            "name": name, "nodePool": "default", "nodeClass": "default", "requirements": [],
+            "resources": {}, "instanceTypeOptions": ["m5.large"], "phase": "Pending"
+        }))
+        .unwrap();
+        c.phase = phase;
+        c.provider_id = provider.map(Into::into);
+        c
+    }
+
+    #[test]
+    fn registered_claims_count_as_their_nodes() {
+        let mut node = Node::default();
+        node.metadata.name = Some("ip-10-0-0-1.ec2.internal".into());
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some("aws:///us-east-1a/i-1".into()),
+            ..Default::default()
+        });
+        let nodes = existing_nodes(vec![node], &[]);
+        let claims = vec![
+            claim("a", Phase::Pending, None),
+            claim("b", Phase::Launched, Some("aws:///us-east-1a/i-1")),
+            claim("c", Phase::Launched, Some("aws:///us-east-1b/i-2")),
+            claim("d", Phase::Terminating, Some("aws:///us-east-1b/i-3")),
+        ];
+        let names: Vec<String> = in_flight(claims, &nodes).into_iter().map(|c| c.name).collect();
+        assert_eq!(names, vec!["a", "c"]);
+    }
+
+    #[test]
+    fn finished_pods_free_their_nodes() {
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        let pod = |phase: &str| {
+            let mut p = Pod::default();
+            p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+                node_name: Some("n1".into()),
+                ..Default::default()
+            });
+            p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            });
+            p
+        };
+        let nodes = existing_nodes(vec![node], &[pod("Running"), pod("Succeeded"), pod("Failed")]);
+        assert_eq!(nodes[0].pods.len(), 1);
+    }
+}
