@@ -13,6 +13,7 @@ pub mod messages;
 pub mod nodeclaim;
 pub mod provisioning;
 pub mod quantity;
+pub mod registration;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;
