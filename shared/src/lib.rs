@@ -6,12 +6,14 @@
 
 pub mod apis;
 pub mod catalog;
+pub mod ec2;
 pub mod kubernetes;
 pub mod launch;
 pub mod messages;
 pub mod nodeclaim;
 pub mod provisioning;
 pub mod quantity;
+pub mod registration;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;

@@ -11,6 +11,11 @@
 //! - throttling: the next N calls of an action are answered with EC2's
 //!   `RequestLimitExceeded` (HTTP 503) or, for JSON protocols, a
 //!   `ThrottlingException` (HTTP 400), so the SDK's retry and backoff run.
+//! - errors: the next N calls of an action are answered with an EC2 (query
+//!   protocol) error of a chosen code and message, as EC2 words them.
+//!
+//! Every query-protocol call's form parameters are kept, so tests can see
+//! what each call carried (e.g. how many `InstanceId.N` a TerminateInstances had).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -54,10 +59,21 @@ pub struct SeenFleet {
     pub failed: usize,
 }
 
+/// A canned EC2 error for the next calls of one action.
+#[derive(Debug, Clone)]
+struct ErrorRule {
+    times: usize,
+    status: u16,
+    code: String,
+    message: String,
+}
+
 #[derive(Default)]
 struct Rules {
     capacity: Vec<CapacityRule>,
     throttle: HashMap<String, usize>,
+    errors: HashMap<String, ErrorRule>,
+    forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
     throttled: HashMap<String, usize>,
     fleets: Vec<SeenFleet>,
@@ -146,6 +162,25 @@ impl FaultProxy {
         self.rules().calls.get(action).copied().unwrap_or(0)
     }
 
+    /// The next `times` calls of `action` (a query-protocol API such as EC2) are answered with
+    /// HTTP `status` and an EC2 error document carrying `code` and `message`.
+    pub fn fail_next(&self, action: &str, times: usize, status: u16, code: &str, message: &str) {
+        self.rules().errors.insert(
+            action.into(),
+            ErrorRule {
+                times,
+                status,
+                code: code.into(),
+                message: message.into(),
+            },
+        );
+    }
+
+    /// The form parameters of every query-protocol call of `action`, in order (failed ones included).
+    pub fn forms(&self, action: &str) -> Vec<Vec<(String, String)>> {
+        self.rules().forms.get(action).cloned().unwrap_or_default()
+    }
+
     /// How many calls of `action` were answered with throttling.
     pub fn throttled(&self, action: &str) -> usize {
         self.rules().throttled.get(action).copied().unwrap_or(0)
@@ -183,6 +218,18 @@ fn throttle_response(json: bool) -> Response {
     }
 }
 
+/// An error as EC2's query protocol answers it.
+fn ec2_error_response(status: u16, code: &str, message: &str) -> Response {
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code><Message>{}</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>",
+        esc(code),
+        esc(message)
+    );
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, [("content-type", "text/xml")], body).into_response()
+}
+
 async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let form: Vec<(String, String)> = if headers
         .get("content-type")
@@ -199,10 +246,17 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
     {
         let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
         *r.calls.entry(act.clone()).or_default() += 1;
+        if !form.is_empty() {
+            r.forms.entry(act.clone()).or_default().push(form.clone());
+        }
         if let Some(n) = r.throttle.get_mut(&act).filter(|n| **n > 0) {
             *n -= 1;
             *r.throttled.entry(act.clone()).or_default() += 1;
             return throttle_response(headers.contains_key("x-amz-target"));
+        }
+        if let Some(e) = r.errors.get_mut(&act).filter(|e| e.times > 0) {
+            e.times -= 1;
+            return ec2_error_response(e.status, &e.code, &e.message);
         }
         if act == "CreateFleet" {
             let (kept, failed, seen) = filter_fleet(&form, &r.capacity);

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
 use launch_fixtures::{CLUSTER, DISCOVERY, launcher, store, world};
-use nodesmith::kubernetes::KubeCluster;
+use nodesmith::apis::{EC2NodeClass, NodePool, labels};
 use nodesmith::kubernetes::retry::RetryPolicy;
+use nodesmith::kubernetes::{Cluster, KubeCluster};
 use nodesmith::launch::batch;
 use nodesmith::nodeclaim::Phase;
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
+use nodesmith::registration;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::moto;
 use serde_json::json;
@@ -196,6 +198,27 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
             "template labels reach the node"
         );
         assert_eq!(labels.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
+    }
+
+    // Registration copies each claim's drift hashes onto its Node, equal to
+    // the hashes of the NodePool and EC2NodeClass the cluster holds now.
+    let cluster = KubeCluster::from_client(kube.client());
+    let pool: NodePool = cluster.node_pools().await.unwrap().remove(0);
+    let class: EC2NodeClass = cluster.node_classes().await.unwrap().remove(0);
+    for c in &claims {
+        assert_eq!(c.nodepool_hash.as_deref(), Some(pool.hash().as_str()), "{c:?}");
+        assert_eq!(c.nodeclass_hash.as_deref(), Some(class.hash().as_str()), "{c:?}");
+    }
+    let report = registration::annotate_registered(&cluster, &claims).await.unwrap();
+    assert_eq!(report.annotated.len(), claims.len(), "{report:?}");
+    for n in cluster.nodes().await.unwrap() {
+        let a = n.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(a.get(labels::NODEPOOL_HASH_ANNOTATION), Some(&pool.hash()), "{a:?}");
+        assert_eq!(
+            a.get(labels::EC2NODECLASS_HASH_ANNOTATION),
+            Some(&class.hash()),
+            "{a:?}"
+        );
     }
 
     // A redelivered batch now finds the pods running: nothing more is launched.

@@ -6,6 +6,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::hash;
 use super::validation::{Errors, Path};
 use crate::quantity::Quantity;
 
@@ -298,7 +299,49 @@ const RESTRICTED_TAGS: &[&str] = &[
     "karpenter.k8s.aws/ec2nodeclass",
 ];
 
+/// Version of [`EC2NodeClass::hash`]'s field set and format, stamped beside the hash
+/// (`karpenter.k8s.aws/ec2nodeclass-hash-version`). Bump it when a hashed field is added
+/// or removed, a hashed default changes, or the format changes. Deliberately not
+/// Karpenter's (`v4`): the digests differ, so hashes Karpenter stamped are never compared with ours.
+pub const EC2NODECLASS_HASH_VERSION: &str = "nodesmith-v1";
+
 impl EC2NodeClass {
+    /// The static-drift hash of the class (16 hex digits; see [`EC2NODECLASS_HASH_VERSION`]).
+    ///
+    /// As Karpenter's AWS provider v1 (`EC2NodeClass.Hash()`): the spec, except the fields it
+    /// tags `hash:"ignore"` — amiSelectorTerms, subnetSelectorTerms, securityGroupSelectorTerms
+    /// and capacityReservationSelectorTerms, which its Drift docs list as drifted dynamically
+    /// (the resolved AMI, subnet or security group is compared with the instance's, so a
+    /// changed term that selects the same resources is no drift), and the literal amiFamily,
+    /// replaced by the family in force. Hashed: AMI family, userData, role, instanceProfile,
+    /// tags, kubelet, blockDeviceMappings (a set), metadataOptions, associatePublicIPAddress,
+    /// detailedMonitoring, instanceStorePolicy and context. Defaults count as spelled out:
+    /// metadataOptions' are applied when the manifest is read, and detailedMonitoring `false`,
+    /// an empty userData or kubelet block hash as unset. associatePublicIPAddress `false` does
+    /// not hash as unset (unset lets the subnet decide), unlike Karpenter's zero-value rule.
+    /// Differs from Karpenter where the family in force differs: an alias wins over amiFamily
+    /// here, as launch does ([`EC2NodeClass::ami_family`]).
+    pub fn hash(&self) -> String {
+        let s = &self.spec;
+        let non_empty = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+        hash::digest(&serde_json::json!({
+            "amiFamily": self.ami_family(),
+            "userData": non_empty(&s.user_data),
+            "role": non_empty(&s.role),
+            "instanceProfile": non_empty(&s.instance_profile),
+            "tags": s.tags,
+            "kubelet": s.kubelet,
+            "blockDeviceMappings": hash::set(
+                s.block_device_mappings.iter().map(|b| serde_json::to_value(b).unwrap_or_default())
+            ),
+            "metadataOptions": s.metadata_options,
+            "associatePublicIPAddress": s.associate_public_ip_address,
+            "detailedMonitoring": s.detailed_monitoring.filter(|m| *m),
+            "instanceStorePolicy": non_empty(&s.instance_store_policy),
+            "context": non_empty(&s.context),
+        }))
+    }
+
     /// The class's name.
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
@@ -598,5 +641,187 @@ fn is_threshold(v: &str) -> bool {
     match v.strip_suffix('%') {
         Some(p) => p.parse::<f64>().is_ok_and(|f| (0.0..=100.0).contains(&f)),
         None => Quantity::parse(v).is_ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASHED_CLASS: &str = r#"
+apiVersion: karpenter.k8s.aws/v1
+kind: EC2NodeClass
+metadata: {name: hashed}
+spec:
+  amiSelectorTerms: [{alias: al2023@latest}]
+  subnetSelectorTerms: [{tags: {karpenter.sh/discovery: demo}}]
+  securityGroupSelectorTerms: [{tags: {karpenter.sh/discovery: demo}}]
+  role: KarpenterNodeRole-demo
+  userData: "echo hello"
+  tags: {team: platform, cost-center: "42"}
+  kubelet: {maxPods: 110, systemReserved: {cpu: 100m}}
+  blockDeviceMappings:
+    - {deviceName: /dev/xvda, rootVolume: true, ebs: {volumeSize: 100Gi, volumeType: gp3, encrypted: true}}
+    - {deviceName: /dev/xvdb, ebs: {volumeSize: 50Gi, volumeType: gp3}}
+  metadataOptions: {httpTokens: required, httpPutResponseHopLimit: 2}
+  associatePublicIPAddress: false
+  detailedMonitoring: true
+  instanceStorePolicy: RAID0
+"#;
+
+    fn hashed_class() -> EC2NodeClass {
+        serde_yaml_ng::from_str(HASHED_CLASS).unwrap()
+    }
+
+    type Edit = (&'static str, fn(&mut EC2NodeClassSpec));
+
+    fn ebs(b: &mut BlockDeviceMapping) -> &mut BlockDevice {
+        b.ebs.get_or_insert_with(Default::default)
+    }
+
+    #[test]
+    fn hash_changes_with_every_hashed_field() {
+        let edits: &[Edit] = &[
+            ("AMI family from the alias", |s| {
+                s.ami_selector_terms[0].alias = Some("bottlerocket@latest".into())
+            }),
+            ("AMI family without an alias", |s| {
+                s.ami_selector_terms = vec![AmiSelectorTerm {
+                    id: Some("ami-0123".into()),
+                    ..Default::default()
+                }];
+                s.ami_family = Some("AL2".into());
+            }),
+            ("userData", |s| s.user_data = Some("echo bye".into())),
+            ("userData unset", |s| s.user_data = None),
+            ("role", |s| s.role = Some("OtherRole".into())),
+            ("instanceProfile instead of role", |s| {
+                s.role = None;
+                s.instance_profile = Some("KarpenterNodeRole-demo".into());
+            }),
+            ("tag value", |s| {
+                s.tags.insert("team".into(), "data".into());
+            }),
+            ("tag added", |s| {
+                s.tags.insert("env".into(), "prod".into());
+            }),
+            ("kubelet maxPods", |s| {
+                if let Some(k) = s.kubelet.as_mut() {
+                    k.max_pods = Some(58)
+                }
+            }),
+            ("kubelet unset", |s| s.kubelet = None),
+            ("volume size", |s| {
+                ebs(&mut s.block_device_mappings[0]).volume_size = Quantity::parse("200Gi").ok()
+            }),
+            ("volume type", |s| {
+                ebs(&mut s.block_device_mappings[1]).volume_type = Some("io2".into())
+            }),
+            ("volume removed", |s| {
+                s.block_device_mappings.pop();
+            }),
+            ("root volume flag", |s| s.block_device_mappings[0].root_volume = false),
+            ("metadata hop limit", |s| {
+                s.metadata_options.http_put_response_hop_limit = 1
+            }),
+            ("metadata tokens", |s| {
+                s.metadata_options.http_tokens = "optional".into()
+            }),
+            ("metadata endpoint", |s| {
+                s.metadata_options.http_endpoint = "disabled".into()
+            }),
+            ("public IP on", |s| s.associate_public_ip_address = Some(true)),
+            ("public IP left to the subnet", |s| s.associate_public_ip_address = None),
+            ("detailed monitoring off", |s| s.detailed_monitoring = Some(false)),
+            ("instance store policy unset", |s| s.instance_store_policy = None),
+            ("context", |s| s.context = Some("ctx-1".into())),
+        ];
+        let base = hashed_class().hash();
+        let mut seen = std::collections::BTreeSet::from([base.clone()]);
+        for (what, edit) in edits {
+            let mut c = hashed_class();
+            edit(&mut c.spec);
+            let h = c.hash();
+            assert_ne!(h, base, "{what} must change the hash");
+            assert!(seen.insert(h), "{what} collides with another edit");
+        }
+    }
+
+    #[test]
+    fn hash_leaves_dynamic_selectors_to_dynamic_drift() {
+        let edits: &[Edit] = &[
+            ("AMI alias version (same family)", |s| {
+                s.ami_selector_terms[0].alias = Some("al2023@v20250101".into())
+            }),
+            ("amiFamily spelled out as the alias's", |s| {
+                s.ami_family = Some("AL2023".into())
+            }),
+            ("subnet selector", |s| {
+                s.subnet_selector_terms[0].id = Some("subnet-0abc".into())
+            }),
+            ("subnet terms added", |s| {
+                s.subnet_selector_terms.push(SelectorTerm {
+                    id: Some("subnet-0def".into()),
+                    ..Default::default()
+                })
+            }),
+            ("security group selector", |s| {
+                s.security_group_selector_terms[0].name = Some("nodes".into())
+            }),
+            ("capacity reservation selector", |s| {
+                s.capacity_reservation_selector_terms.push(SelectorTerm {
+                    id: Some("cr-0abc".into()),
+                    ..Default::default()
+                })
+            }),
+            ("block device order", |s| s.block_device_mappings.reverse()),
+        ];
+        let base = hashed_class().hash();
+        for (what, edit) in edits {
+            let mut c = hashed_class();
+            edit(&mut c.spec);
+            assert_eq!(c.hash(), base, "{what} must not change the hash");
+        }
+        let mut renamed = hashed_class();
+        renamed.metadata.name = Some("other".into());
+        assert_eq!(renamed.hash(), base, "the name is not hashed");
+    }
+
+    #[test]
+    fn hash_ignores_key_order_and_spelled_out_defaults() {
+        let reordered = r#"
+spec:
+  instanceStorePolicy: RAID0
+  detailedMonitoring: true
+  associatePublicIPAddress: false
+  metadataOptions: {httpPutResponseHopLimit: 2, httpEndpoint: enabled, httpProtocolIPv6: disabled}
+  blockDeviceMappings:
+    - {ebs: {volumeType: gp3, volumeSize: "53687091200"}, deviceName: /dev/xvdb}
+    - {rootVolume: true, ebs: {encrypted: true, volumeType: gp3, volumeSize: 100Gi}, deviceName: /dev/xvda}
+  kubelet: {systemReserved: {cpu: 100m}, maxPods: 110}
+  tags: {cost-center: "42", team: platform}
+  userData: "echo hello"
+  role: KarpenterNodeRole-demo
+  securityGroupSelectorTerms: [{tags: {karpenter.sh/discovery: demo}}]
+  subnetSelectorTerms: [{tags: {karpenter.sh/discovery: demo}}]
+  amiSelectorTerms: [{alias: al2023@latest}]
+metadata: {name: hashed}
+kind: EC2NodeClass
+apiVersion: karpenter.k8s.aws/v1
+"#;
+        let c: EC2NodeClass = serde_yaml_ng::from_str(reordered).unwrap();
+        assert_eq!(c.hash(), hashed_class().hash());
+
+        let minimal = |extra: &str| {
+            let y = format!(
+                "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {{name: m}}\nspec:\n  role: R\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n{extra}"
+            );
+            serde_yaml_ng::from_str::<EC2NodeClass>(&y).unwrap().hash()
+        };
+        let defaults = "  metadataOptions: {httpEndpoint: enabled, httpProtocolIPv6: disabled, \
+                        httpPutResponseHopLimit: 1, httpTokens: required}\n  detailedMonitoring: false\n  \
+                        kubelet: {}\n  tags: {}\n  blockDeviceMappings: []\n  userData: \"\"\n";
+        assert_eq!(minimal(""), minimal(defaults));
+        assert_ne!(minimal(""), minimal("  associatePublicIPAddress: false\n"));
     }
 }

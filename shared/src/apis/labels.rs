@@ -28,6 +28,15 @@ pub const REGISTERED: &str = "karpenter.sh/registered";
 /// The EC2NodeClass label.
 pub const EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
 
+/// Node and NodeClaim annotation: the NodePool hash the node was made from ([`super::NodePool::hash`]).
+pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
+/// Node and NodeClaim annotation: the version of that hash ([`super::NODEPOOL_HASH_VERSION`]).
+pub const NODEPOOL_HASH_VERSION_ANNOTATION: &str = "karpenter.sh/nodepool-hash-version";
+/// Node and NodeClaim annotation: the EC2NodeClass hash the node was launched with ([`super::EC2NodeClass::hash`]).
+pub const EC2NODECLASS_HASH_ANNOTATION: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
+/// Node and NodeClaim annotation: the version of that hash ([`super::EC2NODECLASS_HASH_VERSION`]).
+pub const EC2NODECLASS_HASH_VERSION_ANNOTATION: &str = "karpenter.k8s.aws/ec2nodeclass-hash-version";
+
 /// Spot capacity.
 pub const CAPACITY_SPOT: &str = "spot";
 /// On-demand capacity.

@@ -2,6 +2,7 @@
 
 pub mod duration;
 pub mod ec2nodeclass;
+pub(crate) mod hash;
 pub mod labels;
 pub mod manifest;
 pub mod nodepool;
@@ -11,8 +12,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use duration::NillableDuration;
-pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};
-pub use nodepool::{NodePool, NodePoolSpec};
+pub use ec2nodeclass::{EC2NODECLASS_HASH_VERSION, EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};
+pub use nodepool::{NODEPOOL_HASH_VERSION, NodePool, NodePoolSpec};
 pub use validation::{Errors, Path};
 
 /// Schema of a list of free-form objects (status conditions, resolved subnets):

@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::NillableDuration;
+use super::hash;
 use super::validation::{Errors, Path};
 use super::{Taint, labels};
 use crate::quantity::Quantity;
@@ -228,7 +229,48 @@ impl Budget {
     }
 }
 
+/// Version of [`NodePool::hash`]'s field set and format, stamped beside the hash
+/// (`karpenter.sh/nodepool-hash-version`). Bump it when a hashed field is added or
+/// removed, a hashed default changes, or the format changes: a claim whose version
+/// differs from the pool's is re-stamped, not drifted. Deliberately not Karpenter's
+/// (`v3`): the digests differ, so hashes Karpenter stamped are never compared with ours.
+pub const NODEPOOL_HASH_VERSION: &str = "nodesmith-v1";
+
+/// A taint as hashed: no `timeAdded` (not a template setting), an empty value as none.
+fn taint_for_hash(t: &Taint) -> serde_json::Value {
+    serde_json::json!({
+        "key": t.key,
+        "value": t.value.as_deref().filter(|v| !v.is_empty()),
+        "effect": t.effect,
+    })
+}
+
 impl NodePool {
+    /// The static-drift hash of the pool's NodeClaim template (16 hex digits; see [`NODEPOOL_HASH_VERSION`]).
+    ///
+    /// As Karpenter v1 (`NodePool.Hash()` hashes `spec.template`, with `requirements`
+    /// tagged `hash:"ignore"`): template labels and annotations, taints, startupTaints,
+    /// nodeClassRef, expireAfter and terminationGracePeriod. Karpenter v1 hashes the last
+    /// two too, and its Drift docs say a change to either on the NodePool "will induce
+    /// NodeClaim drift" (existing claims keep their value; replacements get the new one).
+    /// Requirements are drifted dynamically (a node drifts only when its labels stop
+    /// satisfying them), and weight, limits and disruption are behavioural: none is hashed.
+    /// Taints are a set (order and repeats do not count); expireAfter's `720h` default
+    /// is applied when the manifest is read, so spelling it out changes nothing.
+    pub fn hash(&self) -> String {
+        let t = &self.spec.template;
+        let ref_ = &t.spec.node_class_ref;
+        hash::digest(&serde_json::json!({
+            "labels": t.metadata.labels,
+            "annotations": t.metadata.annotations,
+            "taints": hash::set(t.spec.taints.iter().map(taint_for_hash)),
+            "startupTaints": hash::set(t.spec.startup_taints.iter().map(taint_for_hash)),
+            "nodeClassRef": {"group": ref_.group, "kind": ref_.kind, "name": ref_.name},
+            "expireAfter": t.spec.expire_after.to_string(),
+            "terminationGracePeriod": t.spec.termination_grace_period.map(|d| d.to_string()),
+        }))
+    }
+
     /// The pool's name.
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
@@ -428,6 +470,196 @@ mod tests {
             .requirements()
             .unwrap();
         assert!(r.get(labels::CAPACITY_TYPE).unwrap().has("spot"));
+    }
+
+    const HASHED_POOL: &str = r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: hashed}
+spec:
+  weight: 10
+  limits: {cpu: "100"}
+  disruption:
+    consolidationPolicy: WhenEmpty
+    consolidateAfter: 5m
+    budgets: [{nodes: "20%"}]
+  template:
+    metadata:
+      labels: {team: a, tier: web}
+      annotations: {owner: ops}
+    spec:
+      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}
+      requirements:
+        - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}
+      taints:
+        - {key: dedicated, value: web, effect: NoSchedule}
+        - {key: gpu, effect: NoExecute}
+      startupTaints:
+        - {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}
+      expireAfter: 24h
+      terminationGracePeriod: 1h
+"#;
+
+    fn hashed_pool() -> NodePool {
+        serde_yaml_ng::from_str(HASHED_POOL).unwrap()
+    }
+
+    type Edit = (&'static str, fn(&mut NodePool));
+
+    #[test]
+    fn hash_changes_with_every_hashed_field() {
+        use super::super::TaintEffect;
+        let edits: &[Edit] = &[
+            ("label value", |p| {
+                p.spec.template.metadata.labels.insert("team".into(), "b".into());
+            }),
+            ("label added", |p| {
+                p.spec.template.metadata.labels.insert("new".into(), "x".into());
+            }),
+            ("label removed", |p| {
+                p.spec.template.metadata.labels.remove("tier");
+            }),
+            ("annotation value", |p| {
+                p.spec
+                    .template
+                    .metadata
+                    .annotations
+                    .insert("owner".into(), "dev".into());
+            }),
+            ("annotation added", |p| {
+                p.spec.template.metadata.annotations.insert("new".into(), "x".into());
+            }),
+            ("taint effect", |p| {
+                p.spec.template.spec.taints[0].effect = TaintEffect::NoExecute
+            }),
+            ("taint value", |p| {
+                p.spec.template.spec.taints[1].value = Some("yes".into())
+            }),
+            ("taint removed", |p| {
+                p.spec.template.spec.taints.pop();
+            }),
+            ("taint added", |p| {
+                p.spec
+                    .template
+                    .spec
+                    .taints
+                    .push(Taint::new("x", None, TaintEffect::NoSchedule))
+            }),
+            ("startup taint key", |p| {
+                p.spec.template.spec.startup_taints[0].key = "other".into()
+            }),
+            ("startup taints cleared", |p| {
+                p.spec.template.spec.startup_taints.clear()
+            }),
+            ("nodeClassRef name", |p| {
+                p.spec.template.spec.node_class_ref.name = "other".into()
+            }),
+            ("nodeClassRef group", |p| {
+                p.spec.template.spec.node_class_ref.group = "example.com".into()
+            }),
+            ("nodeClassRef kind", |p| {
+                p.spec.template.spec.node_class_ref.kind = "OtherNodeClass".into()
+            }),
+            ("expireAfter", |p| {
+                p.spec.template.spec.expire_after = NillableDuration::parse("48h").unwrap()
+            }),
+            ("expireAfter Never", |p| {
+                p.spec.template.spec.expire_after = NillableDuration::Never
+            }),
+            ("terminationGracePeriod", |p| {
+                p.spec.template.spec.termination_grace_period = NillableDuration::parse("2h").ok()
+            }),
+            ("terminationGracePeriod unset", |p| {
+                p.spec.template.spec.termination_grace_period = None
+            }),
+        ];
+        let base = hashed_pool().hash();
+        let mut seen = std::collections::BTreeSet::from([base.clone()]);
+        for (what, edit) in edits {
+            let mut p = hashed_pool();
+            edit(&mut p);
+            let h = p.hash();
+            assert_ne!(h, base, "{what} must change the hash");
+            assert!(seen.insert(h), "{what} collides with another edit");
+        }
+    }
+
+    #[test]
+    fn hash_ignores_behavioural_fields_and_requirements() {
+        let edits: &[Edit] = &[
+            ("requirement values", |p| {
+                p.spec.template.spec.requirements[0].values = vec!["on-demand".into()]
+            }),
+            ("requirements cleared", |p| p.spec.template.spec.requirements.clear()),
+            ("weight", |p| p.spec.weight = Some(90)),
+            ("weight unset", |p| p.spec.weight = None),
+            ("limits", |p| {
+                p.spec.limits.insert("memory".into(), Quantity::from_mib(1024));
+            }),
+            ("consolidation policy", |p| {
+                p.spec.disruption.consolidation_policy = ConsolidationPolicy::WhenEmptyOrUnderutilized
+            }),
+            ("consolidateAfter", |p| {
+                p.spec.disruption.consolidate_after = NillableDuration::Never
+            }),
+            ("budgets", |p| p.spec.disruption.budgets[0].nodes = "0".into()),
+            ("replicas", |p| p.spec.replicas = Some(3)),
+            ("pool name", |p| p.metadata.name = Some("renamed".into())),
+            ("taint order", |p| p.spec.template.spec.taints.reverse()),
+            ("taint repeated", |p| {
+                let t = p.spec.template.spec.taints[0].clone();
+                p.spec.template.spec.taints.push(t)
+            }),
+            ("taint timeAdded", |p| {
+                p.spec.template.spec.taints[0].time_added = Some("2026-01-01T00:00:00Z".into())
+            }),
+        ];
+        let base = hashed_pool().hash();
+        for (what, edit) in edits {
+            let mut p = hashed_pool();
+            edit(&mut p);
+            assert_eq!(p.hash(), base, "{what} must not change the hash");
+        }
+    }
+
+    #[test]
+    fn hash_ignores_key_order_and_spelled_out_defaults() {
+        let reordered = r#"
+kind: NodePool
+apiVersion: karpenter.sh/v1
+spec:
+  template:
+    spec:
+      terminationGracePeriod: 60m
+      expireAfter: 1440m
+      startupTaints:
+        - {effect: NoExecute, value: "true", key: node.cilium.io/agent-not-ready}
+      taints:
+        - {effect: NoExecute, key: gpu, value: ""}
+        - {effect: NoSchedule, key: dedicated, value: web}
+      requirements: []
+      nodeClassRef: {name: default, kind: EC2NodeClass, group: karpenter.k8s.aws}
+    metadata:
+      annotations: {owner: ops}
+      labels: {tier: web, team: a}
+metadata: {name: hashed}
+"#;
+        let p: NodePool = serde_yaml_ng::from_str(reordered).unwrap();
+        assert_eq!(p.hash(), hashed_pool().hash());
+
+        // expireAfter's default (720h) spelled out or left to the default: one hash.
+        let with_default = |extra: &str| {
+            let y = format!(
+                "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: d}}\nspec:\n  template:\n    spec:\n      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}\n{extra}"
+            );
+            serde_yaml_ng::from_str::<NodePool>(&y).unwrap().hash()
+        };
+        assert_eq!(with_default(""), with_default("      expireAfter: 720h\n"));
+        assert_eq!(
+            with_default(""),
+            with_default("      taints: []\n    metadata: {labels: {}}\n")
+        );
+        assert_ne!(with_default(""), with_default("      expireAfter: 721h\n"));
     }
 
     #[test]

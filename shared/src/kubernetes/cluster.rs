@@ -1,6 +1,7 @@
 //! The cluster as the functions see it: a trait over the Kubernetes API calls
 //! nodesmith makes, so decisions can be tested against any implementation.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -116,6 +117,13 @@ pub trait Cluster: Send + Sync {
     fn untaint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Evicts one pod through the Eviction API (PDBs apply).
     fn evict(&self, pod: &Pod) -> impl Future<Output = Result<EvictionOutcome, ClusterError>> + Send;
+    /// Merges annotations into a node's (a JSON merge patch: its other annotations stay).
+    /// Ok(false) when the node does not exist.
+    fn annotate_node(
+        &self,
+        name: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Deletes a node object. Ok(false) when it did not exist.
     fn delete_node(&self, name: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Records an Event.

@@ -47,6 +47,9 @@ pub enum LaunchError {
         /// EC2 error message.
         message: String,
     },
+    /// Looking for the claim's instance failed.
+    #[error(transparent)]
+    Instances(#[from] crate::ec2::InstancesError),
     /// Another invocation is launching this NodeClaim right now.
     #[error("nodeclaim {0} is being launched by another invocation")]
     Busy(String),

@@ -23,7 +23,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_config::SdkConfig;
-use aws_sdk_ec2::types::Filter;
 use jiff::Timestamp;
 use tokio::sync::OnceCell;
 
@@ -36,6 +35,7 @@ use self::userdata::{ClusterInfo, NodeSettings};
 use crate::apis::EC2NodeClass;
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::catalog::Catalog;
+use crate::ec2::{Instance, Instances};
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::state::{self, OfferingKey, StateStore};
 
@@ -95,6 +95,7 @@ impl LaunchConfig {
 #[derive(Debug)]
 pub struct Launcher {
     ec2: aws_sdk_ec2::Client,
+    instances: Instances,
     ssm: aws_sdk_ssm::Client,
     eks: aws_sdk_eks::Client,
     store: StateStore,
@@ -179,12 +180,23 @@ pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
 /// Instance tags: the class's, then the ones nodesmith owns (pure).
 pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
     let mut t = class.spec.tags.clone();
-    t.insert(format!("kubernetes.io/cluster/{cluster}"), "owned".into());
-    t.insert("eks:eks-cluster-name".into(), cluster.into());
+    t.insert(crate::ec2::instances::owned_tag_key(cluster), "owned".into());
+    t.insert(crate::ec2::instances::CLUSTER_NAME_TAG.into(), cluster.into());
     t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     t.insert(NODECLAIM_TAG.into(), claim.name.clone());
     t.insert(labels::EC2NODECLASS.into(), class.name().into());
     t
+}
+
+/// What an instance found by its claim tag says about the launch (pure).
+fn launched_from(i: &Instance) -> Launched {
+    Launched {
+        instance_id: i.id.clone(),
+        instance_type: i.instance_type.clone(),
+        capacity_type: i.capacity_type.clone(),
+        zone: i.zone.clone(),
+        subnet_id: i.subnet_id.clone(),
+    }
 }
 
 /// Records a launched instance on the claim (pure).
@@ -228,8 +240,10 @@ impl Launcher {
     /// Builds the clients from one SDK configuration.
     pub fn new(sdk: &SdkConfig, config: LaunchConfig) -> Self {
         let store = StateStore::new(aws_sdk_dynamodb::Client::new(sdk), config.table.clone());
+        let ec2 = aws_sdk_ec2::Client::new(sdk);
         Launcher {
-            ec2: aws_sdk_ec2::Client::new(sdk),
+            instances: Instances::new(ec2.clone(), config.cluster_name.clone()),
+            ec2,
             ssm: aws_sdk_ssm::Client::new(sdk),
             eks: aws_sdk_eks::Client::new(sdk),
             store,
@@ -288,7 +302,8 @@ impl Launcher {
             Some(c) if c.phase != Phase::Pending => return Ok(LaunchOutcome::AlreadyLaunched(c)),
             Some(c) => c,
         };
-        if let Some(existing) = self.tagged_instance(name).await? {
+        // A crash after CreateFleet but before the record: the tagged instance is authoritative.
+        if let Some(existing) = self.instances.find_by_claim(name).await?.as_ref().map(launched_from) {
             let zone = existing.zone.clone().unwrap_or_default();
             let c = self
                 .store
@@ -459,49 +474,6 @@ impl Launcher {
             node_claim: name.clone(),
             tried,
         })
-    }
-
-    /// A live instance already tagged with this claim, if any.
-    async fn tagged_instance(&self, name: &str) -> Result<Option<Launched>, LaunchError> {
-        let out = self
-            .ec2
-            .describe_instances()
-            .filters(
-                Filter::builder()
-                    .name(format!("tag:{NODECLAIM_TAG}"))
-                    .values(name)
-                    .build(),
-            )
-            .filters(
-                Filter::builder()
-                    .name("tag:eks:eks-cluster-name")
-                    .values(&self.config.cluster_name)
-                    .build(),
-            )
-            .filters(
-                Filter::builder()
-                    .name("instance-state-name")
-                    .values("pending")
-                    .values("running")
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| LaunchError::aws("ec2:DescribeInstances", e))?;
-        let found = out.reservations().iter().flat_map(|r| r.instances()).find_map(|i| {
-            Some(Launched {
-                instance_id: i.instance_id()?.to_string(),
-                instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                capacity_type: if i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot") {
-                    "spot".into()
-                } else {
-                    CAPACITY_ON_DEMAND.into()
-                },
-                zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
-                subnet_id: i.subnet_id().map(str::to_string),
-            })
-        });
-        Ok(found)
     }
 }
 

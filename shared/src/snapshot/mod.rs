@@ -105,8 +105,10 @@ impl Snapshot {
 
     /// The NodeClaim record for a planned node, created at `now`.
     pub fn node_claim(&self, planned: &NewNodeClaim) -> NodeClaim {
-        let claim = planned.to_node_claim(self.now);
-        // HASH-MERGE: stamp NodePool::hash / EC2NodeClass::hash here.
+        let mut claim = planned.to_node_claim(self.now);
+        // Drift is judged against what the node was made from (Karpenter's static drift).
+        claim.nodepool_hash = self.node_pool(&planned.node_pool).map(NodePool::hash);
+        claim.nodeclass_hash = self.node_class(&planned.node_class).map(EC2NodeClass::hash);
         claim
     }
 }

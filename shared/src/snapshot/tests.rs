@@ -217,6 +217,17 @@ fn a_planned_node_becomes_a_claim_created_now() {
     let plan = s.compile().solve(&SolveOptions::default());
     let claim = s.node_claim(&plan.node_claims[0]);
     assert_eq!(claim.timestamps.created, Some(now()));
+    // Stamped with the pool's drift hash; no EC2NodeClass in this snapshot, no class hash.
+    assert_eq!(claim.nodepool_hash, Some(default_pool().hash()));
+    assert_eq!(claim.nodeclass_hash, None);
+    s.node_classes = vec![serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"},
+        "spec": {"role": "KarpenterNodeRole-test", "amiSelectorTerms": [{"alias": "al2023@latest"}],
+                 "subnetSelectorTerms": [{"tags": {"k": "v"}}], "securityGroupSelectorTerms": [{"tags": {"k": "v"}}]}
+    }))
+    .unwrap()];
+    let claim = s.node_claim(&plan.node_claims[0]);
+    assert_eq!(claim.nodeclass_hash, Some(s.node_classes[0].hash()));
     assert_eq!(claim.phase, crate::nodeclaim::Phase::Pending);
     let types = claim
         .requirements()

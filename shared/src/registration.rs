@@ -1,0 +1,232 @@
+//! Registration, the part that links a Node to its NodeClaim and copies the
+//! claim's drift hashes onto the Node as annotations (a kubelet can set labels
+//! and taints at start-up but not annotations; Karpenter's registration step
+//! copies the NodeClaim's annotations onto the Node the same way).
+//!
+//! A Node belongs to the claim whose instance it runs on: `spec.providerID`
+//! (`aws:///<zone>/<instance-id>`) and the claim's provider id name the same
+//! instance.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::apis::labels::{
+    EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
+    NODEPOOL_HASH_VERSION_ANNOTATION,
+};
+use crate::apis::{EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH_VERSION};
+use crate::kubernetes::{Cluster, ClusterError};
+use crate::nodeclaim::NodeClaim;
+
+/// The annotations a claim's Node carries: each drift hash the claim has, with
+/// its version (the versions in force now: a claim is stamped when it is made) (pure).
+pub fn node_annotations(claim: &NodeClaim) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::new();
+    if let Some(h) = &claim.nodepool_hash {
+        a.insert(NODEPOOL_HASH_ANNOTATION.to_string(), h.clone());
+        a.insert(
+            NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
+            NODEPOOL_HASH_VERSION.to_string(),
+        );
+    }
+    if let Some(h) = &claim.nodeclass_hash {
+        a.insert(EC2NODECLASS_HASH_ANNOTATION.to_string(), h.clone());
+        a.insert(
+            EC2NODECLASS_HASH_VERSION_ANNOTATION.to_string(),
+            EC2NODECLASS_HASH_VERSION.to_string(),
+        );
+    }
+    a
+}
+
+/// The instance id of a provider id such as `aws:///us-east-1a/i-0abc` (its last path
+/// segment, when that is an `i-` id) (pure).
+pub fn instance_id(provider_id: &str) -> Option<&str> {
+    provider_id
+        .rsplit('/')
+        .next()
+        .filter(|id| id.strip_prefix("i-").is_some_and(|rest| !rest.is_empty()))
+}
+
+/// The instance a claim launched: from its provider id, else its recorded instance id.
+fn claim_instance(claim: &NodeClaim) -> Option<&str> {
+    claim
+        .provider_id
+        .as_deref()
+        .and_then(instance_id)
+        .or(claim.instance_id.as_deref())
+}
+
+/// Each Node that runs a claim's instance, with that claim, in node order; Nodes
+/// without a provider id or a claim are left out (pure).
+pub fn link<'a>(nodes: &'a [Node], claims: &'a [NodeClaim]) -> Vec<(&'a Node, &'a NodeClaim)> {
+    let mut by_instance: BTreeMap<&str, &NodeClaim> = BTreeMap::new();
+    for c in claims {
+        if let Some(id) = claim_instance(c) {
+            by_instance.entry(id).or_insert(c);
+        }
+    }
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let id = n.spec.as_ref()?.provider_id.as_deref().and_then(instance_id)?;
+            Some((n, *by_instance.get(id)?))
+        })
+        .collect()
+}
+
+/// The part of `want` the node does not carry yet, or carries with another value (pure).
+pub fn missing_annotations(node: &Node, want: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let have = node.metadata.annotations.as_ref();
+    want.iter()
+        .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// What [`annotate_registered`] did.
+#[derive(Debug, Default)]
+pub struct AnnotateReport {
+    /// Nodes written to.
+    pub annotated: Vec<String>,
+    /// Nodes linked to a claim that already carried its annotations (no write).
+    pub up_to_date: Vec<String>,
+    /// Nodes whose write failed; the next run tries them again.
+    pub failed: Vec<(String, ClusterError)>,
+}
+
+/// Annotates every Node linked to one of `claims` whose drift-hash annotations are
+/// missing or different; a Node that has them is not written to. Fails only when
+/// the nodes cannot be listed; a failed write is reported and the rest go on.
+pub async fn annotate_registered<C: Cluster>(
+    cluster: &C,
+    claims: &[NodeClaim],
+) -> Result<AnnotateReport, ClusterError> {
+    let nodes = cluster.nodes().await?;
+    let mut report = AnnotateReport::default();
+    for (node, claim) in link(&nodes, claims) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let write = missing_annotations(node, &node_annotations(claim));
+        if write.is_empty() {
+            report.up_to_date.push(name);
+            continue;
+        }
+        match cluster.annotate_node(&name, &write).await {
+            Ok(true) => {
+                tracing::info!(node = %name, node_claim = %claim.name, annotations = ?write, "annotated node with its claim's drift hashes");
+                report.annotated.push(name);
+            }
+            Ok(false) => tracing::debug!(node = %name, "node deleted before it could be annotated"),
+            Err(e) => {
+                tracing::warn!(node = %name, node_claim = %claim.name, error = %e, "cannot annotate node; the next run retries");
+                report.failed.push((name, e));
+            }
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(name: &str, provider_id: Option<&str>, annotations: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations: (!annotations.is_empty()).then(|| {
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                }),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                provider_id: provider_id.map(Into::into),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn claim(name: &str, provider_id: Option<&str>, pool: Option<&str>, class: Option<&str>) -> NodeClaim {
+        NodeClaim {
+            provider_id: provider_id.map(Into::into),
+            nodepool_hash: pool.map(Into::into),
+            nodeclass_hash: class.map(Into::into),
+            ..NodeClaim::pending(name, "default", "default")
+        }
+    }
+
+    #[test]
+    fn annotations_hold_the_hashes_present_with_their_versions() {
+        let both = node_annotations(&claim("c", None, Some("p1"), Some("k1")));
+        assert_eq!(
+            both,
+            BTreeMap::from([
+                ("karpenter.sh/nodepool-hash".to_string(), "p1".to_string()),
+                (
+                    "karpenter.sh/nodepool-hash-version".to_string(),
+                    NODEPOOL_HASH_VERSION.to_string()
+                ),
+                ("karpenter.k8s.aws/ec2nodeclass-hash".to_string(), "k1".to_string()),
+                (
+                    "karpenter.k8s.aws/ec2nodeclass-hash-version".to_string(),
+                    EC2NODECLASS_HASH_VERSION.to_string()
+                ),
+            ])
+        );
+        let pool_only = node_annotations(&claim("c", None, Some("p1"), None));
+        assert_eq!(pool_only.len(), 2);
+        assert!(pool_only.contains_key(NODEPOOL_HASH_VERSION_ANNOTATION));
+        assert!(node_annotations(&claim("c", None, None, None)).is_empty());
+    }
+
+    #[test]
+    fn provider_ids_name_their_instance() {
+        assert_eq!(instance_id("aws:///us-east-1a/i-0abc123"), Some("i-0abc123"));
+        assert_eq!(instance_id("i-0abc123"), Some("i-0abc123"));
+        assert_eq!(instance_id("aws:///us-east-1a/"), None);
+        assert_eq!(instance_id("aws:///us-east-1a/i-"), None);
+        assert_eq!(instance_id("kind://docker/kind/node-1"), None);
+    }
+
+    #[test]
+    fn nodes_link_to_claims_by_instance_id() {
+        let nodes = vec![
+            node("n1", Some("aws:///us-east-1a/i-1"), &[]),
+            node("n2", Some("aws:///us-east-1b/i-2"), &[]),
+            node("n3", None, &[]),
+            node("n4", Some("aws:///us-east-1a/i-4"), &[]),
+        ];
+        let mut by_instance_only = claim("c4", None, None, None);
+        by_instance_only.instance_id = Some("i-4".into());
+        let claims = vec![
+            // The zone in the provider id does not matter, the instance does.
+            claim("c1", Some("aws:///us-east-1c/i-1"), None, None),
+            claim("c9", Some("aws:///us-east-1a/i-9"), None, None),
+            by_instance_only,
+        ];
+        let linked: Vec<(&str, &str)> = link(&nodes, &claims)
+            .into_iter()
+            .map(|(n, c)| (n.metadata.name.as_deref().unwrap(), c.name.as_str()))
+            .collect();
+        assert_eq!(linked, vec![("n1", "c1"), ("n4", "c4")]);
+    }
+
+    #[test]
+    fn only_missing_or_different_annotations_are_written() {
+        let want = BTreeMap::from([("a".to_string(), "1".to_string()), ("b".to_string(), "2".to_string())]);
+        let n = node("n", None, &[("a", "1"), ("b", "old"), ("other", "x")]);
+        assert_eq!(
+            missing_annotations(&n, &want),
+            BTreeMap::from([("b".to_string(), "2".to_string())])
+        );
+        assert_eq!(missing_annotations(&node("n", None, &[]), &want), want);
+        assert!(missing_annotations(&node("n", None, &[("a", "1"), ("b", "2")]), &want).is_empty());
+    }
+}
