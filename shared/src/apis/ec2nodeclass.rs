@@ -373,13 +373,13 @@ impl EC2NodeClass {
         if self.name().is_empty() {
             errs.push(Path::root("metadata").field("name"), "is required");
         }
-        if let Some(f) = &s.ami_family {
-            if !AMI_FAMILIES.contains(&f.as_str()) {
-                errs.push(
-                    spec.field("amiFamily"),
-                    format!("must be one of {AMI_FAMILIES:?}, got {f:?}"),
-                );
-            }
+        if let Some(f) = &s.ami_family
+            && !AMI_FAMILIES.contains(&f.as_str())
+        {
+            errs.push(
+                spec.field("amiFamily"),
+                format!("must be one of {AMI_FAMILIES:?}, got {f:?}"),
+            );
         }
         let terms = spec.field("amiSelectorTerms");
         if s.ami_selector_terms.is_empty() || s.ami_selector_terms.len() > 30 {
@@ -486,10 +486,10 @@ impl EC2NodeClass {
         for (i, b) in s.block_device_mappings.iter().enumerate() {
             if let Some(ebs) = &b.ebs {
                 let p = spec.field("blockDeviceMappings").index(i).field("ebs");
-                if let Some(t) = &ebs.volume_type {
-                    if !["standard", "io1", "io2", "gp2", "sc1", "st1", "gp3"].contains(&t.as_str()) {
-                        errs.push(p.field("volumeType"), format!("unsupported volume type {t:?}"));
-                    }
+                if let Some(t) = &ebs.volume_type
+                    && !["standard", "io1", "io2", "gp2", "sc1", "st1", "gp3"].contains(&t.as_str())
+                {
+                    errs.push(p.field("volumeType"), format!("unsupported volume type {t:?}"));
                 }
                 if ebs.snapshot_id.is_none() && ebs.volume_size.is_none() {
                     errs.push(p.clone(), "must specify snapshotID or volumeSize");
@@ -513,10 +513,10 @@ impl EC2NodeClass {
         if let Some(k) = &s.kubelet {
             k.validate(&mut errs, &spec.field("kubelet"));
         }
-        if let Some(p) = &s.instance_store_policy {
-            if p != "RAID0" {
-                errs.push(spec.field("instanceStorePolicy"), format!("must be RAID0, got {p:?}"));
-            }
+        if let Some(p) = &s.instance_store_policy
+            && p != "RAID0"
+        {
+            errs.push(spec.field("instanceStorePolicy"), format!("must be RAID0, got {p:?}"));
         }
         errs.into_result()
     }
@@ -618,13 +618,12 @@ impl KubeletConfiguration {
         if let (Some(h), Some(l)) = (
             self.image_gc_high_threshold_percent,
             self.image_gc_low_threshold_percent,
-        ) {
-            if l >= h {
-                errs.push(
-                    p.field("imageGCLowThresholdPercent"),
-                    "must be less than imageGCHighThresholdPercent",
-                );
-            }
+        ) && l >= h
+        {
+            errs.push(
+                p.field("imageGCLowThresholdPercent"),
+                "must be less than imageGCHighThresholdPercent",
+            );
         }
         for (field, v) in [
             ("imageGCHighThresholdPercent", self.image_gc_high_threshold_percent),

@@ -191,10 +191,10 @@ pub fn validate_key(key: &str) -> Result<(), String> {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    if let Some(p) = prefix {
-        if p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label) {
-            return Err(format!("label key {key:?} has an invalid prefix"));
-        }
+    if let Some(p) = prefix
+        && (p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label))
+    {
+        return Err(format!("label key {key:?} has an invalid prefix"));
     }
     if !is_label_value(name) || name.is_empty() {
         return Err(format!("label key {key:?} has an invalid name"));

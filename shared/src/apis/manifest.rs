@@ -14,7 +14,7 @@ use super::{EC2NodeClass, NodePool};
 
 /// One recognised Kubernetes object.
 #[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)]
+#[allow(clippy::large_enum_variant)] // short-lived: read and matched at once; boxing only adds indirection
 pub enum Object {
     /// karpenter.sh/v1 NodePool.
     NodePool(NodePool),

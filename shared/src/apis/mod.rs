@@ -66,10 +66,10 @@ impl Taint {
         } else if let Err(e) = labels::validate_key(&self.key) {
             errs.push(p.field("key"), e.replace("label key", "taint key"));
         }
-        if let Some(v) = &self.value {
-            if !labels::is_label_value(v) {
-                errs.push(p.field("value"), format!("invalid taint value {v:?}"));
-            }
+        if let Some(v) = &self.value
+            && !labels::is_label_value(v)
+        {
+            errs.push(p.field("value"), format!("invalid taint value {v:?}"));
         }
     }
 }

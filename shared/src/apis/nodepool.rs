@@ -313,10 +313,10 @@ impl NodePool {
         if self.name().is_empty() {
             errs.push(Path::root("metadata").field("name"), "is required");
         }
-        if let Some(w) = self.spec.weight {
-            if !(1..=100).contains(&w) {
-                errs.push(spec.field("weight"), format!("must be between 1 and 100, got {w}"));
-            }
+        if let Some(w) = self.spec.weight
+            && !(1..=100).contains(&w)
+        {
+            errs.push(spec.field("weight"), format!("must be between 1 and 100, got {w}"));
         }
         let tmpl = spec.field("template");
         let meta = tmpl.field("metadata");
@@ -376,16 +376,14 @@ impl NodePool {
             if b.schedule.is_some() != b.duration.is_some() {
                 errs.push(bp.clone(), "'schedule' must be set with 'duration'");
             }
-            if let Some(s) = &b.schedule {
-                if let Err(e) = super::validation::validate_cron(s) {
-                    errs.push(bp.field("schedule"), e);
-                }
+            if let Some(s) = &b.schedule
+                && let Err(e) = super::validation::validate_cron(s)
+            {
+                errs.push(bp.field("schedule"), e);
             }
         }
-        for (k, _) in &self.spec.limits {
-            if k.is_empty() {
-                errs.push(spec.field("limits"), "resource names must not be empty");
-            }
+        if self.spec.limits.keys().any(String::is_empty) {
+            errs.push(spec.field("limits"), "resource names must not be empty");
         }
         errs.into_result()
     }
@@ -410,10 +408,10 @@ fn validate_requirement(errs: &mut Errors, p: &Path, q: &NodeSelectorRequirement
     }
     if key == labels::NODEPOOL || key == labels::HOSTNAME {
         errs.push(p.field("key"), format!("label {key:?} is restricted"));
-    } else if !labels::is_well_known(key) {
-        if let Some(why) = labels::restricted_reason(key) {
-            errs.push(p.field("key"), why);
-        }
+    } else if !labels::is_well_known(key)
+        && let Some(why) = labels::restricted_reason(key)
+    {
+        errs.push(p.field("key"), why);
     }
     if let Err(e) = Requirement::new(&q.key, q.operator, &q.values) {
         errs.push(p.field("values"), e.to_string());

@@ -124,10 +124,10 @@ pub fn validate_cron(s: &str) -> Result<(), String> {
                 Some((r, s)) => (r, Some(s)),
                 None => (part, None),
             };
-            if let Some(step) = step {
-                if step.parse::<u32>().map_or(true, |n| n == 0) {
-                    return Err(format!("schedule {s:?}: bad step in {part:?}"));
-                }
+            if let Some(step) = step
+                && step.parse::<u32>().map_or(true, |n| n == 0)
+            {
+                return Err(format!("schedule {s:?}: bad step in {part:?}"));
             }
             if range == "*" || range == "?" {
                 continue;

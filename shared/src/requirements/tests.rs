@@ -5,7 +5,13 @@ fn req(key: &str, op: Operator, values: &[&str]) -> Requirement {
     Requirement::new(key, op, values).unwrap()
 }
 
-fn reqs(list: &[(&str, Operator, &[&str])]) -> Requirements {
+/// A requirement as a manifest writes it: key, operator, values.
+type Manifest<'a> = (&'a str, Operator, &'a [&'a str]);
+
+/// Operator and values of a requirement on the one key a table uses.
+type OpValues<'a> = (Operator, &'a [&'a str]);
+
+fn reqs(list: &[Manifest<'_>]) -> Requirements {
     list.iter().map(|(k, o, v)| req(k, *o, v)).collect()
 }
 
@@ -80,7 +86,7 @@ fn operator_round_trip() {
 fn intersection_table() {
     // (a, b, expected members among the probe values)
     let probes = ["1", "2", "3", "4", "5", "a", "b", "c"];
-    let table: &[((Operator, &[&str]), (Operator, &[&str]), &[&str])] = &[
+    let table: &[(OpValues<'_>, OpValues<'_>, &[&str])] = &[
         ((In, &["a", "b"]), (In, &["b", "c"]), &["b"]),
         ((In, &["a", "b"]), (NotIn, &["b"]), &["a"]),
         ((NotIn, &["a"]), (NotIn, &["b"]), &["1", "2", "3", "4", "5", "c"]),
@@ -130,7 +136,7 @@ fn compatibility_table() {
         ("kubernetes.io/arch", In, &["amd64"]),
         ("team", In, &["a"]),
     ]);
-    let table: &[(&[(&str, Operator, &[&str])], bool)] = &[
+    let table: &[(&[Manifest<'_>], bool)] = &[
         (&[("kubernetes.io/arch", In, &["amd64"])], true),
         (&[("kubernetes.io/arch", In, &["arm64"])], false),
         (&[("kubernetes.io/arch", NotIn, &["arm64"])], true),

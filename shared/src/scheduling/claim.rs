@@ -287,7 +287,7 @@ impl Claim {
             if candidates.is_empty() {
                 return Err(topo);
             }
-            let mut best: Option<((i64, i64, u64, DomainId), Requirements, Vec<u32>)> = None;
+            let mut best: Option<(DomainScore, Requirements, Vec<u32>)> = None;
             for d in candidates {
                 let mut r = reqs.as_ref().clone();
                 r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
@@ -351,6 +351,10 @@ impl Claim {
             .collect()
     }
 }
+
+/// How good a domain is for a pod, lower first: spread count, minus affinity
+/// count, price in micro-dollars, then the domain itself (a stable tie-break).
+type DomainScore = (i64, i64, u64, DomainId);
 
 /// The single value a requirement pins, if it pins one.
 pub fn single(r: Option<&Requirement>) -> Option<&str> {

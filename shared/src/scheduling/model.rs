@@ -649,7 +649,7 @@ impl<'c> Model<'c> {
             .map(|g| g.id.key.clone())
             .collect();
         for key in &keys {
-            let vals = domain_values(key, &pools, &existing, None);
+            let vals = domain_values(key, pools, &existing, None);
             key_domains.insert(key.clone(), vals.iter().map(|v| domains.intern(v)).collect());
         }
         for e in existing.iter_mut() {
@@ -664,7 +664,7 @@ impl<'c> Model<'c> {
             if group.hostname || !matches!(group.id.kind, GroupKind::Spread { .. }) {
                 continue;
             }
-            let vals = domain_values(&group.id.key, &pools, &existing, group.id.filter.tolerations.as_deref());
+            let vals = domain_values(&group.id.key, pools, &existing, group.id.filter.tolerations.as_deref());
             let universe = vals
                 .iter()
                 .filter(|v| {
@@ -691,10 +691,10 @@ impl<'c> Model<'c> {
                 .clone();
             for g in matching {
                 let group = &groups.list[g];
-                if e.passes(&group.id.filter) {
-                    if let Some(d) = e.domain(group) {
-                        counts.record(g, d);
-                    }
+                if e.passes(&group.id.filter)
+                    && let Some(d) = e.domain(group)
+                {
+                    counts.record(g, d);
                 }
             }
             for g in anti {

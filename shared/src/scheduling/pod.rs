@@ -455,7 +455,7 @@ impl PodModel {
                 format!("spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference");
             preferred_node.push((t.weight, term_requirements(&t.preference, &p)?));
         }
-        preferred_node.sort_by(|a, b| b.0.cmp(&a.0));
+        preferred_node.sort_by_key(|t| std::cmp::Reverse(t.0));
 
         let mut tolerations = Vec::new();
         for (i, t) in spec.tolerations.iter().flatten().enumerate() {
@@ -553,7 +553,7 @@ impl PodModel {
             );
             preferred_affinity.push((t.weight, pod_term(&t.pod_affinity_term, &ns, &labels, &p)?));
         }
-        preferred_affinity.sort_by(|a, b| b.0.cmp(&a.0));
+        preferred_affinity.sort_by_key(|t| std::cmp::Reverse(t.0));
         let mut preferred_anti_affinity = Vec::new();
         for (i, t) in paa
             .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
@@ -566,7 +566,7 @@ impl PodModel {
             );
             preferred_anti_affinity.push((t.weight, pod_term(&t.pod_affinity_term, &ns, &labels, &p)?));
         }
-        preferred_anti_affinity.sort_by(|a, b| b.0.cmp(&a.0));
+        preferred_anti_affinity.sort_by_key(|t| std::cmp::Reverse(t.0));
 
         let mut host_ports = Vec::new();
         let all = spec.containers.iter().chain(

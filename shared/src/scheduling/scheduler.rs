@@ -216,10 +216,10 @@ impl<'m> Run<'m> {
         self.ex_pods[e].push(i);
         for g in &p.counts_in {
             let group = &m.groups.list[*g];
-            if ex.passes(&group.id.filter) {
-                if let Some(d) = ex.domain(group) {
-                    self.counts.record(*g, d);
-                }
+            if ex.passes(&group.id.filter)
+                && let Some(d) = ex.domain(group)
+            {
+                self.counts.record(*g, d);
             }
         }
         for g in a
@@ -244,10 +244,10 @@ impl<'m> Run<'m> {
         let c = &self.claims[ci];
         for g in &p.counts_in {
             let group = &m.groups.list[*g];
-            if c.passes(&group.id.filter, pool) {
-                if let Some(d) = c.domain(group, &self.domains) {
-                    self.counts.record(*g, d);
-                }
+            if c.passes(&group.id.filter, pool)
+                && let Some(d) = c.domain(group, &self.domains)
+            {
+                self.counts.record(*g, d);
             }
         }
         for g in a

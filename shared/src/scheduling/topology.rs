@@ -226,10 +226,9 @@ impl Counts {
         if let GroupKind::Spread {
             min_domains: Some(m), ..
         } = group.id.kind
+            && (group.universe.len() as i64) < m as i64
         {
-            if (group.universe.len() as i64) < m as i64 {
-                return 0;
-            }
+            return 0;
         }
         group.universe.iter().map(|d| self.count(g, *d)).min().unwrap_or(0)
     }

@@ -144,17 +144,16 @@ mod tests {
     fn finished_pods_free_their_nodes() {
         let mut node = Node::default();
         node.metadata.name = Some("n1".into());
-        let pod = |phase: &str| {
-            let mut p = Pod::default();
-            p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        let pod = |phase: &str| Pod {
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
                 node_name: Some("n1".into()),
                 ..Default::default()
-            });
-            p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            }),
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
                 phase: Some(phase.into()),
                 ..Default::default()
-            });
-            p
+            }),
+            ..Default::default()
         };
         let nodes = existing_nodes(vec![node], &[pod("Running"), pod("Succeeded"), pod("Failed")]);
         assert_eq!(nodes[0].pods.len(), 1);

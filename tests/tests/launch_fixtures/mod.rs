@@ -1,6 +1,7 @@
 //! A cluster's AWS side in moto for the launch tests: VPC, tagged subnets and
 //! security group, an EKS cluster, the state table and a Pending NodeClaim.
 
+// Compiled into each launch test binary, and each uses only some of these.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
