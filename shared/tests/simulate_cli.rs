@@ -169,3 +169,22 @@ fn invalid_catalog_exits_2() {
     ]));
     assert!(err.contains("bad-catalog.json"), "{err}");
 }
+
+#[test]
+fn now_is_a_moment_in_rfc3339_and_a_bad_one_is_refused() {
+    let f = fixtures().join("small.yaml");
+    let f = f.to_str().unwrap();
+    let plain = simulate(&["--output", "json", f]);
+    let at = simulate(&["--output", "json", "--now", "2026-01-01T00:00:00Z", f]);
+    assert_eq!(at.status.code(), Some(0), "{}", String::from_utf8_lossy(&at.stderr));
+    let strip = |o: &Output| {
+        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["stats"].as_object_mut().unwrap().remove("solveMillis");
+        v
+    };
+    // Provisioning takes no time-based decision: the plan is the same at any moment.
+    assert_eq!(strip(&plain), strip(&at));
+    let bad = simulate(&["--now", "yesterday", f]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--now"));
+}

@@ -4,8 +4,9 @@
 
 use std::borrow::Cow;
 
+use super::compile::{Pool, instance_defined};
 use super::dense::{self, Vector, fits};
-use super::model::{Model, Pool, instance_defined};
+use super::model::Model;
 use super::pod::HostPort;
 use super::preferences::Active;
 use super::topology::{Counts, DomainId, Domains, Group, GroupKind, NodeFilter};

@@ -11,6 +11,7 @@
 //! first-fit-decreasing, then [`packing`] searches for a cheaper plan.
 
 pub(crate) mod claim;
+pub(crate) mod compile;
 pub(crate) mod daemonset;
 pub(crate) mod dense;
 pub(crate) mod existing;
@@ -39,7 +40,7 @@ use crate::nodeclaim::NodeClaim;
 use crate::requirements::Requirements;
 use crate::resources::Resources;
 
-pub use model::Compiled;
+pub use compile::Compiled;
 pub use pod::PodRef;
 pub use reason::{Constraint, PoolRejection, Reason, Rejection};
 

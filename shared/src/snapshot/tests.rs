@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
 use super::*;
+use crate::scheduling::compile::COMPILATIONS;
 use crate::scheduling::fixtures::{self, catalog, default_pool, merge, pod};
-use crate::scheduling::model::COMPILATIONS;
 use crate::scheduling::{Plan, Reason, Rejection, SolveOptions, TargetKind};
 
 fn now() -> Timestamp {

@@ -1,0 +1,514 @@
+//! A snapshot's solver input compiled once: dense resource vectors, pools
+//! with their usable instance types (DaemonSet overhead and unavailable
+//! offerings applied), existing nodes and in-flight claims with what their
+//! pods use, and every pod's constraints. [`super::model::Model`] views it
+//! for one solve.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::SolveInput;
+use super::daemonset::{self, Daemon};
+use super::dense::{self, ResourceTable, Vector};
+use super::existing::Existing;
+use super::pod::{PodModel, PodRef};
+use super::reason::Reason;
+use super::volume::{Volumes, cross};
+use crate::apis::labels;
+use crate::apis::{KubeletConfiguration, Taint};
+use crate::catalog::{InstanceType, Offering};
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::{AMD_GPU, AWS_NEURON, AWS_NEURON_CORE, HABANA_GAUDI, NVIDIA_GPU};
+
+/// Resources that make an instance type an accelerator type.
+pub const ACCELERATORS: &[&str] = &[NVIDIA_GPU, AMD_GPU, AWS_NEURON, AWS_NEURON_CORE, HABANA_GAUDI];
+
+/// Requirement keys by which a pool asks for accelerator types explicitly.
+const ACCELERATOR_KEYS: &[&str] = &[
+    labels::aws::GPU_NAME,
+    labels::aws::GPU_MANUFACTURER,
+    labels::aws::GPU_COUNT,
+    labels::aws::GPU_MEMORY,
+    labels::aws::ACCELERATOR_NAME,
+    labels::aws::ACCELERATOR_MANUFACTURER,
+    labels::aws::ACCELERATOR_COUNT,
+];
+
+/// An instance type as one pool can use it.
+#[derive(Debug, Clone)]
+pub struct TypeModel {
+    /// Name.
+    pub name: String,
+    /// What it offers (labels, zones and capacity types of usable offerings).
+    pub reqs: Requirements,
+    /// Its labels (with region).
+    pub labels: BTreeMap<String, String>,
+    /// Capacity (counts against limits).
+    pub capacity: Vector,
+    /// Allocatable, as reported.
+    pub allocatable: crate::resources::Resources,
+    /// Allocatable minus the pool's DaemonSet overhead on it: what pods may use.
+    pub avail: Vector,
+    /// DaemonSet overhead on it.
+    pub overhead: Vector,
+    /// Usable offerings (available, not marked unavailable, allowed by the pool).
+    pub offerings: Vec<Offering>,
+    /// Cheapest usable offering price.
+    pub price: f64,
+    /// True when it has GPUs or other accelerators.
+    pub accelerator: bool,
+}
+
+/// A NodePool, compiled.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// Name.
+    pub name: String,
+    /// EC2NodeClass name.
+    pub node_class: String,
+    /// Requirements (spec, template labels, nodepool and nodeclass labels).
+    pub reqs: Requirements,
+    /// Template taints.
+    pub taints: Vec<Taint>,
+    /// Startup taints.
+    pub startup_taints: Vec<Taint>,
+    /// Template labels.
+    pub labels: BTreeMap<String, String>,
+    /// Usable instance types, cheapest first.
+    pub types: Vec<TypeModel>,
+    /// Limited resources: (index, limit).
+    pub limits: Vec<(usize, i64)>,
+    /// Limit on the node count, if any.
+    pub node_limit: Option<i64>,
+    /// True when the pool asks for accelerator types by its requirements.
+    pub asks_accelerator: bool,
+    /// True when some requirement has minValues.
+    pub has_min_values: bool,
+    /// Set when the pool cannot be used at all.
+    pub error: Option<String>,
+}
+
+/// A pending pod as compiled from the snapshot: its model and its required
+/// node terms (volume topology folded in), or why it cannot be modelled.
+pub(crate) type Source = Result<(PodModel, Vec<Requirements>), (PodRef, Reason)>;
+
+/// A pod running on an existing node, compiled once.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    /// Index of its node in [`Compiled::existing`].
+    pub(crate) node: usize,
+    /// Its model.
+    pub(crate) model: PodModel,
+    /// Its required node terms with volume topology, for when it must move.
+    pub(crate) terms: Result<Vec<Requirements>, String>,
+    /// False for DaemonSet, mirror and finished pods: they never move.
+    pub(crate) movable: bool,
+}
+
+/// A snapshot compiled once: pools with their usable instance types, existing
+/// nodes and in-flight claims with what their pods use, and every pod's
+/// constraints. Solving it many times with different [`SolveOptions`] (nodes
+/// removed, no new claims, a price ceiling) recompiles none of this.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// Resource names.
+    pub(crate) res: ResourceTable,
+    /// Pools by weight (highest first), then name.
+    pub(crate) pools: Vec<Pool>,
+    /// Capacity each pool holds through existing nodes and claims.
+    pub(crate) pool_used: Vec<Vector>,
+    /// Nodes and claims each pool holds.
+    pub(crate) pool_nodes: Vec<i64>,
+    /// Existing nodes, then in-flight claims, with their running pods' usage.
+    pub(crate) existing: Vec<Existing>,
+    /// The pool of each existing entry.
+    pub(crate) existing_pool: Vec<Option<usize>>,
+    /// The snapshot's pending pods, in input order.
+    pub(crate) pending: Vec<Source>,
+    /// Pods running on existing nodes.
+    pub(crate) running: Vec<Running>,
+    /// Skipped input.
+    pub(crate) warnings: Vec<String>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread compiled a snapshot (tests assert what-ifs recompile nothing).
+    pub(crate) static COMPILATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Keys whose value an instance type defines (absent from a type means the
+/// type lacks the label), as opposed to keys the pool or offering defines.
+pub fn instance_defined(key: &str) -> bool {
+    labels::is_well_known(key)
+        && !matches!(
+            key,
+            labels::ZONE
+                | labels::CAPACITY_TYPE
+                | labels::NODEPOOL
+                | labels::EC2NODECLASS
+                | labels::ZONE_ID
+                | labels::REGION
+        )
+}
+
+/// True when two requirements on one key can both hold, allocation-free in
+/// the common cases.
+pub fn overlaps(a: &Requirement, b: &Requirement) -> bool {
+    if !a.complement && a.greater_than.is_none() && a.less_than.is_none() {
+        return a.values.iter().any(|v| b.has(v)) || (a.values.is_empty() && b.allows_absent());
+    }
+    if !b.complement && b.greater_than.is_none() && b.less_than.is_none() {
+        return b.values.iter().any(|v| a.has(v)) || (b.values.is_empty() && a.allows_absent());
+    }
+    !a.intersection(b).is_empty() || (a.allows_absent() && b.allows_absent())
+}
+
+impl TypeModel {
+    /// True when this type can satisfy `req` on its key.
+    pub fn allows(&self, req: &Requirement) -> bool {
+        match self.reqs.get(&req.key) {
+            Some(t) => overlaps(t, req),
+            None => !instance_defined(&req.key) || req.allows_absent(),
+        }
+    }
+
+    /// True when some usable offering satisfies the zone and capacity-type requirements.
+    pub fn offered(&self, reqs: &Requirements) -> bool {
+        let z = reqs.get(labels::ZONE);
+        let c = reqs.get(labels::CAPACITY_TYPE);
+        self.offerings
+            .iter()
+            .any(|o| z.is_none_or(|r| r.has(&o.zone)) && c.is_none_or(|r| r.has(&o.capacity_type)))
+    }
+
+    /// True when every requirement holds for this type (offerings included).
+    pub fn compatible(&self, reqs: &Requirements) -> bool {
+        reqs.iter().all(|r| self.allows(r)) && self.offered(reqs)
+    }
+}
+
+pub(crate) fn accelerator_of(r: &crate::resources::Resources) -> bool {
+    ACCELERATORS.iter().any(|a| r.get(a) > crate::quantity::Quantity::ZERO)
+}
+
+impl Pool {
+    /// True when the requirements ask for accelerator types explicitly.
+    fn asks(reqs: &Requirements) -> bool {
+        reqs.iter().any(|r| {
+            (ACCELERATOR_KEYS.contains(&r.key.as_str()) && !r.allows_absent())
+                || (matches!(r.key.as_str(), labels::INSTANCE_TYPE | labels::aws::FAMILY) && !r.complement)
+        })
+    }
+}
+
+/// True for a running pod that moves when its node goes: not a DaemonSet or
+/// mirror pod, and not finished.
+fn movable(p: &Pod) -> bool {
+    let daemon = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet");
+    let mirror = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let finished = p
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+    !(daemon || mirror || finished)
+}
+
+impl Compiled {
+    /// Compiles a solver input once.
+    pub fn new(input: &SolveInput) -> Compiled {
+        #[cfg(test)]
+        COMPILATIONS.with(|c| c.set(c.get() + 1));
+        let mut warnings = Vec::new();
+        let (daemons, skipped) = daemonset::daemons(input.daemon_sets);
+        warnings.extend(skipped);
+
+        // Model pods first: their resource names size the vectors.
+        let volumes = Volumes::new(
+            input.persistent_volumes,
+            input.persistent_volume_claims,
+            input.storage_classes,
+        );
+        let with_volumes = |m: &PodModel| {
+            volumes.requirements(m).map(|v| {
+                if v.is_empty() {
+                    m.node_terms.clone()
+                } else {
+                    cross(&m.node_terms, &v)
+                }
+            })
+        };
+        let pending: Vec<Source> = input
+            .pods
+            .iter()
+            .map(|p| match PodModel::from_pod(p) {
+                Ok(m) => match with_volumes(&m) {
+                    Ok(terms) => Ok((m, terms)),
+                    Err(e) => Err((m.pod.clone(), Reason::Volume(e))),
+                },
+                Err(e) => Err((PodRef::of(p), Reason::InvalidPod(e.to_string()))),
+            })
+            .collect();
+        let mut running: Vec<Running> = Vec::new();
+        for (ni, n) in input.nodes.iter().enumerate() {
+            for p in &n.pods {
+                match PodModel::from_pod(p) {
+                    Ok(m) => running.push(Running {
+                        node: ni,
+                        terms: with_volumes(&m),
+                        movable: movable(p),
+                        model: m,
+                    }),
+                    Err(e) => warnings.push(format!("running pod {}: {e}", PodRef::of(p))),
+                }
+            }
+        }
+
+        let resolved: Vec<(String, Vec<InstanceType>)> = {
+            let mut classes: BTreeSet<String> = input
+                .node_pools
+                .iter()
+                .map(|p| p.spec.template.spec.node_class_ref.name.clone())
+                .collect();
+            classes.extend(input.node_claims.iter().map(|c| c.node_class.clone()));
+            classes
+                .into_iter()
+                .map(|c| {
+                    let kubelet: Option<&KubeletConfiguration> = input
+                        .node_classes
+                        .iter()
+                        .find(|nc| nc.metadata.name.as_deref() == Some(c.as_str()))
+                        .and_then(|nc| nc.spec.kubelet.as_ref());
+                    (c, input.catalog.resolve(kubelet))
+                })
+                .collect()
+        };
+
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for (m, _) in pending.iter().flatten() {
+            names.extend(m.requests.0.keys().cloned());
+        }
+        for (_, types) in &resolved {
+            for t in types {
+                names.extend(t.allocatable.0.keys().cloned());
+                names.extend(t.capacity.0.keys().cloned());
+            }
+        }
+        for p in input.node_pools {
+            names.extend(p.spec.limits.keys().filter(|k| *k != "nodes").cloned());
+        }
+        for n in input.nodes {
+            names.extend(
+                n.node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocatable.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, _)| k.clone()),
+            );
+        }
+        let res = ResourceTable::new(names.iter().map(String::as_str));
+
+        let unavailable: BTreeSet<(&str, &str, &str)> = input
+            .unavailable
+            .iter()
+            .map(|u| (u.instance_type.as_str(), u.zone.as_str(), u.capacity_type.as_str()))
+            .collect();
+
+        // Pools, highest weight first.
+        let mut pool_list: Vec<&crate::apis::NodePool> = input.node_pools.iter().collect();
+        pool_list.sort_by(|a, b| b.weight().cmp(&a.weight()).then_with(|| a.name().cmp(b.name())));
+        let mut pools = Vec::new();
+        for np in pool_list {
+            let node_class = np.spec.template.spec.node_class_ref.name.clone();
+            let mut error = None;
+            let mut reqs = match np.requirements() {
+                Ok(r) => r,
+                Err(e) => {
+                    error = Some(format!("invalid requirements: {e}"));
+                    Requirements::new()
+                }
+            };
+            reqs.add(Requirement::in_values(labels::EC2NODECLASS, &[node_class.as_str()]));
+            let types_src = resolved
+                .iter()
+                .find(|(c, _)| *c == node_class)
+                .map(|(_, t)| t.as_slice())
+                .unwrap_or(&[]);
+            let taints = np.spec.template.spec.taints.clone();
+            let overhead_daemons: Vec<&Daemon> = daemons
+                .iter()
+                .filter(|d| d.lands_on(&taints, |t| reqs.compatible(t, true).is_ok()))
+                .collect();
+            let mut types = Vec::new();
+            for it in types_src {
+                if let Some(t) = type_model(it, &reqs, &unavailable, &res, &overhead_daemons) {
+                    types.push(t);
+                }
+            }
+            types.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.name.cmp(&b.name)));
+            drop(overhead_daemons);
+            let asks_accelerator = Pool::asks(&reqs);
+            let has_min_values = reqs.iter().any(|r| r.min_values.is_some());
+            let limits = np
+                .spec
+                .limits
+                .iter()
+                .filter_map(|(k, q)| res.index(k).map(|i| (i, q.milli())))
+                .collect();
+            let node_limit = np.spec.limits.get("nodes").map(|q| q.units_ceil());
+            pools.push(Pool {
+                name: np.name().to_string(),
+                node_class,
+                asks_accelerator,
+                has_min_values,
+                reqs,
+                taints,
+                startup_taints: np.spec.template.spec.startup_taints.clone(),
+                labels: np.spec.template.metadata.labels.clone(),
+                types,
+                limits,
+                node_limit,
+                error,
+            });
+        }
+
+        // Existing nodes and in-flight claims, and what they hold of their pools.
+        let mut pool_used = vec![res.zero(); pools.len()];
+        let mut pool_nodes = vec![0i64; pools.len()];
+        let mut existing = Vec::new();
+        let mut existing_pool = Vec::new();
+        let mut hold = |e: &Existing, pool_used: &mut Vec<Vector>| {
+            let pi = e
+                .pool
+                .as_ref()
+                .and_then(|name| pools.iter().position(|p| &p.name == name));
+            if let Some(pi) = pi {
+                dense::add(&mut pool_used[pi], &e.capacity);
+                pool_nodes[pi] += 1;
+            }
+            pi
+        };
+        for n in input.nodes {
+            let e = Existing::from_node(n, &res);
+            existing_pool.push(hold(&e, &mut pool_used));
+            existing.push(e);
+        }
+        for r in &running {
+            let e = &mut existing[r.node];
+            dense::add(&mut e.used, &res.vector(&r.model.requests));
+            e.ports.extend(r.model.host_ports.iter().cloned());
+        }
+        for c in input.node_claims.iter().filter(|c| c.phase.holds_capacity()) {
+            let types = resolved
+                .iter()
+                .find(|(n, _)| *n == c.node_class)
+                .map(|(_, t)| t.as_slice())
+                .unwrap_or(&[]);
+            let mut e = Existing::from_claim(c, types, &res);
+            // An in-flight claim's pods are still pending and this solve packs
+            // them again (onto it first); only its DaemonSet pods are spoken for.
+            e.used = res.zero();
+            let claim_reqs = c.requirements();
+            for d in daemons
+                .iter()
+                .filter(|d| d.lands_on(&c.taints, |t| claim_reqs.compatible(t, true).is_ok()))
+            {
+                dense::add(&mut e.used, &res.vector(d.requests()));
+            }
+            existing_pool.push(hold(&e, &mut pool_used));
+            existing.push(e);
+        }
+        Compiled {
+            res,
+            pools,
+            pool_used,
+            pool_nodes,
+            existing,
+            existing_pool,
+            pending,
+            running,
+            warnings,
+        }
+    }
+
+    /// Names of the existing nodes and in-flight claims, in solve order.
+    pub fn existing_names(&self) -> impl Iterator<Item = &str> {
+        self.existing.iter().map(|e| e.name.as_str())
+    }
+}
+
+/// One instance type as a pool can use it, or `None` when the pool's
+/// requirements or the usable offerings rule it out.
+fn type_model(
+    it: &InstanceType,
+    pool_reqs: &Requirements,
+    unavailable: &BTreeSet<(&str, &str, &str)>,
+    res: &ResourceTable,
+    daemons: &[&Daemon],
+) -> Option<TypeModel> {
+    let zone = pool_reqs.get(labels::ZONE);
+    let ct = pool_reqs.get(labels::CAPACITY_TYPE);
+    let offerings: Vec<Offering> = it
+        .offerings
+        .iter()
+        .filter(|o| {
+            o.available && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str()))
+        })
+        .filter(|o| zone.is_none_or(|r| r.has(&o.zone)) && ct.is_none_or(|r| r.has(&o.capacity_type)))
+        .cloned()
+        .collect();
+    if offerings.is_empty() {
+        return None;
+    }
+    let mut labels_map = it.labels.clone();
+    labels_map
+        .entry(labels::OS.to_string())
+        .or_insert_with(|| "linux".to_string());
+    labels_map.insert(labels::INSTANCE_TYPE.to_string(), it.name.clone());
+    let mut reqs = Requirements::from_labels(labels_map.iter());
+    let zones: Vec<&str> = offerings.iter().map(|o| o.zone.as_str()).collect();
+    let cts: Vec<&str> = offerings.iter().map(|o| o.capacity_type.as_str()).collect();
+    reqs.add(Requirement::in_values(labels::ZONE, &zones));
+    reqs.add(Requirement::in_values(labels::CAPACITY_TYPE, &cts));
+    let price = offerings.iter().map(|o| o.price).fold(f64::INFINITY, f64::min);
+    let t = TypeModel {
+        name: it.name.clone(),
+        reqs,
+        labels: labels_map,
+        capacity: res.vector(&it.capacity),
+        allocatable: it.allocatable.clone(),
+        avail: Vec::new(),
+        overhead: res.zero(),
+        offerings,
+        price,
+        accelerator: accelerator_of(&it.capacity) || accelerator_of(&it.allocatable),
+    };
+    if !pool_reqs.iter().all(|r| t.allows(r)) {
+        return None;
+    }
+    let mut overhead = res.zero();
+    for d in daemons {
+        if d.pod.node_terms.iter().any(|term| term.iter().all(|r| t.allows(r))) {
+            dense::add(&mut overhead, &res.vector(d.requests()));
+        }
+    }
+    let mut avail = res.vector(&it.allocatable);
+    dense::sub(&mut avail, &overhead);
+    if avail.iter().any(|v| *v < 0) {
+        return None;
+    }
+    Some(TypeModel { avail, overhead, ..t })
+}
