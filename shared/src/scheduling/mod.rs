@@ -8,7 +8,9 @@
 //! labels, instance types filtered by requirements, resources (allocatable
 //! minus DaemonSet overhead), offerings and limits, topology domains from pool
 //! requirements and offerings, preferences relaxed step by step. Packing is
-//! first-fit-decreasing, then [`packing`] searches for a cheaper plan.
+//! first-fit-decreasing, then `packing` searches for a cheaper plan. A snapshot
+//! is compiled once (`Compiled`) and solved any number of times with
+//! `SolveOptions` (nodes removed, new claims forbidden, a price ceiling).
 
 pub(crate) mod claim;
 pub(crate) mod compile;
