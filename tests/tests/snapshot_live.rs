@@ -89,7 +89,11 @@ async fn reads_pods_nodes_claims_objects_and_live_offerings_as_of_now() {
     let expired = OfferingKey::new("c5.large", "us-east-1a", "spot");
     let at = now.as_second();
     store
-        .mark_unavailable(&[live_offering.clone()], "InsufficientInstanceCapacity", at + 60)
+        .mark_unavailable(
+            std::slice::from_ref(&live_offering),
+            "InsufficientInstanceCapacity",
+            at + 60,
+        )
         .await
         .unwrap();
     store
