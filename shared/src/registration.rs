@@ -114,12 +114,22 @@ pub async fn annotate_registered<C: Cluster>(
         }
         match cluster.annotate_node(&name, &write).await {
             Ok(true) => {
-                tracing::info!(node = %name, node_claim = %claim.name, annotations = ?write, "annotated node with its claim's drift hashes");
+                tracing::info!(
+                    node = %name,
+                    node_claim = %claim.name,
+                    annotations = ?write,
+                    "annotated node with its claim's drift hashes"
+                );
                 report.annotated.push(name);
             }
             Ok(false) => tracing::debug!(node = %name, "node deleted before it could be annotated"),
             Err(e) => {
-                tracing::warn!(node = %name, node_claim = %claim.name, error = %e, "cannot annotate node; the next run retries");
+                tracing::warn!(
+                    node = %name,
+                    node_claim = %claim.name,
+                    error = %e,
+                    "cannot annotate node; the next run retries"
+                );
                 report.failed.push((name, e));
             }
         }

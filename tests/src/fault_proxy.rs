@@ -222,7 +222,8 @@ fn throttle_response(json: bool) -> Response {
 fn ec2_error_response(status: u16, code: &str, message: &str) -> Response {
     let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
     let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code><Message>{}</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code>\
+         <Message>{}</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>",
         esc(code),
         esc(message)
     );

@@ -813,7 +813,8 @@ apiVersion: karpenter.k8s.aws/v1
 
         let minimal = |extra: &str| {
             let y = format!(
-                "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {{name: m}}\nspec:\n  role: R\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n{extra}"
+                "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {{name: m}}\nspec:\n  \
+                 role: R\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n{extra}"
             );
             serde_yaml_ng::from_str::<EC2NodeClass>(&y).unwrap().hash()
         };

@@ -648,7 +648,8 @@ metadata: {name: hashed}
         // expireAfter's default (720h) spelled out or left to the default: one hash.
         let with_default = |extra: &str| {
             let y = format!(
-                "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: d}}\nspec:\n  template:\n    spec:\n      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}\n{extra}"
+                "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: d}}\nspec:\n  template:\n    \
+                 spec:\n      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}\n{extra}"
             );
             serde_yaml_ng::from_str::<NodePool>(&y).unwrap().hash()
         };

@@ -352,7 +352,12 @@ impl Instances {
                     if gone.is_empty() {
                         return Err(InstancesError::UnnamedNotFound { message, sent });
                     }
-                    tracing::info!(cluster = %self.cluster, unknown = ?gone, remaining = rest.len(), "EC2 does not know some instances; retrying without them");
+                    tracing::info!(
+                        cluster = %self.cluster,
+                        unknown = ?gone,
+                        remaining = rest.len(),
+                        "EC2 does not know some instances; retrying without them"
+                    );
                     for id in gone {
                         out.insert(id, Termination::AlreadyGone);
                     }
