@@ -4,7 +4,7 @@
 //! pods use, and every pod's constraints. [`super::model::Model`] views it
 //! for one solve.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -12,7 +12,7 @@ use super::SolveInput;
 use super::daemonset::{self, Daemon};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
-use super::pod::{PodModel, PodRef};
+use super::pod::{HostPort, PodModel, PodRef, PodTerm, Spread, Toleration};
 use super::reason::Reason;
 use super::volume::{Volumes, cross};
 use crate::apis::labels;
@@ -89,9 +89,38 @@ pub struct Pool {
     pub error: Option<String>,
 }
 
-/// A pending pod as compiled from the snapshot: its model and its required
-/// node terms (volume topology folded in), or why it cannot be modelled.
-pub(crate) type Source = Result<(PodModel, Vec<Requirements>), (PodRef, Reason)>;
+/// Pending pods grouped by shape: pods with identical constraints (replicas
+/// of one workload) share one compiled model, so 20,000 pods cost little more
+/// than their names.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Shapes {
+    /// Each shape's model (its first pod's) and required node terms (volume topology folded in).
+    pub(crate) shapes: Vec<(PodModel, Vec<Requirements>)>,
+    /// Every pod with its shape's index, in the order added.
+    pub(crate) entries: Vec<(PodRef, usize)>,
+    index: HashMap<ShapeKey, usize>,
+}
+
+impl Shapes {
+    /// Adds a pod, copying its model only when its shape is new.
+    pub(crate) fn add(&mut self, m: &PodModel, terms: &[Requirements]) {
+        if let Some(i) = self.index.get(&ShapeKey::of(m, terms)) {
+            self.entries.push((m.pod.clone(), *i));
+        } else {
+            self.add_owned(m.clone(), terms.to_vec());
+        }
+    }
+
+    /// Adds a pod, keeping its model when its shape is new.
+    fn add_owned(&mut self, m: PodModel, terms: Vec<Requirements>) {
+        let next = self.shapes.len();
+        let i = *self.index.entry(ShapeKey::of(&m, &terms)).or_insert(next);
+        self.entries.push((m.pod.clone(), i));
+        if i == next {
+            self.shapes.push((m, terms));
+        }
+    }
+}
 
 /// A pod running on an existing node, compiled once.
 #[derive(Debug, Clone)]
@@ -124,8 +153,10 @@ pub struct Compiled {
     pub(crate) existing: Vec<Existing>,
     /// The pool of each existing entry.
     pub(crate) existing_pool: Vec<Option<usize>>,
-    /// The snapshot's pending pods, in input order.
-    pub(crate) pending: Vec<Source>,
+    /// The snapshot's pending pods by shape, in input order.
+    pub(crate) pending: Shapes,
+    /// Pending pods that cannot be modelled, with the reason.
+    pub(crate) invalid: Vec<(PodRef, Reason)>,
     /// Pods running on existing nodes.
     pub(crate) running: Vec<Running>,
     /// Skipped input.
@@ -249,17 +280,17 @@ impl Compiled {
                 }
             })
         };
-        let pending: Vec<Source> = input
-            .pods
-            .iter()
-            .map(|p| match PodModel::from_pod(p) {
+        let mut pending = Shapes::default();
+        let mut invalid = Vec::new();
+        for p in input.pods {
+            match PodModel::from_pod(p) {
                 Ok(m) => match with_volumes(&m) {
-                    Ok(terms) => Ok((m, terms)),
-                    Err(e) => Err((m.pod.clone(), Reason::Volume(e))),
+                    Ok(terms) => pending.add_owned(m, terms),
+                    Err(e) => invalid.push((m.pod.clone(), Reason::Volume(e))),
                 },
-                Err(e) => Err((PodRef::of(p), Reason::InvalidPod(e.to_string()))),
-            })
-            .collect();
+                Err(e) => invalid.push((PodRef::of(p), Reason::InvalidPod(e.to_string()))),
+            }
+        }
         let mut running: Vec<Running> = Vec::new();
         for (ni, n) in input.nodes.iter().enumerate() {
             for p in &n.pods {
@@ -296,7 +327,7 @@ impl Compiled {
         };
 
         let mut names: BTreeSet<String> = BTreeSet::new();
-        for (m, _) in pending.iter().flatten() {
+        for (m, _) in &pending.shapes {
             names.extend(m.requests.0.keys().cloned());
         }
         for (_, types) in &resolved {
@@ -439,6 +470,7 @@ impl Compiled {
             existing,
             existing_pool,
             pending,
+            invalid,
             running,
             warnings,
         }
@@ -511,4 +543,40 @@ fn type_model(
         return None;
     }
     Some(TypeModel { avail, overhead, ..t })
+}
+
+/// Everything about a pod but its name: equal keys share a compiled shape.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+struct ShapeKey {
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    requests: Vec<(String, i64)>,
+    terms: Vec<Requirements>,
+    preferred: Vec<(i32, Requirements)>,
+    tolerations: Vec<Toleration>,
+    spreads: Vec<Spread>,
+    affinity: Vec<PodTerm>,
+    anti_affinity: Vec<PodTerm>,
+    preferred_affinity: Vec<(i32, PodTerm)>,
+    preferred_anti_affinity: Vec<(i32, PodTerm)>,
+    ports: Vec<HostPort>,
+}
+
+impl ShapeKey {
+    fn of(m: &PodModel, terms: &[Requirements]) -> Self {
+        ShapeKey {
+            namespace: m.pod.namespace.clone(),
+            labels: m.labels.clone(),
+            requests: m.requests.0.iter().map(|(k, v)| (k.clone(), v.milli())).collect(),
+            terms: terms.to_vec(),
+            preferred: m.preferred_node.clone(),
+            tolerations: m.tolerations.clone(),
+            spreads: m.spreads.clone(),
+            affinity: m.affinity.clone(),
+            anti_affinity: m.anti_affinity.clone(),
+            preferred_affinity: m.preferred_affinity.clone(),
+            preferred_anti_affinity: m.preferred_anti_affinity.clone(),
+            ports: m.host_ports.clone(),
+        }
+    }
 }

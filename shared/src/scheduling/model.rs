@@ -5,10 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::compile::{Compiled, Pool, accelerator_of};
+use super::compile::{Compiled, Pool, Shapes, accelerator_of};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
-use super::pod::{HostPort, PodModel, PodRef, Toleration};
+use super::pod::{PodModel, PodRef, Toleration};
 use super::reason::Reason;
 use super::topology::{Counts, Domains, GroupId, GroupKind, Groups};
 use super::{SolveOptions, TargetKind};
@@ -118,35 +118,19 @@ impl<'c> Model<'c> {
         }
 
         // Pending: the snapshot's pending pods, then the movable pods of removed nodes.
-        let mut invalid = Vec::new();
-        let mut sources: Vec<(&PodModel, &[Requirements])> = Vec::new();
-        for s in &c.pending {
-            match s {
-                Ok((m, terms)) => sources.push((m, terms)),
-                Err((p, r)) => invalid.push((p.clone(), r.clone())),
-            }
-        }
+        let mut invalid = c.invalid.clone();
+        let mut shapes = c.pending.clone();
         for r in c.running.iter().filter(|r| removed[r.node] && r.movable) {
             match &r.terms {
-                Ok(terms) => sources.push((&r.model, terms)),
+                Ok(terms) => shapes.add(&r.model, terms),
                 Err(e) => invalid.push((r.model.pod.clone(), Reason::Volume(e.clone()))),
             }
         }
-        // Pods with identical constraints (replicas of one workload) share one
-        // compiled shape, so 20,000 pods cost little more than their names.
-        let mut pending: Vec<(PodModel, Vec<Requirements>)> = Vec::new();
-        let mut shape_index: HashMap<ShapeKey, usize> = HashMap::new();
-        let mut entries: Vec<(PodRef, usize)> = Vec::new();
-        for (m, terms) in sources {
-            let key = ShapeKey::of(m, terms);
-            let next = pending.len();
-            let idx = *shape_index.entry(key).or_insert(next);
-            entries.push((m.pod.clone(), idx));
-            if idx == next {
-                pending.push((m.clone(), terms.to_vec()));
-            }
-        }
-        drop(shape_index);
+        let Shapes {
+            shapes: pending,
+            entries,
+            ..
+        } = shapes;
         let running: Vec<(usize, &PodModel)> = c
             .running
             .iter()
@@ -361,42 +345,6 @@ impl Model<'_> {
     /// The kind of an existing target.
     pub fn target_kind(&self, i: usize) -> TargetKind {
         self.existing[i].kind
-    }
-}
-
-/// Everything about a pod but its name: equal keys share a compiled shape.
-#[derive(Hash, PartialEq, Eq)]
-struct ShapeKey {
-    namespace: String,
-    labels: BTreeMap<String, String>,
-    requests: Vec<(String, i64)>,
-    terms: Vec<Requirements>,
-    preferred: Vec<(i32, Requirements)>,
-    tolerations: Vec<Toleration>,
-    spreads: Vec<super::pod::Spread>,
-    affinity: Vec<super::pod::PodTerm>,
-    anti_affinity: Vec<super::pod::PodTerm>,
-    preferred_affinity: Vec<(i32, super::pod::PodTerm)>,
-    preferred_anti_affinity: Vec<(i32, super::pod::PodTerm)>,
-    ports: Vec<HostPort>,
-}
-
-impl ShapeKey {
-    fn of(m: &PodModel, terms: &[Requirements]) -> Self {
-        ShapeKey {
-            namespace: m.pod.namespace.clone(),
-            labels: m.labels.clone(),
-            requests: m.requests.0.iter().map(|(k, v)| (k.clone(), v.milli())).collect(),
-            terms: terms.to_vec(),
-            preferred: m.preferred_node.clone(),
-            tolerations: m.tolerations.clone(),
-            spreads: m.spreads.clone(),
-            affinity: m.affinity.clone(),
-            anti_affinity: m.anti_affinity.clone(),
-            preferred_affinity: m.preferred_affinity.clone(),
-            preferred_anti_affinity: m.preferred_anti_affinity.clone(),
-            ports: m.host_ports.clone(),
-        }
     }
 }
 
