@@ -21,6 +21,8 @@ pub const HOSTNAME: &str = "kubernetes.io/hostname";
 pub const CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 /// NodePool label.
 pub const NODEPOOL: &str = "karpenter.sh/nodepool";
+/// Label and instance tag naming a node's NodeClaim.
+pub const NODECLAIM: &str = "karpenter.sh/nodeclaim";
 /// Initialized label, set once a node is ready.
 pub const INITIALIZED: &str = "karpenter.sh/initialized";
 /// Registered label, set once a node joined.

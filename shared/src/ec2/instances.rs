@@ -13,7 +13,6 @@ use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_ec2::types::Filter;
 
 use crate::apis::labels;
-use crate::launch::NODECLAIM_TAG;
 
 /// Most instance ids EC2 accepts in one TerminateInstances call.
 pub const TERMINATE_BATCH: usize = 1000;
@@ -179,7 +178,7 @@ impl Instance {
 
     /// The NodeClaim it was launched for (`karpenter.sh/nodeclaim` tag).
     pub fn node_claim(&self) -> Option<&str> {
-        self.tags.get(NODECLAIM_TAG).map(String::as_str)
+        self.tags.get(labels::NODECLAIM).map(String::as_str)
     }
 
     /// The NodePool it was launched for (`karpenter.sh/nodepool` tag).
@@ -259,7 +258,7 @@ impl Instances {
         let mut pages = self
             .ec2
             .describe_instances()
-            .filters(tag_filter(NODECLAIM_TAG, claim))
+            .filters(tag_filter(labels::NODECLAIM, claim))
             .filters(tag_filter(CLUSTER_NAME_TAG, &self.cluster))
             .filters(state_filter(&["pending", "running"]))
             .into_paginator()
@@ -462,7 +461,7 @@ mod tests {
             .state(t::InstanceState::builder().name(t::InstanceStateName::Running).build())
             .instance_lifecycle(t::InstanceLifecycleType::Spot)
             .launch_time(aws_smithy_types::DateTime::from_secs(1_700_000_000))
-            .tags(t::Tag::builder().key(NODECLAIM_TAG).value("default-abc").build())
+            .tags(t::Tag::builder().key(labels::NODECLAIM).value("default-abc").build())
             .tags(t::Tag::builder().key(labels::NODEPOOL).value("default").build())
             .build();
         let i = Instance::from_sdk(&sdk).unwrap();

@@ -39,8 +39,6 @@ use crate::ec2::{Instance, Instances};
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::state::{self, OfferingKey, StateStore};
 
-/// Tag and label naming the NodeClaim.
-pub const NODECLAIM_TAG: &str = "karpenter.sh/nodeclaim";
 /// How long one launch may hold its NodeClaim's lease.
 pub const LAUNCH_LEASE_MS: i64 = 10 * 60 * 1000;
 /// CreateFleet rounds before giving up (each round removes failed offerings).
@@ -173,7 +171,7 @@ pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
     let mut l = claim.labels.clone();
     l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
-    l.insert(NODECLAIM_TAG.into(), claim.name.clone());
+    l.insert(labels::NODECLAIM.into(), claim.name.clone());
     l
 }
 
@@ -183,7 +181,7 @@ pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> 
     t.insert(crate::ec2::instances::owned_tag_key(cluster), "owned".into());
     t.insert(crate::ec2::instances::CLUSTER_NAME_TAG.into(), cluster.into());
     t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
-    t.insert(NODECLAIM_TAG.into(), claim.name.clone());
+    t.insert(labels::NODECLAIM.into(), claim.name.clone());
     t.insert(labels::EC2NODECLASS.into(), class.name().into());
     t
 }
