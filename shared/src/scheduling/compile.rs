@@ -18,6 +18,7 @@ use super::volume::{Volumes, cross};
 use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
 use crate::catalog::{InstanceType, Offering};
+use crate::kubernetes::pods;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{AMD_GPU, AWS_NEURON, AWS_NEURON_CORE, HABANA_GAUDI, NVIDIA_GPU};
 
@@ -237,23 +238,7 @@ impl Pool {
 /// True for a running pod that moves when its node goes: not a DaemonSet or
 /// mirror pod, and not finished.
 fn movable(p: &Pod) -> bool {
-    let daemon = p
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "DaemonSet");
-    let mirror = p
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    let finished = p
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
-    !(daemon || mirror || finished)
+    !(pods::is_daemonset_pod(p) || pods::is_mirror_pod(p) || pods::is_terminal(p))
 }
 
 impl Compiled {

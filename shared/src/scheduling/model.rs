@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::compile::{Compiled, Pool, Shapes, accelerator_of};
+use super::compile::{Compiled, Pool, accelerator_of};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
 use super::pod::{PodModel, PodRef, Toleration};
@@ -119,18 +119,20 @@ impl<'c> Model<'c> {
 
         // Pending: the snapshot's pending pods, then the movable pods of removed nodes.
         let mut invalid = c.invalid.clone();
-        let mut shapes = c.pending.clone();
-        for r in c.running.iter().filter(|r| removed[r.node] && r.movable) {
-            match &r.terms {
-                Ok(terms) => shapes.add(&r.model, terms),
-                Err(e) => invalid.push((r.model.pod.clone(), Reason::Volume(e.clone()))),
+        let moved: Vec<_> = c.running.iter().filter(|r| removed[r.node] && r.movable).collect();
+        // The shape index is needed only to add moved pods: provisioning solves skip copying it.
+        let (pending, entries) = if moved.is_empty() {
+            (c.pending.shapes.clone(), c.pending.entries.clone())
+        } else {
+            let mut shapes = c.pending.clone();
+            for r in moved {
+                match &r.terms {
+                    Ok(terms) => shapes.add(&r.model, terms),
+                    Err(e) => invalid.push((r.model.pod.clone(), Reason::Volume(e.clone()))),
+                }
             }
-        }
-        let Shapes {
-            shapes: pending,
-            entries,
-            ..
-        } = shapes;
+            (shapes.shapes, shapes.entries)
+        };
         let running: Vec<(usize, &PodModel)> = c
             .running
             .iter()

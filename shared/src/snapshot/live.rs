@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::Snapshot;
 use crate::catalog::{self, CatalogError};
-use crate::kubernetes::{Cluster, ClusterError};
+use crate::kubernetes::{Cluster, ClusterError, pods};
 use crate::nodeclaim::NodeClaim;
 use crate::scheduling::ExistingNode;
 use crate::state::{StateError, StateStore};
@@ -67,14 +67,8 @@ pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) ->
 pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
     let mut by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
     for p in pods {
-        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            let finished = matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            );
-            if !finished {
-                by_node.entry(n).or_default().push(p.clone());
-            }
+        if let Some(n) = pods::node_name(p).filter(|_| !pods::is_terminal(p)) {
+            by_node.entry(n).or_default().push(p.clone());
         }
     }
     nodes
