@@ -115,6 +115,78 @@ impl PendingPodRef {
     }
 }
 
+/// A request to solve again, sent on the pending-pods queue by nodesmith
+/// itself whenever capacity is taken away (a launch found no capacity, a claim
+/// timed out, an instance vanished) or pods have waited too long: `provision`
+/// solves over every pending pod, so the request names no pod.
+///
+/// Wire form: `{"solve":{"reason":"launch-no-capacity","nodeClaim":"default-x7k2p"}}`
+/// (`nodeClaim` optional; unknown fields rejected).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SolveRequest {
+    /// Why a solve is wanted (a short kebab-case word, for logs).
+    pub reason: String,
+    /// The NodeClaim whose removal caused it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_claim: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SolveEnvelope {
+    solve: SolveRequest,
+}
+
+impl SolveRequest {
+    /// A request for `reason`, about `node_claim` when given.
+    pub fn new(reason: &str, node_claim: Option<&str>) -> Self {
+        SolveRequest {
+            reason: reason.to_string(),
+            node_claim: node_claim.map(str::to_string),
+        }
+    }
+
+    /// The JSON message body.
+    pub fn to_body(&self) -> String {
+        // Serialising two strings cannot fail.
+        serde_json::to_string(&SolveEnvelope { solve: self.clone() }).unwrap_or_default()
+    }
+}
+
+/// Any message of the pending-pods queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingMessage {
+    /// From the forwarder: a pod the scheduler could not place.
+    Pod(PendingPodRef),
+    /// From nodesmith: solve again.
+    Solve(SolveRequest),
+}
+
+impl PendingMessage {
+    /// Parses a body: an object with a `solve` key is a [`SolveRequest`], anything else
+    /// must be a [`PendingPodRef`].
+    pub fn parse(body: &str) -> Result<Self, MessageError> {
+        let is_solve = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(body)
+            .is_ok_and(|m| m.contains_key("solve"));
+        if !is_solve {
+            return PendingPodRef::parse(body).map(PendingMessage::Pod);
+        }
+        let de = &mut serde_json::Deserializer::from_str(body);
+        let env: SolveEnvelope = serde_path_to_error::deserialize(de).map_err(|e| MessageError {
+            field: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
+        if env.solve.reason.is_empty() || env.solve.reason.len() > 128 {
+            return Err(MessageError {
+                field: "solve.reason".into(),
+                message: "must be 1 to 128 characters".into(),
+            });
+        }
+        Ok(PendingMessage::Solve(env.solve))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +247,28 @@ mod tests {
             assert_eq!(e.field, field, "{body}: {e}");
             assert!(e.to_string().contains(needle), "{body}: {e}");
         }
+    }
+
+    #[test]
+    fn solve_requests_round_trip_and_are_checked() {
+        let r = SolveRequest::new("launch-no-capacity", Some("default-x7k2p"));
+        let body = r.to_body();
+        assert_eq!(
+            body,
+            r#"{"solve":{"reason":"launch-no-capacity","nodeClaim":"default-x7k2p"}}"#
+        );
+        assert_eq!(PendingMessage::parse(&body).unwrap(), PendingMessage::Solve(r));
+        let bare = SolveRequest::new("sweep", None).to_body();
+        assert_eq!(bare, r#"{"solve":{"reason":"sweep"}}"#);
+        for (body, field) in [
+            (r#"{"solve":{"reason":""}}"#, "solve.reason"),
+            (r#"{"solve":{"reason":"x","extra":1}}"#, "solve.extra"),
+            (r#"{"solve":{},"x":1}"#, "x"),
+        ] {
+            let e = PendingMessage::parse(body).unwrap_err();
+            assert_eq!(e.field, field, "{body}: {e}");
+        }
+        let pod = r#"{"namespace":"default","name":"web-1","uid":"u-1","resourceVersion":"42"}"#;
+        assert!(matches!(PendingMessage::parse(pod), Ok(PendingMessage::Pod(_))));
     }
 }

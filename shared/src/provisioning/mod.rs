@@ -8,6 +8,7 @@
 //! then sees the first one's claims as in-flight capacity.
 
 pub mod batch;
+pub mod trigger;
 
 use std::time::Duration;
 
