@@ -263,7 +263,8 @@ mod tests {
         for (body, field) in [
             (r#"{"solve":{"reason":""}}"#, "solve.reason"),
             (r#"{"solve":{"reason":"x","extra":1}}"#, "solve.extra"),
-            (r#"{"solve":{},"x":1}"#, "x"),
+            (r#"{"solve":{"reason":"x"},"x":1}"#, "x"),
+            (r#"{"solve":{}}"#, "solve"),
         ] {
             let e = PendingMessage::parse(body).unwrap_err();
             assert_eq!(e.field, field, "{body}: {e}");

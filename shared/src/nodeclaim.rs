@@ -218,6 +218,35 @@ impl NodeClaim {
     }
 }
 
+/// A new claim name `<pool>-<5 lowercase alphanumerics>` (Karpenter's form) that is
+/// not in `taken`, which it joins. The suffix is a hash of `seed` (unique per
+/// solve: lease holder, fencing token, time), the pool and a counter, so names
+/// never repeat across solves and never follow from the pods (pure).
+pub fn generate_name(pool: &str, seed: &str, taken: &mut std::collections::BTreeSet<String>) -> String {
+    use sha2::{Digest, Sha256};
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    for counter in 0u64.. {
+        let digest = Sha256::new()
+            .chain_update(seed.as_bytes())
+            .chain_update([0])
+            .chain_update(pool.as_bytes())
+            .chain_update(counter.to_le_bytes())
+            .chain_update((taken.len() as u64).to_le_bytes())
+            .finalize();
+        let suffix: String = digest
+            .iter()
+            .take(5)
+            .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+            .collect();
+        let name = format!("{pool}-{suffix}");
+        if taken.insert(name.clone()) {
+            return name;
+        }
+    }
+    // 2^64 hashes all taken: unreachable in any real table.
+    format!("{pool}-{}", taken.len())
+}
+
 /// What CreateFleet launched for a claim.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchedInstance {
@@ -393,6 +422,30 @@ mod tests {
         let mut c = claim();
         c.set_requirements(&reqs);
         assert_eq!(c.requirements(), reqs);
+    }
+
+    #[test]
+    fn generated_names_are_karpenters_form_and_never_taken() {
+        let mut taken = std::collections::BTreeSet::from(["default-aaaaa".to_string()]);
+        let a = generate_name("default", "holder/1/0", &mut taken);
+        let b = generate_name("default", "holder/1/0", &mut taken);
+        assert_ne!(a, b, "the same solve never repeats a name");
+        for n in [&a, &b] {
+            let suffix = n.strip_prefix("default-").unwrap();
+            assert_eq!(suffix.len(), 5);
+            assert!(
+                suffix.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+                "{n}"
+            );
+        }
+        // Another solve (another seed) with an empty table starts elsewhere.
+        let c = generate_name("default", "holder/2/0", &mut std::collections::BTreeSet::new());
+        assert_ne!(c, a);
+        // A name already taken is skipped.
+        let mut t2 = std::collections::BTreeSet::new();
+        let first = generate_name("default", "s", &mut t2.clone());
+        t2.insert(first.clone());
+        assert_ne!(generate_name("default", "s", &mut t2), first);
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! Registration, the part that links a Node to its NodeClaim and copies the
-//! claim's drift hashes onto the Node as annotations (a kubelet can set labels
-//! and taints at start-up but not annotations; Karpenter's registration step
-//! copies the NodeClaim's annotations onto the Node the same way).
+//! Registration, the part that links a Node to its NodeClaim: the Node gets the
+//! labels of the instance EC2 actually launched (user data only knew the pool's),
+//! `karpenter.sh/registered=true`, the claim's drift hashes as annotations (a
+//! kubelet can set labels and taints at start-up but not annotations), and loses
+//! the `karpenter.sh/unregistered` taint it registered with. Initialization is
+//! judged here too: Ready, startup and ephemeral taints gone, requested
+//! extended resources present.
 //!
 //! A Node belongs to the claim whose instance it runs on: `spec.providerID`
 //! (`aws:///<zone>/<instance-id>`) and the claim's provider id name the same
@@ -11,12 +14,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 
+use crate::apis::labels;
 use crate::apis::labels::{
     EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
     NODEPOOL_HASH_VERSION_ANNOTATION,
 };
 use crate::apis::{EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH_VERSION};
-use crate::kubernetes::{Cluster, ClusterError};
+use crate::catalog::Catalog;
+use crate::kubernetes::{Cluster, ClusterError, NodeUpdate};
 use crate::nodeclaim::NodeClaim;
 
 /// The annotations a claim's Node carries: each drift hash the claim has, with
@@ -74,6 +79,100 @@ pub fn link<'a>(nodes: &'a [Node], claims: &'a [NodeClaim]) -> Vec<(&'a Node, &'
             Some((n, *by_instance.get(id)?))
         })
         .collect()
+}
+
+/// The labels a registered claim's Node carries: the claim's own labels (those
+/// known before launch), then the facts of the launched instance (its type's
+/// labels from the catalog, zone, region, capacity type), the pool, class and
+/// claim, and `karpenter.sh/registered=true`. The hostname is the kubelet's (pure).
+pub fn node_labels(claim: &NodeClaim, catalog: Option<&Catalog>) -> BTreeMap<String, String> {
+    // Claims written before labels were limited to what is known before launch
+    // carry predicted instance labels: the launched instance's facts replace them.
+    let mut l: BTreeMap<String, String> = claim
+        .labels
+        .iter()
+        .filter(|(k, _)| k.as_str() != labels::HOSTNAME && !labels::WELL_KNOWN.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some(t) = &claim.instance_type {
+        if let Some(info) = catalog.and_then(|c| c.instance_types.iter().find(|i| &i.name == t)) {
+            l.extend(info.labels.clone());
+        }
+        l.insert(labels::INSTANCE_TYPE.into(), t.clone());
+    }
+    if let Some(region) = catalog.map(|c| c.region.clone()).filter(|r| !r.is_empty()) {
+        l.insert(labels::REGION.into(), region);
+    }
+    if let Some(z) = &claim.zone {
+        l.insert(labels::ZONE.into(), z.clone());
+    }
+    if let Some(ct) = &claim.capacity_type {
+        l.insert(labels::CAPACITY_TYPE.into(), ct.clone());
+    }
+    l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
+    l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
+    l.insert(labels::NODECLAIM.into(), claim.name.clone());
+    l.insert(labels::REGISTERED.into(), "true".into());
+    l
+}
+
+/// The write that registers a claim's Node (pure).
+pub fn registration_update(claim: &NodeClaim, catalog: Option<&Catalog>) -> NodeUpdate {
+    NodeUpdate {
+        labels: node_labels(claim, catalog),
+        annotations: node_annotations(claim),
+        remove_taints: vec![labels::UNREGISTERED_TAINT_KEY.to_string()],
+    }
+}
+
+/// The write that marks a Node initialized (pure).
+pub fn initialization_update() -> NodeUpdate {
+    NodeUpdate {
+        labels: BTreeMap::from([(labels::INITIALIZED.to_string(), "true".to_string())]),
+        ..NodeUpdate::default()
+    }
+}
+
+/// Resources the kubelet always reports; any other requested resource must be
+/// advertised (by a device plugin) before the node counts as initialized.
+const BASE_RESOURCES: &[&str] = &["cpu", "memory", "pods", "ephemeral-storage"];
+
+/// Why a registered Node is not initialized yet, or None when it is (Karpenter's
+/// rule: Ready, no startup taint of the claim left, no ephemeral or
+/// `unregistered` taint, every requested extended resource advertised) (pure).
+pub fn not_initialized_because(node: &Node, claim: &NodeClaim) -> Option<String> {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready {
+        return Some("node is not Ready".into());
+    }
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    for t in &taints {
+        let startup = claim
+            .startup_taints
+            .iter()
+            .any(|s| s.key == t.key && format!("{:?}", s.effect) == t.effect);
+        if startup || labels::EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()) || t.key == labels::UNREGISTERED_TAINT_KEY
+        {
+            return Some(format!("taint {}:{} is still present", t.key, t.effect));
+        }
+    }
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    for (name, q) in &claim.resources.0 {
+        if BASE_RESOURCES.contains(&name.as_str()) || q.0 == 0 {
+            continue;
+        }
+        let advertised = allocatable
+            .and_then(|a| a.get(name.as_str()))
+            .is_some_and(|v| v.0.trim() != "0" && !v.0.trim().is_empty());
+        if !advertised {
+            return Some(format!("requested resource {name} is not advertised yet"));
+        }
+    }
+    None
 }
 
 /// The part of `want` the node does not carry yet, or carries with another value (pure).

@@ -81,6 +81,31 @@ pub enum EvictionOutcome {
     Gone,
 }
 
+/// Labels and annotations to set on a node and taints to take off it, in one
+/// write (registration and initialization).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeUpdate {
+    /// Labels set (others stay).
+    pub labels: BTreeMap<String, String>,
+    /// Annotations set (others stay).
+    pub annotations: BTreeMap<String, String>,
+    /// Keys of taints removed (all effects).
+    pub remove_taints: Vec<String>,
+}
+
+impl NodeUpdate {
+    /// True when applying it to `node` would change nothing (pure).
+    pub fn is_satisfied_by(&self, node: &Node) -> bool {
+        let has = |have: Option<&BTreeMap<String, String>>, want: &BTreeMap<String, String>| {
+            want.iter().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+        };
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+        has(node.metadata.labels.as_ref(), &self.labels)
+            && has(node.metadata.annotations.as_ref(), &self.annotations)
+            && !taints.is_some_and(|ts| ts.iter().any(|t| self.remove_taints.contains(&t.key)))
+    }
+}
+
 /// The Kubernetes API calls nodesmith makes. Implemented over kube-rs by
 /// [`super::KubeCluster`]; calls are rate-limited and retried there.
 pub trait Cluster: Send + Sync {
@@ -124,6 +149,9 @@ pub trait Cluster: Send + Sync {
         name: &str,
         annotations: &BTreeMap<String, String>,
     ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Applies a [`NodeUpdate`] (read-modify-write guarded by the resourceVersion; no
+    /// write when nothing would change). Ok(false) when the node does not exist.
+    fn update_node(&self, name: &str, update: &NodeUpdate) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Deletes a node object. Ok(false) when it did not exist.
     fn delete_node(&self, name: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Records an Event.

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::client::ClientSource;
-use super::cluster::{Cluster, ClusterError, EvictionOutcome};
+use super::cluster::{Cluster, ClusterError, EvictionOutcome, NodeUpdate};
 use super::events::EventSpec;
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
@@ -350,6 +350,53 @@ impl Cluster for KubeCluster {
                     Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
                     Err(e) => Err(e),
                 }
+            }
+        })
+        .await
+    }
+
+    async fn update_node(&self, name: &str, update: &NodeUpdate) -> Result<bool, ClusterError> {
+        let op = format!("update node {name}");
+        self.with_conflict_retry(&op, || async {
+            let Some(current) = self.node(name).await? else {
+                return Ok(Step::Done(false));
+            };
+            if update.is_satisfied_by(&current) {
+                return Ok(Step::Done(true));
+            }
+            let taints: Vec<_> = current
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| !update.remove_taints.contains(&t.key))
+                .collect();
+            // Maps merge key by key; the taint list is replaced whole, which the
+            // resourceVersion makes safe against a concurrent writer.
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": current.metadata.resource_version,
+                    "labels": update.labels,
+                    "annotations": update.annotations,
+                },
+                "spec": {"taints": taints},
+            });
+            let result = self
+                .call(&op, |c| {
+                    let patch = patch.clone();
+                    async move {
+                        Api::<Node>::all(c)
+                            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                    }
+                })
+                .await;
+            match result {
+                Ok(_) => Ok(Step::Done(true)),
+                Err(e) if e.code() == Some(409) => Ok(Step::Conflict),
+                Err(e) if e.code() == Some(404) => Ok(Step::Done(false)),
+                Err(e) => Err(e),
             }
         })
         .await

@@ -11,7 +11,7 @@ pub mod kube_cluster;
 pub mod pods;
 pub mod retry;
 
-pub use cluster::{Cluster, ClusterError, EvictionOutcome};
+pub use cluster::{Cluster, ClusterError, EvictionOutcome, NodeUpdate};
 pub use drain::{DrainOptions, DrainReport, drain};
 pub use events::EventSpec;
 pub use kube_cluster::KubeCluster;

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use aws_lambda_events::sqs::SqsMessage;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::messages::{MessageError, PendingPodRef};
+use crate::messages::{MessageError, PendingMessage, PendingPodRef, SolveRequest};
 
 /// One record of the batch, read.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +17,13 @@ pub enum Record {
         message_id: String,
         /// The pod it names.
         pod: PendingPodRef,
+    },
+    /// nodesmith asks for a solve (capacity was taken away, or pods waited too long).
+    Solve {
+        /// The SQS message id.
+        message_id: String,
+        /// The request.
+        request: SolveRequest,
     },
     /// A body that is not a pending-pod reference; it goes to the dead-letter queue.
     Malformed {
@@ -37,8 +44,9 @@ pub fn read_records(records: &[SqsMessage]) -> Vec<Record> {
         .map(|(i, r)| {
             let message_id = r.message_id.clone().unwrap_or_else(|| format!("record-{i}"));
             let body = r.body.clone().unwrap_or_default();
-            match PendingPodRef::parse(&body) {
-                Ok(pod) => Record::Pod { message_id, pod },
+            match PendingMessage::parse(&body) {
+                Ok(PendingMessage::Pod(pod)) => Record::Pod { message_id, pod },
+                Ok(PendingMessage::Solve(request)) => Record::Solve { message_id, request },
                 Err(error) => Record::Malformed {
                     message_id,
                     body,
@@ -106,9 +114,17 @@ mod tests {
             msg("b", "not json"),
             msg("c", r#"{"namespace":"default"}"#),
             msg("d", good),
+            msg("e", r#"{"solve":{"reason":"launch-no-capacity"}}"#),
         ]);
-        let kinds: Vec<bool> = recs.iter().map(|r| matches!(r, Record::Pod { .. })).collect();
-        assert_eq!(kinds, vec![true, false, false, true]);
+        let kinds: Vec<&str> = recs
+            .iter()
+            .map(|r| match r {
+                Record::Pod { .. } => "pod",
+                Record::Solve { .. } => "solve",
+                Record::Malformed { .. } => "malformed",
+            })
+            .collect();
+        assert_eq!(kinds, vec!["pod", "malformed", "malformed", "pod", "solve"]);
         let Record::Malformed {
             message_id,
             body,

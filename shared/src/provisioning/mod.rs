@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod trigger;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
@@ -18,11 +19,11 @@ use jiff::Timestamp;
 
 use crate::kubernetes::Cluster;
 use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
-use crate::nodeclaim::{NodeClaim, Phase};
+use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::scheduling::{Plan, SolveOptions};
 use crate::snapshot::Snapshot;
 use crate::snapshot::live::{self, SnapshotError};
-use crate::state::{Lease, StateError, StateStore, now_ms};
+use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
 use batch::{PodState, Record};
 
@@ -157,9 +158,14 @@ impl<C: Cluster> Provisioner<C> {
         let records = batch::read_records(&event.records);
         let mut outcome = Outcome::default();
         let mut refs = Vec::new();
+        let mut requests = Vec::new();
         for r in records {
             match r {
                 Record::Pod { message_id, pod } => refs.push((message_id, pod)),
+                Record::Solve { message_id, request } => {
+                    tracing::info!(%message_id, reason = %request.reason, node_claim = ?request.node_claim, "solve requested");
+                    requests.push(message_id);
+                }
                 Record::Malformed {
                     message_id,
                     body,
@@ -173,14 +179,15 @@ impl<C: Cluster> Provisioner<C> {
                 }
             }
         }
-        if refs.is_empty() {
+        if refs.is_empty() && requests.is_empty() {
             return outcome;
         }
         match self.solve_and_record(&refs, &mut outcome, now).await {
             Ok(()) => {}
             Err(e) => {
-                tracing::error!(error = %e, records = refs.len(), "provisioning failed; the batch will be retried");
+                tracing::error!(error = %e, records = refs.len() + requests.len(), "provisioning failed; the batch will be retried");
                 outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
+                outcome.failed.extend(requests);
             }
         }
         outcome
@@ -282,11 +289,31 @@ impl<C: Cluster> Provisioner<C> {
             .map(|u| (u.pod.to_string(), u.reason.to_string()))
             .collect();
 
-        let new_claims: Vec<NodeClaim> = plan.node_claims.iter().map(|c| snapshot.node_claim(c)).collect();
+        // Names are generated, never derived from the pods: a pod recreated under
+        // its old name must not produce the name of a claim that is still stored.
+        // Redelivered batches add nothing because the lease serialises solves and
+        // the first solve's claims are in-flight capacity for the next.
+        let mut taken: BTreeSet<String> = snapshot.node_claims.iter().map(|c| c.name.clone()).collect();
+        taken.extend(snapshot.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
+        let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
+        let new_claims: Vec<NodeClaim> = plan
+            .node_claims
+            .iter()
+            .map(|c| {
+                let name = generate_name(&c.node_pool, &seed, &mut taken);
+                NodeClaim {
+                    name,
+                    ..snapshot.node_claim(c)
+                }
+            })
+            .collect();
         let created = self
             .store
             .create_node_claims_fenced(lease, &new_claims, now_ms())
             .await?;
+        if let Err(e) = self.store.mark(LAST_SOLVE, now_ms()).await {
+            tracing::warn!(error = %e, "cannot record the solve time; the sweep may ask for an extra solve");
+        }
         let requests = launch_requests(&snapshot, &created);
         if requests.len() < created.len() {
             tracing::error!(

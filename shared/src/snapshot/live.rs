@@ -4,12 +4,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint as K8sTaint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::Snapshot;
-use crate::catalog::{self, CatalogError};
+use crate::apis::Taint;
+use crate::catalog::{self, Catalog, CatalogError};
 use crate::kubernetes::{Cluster, ClusterError, pods};
-use crate::nodeclaim::NodeClaim;
+use crate::nodeclaim::{NodeClaim, Phase};
+use crate::registration;
 use crate::scheduling::ExistingNode;
 use crate::state::{StateError, StateStore};
 
@@ -34,12 +37,16 @@ pub enum SnapshotError {
 pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) -> Result<Snapshot, SnapshotError> {
     let pods = cluster.pending_pods().await?;
     let all_pods = cluster.pods().await?;
-    let nodes = existing_nodes(cluster.nodes().await?, &all_pods);
-    let node_claims = in_flight(store.in_flight_node_claims().await?, &nodes);
+    let claims = store.in_flight_node_claims().await?;
     let catalog = match store.get_catalog().await? {
         Some(c) => Arc::new(c),
         None => Arc::new(catalog::builtin()?.clone()),
     };
+    let nodes = existing_nodes(
+        initializing_as_claimed(cluster.nodes().await?, &claims, &catalog),
+        &all_pods,
+    );
+    let node_claims = in_flight(claims, &nodes);
     let unavailable = store
         .unavailable_offerings(now.as_second())
         .await?
@@ -79,6 +86,67 @@ pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
             ExistingNode { node, pods }
         })
         .collect()
+}
+
+/// Nodes whose claim is not Initialized yet, as the solver must see them: with
+/// the claim's template taints instead of the taints a registering node carries
+/// for a while (not-ready, uninitialized, `karpenter.sh/unregistered`, the pool's
+/// startup taints), and with the launched type's allocatable for any resource the
+/// node does not advertise yet (a device plugin's GPUs). Otherwise pods waiting
+/// for that node would look unschedulable and a second node would be launched
+/// for them (Karpenter models an uninitialized node the same way) (pure).
+pub fn initializing_as_claimed(nodes: Vec<Node>, claims: &[NodeClaim], catalog: &Catalog) -> Vec<Node> {
+    let initializing: BTreeMap<String, NodeClaim> = registration::link(&nodes, claims)
+        .into_iter()
+        .filter(|(_, c)| matches!(c.phase, Phase::Pending | Phase::Launched | Phase::Registered))
+        .filter_map(|(n, c)| Some((n.metadata.name.clone()?, c.clone())))
+        .collect();
+    nodes
+        .into_iter()
+        .map(|mut node| {
+            let Some(claim) = node.metadata.name.as_ref().and_then(|n| initializing.get(n)) else {
+                return node;
+            };
+            let spec = node.spec.get_or_insert_with(Default::default);
+            // A disruption taint is real news, not part of start-up: it stays.
+            let mut taints: Vec<K8sTaint> = spec
+                .taints
+                .take()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key == pods::DISRUPTED_TAINT_KEY)
+                .collect();
+            taints.extend(claim.taints.iter().map(to_k8s_taint));
+            spec.taints = Some(taints);
+            let launched = claim
+                .instance_type
+                .as_ref()
+                .and_then(|t| catalog.instance_types.iter().find(|i| &i.name == t))
+                .map(|i| i.resolve(&catalog.region, None));
+            if let Some(t) = launched {
+                let status = node.status.get_or_insert_with(Default::default);
+                for (list, from) in [
+                    (&mut status.allocatable, &t.allocatable),
+                    (&mut status.capacity, &t.capacity),
+                ] {
+                    let list = list.get_or_insert_with(Default::default);
+                    for (k, v) in from.to_k8s_strings() {
+                        list.entry(k).or_insert(Quantity(v));
+                    }
+                }
+            }
+            node
+        })
+        .collect()
+}
+
+fn to_k8s_taint(t: &Taint) -> K8sTaint {
+    K8sTaint {
+        key: t.key.clone(),
+        value: t.value.clone(),
+        effect: format!("{:?}", t.effect),
+        time_added: None,
+    }
 }
 
 /// NodeClaims whose capacity is not yet a node: a claim that registered

@@ -236,3 +236,119 @@ fn a_planned_node_becomes_a_claim_created_now() {
         .unwrap();
     assert!(plan.node_claims[0].instance_type_options.iter().all(|t| types.has(t)));
 }
+
+/// A node that has just registered for claim `c`, as a real one does: not
+/// ready, tainted not-ready, uninitialized, unregistered and with the pool's
+/// startup taint, advertising no GPU yet.
+fn registering_node(name: &str, instance: &str) -> Node {
+    let mut n = node(name);
+    n.spec = Some(
+        serde_json::from_value(json!({
+            "providerID": format!("aws:///test-zone-a/{instance}"),
+            "taints": [
+                {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"},
+                {"key": "karpenter.sh/unregistered", "effect": "NoExecute"},
+                {"key": "example.com/cni-starting", "effect": "NoSchedule"}
+            ]
+        }))
+        .unwrap(),
+    );
+    n
+}
+
+fn registering_claim(phase: crate::nodeclaim::Phase) -> crate::nodeclaim::NodeClaim {
+    crate::nodeclaim::NodeClaim {
+        phase,
+        instance_id: Some("i-1".into()),
+        provider_id: Some("aws:///test-zone-a/i-1".into()),
+        instance_type: Some("m.xlarge".into()),
+        zone: Some("test-zone-a".into()),
+        capacity_type: Some("on-demand".into()),
+        instance_type_options: vec!["m.xlarge".into()],
+        startup_taints: vec![crate::apis::Taint::new(
+            "example.com/cni-starting",
+            None,
+            crate::apis::TaintEffect::NoSchedule,
+        )],
+        ..crate::nodeclaim::NodeClaim::pending("default-abcde", "default", "default")
+    }
+}
+
+#[test]
+fn pods_waiting_for_a_registering_node_do_not_launch_a_second_one() {
+    use crate::nodeclaim::Phase;
+    for phase in [Phase::Launched, Phase::Registered] {
+        let claims = vec![registering_claim(phase)];
+        let mut s = Snapshot::new(Arc::new(catalog()), now());
+        s.node_pools = vec![default_pool()];
+        let nodes = live::initializing_as_claimed(vec![registering_node("ip-10-0-0-1", "i-1")], &claims, &s.catalog);
+        s.nodes = live::existing_nodes(nodes, &[]);
+        s.node_claims = live::in_flight(claims, &s.nodes);
+        assert!(s.node_claims.is_empty(), "the claim is counted as its node");
+        s.pods = (0..3).map(|i| pod(&format!("p{i}"), "1", "1Gi", json!({}))).collect();
+        let plan = s.compile().solve(&SolveOptions::default());
+        assert!(
+            plan.node_claims.is_empty(),
+            "{phase:?}: a second node was planned: {plan:?}"
+        );
+        assert_eq!(plan.existing.len(), 1, "{plan:?}");
+        assert_eq!(plan.existing[0].name, "ip-10-0-0-1");
+        assert_eq!(plan.existing[0].pods.len(), 3);
+    }
+}
+
+#[test]
+fn an_initialized_node_is_seen_as_it_is() {
+    let claims = vec![registering_claim(crate::nodeclaim::Phase::Initialized)];
+    let nodes = live::initializing_as_claimed(vec![registering_node("ip-10-0-0-1", "i-1")], &claims, &catalog());
+    let taints = nodes[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map_or(0, Vec::len);
+    assert_eq!(taints, 4, "an initialized node's taints are real");
+}
+
+#[test]
+fn registering_nodes_keep_their_template_and_disruption_taints() {
+    let mut claim = registering_claim(crate::nodeclaim::Phase::Registered);
+    claim.taints = vec![crate::apis::Taint::new(
+        "dedicated",
+        Some("gpu"),
+        crate::apis::TaintEffect::NoSchedule,
+    )];
+    let mut n = registering_node("ip-10-0-0-1", "i-1");
+    n.spec
+        .as_mut()
+        .unwrap()
+        .taints
+        .as_mut()
+        .unwrap()
+        .push(serde_json::from_value(json!({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})).unwrap());
+    n.status.as_mut().unwrap().allocatable.as_mut().unwrap().remove("pods");
+    let nodes = live::initializing_as_claimed(vec![n], &[claim], &catalog());
+    let keys: BTreeSet<String> = nodes[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .taints
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|t| t.key.clone())
+        .collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["dedicated".to_string(), "karpenter.sh/disrupted".to_string()])
+    );
+    let alloc = nodes[0].status.as_ref().unwrap().allocatable.as_ref().unwrap();
+    assert!(
+        alloc.contains_key("pods"),
+        "missing resources come from the launched type: {alloc:?}"
+    );
+    assert_eq!(
+        alloc["cpu"].0, "4",
+        "advertised resources stay as the node reports them"
+    );
+}

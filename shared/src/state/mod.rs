@@ -14,6 +14,7 @@
 //! | catalog head | `CATALOG` | `HEAD` | `generation` (S, sha256 of the JSON), `parts` (N) |
 //! | catalog part | `CATALOG` | `PART#<generation>#<index, 4 digits>` | `data` (B, a slice of the catalog JSON) |
 //! | processed message | `PROCESSED` | idempotency key | `expiresAt` (N, epoch s) |
+//! | marker | `MARKER` | marker name (`last-solve`) | `at` (N, epoch ms; only moves forward) |
 //!
 //! - GSI `byInstanceId`: partition key `instanceId` (S), projection ALL. Only
 //!   launched NodeClaims carry the attribute, so the index is sparse.
@@ -29,12 +30,14 @@ mod catalog;
 mod idempotency;
 mod item;
 mod leases;
+mod markers;
 mod nodeclaims;
 mod offerings;
 mod table;
 
 pub use catalog::PART_BYTES;
 pub use leases::Lease;
+pub use markers::LAST_SOLVE;
 pub use nodeclaims::{from_item as node_claim_from_item, to_item as node_claim_item};
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::{TTL_ATTRIBUTE, create_table};
@@ -52,6 +55,8 @@ pub const PK_UNAVAILABLE: &str = "UNAVAILABLE";
 pub const PK_CATALOG: &str = "CATALOG";
 /// Partition of idempotency records.
 pub const PK_PROCESSED: &str = "PROCESSED";
+/// Partition of markers (when something last happened).
+pub const PK_MARKER: &str = "MARKER";
 /// The GSI on instance id.
 pub const INSTANCE_INDEX: &str = "byInstanceId";
 

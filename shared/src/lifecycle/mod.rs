@@ -1,0 +1,339 @@
+//! A node's life after launch, decided as data: what the sweep must do to each
+//! NodeClaim, Node and instance it sees at `now`. Pure: the sweep reads the
+//! state table, the cluster and EC2, calls [`plan`], and carries the actions out.
+//!
+//! ```text
+//! Pending ──launch──▶ Launched ──Node with its instance──▶ Registered ──Ready, startup taints gone──▶ Initialized
+//!    │ launch timeout       │ registration timeout               │ instance gone / Node deleted
+//!    └────────────▶ instance terminated, Node deleted, claim deleted, pods solved again
+//! ```
+//!
+//! Garbage collection: an owned instance that no claim names is terminated
+//! once it is older than the leak window (a claim is always written before its
+//! launch, so a live launch is never collected); a Node of a NodePool with
+//! neither a claim nor a live instance is deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::apis::labels;
+use crate::catalog::Catalog;
+use crate::ec2::{Instance, InstanceState};
+use crate::kubernetes::NodeUpdate;
+use crate::nodeclaim::{NodeClaim, Phase};
+use crate::registration::{self, instance_id};
+
+/// Timeouts and windows of the lifecycle (Karpenter's defaults; environment in the sweep).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleConfig {
+    /// A claim with no instance this long after it was written is given up.
+    pub launch_timeout: Duration,
+    /// A launched claim with no Node this long after launch is given up.
+    pub registration_timeout: Duration,
+    /// An owned instance without a claim is collected once this old (Karpenter's leak window).
+    pub leak_window: Duration,
+    /// An instance missing from DescribeInstances counts as gone only this long after
+    /// launch (EC2's reads are eventually consistent just after a launch).
+    pub liveness_grace: Duration,
+    /// Pods unschedulable for longer than this are due a solve (the provisioning batch window).
+    pub batch_window: Duration,
+    /// While pods stay pending, a solve is requested again once the last one is this old.
+    pub resolve_every: Duration,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            launch_timeout: Duration::from_secs(5 * 60),
+            registration_timeout: Duration::from_secs(15 * 60),
+            leak_window: Duration::from_secs(30),
+            liveness_grace: Duration::from_secs(60),
+            batch_window: Duration::from_secs(10),
+            resolve_every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why a claim's capacity is given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Removal {
+    /// No instance within the launch timeout.
+    LaunchTimeout,
+    /// No Node within the registration timeout.
+    RegistrationTimeout,
+    /// Its instance is terminated, stopped or unknown to EC2.
+    InstanceGone,
+    /// Its Node was deleted.
+    NodeGone,
+}
+
+impl Removal {
+    /// A short kebab-case name, for logs, metrics and solve requests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Removal::LaunchTimeout => "launch-timeout",
+            Removal::RegistrationTimeout => "registration-timeout",
+            Removal::InstanceGone => "instance-gone",
+            Removal::NodeGone => "node-gone",
+        }
+    }
+}
+
+/// One step for the sweep to carry out; each is idempotent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Label the claim's Node, take its `unregistered` taint off, then record it on the claim.
+    Register {
+        /// The claim.
+        claim: String,
+        /// Its Node.
+        node: String,
+        /// The write to the Node.
+        update: NodeUpdate,
+    },
+    /// Mark the Node initialized, then move the claim to Initialized.
+    Initialize {
+        /// The claim.
+        claim: String,
+        /// Its Node.
+        node: String,
+    },
+    /// Give the claim's capacity up: terminate the instance, delete the Node, delete
+    /// the claim, and have its pods solved again.
+    Remove {
+        /// The claim.
+        claim: String,
+        /// Why.
+        reason: Removal,
+        /// The instance to terminate, if any.
+        instance: Option<String>,
+        /// The Node to delete, if any.
+        node: Option<String>,
+    },
+    /// Terminate an instance no claim names, and delete its Node.
+    CollectInstance {
+        /// The instance.
+        instance: String,
+        /// Its Node, if one registered.
+        node: Option<String>,
+    },
+    /// Delete a NodePool's Node that has neither a claim nor a live instance.
+    CollectNode {
+        /// The Node.
+        node: String,
+    },
+}
+
+/// What the sweep saw, at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The moment.
+    pub now: Timestamp,
+    /// Every NodeClaim in the state table.
+    pub claims: &'a [NodeClaim],
+    /// Every Node.
+    pub nodes: &'a [Node],
+    /// Every instance tagged as owned by the cluster and not terminated.
+    pub instances: &'a [Instance],
+    /// The instance catalog (labels of the launched instance type).
+    pub catalog: Option<&'a Catalog>,
+}
+
+fn older_than(since: Option<Timestamp>, now: Timestamp, d: Duration) -> bool {
+    let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    since.is_some_and(|t| now.duration_since(t) > d)
+}
+
+fn node_name(n: &Node) -> String {
+    n.metadata.name.clone().unwrap_or_default()
+}
+
+fn node_instance(n: &Node) -> Option<&str> {
+    n.spec.as_ref()?.provider_id.as_deref().and_then(instance_id)
+}
+
+fn created(n: &Node) -> Option<Timestamp> {
+    n.metadata.creation_timestamp.as_ref().map(|t| t.0)
+}
+
+/// Whether EC2 reports the instance as going or gone.
+fn is_going(state: &InstanceState) -> bool {
+    matches!(
+        state,
+        InstanceState::ShuttingDown | InstanceState::Terminated | InstanceState::Stopping | InstanceState::Stopped
+    )
+}
+
+/// Everything the sweep should do now, claims first (in name order), then
+/// garbage collection (pure).
+pub fn plan(seen: &Observed<'_>, config: &LifecycleConfig) -> Vec<Action> {
+    let instances: BTreeMap<&str, &Instance> = seen.instances.iter().map(|i| (i.id.as_str(), i)).collect();
+    let nodes_by_instance: BTreeMap<&str, &Node> =
+        seen.nodes.iter().filter_map(|n| Some((node_instance(n)?, n))).collect();
+    let mut actions = Vec::new();
+    for claim in seen.claims {
+        if let Some(a) = claim_action(claim, &instances, &nodes_by_instance, seen, config) {
+            actions.push(a);
+        }
+    }
+    actions.extend(collect(seen, &instances, config));
+    actions
+}
+
+/// The instance a claim launched (recorded), else the one tagged with its name.
+fn claim_instance<'a>(claim: &'a NodeClaim, instances: &BTreeMap<&str, &'a Instance>) -> Option<&'a str> {
+    claim.instance_id.as_deref().or_else(|| {
+        instances
+            .values()
+            .find(|i| i.node_claim() == Some(claim.name.as_str()))
+            .map(|i| i.id.as_str())
+    })
+}
+
+fn claim_action(
+    claim: &NodeClaim,
+    instances: &BTreeMap<&str, &Instance>,
+    nodes_by_instance: &BTreeMap<&str, &Node>,
+    seen: &Observed<'_>,
+    config: &LifecycleConfig,
+) -> Option<Action> {
+    let now = seen.now;
+    let remove = |reason: Removal, node: Option<&Node>| Action::Remove {
+        claim: claim.name.clone(),
+        reason,
+        instance: claim_instance(claim, instances).map(str::to_string),
+        node: node.map(node_name),
+    };
+    match claim.phase {
+        Phase::Pending => older_than(claim.timestamps.created, now, config.launch_timeout)
+            .then(|| remove(Removal::LaunchTimeout, None)),
+        Phase::Launched | Phase::Registered | Phase::Initialized => {
+            let id = claim.instance_id.as_deref()?;
+            let node = nodes_by_instance.get(id).copied();
+            let launched = claim.timestamps.launched.or(claim.timestamps.created);
+            let instance = instances.get(id);
+            let gone = match instance {
+                Some(i) => is_going(&i.state),
+                None => older_than(launched, now, config.liveness_grace),
+            };
+            if gone {
+                return Some(remove(Removal::InstanceGone, node));
+            }
+            match (claim.phase, node) {
+                (Phase::Launched, None) => older_than(launched, now, config.registration_timeout)
+                    .then(|| remove(Removal::RegistrationTimeout, None)),
+                (_, None) => Some(remove(Removal::NodeGone, None)),
+                (phase, Some(node)) => {
+                    let update = registration::registration_update(claim, seen.catalog);
+                    if phase == Phase::Launched || !update.is_satisfied_by(node) {
+                        return Some(Action::Register {
+                            claim: claim.name.clone(),
+                            node: node_name(node),
+                            update,
+                        });
+                    }
+                    let labelled = node
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| l.get(labels::INITIALIZED).is_some_and(|v| v == "true"));
+                    let ready = registration::not_initialized_because(node, claim).is_none();
+                    (ready && (phase == Phase::Registered || !labelled)).then(|| Action::Initialize {
+                        claim: claim.name.clone(),
+                        node: node_name(node),
+                    })
+                }
+            }
+        }
+        // Disruption owns these phases.
+        Phase::Draining | Phase::Terminating => None,
+    }
+}
+
+/// Garbage collection: leaked instances and orphaned Nodes.
+fn collect(seen: &Observed<'_>, instances: &BTreeMap<&str, &Instance>, config: &LifecycleConfig) -> Vec<Action> {
+    let by_name: BTreeMap<&str, &NodeClaim> = seen.claims.iter().map(|c| (c.name.as_str(), c)).collect();
+    let names: BTreeSet<&str> = by_name.keys().copied().collect();
+    let claimed: BTreeSet<&str> = seen.claims.iter().filter_map(|c| c.instance_id.as_deref()).collect();
+    let mut out = Vec::new();
+    let mut collected: BTreeSet<&str> = BTreeSet::new();
+    for i in instances.values() {
+        // Tagged with a claim that has not recorded an instance yet: a launch in
+        // flight. A claim that recorded another instance makes this one a leak.
+        let named = i
+            .node_claim()
+            .and_then(|n| by_name.get(n))
+            .is_some_and(|c| c.instance_id.as_deref().is_none_or(|id| id == i.id));
+        if i.node_pool().is_none() || named || claimed.contains(i.id.as_str()) {
+            continue;
+        }
+        if !older_than(i.launch_time, seen.now, config.leak_window) || i.state == InstanceState::ShuttingDown {
+            continue;
+        }
+        collected.insert(i.id.as_str());
+        out.push(Action::CollectInstance {
+            instance: i.id.clone(),
+            node: seen
+                .nodes
+                .iter()
+                .find(|n| node_instance(n) == Some(i.id.as_str()))
+                .map(node_name),
+        });
+    }
+    for n in seen.nodes {
+        let managed = n
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(labels::NODEPOOL));
+        let id = node_instance(n);
+        let has_claim = id.is_some_and(|id| claimed.contains(id))
+            || n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::NODECLAIM))
+                .is_some_and(|c| names.contains(c.as_str()));
+        let live = id.is_some_and(|id| instances.get(id).is_some_and(|i| !is_going(&i.state)));
+        let handled = id.is_some_and(|id| collected.contains(id));
+        if managed && !has_claim && !live && !handled && older_than(created(n), seen.now, config.leak_window) {
+            out.push(Action::CollectNode { node: node_name(n) });
+        }
+    }
+    out
+}
+
+/// When a pod became unschedulable: its `PodScheduled=False` condition's
+/// transition time, else its creation.
+fn unschedulable_since(p: &Pod) -> Option<Timestamp> {
+    let cond = p
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"));
+    let t = cond
+        .and_then(|c| c.last_transition_time.as_ref())
+        .or(p.metadata.creation_timestamp.as_ref())?;
+    Some(t.0)
+}
+
+/// Whether the pending pods are due a solve: one has waited longer than the
+/// batch window, and no solve ran since it started waiting, or the last solve
+/// is older than `resolve_every` (pure).
+pub fn solve_due(pending: &[Pod], last_solve: Option<Timestamp>, now: Timestamp, config: &LifecycleConfig) -> bool {
+    let window = SignedDuration::try_from(config.batch_window).unwrap_or(SignedDuration::MAX);
+    let stale = older_than(last_solve, now, config.resolve_every) || last_solve.is_none();
+    pending.iter().any(|p| {
+        let Some(since) = unschedulable_since(p) else {
+            return false;
+        };
+        let waited = now.duration_since(since) > window;
+        let unseen = last_solve.is_none_or(|s| s < since);
+        waited && (unseen || stale)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,390 @@
+//! The sweep function: every minute, under the `sweep` lease, it reads the
+//! state table, the cluster and EC2, asks [`lifecycle::plan`] what each claim,
+//! Node and instance needs, and carries that out within a time budget; what is
+//! left over is found again by the next run. Every step is idempotent and
+//! re-derived from what the world says, so a sweep killed at any point is
+//! resumed by the next one. Whenever capacity is given up, or pods have waited
+//! too long, it asks `provision` for a solve.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+
+use crate::apis::duration::parse_go_duration;
+use crate::catalog;
+use crate::ec2::{Instances, InstancesError};
+use crate::kubernetes::{Cluster, ClusterError};
+use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
+use crate::messages::SolveRequest;
+use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
+use crate::provisioning::trigger::{TriggerError, request_solve};
+use crate::registration;
+use crate::state::{LAST_SOLVE, StateError, StateStore, now_ms};
+
+/// The lease that keeps sweeps from acting at once.
+pub const LEASE: &str = "sweep";
+
+/// Settings of the sweep function.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepConfig {
+    /// The pending-pods queue, for solve requests (none: nothing is asked, a warning is logged).
+    pub pending_queue_url: Option<String>,
+    /// Timeouts and windows.
+    pub lifecycle: LifecycleConfig,
+    /// Work stops once a run has taken this long; the rest waits for the next run.
+    pub budget: Duration,
+    /// Who we are, for the lease.
+    pub holder: String,
+}
+
+/// A missing or malformed setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("setting {name}: {message}")]
+pub struct ConfigError {
+    /// The environment variable.
+    pub name: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl SweepConfig {
+    /// Reads settings through `get` (the environment in the function):
+    /// `NODESMITH_PENDING_QUEUE_URL`, and durations in Go notation (`30s`, `5m`, `500ms`):
+    /// `NODESMITH_LAUNCH_TIMEOUT` (5m), `NODESMITH_REGISTRATION_TIMEOUT` (15m),
+    /// `NODESMITH_LEAK_WINDOW` (30s), `NODESMITH_LIVENESS_GRACE` (60s),
+    /// `NODESMITH_BATCH_WINDOW` (10s), `NODESMITH_RESOLVE_EVERY` (60s),
+    /// `NODESMITH_SWEEP_BUDGET` (60s).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let d = LifecycleConfig::default();
+        let dur = |name: &str, default: Duration| -> Result<Duration, ConfigError> {
+            match get(name).filter(|v| !v.trim().is_empty()) {
+                None => Ok(default),
+                Some(v) => parse_go_duration(v.trim()).map_err(|message| ConfigError {
+                    name: name.into(),
+                    message,
+                }),
+            }
+        };
+        Ok(SweepConfig {
+            pending_queue_url: get("NODESMITH_PENDING_QUEUE_URL").filter(|v| !v.trim().is_empty()),
+            lifecycle: LifecycleConfig {
+                launch_timeout: dur("NODESMITH_LAUNCH_TIMEOUT", d.launch_timeout)?,
+                registration_timeout: dur("NODESMITH_REGISTRATION_TIMEOUT", d.registration_timeout)?,
+                leak_window: dur("NODESMITH_LEAK_WINDOW", d.leak_window)?,
+                liveness_grace: dur("NODESMITH_LIVENESS_GRACE", d.liveness_grace)?,
+                batch_window: dur("NODESMITH_BATCH_WINDOW", d.batch_window)?,
+                resolve_every: dur("NODESMITH_RESOLVE_EVERY", d.resolve_every)?,
+            },
+            budget: dur("NODESMITH_SWEEP_BUDGET", Duration::from_secs(60))?,
+            holder: format!("sweep-{}-{}", std::process::id(), now_ms()),
+        })
+    }
+
+    /// From the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+}
+
+/// Why a sweep could not run at all (a failed step is reported, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// The state table failed.
+    #[error("state: {0}")]
+    State(#[from] StateError),
+    /// The Kubernetes API failed.
+    #[error("cluster: {0}")]
+    Cluster(#[from] ClusterError),
+    /// EC2 failed.
+    #[error("ec2: {0}")]
+    Instances(#[from] InstancesError),
+    /// Neither a stored nor the built-in catalog could be read.
+    #[error("catalog: {0}")]
+    Catalog(#[from] catalog::CatalogError),
+}
+
+/// One step that failed; the next run tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The state table failed (a version conflict means someone else moved the claim).
+    #[error("{0}")]
+    State(#[from] StateError),
+    /// The Kubernetes API failed.
+    #[error("{0}")]
+    Cluster(#[from] ClusterError),
+    /// EC2 failed.
+    #[error("{0}")]
+    Instances(#[from] InstancesError),
+    /// The claim cannot move to the phase asked for.
+    #[error("{0}")]
+    Transition(#[from] InvalidTransition),
+    /// A solve request could not be queued.
+    #[error("{0}")]
+    Trigger(#[from] TriggerError),
+}
+
+/// What one run did.
+#[derive(Debug, Default)]
+pub struct SweepReport {
+    /// Another sweep held the lease: nothing was done.
+    pub skipped: bool,
+    /// Actions carried out.
+    pub done: Vec<Action>,
+    /// Actions that failed, with why.
+    pub failed: Vec<(Action, StepError)>,
+    /// Actions left for the next run (the budget ran out).
+    pub deferred: Vec<Action>,
+    /// The solve request queued, if any.
+    pub solve_requested: Option<SolveRequest>,
+}
+
+/// The sweep function's resources, built once per container.
+pub struct Sweeper<C> {
+    cluster: C,
+    store: StateStore,
+    instances: Instances,
+    sqs: aws_sdk_sqs::Client,
+    config: SweepConfig,
+}
+
+impl<C: Cluster> Sweeper<C> {
+    /// Wires the function.
+    pub fn new(
+        cluster: C,
+        store: StateStore,
+        instances: Instances,
+        sqs: aws_sdk_sqs::Client,
+        config: SweepConfig,
+    ) -> Self {
+        Sweeper {
+            cluster,
+            store,
+            instances,
+            sqs,
+            config,
+        }
+    }
+
+    /// One run at the current time.
+    pub async fn run(&self) -> Result<SweepReport, SweepError> {
+        let started = Instant::now();
+        let ttl = (self.config.budget + Duration::from_secs(60)).as_millis() as i64;
+        let Some(lease) = self
+            .store
+            .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
+            .await?
+        else {
+            tracing::info!("another sweep holds the lease; skipping this run");
+            return Ok(SweepReport {
+                skipped: true,
+                ..SweepReport::default()
+            });
+        };
+        let result = self.run_leased(started).await;
+        if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
+            tracing::warn!(error = %e, "could not release the sweep lease; it expires by itself");
+        }
+        result
+    }
+
+    async fn run_leased(&self, started: Instant) -> Result<SweepReport, SweepError> {
+        let now = Timestamp::now();
+        let claims = self.store.list_node_claims().await?;
+        let nodes = self.cluster.nodes().await?;
+        let instances = self.instances.list_owned().await?;
+        let catalog = match self.store.get_catalog().await? {
+            Some(c) => c,
+            None => catalog::builtin()?.clone(),
+        };
+        let seen = Observed {
+            now,
+            claims: &claims,
+            nodes: &nodes,
+            instances: &instances,
+            catalog: Some(&catalog),
+        };
+        let actions = lifecycle::plan(&seen, &self.config.lifecycle);
+        let by_name: BTreeMap<&str, &NodeClaim> = claims.iter().map(|c| (c.name.as_str(), c)).collect();
+        let mut report = SweepReport::default();
+        let mut removed = Vec::new();
+        for action in actions {
+            if started.elapsed() >= self.config.budget {
+                report.deferred.push(action);
+                continue;
+            }
+            match self.act(&action, &by_name).await {
+                Ok(()) => {
+                    tracing::info!(action = ?action, "done");
+                    if let Action::Remove { claim, reason, .. } = &action {
+                        removed.push((reason.as_str(), claim.clone()));
+                    }
+                    report.done.push(action);
+                }
+                Err(e) => {
+                    tracing::warn!(action = ?action, error = %e, "step failed; the next sweep tries again");
+                    report.failed.push((action, e));
+                }
+            }
+        }
+        if !report.deferred.is_empty() {
+            tracing::info!(
+                left = report.deferred.len(),
+                "time budget spent; the next sweep goes on"
+            );
+        }
+        report.solve_requested = self.ask_for_solve(&removed, now).await;
+        Ok(report)
+    }
+
+    /// Capacity given up, or pods waiting with nobody solving: ask `provision`.
+    async fn ask_for_solve(&self, removed: &[(&str, String)], now: Timestamp) -> Option<SolveRequest> {
+        let request = match removed {
+            [(reason, claim)] => Some(SolveRequest::new(reason, Some(claim))),
+            [] => match self.pods_due_a_solve(now).await {
+                Ok(true) => Some(SolveRequest::new("pods-still-pending", None)),
+                Ok(false) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot tell whether pending pods need a solve");
+                    None
+                }
+            },
+            _ => Some(SolveRequest::new("capacity-removed", None)),
+        }?;
+        let Some(url) = &self.config.pending_queue_url else {
+            tracing::warn!(reason = %request.reason, "a solve is due but NODESMITH_PENDING_QUEUE_URL is not set");
+            return None;
+        };
+        match request_solve(&self.sqs, url, &request).await {
+            Ok(()) => {
+                tracing::info!(reason = %request.reason, "solve requested");
+                Some(request)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot request a solve; the next sweep tries again");
+                None
+            }
+        }
+    }
+
+    async fn pods_due_a_solve(&self, now: Timestamp) -> Result<bool, StepError> {
+        let pending = self.cluster.pending_pods().await?;
+        if pending.is_empty() {
+            return Ok(false);
+        }
+        let last = self
+            .store
+            .marked_at(LAST_SOLVE)
+            .await?
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok());
+        Ok(lifecycle::solve_due(&pending, last, now, &self.config.lifecycle))
+    }
+
+    async fn act(&self, action: &Action, claims: &BTreeMap<&str, &NodeClaim>) -> Result<(), StepError> {
+        match action {
+            Action::Register { claim, node, update } => {
+                if !self.cluster.update_node(node, update).await? {
+                    return Ok(());
+                }
+                self.advance(claim, Phase::Launched, |c| c.registered(node, Timestamp::now()))
+                    .await
+            }
+            Action::Initialize { claim, node } => {
+                if !self
+                    .cluster
+                    .update_node(node, &registration::initialization_update())
+                    .await?
+                {
+                    return Ok(());
+                }
+                self.advance(claim, Phase::Registered, |c| {
+                    c.advance(Phase::Initialized, Timestamp::now())
+                })
+                .await
+            }
+            Action::Remove {
+                claim, instance, node, ..
+            } => {
+                // Instance first: a crash after it leaves a claim whose instance is
+                // gone, which the next sweep removes; never an unowned instance.
+                self.terminate(instance.as_deref()).await?;
+                if let Some(n) = node {
+                    self.cluster.delete_node(n).await?;
+                }
+                if let Some(c) = claims.get(claim.as_str()) {
+                    self.store.delete_node_claim(&c.name, c.version).await?;
+                }
+                Ok(())
+            }
+            Action::CollectInstance { instance, node } => {
+                self.terminate(Some(instance)).await?;
+                if let Some(n) = node {
+                    self.cluster.delete_node(n).await?;
+                }
+                Ok(())
+            }
+            Action::CollectNode { node } => {
+                self.cluster.delete_node(node).await?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn terminate(&self, instance: Option<&str>) -> Result<(), StepError> {
+        if let Some(id) = instance {
+            let out = self.instances.terminate(&[id.to_string()]).await?;
+            tracing::info!(instance_id = id, outcome = ?out.get(id), "terminated");
+        }
+        Ok(())
+    }
+
+    /// Re-reads the claim and, when it is still in `from`, applies `step` and writes it
+    /// (a claim that moved on meanwhile is left as it is).
+    async fn advance(
+        &self,
+        name: &str,
+        from: Phase,
+        step: impl FnOnce(&mut NodeClaim) -> Result<(), InvalidTransition>,
+    ) -> Result<(), StepError> {
+        let Some(mut c) = self.store.get_node_claim(name).await? else {
+            return Ok(());
+        };
+        if c.phase != from {
+            return Ok(());
+        }
+        step(&mut c)?;
+        self.store.update_node_claim(&c).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn settings_default_to_karpenters_and_name_bad_values() {
+        let c = SweepConfig::from_lookup(lookup(&[])).unwrap();
+        assert_eq!(c.lifecycle, LifecycleConfig::default());
+        assert_eq!(c.lifecycle.launch_timeout, Duration::from_secs(300));
+        assert_eq!(c.lifecycle.registration_timeout, Duration::from_secs(900));
+        assert_eq!(c.pending_queue_url, None);
+        let c = SweepConfig::from_lookup(lookup(&[
+            ("NODESMITH_LAUNCH_TIMEOUT", "2s"),
+            ("NODESMITH_REGISTRATION_TIMEOUT", "1500ms"),
+            ("NODESMITH_PENDING_QUEUE_URL", "http://q"),
+        ]))
+        .unwrap();
+        assert_eq!(c.lifecycle.launch_timeout, Duration::from_secs(2));
+        assert_eq!(c.lifecycle.registration_timeout, Duration::from_millis(1500));
+        assert_eq!(c.pending_queue_url.as_deref(), Some("http://q"));
+        let e = SweepConfig::from_lookup(lookup(&[("NODESMITH_LEAK_WINDOW", "soon")])).unwrap_err();
+        assert_eq!(e.name, "NODESMITH_LEAK_WINDOW");
+        assert!(e.to_string().contains("invalid duration"), "{e}");
+    }
+}
