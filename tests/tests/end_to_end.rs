@@ -198,6 +198,22 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
             "template labels reach the node"
         );
         assert_eq!(labels.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
+        // The kubelet's facts, not the solver's predictions from the claim.
+        assert_eq!(
+            labels.get("kubernetes.io/hostname"),
+            n.metadata.name.as_ref(),
+            "{labels:?}"
+        );
+        let provider = n.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+        let launched = claims
+            .iter()
+            .find(|c| c.provider_id.as_deref() == Some(provider.as_str()))
+            .and_then(|c| c.instance_type.clone());
+        assert_eq!(
+            labels.get("node.kubernetes.io/instance-type"),
+            launched.as_ref(),
+            "{labels:?}"
+        );
     }
 
     // Registration copies each claim's drift hashes onto its Node, equal to

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use launch_fixtures::*;
+use nodesmith::apis::labels;
 use nodesmith::launch::userdata::{NODECONFIG_TYPE, parse_mime};
 use nodesmith::launch::{LaunchError, LaunchOutcome};
 use nodesmith::nodeclaim::Phase;
@@ -139,7 +140,11 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     let taints = nc["spec"]["kubelet"]["config"]["registerWithTaints"]
         .as_array()
         .unwrap();
-    assert_eq!(taints.len(), 2, "taints and startup taints");
+    assert_eq!(taints.len(), 3, "taints, startup taints and the unregistered taint");
+    assert!(
+        taints.contains(&serde_json::json!({"key": labels::UNREGISTERED_TAINT_KEY, "effect": "NoExecute"})),
+        "{taints:?}"
+    );
 
     // The record is durable and findable by instance id.
     let stored = st.node_claim_by_instance(&id).await.unwrap().unwrap();
@@ -333,5 +338,113 @@ async fn gpu_types_get_the_nvidia_ami_in_their_own_template() {
         types,
         vec!["g5.xlarge", "m5.large"],
         "one CreateFleet over both templates"
+    );
+}
+
+/// The `--node-labels` of an AL2023 user data document, in order.
+fn node_labels_flag(ud: &str) -> Vec<(String, String)> {
+    let parts = parse_mime(ud).unwrap();
+    let nc: serde_json::Value =
+        serde_yaml_ng::from_str(&parts.iter().find(|p| p.content_type == NODECONFIG_TYPE).unwrap().body).unwrap();
+    let flag = nc["spec"]["kubelet"]["flags"][0].as_str().unwrap();
+    flag.strip_prefix("--node-labels=")
+        .unwrap()
+        .split(',')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_solved_claim_launches_with_known_labels_only_and_the_unregistered_taint() {
+    use nodesmith::scheduling::{SolveInput, SolveOptions, solve};
+    let m = moto().await;
+    world(&m).await;
+    let st = store(&m).await;
+    let l = launcher(&m, m.endpoint()).await;
+    let pool: nodesmith::apis::NodePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+        "spec": {"template": {
+            "metadata": {"labels": {"team": "web", "node-restriction.kubernetes.io/tier": "gold"}},
+            "spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": [
+                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m5.large", "m5.xlarge"]},
+                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+                ]
+            }
+        }}
+    }))
+    .unwrap();
+    pool.validate().unwrap();
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
+    }))
+    .unwrap();
+    let (pools, pods) = ([pool], [pod]);
+    let input = SolveInput {
+        pods: &pods,
+        node_pools: &pools,
+        ..SolveInput::new(nodesmith::catalog::builtin().unwrap())
+    };
+    let plan = solve(&input, &SolveOptions::default());
+    let planned = &plan.node_claims[0];
+    assert!(
+        planned.labels.contains_key(labels::INSTANCE_TYPE) && planned.labels.contains_key(labels::HOSTNAME),
+        "the plan predicts the node's labels: {planned:?}"
+    );
+    let claim = planned.to_node_claim(jiff::Timestamp::now());
+    let req = pending(&st, &claim, &node_class("al2023@latest")).await;
+    let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
+        panic!("no launch")
+    };
+
+    let lts = template_user_data(&m).await;
+    assert_eq!(lts.len(), 1, "one AMI, one capacity type");
+    let (_, _, ud) = &lts[0];
+    let given = node_labels_flag(ud);
+    let keys: Vec<&str> = given.iter().map(|(k, _)| k.as_str()).collect();
+    // Predictions would mislabel the node for ever when CreateFleet picks another
+    // option, and the kubelet refuses to start on a label it may not set.
+    for k in [labels::INSTANCE_TYPE, labels::ZONE, labels::HOSTNAME] {
+        assert!(!keys.contains(&k), "{k} in user data: {given:?}");
+    }
+    for k in &keys {
+        assert!(
+            !k.starts_with("karpenter.k8s.aws/instance-"),
+            "{k} in user data: {given:?}"
+        );
+        assert!(labels::kubelet_may_set(k), "the kubelet refuses {k}: {given:?}");
+    }
+    for (k, v) in [
+        ("team", "web"),
+        (labels::NODEPOOL, "default"),
+        (labels::NODECLAIM, c.name.as_str()),
+        (labels::EC2NODECLASS, "default"),
+        (labels::CAPACITY_TYPE, "on-demand"),
+    ] {
+        assert!(
+            given.contains(&(k.to_string(), v.to_string())),
+            "{k}={v} not in {given:?}"
+        );
+    }
+    // Known before launch, but not the kubelet's to set: applied at registration.
+    assert!(!keys.contains(&"node-restriction.kubernetes.io/tier"), "{given:?}");
+    assert_eq!(
+        c.labels.get("node-restriction.kubernetes.io/tier").map(String::as_str),
+        Some("gold")
+    );
+    let parts = parse_mime(ud).unwrap();
+    let nc: serde_json::Value =
+        serde_yaml_ng::from_str(&parts.iter().find(|p| p.content_type == NODECONFIG_TYPE).unwrap().body).unwrap();
+    let taints = nc["spec"]["kubelet"]["config"]["registerWithTaints"]
+        .as_array()
+        .unwrap();
+    assert!(
+        taints.contains(&serde_json::json!({"key": labels::UNREGISTERED_TAINT_KEY, "effect": "NoExecute"})),
+        "{taints:?}"
     );
 }

@@ -40,6 +40,18 @@ pub const EPHEMERAL_TAINT_KEYS: &[&str] = &[
     "node.cloudprovider.kubernetes.io/uninitialized",
 ];
 
+/// Taint a node registers with (in its user data) until nodesmith registers it.
+pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
+/// Taint the node lifecycle controller sets on a node that is not ready.
+pub const NOT_READY_TAINT_KEY: &str = "node.kubernetes.io/not-ready";
+/// Taint the node lifecycle controller sets on a node it cannot reach.
+pub const UNREACHABLE_TAINT_KEY: &str = "node.kubernetes.io/unreachable";
+/// Taint a node carries until its cloud provider has initialized it.
+pub const UNINITIALIZED_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// Taints Kubernetes itself puts on and takes off nodes as they start and fail:
+/// not part of a node's configuration.
+pub const EPHEMERAL_TAINT_KEYS: &[&str] = &[NOT_READY_TAINT_KEY, UNREACHABLE_TAINT_KEY, UNINITIALIZED_TAINT_KEY];
+
 /// Node and NodeClaim annotation: the NodePool hash the node was made from ([`super::NodePool::hash`]).
 pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
 /// Node and NodeClaim annotation: the version of that hash ([`super::NODEPOOL_HASH_VERSION`]).
@@ -151,7 +163,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("topology.ebs.csi.aws.com/zone", ZONE),
 ];
 
-/// Label domains users may not set on a NodePool template.
+/// Label domains a NodePool requirement may not name (see [`restricted_reason`]).
 pub const RESTRICTED_DOMAINS: &[&str] = &["kubernetes.io", "k8s.io", "karpenter.sh", "karpenter.k8s.aws"];
 
 /// Subdomains of restricted domains that users may still set.
@@ -175,7 +187,8 @@ pub fn domain(key: &str) -> Option<&str> {
     key.split_once('/').map(|(d, _)| d)
 }
 
-/// Why a label key may not be used in a NodePool template's labels, if so.
+/// Why a NodePool requirement may not name this key, if so (template labels
+/// follow [`nodepool_label_restriction`]).
 pub fn restricted_reason(key: &str) -> Option<String> {
     if RESTRICTED.contains(&key) {
         return Some(format!("label {key:?} is restricted"));
@@ -194,6 +207,92 @@ pub fn restricted_reason(key: &str) -> Option<String> {
         .iter()
         .find(|r| d == **r || d.ends_with(&format!(".{r}")))
         .map(|r| format!("label domain {r:?} is restricted"))
+}
+
+/// `kubernetes.io` labels the kubelet sets or accepts by name in `--node-labels`.
+const KUBELET_LABELS: &[&str] = &[
+    HOSTNAME,
+    ARCH,
+    OS,
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/instance-type",
+    INSTANCE_TYPE,
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    ZONE,
+    REGION,
+];
+
+/// True when `d` is `root` or a subdomain of it.
+fn within(d: &str, root: &str) -> bool {
+    d.strip_suffix(root)
+        .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+}
+
+/// Whether a kubelet accepts this key in `--node-labels`: it refuses keys in
+/// the `kubernetes.io` and `k8s.io` domains (and their subdomains) except its
+/// own labels and the `kubelet.kubernetes.io` and `node.kubernetes.io` domains,
+/// and will not start when given one it refuses.
+pub fn kubelet_may_set(key: &str) -> bool {
+    let Some(d) = domain(key) else { return true };
+    if !within(d, "kubernetes.io") && !within(d, "k8s.io") {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key) || within(d, "kubelet.kubernetes.io") || within(d, "node.kubernetes.io")
+}
+
+/// `kubernetes.io` labels a NodePool template may set by name.
+const TEMPLATE_KUBERNETES_LABELS: &[&str] = &[
+    "beta.kubernetes.io/instance-type",
+    "failure-domain.beta.kubernetes.io/region",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "failure-domain.beta.kubernetes.io/zone",
+    ZONE,
+    REGION,
+    ARCH,
+    OS,
+    WINDOWS_BUILD,
+];
+
+/// Why a key may not be one of a NodePool's `spec.template.metadata.labels`,
+/// by Karpenter v1's NodePool CRD rules, or `None` when it may. As those
+/// rules, the domain is the key up to its first `/` (the whole key without
+/// one) and domains are matched by plain suffix.
+pub fn nodepool_label_restriction(key: &str) -> Option<String> {
+    if key == NODEPOOL || key == HOSTNAME {
+        return Some(format!("label {key:?} is restricted"));
+    }
+    let d = key.split('/').next().unwrap_or(key);
+    let restricted = |root: &str| Some(format!("label domain {root:?} is restricted"));
+    if d.ends_with("kubernetes.io")
+        && !TEMPLATE_KUBERNETES_LABELS.contains(&key)
+        && !d.ends_with("node.kubernetes.io")
+        && !d.ends_with("node-restriction.kubernetes.io")
+    {
+        return restricted("kubernetes.io");
+    }
+    if d.ends_with("k8s.io") && !d.ends_with("kops.k8s.io") {
+        return restricted("k8s.io");
+    }
+    if d.ends_with("karpenter.sh") && key != CAPACITY_TYPE {
+        return restricted("karpenter.sh");
+    }
+    if d.ends_with("karpenter.k8s.aws")
+        && !(key.starts_with("karpenter.k8s.aws/instance-") && WELL_KNOWN.contains(&key))
+    {
+        return restricted("karpenter.k8s.aws");
+    }
+    None
+}
+
+/// True for a label whose value comes from the launched instance, so it is
+/// not known before launch: the well-known labels (instance type, zone,
+/// region, arch, os, capacity type, ...), the hostname, and every
+/// `karpenter.sh` and `karpenter.k8s.aws` label.
+pub fn set_from_instance(key: &str) -> bool {
+    is_well_known(key) || key == HOSTNAME || matches!(domain(key), Some("karpenter.sh" | "karpenter.k8s.aws"))
 }
 
 /// Checks a label key's syntax: an optional DNS-subdomain prefix and a name of
@@ -267,6 +366,130 @@ mod tests {
         ];
         for (k, restricted) in table {
             assert_eq!(restricted_reason(k).is_some(), *restricted, "{k}");
+        }
+    }
+
+    #[test]
+    fn kubelet_label_rule() {
+        let table: &[(&str, bool)] = &[
+            ("team", true),
+            ("example.com/team", true),
+            ("karpenter.sh/nodepool", true),
+            ("karpenter.sh/capacity-type", true),
+            ("karpenter.k8s.aws/instance-family", true),
+            ("karpenter.k8s.aws/ec2nodeclass", true),
+            ("topology.k8s.aws/zone-id", true),
+            ("kops.k8s.io/instancegroup", false),
+            ("k8s.io/x", false),
+            ("example.k8s.io/x", false),
+            ("kubernetes.io/hostname", true),
+            ("kubernetes.io/arch", true),
+            ("kubernetes.io/os", true),
+            ("beta.kubernetes.io/arch", true),
+            ("beta.kubernetes.io/os", true),
+            ("beta.kubernetes.io/instance-type", true),
+            ("node.kubernetes.io/instance-type", true),
+            ("failure-domain.beta.kubernetes.io/zone", true),
+            ("failure-domain.beta.kubernetes.io/region", true),
+            ("topology.kubernetes.io/zone", true),
+            ("topology.kubernetes.io/region", true),
+            ("topology.kubernetes.io/other", false),
+            ("kubernetes.io/team", false),
+            ("node-role.kubernetes.io/worker", false),
+            ("node-restriction.kubernetes.io/team", false),
+            ("node.kubernetes.io/windows-build", true),
+            ("node.kubernetes.io/anything", true),
+            ("x.node.kubernetes.io/y", true),
+            ("kubelet.kubernetes.io/y", true),
+            ("a.kubelet.kubernetes.io/y", true),
+            ("notkubernetes.io/x", true),
+            ("mynode.kubernetes.io/x", false),
+        ];
+        for (k, may) in table {
+            assert_eq!(kubelet_may_set(k), *may, "{k}");
+        }
+    }
+
+    #[test]
+    fn nodepool_template_label_rules() {
+        let kube = Some("label domain \"kubernetes.io\" is restricted");
+        let k8s = Some("label domain \"k8s.io\" is restricted");
+        let karpenter = Some("label domain \"karpenter.sh\" is restricted");
+        let aws = Some("label domain \"karpenter.k8s.aws\" is restricted");
+        let table: &[(&str, Option<&str>)] = &[
+            ("team", None),
+            ("example.com/team", None),
+            ("topology.k8s.aws/zone-id", None),
+            (
+                "kubernetes.io/hostname",
+                Some("label \"kubernetes.io/hostname\" is restricted"),
+            ),
+            (
+                "karpenter.sh/nodepool",
+                Some("label \"karpenter.sh/nodepool\" is restricted"),
+            ),
+            ("kubernetes.io/arch", None),
+            ("kubernetes.io/os", None),
+            ("beta.kubernetes.io/arch", None),
+            ("beta.kubernetes.io/os", None),
+            ("beta.kubernetes.io/instance-type", None),
+            ("failure-domain.beta.kubernetes.io/zone", None),
+            ("failure-domain.beta.kubernetes.io/region", None),
+            ("topology.kubernetes.io/zone", None),
+            ("topology.kubernetes.io/region", None),
+            ("node.kubernetes.io/windows-build", None),
+            ("node.kubernetes.io/instance-type", None),
+            ("node.kubernetes.io/team", None),
+            ("x.node.kubernetes.io/team", None),
+            ("node-restriction.kubernetes.io/team", None),
+            ("kubernetes.io/team", kube),
+            ("topology.kubernetes.io/rack", kube),
+            ("node-role.kubernetes.io/worker", kube),
+            ("example.kubernetes.io/x", kube),
+            ("kubernetes.io", kube),
+            ("kops.k8s.io/instancegroup", None),
+            ("x.kops.k8s.io/y", None),
+            ("k8s.io/x", k8s),
+            ("example.k8s.io/x", k8s),
+            ("karpenter.sh/capacity-type", None),
+            ("karpenter.sh/custom", karpenter),
+            ("karpenter.sh/registered", karpenter),
+            ("sub.karpenter.sh/x", karpenter),
+            ("karpenter.k8s.aws/instance-family", None),
+            ("karpenter.k8s.aws/instance-cpu", None),
+            ("karpenter.k8s.aws/instance-gpu-name", None),
+            ("karpenter.k8s.aws/instance-encryption-in-transit-supported", None),
+            ("karpenter.k8s.aws/instance-made-up", aws),
+            ("karpenter.k8s.aws/ec2nodeclass", aws),
+            ("karpenter.k8s.aws/capacity-reservation-id", aws),
+            ("karpenter.k8s.aws/foo", aws),
+        ];
+        for (k, want) in table {
+            assert_eq!(nodepool_label_restriction(k).as_deref(), *want, "{k}");
+        }
+    }
+
+    #[test]
+    fn labels_set_from_the_instance() {
+        for k in [
+            INSTANCE_TYPE,
+            "beta.kubernetes.io/instance-type",
+            ZONE,
+            REGION,
+            ARCH,
+            OS,
+            CAPACITY_TYPE,
+            HOSTNAME,
+            NODEPOOL,
+            aws::FAMILY,
+            EC2NODECLASS,
+            "karpenter.k8s.aws/anything",
+            "karpenter.sh/anything",
+        ] {
+            assert!(set_from_instance(k), "{k}");
+        }
+        for k in ["team", "example.com/team", "node-restriction.kubernetes.io/team"] {
+            assert!(!set_from_instance(k), "{k}");
         }
     }
 

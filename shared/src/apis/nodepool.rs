@@ -327,7 +327,7 @@ impl NodePool {
             let p = meta.field("labels").key(k);
             if let Err(e) = labels::validate_key(k) {
                 errs.push(p.clone(), e);
-            } else if let Some(why) = labels::restricted_reason(k) {
+            } else if let Some(why) = labels::nodepool_label_restriction(k) {
                 errs.push(p.clone(), why);
             }
             if !labels::is_label_value(v) {
@@ -659,6 +659,67 @@ metadata: {name: hashed}
             with_default("      taints: []\n    metadata: {labels: {}}\n")
         );
         assert_ne!(with_default(""), with_default("      expireAfter: 721h\n"));
+    }
+
+    #[test]
+    fn restricted_template_labels_are_rejected_with_their_path() {
+        let with_label = |k: &str| {
+            let mut p = pool("[]");
+            p.spec.template.metadata.labels.insert(k.into(), "v".into());
+            p.validate().err().map(|e| e.fields)
+        };
+        let table: &[(&str, Option<&str>)] = &[
+            ("example.com/team", None),
+            ("topology.kubernetes.io/zone", None),
+            ("node.kubernetes.io/instance-type", None),
+            ("node-restriction.kubernetes.io/team", None),
+            ("kops.k8s.io/instancegroup", None),
+            ("karpenter.sh/capacity-type", None),
+            ("karpenter.k8s.aws/instance-family", None),
+            (
+                "kubernetes.io/hostname",
+                Some("label \"kubernetes.io/hostname\" is restricted"),
+            ),
+            (
+                "karpenter.sh/nodepool",
+                Some("label \"karpenter.sh/nodepool\" is restricted"),
+            ),
+            (
+                "kubernetes.io/team",
+                Some("label domain \"kubernetes.io\" is restricted"),
+            ),
+            (
+                "node-role.kubernetes.io/worker",
+                Some("label domain \"kubernetes.io\" is restricted"),
+            ),
+            ("k8s.io/x", Some("label domain \"k8s.io\" is restricted")),
+            (
+                "karpenter.sh/custom",
+                Some("label domain \"karpenter.sh\" is restricted"),
+            ),
+            (
+                "karpenter.k8s.aws/ec2nodeclass",
+                Some("label domain \"karpenter.k8s.aws\" is restricted"),
+            ),
+            (
+                "karpenter.k8s.aws/capacity-reservation-id",
+                Some("label domain \"karpenter.k8s.aws\" is restricted"),
+            ),
+        ];
+        for (k, want) in table {
+            let got = with_label(k);
+            match want {
+                None => assert_eq!(got, None, "{k}"),
+                Some(msg) => assert_eq!(
+                    got,
+                    Some(vec![super::super::validation::FieldError {
+                        path: format!("spec.template.metadata.labels[{k:?}]"),
+                        message: msg.to_string(),
+                    }]),
+                    "{k}"
+                ),
+            }
+        }
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub use request::LaunchRequest;
 use self::fleet::{Decision, Launched, Scope};
 use self::launchtemplate::TemplateSpec;
 use self::userdata::{ClusterInfo, NodeSettings};
-use crate::apis::EC2NodeClass;
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
+use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
@@ -166,13 +166,49 @@ pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>)
         .map(|req| known.into_iter().filter(|z| req.has(z)).collect())
 }
 
-/// Node labels: the claim's, plus the pool, the class and the claim's name (pure).
+/// The kubelet's `--node-labels`: the claim's labels a kubelet may set
+/// ([`labels::kubelet_may_set`]; nodesmith applies the others at registration),
+/// plus the pool, the class and the claim's name. A label the launched instance
+/// decides ([`labels::set_from_instance`]) is left out unless the claim's
+/// requirements pin it to that value, so a prediction never reaches a node (pure).
 pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
-    let mut l = claim.labels.clone();
+    let pinned = claim.requirements().single_valued_labels();
+    let mut l: BTreeMap<String, String> = claim
+        .labels
+        .iter()
+        .filter(|(k, _)| labels::kubelet_may_set(k))
+        .filter(|(k, v)| !labels::set_from_instance(k) || pinned.get(*k) == Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
     l.insert(labels::NODECLAIM.into(), claim.name.clone());
     l
+}
+
+/// The taints a node registers with: the claim's taints and startup taints,
+/// and `karpenter.sh/unregistered:NoExecute`, which nodesmith removes when it
+/// registers the node (pure).
+pub fn node_taints(claim: &NodeClaim) -> Vec<Taint> {
+    let mut t: Vec<Taint> = claim.taints.iter().chain(&claim.startup_taints).cloned().collect();
+    if !t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT_KEY) {
+        t.push(Taint::new(labels::UNREGISTERED_TAINT_KEY, None, TaintEffect::NoExecute));
+    }
+    t
+}
+
+/// What the node's user data tells its kubelet when launched as `capacity_type`:
+/// [`node_labels`] with that capacity type, [`node_taints`], and the class's
+/// kubelet settings and userData (pure).
+pub fn node_settings(claim: &NodeClaim, class: &EC2NodeClass, capacity_type: &str) -> NodeSettings {
+    let mut l = node_labels(claim);
+    l.insert(labels::CAPACITY_TYPE.into(), capacity_type.to_string());
+    NodeSettings {
+        labels: l,
+        taints: node_taints(claim),
+        kubelet: class.spec.kubelet.clone(),
+        user_data: class.spec.user_data.clone(),
+    }
 }
 
 /// Instance tags: the class's, then the ones nodesmith owns (pure).
@@ -358,14 +394,7 @@ impl Launcher {
         // label is in its user data, and the capacity type is known per CreateFleet call.
         let mut templates: BTreeMap<(String, String), String> = BTreeMap::new();
         for ct in &capacity_types {
-            let mut node_labels = node_labels(&claim);
-            node_labels.insert(labels::CAPACITY_TYPE.into(), ct.clone());
-            let settings = NodeSettings {
-                labels: node_labels,
-                taints: claim.taints.iter().chain(&claim.startup_taints).cloned().collect(),
-                kubelet: class.spec.kubelet.clone(),
-                user_data: class.spec.user_data.clone(),
-            };
+            let settings = node_settings(&claim, &class, ct);
             let user_data = userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData {
                 node_claim: name.clone(),
                 source,
@@ -600,6 +629,107 @@ mod tests {
         assert_eq!(t["karpenter.sh/nodeclaim"], "default-x");
         assert_eq!(t["karpenter.k8s.aws/ec2nodeclass"], "default");
         assert_eq!(t["cost-center"], "42");
+    }
+
+    /// A claim as the solver recorded it before labels were limited to what is
+    /// known before launch: every prediction among its labels.
+    fn predicted_claim() -> NodeClaim {
+        let mut c = claim(vec![
+            (labels::REGION, &["us-east-1"]),
+            (labels::INSTANCE_TYPE, &["m5.large", "m5.xlarge"]),
+        ]);
+        c.instance_type_options = vec!["m5.large".into(), "m5.xlarge".into()];
+        for (k, v) in [
+            (labels::INSTANCE_TYPE, "m5.large"),
+            ("beta.kubernetes.io/instance-type", "m5.large"),
+            (labels::ZONE, "us-east-1a"),
+            (labels::REGION, "us-east-1"),
+            (labels::HOSTNAME, "default-x"),
+            (labels::ARCH, "amd64"),
+            (labels::aws::FAMILY, "m5"),
+            (labels::aws::CPU, "2"),
+            (labels::CAPACITY_TYPE, "spot"),
+            ("node-restriction.kubernetes.io/team", "a"),
+            ("node.kubernetes.io/lifecycle", "normal"),
+            ("kops.k8s.io/instancegroup", "nodes"),
+        ] {
+            c.labels.insert(k.into(), v.into());
+        }
+        c
+    }
+
+    #[test]
+    fn kubelet_labels_are_known_and_allowed_ones_only() {
+        let l = node_labels(&predicted_claim());
+        let want: BTreeMap<String, String> = [
+            ("team", "a"),
+            (labels::REGION, "us-east-1"),
+            ("node.kubernetes.io/lifecycle", "normal"),
+            (labels::NODEPOOL, "default"),
+            (labels::EC2NODECLASS, "default"),
+            (labels::NODECLAIM, "default-x"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            l, want,
+            "pinned region kept; predictions and kubelet-refused labels left out"
+        );
+        assert!(l.keys().all(|k| labels::kubelet_may_set(k)));
+    }
+
+    #[test]
+    fn user_data_registers_unregistered_and_names_no_prediction() {
+        let c = predicted_claim();
+        let class = EC2NodeClass::new("default", Default::default());
+        let s = node_settings(&c, &class, "spot");
+        assert_eq!(s.labels[labels::CAPACITY_TYPE], "spot");
+        assert_eq!(
+            s.taints.last(),
+            Some(&Taint::new(
+                labels::UNREGISTERED_TAINT_KEY,
+                None,
+                TaintEffect::NoExecute
+            ))
+        );
+        let cluster = userdata::ClusterInfo {
+            name: "demo".into(),
+            endpoint: "https://example".into(),
+            certificate_authority: "Q0E=".into(),
+            service_cidr: "10.100.0.0/16".into(),
+            version: "1.33".into(),
+        };
+        let ud = userdata::al2023(&cluster, &s).unwrap();
+        let nc: serde_json::Value =
+            serde_yaml_ng::from_str(&userdata::parse_mime(&ud).unwrap().last().unwrap().body).unwrap();
+        let flag = nc["spec"]["kubelet"]["flags"][0].as_str().unwrap();
+        let given: Vec<&str> = flag
+            .strip_prefix("--node-labels=")
+            .unwrap()
+            .split(',')
+            .map(|kv| kv.split_once('=').unwrap().0)
+            .collect();
+        for k in &given {
+            assert!(labels::kubelet_may_set(k), "{k} in {flag}");
+            assert!(!k.starts_with("karpenter.k8s.aws/instance-"), "{flag}");
+        }
+        for k in [labels::INSTANCE_TYPE, labels::ZONE, labels::HOSTNAME] {
+            assert!(!given.contains(&k), "{k} in {flag}");
+        }
+        let taints = nc["spec"]["kubelet"]["config"]["registerWithTaints"]
+            .as_array()
+            .unwrap();
+        assert!(
+            taints.contains(&serde_json::json!({"key": "karpenter.sh/unregistered", "effect": "NoExecute"})),
+            "{taints:?}"
+        );
+        // The claim's own taints stay; the unregistered taint is never doubled.
+        let mut tainted = c.clone();
+        tainted.taints = vec![Taint::new("dedicated", Some("web"), TaintEffect::NoSchedule)];
+        tainted.startup_taints = vec![Taint::new(labels::UNREGISTERED_TAINT_KEY, None, TaintEffect::NoExecute)];
+        let keys: Vec<String> = node_taints(&tainted).into_iter().map(|t| t.key).collect();
+        assert_eq!(keys, vec!["dedicated", labels::UNREGISTERED_TAINT_KEY]);
     }
 
     #[test]

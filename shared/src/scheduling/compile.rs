@@ -357,6 +357,19 @@ impl Compiled {
                     Requirements::new()
                 }
             };
+            // A pool read from a cluster was not checked by Karpenter's CRD rules:
+            // labels it may not set would land on its nodes, so it is not used.
+            if error.is_none()
+                && let Some((k, why)) = np
+                    .spec
+                    .template
+                    .metadata
+                    .labels
+                    .keys()
+                    .find_map(|k| labels::nodepool_label_restriction(k).map(|why| (k, why)))
+            {
+                error = Some(format!("spec.template.metadata.labels[{k:?}]: {why}"));
+            }
             reqs.add(Requirement::in_values(labels::EC2NODECLASS, &[node_class.as_str()]));
             let types_src = resolved
                 .iter()

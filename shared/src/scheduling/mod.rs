@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::Serialize;
 
-use crate::apis::{EC2NodeClass, NodePool, Taint};
+use crate::apis::{EC2NodeClass, NodePool, Taint, labels};
 use crate::catalog::{Catalog, OfferingKey};
 use crate::nodeclaim::NodeClaim;
 use crate::requirements::Requirements;
@@ -189,8 +189,12 @@ pub struct NewNodeClaim {
     pub price: f64,
     /// Allocatable of the cheapest option.
     pub allocatable: Resources,
-    /// Labels the node gets.
+    /// Labels the node is predicted to get if launched as the cheapest option
+    /// (the instance's, the pool's and the hostname); for `simulate` only.
     pub labels: BTreeMap<String, String>,
+    /// The NodePool's template labels.
+    #[serde(skip)]
+    pub template_labels: BTreeMap<String, String>,
     /// Template taints.
     pub taints: Vec<Taint>,
     /// Template startup taints.
@@ -202,8 +206,24 @@ pub struct NewNodeClaim {
 }
 
 impl NewNodeClaim {
-    /// The NodeClaim record (phase Pending) created at `now`; its
-    /// requirements name its instance-type options, since it is launched as one of them.
+    /// The labels known before launch: the pool's template labels, the labels
+    /// the requirements pin to one value unless the launched instance decides
+    /// them ([`labels::set_from_instance`]), and the pool.
+    pub fn labels_before_launch(&self) -> BTreeMap<String, String> {
+        let mut l: BTreeMap<String, String> = self
+            .requirements
+            .single_valued_labels()
+            .into_iter()
+            .filter(|(k, _)| !labels::set_from_instance(k))
+            .collect();
+        l.extend(self.template_labels.clone());
+        l.insert(labels::NODEPOOL.into(), self.node_pool.clone());
+        l
+    }
+
+    /// The NodeClaim record (phase Pending) created at `now`, labelled with
+    /// [`NewNodeClaim::labels_before_launch`]; its requirements name its
+    /// instance-type options, since it is launched as one of them.
     pub fn to_node_claim(&self, now: jiff::Timestamp) -> NodeClaim {
         let mut reqs = self.requirements.clone();
         let min_values = reqs.get(crate::apis::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
@@ -217,7 +237,7 @@ impl NewNodeClaim {
         let mut claim = NodeClaim {
             resources: self.requests.clone(),
             instance_type_options: self.instance_type_options.clone(),
-            labels: self.labels.clone(),
+            labels: self.labels_before_launch(),
             taints: self.taints.clone(),
             startup_taints: self.startup_taints.clone(),
             ..NodeClaim::pending(self.name.clone(), self.node_pool.clone(), self.node_class.clone())

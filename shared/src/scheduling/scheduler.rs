@@ -609,6 +609,7 @@ impl Assignment {
                 price: priced.offering.price,
                 allocatable: ty.allocatable.clone(),
                 labels: labels_map,
+                template_labels: pool.labels.clone(),
                 taints: pool.taints.clone(),
                 startup_taints: pool.startup_taints.clone(),
                 pods,

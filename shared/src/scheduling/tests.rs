@@ -1089,6 +1089,99 @@ fn converts_to_a_pending_node_claim() {
     assert_eq!(nc.resources.get("cpu").milli(), 1000);
 }
 
+fn labelled_pool() -> NodePool {
+    pool(
+        "default",
+        "template:\n  metadata:\n    labels: {team: web, topology.kubernetes.io/region: test-region}\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [spot, on-demand]}\n      - {key: example.com/tier, operator: In, values: [gold]}\n      - {key: kubernetes.io/arch, operator: In, values: [amd64]}",
+    )
+}
+
+#[test]
+fn node_claim_labels_are_only_what_is_known_before_launch() {
+    let plan = Case::new(pods(
+        "p",
+        1,
+        "1",
+        "1Gi",
+        json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-b"}}}),
+    ))
+    .pools(vec![labelled_pool()])
+    .solve();
+    let c = &plan.node_claims[0];
+    // The plan keeps its prediction (simulate prints it) ...
+    assert_eq!(c.labels[labels::INSTANCE_TYPE], c.instance_type);
+    assert_eq!(c.labels[labels::HOSTNAME], c.name);
+    assert_eq!(c.labels[labels::ZONE], "test-zone-b");
+    assert!(c.labels.contains_key(labels::aws::FAMILY));
+    // ... the record holds only the pool's labels and what the requirements pin
+    // that no instance decides (the zone is pinned, but set from the instance).
+    let nc = c.to_node_claim("2026-01-01T00:00:00Z".parse().unwrap());
+    let want: BTreeMap<String, String> = [
+        ("team", "web"),
+        (labels::REGION, "test-region"),
+        ("example.com/tier", "gold"),
+        (labels::NODEPOOL, "default"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(nc.labels, want);
+}
+
+#[test]
+fn in_flight_claims_match_pods_by_known_labels_only() {
+    let first = Case::new(pods("p", 1, "500m", "512Mi", json!({})))
+        .pools(vec![labelled_pool()])
+        .solve();
+    let planned = &first.node_claims[0];
+    assert!(planned.instance_type_options.len() > 1, "{planned:?}");
+    let claim = planned.to_node_claim("2026-01-01T00:00:00Z".parse().unwrap());
+    let solve_with = |selector: serde_json::Value| {
+        let mut case = Case::new(vec![pod(
+            "q",
+            "100m",
+            "100Mi",
+            json!({"spec": {"nodeSelector": selector}}),
+        )])
+        .pools(vec![labelled_pool()]);
+        case.claims = vec![claim.clone()];
+        case.solve()
+    };
+    // A template label and a pinned requirement are known: the claim takes the pod.
+    let plan = solve_with(json!({"team": "web", "example.com/tier": "gold"}));
+    assert_eq!(plan.existing.len(), 1, "{plan:?}");
+    assert_eq!(plan.existing[0].name, claim.name);
+    // The predicted zone and instance type are not: the claim may launch elsewhere.
+    for (k, v) in [
+        (labels::ZONE, planned.zone.as_str()),
+        (labels::INSTANCE_TYPE, planned.instance_type.as_str()),
+    ] {
+        let plan = solve_with(json!({ k: v }));
+        assert!(plan.existing.is_empty(), "{k}: {plan:?}");
+        assert_eq!(plan.node_claims.len(), 1, "{k}");
+    }
+}
+
+#[test]
+fn a_pool_with_restricted_template_labels_is_not_used() {
+    let bad = pool(
+        "default",
+        "template:\n  metadata:\n    labels: {kubernetes.io/team: web}\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}",
+    );
+    let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![bad]).solve();
+    assert!(plan.node_claims.is_empty(), "{plan:?}");
+    let Reason::Pools(r) = &plan.unschedulable[0].reason else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(
+        r[0].why,
+        Rejection::PoolInvalid(
+            "spec.template.metadata.labels[\"kubernetes.io/team\"]: label domain \"kubernetes.io\" is restricted"
+                .into()
+        )
+    );
+}
+
 #[test]
 fn capped_packing_beats_ffd_when_big_types_cost_more_per_cpu() {
     let cat = Catalog {
