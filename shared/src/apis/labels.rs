@@ -29,16 +29,6 @@ pub const INITIALIZED: &str = "karpenter.sh/initialized";
 pub const REGISTERED: &str = "karpenter.sh/registered";
 /// The EC2NodeClass label.
 pub const EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
-/// The taint a node registers with until nodesmith has linked it to its NodeClaim (Karpenter v1's).
-pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
-/// Taints every new node carries for a while whatever its pool says (not ready,
-/// unreachable, not yet initialized by the cloud provider): the solver ignores
-/// them on a node that is still initializing.
-pub const EPHEMERAL_TAINT_KEYS: &[&str] = &[
-    "node.kubernetes.io/not-ready",
-    "node.kubernetes.io/unreachable",
-    "node.cloudprovider.kubernetes.io/uninitialized",
-];
 
 /// Taint a node registers with (in its user data) until nodesmith registers it.
 pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
