@@ -36,14 +36,13 @@ struct Running {
 }
 
 fn start(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Running {
+    start_with(server, sqs, queue_url, config(queue_url))
+}
+
+fn start_with(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str, cfg: Config) -> Running {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let health = Health::default();
-    let (client, sink, cfg, h) = (
-        server.client(),
-        SqsSink::new(sqs.clone(), queue_url),
-        config(queue_url),
-        health.clone(),
-    );
+    let (client, sink, h) = (server.client(), SqsSink::new(sqs.clone(), queue_url), health.clone());
     let task = tokio::spawn(async move {
         run(client, sink, &cfg, h, async {
             let _ = stopped.await;
@@ -79,6 +78,42 @@ async fn receive_until(sqs: &aws_sdk_sqs::Client, queue_url: &str, sentinel: &st
         }
     }
     panic!("no message for {sentinel} within a minute; got {got:?}");
+}
+
+/// Receives (and deletes) messages until `done` holds for all received so far;
+/// panics after `within`.
+async fn receive_while(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    within: Duration,
+    done: impl Fn(&[PendingPodRef]) -> bool,
+) -> Vec<PendingPodRef> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut got = Vec::new();
+    while !done(&got) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not done within {within:?}; got {got:?}"
+        );
+        let out = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        for m in out.messages() {
+            got.push(PendingPodRef::parse(m.body().unwrap()).unwrap());
+            sqs.delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    got
 }
 
 /// Everything left in the queue.
@@ -239,6 +274,89 @@ async fn a_pod_that_changes_while_pending_is_sent_again_and_bound_pods_never() {
     let _ = fw.stop.send(());
     let stats = fw.task.await.unwrap();
     assert_eq!(stats.sent, 3);
+}
+
+#[tokio::test]
+async fn a_pod_left_pending_is_sent_again_every_period_until_bound_or_deleted() {
+    let m = moto().await;
+    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let queue_url = sqs
+        .create_queue()
+        .queue_name("pending-pods")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let server = KubeServer::start().await;
+    let mut cfg = config(&queue_url);
+    cfg.resend_after = Duration::from_millis(400);
+    let fw = start_with(&server, &sqs, &queue_url, cfg);
+    server.apply(&pod("stuck", "4")).unwrap();
+    server.apply(&pod("doomed", "12")).unwrap();
+    server.schedule();
+    // No node comes and nothing writes the pods again, so the watch has nothing
+    // more to say about them: only the forwarder's own re-sends can repeat them.
+    let pending = receive_while(&sqs, &queue_url, Duration::from_secs(30), |got| {
+        count(got, "stuck") >= 3 && count(got, "doomed") >= 3
+    })
+    .await;
+    for name in ["stuck", "doomed"] {
+        let now = server.pod("default", name).unwrap().metadata.resource_version;
+        assert!(
+            pending
+                .iter()
+                .filter(|r| r.name == name)
+                .all(|r| Some(&r.resource_version) == now.as_ref()),
+            "{name} never changed, yet was sent at another version: {pending:?}"
+        );
+    }
+
+    // "stuck" is bound (the node fits it, not "doomed"), then "doomed" is deleted.
+    server
+        .register_node(&NodeRegistration {
+            name: "n1".into(),
+            instance_id: "i-1".into(),
+            instance_type: "m5.2xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity: BTreeMap::from([("cpu".into(), "8".into()), ("pods".into(), "58".into())]),
+            ..Default::default()
+        })
+        .unwrap();
+    server.schedule();
+    assert!(
+        server
+            .pod("default", "stuck")
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_some()
+    );
+    server.delete("v1", "Pod", "default", "doomed").unwrap();
+    // The sentinel's first send follows both watch events; by its third (two
+    // periods later) the others would have been re-sent had they been kept.
+    server.apply(&pod("sentinel", "64")).unwrap();
+    server.schedule();
+    let after = receive_while(&sqs, &queue_url, Duration::from_secs(30), |got| {
+        count(got, "sentinel") >= 3
+    })
+    .await;
+    let first = after.iter().position(|r| r.name == "sentinel").unwrap();
+    for name in ["stuck", "doomed"] {
+        assert_eq!(
+            count(&after[first..], name),
+            0,
+            "{name} re-sent after it left: {after:?}"
+        );
+    }
+
+    let _ = fw.stop.send(());
+    let stats = fw.task.await.unwrap();
+    let rest = drain_queue(&sqs, &queue_url).await;
+    assert_eq!(count(&rest, "stuck") + count(&rest, "doomed"), 0, "{rest:?}");
+    assert!(stats.resent >= 6, "{stats:?}");
 }
 
 #[tokio::test]

@@ -1,16 +1,30 @@
 //! The in-cluster forwarder: watches pods that the scheduler marked
 //! unschedulable and sends slim references ([`PendingPodRef`]) to the
-//! pending-pods SQS queue, in batches of up to ten, de-duplicated by
-//! uid + resourceVersion within a bounded window. Nothing else.
+//! pending-pods SQS queue, in batches of up to ten. Nothing else.
+//!
+//! It remembers the pods it knows to be pending (up to `DEDUPE_CAPACITY`;
+//! beyond that the one sent longest ago is forgotten, with a warning) and when
+//! each was last sent ([`PendingPods`]). A pod seen again at the same
+//! resourceVersion less than `RESEND_AFTER_SECS` (300) after its last send is
+//! a duplicate and dropped. Because the scheduler does not rewrite an
+//! unchanged `PodScheduled=False` condition, a pod that stays pending brings
+//! no new watch event; so at every flush tick (`FLUSH_INTERVAL_MS`) the
+//! forwarder also re-sends each remembered pod whose last send is at least
+//! `RESEND_AFTER_SECS` old, and `provision` solves for it again (its capacity
+//! may have been taken away since). A pod leaves the memory when it is
+//! deleted, bound (it leaves the `spec.nodeName=` watch), or no longer
+//! provisionable, and then is not re-sent.
 //!
 //! The watch is kube-rs' watcher: after a dropped connection it resumes from
 //! the last resourceVersion, and after a 410 it re-lists — the re-listed pods
-//! hit the dedupe memory, so a reconnect does not send them again.
+//! hit the memory, so a reconnect does not send them again, and the pods the
+//! re-list no longer shows are forgotten.
 
-pub mod dedupe;
 pub mod health;
+pub mod pending;
 pub mod sqs;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -21,8 +35,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use nodesmith::kubernetes::pods;
 use nodesmith::messages::PendingPodRef;
 
-pub use dedupe::Dedupe;
 pub use health::Health;
+pub use pending::PendingPods;
 pub use sqs::SqsSink;
 
 /// Settings, from the environment in `main`.
@@ -32,11 +46,13 @@ pub struct Config {
     pub queue_url: String,
     /// Where `/healthz` and `/readyz` are served.
     pub health_addr: String,
-    /// Longest a reference waits before its batch is sent.
+    /// Longest a reference waits before its batch is sent; also how often
+    /// re-sends are looked for.
     pub flush_interval: Duration,
-    /// How many (uid, resourceVersion) keys are remembered.
+    /// How many pending pods are remembered (for de-duplication and re-sends).
     pub dedupe_capacity: usize,
-    /// How long a key is remembered: a pod still pending after this is sent again.
+    /// A pod still pending this long after its last send is sent again (and
+    /// the same pod version seen within it is a duplicate).
     pub resend_after: Duration,
 }
 
@@ -53,7 +69,10 @@ pub struct ConfigError {
 impl Config {
     /// Reads settings through `get` (the environment in `main`):
     /// `QUEUE_URL` (required), `HEALTH_ADDR` (default `0.0.0.0:8080`),
-    /// `FLUSH_INTERVAL_MS` (1000), `DEDUPE_CAPACITY` (10000), `RESEND_AFTER_SECS` (300).
+    /// `FLUSH_INTERVAL_MS` (1000; the batch wait and how often re-sends are
+    /// looked for), `DEDUPE_CAPACITY` (10000 pending pods remembered),
+    /// `RESEND_AFTER_SECS` (300, at least 1; a pod still pending this long
+    /// after its last send is sent again).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let err = |name: &str, message: String| ConfigError {
             name: name.into(),
@@ -78,6 +97,10 @@ impl Config {
         if flush == 0 {
             return Err(err("FLUSH_INTERVAL_MS", "must be at least 1".into()));
         }
+        let resend = num("RESEND_AFTER_SECS", 300)?;
+        if resend == 0 {
+            return Err(err("RESEND_AFTER_SECS", "must be at least 1".into()));
+        }
         Ok(Config {
             queue_url,
             health_addr: get("HEALTH_ADDR").unwrap_or_else(|| "0.0.0.0:8080".into()),
@@ -85,7 +108,7 @@ impl Config {
             dedupe_capacity: usize::try_from(num("DEDUPE_CAPACITY", 10_000)?)
                 .unwrap_or(usize::MAX)
                 .max(1),
-            resend_after: Duration::from_secs(num("RESEND_AFTER_SECS", 300)?),
+            resend_after: Duration::from_secs(resend),
         })
     }
 }
@@ -112,36 +135,83 @@ pub struct Stats {
     pub sent: u64,
     /// Pod events dropped as already sent.
     pub duplicates: u64,
+    /// References queued again because their pod stayed pending a full
+    /// `resend_after` after its last send.
+    pub resent: u64,
+    /// Pending pods forgotten to stay within `dedupe_capacity`.
+    pub evicted: u64,
     /// References whose send failed and were kept for a retry.
     pub retried: u64,
     /// Watch errors (each followed by a backed-off reconnect).
     pub watch_errors: u64,
 }
 
-/// Pending references, remembered keys, and the counts.
+/// Pending references, remembered pods, and the counts.
 struct Forwarder {
-    dedupe: Dedupe<(String, String)>,
+    pending: PendingPods,
     batch: Vec<PendingPodRef>,
     stats: Stats,
 }
 
 /// Most references held while the queue is unreachable; older ones are dropped
-/// (and forgotten, so they go out once the pod changes or the window passes).
+/// (their pods stay remembered, so they go out again once the pod changes or
+/// at their next re-send).
 const MAX_BACKLOG: usize = 10_000;
 
 impl Forwarder {
     fn consider(&mut self, pod: &Pod, now: Instant) {
-        let Some(r) = pending_ref(pod) else { return };
-        if self.dedupe.insert(r.dedupe_key(), now) {
-            tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), rv = %r.resource_version, "unschedulable pod queued");
-            self.batch.push(r);
-            if self.batch.len() > MAX_BACKLOG {
-                let dropped = self.batch.remove(0);
-                self.dedupe.forget(&dropped.dedupe_key());
-                tracing::warn!(pod = %format!("{}/{}", dropped.namespace, dropped.name), "backlog full; dropped the oldest reference");
+        let Some(r) = pending_ref(pod) else {
+            // Bound, finished, nominated, or no longer unschedulable: not re-sent.
+            self.forget(pod);
+            return;
+        };
+        let seen = self.pending.observe(&r, now);
+        if let Some(e) = seen.evicted {
+            self.stats.evicted += 1;
+            // The first, then every thousandth: a re-list of many pods would flood the log.
+            if self.stats.evicted == 1 || self.stats.evicted.is_multiple_of(1000) {
+                tracing::warn!(pod = %format!("{}/{}", e.namespace, e.name), capacity = self.pending.len(), evicted = self.stats.evicted, "too many pending pods to remember (DEDUPE_CAPACITY); forgot the one sent longest ago, which is not re-sent until the watch shows it again");
             }
+        }
+        if seen.send {
+            tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), rv = %r.resource_version, "unschedulable pod queued");
+            self.push(r);
         } else {
             self.stats.duplicates += 1;
+        }
+    }
+
+    /// Queues a reference again for each pod still pending a full period after its last send.
+    fn resend_due(&mut self, now: Instant) {
+        let due = self.pending.due(now);
+        if due.is_empty() {
+            return;
+        }
+        // A reference still waiting in the backlog (the queue is failing) needs no second copy.
+        let waiting: HashSet<&str> = self.batch.iter().map(|r| r.uid.as_str()).collect();
+        let due: Vec<PendingPodRef> = due.into_iter().filter(|r| !waiting.contains(r.uid.as_str())).collect();
+        if due.is_empty() {
+            return;
+        }
+        tracing::info!(count = due.len(), "re-sending pods still pending");
+        self.stats.resent += due.len() as u64;
+        for r in due {
+            self.push(r);
+        }
+    }
+
+    fn push(&mut self, r: PendingPodRef) {
+        self.batch.push(r);
+        if self.batch.len() > MAX_BACKLOG {
+            let dropped = self.batch.remove(0);
+            tracing::warn!(pod = %format!("{}/{}", dropped.namespace, dropped.name), "backlog full; dropped the oldest reference");
+        }
+    }
+
+    /// The pod is no longer pending: its re-sends stop.
+    fn forget(&mut self, pod: &Pod) {
+        if let Some(uid) = pod.metadata.uid.as_deref() {
+            self.pending.remove(uid);
         }
     }
 
@@ -174,14 +244,17 @@ pub async fn run(
     let mut ticker = tokio::time::interval(config.flush_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fw = Forwarder {
-        dedupe: Dedupe::new(config.dedupe_capacity, config.resend_after),
+        pending: PendingPods::new(config.dedupe_capacity, config.resend_after),
         batch: Vec::new(),
         stats: Stats::default(),
     };
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = ticker.tick() => fw.flush(&sink).await,
+            _ = ticker.tick() => {
+                fw.resend_due(Instant::now());
+                fw.flush(&sink).await;
+            }
             ev = stream.next() => match ev {
                 Some(Ok(watcher::Event::Apply(p))) | Some(Ok(watcher::Event::InitApply(p))) => {
                     health.observed();
@@ -190,12 +263,19 @@ pub async fn run(
                         fw.flush(&sink).await;
                     }
                 }
-                Some(Ok(watcher::Event::Init)) => tracing::info!("listing pods (initial or after a lost watch)"),
+                Some(Ok(watcher::Event::Init)) => {
+                    fw.pending.begin_relist();
+                    tracing::info!("listing pods (initial or after a lost watch)");
+                }
                 Some(Ok(watcher::Event::InitDone)) => {
                     health.synced();
-                    tracing::info!(remembered = fw.dedupe.len(), "pod list synced; watching");
+                    let gone = fw.pending.end_relist();
+                    tracing::info!(pending = fw.pending.len(), forgotten = gone, "pod list synced; watching");
                 }
-                Some(Ok(watcher::Event::Delete(_))) => health.observed(),
+                Some(Ok(watcher::Event::Delete(p))) => {
+                    health.observed();
+                    fw.forget(&p);
+                }
                 Some(Err(e)) => {
                     fw.stats.watch_errors += 1;
                     health.failed();
@@ -247,6 +327,14 @@ mod tests {
                 .name,
             "FLUSH_INTERVAL_MS"
         );
+        assert_eq!(
+            Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("RESEND_AFTER_SECS", "0")]))
+                .unwrap_err()
+                .name,
+            "RESEND_AFTER_SECS"
+        );
+        let c = Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("RESEND_AFTER_SECS", "60")])).unwrap();
+        assert_eq!(c.resend_after, Duration::from_secs(60));
     }
 
     #[test]
