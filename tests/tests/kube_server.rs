@@ -319,7 +319,10 @@ async fn kubelet_registers_nodes_for_ec2_instances_with_user_data_labels_and_tai
     assert_eq!(labels["karpenter.sh/nodepool"], "default");
     assert_eq!(labels["team"], "a");
     assert_eq!(labels["topology.kubernetes.io/zone"], "us-east-1b");
-    assert_eq!(labels["karpenter.sh/capacity-type"], "on-demand");
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "m5.large");
+    // A real kubelet knows neither the capacity type nor the catalog's labels.
+    assert!(!labels.contains_key("karpenter.sh/capacity-type"), "{labels:?}");
+    assert!(n.metadata.name.as_deref().unwrap().ends_with(".ec2.internal"));
     let spec = n.spec.clone().unwrap();
     assert_eq!(spec.provider_id.unwrap(), format!("aws:///us-east-1b/{id}"));
     let taints = spec.taints.unwrap();

@@ -7,7 +7,8 @@
 //! stale versions; pod (and every other) watches stream JSON lines.
 //!
 //! Tests drive it with [`KubeServer`]: seed objects, run the [`scheduler`]
-//! step, register nodes like a kubelet, inject faults, break watches.
+//! step, register nodes by hand or run [`kubelet::Kubelets`] for EC2
+//! instances in moto, inject faults, break watches.
 //!
 //! Simplifications, on purpose: strategic-merge and apply patches are applied
 //! as JSON merge patches (lists replaced whole); lists are not paginated and
@@ -34,7 +35,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-pub use kubelet::{NodeRegistration, kubelet_flags_from_user_data};
+pub use kubelet::{
+    KubeletLoop, KubeletReport, KubeletTiming, KubeletUserData, Kubelets, NodeRegistration, Refusal,
+    kubelet_flags_from_user_data,
+};
 use resources::{NODES, PODS};
 pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
@@ -365,18 +369,29 @@ impl KubeServer {
         serde_json::from_value(v).map_err(|e| e.to_string())
     }
 
-    /// Registers a Node for every running EC2 instance (see
-    /// [`kubelet::registrations_from_ec2`]); already registered ones are refreshed.
+    /// Registers a Node for every running EC2 instance and makes it Ready at
+    /// once: one step of fresh [`Kubelets`] with [`KubeletTiming::instant`].
+    /// Nodes already there are left as they are (and made Ready). Any kubelet
+    /// refusing to start is an error naming its instance and reason.
     pub async fn register_ec2_instances(
         &self,
         ec2: &aws_sdk_ec2::Client,
         catalog: &nodesmith::catalog::Catalog,
     ) -> Result<Vec<Node>, String> {
-        let mut nodes = Vec::new();
-        for reg in kubelet::registrations_from_ec2(ec2, catalog).await? {
-            nodes.push(self.register_node(&reg)?);
+        let report = Kubelets::new(KubeletTiming::instant()).step(self, ec2, catalog).await?;
+        if !report.refused.is_empty() {
+            let why: Vec<String> = report
+                .refused
+                .iter()
+                .map(|r| format!("{}: {}", r.instance_id, r.reason))
+                .collect();
+            return Err(format!("kubelets refused to start: {}", why.join("; ")));
         }
-        Ok(nodes)
+        report
+            .registered
+            .iter()
+            .map(|name| self.node(name).ok_or_else(|| format!("node {name} vanished")))
+            .collect()
     }
 
     /// One scheduling pass over every pending pod.
