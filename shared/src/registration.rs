@@ -21,7 +21,7 @@ use crate::apis::labels::{
 };
 use crate::apis::{EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH_VERSION};
 use crate::catalog::Catalog;
-use crate::kubernetes::{Cluster, ClusterError, NodeUpdate};
+use crate::kubernetes::NodeUpdate;
 use crate::nodeclaim::NodeClaim;
 
 /// The annotations a claim's Node carries: each drift hash the claim has, with
@@ -175,67 +175,6 @@ pub fn not_initialized_because(node: &Node, claim: &NodeClaim) -> Option<String>
     None
 }
 
-/// The part of `want` the node does not carry yet, or carries with another value (pure).
-pub fn missing_annotations(node: &Node, want: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    let have = node.metadata.annotations.as_ref();
-    want.iter()
-        .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-/// What [`annotate_registered`] did.
-#[derive(Debug, Default)]
-pub struct AnnotateReport {
-    /// Nodes written to.
-    pub annotated: Vec<String>,
-    /// Nodes linked to a claim that already carried its annotations (no write).
-    pub up_to_date: Vec<String>,
-    /// Nodes whose write failed; the next run tries them again.
-    pub failed: Vec<(String, ClusterError)>,
-}
-
-/// Annotates every Node linked to one of `claims` whose drift-hash annotations are
-/// missing or different; a Node that has them is not written to. Fails only when
-/// the nodes cannot be listed; a failed write is reported and the rest go on.
-pub async fn annotate_registered<C: Cluster>(
-    cluster: &C,
-    claims: &[NodeClaim],
-) -> Result<AnnotateReport, ClusterError> {
-    let nodes = cluster.nodes().await?;
-    let mut report = AnnotateReport::default();
-    for (node, claim) in link(&nodes, claims) {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let write = missing_annotations(node, &node_annotations(claim));
-        if write.is_empty() {
-            report.up_to_date.push(name);
-            continue;
-        }
-        match cluster.annotate_node(&name, &write).await {
-            Ok(true) => {
-                tracing::info!(
-                    node = %name,
-                    node_claim = %claim.name,
-                    annotations = ?write,
-                    "annotated node with its claim's drift hashes"
-                );
-                report.annotated.push(name);
-            }
-            Ok(false) => tracing::debug!(node = %name, "node deleted before it could be annotated"),
-            Err(e) => {
-                tracing::warn!(
-                    node = %name,
-                    node_claim = %claim.name,
-                    error = %e,
-                    "cannot annotate node; the next run retries"
-                );
-                report.failed.push((name, e));
-            }
-        }
-    }
-    Ok(report)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,17 +264,5 @@ mod tests {
             .map(|(n, c)| (n.metadata.name.as_deref().unwrap(), c.name.as_str()))
             .collect();
         assert_eq!(linked, vec![("n1", "c1"), ("n4", "c4")]);
-    }
-
-    #[test]
-    fn only_missing_or_different_annotations_are_written() {
-        let want = BTreeMap::from([("a".to_string(), "1".to_string()), ("b".to_string(), "2".to_string())]);
-        let n = node("n", None, &[("a", "1"), ("b", "old"), ("other", "x")]);
-        assert_eq!(
-            missing_annotations(&n, &want),
-            BTreeMap::from([("b".to_string(), "2".to_string())])
-        );
-        assert_eq!(missing_annotations(&node("n", None, &[]), &want), want);
-        assert!(missing_annotations(&node("n", None, &[("a", "1"), ("b", "2")]), &want).is_empty());
     }
 }

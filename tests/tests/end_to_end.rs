@@ -1,7 +1,8 @@
 //! The whole provisioning loop on the local stack: pending pods in the
 //! Kubernetes API test server → pending-pod references → `provision` →
 //! NodeClaims and launch requests → `launch` → EC2 instances in moto →
-//! nodes register → the scheduler binds every pod.
+//! kubelets join (late, not ready, tainted) → the sweep registers and
+//! initializes the nodes → the scheduler binds every pod.
 
 mod launch_fixtures;
 
@@ -10,13 +11,14 @@ use std::time::Duration;
 use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
 use launch_fixtures::{CLUSTER, DISCOVERY, launcher, store, world};
 use nodesmith::apis::{EC2NodeClass, NodePool, labels};
+use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::kubernetes::{Cluster, KubeCluster};
 use nodesmith::launch::batch;
 use nodesmith::nodeclaim::Phase;
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
-use nodesmith::registration;
-use nodesmith_tests::kube_server::KubeServer;
+use nodesmith::sweep::{SweepConfig, Sweeper};
+use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
 use nodesmith_tests::moto::moto;
 use serde_json::json;
 
@@ -175,10 +177,34 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         );
     }
 
-    // The instances join as nodes and the scheduler binds every pod.
+    // The instances join as nodes, as real kubelets do: late, not ready, tainted.
+    let kubelets = Kubelets::new(KubeletTiming::millis(0, 300));
     let catalog = nodesmith::catalog::builtin().unwrap();
-    let nodes = kube.register_ec2_instances(&ec2, catalog).await.unwrap();
-    assert_eq!(nodes.len(), claims.len());
+    kubelets.step(&kube, &ec2, catalog).await.unwrap();
+    assert_eq!(kube.nodes().len(), claims.len());
+    kube.schedule();
+    // The forwarder sends the still-unschedulable pods again: the registering
+    // nodes are their capacity, nothing more is launched.
+    let during = provisioner.handle(&refs).await;
+    assert!(during.failed.is_empty() && during.created.is_empty(), "{during:?}");
+
+    // The sweep registers the nodes, the kubelets report Ready, the sweep
+    // initializes them, and the scheduler binds every pod.
+    let sweeper = Sweeper::new(
+        KubeCluster::from_client(kube.client()),
+        store(&m).await,
+        Instances::new(ec2.clone(), CLUSTER),
+        sqs.clone(),
+        SweepConfig::from_lookup(|_| None).unwrap(),
+    );
+    let first = sweeper.run().await.unwrap();
+    assert_eq!(first.done.len(), claims.len(), "{first:?}");
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    kubelets.step(&kube, &ec2, catalog).await.unwrap();
+    let second = sweeper.run().await.unwrap();
+    assert_eq!(second.done.len(), claims.len(), "{second:?}");
+    let settled = store(&m).await.list_node_claims().await.unwrap();
+    assert!(settled.iter().all(|c| c.phase == Phase::Initialized), "{settled:?}");
     kube.schedule();
     let unbound: Vec<String> = kube
         .pods()
@@ -190,7 +216,10 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         unbound.is_empty(),
         "pods left pending after the nodes joined: {unbound:?}"
     );
-    for n in &nodes {
+    let cluster = KubeCluster::from_client(kube.client());
+    let pool: NodePool = cluster.node_pools().await.unwrap().remove(0);
+    let class: EC2NodeClass = cluster.node_classes().await.unwrap().remove(0);
+    for n in &kube.nodes() {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         assert_eq!(
             labels.get("team").map(String::as_str),
@@ -198,36 +227,24 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
             "template labels reach the node"
         );
         assert_eq!(labels.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
-        // The kubelet's facts, not the solver's predictions from the claim.
+        // The node's and the launched instance's facts, not the solver's predictions.
         assert_eq!(
             labels.get("kubernetes.io/hostname"),
             n.metadata.name.as_ref(),
             "{labels:?}"
         );
         let provider = n.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-        let launched = claims
+        let claim = settled
             .iter()
             .find(|c| c.provider_id.as_deref() == Some(provider.as_str()))
-            .and_then(|c| c.instance_type.clone());
+            .expect("every node is a claim's");
         assert_eq!(
-            labels.get("node.kubernetes.io/instance-type"),
-            launched.as_ref(),
+            labels.get(labels::INSTANCE_TYPE),
+            claim.instance_type.as_ref(),
             "{labels:?}"
         );
-    }
-
-    // Registration copies each claim's drift hashes onto its Node, equal to
-    // the hashes of the NodePool and EC2NodeClass the cluster holds now.
-    let cluster = KubeCluster::from_client(kube.client());
-    let pool: NodePool = cluster.node_pools().await.unwrap().remove(0);
-    let class: EC2NodeClass = cluster.node_classes().await.unwrap().remove(0);
-    for c in &claims {
-        assert_eq!(c.nodepool_hash.as_deref(), Some(pool.hash().as_str()), "{c:?}");
-        assert_eq!(c.nodeclass_hash.as_deref(), Some(class.hash().as_str()), "{c:?}");
-    }
-    let report = registration::annotate_registered(&cluster, &claims).await.unwrap();
-    assert_eq!(report.annotated.len(), claims.len(), "{report:?}");
-    for n in cluster.nodes().await.unwrap() {
+        assert_eq!(labels.get(labels::INITIALIZED).map(String::as_str), Some("true"));
+        // The claim's drift hashes, equal to those of the NodePool and EC2NodeClass now.
         let a = n.metadata.annotations.clone().unwrap_or_default();
         assert_eq!(a.get(labels::NODEPOOL_HASH_ANNOTATION), Some(&pool.hash()), "{a:?}");
         assert_eq!(

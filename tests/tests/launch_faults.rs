@@ -127,7 +127,17 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     for z in ZONES {
         proxy.fail_offering("m5.large", z, None, "UnfulfillableCapacity");
     }
-    let l = launcher(&m, proxy.endpoint()).await;
+    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let pending_queue = sqs
+        .create_queue()
+        .queue_name("pending-pods")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let l = launcher_with(&m, proxy.endpoint(), Some(pending_queue.clone())).await;
     let req = pending(
         &st,
         &claim("fb-4", &["m5.large"], &["spot"]),
@@ -148,6 +158,19 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     );
     assert!(instances_of(&m, "fb-4").await.is_empty());
     assert_eq!(proxy.fleets().len(), 1, "nothing left to try after one call");
+    // The pods that waited on the claim are solved again at once, not when some watch event comes.
+    let got = sqs
+        .receive_message()
+        .queue_url(&pending_queue)
+        .max_number_of_messages(10)
+        .send()
+        .await
+        .unwrap();
+    let bodies: Vec<&str> = got.messages().iter().filter_map(|m| m.body()).collect();
+    assert_eq!(
+        bodies,
+        vec![r#"{"solve":{"reason":"launch-no-capacity","nodeClaim":"fb-4"}}"#]
+    );
 }
 
 #[tokio::test]

@@ -313,3 +313,45 @@ async fn pods_that_are_no_longer_pending_are_dropped() {
     assert!(out.created.is_empty());
     assert!(s.drain_queue(&s.launch_queue).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_pod_recreated_under_its_old_name_does_not_stop_provisioning() {
+    use nodesmith::nodeclaim::{NodeClaim, Phase};
+    use nodesmith::scheduling::SolveOptions;
+    // A StatefulSet's db-0 ran before; its claim is still stored (being
+    // terminated) under the name a solve would derive from the pool and pod.
+    let s = stack(None, &[("db-0", "1")]).await;
+    let cluster = KubeCluster::from_client(s.kube.client());
+    let snapshot = nodesmith::snapshot::live::read(&cluster, &s.store, jiff::Timestamp::now())
+        .await
+        .unwrap();
+    let derived = snapshot.compile().solve(&SolveOptions::default()).node_claims[0]
+        .name
+        .clone();
+    let old = NodeClaim {
+        phase: Phase::Terminating,
+        ..NodeClaim::pending(derived.clone(), "default", "default")
+    };
+    s.store.create_node_claim(&old).await.unwrap();
+
+    for holder in ["a", "b"] {
+        let out = s.provisioner(holder, false).handle(&refs(&["db-0"])).await;
+        assert!(out.failed.is_empty(), "provisioning stopped: {out:?}");
+        if holder == "a" {
+            assert_eq!(out.created.len(), 1, "{out:?}");
+            assert_ne!(out.created[0].name, derived);
+            assert!(out.created[0].name.starts_with("default-"), "{}", out.created[0].name);
+        } else {
+            assert!(out.created.is_empty(), "redelivery adds nothing: {out:?}");
+        }
+    }
+    let names: Vec<String> = s
+        .store
+        .list_node_claims()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}

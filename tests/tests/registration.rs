@@ -1,29 +1,33 @@
-//! Registration copies a NodeClaim's drift hashes onto its Node, through the
-//! Kubernetes adapter and the real kube-rs client against the API test server.
+//! Registration's write to a Node through the Kubernetes adapter and the real
+//! kube-rs client against the API test server: the launched instance's labels,
+//! the claim's drift hashes, the `unregistered` taint taken off; others'
+//! labels, annotations and taints kept; no write when there is nothing to do.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::Method;
 use nodesmith::apis::labels::{
-    EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
+    self, EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
     NODEPOOL_HASH_VERSION_ANNOTATION,
 };
 use nodesmith::apis::{EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH_VERSION};
 use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::kubernetes::{Cluster, KubeCluster};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
-use nodesmith::registration::annotate_registered;
+use nodesmith::registration::registration_update;
 use nodesmith_tests::kube_server::{Fault, KubeServer, NodeRegistration};
 
 fn adapter(server: &KubeServer) -> KubeCluster {
     KubeCluster::from_client(server.client()).with_retry(RetryPolicy {
-        attempts: 2,
+        attempts: 3,
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(2),
     })
 }
 
+/// A node as its kubelet registers it, with the taint nodesmith's user data adds
+/// and one a CNI agent will take off later.
 fn register(server: &KubeServer, name: &str, instance_id: &str) {
     server
         .register_node(&NodeRegistration {
@@ -31,27 +35,29 @@ fn register(server: &KubeServer, name: &str, instance_id: &str) {
             instance_id: instance_id.into(),
             instance_type: "m5.large".into(),
             zone: "us-east-1a".into(),
-            capacity_type: "on-demand".into(),
             capacity: BTreeMap::from([("cpu".into(), "2".into()), ("pods".into(), "29".into())]),
+            taints: vec![
+                "karpenter.sh/unregistered:NoExecute".into(),
+                "example.com/cni=starting:NoSchedule".into(),
+            ],
             ..Default::default()
         })
         .unwrap();
 }
 
-fn launched_claim(name: &str, instance_id: &str, pool_hash: &str, class_hash: &str) -> NodeClaim {
+fn launched_claim(instance_id: &str, pool_hash: &str) -> NodeClaim {
     NodeClaim {
         phase: Phase::Launched,
         instance_id: Some(instance_id.into()),
         provider_id: Some(format!("aws:///us-east-1a/{instance_id}")),
+        instance_type: Some("m5.large".into()),
+        zone: Some("us-east-1a".into()),
+        capacity_type: Some("spot".into()),
         nodepool_hash: Some(pool_hash.into()),
-        nodeclass_hash: Some(class_hash.into()),
-        ..NodeClaim::pending(name, "default", "default")
+        nodeclass_hash: Some("class0001".into()),
+        labels: BTreeMap::from([("team".to_string(), "web".to_string())]),
+        ..NodeClaim::pending("default-a", "default", "default")
     }
-}
-
-async fn annotations(cluster: &KubeCluster, node: &str) -> BTreeMap<String, String> {
-    let n = cluster.node(node).await.unwrap().expect("the node exists");
-    n.metadata.annotations.unwrap_or_default()
 }
 
 fn patches(server: &KubeServer) -> usize {
@@ -59,100 +65,106 @@ fn patches(server: &KubeServer) -> usize {
 }
 
 #[tokio::test]
-async fn a_registered_node_gets_its_claims_hashes_once() {
+async fn registration_labels_annotates_and_untaints_once() {
     let server = KubeServer::start().await;
     register(&server, "ip-10-0-1-1", "i-0aaa");
-    register(&server, "ip-10-0-1-2", "i-0bbb"); // no claim: not nodesmith's
     let cluster = adapter(&server);
-    let bystander_before = cluster.node("ip-10-0-1-2").await.unwrap().unwrap();
-    let claims = vec![
-        launched_claim("default-a", "i-0aaa", "pool0001", "class0001"),
-        launched_claim("default-gone", "i-0ccc", "pool0001", "class0001"), // no Node yet
-    ];
+    let catalog = nodesmith::catalog::builtin().unwrap();
+    let update = registration_update(&launched_claim("i-0aaa", "pool0001"), Some(catalog));
+    assert!(cluster.update_node("ip-10-0-1-1", &update).await.unwrap());
 
-    let report = annotate_registered(&cluster, &claims).await.unwrap();
-    assert_eq!(report.annotated, vec!["ip-10-0-1-1"]);
-    assert!(report.failed.is_empty());
-
-    let got = annotations(&cluster, "ip-10-0-1-1").await;
-    let want = BTreeMap::from([
-        (NODEPOOL_HASH_ANNOTATION.to_string(), "pool0001".to_string()),
-        (
-            NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
-            NODEPOOL_HASH_VERSION.to_string(),
-        ),
-        (EC2NODECLASS_HASH_ANNOTATION.to_string(), "class0001".to_string()),
-        (
-            EC2NODECLASS_HASH_VERSION_ANNOTATION.to_string(),
-            EC2NODECLASS_HASH_VERSION.to_string(),
-        ),
-    ]);
-    assert_eq!(got, want);
-    let bystander = cluster.node("ip-10-0-1-2").await.unwrap().unwrap();
+    let n = cluster.node("ip-10-0-1-1").await.unwrap().unwrap();
+    let l = n.metadata.labels.clone().unwrap_or_default();
+    for (k, v) in [
+        (labels::INSTANCE_TYPE, "m5.large"),
+        (labels::aws::FAMILY, "m5"),
+        (labels::ZONE, "us-east-1a"),
+        (labels::REGION, "us-east-1"),
+        (labels::CAPACITY_TYPE, "spot"),
+        (labels::NODEPOOL, "default"),
+        (labels::NODECLAIM, "default-a"),
+        (labels::REGISTERED, "true"),
+        (labels::HOSTNAME, "ip-10-0-1-1"),
+        ("team", "web"),
+    ] {
+        assert_eq!(l.get(k).map(String::as_str), Some(v), "{k}: {l:?}");
+    }
+    let a = n.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(
-        bystander.metadata.annotations, None,
-        "a Node without a claim is untouched"
+        a,
+        BTreeMap::from([
+            (NODEPOOL_HASH_ANNOTATION.to_string(), "pool0001".to_string()),
+            (
+                NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
+                NODEPOOL_HASH_VERSION.to_string()
+            ),
+            (EC2NODECLASS_HASH_ANNOTATION.to_string(), "class0001".to_string()),
+            (
+                EC2NODECLASS_HASH_VERSION_ANNOTATION.to_string(),
+                EC2NODECLASS_HASH_VERSION.to_string()
+            ),
+        ])
     );
-    assert_eq!(
-        bystander.metadata.resource_version,
-        bystander_before.metadata.resource_version
-    );
+    let taints: Vec<String> = n.spec.unwrap().taints.unwrap().into_iter().map(|t| t.key).collect();
+    assert_eq!(taints, vec!["example.com/cni"], "only the unregistered taint goes");
     assert_eq!(patches(&server), 1);
 
-    // Again: nothing to write.
-    let again = annotate_registered(&cluster, &claims).await.unwrap();
-    assert!(again.annotated.is_empty());
-    assert_eq!(again.up_to_date, vec!["ip-10-0-1-1"]);
-    assert_eq!(patches(&server), 1, "a second call makes no write");
+    assert!(cluster.update_node("ip-10-0-1-1", &update).await.unwrap());
+    assert_eq!(patches(&server), 1, "nothing to write the second time");
+    assert!(!cluster.update_node("no-such-node", &update).await.unwrap());
 }
 
 #[tokio::test]
-async fn a_changed_hash_is_rewritten_and_other_annotations_stay() {
+async fn a_changed_hash_is_rewritten_and_what_others_wrote_stays() {
     let server = KubeServer::start().await;
     register(&server, "n1", "i-0aaa");
     let cluster = adapter(&server);
-    let mut theirs = BTreeMap::from([("example.com/owner".to_string(), "team-a".to_string())]);
-    assert!(cluster.annotate_node("n1", &theirs).await.unwrap());
-    assert!(!cluster.annotate_node("no-such-node", &theirs).await.unwrap());
-
-    let mut claim = launched_claim("default-a", "i-0aaa", "pool0001", "class0001");
-    annotate_registered(&cluster, std::slice::from_ref(&claim))
+    let theirs = nodesmith::kubernetes::NodeUpdate {
+        labels: BTreeMap::from([("example.com/rack".to_string(), "r7".to_string())]),
+        annotations: BTreeMap::from([("example.com/owner".to_string(), "team-a".to_string())]),
+        remove_taints: vec![],
+    };
+    assert!(cluster.update_node("n1", &theirs).await.unwrap());
+    cluster
+        .update_node("n1", &registration_update(&launched_claim("i-0aaa", "pool0001"), None))
         .await
         .unwrap();
-    claim.nodepool_hash = Some("pool0002".into());
-    let report = annotate_registered(&cluster, std::slice::from_ref(&claim))
+    cluster
+        .update_node("n1", &registration_update(&launched_claim("i-0aaa", "pool0002"), None))
         .await
         .unwrap();
-    assert_eq!(report.annotated, vec!["n1"]);
-
-    let got = annotations(&cluster, "n1").await;
-    assert_eq!(got[NODEPOOL_HASH_ANNOTATION], "pool0002");
-    assert_eq!(got[EC2NODECLASS_HASH_ANNOTATION], "class0001");
-    assert_eq!(got["example.com/owner"], "team-a", "a merge patch keeps the others");
-    theirs.extend(got.clone());
-    assert_eq!(got, theirs);
+    let n = cluster.node("n1").await.unwrap().unwrap();
+    let a = n.metadata.annotations.unwrap_or_default();
+    assert_eq!(a[NODEPOOL_HASH_ANNOTATION], "pool0002");
+    assert_eq!(a["example.com/owner"], "team-a");
+    assert_eq!(n.metadata.labels.unwrap_or_default()["example.com/rack"], "r7");
 }
 
 #[tokio::test]
-async fn a_failed_write_is_reported_and_retried_by_the_next_call() {
+async fn a_concurrent_writer_is_not_clobbered() {
     let server = KubeServer::start().await;
     register(&server, "n1", "i-0aaa");
-    register(&server, "n2", "i-0bbb");
     let cluster = adapter(&server);
-    let claims = vec![
-        launched_claim("default-a", "i-0aaa", "p", "k"),
-        launched_claim("default-b", "i-0bbb", "p", "k"),
-    ];
+    // Someone changes the node right after each of our reads: the taint list we
+    // write back would be stale, so the server answers 409 and we read again.
+    server.modify_after_get("/api/v1/nodes/n1", 2);
+    let update = registration_update(&launched_claim("i-0aaa", "p"), None);
+    assert!(cluster.update_node("n1", &update).await.unwrap());
+    let n = cluster.node("n1").await.unwrap().unwrap();
+    assert!(update.is_satisfied_by(&n));
+    let a = n.metadata.annotations.unwrap_or_default();
+    assert!(a.len() > 4, "the other writer's annotation is kept: {a:?}");
+}
+
+#[tokio::test]
+async fn a_refused_write_is_an_error_and_the_next_call_succeeds() {
+    let server = KubeServer::start().await;
+    register(&server, "n1", "i-0aaa");
+    let cluster = adapter(&server);
+    let update = registration_update(&launched_claim("i-0aaa", "p"), None);
     // Forbidden is not transient: the adapter does not retry it.
     server.inject(Fault::new(403, 1).on(Method::PATCH).path("/nodes/n1"));
-    let report = annotate_registered(&cluster, &claims).await.unwrap();
-    assert_eq!(report.annotated, vec!["n2"]);
-    assert_eq!(report.failed.len(), 1);
-    assert_eq!(report.failed[0].0, "n1");
-    assert_eq!(report.failed[0].1.code(), Some(403));
-
-    let next = annotate_registered(&cluster, &claims).await.unwrap();
-    assert_eq!(next.annotated, vec!["n1"]);
-    assert_eq!(next.up_to_date, vec!["n2"]);
-    assert_eq!(annotations(&cluster, "n1").await[NODEPOOL_HASH_ANNOTATION], "p");
+    let e = cluster.update_node("n1", &update).await.unwrap_err();
+    assert_eq!(e.code(), Some(403));
+    assert!(cluster.update_node("n1", &update).await.unwrap());
 }

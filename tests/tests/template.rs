@@ -85,8 +85,17 @@ fn functions_get_the_environment_their_code_reads() {
         "NODESMITH_CLUSTER_NAME",
         "NODESMITH_TABLE",
         "NODESMITH_LAUNCH_QUEUE_URL",
+        "NODESMITH_PENDING_QUEUE_URL",
     ] {
         assert!(globals.contains(&var.to_string()), "{var} is not set for the functions");
+    }
+    // Whoever asks for solves may send to the pending-pods queue.
+    for f in ["LaunchFunction", "SweepFunction"] {
+        let policies = strings(&resource(&t, f)["Properties"]["Policies"]);
+        assert!(
+            policies.iter().any(|p| p == "PendingPodsQueue.QueueName"),
+            "{f} cannot send to the pending-pods queue: {policies:?}"
+        );
     }
     let provision = strings(&resource(&t, "ProvisionFunction")["Properties"]["Environment"]);
     assert!(provision.contains(&"NODESMITH_PENDING_DLQ_URL".to_string()));

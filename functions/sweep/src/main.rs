@@ -1,16 +1,43 @@
-//! The `sweep` Lambda. Its logic is not built yet: it refuses every event with a
-//! clear error so that nothing is silently dropped (SQS redelivers, then the DLQ keeps it).
+//! The `sweep` Lambda, run every minute by EventBridge Scheduler: one sweep of
+//! the node lifecycle under the sweep lease (registration, initialization,
+//! timeouts, liveness, garbage collection, the pending-pod safety net). The
+//! scheduler's event carries nothing the sweep needs.
+
+use std::collections::BTreeMap;
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use serde_json::Value;
+use nodesmith::ec2::Instances;
+use nodesmith::kubernetes::KubeCluster;
+use nodesmith::state::StateStore;
+use nodesmith::sweep::{SweepConfig, Sweeper};
+use serde_json::{Value, json};
 
-async fn handler(event: LambdaEvent<Value>) -> Result<Value, Error> {
-    tracing::error!(request_id = %event.context.request_id, "the sweep function is not implemented in this release; event left for retry");
-    Err("the sweep function is not implemented in this release".into())
+/// Reads a required environment variable, naming it when missing.
+fn env(name: &str) -> Result<String, Error> {
+    std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     nodesmith::telemetry::init();
-    run(service_fn(handler)).await
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let cluster = KubeCluster::from_env(sdk.clone())?;
+    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), env("NODESMITH_TABLE")?);
+    let instances = Instances::new(aws_sdk_ec2::Client::new(&sdk), env("NODESMITH_CLUSTER_NAME")?);
+    let config = SweepConfig::from_env()?;
+    let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config);
+    let sweeper = &sweeper;
+    run(service_fn(move |_: LambdaEvent<Value>| async move {
+        let report = sweeper.run().await?;
+        let dimensions = BTreeMap::from([("Function", "sweep".to_string())]);
+        nodesmith::telemetry::publish(&dimensions, &report.metrics());
+        Ok::<Value, Error>(json!({
+            "skipped": report.skipped,
+            "done": report.done.len(),
+            "failed": report.failed.len(),
+            "deferred": report.deferred.len(),
+            "solveRequested": report.solve_requested.map(|r| r.reason),
+        }))
+    }))
+    .await
 }

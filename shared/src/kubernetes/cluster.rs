@@ -142,13 +142,6 @@ pub trait Cluster: Send + Sync {
     fn untaint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Evicts one pod through the Eviction API (PDBs apply).
     fn evict(&self, pod: &Pod) -> impl Future<Output = Result<EvictionOutcome, ClusterError>> + Send;
-    /// Merges annotations into a node's (a JSON merge patch: its other annotations stay).
-    /// Ok(false) when the node does not exist.
-    fn annotate_node(
-        &self,
-        name: &str,
-        annotations: &BTreeMap<String, String>,
-    ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Applies a [`NodeUpdate`] (read-modify-write guarded by the resourceVersion; no
     /// write when nothing would change). Ok(false) when the node does not exist.
     fn update_node(&self, name: &str, update: &NodeUpdate) -> impl Future<Output = Result<bool, ClusterError>> + Send;

@@ -1,7 +1,6 @@
 //! [`Cluster`] over kube-rs: rate-limited, transient failures retried with
 //! backoff, read-modify-write conflicts (409) retried from a fresh read.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -334,25 +333,6 @@ impl Cluster for KubeCluster {
             .await?;
         tracing::info!(pod = %format!("{ns}/{name}"), ?outcome, "eviction");
         Ok(outcome)
-    }
-
-    async fn annotate_node(&self, name: &str, annotations: &BTreeMap<String, String>) -> Result<bool, ClusterError> {
-        // A merge patch of a map only touches the keys it names: no read, no conflict.
-        let patch = json!({"metadata": {"annotations": annotations}});
-        self.call(&format!("annotate node {name}"), |c| {
-            let patch = patch.clone();
-            async move {
-                match Api::<Node>::all(c)
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-                    Err(e) => Err(e),
-                }
-            }
-        })
-        .await
     }
 
     async fn update_node(&self, name: &str, update: &NodeUpdate) -> Result<bool, ClusterError> {

@@ -36,7 +36,9 @@ use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
+use crate::messages::SolveRequest;
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
+use crate::provisioning::trigger::request_solve;
 use crate::state::{self, OfferingKey, StateStore};
 
 /// How long one launch may hold its NodeClaim's lease.
@@ -71,10 +73,15 @@ pub struct LaunchConfig {
     pub table: String,
     /// The EKS cluster.
     pub cluster_name: String,
+    /// The pending-pods queue: a claim given up for lack of capacity asks for a
+    /// solve there, so its pods are placed again at once (none: they wait for
+    /// the sweep's safety net).
+    pub pending_queue_url: Option<String>,
 }
 
 impl LaunchConfig {
-    /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing.
+    /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing, and
+    /// the optional `NODESMITH_PENDING_QUEUE_URL`.
     pub fn from_env() -> Result<Self, LaunchError> {
         let get = |k: &str| {
             std::env::var(k)
@@ -85,6 +92,7 @@ impl LaunchConfig {
         Ok(LaunchConfig {
             table: get("NODESMITH_TABLE")?,
             cluster_name: get("NODESMITH_CLUSTER_NAME")?,
+            pending_queue_url: get("NODESMITH_PENDING_QUEUE_URL").ok(),
         })
     }
 }
@@ -96,6 +104,7 @@ pub struct Launcher {
     instances: Instances,
     ssm: aws_sdk_ssm::Client,
     eks: aws_sdk_eks::Client,
+    sqs: aws_sdk_sqs::Client,
     store: StateStore,
     config: LaunchConfig,
     cluster: OnceCell<ClusterInfo>,
@@ -280,6 +289,7 @@ impl Launcher {
             ec2,
             ssm: aws_sdk_ssm::Client::new(sdk),
             eks: aws_sdk_eks::Client::new(sdk),
+            sqs: aws_sdk_sqs::Client::new(sdk),
             store,
             config,
             cluster: OnceCell::new(),
@@ -497,6 +507,13 @@ impl Launcher {
         }
         tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
         self.store.delete_node_claim(name, claim.version).await?;
+        if let Some(url) = &self.config.pending_queue_url {
+            let request = SolveRequest::new("launch-no-capacity", Some(name));
+            // The claim is gone either way; a lost request leaves the pods to the sweep's safety net.
+            if let Err(e) = request_solve(&self.sqs, url, &request).await {
+                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
+            }
+        }
         Ok(LaunchOutcome::NoCapacity {
             node_claim: name.clone(),
             tried,

@@ -21,6 +21,7 @@ use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::provisioning::trigger::{TriggerError, request_solve};
 use crate::registration;
 use crate::state::{LAST_SOLVE, StateError, StateStore, now_ms};
+use crate::telemetry::Metric;
 
 /// The lease that keeps sweeps from acting at once.
 pub const LEASE: &str = "sweep";
@@ -139,6 +140,31 @@ pub struct SweepReport {
     pub solve_requested: Option<SolveRequest>,
 }
 
+impl SweepReport {
+    /// The run as CloudWatch metrics (EMF): actions done by kind, failures, deferred work.
+    pub fn metrics(&self) -> Vec<Metric> {
+        let count = |name: &'static str, value: usize| Metric {
+            name,
+            value: value as f64,
+            unit: "Count",
+        };
+        let done = |f: fn(&Action) -> bool| self.done.iter().filter(|a| f(a)).count();
+        vec![
+            count("NodesRegistered", done(|a| matches!(a, Action::Register { .. }))),
+            count("NodesInitialized", done(|a| matches!(a, Action::Initialize { .. }))),
+            count("NodeClaimsRemoved", done(|a| matches!(a, Action::Remove { .. }))),
+            count(
+                "InstancesCollected",
+                done(|a| matches!(a, Action::CollectInstance { .. })),
+            ),
+            count("NodesCollected", done(|a| matches!(a, Action::CollectNode { .. }))),
+            count("SweepStepsFailed", self.failed.len()),
+            count("SweepStepsDeferred", self.deferred.len()),
+            count("SolvesRequested", usize::from(self.solve_requested.is_some())),
+        ]
+    }
+}
+
 /// The sweep function's resources, built once per container.
 pub struct Sweeper<C> {
     cluster: C,
@@ -169,7 +195,9 @@ impl<C: Cluster> Sweeper<C> {
     /// One run at the current time.
     pub async fn run(&self) -> Result<SweepReport, SweepError> {
         let started = Instant::now();
-        let ttl = (self.config.budget + Duration::from_secs(60)).as_millis() as i64;
+        // Twice the budget: the last step started inside the budget may run past it;
+        // a sweep that died holds the lease no longer than that.
+        let ttl = (self.config.budget * 2).max(Duration::from_secs(1)).as_millis() as i64;
         let Some(lease) = self
             .store
             .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
@@ -365,6 +393,27 @@ mod tests {
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn a_report_counts_what_was_done_by_kind() {
+        let report = SweepReport {
+            done: vec![
+                Action::CollectNode { node: "n".into() },
+                Action::Initialize {
+                    claim: "c".into(),
+                    node: "n".into(),
+                },
+            ],
+            deferred: vec![Action::CollectNode { node: "m".into() }],
+            ..SweepReport::default()
+        };
+        let m: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+        assert_eq!(m["NodesCollected"], 1.0);
+        assert_eq!(m["NodesInitialized"], 1.0);
+        assert_eq!(m["NodesRegistered"], 0.0);
+        assert_eq!(m["SweepStepsDeferred"], 1.0);
+        assert_eq!(m["SolvesRequested"], 0.0);
     }
 
     #[test]

@@ -295,6 +295,16 @@ impl KubeServer {
             .collect()
     }
 
+    /// Every node.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.shared
+            .lock_store()
+            .list(NODES, None)
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
+    }
+
     /// A node by name.
     pub fn node(&self, name: &str) -> Option<Node> {
         Self::typed(self.shared.lock_store().get(NODES, "", name).cloned())

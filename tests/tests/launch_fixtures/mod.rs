@@ -128,12 +128,18 @@ pub async fn world(m: &Moto) -> World {
 
 /// A launcher whose clients go to `endpoint` (moto or a proxy in front of it).
 pub async fn launcher(m: &Moto, endpoint: &str) -> Launcher {
+    launcher_with(m, endpoint, None).await
+}
+
+/// A launcher that asks for solves on `pending_queue_url` when it gives a claim up.
+pub async fn launcher_with(m: &Moto, endpoint: &str, pending_queue_url: Option<String>) -> Launcher {
     let conf = fast_retries(m.sdk_config_at(endpoint).await);
     Launcher::new(
         &conf,
         LaunchConfig {
             table: TABLE.into(),
             cluster_name: CLUSTER.into(),
+            pending_queue_url,
         },
     )
 }

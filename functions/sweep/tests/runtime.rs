@@ -1,0 +1,87 @@
+//! The `sweep` binary under a local Lambda Runtime API: it builds its clients
+//! from the environment, sweeps once against the Kubernetes API test server and
+//! moto (here: a claim whose instance is gone is removed and a solve is asked
+//! for), and answers with what it did; without configuration it names what is missing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use nodesmith::nodeclaim::{NodeClaim, Phase};
+use nodesmith::state::StateStore;
+use nodesmith_tests::kube_server::KubeServer;
+use nodesmith_tests::lambda_runtime::invoke;
+use nodesmith_tests::moto::moto;
+use serde_json::json;
+
+#[tokio::test]
+async fn binary_sweeps_once_under_the_runtime_api() {
+    let m = moto().await;
+    let conf = m.sdk_config().await;
+    let dynamo = aws_sdk_dynamodb::Client::new(&conf);
+    nodesmith::state::create_table(&dynamo, "nodesmith").await.unwrap();
+    let store = StateStore::new(dynamo, "nodesmith");
+    // Launched long ago; EC2 has never heard of its instance.
+    let mut gone = NodeClaim {
+        phase: Phase::Launched,
+        instance_id: Some("i-0000000000000dead".into()),
+        provider_id: Some("aws:///us-east-1a/i-0000000000000dead".into()),
+        ..NodeClaim::pending("default-gone1", "default", "default")
+    };
+    gone.timestamps.created = Some("2026-01-01T00:00:00Z".parse().unwrap());
+    gone.timestamps.launched = gone.timestamps.created;
+    store.create_node_claim(&gone).await.unwrap();
+    let sqs = aws_sdk_sqs::Client::new(&conf);
+    let pending = sqs
+        .create_queue()
+        .queue_name("pending-pods")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let kube = KubeServer::start().await;
+
+    let mut env: BTreeMap<String, String> = m
+        .env()
+        .into_iter()
+        .chain(kube.env())
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
+    env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
+    env.insert("NODESMITH_PENDING_QUEUE_URL".into(), pending.clone());
+    let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
+    let done = invoke(Path::new(env!("CARGO_BIN_EXE_sweep")), "sweep", &env, &event)
+        .await
+        .unwrap();
+    assert_eq!(done.path, "req-1/response", "{}", done.body);
+    let resp: serde_json::Value = serde_json::from_str(&done.body).unwrap();
+    assert_eq!(
+        resp,
+        json!({"skipped": false, "done": 1, "failed": 0, "deferred": 0, "solveRequested": "instance-gone"})
+    );
+    assert_eq!(store.get_node_claim("default-gone1").await.unwrap(), None);
+    let asked = sqs.receive_message().queue_url(&pending).send().await.unwrap();
+    assert_eq!(asked.messages().len(), 1);
+}
+
+#[tokio::test]
+async fn binary_without_configuration_says_what_is_missing() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
+        .env("NODESMITH_KUBE_URL", "http://127.0.0.1:9")
+        .env("NODESMITH_TABLE", "nodesmith")
+        .env_remove("NODESMITH_CLUSTER_NAME")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("NODESMITH_CLUSTER_NAME is not set"), "{text}");
+}

@@ -1,0 +1,590 @@
+//! A node's life after launch on the local stack: `provision`, `launch` and
+//! the `sweep` against moto and the Kubernetes API test server, with kubelets
+//! that join late, not ready and tainted, as real ones do. Each of the
+//! provisioning path's lifecycle defects has its test here: phantom capacity,
+//! a double launch during registration, mislabelled nodes, and pods left
+//! pending when capacity is taken away; plus the timeouts, liveness, garbage
+//! collection, and sweeps that crash or run at once.
+
+mod launch_fixtures;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use k8s_openapi::api::core::v1::Node;
+use launch_fixtures::{CLUSTER, DISCOVERY, launcher_with, store, world};
+use nodesmith::apis::labels;
+use nodesmith::ec2::Instances;
+use nodesmith::kubernetes::retry::RetryPolicy;
+use nodesmith::kubernetes::{Cluster, KubeCluster};
+use nodesmith::launch::batch;
+use nodesmith::lifecycle::{Action, LifecycleConfig};
+use nodesmith::nodeclaim::{NodeClaim, Phase};
+use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
+use nodesmith::state::StateStore;
+use nodesmith::sweep::{SweepConfig, SweepReport, Sweeper};
+use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
+use nodesmith_tests::moto::{Moto, moto};
+use serde_json::json;
+
+/// Lifecycle settings for tests: every wait in seconds or less.
+fn fast() -> LifecycleConfig {
+    LifecycleConfig {
+        launch_timeout: Duration::from_secs(60),
+        registration_timeout: Duration::from_secs(60),
+        leak_window: Duration::from_secs(60),
+        liveness_grace: Duration::ZERO,
+        batch_window: Duration::ZERO,
+        resolve_every: Duration::from_secs(60),
+    }
+}
+
+struct Stack {
+    m: Moto,
+    kube: KubeServer,
+    store: StateStore,
+    sqs: aws_sdk_sqs::Client,
+    ec2: aws_sdk_ec2::Client,
+    launch_queue: String,
+    pending_queue: String,
+    kubelets: Kubelets,
+}
+
+fn event(bodies: Vec<String>) -> SqsEvent {
+    let mut e = SqsEvent::default();
+    e.records = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let mut m = SqsMessage::default();
+            m.message_id = Some(format!("m{i}"));
+            m.body = Some(body);
+            m
+        })
+        .collect();
+    e
+}
+
+fn pod_ref(name: &str) -> String {
+    json!({"namespace": "default", "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"}).to_string()
+}
+
+impl Stack {
+    /// A cluster with one pool (m5/c5, on-demand, `cpu_limit`), its class, and
+    /// `pods` pending pods of 900m each (two fit on one 2-vCPU node); nodes
+    /// join at once and are Ready after 200 ms.
+    async fn new(cpu_limit: &str, pods: usize) -> Stack {
+        let m = moto().await;
+        world(&m).await;
+        let conf = m.sdk_config().await;
+        let sqs = aws_sdk_sqs::Client::new(&conf);
+        let mut urls = Vec::new();
+        for q in ["launch", "pending-pods"] {
+            let url = sqs.create_queue().queue_name(q).send().await.unwrap();
+            urls.push(url.queue_url().unwrap().to_string());
+        }
+        let kube = KubeServer::start().await;
+        kube.apply(
+            &json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
+                "template": {
+                    "metadata": {"labels": {"team": "web"}},
+                    "spec": {
+                        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                        "requirements": [
+                            {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5", "c5"]},
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+                        ]
+                    }
+                },
+                "limits": {"cpu": cpu_limit}
+            }}),
+        )
+        .unwrap();
+        kube.apply(&json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+            "role": "KarpenterNodeRole-demo",
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "subnetSelectorTerms": [{"tags": {DISCOVERY: "*"}}],
+            "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}]
+        }}))
+        .unwrap();
+        for i in 0..pods {
+            let n = format!("web-{i}");
+            kube.apply(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default", "uid": format!("uid-{n}"), "labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "900m", "memory": "1Gi"}}}]}}))
+                .unwrap();
+        }
+        kube.schedule();
+        Stack {
+            store: store(&m).await,
+            ec2: aws_sdk_ec2::Client::new(&conf),
+            m,
+            kube,
+            sqs,
+            launch_queue: urls[0].clone(),
+            pending_queue: urls[1].clone(),
+            kubelets: Kubelets::new(KubeletTiming::millis(0, 200)),
+        }
+    }
+
+    fn cluster(&self) -> KubeCluster {
+        KubeCluster::from_client(self.kube.client()).with_retry(RetryPolicy {
+            attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        })
+    }
+
+    fn provisioner(&self) -> Provisioner<KubeCluster> {
+        let mut config = ProvisionConfig::new(&self.launch_queue);
+        config.lease_wait = Duration::from_secs(30);
+        Provisioner::new(self.cluster(), self.store.clone(), self.sqs.clone(), config)
+    }
+
+    fn sweeper(&self, lifecycle: LifecycleConfig) -> Sweeper<KubeCluster> {
+        let mut config = SweepConfig::from_lookup(|_| None).unwrap();
+        config.lifecycle = lifecycle;
+        config.pending_queue_url = Some(self.pending_queue.clone());
+        config.budget = Duration::from_secs(2);
+        Sweeper::new(
+            self.cluster(),
+            self.store.clone(),
+            Instances::new(self.ec2.clone(), CLUSTER),
+            self.sqs.clone(),
+            config,
+        )
+    }
+
+    /// What the forwarder would send for these pods, handled by `provision`.
+    async fn provision(&self, pods: &[&str]) -> Outcome {
+        self.provisioner()
+            .handle(&event(pods.iter().map(|p| pod_ref(p)).collect()))
+            .await
+    }
+
+    /// Everything waiting on the pending-pods queue (solve requests), handled by `provision`.
+    async fn provision_queued(&self) -> (Vec<String>, Outcome) {
+        let bodies = self.drain(&self.pending_queue).await;
+        let outcome = self.provisioner().handle(&event(bodies.clone())).await;
+        (bodies, outcome)
+    }
+
+    /// Runs `launch` on every queued launch request.
+    async fn launch_all(&self) {
+        let bodies = self.drain(&self.launch_queue).await;
+        let launcher = launcher_with(&self.m, self.m.endpoint(), Some(self.pending_queue.clone())).await;
+        let (response, results) = batch::handle(&launcher, &event(bodies)).await;
+        assert!(response.batch_item_failures.is_empty(), "{results:?}");
+    }
+
+    async fn drain(&self, url: &str) -> Vec<String> {
+        let mut bodies = Vec::new();
+        loop {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .send()
+                .await
+                .unwrap();
+            if got.messages().is_empty() {
+                return bodies;
+            }
+            for msg in got.messages() {
+                bodies.push(msg.body().unwrap_or_default().to_string());
+                self.sqs
+                    .delete_message()
+                    .queue_url(url)
+                    .receipt_handle(msg.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    async fn kubelet_step(&self) {
+        let report = self
+            .kubelets
+            .step(&self.kube, &self.ec2, nodesmith::catalog::builtin().unwrap())
+            .await
+            .unwrap();
+        assert!(report.refused.is_empty(), "a kubelet refused to start: {report:?}");
+    }
+
+    async fn claims(&self) -> Vec<NodeClaim> {
+        self.store.list_node_claims().await.unwrap()
+    }
+
+    async fn nodes(&self) -> Vec<Node> {
+        self.cluster().nodes().await.unwrap()
+    }
+
+    /// States of the instances EC2 knows, by id.
+    async fn instance_states(&self) -> BTreeMap<String, String> {
+        let out = self.ec2.describe_instances().send().await.unwrap();
+        out.reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .map(|i| {
+                (
+                    i.instance_id().unwrap_or_default().to_string(),
+                    i.state()
+                        .and_then(|s| s.name())
+                        .map(|n| n.as_str().to_string())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Provisions and launches for the first `n` pods; returns the claims.
+    async fn launched(&self, pods: &[&str]) -> Vec<NodeClaim> {
+        let outcome = self.provision(pods).await;
+        assert!(outcome.failed.is_empty() && !outcome.created.is_empty(), "{outcome:?}");
+        self.launch_all().await;
+        let claims = self.claims().await;
+        assert!(claims.iter().all(|c| c.phase == Phase::Launched), "{claims:?}");
+        claims
+    }
+}
+
+fn short(report: &SweepReport) -> Vec<String> {
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    report
+        .done
+        .iter()
+        .map(|a| match a {
+            Action::Register { .. } => "register".to_string(),
+            Action::Initialize { .. } => "initialize".to_string(),
+            Action::Remove { reason, .. } => format!("remove {}", reason.as_str()),
+            Action::CollectInstance { .. } => "collect-instance".to_string(),
+            Action::CollectNode { .. } => "collect-node".to_string(),
+        })
+        .collect()
+}
+
+fn labels_of(n: &Node) -> BTreeMap<String, String> {
+    n.metadata.labels.clone().unwrap_or_default()
+}
+
+fn taint_keys(n: &Node) -> Vec<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect()
+}
+
+fn bound(kube: &KubeServer) -> usize {
+    kube.pods()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .count()
+}
+
+#[tokio::test]
+async fn a_launched_node_is_registered_with_its_real_instance_labels_then_initialized() {
+    let s = Stack::new("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    let claim = &claims[0];
+    let sweeper = s.sweeper(fast());
+
+    // The kubelet joins: not ready, tainted, and labelled only with what it knows.
+    s.kubelet_step().await;
+    let node = s.nodes().await.remove(0);
+    let name = node.metadata.name.clone().unwrap();
+    assert!(name.starts_with("ip-"), "{name}");
+    assert!(taint_keys(&node).contains(&labels::UNREGISTERED_TAINT_KEY.to_string()));
+    assert!(
+        !labels_of(&node).contains_key(labels::aws::FAMILY),
+        "user data carries no instance labels"
+    );
+    s.kube.schedule();
+    assert_eq!(bound(&s.kube), 0, "nothing lands on a registering node");
+
+    // The sweep registers it: the launched instance's labels, the unregistered taint gone.
+    assert_eq!(short(&sweeper.run().await.unwrap()), vec!["register"]);
+    let node = s.cluster().node(&name).await.unwrap().unwrap();
+    let l = labels_of(&node);
+    let launched = s.store.get_node_claim(&claim.name).await.unwrap().unwrap();
+    assert_eq!(launched.phase, Phase::Registered);
+    assert_eq!(launched.node_name.as_deref(), Some(name.as_str()));
+    let itype = launched.instance_type.clone().unwrap();
+    assert_eq!(l.get(labels::INSTANCE_TYPE), Some(&itype));
+    assert_eq!(l.get(labels::aws::FAMILY).map(String::as_str), itype.split('.').next());
+    assert_eq!(l.get(labels::ZONE), launched.zone.as_ref());
+    assert_eq!(l.get(labels::HOSTNAME), Some(&name), "the hostname is the node's own");
+    assert_eq!(l.get(labels::REGISTERED).map(String::as_str), Some("true"));
+    assert_eq!(l.get(labels::NODECLAIM), Some(&claim.name));
+    assert_eq!(l.get("team").map(String::as_str), Some("web"));
+    assert!(!taint_keys(&node).contains(&labels::UNREGISTERED_TAINT_KEY.to_string()));
+    let a = node.metadata.annotations.clone().unwrap_or_default();
+    assert!(a.contains_key(labels::NODEPOOL_HASH_ANNOTATION), "{a:?}");
+
+    // Not ready yet: not initialized.
+    assert!(short(&sweeper.run().await.unwrap()).is_empty());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    s.kubelet_step().await;
+    assert_eq!(short(&sweeper.run().await.unwrap()), vec!["initialize"]);
+    let initialized = s.store.get_node_claim(&claim.name).await.unwrap().unwrap();
+    assert_eq!(initialized.phase, Phase::Initialized);
+    let node = s.cluster().node(&name).await.unwrap().unwrap();
+    assert_eq!(
+        labels_of(&node).get(labels::INITIALIZED).map(String::as_str),
+        Some("true")
+    );
+    s.kube.schedule();
+    assert_eq!(bound(&s.kube), 2);
+    assert!(
+        short(&sweeper.run().await.unwrap()).is_empty(),
+        "a settled node needs nothing"
+    );
+}
+
+#[tokio::test]
+async fn pods_waiting_for_a_registering_node_do_not_launch_a_second_one() {
+    let s = Stack::new("64", 2).await;
+    let pods = ["web-0", "web-1"];
+    s.launched(&pods).await;
+    // The node joins, not ready and tainted; the scheduler marks the pods
+    // unschedulable again and the forwarder sends them once more.
+    s.kubelet_step().await;
+    s.kube.schedule();
+    let again = s.provision(&pods).await;
+    assert!(again.failed.is_empty(), "{again:?}");
+    assert!(again.created.is_empty(), "a second node was launched: {again:?}");
+    assert_eq!(again.placed_on_existing, 2, "{again:?}");
+    // Same once the sweep registered it and it is still not ready.
+    s.sweeper(fast()).run().await.unwrap();
+    let third = s.provision(&pods).await;
+    assert!(third.created.is_empty(), "{third:?}");
+    assert_eq!(s.claims().await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_instance_terminated_behind_our_back_frees_its_pods_and_the_pool_limit() {
+    // The limit holds one node: a claim that counts forever would stop the pool.
+    let s = Stack::new("2", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    let id = claims[0].instance_id.clone().unwrap();
+    s.ec2.terminate_instances().instance_ids(&id).send().await.unwrap();
+    // Before the sweep the claim is phantom capacity: the pods are "placed" on it.
+    let phantom = s.provision(&["web-0"]).await;
+    assert!(phantom.created.is_empty(), "{phantom:?}");
+
+    let report = s.sweeper(fast()).run().await.unwrap();
+    assert_eq!(short(&report), vec!["remove instance-gone"]);
+    assert!(s.claims().await.is_empty());
+    // The pods are solved again at once: the sweep asked for it.
+    let (asked, outcome) = s.provision_queued().await;
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].contains("instance-gone"), "{asked:?}");
+    assert_eq!(outcome.created.len(), 1, "the pool has room again: {outcome:?}");
+}
+
+#[tokio::test]
+async fn a_claim_never_launched_times_out_and_its_pods_are_solved_again() {
+    let s = Stack::new("64", 2).await;
+    let outcome = s.provision(&["web-0", "web-1"]).await;
+    assert_eq!(outcome.created.len(), 1);
+    // The launch request is lost: nobody launches.
+    s.drain(&s.launch_queue).await;
+    let sweeper = s.sweeper(LifecycleConfig {
+        launch_timeout: Duration::from_secs(1),
+        ..fast()
+    });
+    assert!(short(&sweeper.run().await.unwrap()).is_empty(), "not yet");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = sweeper.run().await.unwrap();
+    assert_eq!(short(&report), vec!["remove launch-timeout"]);
+    assert!(s.claims().await.is_empty());
+    let (asked, again) = s.provision_queued().await;
+    assert_eq!(asked.len(), 1);
+    assert_eq!(again.created.len(), 1, "{again:?}");
+    assert_ne!(
+        again.created[0].name, outcome.created[0].name,
+        "a new claim, a new name"
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_never_joins_times_out_and_its_instance_is_terminated() {
+    let s = Stack::new("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    let id = claims[0].instance_id.clone().unwrap();
+    let sweeper = s.sweeper(LifecycleConfig {
+        registration_timeout: Duration::from_secs(1),
+        ..fast()
+    });
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        short(&sweeper.run().await.unwrap()),
+        vec!["remove registration-timeout"]
+    );
+    assert!(s.claims().await.is_empty());
+    assert_eq!(
+        s.instance_states().await.get(&id).map(String::as_str),
+        Some("terminated")
+    );
+    let (asked, _) = s.provision_queued().await;
+    assert!(asked[0].contains("registration-timeout"), "{asked:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_node_takes_its_claim_and_instance_with_it() {
+    let s = Stack::new("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    let id = claims[0].instance_id.clone().unwrap();
+    s.kubelet_step().await;
+    let sweeper = s.sweeper(fast());
+    sweeper.run().await.unwrap();
+    let node = s.nodes().await.remove(0).metadata.name.unwrap();
+    s.cluster().delete_node(&node).await.unwrap();
+    assert_eq!(short(&sweeper.run().await.unwrap()), vec!["remove node-gone"]);
+    assert!(s.claims().await.is_empty());
+    assert_eq!(
+        s.instance_states().await.get(&id).map(String::as_str),
+        Some("terminated")
+    );
+}
+
+#[tokio::test]
+async fn leaked_instances_and_orphaned_nodes_are_collected() {
+    let s = Stack::new("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    let id = claims[0].instance_id.clone().unwrap();
+    s.kubelet_step().await;
+    let node = s.nodes().await.remove(0).metadata.name.unwrap();
+    // The claim vanishes (a crash between a launch and its record, a race with a
+    // give-up): the instance is nobody's.
+    s.store
+        .delete_node_claim(&claims[0].name, claims[0].version)
+        .await
+        .unwrap();
+    // An orphaned Node of the pool: no claim, no instance.
+    s.kube
+        .apply(
+            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ip-10-9-9-9.ec2.internal",
+            "labels": {"karpenter.sh/nodepool": "default"}},
+            "spec": {"providerID": "aws:///us-east-1a/i-0000000000000dead"}}),
+        )
+        .unwrap();
+    // Inside the leak window nothing is touched.
+    assert!(short(&s.sweeper(fast()).run().await.unwrap()).is_empty());
+    let sweeper = s.sweeper(LifecycleConfig {
+        leak_window: Duration::ZERO,
+        ..fast()
+    });
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut done = short(&sweeper.run().await.unwrap());
+    done.sort();
+    assert_eq!(done, vec!["collect-instance", "collect-node"]);
+    assert_eq!(
+        s.instance_states().await.get(&id).map(String::as_str),
+        Some("terminated")
+    );
+    assert!(
+        s.nodes().await.is_empty(),
+        "both nodes deleted, {node} with its instance"
+    );
+    assert!(short(&sweeper.run().await.unwrap()).is_empty(), "nothing left");
+}
+
+#[tokio::test]
+async fn pods_left_pending_with_nobody_solving_get_a_solve() {
+    // A batch went to the DLQ: the pods are pending, no solve ever ran for them.
+    let s = Stack::new("64", 2).await;
+    let sweeper = s.sweeper(fast());
+    let report = sweeper.run().await.unwrap();
+    assert_eq!(
+        report.solve_requested.as_ref().map(|r| r.reason.as_str()),
+        Some("pods-still-pending")
+    );
+    let (asked, outcome) = s.provision_queued().await;
+    assert_eq!(asked.len(), 1);
+    assert_eq!(outcome.created.len(), 1, "{outcome:?}");
+    // The solve is recorded: the next sweep does not ask again.
+    let report = sweeper.run().await.unwrap();
+    assert!(report.solve_requested.is_none(), "{report:?}");
+    // Still pending long after the last solve (the node never came): ask again.
+    let patient = s.sweeper(LifecycleConfig {
+        resolve_every: Duration::from_millis(500),
+        ..fast()
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(patient.run().await.unwrap().solve_requested.is_some());
+}
+
+#[tokio::test]
+async fn a_sweep_killed_mid_run_is_finished_by_the_next() {
+    let s = Stack::new("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    let id = claims[0].instance_id.clone().unwrap();
+    s.ec2.terminate_instances().instance_ids(&id).send().await.unwrap();
+    // A sweep died holding its lease, after terminating the instance and before
+    // deleting the claim.
+    let dead = s
+        .store
+        .acquire_lease("sweep", "dead-sweep", 1000, nodesmith::state::now_ms())
+        .await
+        .unwrap();
+    assert!(dead.is_some());
+    let sweeper = s.sweeper(fast());
+    assert!(
+        sweeper.run().await.unwrap().skipped,
+        "the dead sweep's lease still holds"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(short(&sweeper.run().await.unwrap()), vec!["remove instance-gone"]);
+    assert!(s.claims().await.is_empty());
+
+    // Killed partway for real: the next run converges to the same end.
+    s.provision(&["web-0", "web-1"]).await;
+    s.launch_all().await;
+    s.kubelet_step().await;
+    let run = tokio::spawn({
+        let sweeper = s.sweeper(fast());
+        async move { sweeper.run().await.map(|r| r.done.len()) }
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    run.abort();
+    let _ = run.await;
+    // Its lease (if it got that far) expires; a later sweep finishes the registration.
+    let mut registered = false;
+    for _ in 0..20 {
+        let r = sweeper.run().await.unwrap();
+        let claims = s.claims().await;
+        if !r.skipped && !claims.is_empty() && claims.iter().all(|c| c.phase == Phase::Registered) {
+            registered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(registered, "{:?}", s.claims().await);
+}
+
+#[tokio::test]
+async fn two_sweeps_at_once_act_once() {
+    let s = Stack::new("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    s.ec2
+        .terminate_instances()
+        .instance_ids(claims[0].instance_id.clone().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let (a, b) = (s.sweeper(fast()), s.sweeper(fast()));
+    let (ra, rb) = tokio::join!(a.run(), b.run());
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let acted = [&ra, &rb].iter().filter(|r| !r.done.is_empty()).count();
+    assert_eq!(acted, 1, "exactly one sweep acts: {ra:?} {rb:?}");
+    assert!(ra.failed.is_empty() && rb.failed.is_empty());
+    let asked = s.drain(&s.pending_queue).await;
+    assert_eq!(asked.len(), 1, "one solve request: {asked:?}");
+}
