@@ -140,13 +140,22 @@ fn short(a: &Action) -> String {
     }
 }
 
+/// What, the claims, nodes and instances seen, and the actions wanted.
+type Case = (
+    &'static str,
+    Vec<NodeClaim>,
+    Vec<Node>,
+    Vec<Instance>,
+    Vec<&'static str>,
+);
+
 #[test]
 fn each_claim_phase_and_what_the_world_says() {
     let running = |id: &str, c: &str| instance(id, Some(c), InstanceState::Running, mins_ago(2));
     let registered = claim("c", Phase::Registered, Some("i-1"), mins_ago(2));
     let reg_node =
         |taints: &[&str], ready: bool| labelled(node("ip-1", "i-1", mins_ago(1), &[], taints, ready), &registered);
-    let cases: Vec<(&str, Vec<NodeClaim>, Vec<Node>, Vec<Instance>, Vec<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "young pending claim: wait for launch",
             vec![claim("c", Phase::Pending, None, mins_ago(1))],
@@ -285,7 +294,7 @@ fn registered_node_carrying_every_registration_label_is_left_alone_once_initiali
     // Its initialized label removed by someone: put back.
     let bare: Vec<(&str, &str)> = update.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let n2 = node("ip-1", "i-1", mins_ago(4), &bare, &[], true);
-    let got: Vec<String> = run(&[c.clone()], &[n2], &[i]).iter().map(short).collect();
+    let got: Vec<String> = run(std::slice::from_ref(&c), &[n2], &[i]).iter().map(short).collect();
     assert_eq!(got, vec!["initialize c ip-1"]);
 }
 
