@@ -6,3 +6,4 @@ pub mod fault_proxy;
 pub mod kube_server;
 pub mod lambda_runtime;
 pub mod moto;
+pub mod sqs;

@@ -9,6 +9,7 @@ use nodesmith::launch::LaunchOutcome;
 use nodesmith::state::{self, OfferingKey};
 use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::moto::{ZONES, moto};
+use nodesmith_tests::sqs;
 
 #[tokio::test]
 async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
@@ -127,16 +128,8 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     for z in ZONES {
         proxy.fail_offering("m5.large", z, None, "UnfulfillableCapacity");
     }
-    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
-    let pending_queue = sqs
-        .create_queue()
-        .queue_name("pending-pods")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let client = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let pending_queue = sqs::create_queue(&client, "pending-pods").await;
     let l = launcher_with(&m, proxy.endpoint(), Some(pending_queue.clone())).await;
     let req = pending(
         &st,
@@ -159,16 +152,8 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     assert!(instances_of(&m, "fb-4").await.is_empty());
     assert_eq!(proxy.fleets().len(), 1, "nothing left to try after one call");
     // The pods that waited on the claim are solved again at once, not when some watch event comes.
-    let got = sqs
-        .receive_message()
-        .queue_url(&pending_queue)
-        .max_number_of_messages(10)
-        .send()
-        .await
-        .unwrap();
-    let bodies: Vec<&str> = got.messages().iter().filter_map(|m| m.body()).collect();
     assert_eq!(
-        bodies,
+        sqs::drain(&client, &pending_queue).await,
         vec![r#"{"solve":{"reason":"launch-no-capacity","nodeClaim":"fb-4"}}"#]
     );
 }

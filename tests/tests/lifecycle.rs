@@ -11,7 +11,7 @@ mod launch_fixtures;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::SqsEvent;
 use k8s_openapi::api::core::v1::Node;
 use launch_fixtures::{CLUSTER, DISCOVERY, launcher_with, store, world};
 use nodesmith::apis::labels;
@@ -26,6 +26,7 @@ use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, SweepReport, Sweeper};
 use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
 use nodesmith_tests::moto::{Moto, moto};
+use nodesmith_tests::sqs;
 use serde_json::json;
 
 /// Lifecycle settings for tests: every wait in seconds or less.
@@ -52,18 +53,7 @@ struct Stack {
 }
 
 fn event(bodies: Vec<String>) -> SqsEvent {
-    let mut e = SqsEvent::default();
-    e.records = bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, body)| {
-            let mut m = SqsMessage::default();
-            m.message_id = Some(format!("m{i}"));
-            m.body = Some(body);
-            m
-        })
-        .collect();
-    e
+    sqs::event(bodies.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)))
 }
 
 fn pod_ref(name: &str) -> String {
@@ -78,12 +68,11 @@ impl Stack {
         let m = moto().await;
         world(&m).await;
         let conf = m.sdk_config().await;
-        let sqs = aws_sdk_sqs::Client::new(&conf);
-        let mut urls = Vec::new();
-        for q in ["launch", "pending-pods"] {
-            let url = sqs.create_queue().queue_name(q).send().await.unwrap();
-            urls.push(url.queue_url().unwrap().to_string());
-        }
+        let client = aws_sdk_sqs::Client::new(&conf);
+        let urls = [
+            sqs::create_queue(&client, "launch").await,
+            sqs::create_queue(&client, "pending-pods").await,
+        ];
         let kube = KubeServer::start().await;
         kube.apply(
             &json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
@@ -120,7 +109,7 @@ impl Stack {
             ec2: aws_sdk_ec2::Client::new(&conf),
             m,
             kube,
-            sqs,
+            sqs: client,
             launch_queue: urls[0].clone(),
             pending_queue: urls[1].clone(),
             kubelets: Kubelets::new(KubeletTiming::millis(0, 200)),
@@ -178,30 +167,7 @@ impl Stack {
     }
 
     async fn drain(&self, url: &str) -> Vec<String> {
-        let mut bodies = Vec::new();
-        loop {
-            let got = self
-                .sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .send()
-                .await
-                .unwrap();
-            if got.messages().is_empty() {
-                return bodies;
-            }
-            for msg in got.messages() {
-                bodies.push(msg.body().unwrap_or_default().to_string());
-                self.sqs
-                    .delete_message()
-                    .queue_url(url)
-                    .receipt_handle(msg.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-        }
+        sqs::drain(&self.sqs, url).await
     }
 
     async fn kubelet_step(&self) {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::SqsEvent;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::launch::request::LaunchRequest;
@@ -14,6 +14,7 @@ use nodesmith::resources::CPU;
 use nodesmith::state::{self, StateStore};
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
+use nodesmith_tests::sqs;
 use serde_json::{Value, json};
 
 const TABLE: &str = "nodesmith";
@@ -62,22 +63,9 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
     let conf = m.sdk_config().await;
     let dynamo = aws_sdk_dynamodb::Client::new(&conf);
     state::create_table(&dynamo, TABLE).await.unwrap();
-    let sqs = aws_sdk_sqs::Client::new(&conf);
-    let q = |name: &'static str| {
-        let sqs = sqs.clone();
-        async move {
-            sqs.create_queue()
-                .queue_name(name)
-                .send()
-                .await
-                .unwrap()
-                .queue_url()
-                .unwrap()
-                .to_string()
-        }
-    };
-    let launch_queue = q("launch").await;
-    let dlq = q("pending-pods-dlq").await;
+    let sqs_client = aws_sdk_sqs::Client::new(&conf);
+    let launch_queue = sqs::create_queue(&sqs_client, "launch").await;
+    let dlq = sqs::create_queue(&sqs_client, "pending-pods-dlq").await;
     let kube = KubeServer::start().await;
     kube.apply(&pool(cpu_limit)).unwrap();
     kube.apply(&node_class()).unwrap();
@@ -90,7 +78,7 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
         _moto: m,
         kube,
         store: StateStore::new(dynamo, TABLE),
-        sqs,
+        sqs: sqs_client,
         launch_queue,
         dlq,
     }
@@ -113,45 +101,12 @@ impl Stack {
     }
 
     async fn drain_queue(&self, url: &str) -> Vec<String> {
-        let mut bodies = Vec::new();
-        loop {
-            let out = self
-                .sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .send()
-                .await
-                .unwrap();
-            if out.messages().is_empty() {
-                return bodies;
-            }
-            for msg in out.messages() {
-                bodies.push(msg.body().unwrap_or_default().to_string());
-                self.sqs
-                    .delete_message()
-                    .queue_url(url)
-                    .receipt_handle(msg.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-        }
+        sqs::drain(&self.sqs, url).await
     }
 }
 
 fn event(messages: &[(&str, String)]) -> SqsEvent {
-    let mut e = SqsEvent::default();
-    e.records = messages
-        .iter()
-        .map(|(id, body)| {
-            let mut m = SqsMessage::default();
-            m.message_id = Some(id.to_string());
-            m.body = Some(body.clone());
-            m
-        })
-        .collect();
-    e
+    sqs::event(messages.iter().map(|(id, body)| (*id, body.clone())))
 }
 
 fn reference(name: &str) -> String {

@@ -11,6 +11,7 @@ use nodesmith::state::StateStore;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::lambda_runtime::invoke;
 use nodesmith_tests::moto::moto;
+use nodesmith_tests::sqs;
 use serde_json::json;
 
 #[tokio::test]
@@ -30,16 +31,8 @@ async fn binary_sweeps_once_under_the_runtime_api() {
     gone.timestamps.created = Some("2026-01-01T00:00:00Z".parse().unwrap());
     gone.timestamps.launched = gone.timestamps.created;
     store.create_node_claim(&gone).await.unwrap();
-    let sqs = aws_sdk_sqs::Client::new(&conf);
-    let pending = sqs
-        .create_queue()
-        .queue_name("pending-pods")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let client = aws_sdk_sqs::Client::new(&conf);
+    let pending = sqs::create_queue(&client, "pending-pods").await;
     let kube = KubeServer::start().await;
 
     let mut env: BTreeMap<String, String> = m
@@ -62,8 +55,7 @@ async fn binary_sweeps_once_under_the_runtime_api() {
         json!({"skipped": false, "done": 1, "failed": 0, "deferred": 0, "solveRequested": "instance-gone"})
     );
     assert_eq!(store.get_node_claim("default-gone1").await.unwrap(), None);
-    let asked = sqs.receive_message().queue_url(&pending).send().await.unwrap();
-    assert_eq!(asked.messages().len(), 1);
+    assert_eq!(sqs::drain(&client, &pending).await.len(), 1, "a solve was asked for");
 }
 
 #[tokio::test]
