@@ -8,6 +8,7 @@ pub mod apis;
 pub mod catalog;
 pub mod ec2;
 pub mod kubernetes;
+pub mod lambda;
 pub mod launch;
 pub mod lifecycle;
 pub mod messages;

@@ -4,20 +4,18 @@
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::kubernetes::KubeCluster;
+use nodesmith::lambda;
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
 use nodesmith::state::StateStore;
 
-/// Reads a required environment variable, naming it when missing.
-fn env(name: &str) -> Result<String, Error> {
-    std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    nodesmith::telemetry::init();
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
-    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), env("NODESMITH_TABLE")?);
+    let store = StateStore::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        lambda::required_env("NODESMITH_TABLE")?,
+    );
     let config = ProvisionConfig::from_env()?;
     let provisioner = Provisioner::new(cluster, store, aws_sdk_sqs::Client::new(&sdk), config);
     let provisioner = &provisioner;

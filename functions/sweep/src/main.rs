@@ -8,22 +8,23 @@ use std::collections::BTreeMap;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::KubeCluster;
+use nodesmith::lambda;
 use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
 use serde_json::{Value, json};
 
-/// Reads a required environment variable, naming it when missing.
-fn env(name: &str) -> Result<String, Error> {
-    std::env::var(name).map_err(|_| format!("environment variable {name} is not set").into())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    nodesmith::telemetry::init();
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
-    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), env("NODESMITH_TABLE")?);
-    let instances = Instances::new(aws_sdk_ec2::Client::new(&sdk), env("NODESMITH_CLUSTER_NAME")?);
+    let store = StateStore::new(
+        aws_sdk_dynamodb::Client::new(&sdk),
+        lambda::required_env("NODESMITH_TABLE")?,
+    );
+    let instances = Instances::new(
+        aws_sdk_ec2::Client::new(&sdk),
+        lambda::required_env("NODESMITH_CLUSTER_NAME")?,
+    );
     let config = SweepConfig::from_env()?;
     let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config);
     let sweeper = &sweeper;
