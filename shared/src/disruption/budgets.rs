@@ -76,7 +76,10 @@ impl Parsed {
         let nodes = Nodes::parse(&b.nodes).ok_or_else(|| {
             err(
                 "nodes",
-                format!("must be a non-negative integer or a percentage up to 100%, got {:?}", b.nodes),
+                format!(
+                    "must be a non-negative integer or a percentage up to 100%, got {:?}",
+                    b.nodes
+                ),
             )
         })?;
         let window = match (&b.schedule, &b.duration) {
@@ -101,8 +104,12 @@ impl Parsed {
     /// Active at `now`: no schedule, or a scheduled start within the last
     /// `duration` (the window is `[start, start + duration)`, in UTC).
     fn active(&self, now: Timestamp) -> bool {
-        let Some((cron, duration)) = &self.window else { return true };
-        let Ok(span) = jiff::SignedDuration::try_from(*duration) else { return false };
+        let Some((cron, duration)) = &self.window else {
+            return true;
+        };
+        let Ok(span) = jiff::SignedDuration::try_from(*duration) else {
+            return false;
+        };
         let Ok(from) = now.checked_sub(span) else { return false };
         // The first start strictly after `now - duration`: active when it is not after `now`.
         match cron.find_next_occurrence(&from.to_zoned(TimeZone::UTC), false) {

@@ -55,7 +55,11 @@ pub(crate) fn drifted(c: &Candidate, cx: &Context) -> Option<String> {
                 None => r.allows_absent() || labels::is_well_known(&r.key),
             };
             if !ok {
-                return Some(format!("label {} no longer satisfies NodePool {}", r.key, c.pool.name()));
+                return Some(format!(
+                    "label {} no longer satisfies NodePool {}",
+                    r.key,
+                    c.pool.name()
+                ));
             }
         }
     }

@@ -472,7 +472,9 @@ fn assemble(
         for claim in plan.node_claims {
             let mut pods = claim.pods.clone();
             pods.sort();
-            let Some(i) = pods.iter().find_map(|p| owner.get(p)).copied() else { continue };
+            let Some(i) = pods.iter().find_map(|p| owner.get(p)).copied() else {
+                continue;
+            };
             for p in &pods {
                 if let Some(j) = owner.get(p) {
                     decisions[*j].moves.push(Move {
@@ -491,7 +493,10 @@ fn assemble(
     }
     let price_before: f64 = candidates.iter().filter_map(|c| c.price).sum();
     let savings: f64 = decisions.iter().map(|d| d.savings_per_hour).sum();
-    let chosen_names: BTreeSet<&str> = chosen.iter().flat_map(|(_, n)| n.iter().map(|c| c.name.as_str())).collect();
+    let chosen_names: BTreeSet<&str> = chosen
+        .iter()
+        .flat_map(|(_, n)| n.iter().map(|c| c.name.as_str()))
+        .collect();
     Decisions {
         decisions,
         blocked: blocked
