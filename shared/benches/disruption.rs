@@ -35,7 +35,11 @@ fn pool() -> NodePool {
 
 fn node(i: usize) -> Node {
     let name = format!("node-{i:04}");
-    let created = if i % 20 == 0 { "2025-12-01T00:00:00Z" } else { "2026-02-20T00:00:00Z" };
+    let created = if i.is_multiple_of(20) {
+        "2025-12-01T00:00:00Z"
+    } else {
+        "2026-02-20T00:00:00Z"
+    };
     let annotations = if i % 20 == 10 {
         json!({"karpenter.sh/nodepool-hash": "0000000000000000", "karpenter.sh/nodepool-hash-version": "nodesmith-v1"})
     } else {

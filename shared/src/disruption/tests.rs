@@ -727,7 +727,7 @@ proptest! {
                 let en = by_name[n];
                 let ann = en.node.metadata.annotations.clone().unwrap_or_default();
                 if dec.reason != Reason::Expired {
-                    prop_assert!(ann.get("karpenter.sh/do-not-disrupt").is_none(), "{} is protected", n);
+                    prop_assert!(!ann.contains_key("karpenter.sh/do-not-disrupt"), "{} is protected", n);
                     prop_assert!(!en.pods.iter().any(crate::kubernetes::pods::has_do_not_disrupt));
                 }
                 for p in en.pods.iter().filter(|p| candidate::movable(p)) {
