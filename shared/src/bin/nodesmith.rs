@@ -1,5 +1,6 @@
 //! The `nodesmith` command line: `nodesmith simulate` plans offline what the
-//! provision function would launch for a set of manifests.
+//! provision function would launch for a set of manifests; with
+//! `--disruption`, what one sweep pass would disrupt in a running cluster.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -25,6 +26,9 @@ enum Command {
         /// Output format (json when stdout is not a terminal, else table).
         #[arg(long, value_enum)]
         output: Option<Output>,
+        /// Decide one disruption pass over the running cluster instead.
+        #[arg(long)]
+        disruption: bool,
         /// The moment decisions are taken, RFC 3339 (default: now).
         #[arg(long)]
         now: Option<jiff::Timestamp>,
@@ -46,10 +50,19 @@ fn main() -> ExitCode {
         Command::Simulate {
             catalog,
             output,
+            disruption,
             now,
             paths,
         } => {
             let now = now.unwrap_or_else(jiff::Timestamp::now);
+            let output = output.unwrap_or(if std::io::stdout().is_terminal() {
+                Output::Table
+            } else {
+                Output::Json
+            });
+            if disruption {
+                return simulate_disruption(&paths, catalog.as_deref(), now, output);
+            }
             let (report, warnings) = match nodesmith::simulate::run(&paths, catalog.as_deref(), now) {
                 Ok(r) => r,
                 Err(e) => {
@@ -63,11 +76,6 @@ fn main() -> ExitCode {
             for w in &report.plan.warnings {
                 eprintln!("warning: {w}");
             }
-            let output = output.unwrap_or(if std::io::stdout().is_terminal() {
-                Output::Table
-            } else {
-                Output::Json
-            });
             match output {
                 Output::Json => match serde_json::to_string_pretty(&nodesmith::simulate::to_json(&report)) {
                     Ok(s) => println!("{s}"),
@@ -81,4 +89,36 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+fn simulate_disruption(
+    paths: &[PathBuf],
+    catalog: Option<&std::path::Path>,
+    now: jiff::Timestamp,
+    output: Output,
+) -> ExitCode {
+    let (report, warnings) = match nodesmith::simulate::run_disruption(paths, catalog, now) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for w in &warnings {
+        eprintln!("warning: {}: document {}: {}", w.file, w.index, w.message);
+    }
+    for e in &report.decisions.errors {
+        eprintln!("warning: {e} (the NodePool disrupts nothing voluntarily)");
+    }
+    match output {
+        Output::Json => match serde_json::to_string_pretty(&nodesmith::simulate::disruption_to_json(&report)) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("error: cannot render JSON: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Output::Table => print!("{}", nodesmith::simulate::disruption_to_table(&report)),
+    }
+    ExitCode::SUCCESS
 }

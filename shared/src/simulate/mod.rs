@@ -1,6 +1,7 @@
 //! `nodesmith simulate`: read ordinary manifests, expand workloads into pods,
 //! run the provisioning solver offline and report the plan (JSON or a table),
-//! exactly as `docs/simulate-format.md` specifies.
+//! exactly as `docs/simulate-format.md` specifies. With `--disruption`, the
+//! same manifests are a running cluster and one disruption pass is decided.
 
 pub mod output;
 
@@ -12,10 +13,11 @@ use jiff::Timestamp;
 
 use crate::apis::manifest::{ManifestError, Warning, load_paths};
 use crate::catalog::Catalog;
+use crate::disruption::{DecideOptions, Decisions, decide};
 use crate::scheduling::{Plan, SolveOptions};
 use crate::snapshot::Snapshot;
 
-pub use output::{to_json, to_table};
+pub use output::{disruption_to_json, disruption_to_table, to_json, to_table};
 
 /// Why a simulation could not run (all of it is bad input: exit status 2).
 #[derive(Debug, thiserror::Error)]
@@ -77,13 +79,13 @@ pub fn load_catalog(path: Option<&std::path::Path>) -> Result<Catalog, SimulateE
     }
 }
 
-/// Loads manifests and the catalog, and simulates at `now`; warnings are
+/// Loads manifests and the catalog into a snapshot at `now`; warnings are
 /// returned for stderr.
-pub fn run(
+pub fn load(
     paths: &[PathBuf],
     catalog: Option<&std::path::Path>,
     now: Timestamp,
-) -> Result<(Report, Vec<Warning>), SimulateError> {
+) -> Result<(Snapshot, Vec<Warning>), SimulateError> {
     let (docs, mut warnings) = load_paths(paths)?;
     // Manifest errors are reported before catalog errors: read the manifests
     // against an empty catalog, then put the real one in.
@@ -93,7 +95,53 @@ pub fn run(
     });
     let mut snapshot = Snapshot::from_manifests(&docs, empty, now, &mut warnings)?;
     snapshot.catalog = Arc::new(load_catalog(catalog)?);
+    Ok((snapshot, warnings))
+}
+
+/// Loads manifests and the catalog, and simulates at `now`; warnings are
+/// returned for stderr.
+pub fn run(
+    paths: &[PathBuf],
+    catalog: Option<&std::path::Path>,
+    now: Timestamp,
+) -> Result<(Report, Vec<Warning>), SimulateError> {
+    let (snapshot, warnings) = load(paths, catalog, now)?;
     Ok((simulate(&snapshot), warnings))
+}
+
+/// A finished disruption simulation.
+#[derive(Debug, Clone)]
+pub struct DisruptionReport {
+    /// The pass's decisions.
+    pub decisions: Decisions,
+    /// Nodes in the snapshot.
+    pub nodes: usize,
+    /// Pods running on them.
+    pub pods: usize,
+    /// Wall time of the decision, in milliseconds.
+    pub decide_millis: f64,
+}
+
+/// Decides one disruption pass over the snapshot, as the sweep would.
+pub fn simulate_disruption(s: &Snapshot) -> DisruptionReport {
+    let start = Instant::now();
+    let decisions = decide(s, &DecideOptions::default());
+    DisruptionReport {
+        decisions,
+        nodes: s.nodes.len(),
+        pods: s.nodes.iter().map(|n| n.pods.len()).sum(),
+        decide_millis: start.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+/// Loads manifests and the catalog, and decides one disruption pass at `now`.
+pub fn run_disruption(
+    paths: &[PathBuf],
+    catalog: Option<&std::path::Path>,
+    now: Timestamp,
+) -> Result<(DisruptionReport, Vec<Warning>), SimulateError> {
+    let (snapshot, warnings) = load(paths, catalog, now)?;
+    Ok((simulate_disruption(&snapshot), warnings))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::Snapshot;
 use crate::apis::manifest::{Document, ManifestError, Object, Warning};
@@ -245,6 +245,15 @@ impl Snapshot {
                 let mut p = pod.clone();
                 let node_name = n.node.metadata.name.clone().unwrap_or_default();
                 p.metadata.name = Some(format!("{ds_name}-{node_name}"));
+                // Owned by its DaemonSet, as the real one is: it never moves.
+                p.metadata.owner_references = Some(vec![OwnerReference {
+                    api_version: "apps/v1".into(),
+                    kind: "DaemonSet".into(),
+                    name: ds_name.clone(),
+                    uid: ds.metadata.uid.clone().unwrap_or_default(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]);
                 if let Some(spec) = p.spec.as_mut() {
                     spec.node_name = Some(node_name);
                 }

@@ -1,0 +1,129 @@
+//! A managed node as the methods see it: its pool, price, age, pods and the
+//! facts the protections look at, read once per pass.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::apis::{NodePool, labels};
+use crate::catalog::Catalog;
+use crate::kubernetes::pods;
+use crate::scheduling::{ExistingNode, PodRef};
+use crate::snapshot::Snapshot;
+
+/// A node that carries `karpenter.sh/nodepool` and whose pool exists.
+#[derive(Debug, Clone)]
+pub(crate) struct Candidate<'a> {
+    /// The node's name.
+    pub name: String,
+    /// The node and its pods.
+    pub node: &'a ExistingNode,
+    /// Its NodePool.
+    pub pool: &'a NodePool,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Launch time (`metadata.creationTimestamp`).
+    pub created: Option<Timestamp>,
+    /// The newest pod's creation, or the node's own.
+    pub last_pod_event: Option<Timestamp>,
+    /// Hourly price of the offering its labels name, if the catalog has it.
+    pub price: Option<f64>,
+    /// Tainted `karpenter.sh/disrupted`: already being disrupted.
+    pub disrupting: bool,
+}
+
+impl<'a> Candidate<'a> {
+    /// Pods a drain would evict: not DaemonSet, mirror or finished pods.
+    pub fn evicted(&self) -> impl Iterator<Item = &'a Pod> + use<'a> {
+        self.node.pods.iter().filter(|p| movable(p))
+    }
+
+    /// True when only DaemonSet, mirror and finished pods run here.
+    pub fn is_empty(&self) -> bool {
+        self.evicted().next().is_none()
+    }
+
+    /// The node's own do-not-disrupt annotation.
+    pub fn do_not_disrupt(&self) -> bool {
+        self.annotations.get(pods::DO_NOT_DISRUPT).is_some_and(|v| v == "true")
+    }
+
+    /// The first running pod that asks not to be disrupted.
+    pub fn do_not_disrupt_pod(&self) -> Option<PodRef> {
+        self.node
+            .pods
+            .iter()
+            .filter(|p| !pods::is_terminal(p))
+            .find(|p| pods::has_do_not_disrupt(p))
+            .map(PodRef::of)
+    }
+
+    /// The first evicted pod with no owner: it would not come back.
+    pub fn uncontrolled_pod(&self) -> Option<PodRef> {
+        self.evicted()
+            .find(|p| p.metadata.owner_references.as_ref().is_none_or(Vec::is_empty))
+            .map(PodRef::of)
+    }
+}
+
+/// Whether a drain moves the pod.
+pub(crate) fn movable(p: &Pod) -> bool {
+    !(pods::is_daemonset_pod(p) || pods::is_mirror_pod(p) || pods::is_terminal(p))
+}
+
+/// The hourly price of the offering named by the node's instance-type, zone
+/// and capacity-type labels.
+pub(crate) fn price(catalog: &Catalog, labels: &BTreeMap<String, String>) -> Option<f64> {
+    let it = labels.get(labels::INSTANCE_TYPE)?;
+    let zone = labels.get(labels::ZONE)?;
+    let ct = labels.get(labels::CAPACITY_TYPE)?;
+    let info = match catalog.instance_types.binary_search_by(|t| t.name.as_str().cmp(it)) {
+        Ok(i) => &catalog.instance_types[i],
+        Err(_) => catalog.instance_types.iter().find(|t| &t.name == it)?,
+    };
+    info.offerings
+        .iter()
+        .find(|o| &o.zone == zone && &o.capacity_type == ct)
+        .map(|o| o.price)
+}
+
+/// Every managed node of the snapshot whose pool exists, by name.
+pub(crate) fn collect(s: &Snapshot) -> Vec<Candidate<'_>> {
+    let pools: BTreeMap<&str, &NodePool> = s.node_pools.iter().map(|p| (p.name(), p)).collect();
+    let mut out: Vec<Candidate> = s
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let labels = n.node.metadata.labels.clone().unwrap_or_default();
+            let pool = *pools.get(labels.get(labels::NODEPOOL)?.as_str())?;
+            let created = n.node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let newest_pod = n
+                .pods
+                .iter()
+                .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+                .max();
+            let disrupting = n
+                .node
+                .spec
+                .as_ref()
+                .and_then(|sp| sp.taints.as_ref())
+                .is_some_and(|ts| ts.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY));
+            Some(Candidate {
+                name: n.node.metadata.name.clone().unwrap_or_default(),
+                node: n,
+                pool,
+                price: price(&s.catalog, &labels),
+                labels,
+                annotations: n.node.metadata.annotations.clone().unwrap_or_default(),
+                created,
+                last_pod_event: newest_pod.or(created),
+                disrupting,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}

@@ -1,0 +1,47 @@
+//! Emptiness: a managed node whose pods are only DaemonSet, mirror and
+//! finished ones, empty for `consolidateAfter` (since its last pod event), is
+//! deleted without replacement, within budgets. Both consolidation policies
+//! allow it; `consolidateAfter: Never` disables it. It must save money: the
+//! node's price must be known.
+
+use super::candidate::Candidate;
+use super::{Context, Held, Method, Reason, Verdict};
+
+/// The emptiness method.
+pub(crate) struct Emptiness;
+
+impl Method for Emptiness {
+    fn reason(&self) -> Reason {
+        Reason::Empty
+    }
+
+    fn judge(&self, c: &Candidate, cx: &Context) -> Verdict {
+        if !c.is_empty() {
+            return Verdict::Skip;
+        }
+        let Some(after) = c.pool.spec.disruption.consolidate_after.duration() else {
+            return Verdict::Held(Held::ConsolidationDisabled);
+        };
+        if let Some(last) = c.last_pod_event
+            && let Ok(span) = jiff::SignedDuration::try_from(after)
+            && let Ok(ready) = last.checked_add(span)
+            && ready > cx.now
+        {
+            return Verdict::Held(Held::ConsolidateAfter {
+                remaining_secs: ready.duration_since(cx.now).as_secs().unsigned_abs(),
+            });
+        }
+        match c.price {
+            Some(p) if p > 0.0 => Verdict::Disrupt,
+            _ => Verdict::Held(Held::NoSaving),
+        }
+    }
+
+    /// Most expensive first: the biggest saving within the budget.
+    fn order(&self, a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+        b.price
+            .unwrap_or(0.0)
+            .total_cmp(&a.price.unwrap_or(0.0))
+            .then_with(|| a.name.cmp(&b.name))
+    }
+}

@@ -1,0 +1,514 @@
+//! Disruption decisions (pure): which managed nodes one sweep pass would
+//! disrupt and why, with the replacements it would launch, where every moved
+//! pod goes and the money saved, plus the nodes a rule held and which rule.
+//!
+//! Made of small methods behind one trait ([`Method`]), one file each, tried
+//! in Karpenter's priority order: expiry first (forceful, it happens anyway),
+//! then drift (the node is wrong), then emptiness (the node is idle). Budgets
+//! (`budgets.rs`) and protections (do-not-disrupt, controllerless pods, PDBs
+//! in `protection.rs`) hold nodes back. Replacements and moves come from the
+//! provisioning solver's what-if seam: the snapshot is compiled once and every
+//! question is a [`SolveOptions`] with nodes removed. All decisions of one pass
+//! are taken together: the last feasible solve, with every chosen node gone,
+//! is the cluster after the pass, and each decision gets its part of it.
+//!
+//! `nodesmith simulate --disruption` prints these decisions; the `sweep`
+//! does not act on them yet.
+
+pub mod budgets;
+pub(crate) mod candidate;
+pub(crate) mod drift;
+pub(crate) mod emptiness;
+pub(crate) mod expiration;
+pub(crate) mod protection;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Instant;
+
+use jiff::Timestamp;
+
+use crate::apis::nodepool::DisruptionReason;
+use crate::scheduling::{Compiled, NewNodeClaim, Plan, PodRef, SolveOptions};
+use crate::snapshot::Snapshot;
+
+pub use budgets::BudgetError;
+use budgets::{Ledger, Refusal};
+use candidate::Candidate;
+use protection::PdbLedger;
+
+/// Why nodes are disrupted (Karpenter's reasons), in priority order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum Reason {
+    /// Older than the pool's `expireAfter`.
+    Expired,
+    /// No longer what its pool and class would launch.
+    Drifted,
+    /// Only DaemonSet, mirror and finished pods run on it.
+    Empty,
+    /// Its pods fit elsewhere for less (not decided yet: the consolidation issue).
+    Underutilized,
+}
+
+impl Reason {
+    /// The reason as budgets name it; `None` for expiry, which budgets do not hold.
+    pub fn budget_reason(self) -> Option<DisruptionReason> {
+        match self {
+            Reason::Expired => None,
+            Reason::Drifted => Some(DisruptionReason::Drifted),
+            Reason::Empty => Some(DisruptionReason::Empty),
+            Reason::Underutilized => Some(DisruptionReason::Underutilized),
+        }
+    }
+
+    /// The name in the simulate contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Expired => "Expired",
+            Reason::Drifted => "Drifted",
+            Reason::Empty => "Empty",
+            Reason::Underutilized => "Underutilized",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pod that moves, and where to: a node that stays, an in-flight claim, or
+/// a replacement's name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Move {
+    /// The pod.
+    pub pod: PodRef,
+    /// The node or NodeClaim it lands on.
+    pub to: String,
+}
+
+/// Nodes removed for one reason in one pass, with what replaces them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Why.
+    pub reason: Reason,
+    /// Nodes removed, by name.
+    pub nodes: Vec<String>,
+    /// New nodes launched first (planned NodeClaims, as provisioning plans them).
+    pub replacements: Vec<NewNodeClaim>,
+    /// Every pod of the removed nodes that must move, once, by pod.
+    pub moves: Vec<Move>,
+    /// Removed nodes' prices minus the replacements' (per hour).
+    pub savings_per_hour: f64,
+}
+
+/// The rule that kept a node from being disrupted in this pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Held {
+    /// The node is annotated `karpenter.sh/do-not-disrupt: "true"`.
+    DoNotDisruptNode,
+    /// A pod on it is annotated `karpenter.sh/do-not-disrupt: "true"`.
+    DoNotDisruptPod(PodRef),
+    /// A pod with no controller would have to move (it would not come back).
+    NoController(PodRef),
+    /// A PodDisruptionBudget allows no more evictions this pass.
+    Pdb {
+        /// `namespace/name` of the PDB.
+        pdb: String,
+        /// The pod it keeps.
+        pod: PodRef,
+    },
+    /// The NodePool's budget for the reason is used up.
+    Budget {
+        /// The NodePool.
+        pool: String,
+        /// The reason the budget was asked for.
+        reason: Reason,
+        /// Nodes the active budgets allow to be disrupting at once.
+        allowed: usize,
+    },
+    /// A budget of the NodePool cannot be parsed: the pool allows nothing.
+    InvalidBudget(BudgetError),
+    /// Not empty for `consolidateAfter` yet.
+    ConsolidateAfter {
+        /// Seconds until it is.
+        remaining_secs: u64,
+    },
+    /// `consolidateAfter: Never`.
+    ConsolidationDisabled,
+    /// Removing it saves nothing (its price is unknown or zero).
+    NoSaving,
+    /// A pod of it cannot be placed anywhere with it gone.
+    CannotPlace {
+        /// The pod.
+        pod: PodRef,
+        /// Why, as the solver says it.
+        why: String,
+    },
+}
+
+impl fmt::Display for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Held::DoNotDisruptNode => write!(f, "node has karpenter.sh/do-not-disrupt"),
+            Held::DoNotDisruptPod(p) => write!(f, "pod {p} has karpenter.sh/do-not-disrupt"),
+            Held::NoController(p) => write!(f, "pod {p} has no controller"),
+            Held::Pdb { pdb, pod } => write!(f, "PodDisruptionBudget {pdb} does not allow evicting pod {pod}"),
+            Held::Budget { pool, reason, allowed } => write!(
+                f,
+                "disruption budget of NodePool {pool} for {reason} allows {allowed} node(s) at once"
+            ),
+            Held::InvalidBudget(e) => write!(f, "disruption budget unusable: {e}"),
+            Held::ConsolidateAfter { remaining_secs } => {
+                write!(f, "consolidateAfter not reached ({remaining_secs}s left)")
+            }
+            Held::ConsolidationDisabled => write!(f, "consolidateAfter is Never"),
+            Held::NoSaving => write!(f, "no cheaper placement (node price unknown)"),
+            Held::CannotPlace { pod, why } => write!(f, "pod {pod} cannot be placed elsewhere: {why}"),
+        }
+    }
+}
+
+/// A managed node a rule kept, and the rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocked {
+    /// The node.
+    pub node: String,
+    /// The first rule that held it.
+    pub rule: Held,
+}
+
+/// Everything one pass decides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decisions {
+    /// At most one decision per reason, in priority order.
+    pub decisions: Vec<Decision>,
+    /// Managed nodes a rule held, by name.
+    pub blocked: Vec<Blocked>,
+    /// Budgets that cannot be parsed (their pools allow nothing).
+    pub errors: Vec<BudgetError>,
+    /// The managed fleet's price per hour before the pass.
+    pub price_before: f64,
+    /// And after it (removed nodes gone, replacements added).
+    pub price_after: f64,
+}
+
+/// How a pass is decided.
+#[derive(Debug, Clone, Default)]
+pub struct DecideOptions {
+    /// Nodes the shell found drifted by live resolution (a new AMI, subnets or
+    /// security groups no longer selected), with why: the pure core cannot
+    /// resolve those, so the sweep hands them in.
+    pub resolved_drift: BTreeMap<String, String>,
+    /// When the solver's cheaper-packing search must stop (see [`SolveOptions::deadline`]).
+    pub deadline: Option<Instant>,
+}
+
+/// What the methods look at besides the candidate.
+pub(crate) struct Context<'a> {
+    /// The snapshot's moment.
+    pub now: Timestamp,
+    /// The snapshot.
+    pub snapshot: &'a Snapshot,
+    /// The pass's options.
+    pub options: &'a DecideOptions,
+}
+
+/// A method's verdict on one candidate.
+pub(crate) enum Verdict {
+    /// Not this method's business.
+    Skip,
+    /// This method would disrupt it (protections and budgets permitting).
+    Disrupt,
+    /// This method would, but one of its own rules holds it.
+    Held(Held),
+}
+
+/// One way of disrupting nodes (Karpenter's `Method`).
+pub(crate) trait Method {
+    /// The reason its decisions carry.
+    fn reason(&self) -> Reason;
+    /// Ignores budgets and do-not-disrupt.
+    fn forceful(&self) -> bool {
+        false
+    }
+    /// Whether the method applies to the node.
+    fn judge(&self, c: &Candidate, cx: &Context) -> Verdict;
+    /// The order candidates are taken in (budgets go to the first).
+    fn order(&self, a: &Candidate, b: &Candidate) -> std::cmp::Ordering;
+}
+
+/// The methods in priority order: expiry happens regardless, so it goes
+/// first; a drifted node is wrong, an empty one merely idle.
+fn methods() -> [&'static dyn Method; 3] {
+    [&expiration::Expiration, &drift::Drift, &emptiness::Emptiness]
+}
+
+/// Decides one pass over the snapshot at `snapshot.now`. Pending pods are
+/// provisioning's business and are left out of the what-if solves.
+pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
+    let cx = Context {
+        now: snapshot.now,
+        snapshot,
+        options,
+    };
+    let candidates = candidate::collect(snapshot);
+    let mut pool_counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for c in &candidates {
+        let e = pool_counts.entry(c.pool.name()).or_default();
+        e.0 += 1;
+        e.1 += usize::from(c.disrupting);
+    }
+    let mut ledger = Ledger::new(
+        snapshot.now,
+        snapshot.node_pools.iter().map(|p| {
+            let (total, disrupting) = pool_counts.get(p.name()).copied().unwrap_or_default();
+            (p, total, disrupting)
+        }),
+    );
+    let mut pdbs = PdbLedger::new(&snapshot.pod_disruption_budgets, &snapshot.nodes);
+    let mut input = snapshot.solve_input();
+    input.pods = &[];
+    let compiled = Compiled::new(&input);
+    let owner: BTreeMap<PodRef, &str> = candidates
+        .iter()
+        .flat_map(|c| c.evicted().map(move |p| (PodRef::of(p), c.name.as_str())))
+        .collect();
+
+    let mut pass = Pass {
+        compiled: &compiled,
+        options,
+        removed: BTreeSet::new(),
+        plan: None,
+    };
+    let mut chosen: Vec<(Reason, Vec<&Candidate>)> = Vec::new();
+    let mut blocked: BTreeMap<String, Held> = BTreeMap::new();
+
+    for m in methods() {
+        let mut order: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| !c.disrupting && !pass.removed.contains(&c.name))
+            .collect();
+        order.sort_by(|a, b| m.order(a, b));
+        let mut batch: Vec<&Candidate> = Vec::new();
+        for c in order {
+            match m.judge(c, &cx) {
+                Verdict::Skip => continue,
+                Verdict::Held(h) => {
+                    blocked.entry(c.name.clone()).or_insert(h);
+                    continue;
+                }
+                Verdict::Disrupt => {}
+            }
+            if let Err(h) = admit(m, c, &mut ledger, &mut pdbs) {
+                blocked.entry(c.name.clone()).or_insert(h);
+                continue;
+            }
+            batch.push(c);
+        }
+        // Solve with the whole batch gone; drop what cannot be placed until it fits.
+        while !batch.is_empty() {
+            // Earlier moves may have landed on this batch's nodes: solve again then too.
+            let needs_solve = pass.plan.is_some() || batch.iter().any(|c| !c.is_empty());
+            let mut removed = pass.removed.clone();
+            removed.extend(batch.iter().map(|c| c.name.clone()));
+            let plan = if needs_solve { Some(pass.solve(&removed)) } else { None };
+            let stuck = plan.as_ref().and_then(|p| p.unschedulable.first().map(|u| (p, u)));
+            let Some((plan, first)) = stuck else {
+                pass.removed = removed;
+                if plan.is_some() {
+                    pass.plan = plan;
+                }
+                break;
+            };
+            // Drop the batch's nodes whose pods are stuck; if the stuck pods
+            // belong to nodes chosen before, drop the batch's last node.
+            let stuck_nodes: BTreeMap<&str, (&PodRef, String)> = plan
+                .unschedulable
+                .iter()
+                .filter_map(|u| owner.get(&u.pod).map(|n| (*n, (&u.pod, u.reason.to_string()))))
+                .collect();
+            let before = batch.len();
+            let mut dropped: Vec<(&Candidate, Held)> = Vec::new();
+            batch.retain(|c| match stuck_nodes.get(c.name.as_str()) {
+                Some((pod, why)) => {
+                    dropped.push((
+                        c,
+                        Held::CannotPlace {
+                            pod: (*pod).clone(),
+                            why: why.clone(),
+                        },
+                    ));
+                    false
+                }
+                None => true,
+            });
+            if batch.len() == before
+                && let Some(c) = batch.pop()
+            {
+                dropped.push((
+                    c,
+                    Held::CannotPlace {
+                        pod: first.pod.clone(),
+                        why: first.reason.to_string(),
+                    },
+                ));
+            }
+            for (c, h) in dropped {
+                release(m, c, &mut ledger, &mut pdbs);
+                blocked.entry(c.name.clone()).or_insert(h);
+            }
+        }
+        if !batch.is_empty() {
+            chosen.push((m.reason(), batch));
+        }
+    }
+
+    assemble(&candidates, chosen, blocked, pass.plan, ledger.errors())
+}
+
+/// Protections, budgets and PDBs for one candidate of `m`; on success the
+/// candidate holds its share of the budget and of the PDBs.
+fn admit(m: &dyn Method, c: &Candidate, ledger: &mut Ledger, pdbs: &mut PdbLedger) -> Result<(), Held> {
+    if !m.forceful() {
+        if c.do_not_disrupt() {
+            return Err(Held::DoNotDisruptNode);
+        }
+        if let Some(p) = c.do_not_disrupt_pod() {
+            return Err(Held::DoNotDisruptPod(p));
+        }
+        if let Some(p) = c.uncontrolled_pod() {
+            return Err(Held::NoController(p));
+        }
+    }
+    ledger.take(c.pool.name(), m.reason()).map_err(|r| match r {
+        Refusal::Exhausted { allowed } => Held::Budget {
+            pool: c.pool.name().to_string(),
+            reason: m.reason(),
+            allowed,
+        },
+        Refusal::Invalid(e) => Held::InvalidBudget(e),
+    })?;
+    if let Err(r) = pdbs.take(c.evicted()) {
+        ledger.give_back(c.pool.name());
+        return Err(Held::Pdb { pdb: r.pdb, pod: r.pod });
+    }
+    Ok(())
+}
+
+/// Undoes [`admit`].
+fn release(_m: &dyn Method, c: &Candidate, ledger: &mut Ledger, pdbs: &mut PdbLedger) {
+    ledger.give_back(c.pool.name());
+    pdbs.give_back(c.evicted());
+}
+
+/// The what-if state of one pass.
+struct Pass<'a> {
+    compiled: &'a Compiled,
+    options: &'a DecideOptions,
+    /// Nodes chosen so far.
+    removed: BTreeSet<String>,
+    /// The last feasible solve with `removed` gone (none while nothing needed one).
+    plan: Option<Plan>,
+}
+
+impl Pass<'_> {
+    fn solve(&self, removed: &BTreeSet<String>) -> Plan {
+        self.compiled.solve(&SolveOptions {
+            removed: removed.clone(),
+            deadline: self.options.deadline,
+            ..SolveOptions::default()
+        })
+    }
+}
+
+/// Splits the pass's plan among its decisions: each move goes to the
+/// decision that removed the pod's node, each replacement to the decision of
+/// its first pod; prices and savings follow.
+fn assemble(
+    candidates: &[Candidate],
+    chosen: Vec<(Reason, Vec<&Candidate>)>,
+    blocked: BTreeMap<String, Held>,
+    plan: Option<Plan>,
+    errors: Vec<BudgetError>,
+) -> Decisions {
+    let mut reason_of: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut decisions: Vec<Decision> = chosen
+        .iter()
+        .enumerate()
+        .map(|(i, (reason, nodes))| {
+            let mut names: Vec<String> = nodes.iter().map(|c| c.name.clone()).collect();
+            names.sort();
+            for c in nodes {
+                reason_of.insert(c.name.as_str(), i);
+            }
+            Decision {
+                reason: *reason,
+                nodes: names,
+                replacements: Vec::new(),
+                moves: Vec::new(),
+                savings_per_hour: nodes.iter().filter_map(|c| c.price).sum(),
+            }
+        })
+        .collect();
+    let owner: BTreeMap<PodRef, usize> = chosen
+        .iter()
+        .flat_map(|(_, nodes)| nodes.iter())
+        .flat_map(|c| c.evicted().map(|p| (PodRef::of(p), c.name.as_str())))
+        .filter_map(|(p, n)| reason_of.get(n).map(|i| (p, *i)))
+        .collect();
+    if let Some(plan) = plan {
+        for e in &plan.existing {
+            for p in &e.pods {
+                if let Some(i) = owner.get(p) {
+                    decisions[*i].moves.push(Move {
+                        pod: p.clone(),
+                        to: e.name.clone(),
+                    });
+                }
+            }
+        }
+        for claim in plan.node_claims {
+            let mut pods = claim.pods.clone();
+            pods.sort();
+            let Some(i) = pods.iter().find_map(|p| owner.get(p)).copied() else {
+                continue;
+            };
+            for p in &pods {
+                if let Some(j) = owner.get(p) {
+                    decisions[*j].moves.push(Move {
+                        pod: p.clone(),
+                        to: claim.name.clone(),
+                    });
+                }
+            }
+            decisions[i].savings_per_hour -= claim.price;
+            decisions[i].replacements.push(claim);
+        }
+    }
+    for d in &mut decisions {
+        d.moves.sort();
+        d.replacements.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    let price_before: f64 = candidates.iter().filter_map(|c| c.price).sum();
+    let savings: f64 = decisions.iter().map(|d| d.savings_per_hour).sum();
+    let chosen_names: BTreeSet<&str> = chosen
+        .iter()
+        .flat_map(|(_, n)| n.iter().map(|c| c.name.as_str()))
+        .collect();
+    Decisions {
+        decisions,
+        blocked: blocked
+            .into_iter()
+            .filter(|(n, _)| !chosen_names.contains(n.as_str()))
+            .map(|(node, rule)| Blocked { node, rule })
+            .collect(),
+        errors,
+        price_before,
+        price_after: price_before - savings,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,747 @@
+//! Table tests per method and for budgets, and property tests over random
+//! clusters: no decision exceeds a budget, removes a do-not-disrupt node for
+//! a voluntary reason, or evicts more than a PDB allows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::budgets::{Ledger, PoolBudgets};
+use super::*;
+use crate::apis::NodePool;
+use crate::apis::labels;
+use crate::scheduling::ExistingNode;
+use crate::scheduling::fixtures::{catalog, merge, pod, pool};
+
+const NOW: &str = "2026-03-01T12:00:00Z";
+
+fn now() -> Timestamp {
+    NOW.parse().unwrap()
+}
+
+fn ago(hours: f64) -> String {
+    let secs = (hours * 3600.0) as i64;
+    now()
+        .checked_sub(jiff::SignedDuration::from_secs(secs))
+        .unwrap()
+        .to_string()
+}
+
+/// A pool `default` with extra spec YAML lines under `spec:` (indented two spaces).
+fn pool_with(extra: &str) -> NodePool {
+    pool(
+        "default",
+        &format!(
+            "template:\n  spec:\n    nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}\n    requirements:\n      - {{key: karpenter.sh/capacity-type, operator: In, values: [spot, on-demand]}}\n{extra}"
+        ),
+    )
+}
+
+/// A managed m.xlarge (0.20/h on-demand) of pool `default`, `age` hours old.
+fn node(name: &str, age: f64, extra: Value) -> Node {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "creationTimestamp": ago(age), "labels": {
+            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "test-zone-a",
+            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "m.xlarge", "karpenter.sh/nodepool": "default",
+            "karpenter.sh/capacity-type": "on-demand"}},
+        "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "40"},
+                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "40"}}
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+/// A ReplicaSet pod on `node`, created `age` hours ago.
+fn web(name: &str, node: &str, app: &str, age: f64) -> Pod {
+    pod(
+        name,
+        "500m",
+        "1Gi",
+        json!({"metadata": {"labels": {"app": app}, "creationTimestamp": ago(age), "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": "u", "controller": true}]},
+            "spec": {"nodeName": node}}),
+    )
+}
+
+fn daemon(node: &str) -> Pod {
+    pod(
+        &format!("agent-{node}"),
+        "100m",
+        "100Mi",
+        json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d", "controller": true}]},
+            "spec": {"nodeName": node}}),
+    )
+}
+
+fn snapshot(pool: NodePool, nodes: Vec<(Node, Vec<Pod>)>) -> Snapshot {
+    let mut s = Snapshot::new(Arc::new(catalog()), now());
+    s.node_pools = vec![pool];
+    s.nodes = nodes
+        .into_iter()
+        .map(|(node, pods)| ExistingNode { node, pods })
+        .collect();
+    s
+}
+
+fn run(s: &Snapshot) -> Decisions {
+    decide(s, &DecideOptions::default())
+}
+
+/// (reason, node) of every decided node.
+fn decided(d: &Decisions) -> Vec<(Reason, String)> {
+    d.decisions
+        .iter()
+        .flat_map(|x| x.nodes.iter().map(move |n| (x.reason, n.clone())))
+        .collect()
+}
+
+fn held(d: &Decisions, node: &str) -> Option<Held> {
+    d.blocked.iter().find(|b| b.node == node).map(|b| b.rule.clone())
+}
+
+fn pdb(name: &str, app: &str, max_unavailable: Value) -> PodDisruptionBudget {
+    serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}}}))
+    .unwrap()
+}
+
+#[test]
+fn expiration_table() {
+    // (expireAfter line, node age in hours, expired?)
+    let cases: &[(&str, f64, bool)] = &[
+        ("", 721.0, true),
+        ("", 719.0, false),
+        ("    expireAfter: Never\n", 10_000.0, false),
+        ("    expireAfter: 1h\n", 1.0, true),
+        ("    expireAfter: 1h\n", 0.99, false),
+    ];
+    for (extra, age, want) in cases {
+        let s = snapshot(
+            pool_with(extra),
+            vec![
+                (node("old", *age, json!({})), vec![web("w-0", "old", "web", 1.0)]),
+                (node("other", 0.0, json!({})), vec![web("w-9", "other", "web", 1.0)]),
+            ],
+        );
+        let got = decided(&run(&s));
+        let expect = if *want {
+            vec![(Reason::Expired, "old".to_string())]
+        } else {
+            vec![]
+        };
+        assert_eq!(got, expect, "expireAfter {extra:?} age {age}");
+    }
+}
+
+#[test]
+fn expiry_is_forceful_and_moves_every_pod_once() {
+    // Budget 0, node and pod do-not-disrupt, a pod without a controller: expiry goes anyway.
+    let lonely = pod("lonely", "3", "1Gi", json!({"spec": {"nodeName": "old"}}));
+    let mut guarded = web("w-0", "old", "web", 1.0);
+    merge_meta(
+        &mut guarded,
+        json!({"annotations": {"karpenter.sh/do-not-disrupt": "true"}}),
+    );
+    let s = snapshot(
+        pool_with("disruption:\n  budgets: [{nodes: '0'}]\n"),
+        vec![
+            (
+                node(
+                    "old",
+                    800.0,
+                    json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+                ),
+                vec![guarded, lonely, daemon("old")],
+            ),
+            (node("young", 1.0, json!({})), vec![]),
+        ],
+    );
+    let d = run(&s);
+    assert_eq!(decided(&d), [(Reason::Expired, "old".to_string())]);
+    let dec = &d.decisions[0];
+    let moved: Vec<String> = dec.moves.iter().map(|m| m.pod.to_string()).collect();
+    assert_eq!(moved, ["default/lonely", "default/w-0"], "the DaemonSet pod stays");
+    // 3.5 cpu fits on `young` (4 cpu): no replacement needed.
+    assert!(dec.moves.iter().all(|m| m.to == "young"), "{:?}", dec.moves);
+    assert!(dec.replacements.is_empty());
+    assert!((dec.savings_per_hour - 0.20).abs() < 1e-9);
+    assert!((d.price_before - 0.40).abs() < 1e-9 && (d.price_after - 0.20).abs() < 1e-9);
+}
+
+fn merge_meta(p: &mut Pod, meta: Value) {
+    let mut v = serde_json::to_value(&*p).unwrap();
+    merge(&mut v, json!({"metadata": meta}));
+    *p = serde_json::from_value(v).unwrap();
+}
+
+#[test]
+fn expired_pods_without_room_get_a_replacement() {
+    let s = snapshot(
+        pool_with(""),
+        vec![(
+            node("old", 800.0, json!({})),
+            vec![web("w-0", "old", "web", 1.0), web("w-1", "old", "web", 1.0)],
+        )],
+    );
+    let d = run(&s);
+    let dec = &d.decisions[0];
+    assert_eq!(dec.replacements.len(), 1);
+    let name = &dec.replacements[0].name;
+    assert!(dec.moves.iter().all(|m| &m.to == name));
+    assert_eq!(dec.moves.len(), 2);
+    assert!(
+        (dec.savings_per_hour - (0.20 - dec.replacements[0].price)).abs() < 1e-9,
+        "savings net of the replacement"
+    );
+}
+
+fn stamped(pool: &NodePool, hash: Option<&str>, version: &str) -> Value {
+    let hash = hash.map(str::to_string).unwrap_or_else(|| pool.hash());
+    json!({"metadata": {"annotations": {
+        labels::NODEPOOL_HASH_ANNOTATION: hash, labels::NODEPOOL_HASH_VERSION_ANNOTATION: version}}})
+}
+
+#[test]
+fn drift_table() {
+    let p = pool_with("");
+    let current = crate::apis::NODEPOOL_HASH_VERSION;
+    // (node extra, pool, drifted?)
+    let cases: Vec<(&str, Value, NodePool, bool)> = vec![
+        ("same hash", stamped(&p, None, current), p.clone(), false),
+        (
+            "hash differs",
+            stamped(&p, Some("0000000000000000"), current),
+            p.clone(),
+            true,
+        ),
+        (
+            "hash differs, other version",
+            stamped(&p, Some("0000000000000000"), "v0"),
+            p.clone(),
+            false,
+        ),
+        ("no annotations", json!({}), p.clone(), false),
+        (
+            "on-demand node, pool now spot only",
+            json!({}),
+            pool(
+                "default",
+                "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}\n",
+            ),
+            true,
+        ),
+        (
+            "template label added",
+            json!({}),
+            pool(
+                "default",
+                "template:\n  metadata: {labels: {team: a}}\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: karpenter.sh/capacity-type, operator: In, values: [spot, on-demand]}\n",
+            ),
+            true,
+        ),
+    ];
+    for (what, extra, pool, want) in cases {
+        let s = snapshot(
+            pool,
+            vec![
+                (node("n", 1.0, extra), vec![web("w-0", "n", "web", 1.0)]),
+                (node("spare", 1.0, json!({})), vec![web("w-1", "spare", "web", 1.0)]),
+            ],
+        );
+        let mut opts = DecideOptions::default();
+        // The budget of 10% of 2 nodes is 1: only `n` is of interest.
+        let d = decide(&s, &opts);
+        let got = decided(&d).contains(&(Reason::Drifted, "n".to_string()));
+        assert_eq!(got, want, "{what}: {d:#?}");
+        // The shell's seam: live drift handed in.
+        opts.resolved_drift.insert("n".into(), "AMI changed".into());
+        if !want {
+            assert!(
+                decided(&decide(&s, &opts)).contains(&(Reason::Drifted, "n".to_string())),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn voluntary_protections_table() {
+    let p = pool_with("disruption:\n  budgets: [{nodes: '100%'}]\n");
+    let drifted = stamped(&p, Some("0000000000000000"), crate::apis::NODEPOOL_HASH_VERSION);
+    let mut dnd_pod = web("w-0", "n", "web", 1.0);
+    merge_meta(
+        &mut dnd_pod,
+        json!({"annotations": {"karpenter.sh/do-not-disrupt": "true"}}),
+    );
+    let mut dnd_node = drifted.clone();
+    merge(
+        &mut dnd_node,
+        json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+    );
+    let bare = pod("bare", "500m", "1Gi", json!({"spec": {"nodeName": "n"}}));
+    let cases: Vec<(&str, Value, Vec<Pod>, Held)> = vec![
+        (
+            "do-not-disrupt pod",
+            drifted.clone(),
+            vec![dnd_pod],
+            Held::DoNotDisruptPod(PodRef::of(&web("w-0", "n", "web", 1.0))),
+        ),
+        (
+            "do-not-disrupt node",
+            dnd_node,
+            vec![web("w-0", "n", "web", 1.0)],
+            Held::DoNotDisruptNode,
+        ),
+        (
+            "no controller",
+            drifted,
+            vec![bare.clone()],
+            Held::NoController(PodRef::of(&bare)),
+        ),
+    ];
+    for (what, extra, pods, want) in cases {
+        let s = snapshot(
+            p.clone(),
+            vec![
+                (node("n", 1.0, extra), pods),
+                (node("spare", 1.0, json!({})), vec![web("w-9", "spare", "web", 1.0)]),
+            ],
+        );
+        let d = run(&s);
+        assert!(decided(&d).is_empty(), "{what}: {d:#?}");
+        assert_eq!(held(&d, "n"), Some(want), "{what}");
+    }
+}
+
+#[test]
+fn emptiness_table() {
+    // (pool extra, pods on the node (ages in hours), node age, want)
+    enum Want {
+        Empty,
+        Nothing,
+        Held(Held),
+    }
+    let cases: Vec<(&str, &str, Vec<Pod>, Want)> = vec![
+        ("only a daemon", "", vec![daemon("n")], Want::Empty),
+        ("a web pod", "", vec![web("w", "n", "web", 5.0)], Want::Nothing),
+        (
+            "WhenEmpty policy",
+            "disruption:\n  consolidationPolicy: WhenEmpty\n",
+            vec![],
+            Want::Empty,
+        ),
+        (
+            "consolidateAfter not reached",
+            "disruption:\n  consolidateAfter: 10h\n",
+            vec![],
+            Want::Held(Held::ConsolidateAfter {
+                remaining_secs: 5 * 3600,
+            }),
+        ),
+        (
+            "consolidateAfter counts from the newest pod",
+            "disruption:\n  consolidateAfter: 1h\n",
+            vec![{
+                let mut p = web("done", "n", "web", 0.5);
+                let mut v = serde_json::to_value(&p).unwrap();
+                merge(&mut v, json!({"status": {"phase": "Succeeded"}}));
+                p = serde_json::from_value(v).unwrap();
+                p
+            }],
+            Want::Held(Held::ConsolidateAfter { remaining_secs: 1800 }),
+        ),
+        (
+            "consolidateAfter Never",
+            "disruption:\n  consolidateAfter: Never\n",
+            vec![],
+            Want::Held(Held::ConsolidationDisabled),
+        ),
+    ];
+    for (what, extra, pods, want) in cases {
+        let s = snapshot(pool_with(extra), vec![(node("n", 5.0, json!({})), pods)]);
+        let d = run(&s);
+        match want {
+            Want::Empty => {
+                assert_eq!(decided(&d), [(Reason::Empty, "n".to_string())], "{what}");
+                assert!((d.decisions[0].savings_per_hour - 0.20).abs() < 1e-9);
+                assert!(d.decisions[0].moves.is_empty() && d.decisions[0].replacements.is_empty());
+            }
+            Want::Nothing => assert!(decided(&d).is_empty() && d.blocked.is_empty(), "{what}: {d:#?}"),
+            Want::Held(h) => {
+                assert!(decided(&d).is_empty(), "{what}");
+                assert_eq!(held(&d, "n"), Some(h), "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_node_without_a_price_saves_nothing() {
+    let s = snapshot(
+        pool_with(""),
+        vec![(
+            node(
+                "n",
+                5.0,
+                json!({"metadata": {"labels": {"node.kubernetes.io/instance-type": "unknown.large"}}}),
+            ),
+            vec![],
+        )],
+    );
+    assert_eq!(held(&run(&s), "n"), Some(Held::NoSaving));
+}
+
+fn budget_pool(budgets: &str) -> NodePool {
+    pool_with(&format!("disruption:\n  budgets: {budgets}\n"))
+}
+
+fn at(t: &str) -> Timestamp {
+    t.parse().unwrap()
+}
+
+#[test]
+fn budget_table() {
+    // (budgets, total nodes, reason, moment, allowed)
+    let cases: &[(&str, usize, Reason, &str, Option<usize>)] = &[
+        ("[{nodes: '10%'}]", 10, Reason::Empty, NOW, Some(1)),
+        ("[{nodes: '30%'}]", 10, Reason::Empty, NOW, Some(3)),
+        ("[{nodes: '25%'}]", 10, Reason::Empty, NOW, Some(3)),
+        ("[{nodes: '10%'}]", 1, Reason::Drifted, NOW, Some(1)),
+        ("[{nodes: '0%'}]", 10, Reason::Drifted, NOW, Some(0)),
+        ("[{nodes: '5'}]", 10, Reason::Empty, NOW, Some(5)),
+        ("[{nodes: '5'}]", 10, Reason::Expired, NOW, None),
+        ("[{nodes: '1', reasons: [Drifted]}]", 10, Reason::Empty, NOW, None),
+        ("[{nodes: '1', reasons: [Drifted]}]", 10, Reason::Drifted, NOW, Some(1)),
+        ("[{nodes: '5'}, {nodes: '2'}]", 10, Reason::Empty, NOW, Some(2)),
+        (
+            "[{nodes: '5'}, {nodes: '20%', reasons: [Empty]}]",
+            10,
+            Reason::Empty,
+            NOW,
+            Some(2),
+        ),
+        (
+            "[{nodes: '5'}, {nodes: '20%', reasons: [Empty]}]",
+            10,
+            Reason::Drifted,
+            NOW,
+            Some(5),
+        ),
+        // A window 09:00-10:00 UTC, at its edges.
+        (
+            "[{nodes: '0', schedule: '0 9 * * *', duration: 1h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T08:59:59Z",
+            None,
+        ),
+        (
+            "[{nodes: '0', schedule: '0 9 * * *', duration: 1h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T09:00:00Z",
+            Some(0),
+        ),
+        (
+            "[{nodes: '0', schedule: '0 9 * * *', duration: 1h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T09:59:59Z",
+            Some(0),
+        ),
+        (
+            "[{nodes: '0', schedule: '0 9 * * *', duration: 1h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T10:00:00Z",
+            None,
+        ),
+        // A window across midnight, and a macro.
+        (
+            "[{nodes: '1', schedule: '0 23 * * *', duration: 2h}]",
+            10,
+            Reason::Empty,
+            "2026-03-02T00:30:00Z",
+            Some(1),
+        ),
+        (
+            "[{nodes: '0', schedule: '@daily', duration: 10m}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T00:09:59Z",
+            Some(0),
+        ),
+        (
+            "[{nodes: '0', schedule: '@daily', duration: 10m}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T00:10:00Z",
+            None,
+        ),
+        // Weekdays only: 2026-03-01 is a Sunday.
+        (
+            "[{nodes: '0', schedule: '0 0 * * 1-5', duration: 24h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T12:00:00Z",
+            None,
+        ),
+        (
+            "[{nodes: '0', schedule: '0 0 * * 1-5', duration: 24h}]",
+            10,
+            Reason::Empty,
+            "2026-03-02T12:00:00Z",
+            Some(0),
+        ),
+        // An active window overlapping an always-on budget: the tighter wins.
+        (
+            "[{nodes: '3'}, {nodes: '1', schedule: '0 9 * * *', duration: 8h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T12:00:00Z",
+            Some(1),
+        ),
+        (
+            "[{nodes: '3'}, {nodes: '1', schedule: '0 9 * * *', duration: 8h}]",
+            10,
+            Reason::Empty,
+            "2026-03-01T17:00:00Z",
+            Some(3),
+        ),
+    ];
+    for (budgets, total, reason, t, want) in cases {
+        let b = PoolBudgets::new(&budget_pool(budgets));
+        assert!(b.error().is_none(), "{budgets}: {:?}", b.error());
+        assert_eq!(b.allowed(*reason, *total, at(t)), *want, "{budgets} {reason} at {t}");
+    }
+}
+
+#[test]
+fn bad_budgets_fail_closed_naming_the_field() {
+    for (budgets, field) in [
+        (
+            "[{nodes: '1'}, {nodes: '1', schedule: '61 * * * *', duration: 1h}]",
+            "budgets[1].schedule",
+        ),
+        (
+            "[{nodes: '1', schedule: '* * * * * *', duration: 1h}]",
+            "budgets[0].schedule",
+        ),
+        ("[{nodes: 'ten'}]", "budgets[0].nodes"),
+        ("[{nodes: '1', schedule: '0 9 * * *'}]", "budgets[0].duration"),
+    ] {
+        let p = budget_pool(budgets);
+        let b = PoolBudgets::new(&p);
+        let e = b.error().unwrap_or_else(|| panic!("{budgets} parsed"));
+        assert!(
+            e.to_string()
+                .starts_with(&format!("NodePool default: spec.disruption.{field}:")),
+            "{e}"
+        );
+        assert_eq!(b.allowed(Reason::Empty, 10, now()), Some(0));
+        assert_eq!(b.allowed(Reason::Expired, 10, now()), None, "expiry is not budgeted");
+        // In a pass: nothing voluntary, the error reported, the node held by it.
+        let s = snapshot(p, vec![(node("n", 5.0, json!({})), vec![])]);
+        let d = run(&s);
+        assert!(decided(&d).is_empty());
+        assert_eq!(d.errors.len(), 1);
+        assert!(matches!(held(&d, "n"), Some(Held::InvalidBudget(_))), "{d:#?}");
+    }
+}
+
+#[test]
+fn ten_empty_nodes_with_a_30_percent_budget_go_three_per_pass_counting_tainted_ones() {
+    let nodes = |tainted: usize| {
+        (0..10)
+            .map(|i| {
+                let name = format!("n{i}");
+                let extra = if i < tainted {
+                    json!({"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
+                } else {
+                    json!({})
+                };
+                (node(&name, 5.0, extra), vec![daemon(&name)])
+            })
+            .collect::<Vec<_>>()
+    };
+    let d = run(&snapshot(budget_pool("[{nodes: '30%'}]"), nodes(0)));
+    assert_eq!(decided(&d).len(), 3);
+    let budget_held = d
+        .blocked
+        .iter()
+        .filter(|b| matches!(b.rule, Held::Budget { .. }))
+        .count();
+    assert_eq!(budget_held, 7);
+    let d = run(&snapshot(budget_pool("[{nodes: '30%'}]"), nodes(1)));
+    assert_eq!(decided(&d).len(), 2, "one already disrupting counts");
+    // Expired nodes count against the budgets of later reasons.
+    let mut ns = nodes(0);
+    ns[9].0 = node("n9", 800.0, json!({}));
+    let d = run(&snapshot(budget_pool("[{nodes: '30%'}]"), ns));
+    let reasons: Vec<Reason> = decided(&d).into_iter().map(|(r, _)| r).collect();
+    assert_eq!(reasons, [Reason::Expired, Reason::Empty, Reason::Empty]);
+}
+
+#[test]
+fn a_pdb_bounds_one_pass() {
+    let p = budget_pool("[{nodes: '100%'}]");
+    let drifted = stamped(&p, Some("0000000000000000"), crate::apis::NODEPOOL_HASH_VERSION);
+    let mut nodes: Vec<(Node, Vec<Pod>)> = (0..3)
+        .map(|i| {
+            let name = format!("d{i}");
+            (
+                node(&name, 1.0, drifted.clone()),
+                vec![web(&format!("db-{i}"), &name, "db", 1.0)],
+            )
+        })
+        .collect();
+    nodes.push((node("spare", 1.0, json!({})), vec![]));
+    let mut s = snapshot(p, nodes);
+    s.pod_disruption_budgets = vec![pdb("db", "db", json!(1))];
+    let d = run(&s);
+    let drifted: Vec<(Reason, String)> = decided(&d).into_iter().filter(|(r, _)| *r == Reason::Drifted).collect();
+    assert_eq!(drifted, [(Reason::Drifted, "d0".to_string())]);
+    for n in ["d1", "d2"] {
+        assert!(matches!(held(&d, n), Some(Held::Pdb { .. })), "{n}: {d:#?}");
+    }
+}
+
+#[test]
+fn decisions_are_deterministic() {
+    let s = snapshot(
+        pool_with(""),
+        vec![
+            (node("a", 800.0, json!({})), vec![web("w-0", "a", "web", 1.0)]),
+            (node("b", 800.0, json!({})), vec![web("w-1", "b", "web", 1.0)]),
+            (node("c", 5.0, json!({})), vec![]),
+        ],
+    );
+    assert_eq!(run(&s), run(&s));
+}
+
+#[test]
+fn ledger_counts_every_reason_against_the_pool() {
+    let p = budget_pool("[{nodes: '2'}]");
+    let mut l = Ledger::new(now(), [(&p, 10, 0)]);
+    assert!(l.take("default", Reason::Expired).is_ok());
+    assert!(l.take("default", Reason::Drifted).is_ok());
+    assert!(l.take("default", Reason::Empty).is_err());
+    l.give_back("default");
+    assert!(l.take("default", Reason::Empty).is_ok());
+}
+
+/// A random cluster: nodes with random ages, drift, emptiness, protections,
+/// and pods of three apps under PDBs.
+fn arb_cluster() -> impl Strategy<Value = (Snapshot, BTreeMap<String, usize>)> {
+    let node_strategy = (
+        0u8..4,                                                                   // 0 young, 1 expired, 2 drifted, 3 plain
+        proptest::bool::weighted(0.2),                                            // node do-not-disrupt
+        proptest::collection::vec((0u8..3, proptest::bool::weighted(0.1)), 0..4), // pods: app, do-not-disrupt
+        proptest::bool::weighted(0.1),                                            // tainted
+    );
+    (
+        proptest::collection::vec(node_strategy, 1..10),
+        prop_oneof![Just("10%"), Just("30%"), Just("1"), Just("0"), Just("100%")],
+        proptest::collection::vec(0i32..3, 3),
+    )
+        .prop_map(|(spec, budget, pdb_max)| {
+            let p = budget_pool(&format!("[{{nodes: '{budget}'}}]"));
+            let drift = stamped(&p, Some("0000000000000000"), crate::apis::NODEPOOL_HASH_VERSION);
+            let mut nodes = Vec::new();
+            for (i, (kind, dnd, pods, tainted)) in spec.into_iter().enumerate() {
+                let name = format!("n{i}");
+                let age = if kind == 1 { 800.0 } else { 2.0 };
+                let mut extra = if kind == 2 { drift.clone() } else { json!({}) };
+                if dnd {
+                    merge(
+                        &mut extra,
+                        json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+                    );
+                }
+                if tainted {
+                    merge(
+                        &mut extra,
+                        json!({"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}),
+                    );
+                }
+                let pods: Vec<Pod> = pods
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, (app, pdnd))| {
+                        let mut w = web(&format!("p{i}-{j}"), &name, &format!("app{app}"), 1.0);
+                        if pdnd {
+                            merge_meta(&mut w, json!({"annotations": {"karpenter.sh/do-not-disrupt": "true"}}));
+                        }
+                        w
+                    })
+                    .chain(std::iter::once(daemon(&name)))
+                    .collect();
+                nodes.push((node(&name, age, extra), pods));
+            }
+            let mut s = snapshot(p, nodes);
+            let mut allowed = BTreeMap::new();
+            s.pod_disruption_budgets = pdb_max
+                .iter()
+                .enumerate()
+                .map(|(a, m)| {
+                    allowed.insert(format!("app{a}"), *m as usize);
+                    pdb(&format!("pdb{a}"), &format!("app{a}"), json!(m))
+                })
+                .collect();
+            (s, allowed)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_decision_breaks_a_budget_a_protection_or_a_pdb((s, pdb_allowed) in arb_cluster()) {
+        let d = run(&s);
+        let by_name: BTreeMap<String, &ExistingNode> =
+            s.nodes.iter().map(|n| (n.node.metadata.name.clone().unwrap(), n)).collect();
+        let total = s.nodes.len();
+        let tainted = s.nodes.iter().filter(|n| {
+            n.node.spec.as_ref().and_then(|sp| sp.taints.as_ref()).is_some_and(|t| !t.is_empty())
+        }).count();
+        let budgets = PoolBudgets::new(&s.node_pools[0]);
+        let mut disrupting = tainted;
+        let mut evicted: BTreeMap<String, usize> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for dec in &d.decisions {
+            disrupting += dec.nodes.len();
+            if dec.reason != Reason::Expired {
+                // Budget: everything disrupting up to this reason fits its budget.
+                let allowed = budgets.allowed(dec.reason, total, s.now).unwrap_or(usize::MAX);
+                prop_assert!(disrupting <= allowed, "{} disrupting, {} allowed", disrupting, allowed);
+            }
+            for n in &dec.nodes {
+                let en = by_name[n];
+                let ann = en.node.metadata.annotations.clone().unwrap_or_default();
+                if dec.reason != Reason::Expired {
+                    prop_assert!(!ann.contains_key("karpenter.sh/do-not-disrupt"), "{} is protected", n);
+                    prop_assert!(!en.pods.iter().any(crate::kubernetes::pods::has_do_not_disrupt));
+                }
+                for p in en.pods.iter().filter(|p| candidate::movable(p)) {
+                    let app = p.metadata.labels.as_ref().unwrap()["app"].clone();
+                    *evicted.entry(app).or_default() += 1;
+                    prop_assert!(seen.insert(PodRef::of(p)));
+                    let moves: Vec<&Move> = dec.moves.iter().filter(|m| m.pod == PodRef::of(p)).collect();
+                    prop_assert_eq!(moves.len(), 1, "{} moves once", PodRef::of(p));
+                    prop_assert!(!d.decisions.iter().any(|x| x.nodes.contains(&moves[0].to)), "onto a removed node");
+                }
+            }
+        }
+        for (app, n) in &evicted {
+            prop_assert!(*n <= pdb_allowed[app], "{} evicts {} > {}", app, n, pdb_allowed[app]);
+        }
+    }
+}
