@@ -7,6 +7,7 @@
 pub mod apis;
 pub mod catalog;
 pub mod ec2;
+pub mod interruption;
 pub mod kubernetes;
 pub mod launch;
 pub mod lifecycle;
