@@ -8,7 +8,7 @@
 
 pub mod decide;
 pub mod event;
-// handler: next commit
+pub mod handler;
 
 use serde_json::{Value, json};
 
