@@ -7,7 +7,7 @@
 //! foreign events are logged and dropped, never retried. Each event acts once
 //! (an idempotency record keyed by its id); a failure forgets the record so
 //! the retry acts. Drains are recorded in DynamoDB ([`DrainRecord`]) and
-//! continued by every invocation ([`Interrupter::continue_drains`]).
+//! continued by every invocation and by the sweep ([`continue_drains`]).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -24,7 +24,8 @@ use crate::messages::SolveRequest;
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::provisioning::LEASE;
 use crate::provisioning::trigger::{TriggerError, request_solve};
-use crate::scheduling::SolveOptions;
+use crate::scheduling::{SolveOptions, Unschedulable};
+use crate::snapshot::Snapshot;
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{DrainRecord, StateError, StateStore, UNAVAILABLE_TTL_SECS};
 
@@ -401,21 +402,11 @@ impl<C: Cluster> Interrupter<C> {
         now: Timestamp,
     ) -> Result<Vec<NodeClaim>, InterruptError> {
         let snapshot = live::read(&self.cluster, &self.store, now).await?;
-        let plan = snapshot.compile().solve(&SolveOptions::without(nodes.iter().cloned()));
-        for u in &plan.unschedulable {
+        let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
+        let Replacement { claims, unschedulable } = plan_replacement(&snapshot, nodes, &seed);
+        for u in &unschedulable {
             tracing::warn!(pod = %u.pod, reason = %u.reason, "no replacement can hold this pod");
         }
-        let mut taken: BTreeSet<String> = snapshot.node_claims.iter().map(|c| c.name.clone()).collect();
-        taken.extend(snapshot.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
-        let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
-        let claims: Vec<NodeClaim> = plan
-            .node_claims
-            .iter()
-            .map(|c| NodeClaim {
-                name: generate_name(&c.node_pool, &seed, &mut taken),
-                ..snapshot.node_claim(c)
-            })
-            .collect();
         let created = self
             .store
             .create_node_claims_fenced(lease, &claims, crate::state::now_ms())
@@ -433,60 +424,123 @@ impl<C: Cluster> Interrupter<C> {
         Ok(created)
     }
 
-    /// Continues every recorded drain: passes until each node is empty, its
-    /// node gone, or the drain budget spent. Honours PDBs and do-not-disrupt
-    /// until the record's force time, then deletes what evictions cannot move.
-    /// The sweep may call it too.
+    /// Continues every recorded drain ([`continue_drains`]) within this
+    /// function's drain budget.
     pub async fn continue_drains(&self, outcome: &mut Outcome) -> Result<(), InterruptError> {
-        let started = std::time::Instant::now();
-        loop {
-            let records = self.store.drains().await?;
-            if records.is_empty() {
-                return Ok(());
+        let drained = continue_drains(
+            &self.cluster,
+            &self.store,
+            self.config.drain_budget,
+            self.config.drain_interval,
+        )
+        .await?;
+        outcome.drained.extend(drained);
+        Ok(())
+    }
+}
+
+/// Continues every recorded drain: passes until each node is empty, its node
+/// gone, or `budget` spent (pausing `interval` between passes; a zero budget
+/// makes one pass). Honours PDBs and do-not-disrupt until the record's force
+/// time, then deletes what evictions cannot move. Returns the nodes whose
+/// drain finished (their records are removed).
+pub async fn continue_drains(
+    cluster: &impl Cluster,
+    store: &StateStore,
+    budget: Duration,
+    interval: Duration,
+) -> Result<Vec<String>, InterruptError> {
+    let started = std::time::Instant::now();
+    let mut drained = Vec::new();
+    loop {
+        let records = store.drains().await?;
+        if records.is_empty() {
+            return Ok(drained);
+        }
+        let mut left = 0;
+        for r in &records {
+            if drain_pass(cluster, r, Timestamp::now()).await? {
+                drained.push(r.node.clone());
+                store.end_drain(&r.claim).await?;
+            } else {
+                left += 1;
             }
-            let mut left = 0;
-            for r in &records {
-                if self.drain_pass(r, Timestamp::now()).await? {
-                    outcome.drained.push(r.node.clone());
-                    self.store.end_drain(&r.claim).await?;
-                } else {
-                    left += 1;
-                }
-            }
-            if left == 0 || started.elapsed() + self.config.drain_interval > self.config.drain_budget {
-                return Ok(());
-            }
-            tokio::time::sleep(self.config.drain_interval).await;
+        }
+        if left == 0 || started.elapsed() + interval > budget {
+            return Ok(drained);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// The sweep's share of interruption work: one pass over every recorded
+/// drain, so a drain outlives the invocation that began it even when no
+/// further event arrives. Failures are logged; the next sweep tries again.
+pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore) -> Vec<String> {
+    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO).await {
+        Ok(drained) => drained,
+        Err(e) => {
+            tracing::warn!(error = %e, "recorded drains not continued; the next sweep tries again");
+            Vec::new()
         }
     }
+}
 
-    /// One pass over one drain; true when it is finished.
-    async fn drain_pass(&self, r: &DrainRecord, now: Timestamp) -> Result<bool, InterruptError> {
-        if self.cluster.node(&r.node).await?.is_none() {
-            tracing::info!(node = %r.node, "drained node is gone");
-            return Ok(true);
-        }
-        let policy = policy_of(r);
-        let report = drain(&self.cluster, &r.node, policy.options_at(now)).await?;
-        if report.is_complete() {
-            tracing::info!(node = %r.node, reason = %r.reason, "drain complete");
-            return Ok(true);
-        }
-        if policy.forced_at(now) {
-            // The cloud takes the node at the deadline: what a PDB still holds goes now.
-            let pods = self.cluster.pods_on_node(&r.node).await?;
-            for p in pods {
-                let key = crate::kubernetes::pods::key(&p);
-                if report.blocked_by_pdb.iter().any(|(k, _)| *k == key) {
-                    tracing::warn!(pod = %key, node = %r.node, "deadline near: deleting a pod its PDB still protects");
-                    self.cluster.delete_pod(&p).await?;
-                }
+/// One pass over one drain; true when it is finished.
+async fn drain_pass(cluster: &impl Cluster, r: &DrainRecord, now: Timestamp) -> Result<bool, InterruptError> {
+    if cluster.node(&r.node).await?.is_none() {
+        tracing::info!(node = %r.node, "drained node is gone");
+        return Ok(true);
+    }
+    let policy = policy_of(r);
+    let report = drain(cluster, &r.node, policy.options_at(now)).await?;
+    if report.is_complete() {
+        tracing::info!(node = %r.node, reason = %r.reason, "drain complete");
+        return Ok(true);
+    }
+    if policy.forced_at(now) {
+        // The cloud takes the node at the deadline: what a PDB still holds goes now.
+        let pods = cluster.pods_on_node(&r.node).await?;
+        for p in pods {
+            let key = crate::kubernetes::pods::key(&p);
+            if report.blocked_by_pdb.iter().any(|(k, _)| *k == key) {
+                tracing::warn!(pod = %key, node = %r.node, "deadline near: deleting a pod its PDB still protects");
+                cluster.delete_pod(&p).await?;
             }
-        } else if !report.blocked_by_pdb.is_empty() || !report.do_not_disrupt.is_empty() {
-            tracing::info!(node = %r.node, blocked = report.blocked_by_pdb.len(), do_not_disrupt = report.do_not_disrupt.len(),
-                force_from = ?policy.force_from, "drain waiting on PDBs or do-not-disrupt");
         }
-        Ok(false)
+    } else if !report.blocked_by_pdb.is_empty() || !report.do_not_disrupt.is_empty() {
+        tracing::info!(node = %r.node, blocked = report.blocked_by_pdb.len(), do_not_disrupt = report.do_not_disrupt.len(),
+            force_from = ?policy.force_from, "drain waiting on PDBs or do-not-disrupt");
+    }
+    Ok(false)
+}
+
+/// The capacity that replaces some nodes.
+#[derive(Debug, Clone)]
+pub struct Replacement {
+    /// New NodeClaims to write and launch.
+    pub claims: Vec<NodeClaim>,
+    /// The nodes' pods nothing can hold.
+    pub unschedulable: Vec<Unschedulable>,
+}
+
+/// The replacement for `nodes` (pure): a what-if solve of `snapshot` with
+/// them removed, new claims named from `seed`, unique within the snapshot.
+pub fn plan_replacement(snapshot: &Snapshot, nodes: &[String], seed: &str) -> Replacement {
+    let plan = snapshot.compile().solve(&SolveOptions::without(nodes.iter().cloned()));
+    let mut taken: BTreeSet<String> = snapshot.node_claims.iter().map(|c| c.name.clone()).collect();
+    taken.extend(snapshot.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
+    let claims = plan
+        .node_claims
+        .iter()
+        .map(|c| NodeClaim {
+            name: generate_name(&c.node_pool, seed, &mut taken),
+            ..snapshot.node_claim(c)
+        })
+        .collect();
+    Replacement {
+        claims,
+        unschedulable: plan.unschedulable,
     }
 }
 
