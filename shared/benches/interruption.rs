@@ -74,7 +74,7 @@ fn snapshot() -> Snapshot {
             let n = node(i);
             let name = n.metadata.name.clone().unwrap_or_default();
             // Nodes are fairly full, so the victim's pods need new capacity.
-            let cpu = ["400m", "420m", "440m", "380m"][i % 4];
+            let cpu = ["460m", "470m", "465m", "475m"][i % 4];
             let mut pods: Vec<Pod> = (0..8)
                 .map(|j| pod(format!("web-{i}-{j}"), &name, &format!("web-{}", j % 3), cpu))
                 .collect();
@@ -94,7 +94,7 @@ fn claims() -> Vec<NodeClaim> {
             instance_type: Some("m5.xlarge".into()),
             zone: Some(ZONES[i % 3].into()),
             capacity_type: Some("spot".into()),
-            ..NodeClaim::pending(&format!("default-{i:05}"), "default", "default")
+            ..NodeClaim::pending(format!("default-{i:05}"), "default", "default")
         })
         .collect()
 }
