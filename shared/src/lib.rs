@@ -8,6 +8,7 @@ pub mod apis;
 pub mod catalog;
 pub mod disruption;
 pub mod ec2;
+pub mod interruption;
 pub mod kubernetes;
 pub mod lambda;
 pub mod launch;

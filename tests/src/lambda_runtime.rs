@@ -72,6 +72,8 @@ pub struct Invocation {
     pub body: String,
     /// From spawning the binary to its first poll of the Runtime API (cold start).
     pub init: Duration,
+    /// What the function wrote to stdout (its logs, as CloudWatch would get them).
+    pub logs: String,
 }
 
 /// Runs `binary` with `env` under a Runtime API that hands it `event`, and
@@ -108,22 +110,28 @@ pub async fn invoke(
         .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
         .env("AWS_LAMBDA_LOG_STREAM_NAME", "test")
         .env("AWS_LAMBDA_LOG_GROUP_NAME", "test")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+    let stdout = child.stdout.take();
+    let logs = tokio::spawn(async move {
+        let mut text = String::new();
+        if let Some(mut out) = stdout {
+            let _ = tokio::io::AsyncReadExt::read_to_string(&mut out, &mut text).await;
+        }
+        text
+    });
     let result = tokio::time::timeout(Duration::from_secs(60), async {
         let first = polled.recv().await.ok_or("the function never polled")?;
         let (path, body) = answered.recv().await.ok_or("the function never answered")?;
-        Ok::<_, String>(Invocation {
-            path,
-            body,
-            init: first - started,
-        })
+        Ok::<_, String>((path, body, first - started))
     })
     .await
-    .map_err(|_| format!("{function} did not answer within 60 s"))?;
+    .map_err(|_| format!("{function} did not answer within 60 s"));
     let _ = child.kill().await;
     server.abort();
-    result
+    let logs = logs.await.unwrap_or_default();
+    let (path, body, init) = result??;
+    Ok(Invocation { path, body, init, logs })
 }

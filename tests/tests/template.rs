@@ -108,3 +108,94 @@ fn functions_get_the_environment_their_code_reads() {
         );
     }
 }
+
+fn int(v: &Value) -> i64 {
+    v.as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("not a number: {v:?}"))
+}
+
+/// The rules that feed the interruption queue, by resource name.
+fn interruption_rules(t: &Value) -> Vec<(String, &Value)> {
+    t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Events::Rule"))
+        .filter(|(_, r)| strings(&r["Properties"]["Targets"]).contains(&"InterruptionQueue.Arn".to_string()))
+        .map(|(k, r)| (k.as_str().unwrap().to_string(), r))
+        .collect()
+}
+
+#[test]
+fn a_failing_interruption_message_reaches_the_dead_letter_queue() {
+    let t = template();
+    let q = &resource(&t, "InterruptionQueue")["Properties"];
+    let visibility = int(&q["VisibilityTimeout"]);
+    let retention = int(&q["MessageRetentionPeriod"]);
+    let receives = int(&q["RedrivePolicy"]["maxReceiveCount"]);
+    assert!(
+        retention > visibility * receives,
+        "retention {retention}s must outlast {receives} receives of {visibility}s"
+    );
+    let timeout = int(&resource(&t, "InterruptFunction")["Properties"]["Timeout"]);
+    assert!(
+        visibility >= timeout,
+        "a message must stay hidden while the function runs"
+    );
+    let dlq = strings(&q["RedrivePolicy"]);
+    assert!(dlq.contains(&"InterruptionDLQ.Arn".to_string()));
+}
+
+#[test]
+fn rules_subscribe_to_every_kind_the_parser_acts_on() {
+    let t = template();
+    let mut subscribed: Vec<(String, String)> = Vec::new();
+    for (_, r) in interruption_rules(&t) {
+        let p = &r["Properties"]["EventPattern"];
+        for source in strings(&p["source"]) {
+            for dt in strings(&p["detail-type"]) {
+                subscribed.push((source.clone(), dt));
+            }
+        }
+    }
+    subscribed.sort();
+    let mut want: Vec<(String, String)> = nodesmith::interruption::event::SUBSCRIBED
+        .iter()
+        .map(|(s, d)| (s.to_string(), d.to_string()))
+        .collect();
+    want.sort();
+    assert_eq!(subscribed, want);
+    // Every subscribed pair is something the parser classifies as a known kind.
+    for (source, dt) in &want {
+        let e = nodesmith::interruption::classify(&serde_json::json!({"source": source, "detail-type": dt}));
+        let nodesmith::interruption::Kind::Unknown { error } = e.kind else {
+            panic!()
+        };
+        assert!(error.starts_with("detail"), "{dt}: {error}");
+    }
+}
+
+#[test]
+fn only_the_interruption_rules_may_send_to_the_queue() {
+    let t = template();
+    let statements = resource(&t, "InterruptionQueuePolicy")["Properties"]["PolicyDocument"]["Statement"]
+        .as_sequence()
+        .unwrap();
+    let mut rules: Vec<String> = interruption_rules(&t)
+        .into_iter()
+        .map(|(name, _)| format!("{name}.Arn"))
+        .collect();
+    rules.sort();
+    assert_eq!(rules.len(), 5, "{rules:?}");
+    for s in statements {
+        assert_eq!(strings(&s["Principal"]), ["Service", "events.amazonaws.com"]);
+        let mut allowed = strings(&s["Condition"]["ArnEquals"]["aws:SourceArn"]);
+        allowed.sort();
+        assert_eq!(allowed, rules);
+    }
+    // interrupt asks provision for solves and reads its rebalance mode.
+    let f = &resource(&t, "InterruptFunction")["Properties"];
+    assert!(strings(&f["Policies"]).contains(&"PendingPodsQueue.QueueName".to_string()));
+    assert!(strings(&f["Environment"]).contains(&"NODESMITH_REBALANCE".to_string()));
+}

@@ -1,6 +1,7 @@
 //! The `nodesmith` command line: `nodesmith simulate` plans offline what the
 //! provision function would launch for a set of manifests; with
 //! `--disruption`, what one sweep pass would disrupt in a running cluster.
+//! `nodesmith event` classifies EventBridge events as the `interrupt` function does.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -36,6 +37,15 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Classify EventBridge events as the interrupt function does (acts on nothing).
+    Event {
+        /// What rebalance recommendations do, for the `action` text (default: NODESMITH_REBALANCE, else replace).
+        #[arg(long)]
+        rebalance: Option<String>,
+        /// JSON files (an event, a list of events or an SQS message); `-` for stdin.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -47,6 +57,7 @@ enum Output {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Event { rebalance, files } => event(rebalance, &files),
         Command::Simulate {
             catalog,
             output,
@@ -121,4 +132,51 @@ fn simulate_disruption(
         Output::Table => print!("{}", nodesmith::simulate::disruption_to_table(&report)),
     }
     ExitCode::SUCCESS
+}
+
+/// `nodesmith event`: one JSON array, one object per event, in input order
+/// (`docs/interruption-format.md`). Exit 2 when a file cannot be read.
+fn event(rebalance: Option<String>, files: &[PathBuf]) -> ExitCode {
+    use std::io::Read;
+    let mode = rebalance
+        .or_else(|| std::env::var("NODESMITH_REBALANCE").ok())
+        .unwrap_or_default();
+    let mode: nodesmith::interruption::RebalanceMode = match mode.parse() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut out = Vec::new();
+    for f in files {
+        let text = if f.as_os_str() == "-" {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map(|_| s)
+        } else {
+            std::fs::read_to_string(f)
+        };
+        let text = match text {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: cannot read {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        };
+        out.extend(
+            nodesmith::interruption::read_input(&text)
+                .iter()
+                .map(|e| nodesmith::interruption::to_json(e, mode)),
+        );
+    }
+    match serde_json::to_string_pretty(&out) {
+        Ok(s) => {
+            println!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: cannot render JSON: {e}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -142,6 +142,9 @@ pub trait Cluster: Send + Sync {
     fn untaint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Evicts one pod through the Eviction API (PDBs apply).
     fn evict(&self, pod: &Pod) -> impl Future<Output = Result<EvictionOutcome, ClusterError>> + Send;
+    /// Deletes one pod outright, past any PodDisruptionBudget (only for capacity
+    /// the cloud takes anyway). Ok(false) when it did not exist.
+    fn delete_pod(&self, pod: &Pod) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Applies a [`NodeUpdate`] (read-modify-write guarded by the resourceVersion; no
     /// write when nothing would change). Ok(false) when the node does not exist.
     fn update_node(&self, name: &str, update: &NodeUpdate) -> impl Future<Output = Result<bool, ClusterError>> + Send;

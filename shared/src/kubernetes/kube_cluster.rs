@@ -382,6 +382,25 @@ impl Cluster for KubeCluster {
         .await
     }
 
+    async fn delete_pod(&self, pod: &Pod) -> Result<bool, ClusterError> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.call(&format!("delete pod {ns}/{name}"), |c| {
+            let (ns, name) = (ns.clone(), name.clone());
+            async move {
+                match Api::<Pod>::namespaced(c, &ns)
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await
+    }
+
     async fn delete_node(&self, name: &str) -> Result<bool, ClusterError> {
         self.call(&format!("delete node {name}"), |c| async move {
             match Api::<Node>::all(c).delete(name, &DeleteParams::default()).await {

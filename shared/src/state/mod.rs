@@ -14,6 +14,7 @@
 //! | catalog head | `CATALOG` | `HEAD` | `generation` (S, sha256 of the JSON), `parts` (N) |
 //! | catalog part | `CATALOG` | `PART#<generation>#<index, 4 digits>` | `data` (B, a slice of the catalog JSON) |
 //! | processed message | `PROCESSED` | idempotency key | `expiresAt` (N, epoch s) |
+//! | drain in progress | `DRAIN` | claim name | `node` (S), `reason` (S), `startedAt` (N, epoch ms), `deadline`, `forceFrom` (N, epoch ms, optional), `expiresAt` (N, epoch s) |
 //! | marker | `MARKER` | marker name (`last-solve`) | `at` (N, epoch ms; only moves forward) |
 //!
 //! - GSI `byInstanceId`: partition key `instanceId` (S), projection ALL. Only
@@ -27,6 +28,7 @@
 //!   sees a half-written generation.
 
 mod catalog;
+mod drains;
 mod idempotency;
 mod item;
 mod leases;
@@ -36,6 +38,7 @@ mod offerings;
 mod table;
 
 pub use catalog::PART_BYTES;
+pub use drains::DrainRecord;
 pub use leases::Lease;
 pub use markers::LAST_SOLVE;
 pub use nodeclaims::{from_item as node_claim_from_item, to_item as node_claim_item};
@@ -55,6 +58,8 @@ pub const PK_UNAVAILABLE: &str = "UNAVAILABLE";
 pub const PK_CATALOG: &str = "CATALOG";
 /// Partition of idempotency records.
 pub const PK_PROCESSED: &str = "PROCESSED";
+/// Partition of drains in progress (interruptions).
+pub const PK_DRAIN: &str = "DRAIN";
 /// Partition of markers (when something last happened).
 pub const PK_MARKER: &str = "MARKER";
 /// The GSI on instance id.

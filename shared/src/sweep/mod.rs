@@ -261,6 +261,7 @@ impl<C: Cluster> Sweeper<C> {
                 "time budget spent; the next sweep goes on"
             );
         }
+        crate::interruption::sweep_drains(&self.cluster, &self.store).await;
         report.solve_requested = self.ask_for_solve(&removed, now).await;
         Ok(report)
     }

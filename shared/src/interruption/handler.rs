@@ -1,0 +1,617 @@
+//! The `interrupt` function: an SQS batch of EventBridge events → for every
+//! instance nodesmith owns, taint, replace first, mark the offering
+//! unavailable, drain (honouring PDBs until the deadline nears), or remove
+//! capacity that is already gone. The decisions are [`super::decide`]'s.
+//!
+//! Every message is acknowledged unless acting on it failed: unknown and
+//! foreign events are logged and dropped, never retried. Each event acts once
+//! (an idempotency record keyed by its id); a failure forgets the record so
+//! the retry acts. Drains are recorded in DynamoDB ([`DrainRecord`]) and
+//! continued by every invocation and by the sweep ([`continue_drains`]).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use jiff::Timestamp;
+use sha2::Digest;
+
+use super::decide::{Decision, DrainPolicy, RebalanceMode, Steps, decide};
+use super::event::{self, Event};
+use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
+use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
+use crate::messages::SolveRequest;
+use crate::nodeclaim::{NodeClaim, Phase, generate_name};
+use crate::provisioning::LEASE;
+use crate::provisioning::trigger::{TriggerError, request_solve};
+use crate::scheduling::{SolveOptions, Unschedulable};
+use crate::snapshot::Snapshot;
+use crate::snapshot::live::{self, SnapshotError};
+use crate::state::{DrainRecord, StateError, StateStore, UNAVAILABLE_TTL_SECS};
+
+/// How long an event id is remembered (EventBridge redelivers within hours at most).
+const PROCESSED_TTL_SECS: i64 = 24 * 3600;
+
+/// Settings of the interrupt function.
+#[derive(Debug, Clone)]
+pub struct InterruptConfig {
+    /// The launch queue's URL (replacements).
+    pub launch_queue_url: String,
+    /// The pending-pods queue's URL (solve requests after capacity is gone).
+    pub pending_queue_url: String,
+    /// What rebalance recommendations do.
+    pub rebalance: RebalanceMode,
+    /// Who we are, for the provision lease.
+    pub holder: String,
+    /// How long a replacement solve may hold the provision lease.
+    pub lease_ttl: Duration,
+    /// How long to wait for another solve before giving the message back.
+    pub lease_wait: Duration,
+    /// How long one invocation keeps draining before leaving the rest to the
+    /// next invocation or the sweep (0: one pass).
+    pub drain_budget: Duration,
+    /// Pause between drain passes.
+    pub drain_interval: Duration,
+}
+
+impl InterruptConfig {
+    /// Defaults around the two queue URLs.
+    pub fn new(launch_queue_url: &str, pending_queue_url: &str) -> Self {
+        InterruptConfig {
+            launch_queue_url: launch_queue_url.into(),
+            pending_queue_url: pending_queue_url.into(),
+            rebalance: RebalanceMode::default(),
+            holder: format!("interrupt-{}", crate::state::now_ms()),
+            lease_ttl: Duration::from_secs(60),
+            lease_wait: Duration::from_secs(20),
+            drain_budget: Duration::from_secs(100),
+            drain_interval: Duration::from_secs(5),
+        }
+    }
+
+    /// Reads `NODESMITH_LAUNCH_QUEUE_URL`, `NODESMITH_PENDING_QUEUE_URL`,
+    /// `NODESMITH_REBALANCE` (ignore|replace|drain) and
+    /// `NODESMITH_INTERRUPT_DRAIN_BUDGET` (seconds).
+    pub fn from_env() -> Result<Self, InterruptError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`Self::from_env`], over any lookup (pure).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, InterruptError> {
+        let need = |k: &str| {
+            get(k)
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| InterruptError::Config(format!("{k} is not set")))
+        };
+        let mut c = InterruptConfig::new(
+            &need("NODESMITH_LAUNCH_QUEUE_URL")?,
+            &need("NODESMITH_PENDING_QUEUE_URL")?,
+        );
+        c.rebalance = get("NODESMITH_REBALANCE")
+            .unwrap_or_default()
+            .parse()
+            .map_err(InterruptError::Config)?;
+        if let Some(b) = get("NODESMITH_INTERRUPT_DRAIN_BUDGET") {
+            let secs: u64 = b
+                .trim()
+                .parse()
+                .map_err(|_| InterruptError::Config(format!("NODESMITH_INTERRUPT_DRAIN_BUDGET={b:?}: not seconds")))?;
+            c.drain_budget = Duration::from_secs(secs);
+        }
+        Ok(c)
+    }
+}
+
+/// Why acting on an event failed (the message is given back to SQS).
+#[derive(Debug, thiserror::Error)]
+pub enum InterruptError {
+    /// Missing or bad configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The state table failed.
+    #[error("state: {0}")]
+    State(#[from] StateError),
+    /// A cluster call failed.
+    #[error("cluster: {0}")]
+    Cluster(#[from] ClusterError),
+    /// The replacement's snapshot could not be read.
+    #[error("{0}")]
+    Snapshot(#[from] SnapshotError),
+    /// Launches could not be queued.
+    #[error("queueing launches: {0}")]
+    Enqueue(#[from] EnqueueError),
+    /// A solve request could not be queued.
+    #[error("{0}")]
+    Trigger(#[from] TriggerError),
+    /// Another solve held the provision lease for longer than we wait.
+    #[error("another solve holds the {LEASE} lease")]
+    Busy,
+}
+
+/// What one batch did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Messages given back to SQS.
+    pub failed: Vec<String>,
+    /// Nodes tainted.
+    pub tainted: Vec<String>,
+    /// Replacement NodeClaims written and queued for launch.
+    pub replacements: Vec<NodeClaim>,
+    /// Claims removed because their capacity is gone.
+    pub removed: Vec<String>,
+    /// Events not acted on (foreign instances, ignored kinds, duplicates).
+    pub ignored: usize,
+    /// Unknown or malformed events.
+    pub unknown: usize,
+    /// Drains finished in this invocation.
+    pub drained: Vec<String>,
+}
+
+impl Outcome {
+    /// The Lambda response: partial batch failures.
+    pub fn response(&self) -> SqsBatchResponse {
+        let mut r = SqsBatchResponse::default();
+        r.batch_item_failures = self
+            .failed
+            .iter()
+            .map(|id| {
+                let mut f = BatchItemFailure::default();
+                f.item_identifier = id.clone();
+                f
+            })
+            .collect();
+        r
+    }
+}
+
+/// The idempotency key of an event: its EventBridge id, else a hash of the body.
+pub fn idempotency_key(event: &Event, body: &str) -> String {
+    match &event.id {
+        Some(id) if !id.is_empty() => format!("interrupt/{id}"),
+        _ => format!(
+            "interrupt/sha256:{}",
+            hex::encode(sha2::Sha256::digest(body.as_bytes()))
+        ),
+    }
+}
+
+/// The interrupt function's resources, built once per container.
+pub struct Interrupter<C> {
+    cluster: C,
+    store: StateStore,
+    sqs: aws_sdk_sqs::Client,
+    config: InterruptConfig,
+}
+
+impl<C: Cluster> Interrupter<C> {
+    /// Wires the function.
+    pub fn new(cluster: C, store: StateStore, sqs: aws_sdk_sqs::Client, config: InterruptConfig) -> Self {
+        Interrupter {
+            cluster,
+            store,
+            sqs,
+            config,
+        }
+    }
+
+    /// Handles one SQS batch now.
+    pub async fn handle(&self, batch: &SqsEvent) -> Outcome {
+        let mut outcome = Outcome::default();
+        for record in &batch.records {
+            let message_id = record.message_id.clone().unwrap_or_default();
+            let body = record.body.as_deref().unwrap_or("");
+            let event = event::parse(body);
+            if let event::Kind::Unknown { error } = &event.kind {
+                outcome.unknown += 1;
+                tracing::warn!(%message_id, %error, source = ?event.source, detail_type = ?event.detail_type,
+                    "acknowledging an interruption message nodesmith does not act on");
+                continue;
+            }
+            let now = Timestamp::now();
+            let key = idempotency_key(&event, body);
+            let secs = now.as_second();
+            match self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    outcome.ignored += 1;
+                    tracing::info!(%message_id, %key, "event already handled; acknowledging the duplicate");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(%message_id, error = %e, "cannot record the event; it will be retried");
+                    outcome.failed.push(message_id);
+                    continue;
+                }
+            }
+            tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
+            if let Err(e) = self.act(&event, now, &mut outcome).await {
+                tracing::error!(%message_id, error = %e, "acting on the event failed; it will be retried");
+                if let Err(e) = self.store.forget_processed(&key).await {
+                    tracing::warn!(error = %e, "cannot forget the idempotency record; the retry will be taken for a duplicate");
+                }
+                outcome.failed.push(message_id);
+            }
+        }
+        if let Err(e) = self.continue_drains(&mut outcome).await {
+            tracing::warn!(error = %e, "drains not continued; the next invocation or the sweep continues them");
+        }
+        outcome
+    }
+
+    /// Acts on one event at `now`: fast steps for every instance first, a
+    /// single replacement solve for all of them, then the drains are recorded.
+    async fn act(&self, ev: &Event, now: Timestamp, outcome: &mut Outcome) -> Result<(), InterruptError> {
+        let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
+        for id in &ev.instance_ids {
+            let claim = self.store.node_claim_by_instance(id).await?;
+            match decide(ev, claim.as_ref(), self.config.rebalance, now) {
+                Decision::Ignore { why } => {
+                    outcome.ignored += 1;
+                    tracing::info!(instance = %id, %why, "not acting");
+                }
+                Decision::Act(steps) => {
+                    if let Some(c) = claim {
+                        plans.push((c, steps));
+                    }
+                }
+            }
+        }
+        // 1. Nothing new lands on the nodes.
+        for (_, s) in &plans {
+            if let (true, Some(node)) = (s.taint, &s.node) {
+                match self.cluster.taint_disrupted(node).await {
+                    Ok(_) => {
+                        outcome.tainted.push(node.clone());
+                        let why = format!("interruption: {}", s.reason);
+                        if let Err(e) = self
+                            .cluster
+                            .emit_event(&EventSpec::disrupting(events::node_name_ref(node), &why))
+                            .await
+                        {
+                            tracing::warn!(node, error = %e, "cannot record the disruption event");
+                        }
+                    }
+                    Err(e) if e.code() == Some(404) => tracing::info!(node, "the node is gone already"),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        // 2. The interrupted offerings are not chosen for the replacement.
+        let unavailable: Vec<_> = plans.iter().filter_map(|(_, s)| s.mark_unavailable.clone()).collect();
+        if !unavailable.is_empty() {
+            self.store
+                .mark_unavailable(&unavailable, "Interrupted", now.as_second() + UNAVAILABLE_TTL_SECS)
+                .await?;
+        }
+        // 3. The replacement, before any pod is evicted.
+        let replace: Vec<String> = plans
+            .iter()
+            .filter(|(_, s)| s.replace)
+            .filter_map(|(c, _)| c.node_name.clone())
+            .collect();
+        if !replace.is_empty() {
+            let created = self.replace(&replace, now).await?;
+            outcome.replacements.extend(created);
+        }
+        // 4. The claims move to Draining (so a second notice replaces nothing) and drains are recorded.
+        for (claim, s) in &plans {
+            if s.remove {
+                self.remove(claim, s, outcome).await?;
+                continue;
+            }
+            self.mark_draining(claim, now).await?;
+            if let (Some(policy), Some(node)) = (s.drain, &s.node) {
+                let record = drain_record(claim, node, s.reason, policy, now);
+                self.store.begin_drain(&record).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a claim to Draining (version-checked, once).
+    async fn mark_draining(&self, claim: &NodeClaim, now: Timestamp) -> Result<(), InterruptError> {
+        let mut current = claim.clone();
+        for _ in 0..3 {
+            if !current.phase.can_move_to(Phase::Draining) {
+                return Ok(());
+            }
+            let mut next = current.clone();
+            if next.advance(Phase::Draining, now).is_err() {
+                return Ok(());
+            }
+            match self.store.update_node_claim(&next).await {
+                Ok(_) => return Ok(()),
+                Err(StateError::Conflict { .. }) => match self.store.get_node_claim(&claim.name).await? {
+                    Some(c) => current = c,
+                    None => return Ok(()),
+                },
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Capacity already gone: one drain pass, the Node deleted, the claim
+    /// removed, a solve requested for its pods.
+    async fn remove(&self, claim: &NodeClaim, s: &Steps, outcome: &mut Outcome) -> Result<(), InterruptError> {
+        if let Some(node) = &s.node {
+            match drain(&self.cluster, node, Default::default()).await {
+                Ok(report) if !report.is_complete() => {
+                    tracing::info!(
+                        node,
+                        left = report.blocked_by_pdb.len() + report.do_not_disrupt.len() + report.waiting.len(),
+                        "capacity gone; pods left go with the Node"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(node, error = %e, "drain of a node whose capacity is gone failed"),
+            }
+            self.cluster.delete_node(node).await?;
+        }
+        match self.store.delete_node_claim(&claim.name, claim.version).await {
+            Ok(()) => {}
+            Err(StateError::Conflict { found: None, .. }) => {}
+            Err(StateError::Conflict { .. }) => {
+                if let Some(c) = self.store.get_node_claim(&claim.name).await? {
+                    self.store.delete_node_claim(&c.name, c.version).await?;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.store.end_drain(&claim.name).await?;
+        request_solve(
+            &self.sqs,
+            &self.config.pending_queue_url,
+            &SolveRequest::new(s.reason, Some(&claim.name)),
+        )
+        .await?;
+        outcome.removed.push(claim.name.clone());
+        tracing::info!(claim = %claim.name, node = ?s.node, "capacity gone: node and claim removed, solve requested");
+        Ok(())
+    }
+
+    /// A what-if solve with `nodes` removed, its new claims written fenced by
+    /// the provision lease, their launches queued.
+    async fn replace(&self, nodes: &[String], now: Timestamp) -> Result<Vec<NodeClaim>, InterruptError> {
+        let deadline = crate::state::now_ms() + self.config.lease_wait.as_millis() as i64;
+        let lease = loop {
+            let ttl = self.config.lease_ttl.as_millis() as i64;
+            if let Some(l) = self
+                .store
+                .acquire_lease(LEASE, &self.config.holder, ttl, crate::state::now_ms())
+                .await?
+            {
+                break l;
+            }
+            if crate::state::now_ms() >= deadline {
+                return Err(InterruptError::Busy);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let result = self.replace_under(&lease, nodes, now).await;
+        if let Err(e) = self.store.release_lease(&lease, crate::state::now_ms()).await {
+            tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");
+        }
+        result
+    }
+
+    async fn replace_under(
+        &self,
+        lease: &crate::state::Lease,
+        nodes: &[String],
+        now: Timestamp,
+    ) -> Result<Vec<NodeClaim>, InterruptError> {
+        let snapshot = live::read(&self.cluster, &self.store, now).await?;
+        let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
+        let Replacement { claims, unschedulable } = plan_replacement(&snapshot, nodes, &seed);
+        for u in &unschedulable {
+            tracing::warn!(pod = %u.pod, reason = %u.reason, "no replacement can hold this pod");
+        }
+        let created = self
+            .store
+            .create_node_claims_fenced(lease, &claims, crate::state::now_ms())
+            .await?;
+        let requests: Vec<LaunchRequest> = created
+            .iter()
+            .filter_map(|c| {
+                snapshot
+                    .node_class(&c.node_class)
+                    .map(|nc| LaunchRequest::new(&c.name, nc))
+            })
+            .collect();
+        enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
+        tracing::info!(replaced = ?nodes, replacements = created.len(), "replacement launched");
+        Ok(created)
+    }
+
+    /// Continues every recorded drain ([`continue_drains`]) within this
+    /// function's drain budget.
+    pub async fn continue_drains(&self, outcome: &mut Outcome) -> Result<(), InterruptError> {
+        let drained = continue_drains(
+            &self.cluster,
+            &self.store,
+            self.config.drain_budget,
+            self.config.drain_interval,
+        )
+        .await?;
+        outcome.drained.extend(drained);
+        Ok(())
+    }
+}
+
+/// Continues every recorded drain: passes until each node is empty, its node
+/// gone, or `budget` spent (pausing `interval` between passes; a zero budget
+/// makes one pass). Honours PDBs and do-not-disrupt until the record's force
+/// time, then deletes what evictions cannot move. Returns the nodes whose
+/// drain finished (their records are removed).
+pub async fn continue_drains(
+    cluster: &impl Cluster,
+    store: &StateStore,
+    budget: Duration,
+    interval: Duration,
+) -> Result<Vec<String>, InterruptError> {
+    let started = std::time::Instant::now();
+    let mut drained = Vec::new();
+    loop {
+        let records = store.drains().await?;
+        if records.is_empty() {
+            return Ok(drained);
+        }
+        let mut left = 0;
+        for r in &records {
+            if drain_pass(cluster, r, Timestamp::now()).await? {
+                drained.push(r.node.clone());
+                store.end_drain(&r.claim).await?;
+            } else {
+                left += 1;
+            }
+        }
+        if left == 0 || started.elapsed() + interval > budget {
+            return Ok(drained);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// The sweep's share of interruption work: one pass over every recorded
+/// drain, so a drain outlives the invocation that began it even when no
+/// further event arrives. Failures are logged; the next sweep tries again.
+pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore) -> Vec<String> {
+    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO).await {
+        Ok(drained) => drained,
+        Err(e) => {
+            tracing::warn!(error = %e, "recorded drains not continued; the next sweep tries again");
+            Vec::new()
+        }
+    }
+}
+
+/// One pass over one drain; true when it is finished.
+async fn drain_pass(cluster: &impl Cluster, r: &DrainRecord, now: Timestamp) -> Result<bool, InterruptError> {
+    if cluster.node(&r.node).await?.is_none() {
+        tracing::info!(node = %r.node, "drained node is gone");
+        return Ok(true);
+    }
+    let policy = policy_of(r);
+    let report = drain(cluster, &r.node, policy.options_at(now)).await?;
+    if report.is_complete() {
+        tracing::info!(node = %r.node, reason = %r.reason, "drain complete");
+        return Ok(true);
+    }
+    if policy.forced_at(now) {
+        // The cloud takes the node at the deadline: what a PDB still holds goes now.
+        let pods = cluster.pods_on_node(&r.node).await?;
+        for p in pods {
+            let key = crate::kubernetes::pods::key(&p);
+            if report.blocked_by_pdb.iter().any(|(k, _)| *k == key) {
+                tracing::warn!(pod = %key, node = %r.node, "deadline near: deleting a pod its PDB still protects");
+                cluster.delete_pod(&p).await?;
+            }
+        }
+    } else if !report.blocked_by_pdb.is_empty() || !report.do_not_disrupt.is_empty() {
+        tracing::info!(node = %r.node, blocked = report.blocked_by_pdb.len(), do_not_disrupt = report.do_not_disrupt.len(),
+            force_from = ?policy.force_from, "drain waiting on PDBs or do-not-disrupt");
+    }
+    Ok(false)
+}
+
+/// The capacity that replaces some nodes.
+#[derive(Debug, Clone)]
+pub struct Replacement {
+    /// New NodeClaims to write and launch.
+    pub claims: Vec<NodeClaim>,
+    /// The nodes' pods nothing can hold.
+    pub unschedulable: Vec<Unschedulable>,
+}
+
+/// The replacement for `nodes` (pure): a what-if solve of `snapshot` with
+/// them removed, new claims named from `seed`, unique within the snapshot.
+pub fn plan_replacement(snapshot: &Snapshot, nodes: &[String], seed: &str) -> Replacement {
+    let plan = snapshot.compile().solve(&SolveOptions::without(nodes.iter().cloned()));
+    let mut taken: BTreeSet<String> = snapshot.node_claims.iter().map(|c| c.name.clone()).collect();
+    taken.extend(snapshot.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
+    let claims = plan
+        .node_claims
+        .iter()
+        .map(|c| NodeClaim {
+            name: generate_name(&c.node_pool, seed, &mut taken),
+            ..snapshot.node_claim(c)
+        })
+        .collect();
+    Replacement {
+        claims,
+        unschedulable: plan.unschedulable,
+    }
+}
+
+/// The drain record for a claim's node (pure).
+pub fn drain_record(claim: &NodeClaim, node: &str, reason: &str, policy: DrainPolicy, now: Timestamp) -> DrainRecord {
+    DrainRecord {
+        claim: claim.name.clone(),
+        node: node.to_string(),
+        reason: reason.to_string(),
+        deadline_ms: policy.deadline.map(|t| t.as_millisecond()),
+        force_from_ms: policy.force_from.map(|t| t.as_millisecond()),
+        started_ms: now.as_millisecond(),
+    }
+}
+
+/// The policy a record stands for (pure).
+pub fn policy_of(r: &DrainRecord) -> DrainPolicy {
+    DrainPolicy {
+        deadline: r.deadline_ms.and_then(|m| Timestamp::from_millisecond(m).ok()),
+        force_from: r.force_from_ms.and_then(|m| Timestamp::from_millisecond(m).ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_lookup() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        const BASE: &[(&str, &str)] = &[
+            ("NODESMITH_LAUNCH_QUEUE_URL", "http://l"),
+            ("NODESMITH_PENDING_QUEUE_URL", "http://p"),
+        ];
+        let c = InterruptConfig::from_lookup(env(&[
+            ("NODESMITH_LAUNCH_QUEUE_URL", "http://l"),
+            ("NODESMITH_PENDING_QUEUE_URL", "http://p"),
+            ("NODESMITH_REBALANCE", "drain"),
+            ("NODESMITH_INTERRUPT_DRAIN_BUDGET", "0"),
+        ]))
+        .unwrap();
+        assert_eq!((c.rebalance, c.drain_budget), (RebalanceMode::Drain, Duration::ZERO));
+        assert_eq!(
+            InterruptConfig::from_lookup(env(BASE)).unwrap().rebalance,
+            RebalanceMode::Replace
+        );
+        assert!(InterruptConfig::from_lookup(env(&[("NODESMITH_LAUNCH_QUEUE_URL", "x")])).is_err());
+        assert!(
+            InterruptConfig::from_lookup(env(&[
+                ("NODESMITH_LAUNCH_QUEUE_URL", "http://l"),
+                ("NODESMITH_PENDING_QUEUE_URL", "http://p"),
+                ("NODESMITH_REBALANCE", "maybe"),
+            ]))
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn keys_and_records() {
+        let e = event::parse(r#"{"id":"abc","source":"x"}"#);
+        assert_eq!(idempotency_key(&e, "b"), "interrupt/abc");
+        let anon = event::parse(r#"{"source":"x"}"#);
+        assert!(idempotency_key(&anon, "b").starts_with("interrupt/sha256:"));
+        let now: Timestamp = "2026-03-02T14:20:06Z".parse().unwrap();
+        let policy = DrainPolicy {
+            deadline: Some(now),
+            force_from: None,
+        };
+        let c = NodeClaim::pending("c", "p", "k");
+        assert_eq!(policy_of(&drain_record(&c, "n", "r", policy, now)), policy);
+    }
+}

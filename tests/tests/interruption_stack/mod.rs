@@ -1,0 +1,268 @@
+//! The local stack the interruption tests share: moto (DynamoDB, SQS, EC2) and
+//! the Kubernetes API test server with strict kubelets, with one node
+//! launched, registered and filled by provision → launch → kubelets → sweep.
+//! Used by `tests/interruption.rs` and by the `interrupt` binary's tests
+//! (which include this file and `launch_fixtures` by path).
+
+// Compiled into more than one test binary, and each uses only some of it.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use k8s_openapi::api::core::v1::Node;
+use nodesmith::ec2::Instances;
+use nodesmith::interruption::handler::{InterruptConfig, Interrupter};
+use nodesmith::kubernetes::KubeCluster;
+use nodesmith::kubernetes::retry::RetryPolicy;
+use nodesmith::launch::batch;
+use nodesmith::lifecycle::LifecycleConfig;
+use nodesmith::nodeclaim::{NodeClaim, Phase};
+use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
+use nodesmith::state::StateStore;
+use nodesmith::sweep::{SweepConfig, Sweeper};
+use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
+use nodesmith_tests::moto::{Moto, moto};
+use serde_json::json;
+
+use crate::launch_fixtures::{CLUSTER, DISCOVERY, launcher_with, store, world};
+
+/// Lifecycle settings for tests: every wait in seconds or less.
+pub fn fast() -> LifecycleConfig {
+    LifecycleConfig {
+        launch_timeout: Duration::from_secs(60),
+        registration_timeout: Duration::from_secs(60),
+        leak_window: Duration::from_secs(60),
+        liveness_grace: Duration::ZERO,
+        batch_window: Duration::ZERO,
+        resolve_every: Duration::from_secs(60),
+    }
+}
+
+pub struct Stack {
+    pub m: Moto,
+    pub kube: KubeServer,
+    pub store: StateStore,
+    pub sqs: aws_sdk_sqs::Client,
+    pub ec2: aws_sdk_ec2::Client,
+    pub launch_queue: String,
+    pub pending_queue: String,
+    pub kubelets: Kubelets,
+}
+
+pub fn event(bodies: Vec<String>) -> SqsEvent {
+    let mut e = SqsEvent::default();
+    e.records = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let mut m = SqsMessage::default();
+            m.message_id = Some(format!("m{i}"));
+            m.body = Some(body);
+            m
+        })
+        .collect();
+    e
+}
+
+pub fn pod_ref(name: &str) -> String {
+    json!({"namespace": "default", "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"}).to_string()
+}
+
+impl Stack {
+    /// A cluster with one pool (m5/c5, on-demand, `cpu_limit`), its class, and
+    /// `pods` pending pods of 900m each (two fit on one 2-vCPU node); nodes
+    /// join at once and are Ready after 200 ms.
+    pub async fn new(cpu_limit: &str, pods: usize) -> Stack {
+        let m = moto().await;
+        world(&m).await;
+        let conf = m.sdk_config().await;
+        let sqs = aws_sdk_sqs::Client::new(&conf);
+        let mut urls = Vec::new();
+        for q in ["launch", "pending-pods"] {
+            let url = sqs.create_queue().queue_name(q).send().await.unwrap();
+            urls.push(url.queue_url().unwrap().to_string());
+        }
+        let kube = KubeServer::start().await;
+        kube.apply(
+            &json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
+                "template": {
+                    "metadata": {"labels": {"team": "web"}},
+                    "spec": {
+                        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                        "requirements": [
+                            {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5", "c5"]},
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+                        ]
+                    }
+                },
+                "limits": {"cpu": cpu_limit}
+            }}),
+        )
+        .unwrap();
+        kube.apply(&json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+            "role": "KarpenterNodeRole-demo",
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "subnetSelectorTerms": [{"tags": {DISCOVERY: "*"}}],
+            "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}]
+        }}))
+        .unwrap();
+        for i in 0..pods {
+            let n = format!("web-{i}");
+            kube.apply(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default", "uid": format!("uid-{n}"), "labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "900m", "memory": "1Gi"}}}]}}))
+                .unwrap();
+        }
+        kube.schedule();
+        Stack {
+            store: store(&m).await,
+            ec2: aws_sdk_ec2::Client::new(&conf),
+            m,
+            kube,
+            sqs,
+            launch_queue: urls[0].clone(),
+            pending_queue: urls[1].clone(),
+            kubelets: Kubelets::new(KubeletTiming::millis(0, 0)),
+        }
+    }
+
+    pub fn cluster(&self) -> KubeCluster {
+        KubeCluster::from_client(self.kube.client()).with_retry(RetryPolicy {
+            attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        })
+    }
+
+    pub fn provisioner(&self) -> Provisioner<KubeCluster> {
+        let mut config = ProvisionConfig::new(&self.launch_queue);
+        config.lease_wait = Duration::from_secs(30);
+        Provisioner::new(self.cluster(), self.store.clone(), self.sqs.clone(), config)
+    }
+
+    pub fn sweeper(&self, lifecycle: LifecycleConfig) -> Sweeper<KubeCluster> {
+        let mut config = SweepConfig::from_lookup(|_| None).unwrap();
+        config.lifecycle = lifecycle;
+        config.pending_queue_url = Some(self.pending_queue.clone());
+        config.budget = Duration::from_secs(2);
+        Sweeper::new(
+            self.cluster(),
+            self.store.clone(),
+            Instances::new(self.ec2.clone(), CLUSTER),
+            self.sqs.clone(),
+            config,
+        )
+    }
+
+    /// What the forwarder would send for these pods, handled by `provision`.
+    pub async fn provision(&self, pods: &[&str]) -> Outcome {
+        self.provisioner()
+            .handle(&event(pods.iter().map(|p| pod_ref(p)).collect()))
+            .await
+    }
+
+    /// Runs `launch` on every queued launch request.
+    pub async fn launch_all(&self) {
+        let bodies = self.drain(&self.launch_queue).await;
+        let launcher = launcher_with(&self.m, self.m.endpoint(), Some(self.pending_queue.clone())).await;
+        let (response, results) = batch::handle(&launcher, &event(bodies)).await;
+        assert!(response.batch_item_failures.is_empty(), "{results:?}");
+    }
+
+    pub async fn drain(&self, url: &str) -> Vec<String> {
+        let mut bodies = Vec::new();
+        loop {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .send()
+                .await
+                .unwrap();
+            if got.messages().is_empty() {
+                return bodies;
+            }
+            for msg in got.messages() {
+                bodies.push(msg.body().unwrap_or_default().to_string());
+                self.sqs
+                    .delete_message()
+                    .queue_url(url)
+                    .receipt_handle(msg.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    pub async fn kubelet_step(&self) {
+        let report = self
+            .kubelets
+            .step(&self.kube, &self.ec2, nodesmith::catalog::builtin().unwrap())
+            .await
+            .unwrap();
+        assert!(report.refused.is_empty(), "a kubelet refused to start: {report:?}");
+    }
+
+    pub async fn claims(&self) -> Vec<NodeClaim> {
+        self.store.list_node_claims().await.unwrap()
+    }
+}
+
+pub fn taint_keys(n: &Node) -> Vec<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect()
+}
+
+pub fn pods_on(kube: &KubeServer, node: &str) -> Vec<String> {
+    kube.pods()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect()
+}
+
+pub fn ec2_event(id: &str, detail_type: &str, time: jiff::Timestamp, detail: serde_json::Value) -> String {
+    json!({"version": "0", "id": id, "detail-type": detail_type, "source": "aws.ec2", "account": "123456789012",
+        "time": nodesmith::interruption::rfc3339(&time), "region": "us-east-1", "resources": [], "detail": detail})
+    .to_string()
+}
+
+impl Stack {
+    pub fn interrupter(&self, configure: impl FnOnce(&mut InterruptConfig)) -> Interrupter<KubeCluster> {
+        let mut config = InterruptConfig::new(&self.launch_queue, &self.pending_queue);
+        config.drain_budget = Duration::ZERO;
+        configure(&mut config);
+        Interrupter::new(self.cluster(), self.store.clone(), self.sqs.clone(), config)
+    }
+
+    /// Provisions and launches for these pods; returns the claims.
+    pub async fn launched(&self, pods: &[&str]) -> Vec<NodeClaim> {
+        let outcome = self.provision(pods).await;
+        assert!(outcome.failed.is_empty() && !outcome.created.is_empty(), "{outcome:?}");
+        self.launch_all().await;
+        self.claims().await
+    }
+
+    /// One initialized node holding both pods; returns its claim.
+    pub async fn running_node(&self) -> NodeClaim {
+        let claims = self.launched(&["web-0", "web-1"]).await;
+        assert_eq!(claims.len(), 1, "{claims:?}");
+        let sweeper = self.sweeper(fast());
+        for _ in 0..4 {
+            self.kubelet_step().await;
+            sweeper.run().await.unwrap();
+        }
+        let claim = self.store.get_node_claim(&claims[0].name).await.unwrap().unwrap();
+        assert_eq!(claim.phase, Phase::Initialized, "{claim:?}");
+        self.kube.schedule();
+        assert_eq!(pods_on(&self.kube, claim.node_name.as_deref().unwrap()).len(), 2);
+        claim
+    }
+}
