@@ -24,7 +24,7 @@ async fn binary_handles_an_sqs_event_against_moto() {
     let mut env: BTreeMap<String, String> = m.env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
     env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
-    let Invocation { path, body, init } = invoke(Path::new(env!("CARGO_BIN_EXE_launch")), "launch", &env, &event)
+    let Invocation { path, body, init, .. } = invoke(Path::new(env!("CARGO_BIN_EXE_launch")), "launch", &env, &event)
         .await
         .unwrap();
     // Reported, not asserted: timing depends on the machine.
