@@ -2,9 +2,16 @@
 //! from the environment, and the AWS SDK configuration with retries.
 
 /// A required environment variable is missing or empty.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("environment variable {0} is not set")]
 pub struct MissingEnv(pub String);
+
+// A binary's `main` that fails prints its error with `Debug`: say it in words.
+impl std::fmt::Debug for MissingEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
+}
 
 /// Reads a required environment variable, naming it when missing or empty.
 pub fn required_env(name: &str) -> Result<String, MissingEnv> {

@@ -3,10 +3,10 @@
 //! registered and filled by provision → launch → kubelets → sweep, then
 //! interruption events arrive as SQS records.
 
-mod interruption_stack;
 mod launch_fixtures;
+mod local_stack;
 
-use interruption_stack::{Stack, ec2_event, event, pods_on, taint_keys};
+use local_stack::{Stack, ec2_event, event, pods_on, taint_keys};
 use nodesmith::kubernetes::Cluster;
 use nodesmith::nodeclaim::Phase;
 use serde_json::json;
@@ -164,7 +164,7 @@ async fn the_sweep_continues_a_recorded_drain_and_forces_it_at_the_deadline() {
 
     // No further event arrives; the sweep continues the drain. Before the
     // deadline nears the PDB holds.
-    let sweeper = s.sweeper(interruption_stack::fast());
+    let sweeper = s.sweeper(local_stack::fast());
     sweeper.run().await.unwrap();
     assert_eq!(pods_on(&s.kube, &node).len(), 2, "the PDB holds before the deadline");
     assert_eq!(s.store.drains().await.unwrap().len(), 1);

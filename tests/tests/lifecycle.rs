@@ -7,213 +7,26 @@
 //! collection, and sweeps that crash or run at once.
 
 mod launch_fixtures;
+mod local_stack;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use aws_lambda_events::sqs::SqsEvent;
 use k8s_openapi::api::core::v1::Node;
-use launch_fixtures::{CLUSTER, DISCOVERY, launcher_with, store, world};
+use local_stack::{Stack, fast, taint_keys};
 use nodesmith::apis::labels;
-use nodesmith::ec2::Instances;
-use nodesmith::kubernetes::retry::RetryPolicy;
-use nodesmith::kubernetes::{Cluster, KubeCluster};
-use nodesmith::launch::batch;
+use nodesmith::kubernetes::Cluster;
 use nodesmith::lifecycle::{Action, LifecycleConfig};
-use nodesmith::nodeclaim::{NodeClaim, Phase};
-use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
-use nodesmith::state::StateStore;
-use nodesmith::sweep::{SweepConfig, SweepReport, Sweeper};
+use nodesmith::nodeclaim::Phase;
+use nodesmith::sweep::SweepReport;
 use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
-use nodesmith_tests::moto::{Moto, moto};
-use nodesmith_tests::sqs;
 use serde_json::json;
 
-/// Lifecycle settings for tests: every wait in seconds or less.
-fn fast() -> LifecycleConfig {
-    LifecycleConfig {
-        launch_timeout: Duration::from_secs(60),
-        registration_timeout: Duration::from_secs(60),
-        leak_window: Duration::from_secs(60),
-        liveness_grace: Duration::ZERO,
-        batch_window: Duration::ZERO,
-        resolve_every: Duration::from_secs(60),
-    }
-}
-
-struct Stack {
-    m: Moto,
-    kube: KubeServer,
-    store: StateStore,
-    sqs: aws_sdk_sqs::Client,
-    ec2: aws_sdk_ec2::Client,
-    launch_queue: String,
-    pending_queue: String,
-    kubelets: Kubelets,
-}
-
-fn event(bodies: Vec<String>) -> SqsEvent {
-    sqs::event(bodies.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)))
-}
-
-fn pod_ref(name: &str) -> String {
-    json!({"namespace": "default", "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"}).to_string()
-}
-
-impl Stack {
-    /// A cluster with one pool (m5/c5, on-demand, `cpu_limit`), its class, and
-    /// `pods` pending pods of 900m each (two fit on one 2-vCPU node); nodes
-    /// join at once and are Ready after 200 ms.
-    async fn new(cpu_limit: &str, pods: usize) -> Stack {
-        let m = moto().await;
-        world(&m).await;
-        let conf = m.sdk_config().await;
-        let client = aws_sdk_sqs::Client::new(&conf);
-        let urls = [
-            sqs::create_queue(&client, "launch").await,
-            sqs::create_queue(&client, "pending-pods").await,
-        ];
-        let kube = KubeServer::start().await;
-        kube.apply(
-            &json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
-                "template": {
-                    "metadata": {"labels": {"team": "web"}},
-                    "spec": {
-                        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
-                        "requirements": [
-                            {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5", "c5"]},
-                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
-                        ]
-                    }
-                },
-                "limits": {"cpu": cpu_limit}
-            }}),
-        )
-        .unwrap();
-        kube.apply(&json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
-            "role": "KarpenterNodeRole-demo",
-            "amiSelectorTerms": [{"alias": "al2023@latest"}],
-            "subnetSelectorTerms": [{"tags": {DISCOVERY: "*"}}],
-            "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}]
-        }}))
-        .unwrap();
-        for i in 0..pods {
-            let n = format!("web-{i}");
-            kube.apply(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default", "uid": format!("uid-{n}"), "labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "900m", "memory": "1Gi"}}}]}}))
-                .unwrap();
-        }
-        kube.schedule();
-        Stack {
-            store: store(&m).await,
-            ec2: aws_sdk_ec2::Client::new(&conf),
-            m,
-            kube,
-            sqs: client,
-            launch_queue: urls[0].clone(),
-            pending_queue: urls[1].clone(),
-            kubelets: Kubelets::new(KubeletTiming::millis(0, 200)),
-        }
-    }
-
-    fn cluster(&self) -> KubeCluster {
-        KubeCluster::from_client(self.kube.client()).with_retry(RetryPolicy {
-            attempts: 3,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        })
-    }
-
-    fn provisioner(&self) -> Provisioner<KubeCluster> {
-        let mut config = ProvisionConfig::new(&self.launch_queue);
-        config.lease_wait = Duration::from_secs(30);
-        Provisioner::new(self.cluster(), self.store.clone(), self.sqs.clone(), config)
-    }
-
-    fn sweeper(&self, lifecycle: LifecycleConfig) -> Sweeper<KubeCluster> {
-        let mut config = SweepConfig::from_lookup(|_| None).unwrap();
-        config.lifecycle = lifecycle;
-        config.pending_queue_url = Some(self.pending_queue.clone());
-        config.budget = Duration::from_secs(2);
-        Sweeper::new(
-            self.cluster(),
-            self.store.clone(),
-            Instances::new(self.ec2.clone(), CLUSTER),
-            self.sqs.clone(),
-            config,
-        )
-    }
-
-    /// What the forwarder would send for these pods, handled by `provision`.
-    async fn provision(&self, pods: &[&str]) -> Outcome {
-        self.provisioner()
-            .handle(&event(pods.iter().map(|p| pod_ref(p)).collect()))
-            .await
-    }
-
-    /// Everything waiting on the pending-pods queue (solve requests), handled by `provision`.
-    async fn provision_queued(&self) -> (Vec<String>, Outcome) {
-        let bodies = self.drain(&self.pending_queue).await;
-        let outcome = self.provisioner().handle(&event(bodies.clone())).await;
-        (bodies, outcome)
-    }
-
-    /// Runs `launch` on every queued launch request.
-    async fn launch_all(&self) {
-        let bodies = self.drain(&self.launch_queue).await;
-        let launcher = launcher_with(&self.m, self.m.endpoint(), Some(self.pending_queue.clone())).await;
-        let (response, results) = batch::handle(&launcher, &event(bodies)).await;
-        assert!(response.batch_item_failures.is_empty(), "{results:?}");
-    }
-
-    async fn drain(&self, url: &str) -> Vec<String> {
-        sqs::drain(&self.sqs, url).await
-    }
-
-    async fn kubelet_step(&self) {
-        let report = self
-            .kubelets
-            .step(&self.kube, &self.ec2, nodesmith::catalog::builtin().unwrap())
-            .await
-            .unwrap();
-        assert!(report.refused.is_empty(), "a kubelet refused to start: {report:?}");
-    }
-
-    async fn claims(&self) -> Vec<NodeClaim> {
-        self.store.list_node_claims().await.unwrap()
-    }
-
-    async fn nodes(&self) -> Vec<Node> {
-        self.cluster().nodes().await.unwrap()
-    }
-
-    /// States of the instances EC2 knows, by id.
-    async fn instance_states(&self) -> BTreeMap<String, String> {
-        let out = self.ec2.describe_instances().send().await.unwrap();
-        out.reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .map(|i| {
-                (
-                    i.instance_id().unwrap_or_default().to_string(),
-                    i.state()
-                        .and_then(|s| s.name())
-                        .map(|n| n.as_str().to_string())
-                        .unwrap_or_default(),
-                )
-            })
-            .collect()
-    }
-
-    /// Provisions and launches for the first `n` pods; returns the claims.
-    async fn launched(&self, pods: &[&str]) -> Vec<NodeClaim> {
-        let outcome = self.provision(pods).await;
-        assert!(outcome.failed.is_empty() && !outcome.created.is_empty(), "{outcome:?}");
-        self.launch_all().await;
-        let claims = self.claims().await;
-        assert!(claims.iter().all(|c| c.phase == Phase::Launched), "{claims:?}");
-        claims
-    }
+/// The shared stack with kubelets that take 200 ms to become Ready.
+async fn stack(cpu_limit: &str, pods: usize) -> Stack {
+    let mut s = Stack::new(cpu_limit, pods).await;
+    s.kubelets = Kubelets::new(KubeletTiming::millis(0, 200));
+    s
 }
 
 fn short(report: &SweepReport) -> Vec<String> {
@@ -235,16 +48,6 @@ fn labels_of(n: &Node) -> BTreeMap<String, String> {
     n.metadata.labels.clone().unwrap_or_default()
 }
 
-fn taint_keys(n: &Node) -> Vec<String> {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| t.key)
-        .collect()
-}
-
 fn bound(kube: &KubeServer) -> usize {
     kube.pods()
         .iter()
@@ -254,7 +57,7 @@ fn bound(kube: &KubeServer) -> usize {
 
 #[tokio::test]
 async fn a_launched_node_is_registered_with_its_real_instance_labels_then_initialized() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     assert_eq!(claims.len(), 1, "{claims:?}");
     let claim = &claims[0];
@@ -314,7 +117,7 @@ async fn a_launched_node_is_registered_with_its_real_instance_labels_then_initia
 
 #[tokio::test]
 async fn pods_waiting_for_a_registering_node_do_not_launch_a_second_one() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let pods = ["web-0", "web-1"];
     s.launched(&pods).await;
     // The node joins, not ready and tainted; the scheduler marks the pods
@@ -335,7 +138,7 @@ async fn pods_waiting_for_a_registering_node_do_not_launch_a_second_one() {
 #[tokio::test]
 async fn an_instance_terminated_behind_our_back_frees_its_pods_and_the_pool_limit() {
     // The limit holds one node: a claim that counts forever would stop the pool.
-    let s = Stack::new("2", 2).await;
+    let s = stack("2", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     assert_eq!(claims.len(), 1, "{claims:?}");
     let id = claims[0].instance_id.clone().unwrap();
@@ -356,7 +159,7 @@ async fn an_instance_terminated_behind_our_back_frees_its_pods_and_the_pool_limi
 
 #[tokio::test]
 async fn a_claim_never_launched_times_out_and_its_pods_are_solved_again() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let outcome = s.provision(&["web-0", "web-1"]).await;
     assert_eq!(outcome.created.len(), 1);
     // The launch request is lost: nobody launches.
@@ -381,7 +184,7 @@ async fn a_claim_never_launched_times_out_and_its_pods_are_solved_again() {
 
 #[tokio::test]
 async fn a_node_that_never_joins_times_out_and_its_instance_is_terminated() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     let id = claims[0].instance_id.clone().unwrap();
     let sweeper = s.sweeper(LifecycleConfig {
@@ -404,7 +207,7 @@ async fn a_node_that_never_joins_times_out_and_its_instance_is_terminated() {
 
 #[tokio::test]
 async fn a_deleted_node_takes_its_claim_and_instance_with_it() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     let id = claims[0].instance_id.clone().unwrap();
     s.kubelet_step().await;
@@ -422,7 +225,7 @@ async fn a_deleted_node_takes_its_claim_and_instance_with_it() {
 
 #[tokio::test]
 async fn leaked_instances_and_orphaned_nodes_are_collected() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     let id = claims[0].instance_id.clone().unwrap();
     s.kubelet_step().await;
@@ -465,7 +268,7 @@ async fn leaked_instances_and_orphaned_nodes_are_collected() {
 #[tokio::test]
 async fn pods_left_pending_with_nobody_solving_get_a_solve() {
     // A batch went to the DLQ: the pods are pending, no solve ever ran for them.
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let sweeper = s.sweeper(fast());
     let report = sweeper.run().await.unwrap();
     assert_eq!(
@@ -489,7 +292,7 @@ async fn pods_left_pending_with_nobody_solving_get_a_solve() {
 
 #[tokio::test]
 async fn a_sweep_killed_mid_run_is_finished_by_the_next() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     let id = claims[0].instance_id.clone().unwrap();
     s.ec2.terminate_instances().instance_ids(&id).send().await.unwrap();
@@ -537,7 +340,7 @@ async fn a_sweep_killed_mid_run_is_finished_by_the_next() {
 
 #[tokio::test]
 async fn two_sweeps_at_once_act_once() {
-    let s = Stack::new("64", 2).await;
+    let s = stack("64", 2).await;
     let claims = s.launched(&["web-0", "web-1"]).await;
     s.ec2
         .terminate_instances()

@@ -6,17 +6,17 @@
 //! strict kubelets. What the binary does not fail is deleted from the queue,
 //! as Lambda's SQS poller does.
 
-#[path = "../../../tests/tests/interruption_stack/mod.rs"]
-mod interruption_stack;
 #[path = "../../../tests/tests/launch_fixtures/mod.rs"]
 mod launch_fixtures;
+#[path = "../../../tests/tests/local_stack/mod.rs"]
+mod local_stack;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use interruption_stack::{Stack, pods_on, taint_keys};
 use launch_fixtures::TABLE;
+use local_stack::{Stack, pods_on, taint_keys};
 use nodesmith::nodeclaim::Phase;
 use nodesmith::state::OfferingKey;
 use nodesmith_tests::eventbridge::{self, put_event};
@@ -444,4 +444,37 @@ async fn capacity_reservation_warning_through_eventbridge_taints_replaces_drains
     assert!(pods_on(&b.s.kube, &node).is_empty(), "drained (no PDB here)");
     let unavailable = b.s.store.unavailable_offerings(now.as_second()).await.unwrap();
     assert_eq!(unavailable.len(), 1, "{unavailable:?}");
+}
+
+#[tokio::test]
+async fn state_change_through_eventbridge_removes_the_node_and_claim_and_asks_for_a_solve() {
+    let b = Bus::new().await;
+    let claim = b.s.running_node().await;
+    let node = claim.node_name.clone().unwrap();
+    let instance = claim.instance_id.clone().unwrap();
+    // Stopped behind nodesmith's back: the capacity is gone.
+    b.s.ec2
+        .terminate_instances()
+        .instance_ids(&instance)
+        .send()
+        .await
+        .unwrap();
+    b.put(
+        "aws.ec2",
+        "EC2 Instance State-change Notification",
+        json!({"instance-id": instance, "state": "terminated"}),
+        jiff::Timestamp::now(),
+    )
+    .await;
+    let messages = b.receive().await;
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let d = b.run(messages, &[]).await;
+    assert!(d.failed.is_empty(), "{}", d.run.logs);
+    assert!(b.s.kube.node(&node).is_none(), "the Node is deleted");
+    assert!(
+        b.s.claims().await.iter().all(|c| c.name != claim.name),
+        "the claim is cleaned up"
+    );
+    let asked = b.s.drain(&b.s.pending_queue).await;
+    assert!(asked.iter().any(|a| a.contains("\"solve\"")), "{asked:?}");
 }

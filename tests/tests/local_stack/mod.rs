@@ -1,15 +1,15 @@
-//! The local stack the interruption tests share: moto (DynamoDB, SQS, EC2) and
-//! the Kubernetes API test server with strict kubelets, with one node
-//! launched, registered and filled by provision → launch → kubelets → sweep.
-//! Used by `tests/interruption.rs` and by the `interrupt` binary's tests
-//! (which include this file and `launch_fixtures` by path).
+//! The local stack the lifecycle and interruption tests share: moto (DynamoDB,
+//! SQS, EC2) and the Kubernetes API test server with strict kubelets, driven
+//! through provision → launch → kubelets → sweep. Used by `tests/lifecycle.rs`,
+//! `tests/interruption.rs` and the `interrupt` binary's tests (which include
+//! this file and `launch_fixtures` by path).
 
 // Compiled into more than one test binary, and each uses only some of it.
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::SqsEvent;
 use k8s_openapi::api::core::v1::Node;
 use nodesmith::ec2::Instances;
 use nodesmith::interruption::handler::{InterruptConfig, Interrupter};
@@ -23,6 +23,7 @@ use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
 use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
 use nodesmith_tests::moto::{Moto, moto};
+use nodesmith_tests::sqs;
 use serde_json::json;
 
 use crate::launch_fixtures::{CLUSTER, DISCOVERY, launcher_with, store, world};
@@ -50,19 +51,9 @@ pub struct Stack {
     pub kubelets: Kubelets,
 }
 
+/// An SQS event of these bodies (message ids `m0`, `m1`, ...).
 pub fn event(bodies: Vec<String>) -> SqsEvent {
-    let mut e = SqsEvent::default();
-    e.records = bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, body)| {
-            let mut m = SqsMessage::default();
-            m.message_id = Some(format!("m{i}"));
-            m.body = Some(body);
-            m
-        })
-        .collect();
-    e
+    sqs::event(bodies.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)))
 }
 
 pub fn pod_ref(name: &str) -> String {
@@ -77,12 +68,11 @@ impl Stack {
         let m = moto().await;
         world(&m).await;
         let conf = m.sdk_config().await;
-        let sqs = aws_sdk_sqs::Client::new(&conf);
-        let mut urls = Vec::new();
-        for q in ["launch", "pending-pods"] {
-            let url = sqs.create_queue().queue_name(q).send().await.unwrap();
-            urls.push(url.queue_url().unwrap().to_string());
-        }
+        let client = aws_sdk_sqs::Client::new(&conf);
+        let urls = [
+            sqs::create_queue(&client, "launch").await,
+            sqs::create_queue(&client, "pending-pods").await,
+        ];
         let kube = KubeServer::start().await;
         kube.apply(
             &json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
@@ -119,7 +109,7 @@ impl Stack {
             ec2: aws_sdk_ec2::Client::new(&conf),
             m,
             kube,
-            sqs,
+            sqs: client,
             launch_queue: urls[0].clone(),
             pending_queue: urls[1].clone(),
             kubelets: Kubelets::new(KubeletTiming::millis(0, 0)),
@@ -169,31 +159,16 @@ impl Stack {
         assert!(response.batch_item_failures.is_empty(), "{results:?}");
     }
 
+    /// Receives and deletes everything on a queue.
     pub async fn drain(&self, url: &str) -> Vec<String> {
-        let mut bodies = Vec::new();
-        loop {
-            let got = self
-                .sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .send()
-                .await
-                .unwrap();
-            if got.messages().is_empty() {
-                return bodies;
-            }
-            for msg in got.messages() {
-                bodies.push(msg.body().unwrap_or_default().to_string());
-                self.sqs
-                    .delete_message()
-                    .queue_url(url)
-                    .receipt_handle(msg.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-        }
+        sqs::drain(&self.sqs, url).await
+    }
+
+    /// Everything waiting on the pending-pods queue (solve requests), handled by `provision`.
+    pub async fn provision_queued(&self) -> (Vec<String>, Outcome) {
+        let bodies = self.drain(&self.pending_queue).await;
+        let outcome = self.provisioner().handle(&event(bodies.clone())).await;
+        (bodies, outcome)
     }
 
     pub async fn kubelet_step(&self) {
@@ -207,6 +182,29 @@ impl Stack {
 
     pub async fn claims(&self) -> Vec<NodeClaim> {
         self.store.list_node_claims().await.unwrap()
+    }
+
+    /// Every Node.
+    pub async fn nodes(&self) -> Vec<Node> {
+        self.kube.nodes()
+    }
+
+    /// States of the instances EC2 knows, by id.
+    pub async fn instance_states(&self) -> std::collections::BTreeMap<String, String> {
+        let out = self.ec2.describe_instances().send().await.unwrap();
+        out.reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .map(|i| {
+                (
+                    i.instance_id().unwrap_or_default().to_string(),
+                    i.state()
+                        .and_then(|s| s.name())
+                        .map(|n| n.as_str().to_string())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 }
 
@@ -242,12 +240,14 @@ impl Stack {
         Interrupter::new(self.cluster(), self.store.clone(), self.sqs.clone(), config)
     }
 
-    /// Provisions and launches for these pods; returns the claims.
+    /// Provisions and launches for these pods; returns the claims, all Launched.
     pub async fn launched(&self, pods: &[&str]) -> Vec<NodeClaim> {
         let outcome = self.provision(pods).await;
         assert!(outcome.failed.is_empty() && !outcome.created.is_empty(), "{outcome:?}");
         self.launch_all().await;
-        self.claims().await
+        let claims = self.claims().await;
+        assert!(claims.iter().all(|c| c.phase == Phase::Launched), "{claims:?}");
+        claims
     }
 
     /// One initialized node holding both pods; returns its claim.
