@@ -373,21 +373,16 @@ impl<C: Cluster> Interrupter<C> {
     /// A what-if solve with `nodes` removed, its new claims written fenced by
     /// the provision lease, their launches queued.
     async fn replace(&self, nodes: &[String], now: Timestamp) -> Result<Vec<NodeClaim>, InterruptError> {
-        let deadline = crate::state::now_ms() + self.config.lease_wait.as_millis() as i64;
-        let lease = loop {
-            let ttl = self.config.lease_ttl.as_millis() as i64;
-            if let Some(l) = self
-                .store
-                .acquire_lease(LEASE, &self.config.holder, ttl, crate::state::now_ms())
-                .await?
-            {
-                break l;
-            }
-            if crate::state::now_ms() >= deadline {
-                return Err(InterruptError::Busy);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let lease = self
+            .store
+            .acquire_lease_within(
+                LEASE,
+                &self.config.holder,
+                self.config.lease_ttl,
+                self.config.lease_wait,
+            )
+            .await?
+            .ok_or(InterruptError::Busy)?;
         let result = self.replace_under(&lease, nodes, now).await;
         if let Err(e) = self.store.release_lease(&lease, crate::state::now_ms()).await {
             tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");

@@ -222,21 +222,15 @@ impl<C: Cluster> Provisioner<C> {
     }
 
     async fn acquire(&self) -> Result<Lease, ProvisionError> {
-        let deadline = now_ms() + self.config.lease_wait.as_millis() as i64;
-        loop {
-            let ttl = self.config.lease_ttl.as_millis() as i64;
-            if let Some(lease) = self
-                .store
-                .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
-                .await?
-            {
-                return Ok(lease);
-            }
-            if now_ms() >= deadline {
-                return Err(ProvisionError::Busy);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        self.store
+            .acquire_lease_within(
+                LEASE,
+                &self.config.holder,
+                self.config.lease_ttl,
+                self.config.lease_wait,
+            )
+            .await?
+            .ok_or(ProvisionError::Busy)
     }
 
     async fn solve_and_record(

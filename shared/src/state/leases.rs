@@ -18,6 +18,27 @@ pub struct Lease {
 }
 
 impl StateStore {
+    /// [`StateStore::acquire_lease`] retried every 200 ms for up to `wait` while
+    /// someone else holds the lease; `Ok(None)` when it is still held then.
+    pub async fn acquire_lease_within(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+        wait: std::time::Duration,
+    ) -> Result<Option<Lease>, StateError> {
+        let deadline = super::now_ms() + wait.as_millis() as i64;
+        loop {
+            let lease = self
+                .acquire_lease(name, holder, ttl.as_millis() as i64, super::now_ms())
+                .await?;
+            if lease.is_some() || super::now_ms() >= deadline {
+                return Ok(lease);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Takes the lease for `ttl_ms` if it is free, expired, or already ours.
     /// `Ok(None)` means someone else holds it.
     pub async fn acquire_lease(
