@@ -13,6 +13,7 @@ pub mod batch;
 pub mod cluster;
 pub mod errors;
 pub mod fleet;
+pub mod gc;
 pub mod launchtemplate;
 pub mod request;
 pub mod securitygroup;
@@ -177,9 +178,12 @@ pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>)
 
 /// The kubelet's `--node-labels`: the claim's labels a kubelet may set
 /// ([`labels::kubelet_may_set`]; nodesmith applies the others at registration),
-/// plus the pool, the class and the claim's name. A label the launched instance
-/// decides ([`labels::set_from_instance`]) is left out unless the claim's
-/// requirements pin it to that value, so a prediction never reaches a node (pure).
+/// plus the pool and the class. A label the launched instance decides
+/// ([`labels::set_from_instance`]) is left out unless the claim's requirements
+/// pin it to that value, so a prediction never reaches a node. The claim's name
+/// is not there: user data is shared by every claim of a pool (one launch
+/// template for them all); the node gets `karpenter.sh/nodeclaim` at
+/// registration, from the instance's tag of that name (pure).
 pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
     let pinned = claim.requirements().single_valued_labels();
     let mut l: BTreeMap<String, String> = claim
@@ -191,7 +195,6 @@ pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
         .collect();
     l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
-    l.insert(labels::NODECLAIM.into(), claim.name.clone());
     l
 }
 
@@ -228,6 +231,17 @@ pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> 
     t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     t.insert(labels::NODECLAIM.into(), claim.name.clone());
     t.insert(labels::EC2NODECLASS.into(), class.name().into());
+    t
+}
+
+/// Tags of a launch template (and of the volumes and network interfaces it
+/// makes): the instance tags without the claim's name, so every claim of a pool
+/// shares one template, plus the class's drift hash, which the sweep compares
+/// to find templates no class uses any more (pure).
+pub fn template_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
+    let mut t = instance_tags(cluster, claim, class);
+    t.remove(labels::NODECLAIM);
+    t.insert(labels::EC2NODECLASS_HASH_ANNOTATION.into(), class.hash());
     t
 }
 
@@ -419,7 +433,7 @@ impl Launcher {
                     block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
                     metadata: class.spec.metadata_options.clone(),
                     monitoring: class.spec.detailed_monitoring.unwrap_or(false),
-                    tags: tags.clone(),
+                    tags: template_tags(&cluster.name, &claim, &class),
                 };
                 let lt = launchtemplate::ensure(&self.ec2, &spec).await?;
                 for (t, k) in &key_by_type {
@@ -635,7 +649,10 @@ mod tests {
         let c = claim(vec![]);
         let l = node_labels(&c);
         assert_eq!(l["karpenter.sh/nodepool"], "default");
-        assert_eq!(l["karpenter.sh/nodeclaim"], "default-x");
+        assert!(
+            !l.contains_key(labels::NODECLAIM),
+            "the claim's name stays out of user data: {l:?}"
+        );
         assert_eq!(l["team"], "a");
         let mut class = EC2NodeClass::new("default", Default::default());
         class.spec.tags.insert("cost-center".into(), "42".into());
@@ -646,6 +663,19 @@ mod tests {
         assert_eq!(t["karpenter.sh/nodeclaim"], "default-x");
         assert_eq!(t["karpenter.k8s.aws/ec2nodeclass"], "default");
         assert_eq!(t["cost-center"], "42");
+        let lt = template_tags("demo", &c, &class);
+        assert!(!lt.contains_key(labels::NODECLAIM), "{lt:?}");
+        assert_eq!(lt[labels::EC2NODECLASS_HASH_ANNOTATION], class.hash());
+        let other = NodeClaim {
+            name: "default-y".into(),
+            ..c.clone()
+        };
+        assert_eq!(
+            node_settings(&c, &class, "spot"),
+            node_settings(&other, &class, "spot"),
+            "two claims of one pool: the same user data"
+        );
+        assert_eq!(template_tags("demo", &other, &class), lt);
     }
 
     /// A claim as the solver recorded it before labels were limited to what is
@@ -684,7 +714,6 @@ mod tests {
             ("node.kubernetes.io/lifecycle", "normal"),
             (labels::NODEPOOL, "default"),
             (labels::EC2NODECLASS, "default"),
-            (labels::NODECLAIM, "default-x"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -262,6 +262,8 @@ impl<C: Cluster> Sweeper<C> {
             );
         }
         report.solve_requested = self.ask_for_solve(&removed, now).await;
+        // Launch templates no EC2NodeClass uses any more (shared/src/launch/gc.rs).
+        crate::launch::gc::sweep(&self.cluster, self.instances.ec2(), self.instances.cluster()).await;
         Ok(report)
     }
 
