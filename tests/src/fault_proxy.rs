@@ -14,6 +14,15 @@
 //! - errors: the next N calls of an action are answered with an EC2 (query
 //!   protocol) error of a chosen code and message, as EC2 words them.
 //!
+//! - idempotency (moto ignores ClientToken; EC2 does not): a CreateFleet whose
+//!   ClientToken was seen within the hour gets the first call's answer back,
+//!   launching nothing, when it carries the same parameters, and
+//!   `IdempotentParameterMismatch` when it does not.
+//! - read lag: the next N DescribeInstances are answered with no instances,
+//!   as EC2's eventually consistent reads do just after a launch.
+//! - throttling of only the calls whose body contains a string (e.g. the
+//!   DynamoDB write that records a launch).
+//!
 //! Every query-protocol call's form parameters are kept, so tests can see
 //! what each call carried (e.g. how many `InstanceId.N` a TerminateInstances had).
 
@@ -68,10 +77,33 @@ struct ErrorRule {
     message: String,
 }
 
+/// How long EC2 keeps a ClientToken's answer.
+const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A CreateFleet answer kept under its ClientToken.
+#[derive(Debug, Clone)]
+struct CachedFleet {
+    params: Vec<(String, String)>,
+    body: Vec<u8>,
+    at: std::time::Instant,
+}
+
+/// Throttle the next `times` calls of an action whose body contains `needle`.
+#[derive(Debug, Clone)]
+struct MatchingThrottle {
+    action: String,
+    needle: String,
+    times: usize,
+}
+
 #[derive(Default)]
 struct Rules {
     capacity: Vec<CapacityRule>,
     throttle: HashMap<String, usize>,
+    throttle_matching: Vec<MatchingThrottle>,
+    hide_instances: usize,
+    tokens: HashMap<String, CachedFleet>,
+    replays: usize,
     errors: HashMap<String, ErrorRule>,
     forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
@@ -155,6 +187,26 @@ impl FaultProxy {
     /// The next `times` calls of `action` (e.g. `CreateFleet`, `PutItem`) are throttled.
     pub fn throttle(&self, action: &str, times: usize) {
         self.rules().throttle.insert(action.into(), times);
+    }
+
+    /// The next `times` calls of `action` whose request body contains `needle` are throttled
+    /// (e.g. `("PutItem", "Launched", 8)`: only the writes that record a launch).
+    pub fn throttle_matching(&self, action: &str, needle: &str, times: usize) {
+        self.rules().throttle_matching.push(MatchingThrottle {
+            action: action.into(),
+            needle: needle.into(),
+            times,
+        });
+    }
+
+    /// The next `times` DescribeInstances list no instance (EC2's read lag after a launch).
+    pub fn hide_instances(&self, times: usize) {
+        self.rules().hide_instances = times;
+    }
+
+    /// How many CreateFleet calls were answered from an earlier call with the same ClientToken.
+    pub fn fleet_replays(&self) -> usize {
+        self.rules().replays
     }
 
     /// How many calls of `action` reached the proxy (throttled ones included).
@@ -243,6 +295,7 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
     };
     let act = action(&headers, &form);
     let mut errors_xml = String::new();
+    let mut fleet_token: Option<String> = None;
     let mut body = body;
     {
         let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
@@ -255,11 +308,47 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             *r.throttled.entry(act.clone()).or_default() += 1;
             return throttle_response(headers.contains_key("x-amz-target"));
         }
+        if let Some(t) = r
+            .throttle_matching
+            .iter_mut()
+            .find(|t| t.action == act && t.times > 0 && contains(&body, &t.needle))
+        {
+            t.times -= 1;
+            *r.throttled.entry(act.clone()).or_default() += 1;
+            return throttle_response(headers.contains_key("x-amz-target"));
+        }
         if let Some(e) = r.errors.get_mut(&act).filter(|e| e.times > 0) {
             e.times -= 1;
             return ec2_error_response(e.status, &e.code, &e.message);
         }
+        if act == "DescribeInstances" && r.hide_instances > 0 {
+            r.hide_instances -= 1;
+            let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId><reservationSet/></DescribeInstancesResponse>";
+            return (StatusCode::OK, [("content-type", "text/xml")], xml).into_response();
+        }
         if act == "CreateFleet" {
+            fleet_token = form
+                .iter()
+                .find(|(k, _)| k == "ClientToken")
+                .map(|(_, v)| v.clone())
+                .filter(|t| !t.is_empty());
+            if let Some(token) = &fleet_token {
+                r.tokens.retain(|_, c| c.at.elapsed() < TOKEN_TTL);
+                if let Some(c) = r.tokens.get(token) {
+                    if c.params != params(&form) {
+                        return ec2_error_response(
+                            400,
+                            "IdempotentParameterMismatch",
+                            &format!(
+                                "Parameters for the request do not match the parameters of the earlier request with client token {token}."
+                            ),
+                        );
+                    }
+                    let body = c.body.clone();
+                    r.replays += 1;
+                    return (StatusCode::OK, [("content-type", "text/xml")], body).into_response();
+                }
+            }
             let (kept, failed, seen) = filter_fleet(&form, &r.capacity);
             errors_xml = failed;
             r.fleets.push(seen.clone());
@@ -271,6 +360,9 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
                             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CreateFleetResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId><fleetId>fleet-faultproxy{}</fleetId><errorSet>{errors_xml}</errorSet><fleetInstanceSet/></CreateFleetResponse>",
                             r.fleets.len()
                         );
+                        if let Some(token) = &fleet_token {
+                            remember(&mut r, token, &form, xml.as_bytes());
+                        }
                         return (StatusCode::OK, [("content-type", "text/xml")], xml).into_response();
                     }
                 }
@@ -310,7 +402,37 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             )
             .into_bytes();
     }
+    if let Some(token) = &fleet_token
+        && status.is_success()
+    {
+        let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
+        remember(&mut r, token, &form, &bytes);
+    }
     (status, out_headers, bytes).into_response()
+}
+
+/// Whether a request body contains `needle`.
+fn contains(body: &[u8], needle: &str) -> bool {
+    !needle.is_empty() && body.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// A query-protocol request's parameters, in a canonical order.
+fn params(form: &[(String, String)]) -> Vec<(String, String)> {
+    let mut p = form.to_vec();
+    p.sort();
+    p
+}
+
+/// Keeps a successful CreateFleet answer under its ClientToken.
+fn remember(r: &mut Rules, token: &str, form: &[(String, String)], body: &[u8]) {
+    r.tokens.insert(
+        token.to_string(),
+        CachedFleet {
+            params: params(form),
+            body: body.to_vec(),
+            at: std::time::Instant::now(),
+        },
+    );
 }
 
 /// Splits a CreateFleet form into the request to forward (None if no override

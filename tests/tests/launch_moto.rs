@@ -161,7 +161,12 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     // The record is durable and findable by instance id.
     let stored = st.node_claim_by_instance(&id).await.unwrap().unwrap();
     assert_eq!(stored.name, "default-a1");
-    assert_eq!(stored.version, 2);
+    assert_eq!(
+        stored.version, 3,
+        "created, the CreateFleet attempt written, the launch recorded"
+    );
+    let attempt = stored.launch_attempt.unwrap();
+    assert_eq!((attempt.number, attempt.concluded), (1, false));
 }
 
 #[tokio::test]

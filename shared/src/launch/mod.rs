@@ -2,11 +2,17 @@
 //! the AMI, build user data, ensure a launch template, CreateFleet with
 //! fallback over offerings, and record the instance on the NodeClaim.
 //!
-//! Safety under at-least-once delivery: a per-NodeClaim lease serialises
+//! Exactly once under at-least-once delivery: a per-NodeClaim lease serialises
 //! concurrent deliveries; after taking it the claim is re-read (Launched →
-//! nothing to do) and EC2 is asked for an instance already tagged with the
-//! claim (a crash after CreateFleet but before the record); CreateFleet
-//! carries a ClientToken derived from the claim and its overrides.
+//! nothing to do) and EC2 is asked for instances already tagged with the
+//! claim (a crash after CreateFleet but before the record): the oldest is
+//! recorded, any other terminated. Each CreateFleet request is written to the
+//! claim (its `launchAttempt`) before it is sent, with a ClientToken that is a
+//! function of the claim and the attempt number only; a delivery that finds an
+//! attempt not answered yet sends that same request again, so EC2 returns the
+//! first call's fleet even while DescribeInstances does not list it. The lease
+//! is never released after a CreateFleet launched an instance that is not
+//! recorded yet (see [`LaunchError::Unrecorded`]).
 
 pub mod ami;
 pub mod batch;
@@ -44,6 +50,9 @@ use crate::state::{self, OfferingKey, StateStore};
 
 /// How long one launch may hold its NodeClaim's lease.
 pub const LAUNCH_LEASE_MS: i64 = 10 * 60 * 1000;
+/// How long the lease of a claim whose instance was launched but not recorded is
+/// still held: past EC2's read lag, so the next holder finds the instance by its tag.
+pub const LAUNCH_HOLD_MS: i64 = 60 * 1000;
 /// CreateFleet rounds before giving up (each round removes failed offerings).
 pub const MAX_FLEET_ROUNDS: usize = 10;
 
@@ -338,13 +347,18 @@ impl Launcher {
             return Err(LaunchError::Busy(name.clone()));
         };
         let result = self.launch_leased(req).await;
-        // Done with the claim: the lease item goes. Failed: released for the redelivery.
-        // Either failing only delays a redelivery until the lease expires.
+        // Done with the claim: the lease item goes. Failed before an instance existed:
+        // released for the redelivery. An instance launched but not recorded: the lease
+        // is held (shortened to LAUNCH_HOLD_MS), never released, so no one launches for
+        // the claim meanwhile. A failed write only delays a redelivery until the lease expires.
         let now = state::now_ms();
-        let freed = if result.is_ok() {
-            self.store.delete_lease(&lease, now).await
-        } else {
-            self.store.release_lease(&lease, now).await
+        let freed = match &result {
+            Ok(_) => self.store.delete_lease(&lease, now).await,
+            Err(LaunchError::Unrecorded { instance_id, .. }) => {
+                tracing::warn!(node_claim = %name, instance_id = %instance_id, hold_ms = LAUNCH_HOLD_MS, "instance launched but not recorded; keeping the claim's lease");
+                self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
+            }
+            Err(_) => self.store.release_lease(&lease, now).await,
         };
         if let Err(e) = freed {
             tracing::warn!(node_claim = %name, error = %e, "cannot free launch lease");
@@ -355,22 +369,181 @@ impl Launcher {
     async fn launch_leased(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
         let name = &req.node_claim;
         // Re-read under the lease: the previous holder may have finished.
-        let claim = match self.store.get_node_claim(name).await? {
+        let mut claim = match self.store.get_node_claim(name).await? {
             None => return Ok(LaunchOutcome::Gone(name.clone())),
             Some(c) if c.phase != Phase::Pending => return Ok(LaunchOutcome::AlreadyLaunched(c)),
             Some(c) => c,
         };
-        // A crash after CreateFleet but before the record: the tagged instance is authoritative.
-        if let Some(existing) = self.instances.find_by_claim(name).await?.as_ref().map(launched_from) {
-            let zone = existing.zone.clone().unwrap_or_default();
-            let c = self
-                .store
-                .update_node_claim(&record(&claim, &existing, &zone, None, clock())?)
-                .await?;
-            tracing::info!(node_claim = %name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
+        // A crash after CreateFleet but before the record: a tagged instance is authoritative.
+        if let Some(c) = self.adopt(&claim).await? {
             return Ok(LaunchOutcome::Recovered(c));
         }
         let class = req.node_class();
+        let mut unavailable: BTreeSet<OfferingKey> = self
+            .store
+            .unavailable_offerings(state::now_secs())
+            .await?
+            .into_iter()
+            .map(|u| u.key)
+            .collect();
+        let mut resolved: Option<Resolved> = None;
+        let mut tried = Vec::new();
+        for round in 0..MAX_FLEET_ROUNDS {
+            let (plan, tags) = match claim.launch_attempt.as_ref().filter(|a| !a.concluded) {
+                // A request sent before (its answer was lost): send it again as it was,
+                // so EC2 answers with that call's fleet (DescribeInstances may not list it yet).
+                Some(a) => {
+                    tracing::info!(node_claim = %name, attempt = a.number, "repeating the last CreateFleet request");
+                    (fleet::FleetPlan::from_attempt(a), a.tags.clone())
+                }
+                None => {
+                    if resolved.is_none() {
+                        resolved = Some(self.resolve(&claim, &class).await?);
+                    }
+                    let Some(r) = resolved.as_ref() else { break };
+                    let cands = fleet::candidates(&r.scope(), &unavailable);
+                    let Some(ct) = fleet::capacity_type(&cands) else { break };
+                    let number = claim.launch_attempt.as_ref().map_or(1, |a| a.number + 1);
+                    let plan = fleet::plan(fleet::client_token(&claim, number), &cands, ct);
+                    // Written before the call: a retry finds it and repeats it.
+                    claim.launch_attempt = Some(plan.to_attempt(number, &r.tags));
+                    claim = self.store.update_node_claim(&claim).await?;
+                    (plan, r.tags.clone())
+                }
+            };
+            tracing::info!(node_claim = %name, round, capacity_type = plan.capacity_type, overrides = plan.candidates().count(), "CreateFleet");
+            let answer = fleet::create(&self.ec2, &plan, &tags).await?;
+            let failed = fleet::capacity_failures(&plan, &answer);
+            if !failed.is_empty() {
+                tracing::warn!(node_claim = %name, offerings = ?failed, "insufficient capacity; marking offerings unavailable");
+                let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
+                for (k, code) in failed {
+                    unavailable.insert(k.clone());
+                    tried.push(k.clone());
+                    by_code.entry(code).or_default().push(k);
+                }
+                for (code, keys) in by_code {
+                    self.store
+                        .mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS)
+                        .await?;
+                }
+            }
+            let decision = fleet::decide(&plan, &answer);
+            if !matches!(decision, Decision::Launched(_))
+                && let Some(a) = claim.launch_attempt.as_mut()
+            {
+                // Answered without an instance: the next request is a new attempt.
+                a.concluded = true;
+            }
+            match decision {
+                Decision::Launched(l) => {
+                    let chosen = plan.candidates().find(|c| {
+                        c.offering.instance_type == l.instance_type
+                            && c.offering.capacity_type == l.capacity_type
+                            && (l.subnet_id.as_ref() == Some(&c.subnet_id) || l.zone.as_ref() == Some(&c.offering.zone))
+                    });
+                    let zone = l
+                        .zone
+                        .clone()
+                        .or_else(|| chosen.map(|c| c.offering.zone.clone()))
+                        .unwrap_or_default();
+                    let price = chosen.and_then(|c| c.price);
+                    let launched = record(&claim, &l, &zone, price, clock())?;
+                    let c =
+                        self.store
+                            .update_node_claim(&launched)
+                            .await
+                            .map_err(|source| LaunchError::Unrecorded {
+                                node_claim: name.clone(),
+                                instance_id: l.instance_id.clone(),
+                                source,
+                            })?;
+                    tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
+                    return Ok(LaunchOutcome::Launched(c));
+                }
+                // Already marked above; the next round tries the rest.
+                Decision::Retry(_) => {}
+                Decision::Transient(why) => {
+                    self.conclude(&claim).await;
+                    return Err(LaunchError::Aws {
+                        op: "ec2:CreateFleet",
+                        message: why,
+                    });
+                }
+                Decision::Fatal(code, message) => {
+                    self.conclude(&claim).await;
+                    return Err(LaunchError::Fleet {
+                        node_claim: name.clone(),
+                        code,
+                        message,
+                    });
+                }
+            }
+        }
+        tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
+        self.store.delete_node_claim(name, claim.version).await?;
+        if let Some(url) = &self.config.pending_queue_url {
+            let request = SolveRequest::new("launch-no-capacity", Some(name));
+            // The claim is gone either way; a lost request leaves the pods to the sweep's safety net.
+            if let Err(e) = request_solve(&self.sqs, url, &request).await {
+                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
+            }
+        }
+        Ok(LaunchOutcome::NoCapacity {
+            node_claim: name.clone(),
+            tried,
+        })
+    }
+
+    /// Stores that the claim's last attempt was answered without an instance, so the
+    /// next delivery makes a new request; if this write fails the next delivery
+    /// repeats the request and gets the same answer, then tries again.
+    async fn conclude(&self, claim: &NodeClaim) {
+        if let Err(e) = self.store.update_node_claim(claim).await {
+            tracing::warn!(node_claim = %claim.name, error = %e, "cannot record that the last CreateFleet launched nothing");
+        }
+    }
+
+    /// Every instance tagged with the claim: the oldest is the claim's and is
+    /// recorded, any other is a second launch and is terminated.
+    async fn adopt(&self, claim: &NodeClaim) -> Result<Option<NodeClaim>, LaunchError> {
+        let found = self.instances.find_all_by_claim(&claim.name).await?;
+        let Some((keep, extra)) = found.split_first() else {
+            return Ok(None);
+        };
+        if !extra.is_empty() {
+            let ids: Vec<String> = extra.iter().map(|i| i.id.clone()).collect();
+            tracing::warn!(node_claim = %claim.name, kept = %keep.id, terminated = ?ids, "more than one instance carries the claim's tag; terminating all but the oldest");
+            self.instances.terminate(&ids).await?;
+        }
+        let existing = launched_from(keep);
+        let zone = existing.zone.clone().unwrap_or_default();
+        let price = claim
+            .launch_attempt
+            .as_ref()
+            .and_then(|a| {
+                a.overrides
+                    .iter()
+                    .find(|o| o.instance_type == existing.instance_type && o.zone == zone)
+            })
+            .and_then(|o| o.price);
+        let c = self
+            .store
+            .update_node_claim(&record(claim, &existing, &zone, price, clock())?)
+            .await
+            .map_err(|source| LaunchError::Unrecorded {
+                node_claim: claim.name.clone(),
+                instance_id: existing.instance_id.clone(),
+                source,
+            })?;
+        tracing::info!(node_claim = %claim.name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
+        Ok(Some(c))
+    }
+
+    /// What a new CreateFleet request is built from: subnets, security groups,
+    /// AMIs, launch templates (ensured), the catalog, the instance tags.
+    async fn resolve(&self, claim: &NodeClaim, class: &EC2NodeClass) -> Result<Resolved, LaunchError> {
+        let name = &claim.name;
         let resolve = |what: String| LaunchError::Resolve {
             node_claim: name.clone(),
             what,
@@ -412,13 +585,13 @@ impl Launcher {
             return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
         }
 
-        let tags = instance_tags(&cluster.name, &claim, &class);
-        let capacity_types = allowed_capacity_types(&claim);
+        let tags = instance_tags(&cluster.name, claim, class);
+        let capacity_types = allowed_capacity_types(claim);
         // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
         // label is in its user data, and the capacity type is known per CreateFleet call.
         let mut templates: BTreeMap<(String, String), String> = BTreeMap::new();
         for ct in &capacity_types {
-            let settings = node_settings(&claim, &class, ct);
+            let settings = node_settings(claim, class, ct);
             let user_data = userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData {
                 node_claim: name.clone(),
                 source,
@@ -433,7 +606,7 @@ impl Launcher {
                     block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
                     metadata: class.spec.metadata_options.clone(),
                     monitoring: class.spec.detailed_monitoring.unwrap_or(false),
-                    tags: template_tags(&cluster.name, &claim, &class),
+                    tags: template_tags(&cluster.name, claim, class),
                 };
                 let lt = launchtemplate::ensure(&self.ec2, &spec).await?;
                 for (t, k) in &key_by_type {
@@ -443,95 +616,40 @@ impl Launcher {
                 }
             }
         }
-
-        let zones = allowed_zones(&claim, subnets.keys().cloned());
-        let scope = Scope {
-            instance_types: &claim.instance_type_options,
-            zones: zones.as_ref(),
-            capacity_types: &capacity_types,
-            subnets: &subnets,
-            templates: &templates,
-            catalog: catalog.as_ref(),
-        };
-        let mut unavailable: BTreeSet<OfferingKey> = self
-            .store
-            .unavailable_offerings(state::now_secs())
-            .await?
-            .into_iter()
-            .map(|u| u.key)
-            .collect();
-        let mut tried = Vec::new();
-        for round in 0..MAX_FLEET_ROUNDS {
-            let cands = fleet::candidates(&scope, &unavailable);
-            let Some(ct) = fleet::capacity_type(&cands) else { break };
-            let plan = fleet::plan(name, &cands, ct);
-            tracing::info!(node_claim = %name, round, capacity_type = ct, overrides = cands.iter().filter(|c| c.offering.capacity_type == ct).count(), "CreateFleet");
-            let answer = fleet::create(&self.ec2, &plan, &tags).await?;
-            let failed = fleet::capacity_failures(&plan, &answer);
-            if !failed.is_empty() {
-                tracing::warn!(node_claim = %name, offerings = ?failed, "insufficient capacity; marking offerings unavailable");
-                let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
-                for (k, code) in failed {
-                    unavailable.insert(k.clone());
-                    tried.push(k.clone());
-                    by_code.entry(code).or_default().push(k);
-                }
-                for (code, keys) in by_code {
-                    self.store
-                        .mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS)
-                        .await?;
-                }
-            }
-            match fleet::decide(&plan, &answer) {
-                Decision::Launched(l) => {
-                    let chosen = cands.iter().find(|c| {
-                        c.offering.instance_type == l.instance_type
-                            && c.offering.capacity_type == l.capacity_type
-                            && (l.subnet_id.as_ref() == Some(&c.subnet_id) || l.zone.as_ref() == Some(&c.offering.zone))
-                    });
-                    let zone = l
-                        .zone
-                        .clone()
-                        .or_else(|| chosen.map(|c| c.offering.zone.clone()))
-                        .unwrap_or_default();
-                    let price = chosen.and_then(|c| c.price);
-                    let c = self
-                        .store
-                        .update_node_claim(&record(&claim, &l, &zone, price, clock())?)
-                        .await?;
-                    tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
-                    return Ok(LaunchOutcome::Launched(c));
-                }
-                // Already marked above; the next round tries the rest.
-                Decision::Retry(_) => {}
-                Decision::Transient(why) => {
-                    return Err(LaunchError::Aws {
-                        op: "ec2:CreateFleet",
-                        message: why,
-                    });
-                }
-                Decision::Fatal(code, message) => {
-                    return Err(LaunchError::Fleet {
-                        node_claim: name.clone(),
-                        code,
-                        message,
-                    });
-                }
-            }
-        }
-        tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
-        self.store.delete_node_claim(name, claim.version).await?;
-        if let Some(url) = &self.config.pending_queue_url {
-            let request = SolveRequest::new("launch-no-capacity", Some(name));
-            // The claim is gone either way; a lost request leaves the pods to the sweep's safety net.
-            if let Err(e) = request_solve(&self.sqs, url, &request).await {
-                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
-            }
-        }
-        Ok(LaunchOutcome::NoCapacity {
-            node_claim: name.clone(),
-            tried,
+        let zones = allowed_zones(claim, subnets.keys().cloned());
+        Ok(Resolved {
+            instance_types: claim.instance_type_options.clone(),
+            zones,
+            capacity_types,
+            subnets,
+            templates,
+            catalog,
+            tags,
         })
+    }
+}
+
+/// What [`Launcher::resolve`] found for one claim.
+struct Resolved {
+    instance_types: Vec<String>,
+    zones: Option<BTreeSet<String>>,
+    capacity_types: Vec<String>,
+    subnets: BTreeMap<String, subnet::Subnet>,
+    templates: BTreeMap<(String, String), String>,
+    catalog: Option<Catalog>,
+    tags: BTreeMap<String, String>,
+}
+
+impl Resolved {
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            instance_types: &self.instance_types,
+            zones: self.zones.as_ref(),
+            capacity_types: &self.capacity_types,
+            subnets: &self.subnets,
+            templates: &self.templates,
+            catalog: self.catalog.as_ref(),
+        }
     }
 }
 
