@@ -18,6 +18,10 @@
 //!   ClientToken was seen within the hour gets the first call's answer back,
 //!   launching nothing, when it carries the same parameters, and
 //!   `IdempotentParameterMismatch` when it does not.
+//! - instance profiles (moto launches with any): with [`FaultProxy::strict_instance_profiles`],
+//!   a CreateFleet whose launch template names an instance profile IAM does not
+//!   have is refused with EC2's `InvalidParameterValue`, and a profile IAM has is
+//!   still refused for its first N CreateFleets (IAM's propagation delay).
 //! - read lag: the next N DescribeInstances are answered with no instances,
 //!   as EC2's eventually consistent reads do just after a launch.
 //! - throttling of only the calls whose body contains a string (e.g. the
@@ -102,6 +106,9 @@ struct Rules {
     throttle: HashMap<String, usize>,
     throttle_matching: Vec<MatchingThrottle>,
     hide_instances: usize,
+    strict_profiles: Option<usize>,
+    profile_seen: HashMap<String, usize>,
+    profile_refusals: usize,
     tokens: HashMap<String, CachedFleet>,
     replays: usize,
     errors: HashMap<String, ErrorRule>,
@@ -204,6 +211,18 @@ impl FaultProxy {
         self.rules().hide_instances = times;
     }
 
+    /// CreateFleet checks the instance profile of each launch template it names
+    /// against IAM (through moto) as EC2 does, and refuses an existing profile
+    /// for its first `propagation` calls.
+    pub fn strict_instance_profiles(&self, propagation: usize) {
+        self.rules().strict_profiles = Some(propagation);
+    }
+
+    /// How many CreateFleet calls were refused for their instance profile.
+    pub fn profile_refusals(&self) -> usize {
+        self.rules().profile_refusals
+    }
+
     /// How many CreateFleet calls were answered from an earlier call with the same ClientToken.
     pub fn fleet_replays(&self) -> usize {
         self.rules().replays
@@ -294,6 +313,31 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         Vec::new()
     };
     let act = action(&headers, &form);
+    let strict = strict_profiles(&s.rules);
+    // Each template's instance profile and whether IAM has it (asked before the lock is taken).
+    let mut profiles: Vec<(String, bool)> = Vec::new();
+    if act == "CreateFleet" && strict.is_some() {
+        for (k, template) in &form {
+            if k.starts_with("LaunchTemplateConfigs.") && k.ends_with(".LaunchTemplateSpecification.LaunchTemplateName")
+            {
+                let Some(profile) = template_profile(&s, template).await else {
+                    continue;
+                };
+                let exists = upstream_query(
+                    &s,
+                    "iam",
+                    &[
+                        ("Action", "GetInstanceProfile"),
+                        ("Version", "2010-05-08"),
+                        ("InstanceProfileName", &profile),
+                    ],
+                )
+                .await
+                .is_some();
+                profiles.push((profile, exists));
+            }
+        }
+    }
     let mut errors_xml = String::new();
     let mut fleet_token: Option<String> = None;
     let mut body = body;
@@ -347,6 +391,26 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
                     let body = c.body.clone();
                     r.replays += 1;
                     return (StatusCode::OK, [("content-type", "text/xml")], body).into_response();
+                }
+            }
+            let propagation = strict.unwrap_or(0);
+            for (profile, exists) in &profiles {
+                let seen = r.profile_seen.entry(profile.clone()).or_default();
+                let refuse = if *exists {
+                    *seen += 1;
+                    *seen <= propagation
+                } else {
+                    true
+                };
+                if refuse {
+                    r.profile_refusals += 1;
+                    return ec2_error_response(
+                        400,
+                        "InvalidParameterValue",
+                        &format!(
+                            "Value ({profile}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+                        ),
+                    );
                 }
             }
             let (kept, failed, seen) = filter_fleet(&form, &r.capacity);
@@ -409,6 +473,66 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         remember(&mut r, token, &form, &bytes);
     }
     (status, out_headers, bytes).into_response()
+}
+
+/// A query-protocol call straight to moto (moto reads the service from the
+/// credential scope and checks no signature); the body when it succeeded.
+async fn upstream_query(s: &Shared, service: &str, params: &[(&str, &str)]) -> Option<String> {
+    let body = {
+        let mut ser = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in params {
+            ser.append_pair(k, v);
+        }
+        ser.finish()
+    };
+    let res = s
+        .http
+        .post(format!("{}/", s.upstream))
+        .header("content-type", "application/x-www-form-urlencoded; charset=utf-8")
+        .header(
+            "authorization",
+            format!("AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"),
+        )
+        .body(body)
+        .send()
+        .await
+        .ok()?;
+    if !res.status().is_success() {
+        return None;
+    }
+    res.text().await.ok()
+}
+
+/// The instance profile name (or ARN's last segment) a launch template's latest version names.
+async fn template_profile(s: &Shared, template: &str) -> Option<String> {
+    let xml = upstream_query(
+        s,
+        "ec2",
+        &[
+            ("Action", "DescribeLaunchTemplateVersions"),
+            ("Version", "2016-11-15"),
+            ("LaunchTemplateName", template),
+            ("LaunchTemplateVersion.1", "$Latest"),
+        ],
+    )
+    .await?;
+    let inner = between(&xml, "<iamInstanceProfile>", "</iamInstanceProfile>")?;
+    between(inner, "<name>", "</name>").map(str::to_string).or_else(|| {
+        between(inner, "<arn>", "</arn>")
+            .and_then(|a| a.rsplit('/').next())
+            .map(str::to_string)
+    })
+}
+
+fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let from = s.find(start)? + start.len();
+    let to = s[from..].find(end)? + from;
+    Some(&s[from..to])
+}
+
+/// The strict-profiles setting (a plain function: no lock guard lives in the handler's future).
+fn strict_profiles(rules: &Mutex<Rules>) -> Option<usize> {
+    rules.lock().unwrap_or_else(|p| p.into_inner()).strict_profiles
 }
 
 /// Whether a request body contains `needle`.

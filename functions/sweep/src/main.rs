@@ -25,7 +25,8 @@ async fn main() -> Result<(), Error> {
     let store = StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), env("NODESMITH_TABLE")?);
     let instances = Instances::new(aws_sdk_ec2::Client::new(&sdk), env("NODESMITH_CLUSTER_NAME")?);
     let config = SweepConfig::from_env()?;
-    let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config);
+    let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config)
+        .with_iam(aws_sdk_iam::Client::new(&sdk));
     let sweeper = &sweeper;
     run(service_fn(move |_: LambdaEvent<Value>| async move {
         let report = sweeper.run().await?;

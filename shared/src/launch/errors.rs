@@ -64,6 +64,9 @@ pub enum LaunchError {
         #[source]
         source: StateError,
     },
+    /// EC2 refused the instance profile (IAM has not propagated it yet, or it does not exist).
+    #[error("ec2:CreateFleet refused the instance profile: {0}")]
+    ProfileNotReady(String),
     /// Another invocation is launching this NodeClaim right now.
     #[error("nodeclaim {0} is being launched by another invocation")]
     Busy(String),

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
     DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
     FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType, OnDemandOptionsRequest,
@@ -408,7 +409,16 @@ pub async fn create(
         }
         req = req.launch_template_configs(config.build());
     }
-    let out = req.send().await.map_err(|e| LaunchError::aws("ec2:CreateFleet", e))?;
+    let out = match req.send().await {
+        Ok(out) => out,
+        Err(e) => {
+            let (code, message) = (e.code().unwrap_or_default(), e.message().unwrap_or_default());
+            if super::profile::is_profile_refusal(code, message) {
+                return Err(LaunchError::ProfileNotReady(format!("{code}: {message}")));
+            }
+            return Err(LaunchError::aws("ec2:CreateFleet", e));
+        }
+    };
     let mut answer = FleetAnswer::default();
     for i in out.instances() {
         let ov = i.launch_template_and_overrides().and_then(|l| l.overrides());

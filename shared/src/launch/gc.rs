@@ -1,5 +1,5 @@
-//! Collecting what launch leaves behind in EC2: launch templates no
-//! EC2NodeClass uses any more. Templates are shared (one per class hash, AMI,
+//! Collecting what launch leaves behind: launch templates and instance
+//! profiles (`super::profile`) no EC2NodeClass uses any more. Templates are shared (one per class hash, AMI,
 //! user data and capacity type) and tagged with the class's name and drift
 //! hash, so a template is orphaned once its class is gone or has changed. The
 //! sweep calls [`sweep`] once a run; the decision is pure ([`orphaned_templates`]).
@@ -125,23 +125,36 @@ pub async fn collect_templates(
     Ok(deleted)
 }
 
-/// The sweep's step: reads the EC2NodeClasses and collects orphaned templates.
-/// A failure is logged and left to the next run (it never fails the sweep).
-pub async fn sweep<C: Cluster>(cluster: &C, ec2: &aws_sdk_ec2::Client, cluster_name: &str) -> Vec<String> {
+/// The sweep's step: reads the EC2NodeClasses and collects orphaned launch
+/// templates and (given IAM) instance profiles. A failure is logged and left
+/// to the next run (it never fails the sweep). Returns what was deleted.
+pub async fn sweep<C: Cluster>(
+    cluster: &C,
+    ec2: &aws_sdk_ec2::Client,
+    iam: Option<&aws_sdk_iam::Client>,
+    cluster_name: &str,
+) -> Vec<String> {
     let classes = match cluster.node_classes().await {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot list EC2NodeClasses; launch templates are collected next run");
+            tracing::warn!(error = %e, "cannot list EC2NodeClasses; launch templates and profiles are collected next run");
             return Vec::new();
         }
     };
-    match collect_templates(ec2, cluster_name, &classes, Timestamp::now(), TEMPLATE_GRACE).await {
+    let mut deleted = match collect_templates(ec2, cluster_name, &classes, Timestamp::now(), TEMPLATE_GRACE).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "cannot collect launch templates; the next sweep tries again");
             Vec::new()
         }
+    };
+    if let Some(iam) = iam {
+        match super::profile::collect_profiles(iam, cluster_name, &classes).await {
+            Ok(d) => deleted.extend(d),
+            Err(e) => tracing::warn!(error = %e, "cannot collect instance profiles; the next sweep tries again"),
+        }
     }
+    deleted
 }
 
 #[cfg(test)]

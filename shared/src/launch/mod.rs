@@ -21,6 +21,7 @@ pub mod errors;
 pub mod fleet;
 pub mod gc;
 pub mod launchtemplate;
+pub mod profile;
 pub mod request;
 pub mod securitygroup;
 pub mod subnet;
@@ -53,6 +54,12 @@ pub const LAUNCH_LEASE_MS: i64 = 10 * 60 * 1000;
 /// How long the lease of a claim whose instance was launched but not recorded is
 /// still held: past EC2's read lag, so the next holder finds the instance by its tag.
 pub const LAUNCH_HOLD_MS: i64 = 60 * 1000;
+/// How many times one launch retries EC2's refusal of an instance profile it
+/// cannot see yet (IAM is eventually consistent), waiting
+/// [`PROFILE_RETRY_BASE`] doubled each time (about 15 s in all).
+pub const PROFILE_RETRIES: u32 = 5;
+/// The first wait after EC2 refused an instance profile.
+pub const PROFILE_RETRY_BASE: std::time::Duration = std::time::Duration::from_millis(500);
 /// CreateFleet rounds before giving up (each round removes failed offerings).
 pub const MAX_FLEET_ROUNDS: usize = 10;
 
@@ -115,6 +122,7 @@ pub struct Launcher {
     ssm: aws_sdk_ssm::Client,
     eks: aws_sdk_eks::Client,
     sqs: aws_sdk_sqs::Client,
+    iam: aws_sdk_iam::Client,
     store: StateStore,
     config: LaunchConfig,
     cluster: OnceCell<ClusterInfo>,
@@ -313,6 +321,7 @@ impl Launcher {
             ssm: aws_sdk_ssm::Client::new(sdk),
             eks: aws_sdk_eks::Client::new(sdk),
             sqs: aws_sdk_sqs::Client::new(sdk),
+            iam: aws_sdk_iam::Client::new(sdk),
             store,
             config,
             cluster: OnceCell::new(),
@@ -388,6 +397,7 @@ impl Launcher {
             .collect();
         let mut resolved: Option<Resolved> = None;
         let mut tried = Vec::new();
+        let mut refusals = 0u32;
         for round in 0..MAX_FLEET_ROUNDS {
             let (plan, tags) = match claim.launch_attempt.as_ref().filter(|a| !a.concluded) {
                 // A request sent before (its answer was lost): send it again as it was,
@@ -412,7 +422,15 @@ impl Launcher {
                 }
             };
             tracing::info!(node_claim = %name, round, capacity_type = plan.capacity_type, overrides = plan.candidates().count(), "CreateFleet");
-            let answer = fleet::create(&self.ec2, &plan, &tags).await?;
+            let answer = match fleet::create(&self.ec2, &plan, &tags).await {
+                // Refused before any fleet existed: the same request is sent again.
+                Err(LaunchError::ProfileNotReady(why)) if refusals < PROFILE_RETRIES => {
+                    refusals += 1;
+                    wait_for_profile(name, refusals, &why).await;
+                    continue;
+                }
+                other => other?,
+            };
             let failed = fleet::capacity_failures(&plan, &answer);
             if !failed.is_empty() {
                 tracing::warn!(node_claim = %name, offerings = ?failed, "insufficient capacity; marking offerings unavailable");
@@ -469,6 +487,13 @@ impl Launcher {
                         op: "ec2:CreateFleet",
                         message: why,
                     });
+                }
+                // Refused inside the answer (which EC2 keeps under the token): a new attempt.
+                Decision::Fatal(code, message)
+                    if profile::is_profile_refusal(&code, &message) && refusals < PROFILE_RETRIES =>
+                {
+                    refusals += 1;
+                    wait_for_profile(name, refusals, &message).await;
                 }
                 Decision::Fatal(code, message) => {
                     self.conclude(&claim).await;
@@ -585,6 +610,15 @@ impl Launcher {
             return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
         }
 
+        let instance_profile = match profile::ensure(&self.iam, &cluster.name, class).await? {
+            Some((p, fresh)) => {
+                if fresh {
+                    tracing::info!(node_claim = %name, profile = %p, "instance profile made ready just now; EC2 may not see it for a few seconds");
+                }
+                Some(p)
+            }
+            None => None,
+        };
         let tags = instance_tags(&cluster.name, claim, class);
         let capacity_types = allowed_capacity_types(claim);
         // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
@@ -602,7 +636,7 @@ impl Launcher {
                     image_id: image.clone(),
                     user_data: user_data.clone(),
                     security_groups: security_groups.clone(),
-                    instance_profile: class.spec.instance_profile.clone().or_else(|| class.spec.role.clone()),
+                    instance_profile: instance_profile.clone(),
                     block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
                     metadata: class.spec.metadata_options.clone(),
                     monitoring: class.spec.detailed_monitoring.unwrap_or(false),
@@ -627,6 +661,19 @@ impl Launcher {
             tags,
         })
     }
+}
+
+/// Waits before sending a request EC2 refused for an instance profile it cannot see yet.
+async fn wait_for_profile(node_claim: &str, refusals: u32, why: &str) {
+    let wait = PROFILE_RETRY_BASE * 2u32.pow(refusals.saturating_sub(1));
+    tracing::warn!(
+        node_claim,
+        refusals,
+        wait_ms = wait.as_millis() as u64,
+        reason = why,
+        "EC2 refused the instance profile (IAM propagation); retrying"
+    );
+    tokio::time::sleep(wait).await;
 }
 
 /// What [`Launcher::resolve`] found for one claim.
