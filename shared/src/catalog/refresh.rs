@@ -92,9 +92,14 @@ pub async fn refresh(
     now_ms: i64,
 ) -> Result<Due, RefreshError> {
     let region = region_of(client)?;
-    let stored = store.get_catalog().await?;
     let types_at = store.marked_at(TYPES_MARKER).await?;
     let prices_at = store.marked_at(PRICES_MARKER).await?;
+    // Markers are written only after a catalog of this deployment's region was stored:
+    // when both are fresh, the (large) catalog is not read at all.
+    if due(now_ms, &region, Some(&region), types_at, prices_at) == Due::Nothing {
+        return Ok(Due::Nothing);
+    }
+    let stored = store.get_catalog().await?;
     let what = due(
         now_ms,
         &region,
