@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
             };
             let cands = fleet::candidates(&scope, black_box(&unavailable));
             let ct = fleet::capacity_type(&cands).unwrap_or("on-demand");
-            fleet::plan("default-00001", &cands, ct)
+            fleet::plan("token".to_string(), &cands, ct)
         })
     });
 

@@ -111,9 +111,51 @@ pub struct NodeClaim {
     /// When it was created and reached each later phase.
     #[serde(default)]
     pub timestamps: Timestamps,
+    /// The last CreateFleet call launch made for it, written before the call, so a
+    /// retry repeats that very request (same ClientToken) and EC2 answers with
+    /// the first call's fleet instead of launching a second instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_attempt: Option<LaunchAttempt>,
     /// Version for optimistic concurrency; bumped on every write.
     #[serde(default)]
     pub version: u64,
+}
+
+/// One CreateFleet request of a claim's launch, as sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchAttempt {
+    /// 1 for the first request, one more for each request after an answer without an instance.
+    pub number: u32,
+    /// The ClientToken (a function of the claim and `number` only).
+    pub client_token: String,
+    /// spot or on-demand.
+    pub capacity_type: String,
+    /// The overrides sent, in order.
+    pub overrides: Vec<AttemptOverride>,
+    /// Tags the instance gets.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// EC2 answered without an instance: the next request is a new attempt.
+    #[serde(default)]
+    pub concluded: bool,
+}
+
+/// One override of a [`LaunchAttempt`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptOverride {
+    /// Instance type.
+    pub instance_type: String,
+    /// Availability zone.
+    pub zone: String,
+    /// Subnet in that zone.
+    pub subnet_id: String,
+    /// Launch template name.
+    pub template: String,
+    /// Hourly price, when the catalog knew it.
+    #[serde(default)]
+    pub price: Option<f64>,
 }
 
 impl NodeClaim {
@@ -141,6 +183,7 @@ impl NodeClaim {
             nodepool_hash: None,
             nodeclass_hash: None,
             timestamps: Timestamps::default(),
+            launch_attempt: None,
             version: 0,
         }
     }

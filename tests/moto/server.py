@@ -30,6 +30,8 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.ssm.models import Parameter, ssm_backends
 
 REGION = "us-east-1"
+# Regions seeded with the EKS AMIs and their SSM parameters (tests run in a second region too).
+SEEDED_REGIONS = ["us-east-1", "eu-west-1"]
 K8S_VERSION = "1.33"
 
 # Public EKS AMIs as the real SSM parameters name them; ids are made up but stable.
@@ -65,15 +67,20 @@ class AtomicDynamoDB(DomainDispatcherApplication):
 
 
 def seed():
-    ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
-    ssm = ssm_backends[DEFAULT_ACCOUNT_ID][REGION]
+    for region in SEEDED_REGIONS:
+        seed_region(region)
+
+
+def seed_region(region):
+    ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+    ssm = ssm_backends[DEFAULT_ACCOUNT_ID][region]
     now = datetime.now(timezone.utc)
     for ami_id, arch, name, param in EKS_AMIS:
         ec2.amis[ami_id] = Ami(
             ec2, ami_id, name=name, description=name, owner_id="602401143452",
             owner_alias="amazon", public=True, virtualization_type="hvm",
             architecture=arch, root_device_type="ebs", root_device_name="/dev/xvda",
-            region_name=REGION, boot_mode="uefi",
+            region_name=region, boot_mode="uefi",
         )
         ssm._parameters[param].append(Parameter(
             account_id=DEFAULT_ACCOUNT_ID, name=param, value=ami_id,

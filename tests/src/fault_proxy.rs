@@ -14,6 +14,19 @@
 //! - errors: the next N calls of an action are answered with an EC2 (query
 //!   protocol) error of a chosen code and message, as EC2 words them.
 //!
+//! - idempotency (moto ignores ClientToken; EC2 does not): a CreateFleet whose
+//!   ClientToken was seen within the hour gets the first call's answer back,
+//!   launching nothing, when it carries the same parameters, and
+//!   `IdempotentParameterMismatch` when it does not.
+//! - instance profiles (moto launches with any): with [`FaultProxy::strict_instance_profiles`],
+//!   a CreateFleet whose launch template names an instance profile IAM does not
+//!   have is refused with EC2's `InvalidParameterValue`, and a profile IAM has is
+//!   still refused for its first N CreateFleets (IAM's propagation delay).
+//! - read lag: the next N DescribeInstances are answered with no instances,
+//!   as EC2's eventually consistent reads do just after a launch.
+//! - throttling of only the calls whose body contains a string (e.g. the
+//!   DynamoDB write that records a launch).
+//!
 //! Every query-protocol call's form parameters are kept, so tests can see
 //! what each call carried (e.g. how many `InstanceId.N` a TerminateInstances had).
 
@@ -68,10 +81,36 @@ struct ErrorRule {
     message: String,
 }
 
+/// How long EC2 keeps a ClientToken's answer.
+const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A CreateFleet answer kept under its ClientToken.
+#[derive(Debug, Clone)]
+struct CachedFleet {
+    params: Vec<(String, String)>,
+    body: Vec<u8>,
+    at: std::time::Instant,
+}
+
+/// Throttle the next `times` calls of an action whose body contains `needle`.
+#[derive(Debug, Clone)]
+struct MatchingThrottle {
+    action: String,
+    needle: String,
+    times: usize,
+}
+
 #[derive(Default)]
 struct Rules {
     capacity: Vec<CapacityRule>,
     throttle: HashMap<String, usize>,
+    throttle_matching: Vec<MatchingThrottle>,
+    hide_instances: usize,
+    strict_profiles: Option<usize>,
+    profile_seen: HashMap<String, usize>,
+    profile_refusals: usize,
+    tokens: HashMap<String, CachedFleet>,
+    replays: usize,
     errors: HashMap<String, ErrorRule>,
     forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
@@ -155,6 +194,38 @@ impl FaultProxy {
     /// The next `times` calls of `action` (e.g. `CreateFleet`, `PutItem`) are throttled.
     pub fn throttle(&self, action: &str, times: usize) {
         self.rules().throttle.insert(action.into(), times);
+    }
+
+    /// The next `times` calls of `action` whose request body contains `needle` are throttled
+    /// (e.g. `("PutItem", "Launched", 8)`: only the writes that record a launch).
+    pub fn throttle_matching(&self, action: &str, needle: &str, times: usize) {
+        self.rules().throttle_matching.push(MatchingThrottle {
+            action: action.into(),
+            needle: needle.into(),
+            times,
+        });
+    }
+
+    /// The next `times` DescribeInstances list no instance (EC2's read lag after a launch).
+    pub fn hide_instances(&self, times: usize) {
+        self.rules().hide_instances = times;
+    }
+
+    /// CreateFleet checks the instance profile of each launch template it names
+    /// against IAM (through moto) as EC2 does, and refuses an existing profile
+    /// for its first `propagation` calls.
+    pub fn strict_instance_profiles(&self, propagation: usize) {
+        self.rules().strict_profiles = Some(propagation);
+    }
+
+    /// How many CreateFleet calls were refused for their instance profile.
+    pub fn profile_refusals(&self) -> usize {
+        self.rules().profile_refusals
+    }
+
+    /// How many CreateFleet calls were answered from an earlier call with the same ClientToken.
+    pub fn fleet_replays(&self) -> usize {
+        self.rules().replays
     }
 
     /// How many calls of `action` reached the proxy (throttled ones included).
@@ -242,7 +313,33 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         Vec::new()
     };
     let act = action(&headers, &form);
+    let strict = strict_profiles(&s.rules);
+    // Each template's instance profile and whether IAM has it (asked before the lock is taken).
+    let mut profiles: Vec<(String, bool)> = Vec::new();
+    if act == "CreateFleet" && strict.is_some() {
+        for (k, template) in &form {
+            if k.starts_with("LaunchTemplateConfigs.") && k.ends_with(".LaunchTemplateSpecification.LaunchTemplateName")
+            {
+                let Some(profile) = template_profile(&s, template).await else {
+                    continue;
+                };
+                let exists = upstream_query(
+                    &s,
+                    "iam",
+                    &[
+                        ("Action", "GetInstanceProfile"),
+                        ("Version", "2010-05-08"),
+                        ("InstanceProfileName", &profile),
+                    ],
+                )
+                .await
+                .is_some();
+                profiles.push((profile, exists));
+            }
+        }
+    }
     let mut errors_xml = String::new();
+    let mut fleet_token: Option<String> = None;
     let mut body = body;
     {
         let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
@@ -255,11 +352,67 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             *r.throttled.entry(act.clone()).or_default() += 1;
             return throttle_response(headers.contains_key("x-amz-target"));
         }
+        if let Some(t) = r
+            .throttle_matching
+            .iter_mut()
+            .find(|t| t.action == act && t.times > 0 && contains(&body, &t.needle))
+        {
+            t.times -= 1;
+            *r.throttled.entry(act.clone()).or_default() += 1;
+            return throttle_response(headers.contains_key("x-amz-target"));
+        }
         if let Some(e) = r.errors.get_mut(&act).filter(|e| e.times > 0) {
             e.times -= 1;
             return ec2_error_response(e.status, &e.code, &e.message);
         }
+        if act == "DescribeInstances" && r.hide_instances > 0 {
+            r.hide_instances -= 1;
+            let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId><reservationSet/></DescribeInstancesResponse>";
+            return (StatusCode::OK, [("content-type", "text/xml")], xml).into_response();
+        }
         if act == "CreateFleet" {
+            fleet_token = form
+                .iter()
+                .find(|(k, _)| k == "ClientToken")
+                .map(|(_, v)| v.clone())
+                .filter(|t| !t.is_empty());
+            if let Some(token) = &fleet_token {
+                r.tokens.retain(|_, c| c.at.elapsed() < TOKEN_TTL);
+                if let Some(c) = r.tokens.get(token) {
+                    if c.params != params(&form) {
+                        return ec2_error_response(
+                            400,
+                            "IdempotentParameterMismatch",
+                            &format!(
+                                "Parameters for the request do not match the parameters of the earlier request with client token {token}."
+                            ),
+                        );
+                    }
+                    let body = c.body.clone();
+                    r.replays += 1;
+                    return (StatusCode::OK, [("content-type", "text/xml")], body).into_response();
+                }
+            }
+            let propagation = strict.unwrap_or(0);
+            for (profile, exists) in &profiles {
+                let seen = r.profile_seen.entry(profile.clone()).or_default();
+                let refuse = if *exists {
+                    *seen += 1;
+                    *seen <= propagation
+                } else {
+                    true
+                };
+                if refuse {
+                    r.profile_refusals += 1;
+                    return ec2_error_response(
+                        400,
+                        "InvalidParameterValue",
+                        &format!(
+                            "Value ({profile}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+                        ),
+                    );
+                }
+            }
             let (kept, failed, seen) = filter_fleet(&form, &r.capacity);
             errors_xml = failed;
             r.fleets.push(seen.clone());
@@ -271,6 +424,9 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
                             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CreateFleetResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId><fleetId>fleet-faultproxy{}</fleetId><errorSet>{errors_xml}</errorSet><fleetInstanceSet/></CreateFleetResponse>",
                             r.fleets.len()
                         );
+                        if let Some(token) = &fleet_token {
+                            remember(&mut r, token, &form, xml.as_bytes());
+                        }
                         return (StatusCode::OK, [("content-type", "text/xml")], xml).into_response();
                     }
                 }
@@ -310,7 +466,97 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             )
             .into_bytes();
     }
+    if let Some(token) = &fleet_token
+        && status.is_success()
+    {
+        let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
+        remember(&mut r, token, &form, &bytes);
+    }
     (status, out_headers, bytes).into_response()
+}
+
+/// A query-protocol call straight to moto (moto reads the service from the
+/// credential scope and checks no signature); the body when it succeeded.
+async fn upstream_query(s: &Shared, service: &str, params: &[(&str, &str)]) -> Option<String> {
+    let body = {
+        let mut ser = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in params {
+            ser.append_pair(k, v);
+        }
+        ser.finish()
+    };
+    let res = s
+        .http
+        .post(format!("{}/", s.upstream))
+        .header("content-type", "application/x-www-form-urlencoded; charset=utf-8")
+        .header(
+            "authorization",
+            format!("AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"),
+        )
+        .body(body)
+        .send()
+        .await
+        .ok()?;
+    if !res.status().is_success() {
+        return None;
+    }
+    res.text().await.ok()
+}
+
+/// The instance profile name (or ARN's last segment) a launch template's latest version names.
+async fn template_profile(s: &Shared, template: &str) -> Option<String> {
+    let xml = upstream_query(
+        s,
+        "ec2",
+        &[
+            ("Action", "DescribeLaunchTemplateVersions"),
+            ("Version", "2016-11-15"),
+            ("LaunchTemplateName", template),
+            ("LaunchTemplateVersion.1", "$Latest"),
+        ],
+    )
+    .await?;
+    let inner = between(&xml, "<iamInstanceProfile>", "</iamInstanceProfile>")?;
+    between(inner, "<name>", "</name>").map(str::to_string).or_else(|| {
+        between(inner, "<arn>", "</arn>")
+            .and_then(|a| a.rsplit('/').next())
+            .map(str::to_string)
+    })
+}
+
+fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let from = s.find(start)? + start.len();
+    let to = s[from..].find(end)? + from;
+    Some(&s[from..to])
+}
+
+/// The strict-profiles setting (a plain function: no lock guard lives in the handler's future).
+fn strict_profiles(rules: &Mutex<Rules>) -> Option<usize> {
+    rules.lock().unwrap_or_else(|p| p.into_inner()).strict_profiles
+}
+
+/// Whether a request body contains `needle`.
+fn contains(body: &[u8], needle: &str) -> bool {
+    !needle.is_empty() && body.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// A query-protocol request's parameters, in a canonical order.
+fn params(form: &[(String, String)]) -> Vec<(String, String)> {
+    let mut p = form.to_vec();
+    p.sort();
+    p
+}
+
+/// Keeps a successful CreateFleet answer under its ClientToken.
+fn remember(r: &mut Rules, token: &str, form: &[(String, String)], body: &[u8]) {
+    r.tokens.insert(
+        token.to_string(),
+        CachedFleet {
+            params: params(form),
+            body: body.to_vec(),
+            at: std::time::Instant::now(),
+        },
+    );
 }
 
 /// Splits a CreateFleet form into the request to forward (None if no override

@@ -199,3 +199,70 @@ fn only_the_interruption_rules_may_send_to_the_queue() {
     assert!(strings(&f["Policies"]).contains(&"PendingPodsQueue.QueueName".to_string()));
     assert!(strings(&f["Environment"]).contains(&"NODESMITH_REBALANCE".to_string()));
 }
+
+#[test]
+fn instance_profiles_are_managed_under_the_nodesmith_path_and_tag_only() {
+    let t = template();
+    let statements = |f: &str| -> Vec<Value> {
+        resource(&t, f)["Properties"]["Policies"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.get("Statement"))
+            .flat_map(|s| s.as_sequence().cloned().unwrap_or_default())
+            .collect()
+    };
+    let allowing = |f: &str, action: &str| -> Vec<Value> {
+        statements(f)
+            .into_iter()
+            .filter(|s| strings(&s["Action"]).iter().any(|a| a == action))
+            .collect()
+    };
+    let path = nodesmith::launch::profile::PROFILE_PATH.trim_matches('/');
+    for (f, action, tagged) in [
+        (
+            "LaunchFunction",
+            "iam:CreateInstanceProfile",
+            "aws:RequestTag/eks:eks-cluster-name",
+        ),
+        (
+            "LaunchFunction",
+            "iam:AddRoleToInstanceProfile",
+            "aws:ResourceTag/eks:eks-cluster-name",
+        ),
+        ("LaunchFunction", "iam:GetInstanceProfile", ""),
+        ("SweepFunction", "iam:ListInstanceProfiles", ""),
+        ("SweepFunction", "iam:GetInstanceProfile", ""),
+        (
+            "SweepFunction",
+            "iam:RemoveRoleFromInstanceProfile",
+            "aws:ResourceTag/eks:eks-cluster-name",
+        ),
+        (
+            "SweepFunction",
+            "iam:DeleteInstanceProfile",
+            "aws:ResourceTag/eks:eks-cluster-name",
+        ),
+    ] {
+        let found = allowing(f, action);
+        assert_eq!(found.len(), 1, "{f} is allowed {action} once: {found:?}");
+        let resource = strings(&found[0]["Resource"]).join(" ");
+        assert!(
+            resource.contains(":instance-profile/"),
+            "{f} {action} on instance profiles only: {resource}"
+        );
+        if action != "iam:GetInstanceProfile" || f == "SweepFunction" {
+            assert!(
+                resource.contains(&format!("instance-profile/{path}/")),
+                "{f} {action} under the nodesmith path: {resource}"
+            );
+        }
+        if !tagged.is_empty() {
+            let condition = strings(&found[0]["Condition"]);
+            assert!(
+                condition.iter().any(|c| c == tagged) && condition.iter().any(|c| c == "ClusterName"),
+                "{f} {action} needs {tagged}=<cluster>: {condition:?}"
+            );
+        }
+    }
+}

@@ -17,7 +17,8 @@ async fn main() -> Result<(), Error> {
         lambda::required_env("NODESMITH_TABLE")?,
     );
     let config = ProvisionConfig::from_env()?;
-    let provisioner = Provisioner::new(cluster, store, aws_sdk_sqs::Client::new(&sdk), config);
+    let provisioner = Provisioner::new(cluster, store, aws_sdk_sqs::Client::new(&sdk), config)
+        .with_ec2(aws_sdk_ec2::Client::new(&sdk));
     let provisioner = &provisioner;
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         let outcome = provisioner.handle(&event.payload).await;

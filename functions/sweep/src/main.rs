@@ -26,7 +26,8 @@ async fn main() -> Result<(), Error> {
         lambda::required_env("NODESMITH_CLUSTER_NAME")?,
     );
     let config = SweepConfig::from_env()?;
-    let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config);
+    let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config)
+        .with_iam(aws_sdk_iam::Client::new(&sdk));
     let sweeper = &sweeper;
     run(service_fn(move |_: LambdaEvent<Value>| async move {
         let report = sweeper.run().await?;

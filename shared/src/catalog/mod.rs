@@ -178,6 +178,7 @@ pub mod ec2;
 
 pub mod facts;
 pub mod file;
+pub mod refresh;
 
 pub use builtin::builtin;
 pub use facts::{Ec2Facts, instance_type_info};

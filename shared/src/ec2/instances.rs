@@ -252,6 +252,35 @@ impl Instances {
         &self.cluster
     }
 
+    /// The EC2 client (the sweep's other EC2 steps share it).
+    pub fn ec2(&self) -> &Client {
+        &self.ec2
+    }
+
+    /// Every pending or running instance tagged with this NodeClaim in this cluster,
+    /// oldest launch first (ties: the lower id). More than one means a launch ran twice.
+    pub async fn find_all_by_claim(&self, claim: &str) -> Result<Vec<Instance>, InstancesError> {
+        let mut pages = self
+            .ec2
+            .describe_instances()
+            .filters(tag_filter(labels::NODECLAIM, claim))
+            .filters(tag_filter(CLUSTER_NAME_TAG, &self.cluster))
+            .filters(state_filter(&["pending", "running"]))
+            .into_paginator()
+            .send();
+        let mut out: Vec<Instance> = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| InstancesError::aws("ec2:DescribeInstances", e))?;
+            for i in page.reservations().iter().flat_map(|r| r.instances()) {
+                if let Some(i) = Instance::from_sdk(i).filter(|i| out.iter().all(|o| o.id != i.id)) {
+                    out.push(i);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.launch_time.cmp(&b.launch_time).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
     /// The pending or running instance tagged with this NodeClaim in this cluster, if any
     /// (the first EC2 lists when a crash left more than one).
     pub async fn find_by_claim(&self, claim: &str) -> Result<Option<Instance>, InstancesError> {

@@ -50,6 +50,23 @@ pub enum LaunchError {
     /// Looking for the claim's instance failed.
     #[error(transparent)]
     Instances(#[from] crate::ec2::InstancesError),
+    /// CreateFleet launched an instance but the claim could not record it: the
+    /// claim's lease is kept (not released), so no other invocation launches for it
+    /// before the lease runs out; a later delivery finds the instance by its tag, or
+    /// repeats the stored request and gets the same instance back.
+    #[error("nodeclaim {node_claim}: instance {instance_id} launched but not recorded: {source}")]
+    Unrecorded {
+        /// The claim.
+        node_claim: String,
+        /// The instance CreateFleet returned.
+        instance_id: String,
+        /// Why the record failed.
+        #[source]
+        source: StateError,
+    },
+    /// EC2 refused the instance profile (IAM has not propagated it yet, or it does not exist).
+    #[error("ec2:CreateFleet refused the instance profile: {0}")]
+    ProfileNotReady(String),
     /// Another invocation is launching this NodeClaim right now.
     #[error("nodeclaim {0} is being launched by another invocation")]
     Busy(String),

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
     DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
     FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType, OnDemandOptionsRequest,
@@ -15,6 +16,7 @@ use super::errors::LaunchError;
 use super::subnet::Subnet;
 use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_SPOT};
 use crate::catalog::Catalog;
+use crate::nodeclaim::{AttemptOverride, LaunchAttempt, NodeClaim};
 use crate::state::OfferingKey;
 
 /// Karpenter sends at most this many instance types to one CreateFleet.
@@ -109,32 +111,92 @@ pub struct FleetPlan {
     pub capacity_type: &'static str,
     /// Overrides by launch template, in candidate order.
     pub overrides: BTreeMap<String, Vec<Candidate>>,
-    /// Idempotency token: the same claim and overrides give the same token,
-    /// so a redelivered request gets the first call's fleet back.
+    /// Idempotency token ([`client_token`]): a retry of the same attempt sends
+    /// the same request with the same token, and EC2 answers with the first
+    /// call's fleet instead of launching again.
     pub client_token: String,
 }
 
-/// The call for `capacity_type` over `cands` (pure).
-pub fn plan(node_claim: &str, cands: &[Candidate], capacity_type: &'static str) -> FleetPlan {
-    let mut overrides: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+/// The ClientToken of a claim's `attempt`th CreateFleet request: a function of
+/// the claim (its name and creation time, so a later claim of the same name
+/// never gets an earlier one's fleet) and the attempt number only, never of
+/// what the request holds (pure). At most 64 ASCII characters, as EC2 allows.
+pub fn client_token(claim: &NodeClaim, attempt: u32) -> String {
     let mut h = Sha256::new();
-    h.update(node_claim.as_bytes());
-    h.update(capacity_type.as_bytes());
+    h.update(b"nodesmith/createfleet/v1|");
+    h.update(claim.name.as_bytes());
+    h.update(b"|");
+    if let Some(created) = claim.timestamps.created {
+        h.update(created.to_string().as_bytes());
+    }
+    h.update(format!("|{attempt}").as_bytes());
+    hex::encode(h.finalize())[..64].to_string()
+}
+
+/// The call for `capacity_type` over `cands`, carrying `client_token` (pure).
+pub fn plan(client_token: String, cands: &[Candidate], capacity_type: &'static str) -> FleetPlan {
+    let mut overrides: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
     for c in cands.iter().filter(|c| c.offering.capacity_type == capacity_type) {
-        h.update(
-            format!(
-                "|{}/{}/{}/{}",
-                c.offering.instance_type, c.offering.zone, c.subnet_id, c.template
-            )
-            .as_bytes(),
-        );
         overrides.entry(c.template.clone()).or_default().push(c.clone());
     }
-    // ClientToken: at most 64 ASCII characters.
     FleetPlan {
         capacity_type,
         overrides,
-        client_token: hex::encode(h.finalize())[..64].to_string(),
+        client_token,
+    }
+}
+
+fn static_capacity_type(ct: &str) -> &'static str {
+    if ct == CAPACITY_SPOT {
+        CAPACITY_SPOT
+    } else {
+        CAPACITY_ON_DEMAND
+    }
+}
+
+impl FleetPlan {
+    /// The plan as the claim's attempt `number`, with the instance tags it sends (pure).
+    pub fn to_attempt(&self, number: u32, tags: &BTreeMap<String, String>) -> LaunchAttempt {
+        LaunchAttempt {
+            number,
+            client_token: self.client_token.clone(),
+            capacity_type: self.capacity_type.to_string(),
+            overrides: self
+                .overrides
+                .values()
+                .flatten()
+                .map(|c| AttemptOverride {
+                    instance_type: c.offering.instance_type.clone(),
+                    zone: c.offering.zone.clone(),
+                    subnet_id: c.subnet_id.clone(),
+                    template: c.template.clone(),
+                    price: c.price,
+                })
+                .collect(),
+            tags: tags.clone(),
+            concluded: false,
+        }
+    }
+
+    /// The very plan a stored attempt sent (pure).
+    pub fn from_attempt(a: &LaunchAttempt) -> FleetPlan {
+        let ct = static_capacity_type(&a.capacity_type);
+        let cands: Vec<Candidate> = a
+            .overrides
+            .iter()
+            .map(|o| Candidate {
+                offering: OfferingKey::new(&o.instance_type, &o.zone, ct),
+                subnet_id: o.subnet_id.clone(),
+                template: o.template.clone(),
+                price: o.price,
+            })
+            .collect();
+        plan(a.client_token.clone(), &cands, ct)
+    }
+
+    /// Every override, in the order sent.
+    pub fn candidates(&self) -> impl Iterator<Item = &Candidate> {
+        self.overrides.values().flatten()
     }
 }
 
@@ -347,7 +409,16 @@ pub async fn create(
         }
         req = req.launch_template_configs(config.build());
     }
-    let out = req.send().await.map_err(|e| LaunchError::aws("ec2:CreateFleet", e))?;
+    let out = match req.send().await {
+        Ok(out) => out,
+        Err(e) => {
+            let (code, message) = (e.code().unwrap_or_default(), e.message().unwrap_or_default());
+            if super::profile::is_profile_refusal(code, message) {
+                return Err(LaunchError::ProfileNotReady(format!("{code}: {message}")));
+            }
+            return Err(LaunchError::aws("ec2:CreateFleet", e));
+        }
+    };
     let mut answer = FleetAnswer::default();
     for i in out.instances() {
         let ov = i.launch_template_and_overrides().and_then(|l| l.overrides());
@@ -509,22 +580,58 @@ mod tests {
     }
 
     #[test]
-    fn plan_takes_one_capacity_type_and_a_stable_token() {
+    fn plan_takes_one_capacity_type_and_carries_the_token() {
         let cands = vec![
             cand("m5.large", "a", "spot"),
             cand("m5.large", "a", "on-demand"),
             cand("c5.large", "b", "spot"),
         ];
-        let p = plan("claim-1", &cands, "spot");
+        let p = plan("t".into(), &cands, "spot");
         assert_eq!(p.overrides["lt"].len(), 2);
-        assert_eq!(p.client_token.len(), 64);
-        assert_eq!(p.client_token, plan("claim-1", &cands, "spot").client_token);
-        assert_ne!(p.client_token, plan("claim-2", &cands, "spot").client_token);
-        assert_ne!(
-            p.client_token,
-            plan("claim-1", &cands[..1], "spot").client_token,
-            "fewer overrides after a capacity error: a new call"
-        );
+        assert_eq!(p.client_token, "t");
+    }
+
+    #[test]
+    fn the_token_depends_on_the_claim_and_the_attempt_only() {
+        let created: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let mut c = NodeClaim::pending("claim-1", "default", "default");
+        c.timestamps.created = Some(created);
+        let t = client_token(&c, 1);
+        assert_eq!(t.len(), 64);
+        assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+        // Whatever the request holds (subnets, AMIs, unavailable offerings read just
+        // before), and whatever else the claim went through, the token is the same.
+        let mut moved = c.clone();
+        moved.instance_type_options = vec!["c5.large".into()];
+        moved.version = 7;
+        assert_eq!(client_token(&moved, 1), t);
+        assert_ne!(client_token(&c, 2), t, "a new attempt, a new token");
+        let other = NodeClaim {
+            name: "claim-2".into(),
+            ..c.clone()
+        };
+        assert_ne!(client_token(&other, 1), t);
+        let mut later = c.clone();
+        later.timestamps.created = Some(created + jiff::SignedDuration::from_secs(60));
+        assert_ne!(client_token(&later, 1), t, "a later claim of the same name");
+    }
+
+    #[test]
+    fn an_attempt_round_trips_to_the_same_request() {
+        let cands = vec![
+            cand("m5.large", "a", "spot"),
+            cand("c5.large", "b", "spot"),
+            cand("m5.large", "a", "on-demand"),
+        ];
+        let p = plan("tok".into(), &cands, "spot");
+        let tags = BTreeMap::from([("k".to_string(), "v".to_string())]);
+        let a = p.to_attempt(3, &tags);
+        assert_eq!((a.number, a.client_token.as_str(), a.concluded), (3, "tok", false));
+        assert_eq!(a.overrides.len(), 2);
+        let json = serde_json::to_string(&a).unwrap();
+        let back: LaunchAttempt = serde_json::from_str(&json).unwrap();
+        assert_eq!(FleetPlan::from_attempt(&back), p);
+        assert_eq!(back.tags, tags);
     }
 
     #[test]
@@ -558,7 +665,7 @@ mod tests {
     #[test]
     fn decisions_from_answers() {
         let cands = vec![cand("m5.large", "a", "spot"), cand("c5.large", "b", "spot")];
-        let p = plan("c", &cands, "spot");
+        let p = plan("c".into(), &cands, "spot");
         let ice = "InsufficientInstanceCapacity";
         let launched = Launched {
             instance_id: "i-1".into(),
@@ -647,7 +754,7 @@ mod tests {
     #[test]
     fn capacity_failures_are_read_even_when_an_instance_came_back() {
         let cands = vec![cand("m5.large", "a", "spot"), cand("c5.large", "b", "spot")];
-        let p = plan("c", &cands, "spot");
+        let p = plan("c".into(), &cands, "spot");
         let launched = Launched {
             instance_id: "i-1".into(),
             instance_type: "c5.large".into(),

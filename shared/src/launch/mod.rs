@@ -2,18 +2,26 @@
 //! the AMI, build user data, ensure a launch template, CreateFleet with
 //! fallback over offerings, and record the instance on the NodeClaim.
 //!
-//! Safety under at-least-once delivery: a per-NodeClaim lease serialises
+//! Exactly once under at-least-once delivery: a per-NodeClaim lease serialises
 //! concurrent deliveries; after taking it the claim is re-read (Launched →
-//! nothing to do) and EC2 is asked for an instance already tagged with the
-//! claim (a crash after CreateFleet but before the record); CreateFleet
-//! carries a ClientToken derived from the claim and its overrides.
+//! nothing to do) and EC2 is asked for instances already tagged with the
+//! claim (a crash after CreateFleet but before the record): the oldest is
+//! recorded, any other terminated. Each CreateFleet request is written to the
+//! claim (its `launchAttempt`) before it is sent, with a ClientToken that is a
+//! function of the claim and the attempt number only; a delivery that finds an
+//! attempt not answered yet sends that same request again, so EC2 returns the
+//! first call's fleet even while DescribeInstances does not list it. The lease
+//! is never released after a CreateFleet launched an instance that is not
+//! recorded yet (see [`LaunchError::Unrecorded`]).
 
 pub mod ami;
 pub mod batch;
 pub mod cluster;
 pub mod errors;
 pub mod fleet;
+pub mod gc;
 pub mod launchtemplate;
+pub mod profile;
 pub mod request;
 pub mod securitygroup;
 pub mod subnet;
@@ -43,6 +51,15 @@ use crate::state::{self, OfferingKey, StateStore};
 
 /// How long one launch may hold its NodeClaim's lease.
 pub const LAUNCH_LEASE_MS: i64 = 10 * 60 * 1000;
+/// How long the lease of a claim whose instance was launched but not recorded is
+/// still held: past EC2's read lag, so the next holder finds the instance by its tag.
+pub const LAUNCH_HOLD_MS: i64 = 60 * 1000;
+/// How many times one launch retries EC2's refusal of an instance profile it
+/// cannot see yet (IAM is eventually consistent), waiting
+/// [`PROFILE_RETRY_BASE`] doubled each time (about 15 s in all).
+pub const PROFILE_RETRIES: u32 = 5;
+/// The first wait after EC2 refused an instance profile.
+pub const PROFILE_RETRY_BASE: std::time::Duration = std::time::Duration::from_millis(500);
 /// CreateFleet rounds before giving up (each round removes failed offerings).
 pub const MAX_FLEET_ROUNDS: usize = 10;
 
@@ -105,6 +122,7 @@ pub struct Launcher {
     ssm: aws_sdk_ssm::Client,
     eks: aws_sdk_eks::Client,
     sqs: aws_sdk_sqs::Client,
+    iam: aws_sdk_iam::Client,
     store: StateStore,
     config: LaunchConfig,
     cluster: OnceCell<ClusterInfo>,
@@ -177,9 +195,12 @@ pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>)
 
 /// The kubelet's `--node-labels`: the claim's labels a kubelet may set
 /// ([`labels::kubelet_may_set`]; nodesmith applies the others at registration),
-/// plus the pool, the class and the claim's name. A label the launched instance
-/// decides ([`labels::set_from_instance`]) is left out unless the claim's
-/// requirements pin it to that value, so a prediction never reaches a node (pure).
+/// plus the pool and the class. A label the launched instance decides
+/// ([`labels::set_from_instance`]) is left out unless the claim's requirements
+/// pin it to that value, so a prediction never reaches a node. The claim's name
+/// is not there: user data is shared by every claim of a pool (one launch
+/// template for them all); the node gets `karpenter.sh/nodeclaim` at
+/// registration, from the instance's tag of that name (pure).
 pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
     let pinned = claim.requirements().single_valued_labels();
     let mut l: BTreeMap<String, String> = claim
@@ -191,7 +212,6 @@ pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
         .collect();
     l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
-    l.insert(labels::NODECLAIM.into(), claim.name.clone());
     l
 }
 
@@ -228,6 +248,17 @@ pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> 
     t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     t.insert(labels::NODECLAIM.into(), claim.name.clone());
     t.insert(labels::EC2NODECLASS.into(), class.name().into());
+    t
+}
+
+/// Tags of a launch template (and of the volumes and network interfaces it
+/// makes): the instance tags without the claim's name, so every claim of a pool
+/// shares one template, plus the class's drift hash, which the sweep compares
+/// to find templates no class uses any more (pure).
+pub fn template_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
+    let mut t = instance_tags(cluster, claim, class);
+    t.remove(labels::NODECLAIM);
+    t.insert(labels::EC2NODECLASS_HASH_ANNOTATION.into(), class.hash());
     t
 }
 
@@ -290,6 +321,7 @@ impl Launcher {
             ssm: aws_sdk_ssm::Client::new(sdk),
             eks: aws_sdk_eks::Client::new(sdk),
             sqs: aws_sdk_sqs::Client::new(sdk),
+            iam: aws_sdk_iam::Client::new(sdk),
             store,
             config,
             cluster: OnceCell::new(),
@@ -324,13 +356,18 @@ impl Launcher {
             return Err(LaunchError::Busy(name.clone()));
         };
         let result = self.launch_leased(req).await;
-        // Done with the claim: the lease item goes. Failed: released for the redelivery.
-        // Either failing only delays a redelivery until the lease expires.
+        // Done with the claim: the lease item goes. Failed before an instance existed:
+        // released for the redelivery. An instance launched but not recorded: the lease
+        // is held (shortened to LAUNCH_HOLD_MS), never released, so no one launches for
+        // the claim meanwhile. A failed write only delays a redelivery until the lease expires.
         let now = state::now_ms();
-        let freed = if result.is_ok() {
-            self.store.delete_lease(&lease, now).await
-        } else {
-            self.store.release_lease(&lease, now).await
+        let freed = match &result {
+            Ok(_) => self.store.delete_lease(&lease, now).await,
+            Err(LaunchError::Unrecorded { instance_id, .. }) => {
+                tracing::warn!(node_claim = %name, instance_id = %instance_id, hold_ms = LAUNCH_HOLD_MS, "instance launched but not recorded; keeping the claim's lease");
+                self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
+            }
+            Err(_) => self.store.release_lease(&lease, now).await,
         };
         if let Err(e) = freed {
             tracing::warn!(node_claim = %name, error = %e, "cannot free launch lease");
@@ -341,22 +378,197 @@ impl Launcher {
     async fn launch_leased(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
         let name = &req.node_claim;
         // Re-read under the lease: the previous holder may have finished.
-        let claim = match self.store.get_node_claim(name).await? {
+        let mut claim = match self.store.get_node_claim(name).await? {
             None => return Ok(LaunchOutcome::Gone(name.clone())),
             Some(c) if c.phase != Phase::Pending => return Ok(LaunchOutcome::AlreadyLaunched(c)),
             Some(c) => c,
         };
-        // A crash after CreateFleet but before the record: the tagged instance is authoritative.
-        if let Some(existing) = self.instances.find_by_claim(name).await?.as_ref().map(launched_from) {
-            let zone = existing.zone.clone().unwrap_or_default();
-            let c = self
-                .store
-                .update_node_claim(&record(&claim, &existing, &zone, None, clock())?)
-                .await?;
-            tracing::info!(node_claim = %name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
+        // A crash after CreateFleet but before the record: a tagged instance is authoritative.
+        if let Some(c) = self.adopt(&claim).await? {
             return Ok(LaunchOutcome::Recovered(c));
         }
         let class = req.node_class();
+        let mut unavailable: BTreeSet<OfferingKey> = self
+            .store
+            .unavailable_offerings(state::now_secs())
+            .await?
+            .into_iter()
+            .map(|u| u.key)
+            .collect();
+        let mut resolved: Option<Resolved> = None;
+        let mut tried = Vec::new();
+        let mut refusals = 0u32;
+        for round in 0..MAX_FLEET_ROUNDS {
+            let (plan, tags) = match claim.launch_attempt.as_ref().filter(|a| !a.concluded) {
+                // A request sent before (its answer was lost): send it again as it was,
+                // so EC2 answers with that call's fleet (DescribeInstances may not list it yet).
+                Some(a) => {
+                    tracing::info!(node_claim = %name, attempt = a.number, "repeating the last CreateFleet request");
+                    (fleet::FleetPlan::from_attempt(a), a.tags.clone())
+                }
+                None => {
+                    if resolved.is_none() {
+                        resolved = Some(self.resolve(&claim, &class).await?);
+                    }
+                    let Some(r) = resolved.as_ref() else { break };
+                    let cands = fleet::candidates(&r.scope(), &unavailable);
+                    let Some(ct) = fleet::capacity_type(&cands) else { break };
+                    let number = claim.launch_attempt.as_ref().map_or(1, |a| a.number + 1);
+                    let plan = fleet::plan(fleet::client_token(&claim, number), &cands, ct);
+                    // Written before the call: a retry finds it and repeats it.
+                    claim.launch_attempt = Some(plan.to_attempt(number, &r.tags));
+                    claim = self.store.update_node_claim(&claim).await?;
+                    (plan, r.tags.clone())
+                }
+            };
+            tracing::info!(node_claim = %name, round, capacity_type = plan.capacity_type, overrides = plan.candidates().count(), "CreateFleet");
+            let answer = match fleet::create(&self.ec2, &plan, &tags).await {
+                // Refused before any fleet existed: the same request is sent again.
+                Err(LaunchError::ProfileNotReady(why)) if refusals < PROFILE_RETRIES => {
+                    refusals += 1;
+                    wait_for_profile(name, refusals, &why).await;
+                    continue;
+                }
+                other => other?,
+            };
+            let failed = fleet::capacity_failures(&plan, &answer);
+            if !failed.is_empty() {
+                tracing::warn!(node_claim = %name, offerings = ?failed, "insufficient capacity; marking offerings unavailable");
+                let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
+                for (k, code) in failed {
+                    unavailable.insert(k.clone());
+                    tried.push(k.clone());
+                    by_code.entry(code).or_default().push(k);
+                }
+                for (code, keys) in by_code {
+                    self.store
+                        .mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS)
+                        .await?;
+                }
+            }
+            let decision = fleet::decide(&plan, &answer);
+            if !matches!(decision, Decision::Launched(_))
+                && let Some(a) = claim.launch_attempt.as_mut()
+            {
+                // Answered without an instance: the next request is a new attempt.
+                a.concluded = true;
+            }
+            match decision {
+                Decision::Launched(l) => {
+                    let chosen = plan.candidates().find(|c| {
+                        c.offering.instance_type == l.instance_type
+                            && c.offering.capacity_type == l.capacity_type
+                            && (l.subnet_id.as_ref() == Some(&c.subnet_id) || l.zone.as_ref() == Some(&c.offering.zone))
+                    });
+                    let zone = l
+                        .zone
+                        .clone()
+                        .or_else(|| chosen.map(|c| c.offering.zone.clone()))
+                        .unwrap_or_default();
+                    let price = chosen.and_then(|c| c.price);
+                    let launched = record(&claim, &l, &zone, price, clock())?;
+                    let c =
+                        self.store
+                            .update_node_claim(&launched)
+                            .await
+                            .map_err(|source| LaunchError::Unrecorded {
+                                node_claim: name.clone(),
+                                instance_id: l.instance_id.clone(),
+                                source,
+                            })?;
+                    tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
+                    return Ok(LaunchOutcome::Launched(c));
+                }
+                // Already marked above; the next round tries the rest.
+                Decision::Retry(_) => {}
+                Decision::Transient(why) => {
+                    self.conclude(&claim).await;
+                    return Err(LaunchError::Aws {
+                        op: "ec2:CreateFleet",
+                        message: why,
+                    });
+                }
+                // Refused inside the answer (which EC2 keeps under the token): a new attempt.
+                Decision::Fatal(code, message)
+                    if profile::is_profile_refusal(&code, &message) && refusals < PROFILE_RETRIES =>
+                {
+                    refusals += 1;
+                    wait_for_profile(name, refusals, &message).await;
+                }
+                Decision::Fatal(code, message) => {
+                    self.conclude(&claim).await;
+                    return Err(LaunchError::Fleet {
+                        node_claim: name.clone(),
+                        code,
+                        message,
+                    });
+                }
+            }
+        }
+        tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
+        self.store.delete_node_claim(name, claim.version).await?;
+        if let Some(url) = &self.config.pending_queue_url {
+            let request = SolveRequest::new("launch-no-capacity", Some(name));
+            // The claim is gone either way; a lost request leaves the pods to the sweep's safety net.
+            if let Err(e) = request_solve(&self.sqs, url, &request).await {
+                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
+            }
+        }
+        Ok(LaunchOutcome::NoCapacity {
+            node_claim: name.clone(),
+            tried,
+        })
+    }
+
+    /// Stores that the claim's last attempt was answered without an instance, so the
+    /// next delivery makes a new request; if this write fails the next delivery
+    /// repeats the request and gets the same answer, then tries again.
+    async fn conclude(&self, claim: &NodeClaim) {
+        if let Err(e) = self.store.update_node_claim(claim).await {
+            tracing::warn!(node_claim = %claim.name, error = %e, "cannot record that the last CreateFleet launched nothing");
+        }
+    }
+
+    /// Every instance tagged with the claim: the oldest is the claim's and is
+    /// recorded, any other is a second launch and is terminated.
+    async fn adopt(&self, claim: &NodeClaim) -> Result<Option<NodeClaim>, LaunchError> {
+        let found = self.instances.find_all_by_claim(&claim.name).await?;
+        let Some((keep, extra)) = found.split_first() else {
+            return Ok(None);
+        };
+        if !extra.is_empty() {
+            let ids: Vec<String> = extra.iter().map(|i| i.id.clone()).collect();
+            tracing::warn!(node_claim = %claim.name, kept = %keep.id, terminated = ?ids, "more than one instance carries the claim's tag; terminating all but the oldest");
+            self.instances.terminate(&ids).await?;
+        }
+        let existing = launched_from(keep);
+        let zone = existing.zone.clone().unwrap_or_default();
+        let price = claim
+            .launch_attempt
+            .as_ref()
+            .and_then(|a| {
+                a.overrides
+                    .iter()
+                    .find(|o| o.instance_type == existing.instance_type && o.zone == zone)
+            })
+            .and_then(|o| o.price);
+        let c = self
+            .store
+            .update_node_claim(&record(claim, &existing, &zone, price, clock())?)
+            .await
+            .map_err(|source| LaunchError::Unrecorded {
+                node_claim: claim.name.clone(),
+                instance_id: existing.instance_id.clone(),
+                source,
+            })?;
+        tracing::info!(node_claim = %claim.name, instance_id = %existing.instance_id, "found an instance launched before; recorded it");
+        Ok(Some(c))
+    }
+
+    /// What a new CreateFleet request is built from: subnets, security groups,
+    /// AMIs, launch templates (ensured), the catalog, the instance tags.
+    async fn resolve(&self, claim: &NodeClaim, class: &EC2NodeClass) -> Result<Resolved, LaunchError> {
+        let name = &claim.name;
         let resolve = |what: String| LaunchError::Resolve {
             node_claim: name.clone(),
             what,
@@ -398,13 +610,22 @@ impl Launcher {
             return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
         }
 
-        let tags = instance_tags(&cluster.name, &claim, &class);
-        let capacity_types = allowed_capacity_types(&claim);
+        let instance_profile = match profile::ensure(&self.iam, &cluster.name, class).await? {
+            Some((p, fresh)) => {
+                if fresh {
+                    tracing::info!(node_claim = %name, profile = %p, "instance profile made ready just now; EC2 may not see it for a few seconds");
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let tags = instance_tags(&cluster.name, claim, class);
+        let capacity_types = allowed_capacity_types(claim);
         // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
         // label is in its user data, and the capacity type is known per CreateFleet call.
         let mut templates: BTreeMap<(String, String), String> = BTreeMap::new();
         for ct in &capacity_types {
-            let settings = node_settings(&claim, &class, ct);
+            let settings = node_settings(claim, class, ct);
             let user_data = userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData {
                 node_claim: name.clone(),
                 source,
@@ -415,11 +636,11 @@ impl Launcher {
                     image_id: image.clone(),
                     user_data: user_data.clone(),
                     security_groups: security_groups.clone(),
-                    instance_profile: class.spec.instance_profile.clone().or_else(|| class.spec.role.clone()),
+                    instance_profile: instance_profile.clone(),
                     block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
                     metadata: class.spec.metadata_options.clone(),
                     monitoring: class.spec.detailed_monitoring.unwrap_or(false),
-                    tags: tags.clone(),
+                    tags: template_tags(&cluster.name, claim, class),
                 };
                 let lt = launchtemplate::ensure(&self.ec2, &spec).await?;
                 for (t, k) in &key_by_type {
@@ -429,95 +650,53 @@ impl Launcher {
                 }
             }
         }
-
-        let zones = allowed_zones(&claim, subnets.keys().cloned());
-        let scope = Scope {
-            instance_types: &claim.instance_type_options,
-            zones: zones.as_ref(),
-            capacity_types: &capacity_types,
-            subnets: &subnets,
-            templates: &templates,
-            catalog: catalog.as_ref(),
-        };
-        let mut unavailable: BTreeSet<OfferingKey> = self
-            .store
-            .unavailable_offerings(state::now_secs())
-            .await?
-            .into_iter()
-            .map(|u| u.key)
-            .collect();
-        let mut tried = Vec::new();
-        for round in 0..MAX_FLEET_ROUNDS {
-            let cands = fleet::candidates(&scope, &unavailable);
-            let Some(ct) = fleet::capacity_type(&cands) else { break };
-            let plan = fleet::plan(name, &cands, ct);
-            tracing::info!(node_claim = %name, round, capacity_type = ct, overrides = cands.iter().filter(|c| c.offering.capacity_type == ct).count(), "CreateFleet");
-            let answer = fleet::create(&self.ec2, &plan, &tags).await?;
-            let failed = fleet::capacity_failures(&plan, &answer);
-            if !failed.is_empty() {
-                tracing::warn!(node_claim = %name, offerings = ?failed, "insufficient capacity; marking offerings unavailable");
-                let mut by_code: BTreeMap<String, Vec<OfferingKey>> = BTreeMap::new();
-                for (k, code) in failed {
-                    unavailable.insert(k.clone());
-                    tried.push(k.clone());
-                    by_code.entry(code).or_default().push(k);
-                }
-                for (code, keys) in by_code {
-                    self.store
-                        .mark_unavailable(&keys, &code, state::now_secs() + state::UNAVAILABLE_TTL_SECS)
-                        .await?;
-                }
-            }
-            match fleet::decide(&plan, &answer) {
-                Decision::Launched(l) => {
-                    let chosen = cands.iter().find(|c| {
-                        c.offering.instance_type == l.instance_type
-                            && c.offering.capacity_type == l.capacity_type
-                            && (l.subnet_id.as_ref() == Some(&c.subnet_id) || l.zone.as_ref() == Some(&c.offering.zone))
-                    });
-                    let zone = l
-                        .zone
-                        .clone()
-                        .or_else(|| chosen.map(|c| c.offering.zone.clone()))
-                        .unwrap_or_default();
-                    let price = chosen.and_then(|c| c.price);
-                    let c = self
-                        .store
-                        .update_node_claim(&record(&claim, &l, &zone, price, clock())?)
-                        .await?;
-                    tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
-                    return Ok(LaunchOutcome::Launched(c));
-                }
-                // Already marked above; the next round tries the rest.
-                Decision::Retry(_) => {}
-                Decision::Transient(why) => {
-                    return Err(LaunchError::Aws {
-                        op: "ec2:CreateFleet",
-                        message: why,
-                    });
-                }
-                Decision::Fatal(code, message) => {
-                    return Err(LaunchError::Fleet {
-                        node_claim: name.clone(),
-                        code,
-                        message,
-                    });
-                }
-            }
-        }
-        tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
-        self.store.delete_node_claim(name, claim.version).await?;
-        if let Some(url) = &self.config.pending_queue_url {
-            let request = SolveRequest::new("launch-no-capacity", Some(name));
-            // The claim is gone either way; a lost request leaves the pods to the sweep's safety net.
-            if let Err(e) = request_solve(&self.sqs, url, &request).await {
-                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
-            }
-        }
-        Ok(LaunchOutcome::NoCapacity {
-            node_claim: name.clone(),
-            tried,
+        let zones = allowed_zones(claim, subnets.keys().cloned());
+        Ok(Resolved {
+            instance_types: claim.instance_type_options.clone(),
+            zones,
+            capacity_types,
+            subnets,
+            templates,
+            catalog,
+            tags,
         })
+    }
+}
+
+/// Waits before sending a request EC2 refused for an instance profile it cannot see yet.
+async fn wait_for_profile(node_claim: &str, refusals: u32, why: &str) {
+    let wait = PROFILE_RETRY_BASE * 2u32.pow(refusals.saturating_sub(1));
+    tracing::warn!(
+        node_claim,
+        refusals,
+        wait_ms = wait.as_millis() as u64,
+        reason = why,
+        "EC2 refused the instance profile (IAM propagation); retrying"
+    );
+    tokio::time::sleep(wait).await;
+}
+
+/// What [`Launcher::resolve`] found for one claim.
+struct Resolved {
+    instance_types: Vec<String>,
+    zones: Option<BTreeSet<String>>,
+    capacity_types: Vec<String>,
+    subnets: BTreeMap<String, subnet::Subnet>,
+    templates: BTreeMap<(String, String), String>,
+    catalog: Option<Catalog>,
+    tags: BTreeMap<String, String>,
+}
+
+impl Resolved {
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            instance_types: &self.instance_types,
+            zones: self.zones.as_ref(),
+            capacity_types: &self.capacity_types,
+            subnets: &self.subnets,
+            templates: &self.templates,
+            catalog: self.catalog.as_ref(),
+        }
     }
 }
 
@@ -635,7 +814,10 @@ mod tests {
         let c = claim(vec![]);
         let l = node_labels(&c);
         assert_eq!(l["karpenter.sh/nodepool"], "default");
-        assert_eq!(l["karpenter.sh/nodeclaim"], "default-x");
+        assert!(
+            !l.contains_key(labels::NODECLAIM),
+            "the claim's name stays out of user data: {l:?}"
+        );
         assert_eq!(l["team"], "a");
         let mut class = EC2NodeClass::new("default", Default::default());
         class.spec.tags.insert("cost-center".into(), "42".into());
@@ -646,6 +828,19 @@ mod tests {
         assert_eq!(t["karpenter.sh/nodeclaim"], "default-x");
         assert_eq!(t["karpenter.k8s.aws/ec2nodeclass"], "default");
         assert_eq!(t["cost-center"], "42");
+        let lt = template_tags("demo", &c, &class);
+        assert!(!lt.contains_key(labels::NODECLAIM), "{lt:?}");
+        assert_eq!(lt[labels::EC2NODECLASS_HASH_ANNOTATION], class.hash());
+        let other = NodeClaim {
+            name: "default-y".into(),
+            ..c.clone()
+        };
+        assert_eq!(
+            node_settings(&c, &class, "spot"),
+            node_settings(&other, &class, "spot"),
+            "two claims of one pool: the same user data"
+        );
+        assert_eq!(template_tags("demo", &other, &class), lt);
     }
 
     /// A claim as the solver recorded it before labels were limited to what is
@@ -684,7 +879,6 @@ mod tests {
             ("node.kubernetes.io/lifecycle", "normal"),
             (labels::NODEPOOL, "default"),
             (labels::EC2NODECLASS, "default"),
-            (labels::NODECLAIM, "default-x"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

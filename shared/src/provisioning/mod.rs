@@ -90,6 +90,9 @@ pub enum ProvisionError {
     /// Launch requests could not be queued.
     #[error("queueing launches: {0}")]
     Enqueue(#[from] EnqueueError),
+    /// No catalog of this region is stored and it could not be built.
+    #[error("catalog: {0}")]
+    Catalog(#[from] crate::catalog::refresh::RefreshError),
     /// Another solve held the lease for longer than we wait.
     #[error("another solve holds the {LEASE} lease")]
     Busy,
@@ -135,6 +138,7 @@ pub struct Provisioner<C> {
     store: StateStore,
     sqs: aws_sdk_sqs::Client,
     config: ProvisionConfig,
+    ec2: Option<aws_sdk_ec2::Client>,
 }
 
 impl<C: Cluster> Provisioner<C> {
@@ -145,7 +149,15 @@ impl<C: Cluster> Provisioner<C> {
             store,
             sqs,
             config,
+            ec2: None,
         }
+    }
+
+    /// Solves with a catalog of the EC2 client's region: when none is stored
+    /// (and the region is not the built-in snapshot's) it is built first.
+    pub fn with_ec2(mut self, ec2: aws_sdk_ec2::Client) -> Self {
+        self.ec2 = Some(ec2);
+        self
     }
 
     /// Handles one SQS batch at the current time.
@@ -254,6 +266,11 @@ impl<C: Cluster> Provisioner<C> {
         outcome: &mut Outcome,
         now: Timestamp,
     ) -> Result<(), ProvisionError> {
+        if let Some(ec2) = &self.ec2 {
+            let prices =
+                crate::catalog::ec2::PriceTable::bundled().map_err(crate::catalog::refresh::RefreshError::from)?;
+            crate::catalog::refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
+        }
         let snapshot = live::read(&self.cluster, &self.store, now).await?;
         let keys = batch::pod_keys(&snapshot.pods);
         for (_, r) in refs {

@@ -172,6 +172,7 @@ pub struct Sweeper<C> {
     instances: Instances,
     sqs: aws_sdk_sqs::Client,
     config: SweepConfig,
+    iam: Option<aws_sdk_iam::Client>,
 }
 
 impl<C: Cluster> Sweeper<C> {
@@ -189,7 +190,14 @@ impl<C: Cluster> Sweeper<C> {
             instances,
             sqs,
             config,
+            iam: None,
         }
+    }
+
+    /// Also collects the instance profiles no EC2NodeClass uses (`launch::profile`).
+    pub fn with_iam(mut self, iam: aws_sdk_iam::Client) -> Self {
+        self.iam = Some(iam);
+        self
     }
 
     /// One run at the current time.
@@ -263,6 +271,16 @@ impl<C: Cluster> Sweeper<C> {
         }
         crate::interruption::sweep_drains(&self.cluster, &self.store).await;
         report.solve_requested = self.ask_for_solve(&removed, now).await;
+        // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
+        crate::launch::gc::sweep(
+            &self.cluster,
+            self.instances.ec2(),
+            self.iam.as_ref(),
+            self.instances.cluster(),
+        )
+        .await;
+        // The instance catalog from EC2: types every 12 h, spot prices hourly (shared/src/catalog/refresh.rs).
+        crate::catalog::refresh::sweep(self.instances.ec2(), &self.store).await;
         Ok(report)
     }
 

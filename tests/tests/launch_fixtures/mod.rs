@@ -120,10 +120,24 @@ pub async fn world(m: &Moto) -> World {
     state::create_table(&aws_sdk_dynamodb::Client::new(&conf), TABLE)
         .await
         .unwrap();
+    // The node role the classes name, as a real account has it (nodesmith never makes roles).
+    node_role(&conf, "KarpenterNodeRole-demo").await;
     World {
         best_subnets: best,
         security_group: sg,
     }
+}
+
+/// Creates an IAM role EC2 instances may assume.
+pub async fn node_role(conf: &SdkConfig, name: &str) {
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    aws_sdk_iam::Client::new(conf)
+        .create_role()
+        .role_name(name)
+        .assume_role_policy_document(trust)
+        .send()
+        .await
+        .unwrap();
 }
 
 /// A launcher whose clients go to `endpoint` (moto or a proxy in front of it).

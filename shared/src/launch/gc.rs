@@ -1,0 +1,194 @@
+//! Collecting what launch leaves behind: launch templates and instance
+//! profiles (`super::profile`) no EC2NodeClass uses any more. Templates are shared (one per class hash, AMI,
+//! user data and capacity type) and tagged with the class's name and drift
+//! hash, so a template is orphaned once its class is gone or has changed. The
+//! sweep calls [`sweep`] once a run; the decision is pure ([`orphaned_templates`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::Filter;
+use jiff::Timestamp;
+
+use super::errors::LaunchError;
+use crate::apis::EC2NodeClass;
+use crate::apis::labels;
+use crate::kubernetes::Cluster;
+
+/// A template younger than this is never collected: a launch may have made it
+/// for a class the sweep has not seen yet (as long as a launch holds its lease).
+pub const TEMPLATE_GRACE: Duration = Duration::from_millis(super::LAUNCH_LEASE_MS as u64);
+
+/// EC2's largest DescribeLaunchTemplates page.
+const PAGE: i32 = 200;
+
+/// A launch template the cluster owns, as the sweep sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedTemplate {
+    /// Its name.
+    pub name: String,
+    /// The `karpenter.k8s.aws/ec2nodeclass` tag.
+    pub node_class: Option<String>,
+    /// The `karpenter.k8s.aws/ec2nodeclass-hash` tag (absent on templates made per claim by older releases).
+    pub class_hash: Option<String>,
+    /// When EC2 created it.
+    pub created: Option<Timestamp>,
+}
+
+/// Templates no class uses: the class they name is gone, its hash moved on, or
+/// they carry no hash; and they are older than `grace` (pure).
+pub fn orphaned_templates(
+    templates: &[OwnedTemplate],
+    classes: &[EC2NodeClass],
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<String> {
+    let hashes: BTreeMap<&str, String> = classes.iter().map(|c| (c.name(), c.hash())).collect();
+    let grace = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
+    templates
+        .iter()
+        .filter(|t| t.created.is_some_and(|c| now.duration_since(c) >= grace))
+        .filter(|t| {
+            let current = t.node_class.as_deref().and_then(|c| hashes.get(c));
+            match (current, &t.class_hash) {
+                (Some(h), Some(th)) => h != th,
+                _ => true,
+            }
+        })
+        .map(|t| t.name.clone())
+        .collect()
+}
+
+/// Every launch template tagged `kubernetes.io/cluster/<cluster>=owned`, all pages.
+pub async fn owned_templates(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result<Vec<OwnedTemplate>, LaunchError> {
+    let mut pages = ec2
+        .describe_launch_templates()
+        .filters(
+            Filter::builder()
+                .name(format!("tag:{}", crate::ec2::instances::owned_tag_key(cluster)))
+                .values("owned")
+                .build(),
+        )
+        .max_results(PAGE)
+        .into_paginator()
+        .send();
+    let mut out = Vec::new();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| LaunchError::aws("ec2:DescribeLaunchTemplates", e))?;
+        for lt in page.launch_templates() {
+            let Some(name) = lt.launch_template_name() else {
+                continue;
+            };
+            let tag = |k: &str| {
+                lt.tags()
+                    .iter()
+                    .find(|t| t.key() == Some(k))
+                    .and_then(|t| t.value())
+                    .map(str::to_string)
+            };
+            out.push(OwnedTemplate {
+                name: name.to_string(),
+                node_class: tag(labels::EC2NODECLASS),
+                class_hash: tag(labels::EC2NODECLASS_HASH_ANNOTATION),
+                created: lt
+                    .create_time()
+                    .and_then(|t| Timestamp::new(t.secs(), t.subsec_nanos() as i32).ok()),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes the cluster's orphaned templates as of `now`; returns the names deleted
+/// (one already gone counts as deleted).
+pub async fn collect_templates(
+    ec2: &aws_sdk_ec2::Client,
+    cluster: &str,
+    classes: &[EC2NodeClass],
+    now: Timestamp,
+    grace: Duration,
+) -> Result<Vec<String>, LaunchError> {
+    let owned = owned_templates(ec2, cluster).await?;
+    let mut deleted = Vec::new();
+    for name in orphaned_templates(&owned, classes, now, grace) {
+        match ec2.delete_launch_template().launch_template_name(&name).send().await {
+            Ok(_) => {}
+            Err(e)
+                if e.code()
+                    .is_some_and(|c| c.starts_with("InvalidLaunchTemplateName.NotFound")) => {}
+            Err(e) => return Err(LaunchError::aws("ec2:DeleteLaunchTemplate", e)),
+        }
+        tracing::info!(template = %name, "deleted a launch template no EC2NodeClass uses");
+        deleted.push(name);
+    }
+    Ok(deleted)
+}
+
+/// The sweep's step: reads the EC2NodeClasses and collects orphaned launch
+/// templates and (given IAM) instance profiles. A failure is logged and left
+/// to the next run (it never fails the sweep). Returns what was deleted.
+pub async fn sweep<C: Cluster>(
+    cluster: &C,
+    ec2: &aws_sdk_ec2::Client,
+    iam: Option<&aws_sdk_iam::Client>,
+    cluster_name: &str,
+) -> Vec<String> {
+    let classes = match cluster.node_classes().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list EC2NodeClasses; launch templates and profiles are collected next run");
+            return Vec::new();
+        }
+    };
+    let mut deleted = match collect_templates(ec2, cluster_name, &classes, Timestamp::now(), TEMPLATE_GRACE).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot collect launch templates; the next sweep tries again");
+            Vec::new()
+        }
+    };
+    if let Some(iam) = iam {
+        match super::profile::collect_profiles(iam, cluster_name, &classes).await {
+            Ok(d) => deleted.extend(d),
+            Err(e) => tracing::warn!(error = %e, "cannot collect instance profiles; the next sweep tries again"),
+        }
+    }
+    deleted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(name: &str, tag: &str) -> EC2NodeClass {
+        let mut c = EC2NodeClass::new(name, Default::default());
+        c.spec.tags.insert("team".into(), tag.into());
+        c
+    }
+
+    #[test]
+    fn templates_of_gone_or_changed_classes_are_orphans_once_old_enough() {
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let old = Some("2026-01-01T11:00:00Z".parse().unwrap());
+        let young = Some("2026-01-01T11:59:00Z".parse().unwrap());
+        let a = class("a", "x");
+        let t = |name: &str, class: Option<&str>, hash: Option<String>, created| OwnedTemplate {
+            name: name.into(),
+            node_class: class.map(String::from),
+            class_hash: hash,
+            created,
+        };
+        let templates = vec![
+            t("current", Some("a"), Some(a.hash()), old),
+            t("changed", Some("a"), Some(class("a", "y").hash()), old),
+            t("changed-young", Some("a"), Some(class("a", "y").hash()), young),
+            t("class-gone", Some("b"), Some(a.hash()), old),
+            t("per-claim", Some("a"), None, old),
+            t("untagged", None, None, old),
+            t("no-time", Some("b"), None, None),
+        ];
+        let got = orphaned_templates(&templates, &[a], now, Duration::from_secs(600));
+        assert_eq!(got, vec!["changed", "class-gone", "per-claim", "untagged"]);
+    }
+}

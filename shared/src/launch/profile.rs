@@ -1,0 +1,314 @@
+//! Instance profiles. An EC2NodeClass names either `instanceProfile` (used as
+//! is) or `role`, for which nodesmith makes and keeps an instance profile, as
+//! Karpenter does: one per (cluster, class, role), named by a hash of the
+//! three under the path [`PROFILE_PATH`], tagged with the cluster and the
+//! class, created on first use (CreateInstanceProfile + AddRoleToInstanceProfile),
+//! reused after. A changed role gives a new profile; the sweep deletes profiles
+//! no class uses ([`collect_profiles`]). IAM is eventually consistent: EC2 may
+//! refuse a profile made seconds ago ([`is_profile_refusal`]), which launch retries.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_iam::error::ProvideErrorMetadata;
+use aws_sdk_iam::types::Tag;
+use sha2::{Digest, Sha256};
+
+use super::errors::LaunchError;
+use crate::apis::EC2NodeClass;
+use crate::apis::labels;
+
+/// The IAM path of every profile nodesmith makes (the IAM policy is scoped to it).
+pub const PROFILE_PATH: &str = "/nodesmith/";
+
+/// The profile a class's instances get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProfileChoice {
+    /// `instanceProfile`: used as is, never created nor deleted.
+    Named(String),
+    /// `role`: a profile nodesmith manages for that role.
+    Managed {
+        /// The profile's name ([`profile_name`]).
+        name: String,
+        /// The role it holds (a name; an ARN's last segment).
+        role: String,
+    },
+}
+
+impl ProfileChoice {
+    /// The profile's name.
+    pub fn name(&self) -> &str {
+        match self {
+            ProfileChoice::Named(n) | ProfileChoice::Managed { name: n, .. } => n,
+        }
+    }
+}
+
+/// The role's name in a `role` field that may be an ARN (pure).
+pub fn role_name(role: &str) -> &str {
+    role.rsplit('/').next().unwrap_or(role)
+}
+
+/// The managed profile's name: `<cluster>_<16 hex of sha256(cluster, class, role)>` (pure).
+/// IAM allows 128 characters; EKS cluster names have at most 100.
+pub fn profile_name(cluster: &str, class: &str, role: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [cluster, class, role] {
+        h.update(part.as_bytes());
+        h.update(b"\n");
+    }
+    format!("{cluster}_{}", &hex::encode(h.finalize())[..16])
+}
+
+/// What a class asks for: `instanceProfile` wins, else a managed profile for
+/// `role`, else none (pure).
+pub fn choose(cluster: &str, class: &EC2NodeClass) -> Option<ProfileChoice> {
+    let non_empty = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+    if let Some(p) = non_empty(&class.spec.instance_profile) {
+        return Some(ProfileChoice::Named(p));
+    }
+    non_empty(&class.spec.role).map(|r| {
+        let role = role_name(&r).to_string();
+        ProfileChoice::Managed {
+            name: profile_name(cluster, class.name(), &role),
+            role,
+        }
+    })
+}
+
+/// Tags of a managed profile (pure).
+pub fn profile_tags(cluster: &str, class: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (crate::ec2::instances::owned_tag_key(cluster), "owned".to_string()),
+        (crate::ec2::instances::CLUSTER_NAME_TAG.to_string(), cluster.to_string()),
+        (labels::EC2NODECLASS.to_string(), class.to_string()),
+    ])
+}
+
+/// Whether an EC2 error is its refusal of an instance profile it cannot see
+/// (yet): `InvalidParameterValue` naming the instance profile (pure).
+pub fn is_profile_refusal(code: &str, message: &str) -> bool {
+    code == "InvalidParameterValue" && message.to_ascii_lowercase().contains("instance profile")
+}
+
+fn iam_err<E>(op: &'static str, e: aws_sdk_iam::error::SdkError<E>) -> LaunchError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    LaunchError::aws(op, e)
+}
+
+/// Makes sure the class's profile exists and holds its role; returns the
+/// profile's name, and whether it was created or given its role just now
+/// (EC2 may not see it for a few seconds).
+pub async fn ensure(
+    iam: &aws_sdk_iam::Client,
+    cluster: &str,
+    class: &EC2NodeClass,
+) -> Result<Option<(String, bool)>, LaunchError> {
+    let Some(choice) = choose(cluster, class) else {
+        return Ok(None);
+    };
+    let ProfileChoice::Managed { name, role } = &choice else {
+        return Ok(Some((choice.name().to_string(), false)));
+    };
+    let existing = match iam.get_instance_profile().instance_profile_name(name).send().await {
+        Ok(out) => out.instance_profile().cloned(),
+        Err(e) if e.code() == Some("NoSuchEntity") => None,
+        Err(e) => return Err(iam_err("iam:GetInstanceProfile", e)),
+    };
+    let roles: Vec<String> = existing
+        .as_ref()
+        .map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+        .unwrap_or_default();
+    if roles.iter().any(|r| r == role) {
+        return Ok(Some((name.clone(), false)));
+    }
+    if existing.is_none() {
+        let tags: Vec<Tag> = profile_tags(cluster, class.name())
+            .into_iter()
+            .filter_map(|(k, v)| Tag::builder().key(k).value(v).build().ok())
+            .collect();
+        match iam
+            .create_instance_profile()
+            .instance_profile_name(name)
+            .path(PROFILE_PATH)
+            .set_tags(Some(tags))
+            .send()
+            .await
+        {
+            Ok(_) => tracing::info!(profile = %name, role = %role, class = class.name(), "created an instance profile"),
+            // A concurrent launch made it first.
+            Err(e) if e.code() == Some("EntityAlreadyExists") => {}
+            Err(e) => return Err(iam_err("iam:CreateInstanceProfile", e)),
+        }
+    }
+    // The name hashes the role, so a profile holds no other role unless someone put it there.
+    for other in roles.iter().filter(|r| *r != role) {
+        iam.remove_role_from_instance_profile()
+            .instance_profile_name(name)
+            .role_name(other)
+            .send()
+            .await
+            .map_err(|e| iam_err("iam:RemoveRoleFromInstanceProfile", e))?;
+    }
+    match iam
+        .add_role_to_instance_profile()
+        .instance_profile_name(name)
+        .role_name(role)
+        .send()
+        .await
+    {
+        Ok(_) => {}
+        // A profile holds one role: a concurrent launch added it first.
+        Err(e) if e.code() == Some("LimitExceeded") => {}
+        Err(e) => return Err(iam_err("iam:AddRoleToInstanceProfile", e)),
+    }
+    Ok(Some((name.clone(), true)))
+}
+
+/// Managed profiles (under [`PROFILE_PATH`], tagged as the cluster's) that no
+/// class asks for (pure).
+pub fn orphaned_profiles(cluster: &str, owned: &[String], classes: &[EC2NodeClass]) -> Vec<String> {
+    let wanted: BTreeSet<String> = classes
+        .iter()
+        .filter_map(|c| match choose(cluster, c) {
+            Some(ProfileChoice::Managed { name, .. }) => Some(name),
+            _ => None,
+        })
+        .collect();
+    owned.iter().filter(|p| !wanted.contains(*p)).cloned().collect()
+}
+
+/// Deletes the cluster's managed profiles no class asks for (roles removed
+/// first, as IAM requires); returns the names deleted.
+pub async fn collect_profiles(
+    iam: &aws_sdk_iam::Client,
+    cluster: &str,
+    classes: &[EC2NodeClass],
+) -> Result<Vec<String>, LaunchError> {
+    let mut pages = iam
+        .list_instance_profiles()
+        .path_prefix(PROFILE_PATH)
+        .into_paginator()
+        .send();
+    let prefix = format!("{cluster}_");
+    let mut owned = Vec::new();
+    let mut roles: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| iam_err("iam:ListInstanceProfiles", e))?;
+        for p in page.instance_profiles() {
+            let name = p.instance_profile_name();
+            if !name.starts_with(&prefix) || p.path() != PROFILE_PATH {
+                continue;
+            }
+            // The list does not carry tags: the cluster's ownership tag is read per profile.
+            let full = iam
+                .get_instance_profile()
+                .instance_profile_name(name)
+                .send()
+                .await
+                .map_err(|e| iam_err("iam:GetInstanceProfile", e))?;
+            let key = crate::ec2::instances::owned_tag_key(cluster);
+            let owned_by_us = full
+                .instance_profile()
+                .is_some_and(|f| f.tags().iter().any(|t| t.key() == key && t.value() == "owned"));
+            if owned_by_us {
+                owned.push(name.to_string());
+                roles.insert(
+                    name.to_string(),
+                    p.roles().iter().map(|r| r.role_name().to_string()).collect(),
+                );
+            }
+        }
+    }
+    let mut deleted = Vec::new();
+    for name in orphaned_profiles(cluster, &owned, classes) {
+        for role in roles.get(&name).into_iter().flatten() {
+            match iam
+                .remove_role_from_instance_profile()
+                .instance_profile_name(&name)
+                .role_name(role)
+                .send()
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("NoSuchEntity") => {}
+                Err(e) => return Err(iam_err("iam:RemoveRoleFromInstanceProfile", e)),
+            }
+        }
+        match iam.delete_instance_profile().instance_profile_name(&name).send().await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("NoSuchEntity") => {}
+            Err(e) => return Err(iam_err("iam:DeleteInstanceProfile", e)),
+        }
+        tracing::info!(profile = %name, "deleted an instance profile no EC2NodeClass uses");
+        deleted.push(name);
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(name: &str, role: Option<&str>, profile: Option<&str>) -> EC2NodeClass {
+        let mut c = EC2NodeClass::new(name, Default::default());
+        c.spec.role = role.map(String::from);
+        c.spec.instance_profile = profile.map(String::from);
+        c
+    }
+
+    #[test]
+    fn a_role_gets_a_managed_profile_per_cluster_class_and_role() {
+        let a = choose("demo", &class("default", Some("KarpenterNodeRole-demo"), None)).unwrap();
+        let ProfileChoice::Managed { name, role } = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(role, "KarpenterNodeRole-demo");
+        assert!(name.starts_with("demo_") && name.len() == "demo_".len() + 16, "{name}");
+        assert_eq!(
+            choose(
+                "demo",
+                &class("default", Some("arn:aws:iam::1:role/KarpenterNodeRole-demo"), None)
+            ),
+            Some(a.clone()),
+            "an ARN names the same role"
+        );
+        for other in [
+            choose("demo", &class("default", Some("OtherRole"), None)),
+            choose("demo", &class("gpu", Some("KarpenterNodeRole-demo"), None)),
+            choose("prod", &class("default", Some("KarpenterNodeRole-demo"), None)),
+        ] {
+            assert_ne!(other.unwrap().name(), a.name());
+        }
+        assert_eq!(
+            choose("demo", &class("default", Some("R"), Some("MyProfile"))),
+            Some(ProfileChoice::Named("MyProfile".into())),
+            "instanceProfile is used as is"
+        );
+        assert_eq!(choose("demo", &class("default", None, None)), None);
+    }
+
+    #[test]
+    fn profiles_no_class_asks_for_are_orphans() {
+        let classes = [
+            class("default", Some("R2"), None),
+            class("fixed", None, Some("MyProfile")),
+        ];
+        let current = profile_name("demo", "default", "R2");
+        let old_role = profile_name("demo", "default", "R1");
+        let gone = profile_name("demo", "deleted", "R2");
+        let owned = vec![current.clone(), old_role.clone(), gone.clone()];
+        assert_eq!(orphaned_profiles("demo", &owned, &classes), vec![old_role, gone]);
+    }
+
+    #[test]
+    fn refusals_of_a_fresh_profile_are_recognised() {
+        assert!(is_profile_refusal(
+            "InvalidParameterValue",
+            "Value (demo_0123) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+        ));
+        assert!(!is_profile_refusal("InvalidParameterValue", "Invalid subnet"));
+        assert!(!is_profile_refusal("InsufficientInstanceCapacity", "instance profile"));
+    }
+}
