@@ -130,7 +130,9 @@ async fn a_launched_instance_joins_late_not_ready_and_becomes_ready_keeping_othe
     assert_eq!(l0[labels::ARCH], "amd64");
     // From user data: the claim's labels and the capacity type nodesmith wrote.
     assert_eq!(l0[labels::NODEPOOL], "default");
-    assert_eq!(l0[labels::NODECLAIM], "default-k1");
+    // The claim's name is no longer in user data (shared launch templates):
+    // registration applies it from the instance's tag.
+    assert!(!l0.contains_key(labels::NODECLAIM), "{l0:?}");
     assert_eq!(l0["workload"], "web");
     assert_eq!(l0[labels::CAPACITY_TYPE], "on-demand");
     // Not the catalog's, and no cloud labels before initialization.
