@@ -4,6 +4,9 @@
 //! every 20th (offset) is drifted, every 50th is empty; the default budget
 //! (10%) holds the rest. Prints one pass's result before timing `decide`.
 
+#[path = "fixtures/mod.rs"]
+mod fixtures;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,20 +20,10 @@ use serde_json::json;
 
 const NODES: usize = 1_000;
 const PODS_PER_NODE: usize = 29;
-const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 const NOW: &str = "2026-03-01T12:00:00Z";
 
 fn pool() -> NodePool {
-    serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
-        "spec": {"template": {"spec": {
-            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
-            "requirements": [
-                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]}
-            ]}}}
-    }))
-    .expect("pool")
+    serde_json::from_value(fixtures::pool(&["on-demand"])).expect("pool")
 }
 
 fn node(i: usize) -> Node {
@@ -45,30 +38,17 @@ fn node(i: usize) -> Node {
     } else {
         json!({})
     };
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "creationTimestamp": created, "annotations": annotations, "labels": {
-            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": ZONES[i % 3],
-            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-            "node.kubernetes.io/instance-type": "m5.xlarge", "karpenter.sh/nodepool": "default",
-            "karpenter.sh/capacity-type": "on-demand", "karpenter.k8s.aws/instance-category": "m"}},
-        "status": {"allocatable": {"cpu": "3920m", "memory": "14162Mi", "pods": "58"},
-                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "58"}}
-    }))
-    .expect("node")
+    let mut v = fixtures::node(&name, i, "on-demand");
+    v["metadata"]["creationTimestamp"] = json!(created);
+    v["metadata"]["annotations"] = annotations;
+    v["metadata"]["labels"]["karpenter.k8s.aws/instance-category"] = json!("m");
+    serde_json::from_value(v).expect("node")
 }
 
 fn pod(name: String, node: &str, owner: &str, cpu: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": owner},
-            "creationTimestamp": "2026-02-20T00:05:00Z",
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": if owner == "agent" { "DaemonSet" } else { "ReplicaSet" },
-                "name": owner, "uid": owner, "controller": true}]},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i",
-            "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}]}
-    }))
-    .expect("pod")
+    let mut v = fixtures::pod(&name, node, owner, cpu, "256Mi");
+    v["metadata"]["creationTimestamp"] = json!("2026-02-20T00:05:00Z");
+    serde_json::from_value(v).expect("pod")
 }
 
 fn snapshot() -> Snapshot {

@@ -6,6 +6,9 @@
 //! node removed. What the shell adds is I/O: the taint patch, the claim
 //! writes, the SQS send.
 
+#[path = "fixtures/mod.rs"]
+mod fixtures;
+
 use std::sync::Arc;
 
 use criterion::{Criterion, black_box, criterion_main};
@@ -19,7 +22,6 @@ use nodesmith::snapshot::Snapshot;
 use serde_json::json;
 
 const NODES: usize = 100;
-const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 const VICTIM: usize = 42;
 
 fn instance(i: usize) -> String {
@@ -27,48 +29,19 @@ fn instance(i: usize) -> String {
 }
 
 fn node(i: usize) -> Node {
-    let name = format!("node-{i:03}");
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": ZONES[i % 3],
-            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-            "node.kubernetes.io/instance-type": "m5.xlarge", "karpenter.sh/nodepool": "default",
-            "karpenter.sh/capacity-type": "spot"}},
-        "spec": {"providerID": format!("aws:///{}/{}", ZONES[i % 3], instance(i))},
-        "status": {"allocatable": {"cpu": "3920m", "memory": "14162Mi", "pods": "58"},
-                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "58"}}
-    }))
-    .expect("node")
+    let mut v = fixtures::node(&format!("node-{i:03}"), i, "spot");
+    v["spec"] = json!({"providerID": format!("aws:///{}/{}", fixtures::ZONES[i % 3], instance(i))});
+    serde_json::from_value(v).expect("node")
 }
 
 fn pod(name: String, node: &str, owner: &str, cpu: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": owner},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": if owner == "agent" { "DaemonSet" } else { "ReplicaSet" },
-                "name": owner, "uid": owner, "controller": true}]},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i",
-            "resources": {"requests": {"cpu": cpu, "memory": "512Mi"}}}]}
-    }))
-    .expect("pod")
+    serde_json::from_value(fixtures::pod(&name, node, owner, cpu, "512Mi")).expect("pod")
 }
 
 fn snapshot() -> Snapshot {
     let catalog = nodesmith::catalog::builtin().expect("built-in catalog").clone();
     let mut s = Snapshot::new(Arc::new(catalog), jiff::Timestamp::now());
-    s.node_pools = vec![
-        serde_json::from_value::<NodePool>(json!({
-            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
-            "spec": {"template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
-                "requirements": [
-                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot", "on-demand"]},
-                    {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]}
-                ]}}}
-        }))
-        .expect("pool"),
-    ];
+    s.node_pools = vec![serde_json::from_value::<NodePool>(fixtures::pool(&["spot", "on-demand"])).expect("pool")];
     s.nodes = (0..NODES)
         .map(|i| {
             let n = node(i);
@@ -92,7 +65,7 @@ fn claims() -> Vec<NodeClaim> {
             instance_id: Some(instance(i)),
             node_name: Some(format!("node-{i:03}")),
             instance_type: Some("m5.xlarge".into()),
-            zone: Some(ZONES[i % 3].into()),
+            zone: Some(fixtures::ZONES[i % 3].into()),
             capacity_type: Some("spot".into()),
             ..NodeClaim::pending(format!("default-{i:05}"), "default", "default")
         })

@@ -4,55 +4,28 @@
 //! nodes were gone, where would their pods go?" with and without new capacity.
 //! Prints the compile time and one what-if's result before timing both.
 
+#[path = "fixtures/mod.rs"]
+mod fixtures;
+
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_main};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use nodesmith::apis::NodePool;
 use nodesmith::scheduling::{Compiled, ExistingNode, SolveInput, SolveOptions};
-use serde_json::json;
 
 const NODES: usize = 1_000;
-const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 
 fn pool() -> NodePool {
-    serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
-        "spec": {"template": {"spec": {
-            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
-            "requirements": [
-                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]}
-            ]}}}
-    }))
-    .expect("pool")
+    serde_json::from_value(fixtures::pool(&["on-demand"])).expect("pool")
 }
 
 fn node(i: usize) -> Node {
-    let name = format!("node-{i:04}");
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": ZONES[i % 3],
-            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-            "node.kubernetes.io/instance-type": "m5.xlarge", "karpenter.sh/nodepool": "default",
-            "karpenter.sh/capacity-type": "on-demand"}},
-        "status": {"allocatable": {"cpu": "3920m", "memory": "14162Mi", "pods": "58"},
-                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "58"}}
-    }))
-    .expect("node")
+    serde_json::from_value(fixtures::node(&format!("node-{i:04}"), i, "on-demand")).expect("node")
 }
 
 fn pod(name: String, node: &str, owner: &str, cpu: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": owner},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": if owner == "agent" { "DaemonSet" } else { "ReplicaSet" },
-                "name": owner, "uid": owner, "controller": true}]},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i",
-            "resources": {"requests": {"cpu": cpu, "memory": "512Mi"}}}]}
-    }))
-    .expect("pod")
+    serde_json::from_value(fixtures::pod(&name, node, owner, cpu, "512Mi")).expect("pod")
 }
 
 fn cluster() -> Vec<ExistingNode> {

@@ -72,64 +72,63 @@ fn main() -> ExitCode {
                 Output::Json
             });
             if disruption {
-                return simulate_disruption(&paths, catalog.as_deref(), now, output);
-            }
-            let (report, warnings) = match nodesmith::simulate::run(&paths, catalog.as_deref(), now) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            for w in &warnings {
-                eprintln!("warning: {}: document {}: {}", w.file, w.index, w.message);
-            }
-            for w in &report.plan.warnings {
-                eprintln!("warning: {w}");
-            }
-            match output {
-                Output::Json => match serde_json::to_string_pretty(&nodesmith::simulate::to_json(&report)) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => {
-                        eprintln!("error: cannot render JSON: {e}");
-                        return ExitCode::from(1);
+                return match nodesmith::simulate::run_disruption(&paths, catalog.as_deref(), now) {
+                    Ok((report, warnings)) => {
+                        warn_documents(&warnings);
+                        for e in &report.decisions.errors {
+                            eprintln!("warning: {e} (the NodePool disrupts nothing voluntarily)");
+                        }
+                        emit(
+                            output,
+                            || nodesmith::simulate::disruption_to_json(&report),
+                            || nodesmith::simulate::disruption_to_table(&report),
+                        )
                     }
-                },
-                Output::Table => print!("{}", nodesmith::simulate::to_table(&report)),
+                    Err(e) => bad_input(&e),
+                };
             }
-            ExitCode::SUCCESS
+            match nodesmith::simulate::run(&paths, catalog.as_deref(), now) {
+                Ok((report, warnings)) => {
+                    warn_documents(&warnings);
+                    for w in &report.plan.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    emit(
+                        output,
+                        || nodesmith::simulate::to_json(&report),
+                        || nodesmith::simulate::to_table(&report),
+                    )
+                }
+                Err(e) => bad_input(&e),
+            }
         }
     }
 }
 
-fn simulate_disruption(
-    paths: &[PathBuf],
-    catalog: Option<&std::path::Path>,
-    now: jiff::Timestamp,
-    output: Output,
-) -> ExitCode {
-    let (report, warnings) = match nodesmith::simulate::run_disruption(paths, catalog, now) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    for w in &warnings {
+/// Input that cannot be simulated: the error on stderr, exit 2.
+fn bad_input(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(2)
+}
+
+/// Warnings about manifest documents that were skipped or read leniently.
+fn warn_documents(warnings: &[nodesmith::apis::manifest::Warning]) {
+    for w in warnings {
         eprintln!("warning: {}: document {}: {}", w.file, w.index, w.message);
     }
-    for e in &report.decisions.errors {
-        eprintln!("warning: {e} (the NodePool disrupts nothing voluntarily)");
-    }
+}
+
+/// Prints a report as JSON or a table; exit 1 only when JSON cannot be rendered.
+fn emit(output: Output, json: impl FnOnce() -> serde_json::Value, table: impl FnOnce() -> String) -> ExitCode {
     match output {
-        Output::Json => match serde_json::to_string_pretty(&nodesmith::simulate::disruption_to_json(&report)) {
+        Output::Json => match serde_json::to_string_pretty(&json()) {
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("error: cannot render JSON: {e}");
                 return ExitCode::from(1);
             }
         },
-        Output::Table => print!("{}", nodesmith::simulate::disruption_to_table(&report)),
+        Output::Table => print!("{}", table()),
     }
     ExitCode::SUCCESS
 }

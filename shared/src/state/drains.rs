@@ -70,10 +70,7 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(record.clone()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
+            Err(e) if item::condition_failed(&e) => {
                 let existing = self.drains().await?.into_iter().find(|d| d.claim == record.claim);
                 Ok(existing.unwrap_or_else(|| record.clone()))
             }

@@ -20,12 +20,7 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
+            Err(e) if item::condition_failed(&e) => Ok(false),
             Err(e) => Err(self.dynamo("PutItem", e)),
         }
     }

@@ -19,6 +19,15 @@ pub fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
+/// True when DynamoDB refused a write because its condition did not hold
+/// (any operation's `ConditionalCheckFailedException`).
+pub fn condition_failed<E, R>(e: &aws_sdk_dynamodb::error::SdkError<E, R>) -> bool
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
+{
+    e.as_service_error().and_then(|s| s.code()) == Some("ConditionalCheckFailedException")
+}
+
 /// The key of an item.
 pub fn key(pk: &str, sk: &str) -> Item {
     HashMap::from([("pk".to_string(), s(pk)), ("sk".to_string(), s(sk))])

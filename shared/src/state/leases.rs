@@ -74,12 +74,7 @@ impl StateStore {
                     until_ms: until,
                 }))
             }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(None)
-            }
+            Err(e) if item::condition_failed(&e) => Ok(None),
             Err(e) => Err(self.dynamo("UpdateItem", e)),
         }
     }
@@ -122,16 +117,11 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Err(StateError::LeaseLost {
-                    name: lease.name.clone(),
-                    holder: lease.holder.clone(),
-                    version: lease.version,
-                })
-            }
+            Err(e) if item::condition_failed(&e) => Err(StateError::LeaseLost {
+                name: lease.name.clone(),
+                holder: lease.holder.clone(),
+                version: lease.version,
+            }),
             Err(e) => Err(self.dynamo("UpdateItem", e)),
         }
     }
@@ -153,16 +143,11 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Err(StateError::LeaseLost {
-                    name: lease.name.clone(),
-                    holder: lease.holder.clone(),
-                    version: lease.version,
-                })
-            }
+            Err(e) if item::condition_failed(&e) => Err(StateError::LeaseLost {
+                name: lease.name.clone(),
+                holder: lease.holder.clone(),
+                version: lease.version,
+            }),
             Err(e) => Err(self.dynamo("DeleteItem", e)),
         }
     }

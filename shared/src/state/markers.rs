@@ -25,12 +25,7 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
+            Err(e) if item::condition_failed(&e) => Ok(()),
             Err(e) => Err(self.dynamo("PutItem", e)),
         }
     }

@@ -58,12 +58,7 @@ impl StateStore {
                 version: 1,
                 ..claim.clone()
             }),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Err(StateError::AlreadyExists(claim.name.clone()))
-            }
+            Err(e) if item::condition_failed(&e) => Err(StateError::AlreadyExists(claim.name.clone())),
             Err(e) => Err(self.dynamo("PutItem", e)),
         }
     }
@@ -167,10 +162,7 @@ impl StateStore {
                 version: next,
                 ..claim.clone()
             }),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
+            Err(e) if item::condition_failed(&e) => {
                 let found = self.get_node_claim(&claim.name).await?.map(|c| c.version);
                 Err(StateError::Conflict {
                     name: claim.name.clone(),
@@ -195,10 +187,7 @@ impl StateStore {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
+            Err(e) if item::condition_failed(&e) => {
                 let found = self.get_node_claim(name).await?.map(|c| c.version);
                 Err(StateError::Conflict {
                     name: name.to_string(),
