@@ -6,6 +6,7 @@ listening on 127.0.0.1, then reads one command per line on stdin and answers
 
   reset              wipe all state, then seed the EKS AMIs and SSM parameters
   spot <json>        set spot prices: [{"type","zone","price"}, ...]
+  param <name> <v>   a new version of a public SSM parameter (a new AMI behind an alias)
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -21,6 +22,7 @@ from datetime import datetime, timezone
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.amis import Ami
+from moto.ec2.models.fleets import Fleet
 from moto.ec2.responses import spot_instances
 from moto.core.responses import ActionResult
 from moto.moto_api import _internal as moto_api
@@ -89,6 +91,19 @@ def seed_region(region):
         ))
 
 
+def set_public_parameter(name, value):
+    """A new version of a public (`/aws/...`) parameter, which PutParameter
+    refuses: e.g. a new AMI behind an alias."""
+    for region in SEEDED_REGIONS:
+        versions = ssm_backends[DEFAULT_ACCOUNT_ID][region]._parameters[name]
+        versions.append(Parameter(
+            account_id=DEFAULT_ACCOUNT_ID, name=name, value=value,
+            parameter_type="String", description=None, allowed_pattern=None,
+            keyid=None, last_modified_date=datetime.now(timezone.utc),
+            version=len(versions) + 1, data_type="aws:ec2:image",
+        ))
+
+
 def describe_spot_price_history(self):
     """moto answers every offering with one fixed price; answer the seeded ones."""
     types = self._get_param("InstanceTypes", [])
@@ -108,10 +123,41 @@ def describe_spot_price_history(self):
     return ActionResult({"SpotPriceHistory": history})
 
 
+_fleet_init = Fleet.__init__
+
+
+def template_security_groups(backend, launch_template_spec):
+    """The security group ids a fleet's launch template gives its instances."""
+    spec = launch_template_spec or {}
+    template = backend.launch_templates.get(spec.get("LaunchTemplateId"))
+    if template is None:
+        return []
+    data = template.get_version(spec.get("Version", template.default_version_number)).data
+    groups = list(data.get("SecurityGroupIds") or [])
+    for nic in data.get("NetworkInterfaces") or []:
+        if str(nic.get("DeviceIndex", 0)) == "0":
+            groups.extend(nic.get("Groups") or [])
+    return groups
+
+
+def fleet_init(self, ec2_backend, *args, **kwargs):
+    """EC2 gives a fleet's instances the security groups of their launch
+    template; moto launches them in the VPC's default group, which would read
+    as security-group drift on every node."""
+    _fleet_init(self, ec2_backend, *args, **kwargs)
+    launched = [(i["instance"], i.get("launch_spec")) for i in self.on_demand_instances]
+    launched += [(r.instance, r.launch_spec) for r in self.spot_requests if r.instance]
+    for instance, launch_spec in launched:
+        ids = template_security_groups(ec2_backend, getattr(launch_spec, "launch_template_spec", None))
+        if ids:
+            instance.security_groups = [ec2_backend.get_security_group_from_id(g) for g in ids]
+
+
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
     spot_instances.SpotInstances.describe_spot_price_history = describe_spot_price_history
+    Fleet.__init__ = fleet_init
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     seed()
@@ -124,6 +170,9 @@ def main():
                 moto_api.moto_api_backend.reset()
                 SPOT_PRICES.clear()
                 seed()
+            elif cmd == "param":
+                name, _, value = arg.partition(" ")
+                set_public_parameter(name, value)
             elif cmd == "spot":
                 for p in json.loads(arg):
                     SPOT_PRICES[(p["type"], p["zone"])] = float(p["price"])

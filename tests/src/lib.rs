@@ -6,6 +6,8 @@
 pub mod eventbridge;
 pub mod fault_proxy;
 pub mod kube_server;
+pub mod kubectl;
 pub mod lambda_runtime;
+pub mod local_cloud;
 pub mod moto;
 pub mod sqs;

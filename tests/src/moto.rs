@@ -6,6 +6,7 @@
 //! reading commands on stdin; it exits when the test process ends.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -18,14 +19,17 @@ pub const REGION: &str = "us-east-1";
 /// Zones moto offers in [`REGION`].
 pub const ZONES: &[&str] = &["us-east-1a", "us-east-1b", "us-east-1c"];
 
-struct Server {
+/// A moto server child process of its own (the tests share one through
+/// [`moto()`]; the local cloud owns one). It exits when this handle is
+/// dropped: its stdin closes.
+pub struct MotoServer {
     endpoint: String,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    _child: Child,
+    child: Child,
 }
 
-static SERVER: OnceLock<Result<Mutex<Server>, String>> = OnceLock::new();
+static SERVER: OnceLock<Result<Mutex<MotoServer>, String>> = OnceLock::new();
 static TEST_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The repository's root (the parent of this crate).
@@ -40,64 +44,103 @@ pub fn python() -> PathBuf {
         .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
 }
 
-fn start() -> Result<Mutex<Server>, String> {
-    let py = python();
-    if !py.exists() {
-        return Err(format!(
-            "no Python at {} — run scripts/test, which creates the repo's .venv with moto",
-            py.display()
-        ));
-    }
-    let mut child = Command::new(&py)
-        .arg(repo_root().join("tests/moto/server.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start moto with {}: {e}", py.display()))?;
-    let stdin = child.stdin.take().ok_or("moto has no stdin")?;
-    let mut stdout = BufReader::new(child.stdout.take().ok_or("moto has no stdout")?);
-    let mut line = String::new();
-    stdout
-        .read_line(&mut line)
-        .map_err(|e| format!("moto did not start: {e}"))?;
-    let port = line
-        .trim()
-        .strip_prefix("READY ")
-        .ok_or_else(|| {
-            format!(
-                "moto did not start (said {line:?}); is moto[server] installed in {}?",
+impl MotoServer {
+    /// Starts moto's server (seeded, on a free loopback port) and waits until it listens.
+    pub fn spawn() -> Result<MotoServer, String> {
+        let py = python();
+        if !py.exists() {
+            return Err(format!(
+                "no Python at {} — run scripts/setup, which creates the repo's .venv with moto",
                 py.display()
-            )
-        })?
-        .to_string();
-    Ok(Mutex::new(Server {
-        endpoint: format!("http://127.0.0.1:{port}"),
-        stdin,
-        stdout,
-        _child: child,
-    }))
+            ));
+        }
+        let mut child = Command::new(&py)
+            .arg(repo_root().join("tests/moto/server.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // Its own process group: a terminal's Ctrl-C reaches the owner,
+            // which stops moto last, after the functions using it.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("cannot start moto with {}: {e}", py.display()))?;
+        let stdin = child.stdin.take().ok_or("moto has no stdin")?;
+        let mut stdout = BufReader::new(child.stdout.take().ok_or("moto has no stdout")?);
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("moto did not start: {e}"))?;
+        let port = line
+            .trim()
+            .strip_prefix("READY ")
+            .ok_or_else(|| {
+                format!(
+                    "moto did not start (said {line:?}); is moto[server] installed in {}?",
+                    py.display()
+                )
+            })?
+            .to_string();
+        Ok(MotoServer {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            stdin,
+            stdout,
+            child,
+        })
+    }
+
+    /// The server's URL.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one harness command (`reset`, `spot <json>`) and waits for its answer.
+    pub fn command(&mut self, line: &str) -> Result<(), String> {
+        writeln!(self.stdin, "{line}").map_err(|e| format!("moto is gone: {e}"))?;
+        self.stdin.flush().map_err(|e| format!("moto is gone: {e}"))?;
+        let mut answer = String::new();
+        self.stdout
+            .read_line(&mut answer)
+            .map_err(|e| format!("moto is gone: {e}"))?;
+        match answer.trim() {
+            "OK" => Ok(()),
+            other => Err(format!("moto refused {line:?}: {other}")),
+        }
+    }
+
+    /// Sets spot prices, which moto does not model: (type, zone, price per hour).
+    pub fn seed_spot_prices(&mut self, prices: &[(&str, &str, f64)]) -> Result<(), String> {
+        let json: Vec<serde_json::Value> = prices
+            .iter()
+            .map(|(t, z, p)| serde_json::json!({"type": t, "zone": z, "price": p}))
+            .collect();
+        self.command(&format!("spot {}", serde_json::Value::Array(json)))
+    }
 }
 
-fn server() -> &'static Mutex<Server> {
-    match SERVER.get_or_init(start) {
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server() -> &'static Mutex<MotoServer> {
+    match SERVER.get_or_init(|| MotoServer::spawn().map(Mutex::new)) {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
     }
 }
 
 fn command(line: &str) -> Result<(), String> {
-    let mut s = server().lock().map_err(|_| "moto harness poisoned".to_string())?;
-    writeln!(s.stdin, "{line}").map_err(|e| format!("moto is gone: {e}"))?;
-    s.stdin.flush().map_err(|e| format!("moto is gone: {e}"))?;
-    let mut answer = String::new();
-    s.stdout
-        .read_line(&mut answer)
-        .map_err(|e| format!("moto is gone: {e}"))?;
-    match answer.trim() {
-        "OK" => Ok(()),
-        other => Err(format!("moto refused {line:?}: {other}")),
-    }
+    server()
+        .lock()
+        .map_err(|_| "moto harness poisoned".to_string())?
+        .command(line)
 }
 
 /// Exclusive use of a freshly reset moto for one test.
@@ -131,33 +174,55 @@ impl Moto {
 
     /// SDK configuration pointing at another endpoint (e.g. a proxy in front of moto).
     pub async fn sdk_config_at(&self, endpoint: &str) -> SdkConfig {
-        aws_config::defaults(BehaviorVersion::latest())
-            .region(Region::new(REGION))
-            .credentials_provider(Credentials::new("testing", "testing", None, None, "nodesmith-tests"))
-            .endpoint_url(endpoint)
-            .load()
-            .await
+        sdk_config(endpoint).await
     }
 
     /// Environment for a child process (a function binary) to use moto.
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
-            ("AWS_REGION", REGION.to_string()),
-            ("AWS_ACCESS_KEY_ID", "testing".to_string()),
-            ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
-        ]
+        child_env(&self.endpoint)
+    }
+
+    /// Sets a public (`/aws/...`) SSM parameter, which PutParameter refuses
+    /// (e.g. a new AMI behind an alias).
+    pub fn set_public_parameter(&self, name: &str, value: &str) {
+        let set = server()
+            .lock()
+            .map_err(|_| "moto harness poisoned".to_string())
+            .and_then(|mut s| s.command(&format!("param {name} {value}")));
+        if let Err(e) = set {
+            panic!("{e}");
+        }
     }
 
     /// Seeds spot prices, which moto does not model: (type, zone, price per hour).
     pub fn seed_spot_prices(&self, prices: &[(&str, &str, f64)]) {
-        let json: Vec<serde_json::Value> = prices
-            .iter()
-            .map(|(t, z, p)| serde_json::json!({"type": t, "zone": z, "price": p}))
-            .collect();
-        let line = format!("spot {}", serde_json::Value::Array(json));
-        if let Err(e) = command(&line) {
+        let seeded = server()
+            .lock()
+            .map_err(|_| "moto harness poisoned".to_string())
+            .and_then(|mut s| s.seed_spot_prices(prices));
+        if let Err(e) = seeded {
             panic!("{e}");
         }
     }
+}
+
+/// SDK configuration pointing every client at `endpoint` (moto, or a proxy in
+/// front of it) in [`REGION`], with test credentials.
+pub async fn sdk_config(endpoint: &str) -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "nodesmith-tests"))
+        .endpoint_url(endpoint)
+        .load()
+        .await
+}
+
+/// Environment for a child process (a function binary, boto3, the AWS CLI) to use moto at `endpoint`.
+pub fn child_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+        ("AWS_REGION", REGION.to_string()),
+        ("AWS_ACCESS_KEY_ID", "testing".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
+    ]
 }

@@ -385,3 +385,61 @@ async fn spawned_kubelets_bring_nodes_up_in_the_background() {
     drop(handle);
     assert!(kubelets.refusals().await.is_empty());
 }
+
+#[tokio::test]
+async fn a_deleted_node_comes_back_while_its_instance_runs_and_goes_when_it_stops_or_terminates() {
+    let m = nodesmith_tests::moto::moto().await;
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let id = run(
+        &ec2,
+        "m5.large",
+        "us-east-1a",
+        &nodeconfig("--node-labels=team=a", "[]"),
+    )
+    .await;
+    let name = private_dns(&ec2, &id).await;
+    assert!(
+        name.ends_with(".ec2.internal"),
+        "the Node is named by the full private DNS name: {name}"
+    );
+    let kube = KubeServer::start().await;
+    let kubelets = Kubelets::new(KubeletTiming::instant());
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert!(r.registered.contains(&name), "{r:?}");
+    let first_uid = kube.node(&name).unwrap().metadata.uid;
+
+    // Deleted under a running kubelet: registered again, not ready, then Ready.
+    kube.delete("v1", "Node", "", &name).unwrap();
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert_eq!(r.registered, vec![name.clone()], "{r:?}");
+    let n = kube.node(&name).expect("the kubelet re-registers its Node");
+    assert_ne!(n.metadata.uid, first_uid);
+    assert_eq!(ready(&n).0, "False");
+    assert!(
+        taints(&n).iter().any(|t| t.starts_with(NOT_READY_TAINT)),
+        "{:?}",
+        taints(&n)
+    );
+    assert_eq!(node_labels(&n)["team"], "a");
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert_eq!(r.ready, vec![name.clone()], "{r:?}");
+    assert_eq!(ready(&kube.node(&name).unwrap()).0, "True");
+
+    // Stopped: the Node goes; started again: it joins anew.
+    ec2.stop_instances().instance_ids(&id).send().await.unwrap();
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert_eq!(r.deleted, vec![name.clone()], "{r:?}");
+    assert!(kube.node(&name).is_none());
+    ec2.start_instances().instance_ids(&id).send().await.unwrap();
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert!(r.registered.contains(&name), "{r:?}");
+    assert!(kube.node(&name).is_some());
+
+    // Terminated: the Node goes for good.
+    ec2.terminate_instances().instance_ids(&id).send().await.unwrap();
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert_eq!(r.deleted, vec![name.clone()], "{r:?}");
+    assert!(kube.node(&name).is_none());
+    let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();
+    assert!(r.registered.is_empty() && r.deleted.is_empty(), "{r:?}");
+}

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use nodesmith::catalog::{Catalog, InstanceTypeInfo, Offering};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::resources::Resources;
-use nodesmith::state::{self, OfferingKey, StateError, StateStore};
+use nodesmith::state::{self, DisruptionRecord, DisruptionStep, OfferingKey, StateError, StateStore};
 use nodesmith_tests::moto::moto;
 
 async fn store(m: &nodesmith_tests::moto::Moto) -> StateStore {
@@ -61,6 +61,53 @@ async fn nodeclaim_writes_are_conditional_on_version() {
         st.update_node_claim(&stored).await,
         Err(StateError::Conflict { found: None, .. })
     ));
+}
+
+#[tokio::test]
+async fn disruption_writes_are_conditional_on_version() {
+    let m = moto().await;
+    let st = store(&m).await;
+    let record = DisruptionRecord {
+        claim: "default-a".into(),
+        node: "ip-10-0-1-5.ec2.internal".into(),
+        reason: "Expired".into(),
+        detail: "expireAfter 720h passed".into(),
+        step: DisruptionStep::Tainted,
+        replacements: vec![],
+        grace_ms: Some(60_000),
+        force_from_ms: None,
+        started_ms: 1,
+        version: 0,
+    };
+    let first = st.begin_disruption(&record).await.unwrap().unwrap();
+    assert_eq!(first.version, 1);
+    // A second sweep deciding the same disruption finds it recorded and leaves it.
+    assert_eq!(st.begin_disruption(&record).await.unwrap(), None);
+
+    let launching = DisruptionRecord {
+        step: DisruptionStep::Launching,
+        replacements: vec!["default-b".into()],
+        ..first.clone()
+    };
+    let launching = st.update_disruption(&launching).await.unwrap();
+    assert_eq!(launching.version, 2);
+    // A writer that read version 1 is refused, and the stored record is the first writer's.
+    let stale = DisruptionRecord {
+        step: DisruptionStep::Draining,
+        ..first.clone()
+    };
+    assert!(matches!(
+        st.update_disruption(&stale).await,
+        Err(StateError::Stale { expected: 1, .. })
+    ));
+    assert_eq!(st.disruptions().await.unwrap(), vec![launching.clone()]);
+
+    assert!(matches!(
+        st.end_disruption("default-a", 1).await,
+        Err(StateError::Stale { .. })
+    ));
+    st.end_disruption("default-a", 2).await.unwrap();
+    assert!(st.disruptions().await.unwrap().is_empty());
 }
 
 #[tokio::test]

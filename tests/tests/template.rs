@@ -266,3 +266,21 @@ fn instance_profiles_are_managed_under_the_nodesmith_path_and_tag_only() {
         }
     }
 }
+
+#[test]
+fn the_sweep_may_resolve_node_classes_for_drift() {
+    let t = template();
+    let policies = strings(&resource(&t, "SweepFunction")["Properties"]["Policies"]);
+    for action in [
+        "eks:DescribeCluster",
+        "ssm:GetParameter",
+        "ec2:DescribeImages",
+        "ec2:DescribeSubnets",
+        "ec2:DescribeSecurityGroups",
+    ] {
+        assert!(
+            policies.iter().any(|p| p == action),
+            "the sweep cannot resolve EC2NodeClasses without {action}: {policies:?}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! The `sweep` Lambda, run every minute by EventBridge Scheduler: one sweep of
 //! the node lifecycle under the sweep lease (registration, initialization,
-//! timeouts, liveness, garbage collection, the pending-pod safety net). The
+//! timeouts, liveness, garbage collection, the pending-pod safety net) and
+//! disruption (expiry, drift, emptiness: `docs/disruption.md`). The
 //! scheduler's event carries nothing the sweep needs.
 
 use std::collections::BTreeMap;
@@ -27,7 +28,8 @@ async fn main() -> Result<(), Error> {
     );
     let config = SweepConfig::from_env()?;
     let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config)
-        .with_iam(aws_sdk_iam::Client::new(&sdk));
+        .with_iam(aws_sdk_iam::Client::new(&sdk))
+        .with_resolution(aws_sdk_ssm::Client::new(&sdk), aws_sdk_eks::Client::new(&sdk));
     let sweeper = &sweeper;
     run(service_fn(move |_: LambdaEvent<Value>| async move {
         let report = sweeper.run().await?;
@@ -39,6 +41,15 @@ async fn main() -> Result<(), Error> {
             "failed": report.failed.len(),
             "deferred": report.deferred.len(),
             "solveRequested": report.solve_requested.map(|r| r.reason),
+            "disruption": {
+                "started": report.disruption.started.iter().map(|(n, r)| json!({"node": n, "reason": r.to_string()})).collect::<Vec<_>>(),
+                "launched": report.disruption.launched,
+                "draining": report.disruption.draining,
+                "terminated": report.disruption.terminated,
+                "abandoned": report.disruption.abandoned.iter().map(|(n, w)| json!({"node": n, "why": w})).collect::<Vec<_>>(),
+                "blocked": report.disruption.blocked.iter().map(|(n, w)| json!({"node": n, "why": w})).collect::<Vec<_>>(),
+                "failed": report.disruption.failed.iter().map(|(n, e)| json!({"node": n, "error": e.to_string()})).collect::<Vec<_>>(),
+            },
         }))
     }))
     .await

@@ -13,14 +13,17 @@
 //! is the cluster after the pass, and each decision gets its part of it.
 //!
 //! `nodesmith simulate --disruption` prints these decisions; the `sweep`
-//! does not act on them yet.
+//! carries them out across runs ([`progress`] says the next step of each,
+//! `sweep::disrupt` acts; `docs/disruption.md`).
 
 pub mod budgets;
 pub(crate) mod candidate;
 pub(crate) mod drift;
 pub(crate) mod emptiness;
 pub(crate) mod expiration;
+pub mod progress;
 pub(crate) mod protection;
+pub mod resolved;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

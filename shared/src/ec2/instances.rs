@@ -138,6 +138,10 @@ pub struct Instance {
     pub zone: Option<String>,
     /// Subnet.
     pub subnet_id: Option<String>,
+    /// The AMI it was launched from.
+    pub image_id: Option<String>,
+    /// Security group ids (of every network interface).
+    pub security_group_ids: BTreeSet<String>,
     /// Lifecycle state.
     pub state: InstanceState,
     /// `spot` when EC2 reports a spot lifecycle, else `on-demand`.
@@ -159,6 +163,13 @@ impl Instance {
             instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
             zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
             subnet_id: i.subnet_id().map(str::to_string),
+            image_id: i.image_id().map(str::to_string),
+            security_group_ids: i
+                .security_groups()
+                .iter()
+                .filter_map(|g| g.group_id())
+                .map(str::to_string)
+                .collect(),
             state: InstanceState::from_name(i.state().and_then(|s| s.name()).map_or("", |n| n.as_str())),
             capacity_type: if spot {
                 labels::CAPACITY_SPOT.into()

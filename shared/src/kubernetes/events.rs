@@ -13,6 +13,12 @@ pub mod reasons {
     pub const DISRUPTING: &str = "Disrupting";
     /// Disruption of a node is blocked (PDB, do-not-disrupt, budgets).
     pub const DISRUPTION_BLOCKED: &str = "DisruptionBlocked";
+    /// A replacement NodeClaim is launched for a node being disrupted.
+    pub const DISRUPTION_LAUNCHING: &str = "DisruptionLaunching";
+    /// A disruption waits for its replacements to be initialized.
+    pub const DISRUPTION_WAITING_READINESS: &str = "DisruptionWaitingReadiness";
+    /// A disrupted node is drained and terminated.
+    pub const DISRUPTION_TERMINATING: &str = "DisruptionTerminating";
     /// A pod was evicted from a node being drained.
     pub const EVICTED: &str = "Evicted";
     /// Draining a node could not finish yet.
@@ -121,6 +127,40 @@ impl EventSpec {
             type_: EventType::Normal,
             reason: reasons::DISRUPTION_BLOCKED.into(),
             message: format!("Cannot disrupt Node: {why}"),
+        }
+    }
+
+    /// `DisruptionLaunching`: replacement `claim` is launched for the node's disruption
+    /// (on the node: nodesmith's NodeClaims are not Kubernetes objects).
+    pub fn disruption_launching(node: ObjectReference, claim: &str, reason: &str) -> Self {
+        EventSpec {
+            object: node,
+            type_: EventType::Normal,
+            reason: reasons::DISRUPTION_LAUNCHING.into(),
+            message: format!("Launching NodeClaim: {reason} (nodeclaim/{claim})"),
+        }
+    }
+
+    /// `DisruptionWaitingReadiness`: the disruption waits for its replacements.
+    pub fn disruption_waiting_readiness(node: ObjectReference, claims: &[String]) -> Self {
+        EventSpec {
+            object: node,
+            type_: EventType::Normal,
+            reason: reasons::DISRUPTION_WAITING_READINESS.into(),
+            message: format!(
+                "Waiting on readiness to continue disruption (nodeclaim/{})",
+                claims.join(", nodeclaim/")
+            ),
+        }
+    }
+
+    /// `DisruptionTerminating`: the drained node is terminated for `reason`.
+    pub fn disruption_terminating(node: ObjectReference, reason: &str) -> Self {
+        EventSpec {
+            object: node,
+            type_: EventType::Normal,
+            reason: reasons::DISRUPTION_TERMINATING.into(),
+            message: format!("Disrupting Node: {reason}"),
         }
     }
 

@@ -68,6 +68,8 @@ pub enum Removal {
     InstanceGone,
     /// Its Node was deleted.
     NodeGone,
+    /// It was left Terminating (a disruption's termination was cut short).
+    Terminating,
 }
 
 impl Removal {
@@ -78,6 +80,7 @@ impl Removal {
             Removal::RegistrationTimeout => "registration-timeout",
             Removal::InstanceGone => "instance-gone",
             Removal::NodeGone => "node-gone",
+            Removal::Terminating => "terminating",
         }
     }
 }
@@ -248,8 +251,28 @@ fn claim_action(
                 }
             }
         }
-        // Disruption owns these phases.
-        Phase::Draining | Phase::Terminating => None,
+        // Disruption and interruption drive these phases; the lifecycle only
+        // removes what they can no longer finish: capacity that is gone (a
+        // drained spot node the cloud took), or a claim left Terminating.
+        Phase::Draining => {
+            let id = claim.instance_id.as_deref()?;
+            let node = nodes_by_instance.get(id).copied();
+            let gone = instances.get(id).is_none_or(|i| is_going(&i.state));
+            if gone {
+                Some(remove(Removal::InstanceGone, node))
+            } else if node.is_none() {
+                Some(remove(Removal::NodeGone, None))
+            } else {
+                None
+            }
+        }
+        Phase::Terminating => {
+            let node = claim
+                .instance_id
+                .as_deref()
+                .and_then(|id| nodes_by_instance.get(id).copied());
+            Some(remove(Removal::Terminating, node))
+        }
     }
 }
 

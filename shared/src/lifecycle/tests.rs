@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, PodCondition, PodStatus, Taint as K8sTaint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -97,6 +97,8 @@ fn instance(id: &str, claim: Option<&str>, state: InstanceState, launched: Times
         instance_type: "m5.large".into(),
         zone: Some("us-east-1a".into()),
         subnet_id: None,
+        image_id: None,
+        security_group_ids: BTreeSet::new(),
         state,
         capacity_type: "on-demand".into(),
         launch_time: Some(launched),
@@ -262,11 +264,25 @@ fn each_claim_phase_and_what_the_world_says() {
             vec!["remove c node-gone instance=i-1 node=-"],
         ),
         (
-            "draining claims belong to disruption",
+            "draining claims with their node and instance belong to disruption",
             vec![claim("c", Phase::Draining, Some("i-1"), mins_ago(30))],
+            vec![node("ip-1", "i-1", mins_ago(29), &[], &[], true)],
+            vec![running("i-1", "c")],
             vec![],
+        ),
+        (
+            "a drained claim whose instance the cloud took is removed",
+            vec![claim("c", Phase::Draining, Some("i-1"), mins_ago(30))],
+            vec![node("ip-1", "i-1", mins_ago(29), &[], &[], true)],
             vec![],
+            vec!["remove c instance-gone instance=i-1 node=ip-1"],
+        ),
+        (
+            "a claim left terminating is finished",
+            vec![claim("c", Phase::Terminating, Some("i-1"), mins_ago(30))],
             vec![],
+            vec![running("i-1", "c")],
+            vec!["remove c terminating instance=i-1 node=-"],
         ),
     ];
     for (what, claims, nodes, instances, want) in cases {

@@ -28,6 +28,7 @@
 //!   sees a half-written generation.
 
 mod catalog;
+mod disruptions;
 mod drains;
 mod idempotency;
 mod item;
@@ -38,6 +39,7 @@ mod offerings;
 mod table;
 
 pub use catalog::PART_BYTES;
+pub use disruptions::{DisruptionRecord, DisruptionStep};
 pub use drains::DrainRecord;
 pub use leases::Lease;
 pub use markers::LAST_SOLVE;
@@ -60,6 +62,8 @@ pub const PK_CATALOG: &str = "CATALOG";
 pub const PK_PROCESSED: &str = "PROCESSED";
 /// Partition of drains in progress (interruptions).
 pub const PK_DRAIN: &str = "DRAIN";
+/// Partition of disruptions in progress (the sweep's expiry, drift, emptiness).
+pub const PK_DISRUPTION: &str = "DISRUPTION";
 /// Partition of markers (when something last happened).
 pub const PK_MARKER: &str = "MARKER";
 /// The GSI on instance id.
@@ -81,6 +85,16 @@ pub enum StateError {
     /// A NodeClaim with this name exists already.
     #[error("nodeclaim {0} already exists")]
     AlreadyExists(String),
+    /// A version-checked write of a record other than a claim lost to another writer.
+    #[error("{what} {key}: version {expected} is no longer current")]
+    Stale {
+        /// The kind of record.
+        what: &'static str,
+        /// Its key.
+        key: String,
+        /// The version the write expected.
+        expected: u64,
+    },
     /// The lease is no longer held by this holder (expired and taken, or released).
     #[error("lease {name} lost by {holder} (fencing token {version})")]
     LeaseLost {
@@ -164,6 +178,43 @@ impl StateStore {
                 Some(k) if !k.is_empty() => start = Some(k.clone()),
                 _ => return Ok(items),
             }
+        }
+    }
+
+    /// Puts `it` if the stored item still has `version` (optimistic locking).
+    /// Ok(false) when it does not (another writer moved on, or it is gone).
+    async fn put_at_version(&self, it: item::Item, version: u64) -> Result<bool, StateError> {
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(it))
+            .condition_expression("version = :v")
+            .expression_attribute_values(":v", item::n(version))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if item::condition_failed(&e) => Ok(false),
+            Err(e) => Err(self.dynamo("PutItem", e)),
+        }
+    }
+
+    /// Deletes the item (pk, sk) if it still has `version`. Ok(false) when it does not.
+    async fn delete_at_version(&self, pk: &str, sk: &str, version: u64) -> Result<bool, StateError> {
+        let res = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(pk, sk)))
+            .condition_expression("version = :v")
+            .expression_attribute_values(":v", item::n(version))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if item::condition_failed(&e) => Ok(false),
+            Err(e) => Err(self.dynamo("DeleteItem", e)),
         }
     }
 

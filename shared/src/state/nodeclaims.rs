@@ -147,56 +147,31 @@ impl StateStore {
     /// Writes `claim` if the table still has `claim.version`; returns it at the next version.
     pub async fn update_node_claim(&self, claim: &NodeClaim) -> Result<NodeClaim, StateError> {
         let next = claim.version + 1;
-        let it = to_item(claim, next)?;
-        let res = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(it))
-            .condition_expression("version = :v")
-            .expression_attribute_values(":v", n(claim.version))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(NodeClaim {
+        if self.put_at_version(to_item(claim, next)?, claim.version).await? {
+            return Ok(NodeClaim {
                 version: next,
                 ..claim.clone()
-            }),
-            Err(e) if item::condition_failed(&e) => {
-                let found = self.get_node_claim(&claim.name).await?.map(|c| c.version);
-                Err(StateError::Conflict {
-                    name: claim.name.clone(),
-                    expected: claim.version,
-                    found,
-                })
-            }
-            Err(e) => Err(self.dynamo("PutItem", e)),
+            });
         }
+        Err(self.conflict(&claim.name, claim.version).await?)
     }
 
     /// Deletes a NodeClaim if the table still has `version`.
     pub async fn delete_node_claim(&self, name: &str, version: u64) -> Result<(), StateError> {
-        let res = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_NODECLAIM, name)))
-            .condition_expression("version = :v")
-            .expression_attribute_values(":v", n(version))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(()),
-            Err(e) if item::condition_failed(&e) => {
-                let found = self.get_node_claim(name).await?.map(|c| c.version);
-                Err(StateError::Conflict {
-                    name: name.to_string(),
-                    expected: version,
-                    found,
-                })
-            }
-            Err(e) => Err(self.dynamo("DeleteItem", e)),
+        if self.delete_at_version(PK_NODECLAIM, name, version).await? {
+            return Ok(());
         }
+        Err(self.conflict(name, version).await?)
+    }
+
+    /// The conflict a refused versioned write of claim `name` met, with the version found now.
+    async fn conflict(&self, name: &str, expected: u64) -> Result<StateError, StateError> {
+        let found = self.get_node_claim(name).await?.map(|c| c.version);
+        Ok(StateError::Conflict {
+            name: name.to_string(),
+            expected,
+            found,
+        })
     }
 
     /// Every NodeClaim in the table, by name.

@@ -4,7 +4,10 @@
 //! left over is found again by the next run. Every step is idempotent and
 //! re-derived from what the world says, so a sweep killed at any point is
 //! resumed by the next one. Whenever capacity is given up, or pods have waited
-//! too long, it asks `provision` for a solve.
+//! too long, it asks `provision` for a solve. Then it decides a disruption
+//! pass and moves every recorded disruption on ([`disrupt`]).
+
+pub mod disrupt;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -31,6 +34,9 @@ pub const LEASE: &str = "sweep";
 pub struct SweepConfig {
     /// The pending-pods queue, for solve requests (none: nothing is asked, a warning is logged).
     pub pending_queue_url: Option<String>,
+    /// The launch queue, for disruption replacements (none: nodes whose pods
+    /// need replacements wait tainted, a warning is logged).
+    pub launch_queue_url: Option<String>,
     /// Timeouts and windows.
     pub lifecycle: LifecycleConfig,
     /// Work stops once a run has taken this long; the rest waits for the next run.
@@ -51,7 +57,7 @@ pub struct ConfigError {
 
 impl SweepConfig {
     /// Reads settings through `get` (the environment in the function):
-    /// `NODESMITH_PENDING_QUEUE_URL`, and durations in Go notation (`30s`, `5m`, `500ms`):
+    /// `NODESMITH_PENDING_QUEUE_URL`, `NODESMITH_LAUNCH_QUEUE_URL`, and durations in Go notation (`30s`, `5m`, `500ms`):
     /// `NODESMITH_LAUNCH_TIMEOUT` (5m), `NODESMITH_REGISTRATION_TIMEOUT` (15m),
     /// `NODESMITH_LEAK_WINDOW` (30s), `NODESMITH_LIVENESS_GRACE` (60s),
     /// `NODESMITH_BATCH_WINDOW` (10s), `NODESMITH_RESOLVE_EVERY` (60s),
@@ -69,6 +75,7 @@ impl SweepConfig {
         };
         Ok(SweepConfig {
             pending_queue_url: get("NODESMITH_PENDING_QUEUE_URL").filter(|v| !v.trim().is_empty()),
+            launch_queue_url: get("NODESMITH_LAUNCH_QUEUE_URL").filter(|v| !v.trim().is_empty()),
             lifecycle: LifecycleConfig {
                 launch_timeout: dur("NODESMITH_LAUNCH_TIMEOUT", d.launch_timeout)?,
                 registration_timeout: dur("NODESMITH_REGISTRATION_TIMEOUT", d.registration_timeout)?,
@@ -123,6 +130,12 @@ pub enum StepError {
     /// A solve request could not be queued.
     #[error("{0}")]
     Trigger(#[from] TriggerError),
+    /// The snapshot a disruption is checked against could not be read.
+    #[error("{0}")]
+    Snapshot(#[from] crate::snapshot::live::SnapshotError),
+    /// Replacement launch requests could not be queued.
+    #[error("{0}")]
+    Enqueue(#[from] crate::launch::request::EnqueueError),
 }
 
 /// What one run did.
@@ -138,6 +151,8 @@ pub struct SweepReport {
     pub deferred: Vec<Action>,
     /// The solve request queued, if any.
     pub solve_requested: Option<SolveRequest>,
+    /// What disruption did.
+    pub disruption: disrupt::DisruptionReport,
 }
 
 impl SweepReport {
@@ -161,6 +176,12 @@ impl SweepReport {
             count("SweepStepsFailed", self.failed.len()),
             count("SweepStepsDeferred", self.deferred.len()),
             count("SolvesRequested", usize::from(self.solve_requested.is_some())),
+            count("DisruptionsStarted", self.disruption.started.len()),
+            count("DisruptionReplacementsLaunched", self.disruption.launched.len()),
+            count("NodesDisrupted", self.disruption.terminated.len()),
+            count("DisruptionsAbandoned", self.disruption.abandoned.len()),
+            count("DisruptionsBlocked", self.disruption.blocked.len()),
+            count("DisruptionStepsFailed", self.disruption.failed.len()),
         ]
     }
 }
@@ -173,6 +194,15 @@ pub struct Sweeper<C> {
     sqs: aws_sdk_sqs::Client,
     config: SweepConfig,
     iam: Option<aws_sdk_iam::Client>,
+    resolution: Option<Resolution>,
+}
+
+/// The clients that resolve EC2NodeClasses for drift (AMIs through SSM need
+/// the cluster's Kubernetes version from EKS).
+#[derive(Debug, Clone)]
+pub(crate) struct Resolution {
+    pub(crate) ssm: aws_sdk_ssm::Client,
+    pub(crate) eks: aws_sdk_eks::Client,
 }
 
 impl<C: Cluster> Sweeper<C> {
@@ -191,12 +221,20 @@ impl<C: Cluster> Sweeper<C> {
             sqs,
             config,
             iam: None,
+            resolution: None,
         }
     }
 
     /// Also collects the instance profiles no EC2NodeClass uses (`launch::profile`).
     pub fn with_iam(mut self, iam: aws_sdk_iam::Client) -> Self {
         self.iam = Some(iam);
+        self
+    }
+
+    /// Also finds drift by live resolution (a new AMI, subnets or security
+    /// groups no longer selected): each EC2NodeClass in use is resolved once a run.
+    pub fn with_resolution(mut self, ssm: aws_sdk_ssm::Client, eks: aws_sdk_eks::Client) -> Self {
+        self.resolution = Some(Resolution { ssm, eks });
         self
     }
 
@@ -269,7 +307,11 @@ impl<C: Cluster> Sweeper<C> {
                 "time budget spent; the next sweep goes on"
             );
         }
-        crate::interruption::sweep_drains(&self.cluster, &self.store).await;
+        report.disruption = self.disrupt(started).await;
+        // One pass over every recorded drain (interruptions' and disruptions'),
+        // then the disruptions whose drain just finished are terminated.
+        let drained = crate::interruption::sweep_drains(&self.cluster, &self.store).await;
+        self.finish_drained(&drained, &mut report.disruption).await;
         report.solve_requested = self.ask_for_solve(&removed, now).await;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(

@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Shared;
-use super::disruption;
-use super::resources::{self, PDBS, PODS, Resource};
+use super::resources::{self, NAMESPACES, PDBS, PODS, RESOURCES, Resource};
 use super::selectors::{FieldSelector, LabelSelector, labels_of};
 use super::store::{Change, Recorded, StoreError, namespace_of};
+use super::{discovery, disruption, table, workloads};
 
 /// A Kubernetes `Status` failure response.
 pub fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> Response {
@@ -140,6 +140,23 @@ pub async fn handle(
             &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-nodesmith-test"}),
         );
     }
+    if method == Method::GET
+        && let Some(doc) = discovery::document(&path)
+    {
+        return ok_json(StatusCode::OK, &doc);
+    }
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !body.is_empty() && content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        // Bodies are JSON here; an Eviction's body is not needed (the path names the pod).
+        if !(method == Method::POST && path.ends_with("/eviction")) {
+            return status(
+                415,
+                "UnsupportedMediaType",
+                &format!("the test server takes JSON bodies, not {content_type}"),
+                None,
+            );
+        }
+    }
     let Some(t) = parse_path(&path) else {
         return status(
             404,
@@ -150,10 +167,13 @@ pub async fn handle(
     };
     let ns = t.ns.clone().unwrap_or_default();
     match (method.clone(), t.name.clone(), t.sub.as_deref()) {
+        (method, Some(name), Some("scale")) if workloads::is_scalable(t.res) => {
+            scale(&shared, t.res, &ns, &name, &method, &headers, &body)
+        }
         (Method::GET, None, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
             watch(shared, t.res, t.ns, &q).await
         }
-        (Method::GET, None, None) => list(&shared, t.res, t.ns.as_deref(), &q),
+        (Method::GET, None, None) => list(&shared, t.res, t.ns.as_deref(), &q, table::wants_table(&headers)),
         (Method::GET, Some(name), _) => {
             let mut store = shared.lock_store();
             let Some(v) = store.get(t.res, &ns, &name).cloned() else {
@@ -178,6 +198,12 @@ pub async fn handle(
             } else {
                 v
             };
+            if t.sub.is_none()
+                && table::wants_table(&headers)
+                && let Some(tbl) = table::table(t.res, std::slice::from_ref(&v), store.resource_version())
+            {
+                return ok_json(StatusCode::OK, &tbl);
+            }
             ok_json(StatusCode::OK, &v)
         }
         (Method::POST, None, None) => {
@@ -194,7 +220,13 @@ pub async fn handle(
                     None,
                 );
             }
-            match shared.lock_store().create(t.res, &ns, obj) {
+            let mut store = shared.lock_store();
+            // As the API server's namespace lifecycle admission: no objects in
+            // a namespace that does not exist.
+            if t.res.namespaced && store.get(NAMESPACES, "", &ns).is_none() {
+                return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"), None);
+            }
+            match store.create(t.res, &ns, obj) {
                 Ok(v) => ok_json(StatusCode::CREATED, &v),
                 Err(e) => store_error(e),
             }
@@ -231,6 +263,7 @@ pub async fn handle(
             }
         }
         (Method::PATCH, Some(name), None | Some("status")) => patch(&shared, t.res, &ns, &name, &headers, &body),
+        (Method::DELETE, Some(name), None) if t.res == NAMESPACES => delete_namespace(&shared, &name),
         (Method::DELETE, Some(name), None) => match shared.lock_store().delete(t.res, &ns, &name) {
             Ok(v) => ok_json(StatusCode::OK, &v),
             Err(e) => store_error(e),
@@ -260,7 +293,13 @@ fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelecto
     Ok((ls, fs))
 }
 
-fn list(shared: &Shared, res: &'static Resource, ns: Option<&str>, q: &HashMap<String, String>) -> Response {
+fn list(
+    shared: &Shared,
+    res: &'static Resource,
+    ns: Option<&str>,
+    q: &HashMap<String, String>,
+    as_table: bool,
+) -> Response {
     let (ls, fs) = match selectors(q) {
         Ok(s) => s,
         Err(r) => return r,
@@ -283,6 +322,9 @@ fn list(shared: &Shared, res: &'static Resource, ns: Option<&str>, q: &HashMap<S
             }
         })
         .collect();
+    if as_table && let Some(tbl) = table::table(res, &items, store.resource_version()) {
+        return ok_json(StatusCode::OK, &tbl);
+    }
     let body = json!({
         "apiVersion": res.api_version(),
         "kind": format!("{}List", res.kind),
@@ -292,38 +334,32 @@ fn list(shared: &Shared, res: &'static Resource, ns: Option<&str>, q: &HashMap<S
     ok_json(StatusCode::OK, &body)
 }
 
-fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+/// Applies a PATCH body to `doc` by its content type; errors are the response.
+#[allow(clippy::result_large_err)] // the error is the response to send
+fn apply_patch(doc: &mut Value, headers: &HeaderMap, body: &[u8]) -> Result<(), Response> {
     let ct = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    let patch_doc: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return status(400, "BadRequest", &format!("invalid patch body: {e}"), None),
-    };
-    let mut store = shared.lock_store();
-    let Some(mut doc) = store.get(res, ns, name).cloned() else {
-        return status(404, "NotFound", &format!("{} \"{}\" not found", res.plural, name), None);
-    };
+    let patch_doc: Value = serde_json::from_slice(body)
+        .map_err(|e| status(400, "BadRequest", &format!("invalid patch body: {e}"), None))?;
     if ct.starts_with("application/json-patch+json") {
-        let p: json_patch::Patch = match serde_json::from_value(patch_doc) {
-            Ok(p) => p,
-            Err(e) => return status(400, "BadRequest", &format!("invalid JSON patch: {e}"), None),
-        };
-        if let Err(e) = json_patch::patch(&mut doc, &p) {
+        let p: json_patch::Patch = serde_json::from_value(patch_doc)
+            .map_err(|e| status(400, "BadRequest", &format!("invalid JSON patch: {e}"), None))?;
+        if let Err(e) = json_patch::patch(doc, &p) {
             // A failed `test` operation is how clients do compare-and-swap.
             let code = if matches!(e.kind, json_patch::PatchErrorKind::TestFailed) {
                 409
             } else {
                 422
             };
-            return status(
+            return Err(status(
                 code,
                 if code == 409 { "Conflict" } else { "Invalid" },
                 &format!("JSON patch failed: {e}"),
                 None,
-            );
+            ));
         }
     } else if ct.starts_with("application/merge-patch+json")
         || ct.starts_with("application/strategic-merge-patch+json")
@@ -331,16 +367,122 @@ fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers:
     {
         // Strategic merge and apply are treated as JSON merge patches: lists are
         // replaced whole. Callers in this project send merge or JSON patches.
-        json_patch::merge(&mut doc, &patch_doc);
+        json_patch::merge(doc, &patch_doc);
     } else {
-        return status(
+        return Err(status(
             415,
             "UnsupportedMediaType",
             &format!("unsupported patch content type {ct:?}"),
             None,
-        );
+        ));
+    }
+    Ok(())
+}
+
+fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    let mut store = shared.lock_store();
+    let Some(mut doc) = store.get(res, ns, name).cloned() else {
+        return status(404, "NotFound", &format!("{} \"{}\" not found", res.plural, name), None);
+    };
+    if let Err(r) = apply_patch(&mut doc, headers, body) {
+        return r;
     }
     match store.update(res, ns, name, doc) {
+        Ok(v) => ok_json(StatusCode::OK, &v),
+        Err(e) => store_error(e),
+    }
+}
+
+/// The `/scale` subresource: an autoscaling/v1 Scale read from and written
+/// to the object's `spec.replicas`.
+fn scale(
+    shared: &Shared,
+    res: &'static Resource,
+    ns: &str,
+    name: &str,
+    method: &Method,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let mut store = shared.lock_store();
+    let Some(obj) = store.get(res, ns, name).cloned() else {
+        return status(404, "NotFound", &format!("{} \"{}\" not found", res.plural, name), None);
+    };
+    let current = workloads::scale_of(&obj);
+    let wanted = match *method {
+        Method::GET => return ok_json(StatusCode::OK, &current),
+        Method::PUT => match serde_json::from_slice::<Value>(body) {
+            Ok(v) => v,
+            Err(e) => return status(400, "BadRequest", &format!("invalid JSON body: {e}"), None),
+        },
+        Method::PATCH => {
+            let mut doc = current.clone();
+            if let Err(r) = apply_patch(&mut doc, headers, body) {
+                return r;
+            }
+            doc
+        }
+        _ => {
+            return status(
+                405,
+                "MethodNotAllowed",
+                &format!("{method} is not supported on scale"),
+                None,
+            );
+        }
+    };
+    let sent_rv = wanted
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let mut updated = obj;
+    if !sent_rv.is_empty()
+        && let Some(m) = updated.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        // The Scale's resourceVersion is the object's: a stale one is a 409.
+        m.insert("resourceVersion".into(), json!(sent_rv));
+    }
+    let Some(replicas) = wanted.pointer("/spec/replicas").and_then(Value::as_i64) else {
+        return status(422, "Invalid", "spec.replicas: Required value", None);
+    };
+    if replicas < 0 {
+        return status(
+            422,
+            "Invalid",
+            "spec.replicas: must be greater than or equal to 0",
+            None,
+        );
+    }
+    updated["spec"]["replicas"] = json!(replicas);
+    match store.update(res, ns, name, updated) {
+        Ok(v) => ok_json(StatusCode::OK, &workloads::scale_of(&v)),
+        Err(e) => store_error(e),
+    }
+}
+
+/// Namespaces the API server refuses to delete.
+const UNDELETABLE_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public"];
+
+/// Deletes a namespace and everything in it at once (no Terminating phase).
+fn delete_namespace(shared: &Shared, name: &str) -> Response {
+    if UNDELETABLE_NAMESPACES.contains(&name) {
+        return status(
+            403,
+            "Forbidden",
+            &format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
+            None,
+        );
+    }
+    let mut store = shared.lock_store();
+    if store.get(NAMESPACES, "", name).is_none() {
+        return status(404, "NotFound", &format!("namespaces \"{name}\" not found"), None);
+    }
+    for res in RESOURCES.iter().filter(|r| r.namespaced) {
+        for obj in store.list(res, Some(name)) {
+            let _ = store.delete(res, name, super::store::name_of(&obj));
+        }
+    }
+    match store.delete(NAMESPACES, "", name) {
         Ok(v) => ok_json(StatusCode::OK, &v),
         Err(e) => store_error(e),
     }

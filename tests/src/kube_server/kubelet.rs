@@ -31,6 +31,14 @@
 //!   (a DaemonSet removes startup taints: [`KubeServer::remove_node_taint`]).
 //!   The change is a read-modify-write at the Node's resourceVersion, retried
 //!   on conflict, so what other writers changed survives.
+//! * **It re-registers** a Node deleted while its instance still runs (as a
+//!   real kubelet does when its node status updates find no Node): the Node
+//!   comes back as at first registration, not ready, and turns Ready
+//!   [`KubeletTiming::ready_after`] later.
+//! * **Its Node goes with the instance**: when the instance stops or
+//!   terminates (or is gone from EC2), its Node is deleted, as the cloud
+//!   controller's node lifecycle controller does; a stopped instance that
+//!   starts again joins anew.
 //!
 //! Deliberate simplifications:
 //!
@@ -44,8 +52,8 @@
 //! * The architecture comes from the catalog's entry for the instance's type:
 //!   EC2 only runs AMIs of the type's architecture, while moto reports
 //!   `x86_64` for any AMI it does not know.
-//! * A kubelet whose Node is deleted does not re-register (as a real one,
-//!   until restarted); one that finds its Node already there leaves it as it is.
+//! * A kubelet that finds its Node already there when it starts leaves it as
+//!   it is. Nodes are re-registered and deleted once per step, not at once.
 //! * Flags given twice: `--node-labels` merge, the last `--register-with-taints`
 //!   wins, and flags win over `registerWithTaints` in the config (as the kubelet's
 //!   command line wins over its config file). Other kubelet settings, heartbeats
@@ -692,6 +700,8 @@ pub struct KubeletReport {
     pub refused: Vec<Refusal>,
     /// Running instances whose kubelet has not started yet.
     pub waiting: Vec<String>,
+    /// Nodes deleted in this step because their instance stopped or terminated.
+    pub deleted: Vec<String>,
 }
 
 /// Where one instance's kubelet is.
@@ -704,11 +714,28 @@ enum Phase {
         reason: String,
     },
     Registered {
-        node: String,
+        node: Value,
         at: Instant,
         cloud_labels: BTreeMap<String, String>,
     },
-    Ready,
+    Ready {
+        node: Value,
+        cloud_labels: BTreeMap<String, String>,
+    },
+}
+
+impl Phase {
+    /// The Node a started kubelet registers (as first created), if started.
+    fn node(&self) -> Option<&Value> {
+        match self {
+            Phase::Registered { node, .. } | Phase::Ready { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+}
+
+fn node_name(node: &Value) -> String {
+    super::store::name_of(node).to_string()
 }
 
 /// The facts of one instance from DescribeInstances.
@@ -901,7 +928,7 @@ impl Kubelets {
             }
             *phase = match self.start(shared, ec2, catalog, &region, inst).await? {
                 Ok((node, cloud_labels)) => {
-                    report.registered.push(node.clone());
+                    report.registered.push(node_name(&node));
                     Phase::Registered {
                         node,
                         at: Instant::now(),
@@ -921,17 +948,66 @@ impl Kubelets {
             let Some(phase) = phases.get_mut(&inst.id) else {
                 continue;
             };
-            let Phase::Registered { node, at, cloud_labels } = &*phase else {
+            let Some(node) = phase.node().cloned() else {
+                continue;
+            };
+            let name = node_name(&node);
+            if shared.lock_store().get(NODES, "", &name).is_none() {
+                // Deleted under a running kubelet: it registers again.
+                shared
+                    .lock_store()
+                    .create(NODES, "", node.clone())
+                    .map_err(|e| format!("re-registering node {name}: {e:?}"))?;
+                report.registered.push(name);
+                let (Phase::Registered { cloud_labels, .. } | Phase::Ready { cloud_labels, .. }) = phase.clone() else {
+                    continue;
+                };
+                *phase = Phase::Registered {
+                    node,
+                    at: Instant::now(),
+                    cloud_labels,
+                };
+                continue;
+            }
+            let Phase::Registered { at, cloud_labels, .. } = &*phase else {
                 continue;
             };
             if at.elapsed() < self.timing.ready_after {
                 continue;
             }
-            // A deleted Node stays deleted: the kubelet does not re-register.
-            if update_node(shared, node, |n| make_ready(n, cloud_labels))?.is_some() {
-                report.ready.push(node.clone());
+            if update_node(shared, &name, |n| make_ready(n, cloud_labels))?.is_some() {
+                report.ready.push(name);
             }
-            *phase = Phase::Ready;
+            *phase = Phase::Ready {
+                node,
+                cloud_labels: cloud_labels.clone(),
+            };
+        }
+        // Stopped, terminated or gone: the Node goes, and a restart joins anew.
+        let gone: Vec<String> = phases
+            .keys()
+            .filter(|id| !instances.iter().any(|i| i.running && &i.id == *id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let Some(phase) = phases.remove(&id) else {
+                continue;
+            };
+            let Some(node) = phase.node() else {
+                continue;
+            };
+            let name = node_name(node);
+            let mut store = shared.lock_store();
+            // Only the instance's own Node: a Node of that name for another
+            // instance (a reused private IP) stays.
+            let ours = store
+                .get(NODES, "", &name)
+                .and_then(|n| n.pointer("/spec/providerID"))
+                .and_then(Value::as_str)
+                .is_some_and(|p| p.ends_with(&format!("/{id}")));
+            if ours && store.delete(NODES, "", &name).is_ok() {
+                report.deleted.push(name);
+            }
         }
         Ok(report)
     }
@@ -945,7 +1021,7 @@ impl Kubelets {
         catalog: &Catalog,
         region: &str,
         inst: &Facts,
-    ) -> Result<Result<(String, BTreeMap<String, String>), String>, String> {
+    ) -> Result<Result<(Value, BTreeMap<String, String>), String>, String> {
         let info = catalog
             .instance_types
             .iter()
@@ -986,11 +1062,12 @@ impl Kubelets {
             capacity: resolved.capacity.to_k8s_strings(),
             allocatable: resolved.allocatable.to_k8s_strings(),
         };
+        let node = reg.to_registering_node();
         {
             let mut store = shared.lock_store();
             if store.get(NODES, "", &reg.name).is_none() {
                 store
-                    .create(NODES, "", reg.to_registering_node())
+                    .create(NODES, "", node.clone())
                     .map_err(|e| format!("creating node {}: {e:?}", reg.name))?;
             }
         }
@@ -1000,7 +1077,7 @@ impl Kubelets {
             (labels::ZONE.to_string(), inst.zone.clone()),
             (labels::REGION.to_string(), region.to_string()),
         ]);
-        Ok(Ok((reg.name, cloud_labels)))
+        Ok(Ok((node, cloud_labels)))
     }
 }
 

@@ -1,30 +1,52 @@
 //! A Kubernetes API test server: plain HTTP on 127.0.0.1, an in-memory store,
-//! and just enough of the API for the real kube-rs client: core/v1 pods, nodes,
-//! events, namespaces, PVs, PVCs; apps/v1 DaemonSets; policy/v1 PDBs and the
-//! `pods/eviction` subresource (PDBs enforced with 429); storage.k8s.io/v1
-//! StorageClasses; the NodePool and EC2NodeClass CRDs. Lists take label and
-//! field selectors; writes bump a global resourceVersion and answer 409 on
-//! stale versions; pod (and every other) watches stream JSON lines.
+//! and enough of the API for the real kube-rs client and the real `kubectl`:
+//! core/v1 namespaces, pods, nodes, events, PVs, PVCs; apps/v1 Deployments,
+//! ReplicaSets (both with the `/scale` subresource) and DaemonSets;
+//! policy/v1 PDBs and the `pods/eviction` subresource (PDBs enforced with
+//! 429); storage.k8s.io/v1 StorageClasses; the NodePool and EC2NodeClass
+//! CRDs. It answers API discovery (`/api`, `/apis`, see [`discovery`]) and
+//! the OpenAPI v3 that `kubectl apply` consults, and writes a kubeconfig
+//! ([`KubeServer::write_kubeconfig`]). Lists take label and field selectors;
+//! writes bump a global resourceVersion and answer 409 on stale versions;
+//! every watch streams JSON lines. The namespaces `default`, `kube-system`,
+//! `kube-public` and `kube-node-lease` exist from the start, and creating an
+//! object in a namespace that does not exist is a 404, as on a real cluster
+//! ([`KubeServer::apply`], the test's own seeding, creates the namespace).
 //!
 //! Tests drive it with [`KubeServer`]: seed objects, run the [`scheduler`]
-//! step, register nodes by hand or run [`kubelet::Kubelets`] for EC2
-//! instances in moto, inject faults, break watches.
+//! step and the [`workloads`] controllers (Deployments, ReplicaSets, garbage
+//! collection of dependents and of pods bound to deleted Nodes) one pass at
+//! a time or in the background, register nodes by hand or run
+//! [`kubelet::Kubelets`] for EC2 instances in moto, inject faults, break
+//! watches.
 //!
 //! Simplifications, on purpose: strategic-merge and apply patches are applied
-//! as JSON merge patches (lists replaced whole); lists are not paginated and
-//! watches send no bookmarks; deletes and evictions remove objects at once (no
-//! graceful termination, finalizers or garbage collection); objects are not
-//! validated beyond being JSON with a name; a PDB's expected pods are the pods
-//! its selector matches; binding a pod also makes it Running and Ready.
+//! as JSON merge patches (lists replaced whole); lists are not paginated,
+//! watches send no bookmarks; `kubectl get` tables come from the server for
+//! pods, nodes and Deployments only ([`table`]; other kinds print `NAME` and
+//! `AGE`); request bodies are JSON only (kubectl's typed writes such as
+//! `kubectl create namespace` send protobuf and get 415: use `kubectl apply`);
+//! deletes and evictions remove objects at once (no graceful termination or
+//! finalizers; dependents go on the next controller pass, whatever the
+//! propagation policy); deleting a namespace removes its objects at once;
+//! status is not a separate subresource (a write of the object can change
+//! it); objects are not validated beyond being JSON with a name; a PDB's
+//! expected pods are the pods its selector matches; binding a pod also makes
+//! it Running and Ready; see [`workloads`] for the controllers' own.
 
 pub mod api;
+pub mod discovery;
 pub mod disruption;
 pub mod kubelet;
 pub mod resources;
 pub mod scheduler;
 pub mod selectors;
 pub mod store;
+pub mod table;
+pub mod workloads;
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,9 +61,10 @@ pub use kubelet::{
     KubeletLoop, KubeletReport, KubeletTiming, KubeletUserData, Kubelets, NodeRegistration, Refusal,
     kubelet_flags_from_user_data,
 };
-use resources::{NODES, PODS};
+use resources::{NAMESPACES, NODES, PODS};
 pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
+pub use workloads::ReconcileReport;
 
 /// Answers matching requests with an error status instead of serving them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,33 +210,79 @@ impl Drop for SchedulerLoop {
     }
 }
 
+/// A background loop of the workload controllers; dropping it stops it.
+pub struct ControllerLoop(tokio::task::JoinHandle<()>);
+
+impl Drop for ControllerLoop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Namespaces every cluster starts with.
+pub const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+fn namespace_json(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+        "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+}
+
 impl KubeServer {
     /// Starts a server on a free loopback port.
     ///
     /// Panics when no loopback port can be bound: nothing a test could do about it.
     pub async fn start() -> Self {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::start_on(addr)
+            .await
+            .expect("bind a loopback port for the Kubernetes test server")
+    }
+
+    /// Starts a server on `addr` (port 0 picks a free one).
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let mut store = Store::default();
+        for ns in INITIAL_NAMESPACES {
+            // A fresh store holds nothing, so this cannot collide.
+            let _ = store.create(NAMESPACES, "", namespace_json(ns));
+        }
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(store),
             faults: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             touch_after_get: Mutex::new(Vec::new()),
             watch_breaker: tokio::sync::watch::channel(0).0,
         });
         let app = Router::new().fallback(api::handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port for the Kubernetes test server");
-        let addr = listener.local_addr().expect("local address of the bound listener");
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "kubernetes test server stopped");
             }
         });
-        KubeServer {
+        Ok(KubeServer {
             url: format!("http://{addr}"),
             shared,
             task,
-        }
+        })
+    }
+
+    /// Writes a kubeconfig for this server to `path`: one cluster, context and
+    /// token user named `nodesmith-test`, namespace `default` (the server
+    /// accepts any token).
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "nodesmith-test", "cluster": {"server": self.url}}],
+            "users": [{"name": "nodesmith-test", "user": {"token": "nodesmith-test"}}],
+            "contexts": [{"name": "nodesmith-test",
+                "context": {"cluster": "nodesmith-test", "user": "nodesmith-test", "namespace": "default"}}],
+            "current-context": "nodesmith-test",
+        });
+        let yaml = serde_yaml_ng::to_string(&config).map_err(std::io::Error::other)?;
+        std::fs::write(path, yaml)
     }
 
     /// The base URL (`http://127.0.0.1:port`).
@@ -266,6 +335,11 @@ impl KubeServer {
         };
         let name = store::name_of(&v).to_string();
         let mut store = self.shared.lock_store();
+        if res.namespaced && store.get(NAMESPACES, "", &ns).is_none() {
+            store
+                .create(NAMESPACES, "", namespace_json(&ns))
+                .map_err(|e| format!("{e:?}"))?;
+        }
         if !name.is_empty() && store.get(res, &ns, &name).is_some() {
             let mut v = v;
             if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -407,6 +481,22 @@ impl KubeServer {
     /// One scheduling pass over every pending pod.
     pub fn schedule(&self) -> ScheduleReport {
         schedule(&self.shared)
+    }
+
+    /// One pass of the workload controllers and garbage collectors (see [`workloads`]).
+    pub fn reconcile(&self) -> ReconcileReport {
+        workloads::reconcile(&mut self.shared.lock_store())
+    }
+
+    /// Runs [`KubeServer::reconcile`] every `period` until the handle is dropped.
+    pub fn spawn_controllers(&self, period: Duration) -> ControllerLoop {
+        let shared = self.shared.clone();
+        ControllerLoop(tokio::spawn(async move {
+            loop {
+                workloads::reconcile(&mut shared.lock_store());
+                tokio::time::sleep(period).await;
+            }
+        }))
     }
 
     /// Runs [`KubeServer::schedule`] every `period` until the handle is dropped.

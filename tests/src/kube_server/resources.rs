@@ -13,6 +13,8 @@ pub struct Resource {
     pub kind: &'static str,
     /// Whether objects live in namespaces.
     pub namespaced: bool,
+    /// Short names kubectl accepts (`po`, `deploy` ...).
+    pub short_names: &'static [&'static str],
 }
 
 impl Resource {
@@ -37,6 +39,7 @@ const fn r(
     plural: &'static str,
     kind: &'static str,
     namespaced: bool,
+    short_names: &'static [&'static str],
 ) -> Resource {
     Resource {
         group,
@@ -44,23 +47,48 @@ const fn r(
         plural,
         kind,
         namespaced,
+        short_names,
     }
 }
 
-/// Every resource the server serves.
+/// Every resource the server serves. The first entries are named below by
+/// index: keep their order.
 pub const RESOURCES: &[Resource] = &[
-    r("", "v1", "pods", "Pod", true),
-    r("", "v1", "nodes", "Node", false),
-    r("", "v1", "events", "Event", true),
-    r("", "v1", "namespaces", "Namespace", false),
-    r("", "v1", "persistentvolumes", "PersistentVolume", false),
-    r("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true),
-    r("apps", "v1", "daemonsets", "DaemonSet", true),
-    r("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true),
-    r("storage.k8s.io", "v1", "storageclasses", "StorageClass", false),
-    r("events.k8s.io", "v1", "events", "Event", true),
-    r("karpenter.sh", "v1", "nodepools", "NodePool", false),
-    r("karpenter.k8s.aws", "v1", "ec2nodeclasses", "EC2NodeClass", false),
+    r("", "v1", "pods", "Pod", true, &["po"]),
+    r("", "v1", "nodes", "Node", false, &["no"]),
+    r("", "v1", "events", "Event", true, &["ev"]),
+    r("", "v1", "namespaces", "Namespace", false, &["ns"]),
+    r("", "v1", "persistentvolumes", "PersistentVolume", false, &["pv"]),
+    r(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        &["pvc"],
+    ),
+    r("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"]),
+    r(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        true,
+        &["pdb"],
+    ),
+    r("storage.k8s.io", "v1", "storageclasses", "StorageClass", false, &["sc"]),
+    r("events.k8s.io", "v1", "events", "Event", true, &["ev"]),
+    r("karpenter.sh", "v1", "nodepools", "NodePool", false, &[]),
+    r(
+        "karpenter.k8s.aws",
+        "v1",
+        "ec2nodeclasses",
+        "EC2NodeClass",
+        false,
+        &["ec2nc"],
+    ),
+    r("apps", "v1", "deployments", "Deployment", true, &["deploy"]),
+    r("apps", "v1", "replicasets", "ReplicaSet", true, &["rs"]),
 ];
 
 /// Looks a resource up by group, version and plural.
@@ -83,5 +111,31 @@ pub const PODS: &Resource = &RESOURCES[0];
 pub const NODES: &Resource = &RESOURCES[1];
 /// The core events resource.
 pub const EVENTS: &Resource = &RESOURCES[2];
+/// The namespaces resource.
+pub const NAMESPACES: &Resource = &RESOURCES[3];
+/// The DaemonSets resource.
+pub const DAEMONSETS: &Resource = &RESOURCES[6];
 /// The PodDisruptionBudgets resource.
 pub const PDBS: &Resource = &RESOURCES[7];
+/// The Deployments resource.
+pub const DEPLOYMENTS: &Resource = &RESOURCES[12];
+/// The ReplicaSets resource.
+pub const REPLICASETS: &Resource = &RESOURCES[13];
+
+/// Subresources the server serves: (resource plural, subresource, the kind
+/// it takes and returns as `group/version/kind`, or "" for the parent's kind).
+pub const SUBRESOURCES: &[(&str, &str, &str)] = &[
+    ("pods", "status", ""),
+    ("pods", "binding", "/v1/Binding"),
+    ("pods", "eviction", "policy/v1/Eviction"),
+    ("nodes", "status", ""),
+    ("namespaces", "status", ""),
+    ("daemonsets", "status", ""),
+    ("deployments", "status", ""),
+    ("deployments", "scale", "autoscaling/v1/Scale"),
+    ("replicasets", "status", ""),
+    ("replicasets", "scale", "autoscaling/v1/Scale"),
+    ("poddisruptionbudgets", "status", ""),
+    ("nodepools", "status", ""),
+    ("ec2nodeclasses", "status", ""),
+];

@@ -2,6 +2,7 @@
 //! and an event log that watches replay from and subscribe to.
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -168,6 +169,30 @@ impl Store {
         let _ = self.tx.send(r);
     }
 
+    /// A free name: `prefix` and five random characters from the alphabet
+    /// Kubernetes uses (no vowels, no look-alike digits).
+    fn generate_name(&mut self, res: &Resource, ns: &str, prefix: &str) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        let ns = if res.namespaced { ns } else { "" };
+        loop {
+            self.uid += 1;
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(self.uid);
+            let mut x = h.finish();
+            let suffix: String = (0..5)
+                .map(|_| {
+                    let c = ALPHABET[(x % ALPHABET.len() as u64) as usize];
+                    x /= ALPHABET.len() as u64;
+                    c as char
+                })
+                .collect();
+            let name = format!("{prefix}{suffix}");
+            if self.get(res, ns, &name).is_none() {
+                return name;
+            }
+        }
+    }
+
     /// Creates an object: fills uid, timestamps, resourceVersion, generated names.
     pub fn create(&mut self, res: &Resource, ns: &str, mut obj: Value) -> Result<Value, StoreError> {
         if !obj.is_object() {
@@ -187,8 +212,7 @@ impl Store {
                     "metadata.name or metadata.generateName is required".into(),
                 ));
             };
-            self.uid += 1;
-            name = format!("{prefix}{:05x}", self.uid);
+            name = self.generate_name(res, ns, prefix);
         }
         if res.namespaced {
             if ns.is_empty() {
@@ -220,7 +244,11 @@ impl Store {
         );
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         meta.entry("creationTimestamp").or_insert_with(|| json!(now_rfc3339()));
-        meta.remove("generateName");
+        if has_generation(res) {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
         if let Some(o) = obj.as_object_mut() {
             o.insert("apiVersion".into(), json!(res.api_version()));
             o.insert("kind".into(), json!(res.kind));
@@ -247,15 +275,23 @@ impl Store {
                 res.plural, name
             )));
         }
+        // The generation counts changes of the desired state only.
+        let generation = has_generation(res).then(|| {
+            let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(1);
+            g + i64::from(new.get("spec") != old.get("spec"))
+        });
         let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
             return Err(StoreError::Invalid("metadata must be an object".into()));
         };
         // Identity fields are the server's, whatever the client sent.
-        for f in ["name", "namespace", "uid", "creationTimestamp"] {
+        for f in ["name", "namespace", "uid", "creationTimestamp", "generateName"] {
             match old.pointer(&format!("/metadata/{f}")) {
                 Some(v) => meta.insert(f.into(), v.clone()),
                 None => meta.remove(f),
             };
+        }
+        if let Some(g) = generation {
+            meta.insert("generation".into(), json!(g));
         }
         if new == old {
             return Ok(old);
@@ -286,6 +322,13 @@ impl Store {
         self.record(*res, Change::Deleted, old.clone(), None);
         Ok(old)
     }
+}
+
+/// Whether objects of a resource carry `metadata.generation` (as the API
+/// server keeps it for workloads, budgets and custom resources, not for
+/// pods, nodes, events or namespaces).
+fn has_generation(res: &Resource) -> bool {
+    !res.group.is_empty() && res.group != "events.k8s.io"
 }
 
 /// The current time as Kubernetes writes timestamps.

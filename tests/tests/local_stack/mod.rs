@@ -134,6 +134,7 @@ impl Stack {
         let mut config = SweepConfig::from_lookup(|_| None).unwrap();
         config.lifecycle = lifecycle;
         config.pending_queue_url = Some(self.pending_queue.clone());
+        config.launch_queue_url = Some(self.launch_queue.clone());
         config.budget = Duration::from_secs(2);
         Sweeper::new(
             self.cluster(),

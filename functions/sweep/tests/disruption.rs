@@ -1,0 +1,740 @@
+//! Disruption on the local stack (moto, the Kubernetes API test server,
+//! strict kubelets): expiry, drift and emptiness carried out across sweep
+//! runs — taint, replacements launched through `launch` and Initialized
+//! before the drain, PDBs and do-not-disrupt honoured, termination — with
+//! every step resumed from DynamoDB. Most passes run the `Sweeper` in-process;
+//! the real `sweep` binary runs the expiry walk and the interrupted run.
+
+#[path = "../../../tests/tests/launch_fixtures/mod.rs"]
+mod launch_fixtures;
+#[path = "../../../tests/tests/local_stack/mod.rs"]
+mod local_stack;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use launch_fixtures::{CLUSTER, DISCOVERY, TABLE};
+use local_stack::{Stack, fast, pods_on, taint_keys};
+use nodesmith::nodeclaim::{NodeClaim, Phase};
+use nodesmith::state::{DisruptionRecord, DisruptionStep};
+use nodesmith_tests::kube_server::Fault;
+use nodesmith_tests::lambda_runtime::invoke;
+use serde_json::{Value, json};
+
+const DISRUPTED: &str = "karpenter.sh/disrupted";
+
+/// The stack's pool with these requirements, `disruption` block and extra template spec fields.
+fn pool(capacity: &[&str], sizes: Option<&[&str]>, disruption: Value, spec_extra: Value) -> Value {
+    let mut reqs = vec![
+        json!({"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5", "c5"]}),
+        json!({"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity}),
+    ];
+    if let Some(s) = sizes {
+        reqs.push(json!({"key": "karpenter.k8s.aws/instance-size", "operator": "In", "values": s}));
+    }
+    let mut spec = json!({
+        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+        "requirements": reqs,
+    });
+    if let (Some(o), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
+        o.extend(extra.clone());
+    }
+    json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
+        "template": {"metadata": {"labels": {"team": "web"}}, "spec": spec},
+        "disruption": disruption,
+        "limits": {"cpu": "64"}
+    }})
+}
+
+/// A pod a ReplicaSet owns (voluntary disruption only moves controlled pods).
+fn web_pod(name: &str, cpu: &str, annotations: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+        "labels": {"app": "web"}, "annotations": annotations,
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs-web", "controller": true}]},
+        "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}})
+}
+
+/// The stack with `pool` and controlled pods `web-0`, `web-1` (900m each, one node).
+async fn stack(pool: Value, annotations: Value) -> Stack {
+    let s = Stack::new("64", 0).await;
+    s.kube.apply(&pool).unwrap();
+    for i in 0..2 {
+        s.kube
+            .apply(&web_pod(&format!("web-{i}"), "900m", annotations.clone()))
+            .unwrap();
+    }
+    s.kube.schedule();
+    s
+}
+
+async fn records(s: &Stack) -> Vec<DisruptionRecord> {
+    s.store.disruptions().await.unwrap()
+}
+
+/// Messages of the events with this reason.
+fn events(s: &Stack, reason: &str) -> Vec<String> {
+    s.kube
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.message)
+        .collect()
+}
+
+/// Backdates a Node's creation (the test server keeps creationTimestamp on updates).
+fn age(s: &Stack, node: &str, hours: i64) {
+    let mut v = serde_json::to_value(s.kube.node(node).unwrap()).unwrap();
+    let when = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(hours);
+    let meta = v["metadata"].as_object_mut().unwrap();
+    meta.remove("resourceVersion");
+    meta.remove("uid");
+    meta.insert(
+        "creationTimestamp".into(),
+        json!(nodesmith::interruption::rfc3339(&when)),
+    );
+    s.kube.delete("v1", "Node", "", node).unwrap();
+    s.kube.apply(&v).unwrap();
+}
+
+/// Marks every bound pod Running and Ready (PDBs count healthy pods).
+fn run_pods(s: &Stack) {
+    for p in s.kube.pods() {
+        if p.spec.as_ref().and_then(|sp| sp.node_name.as_ref()).is_none() {
+            continue;
+        }
+        let mut v = serde_json::to_value(&p).unwrap();
+        v["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+        v["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        s.kube.apply(&v).unwrap();
+    }
+}
+
+fn claim_of<'a>(claims: &'a [NodeClaim], name: &str) -> Option<&'a NodeClaim> {
+    claims.iter().find(|c| c.name == name)
+}
+
+/// What one walk saw.
+struct Walk {
+    /// Replacements the record named.
+    replacements: Vec<String>,
+    /// Each replacement's phase when the old node first lost a pod.
+    at_first_eviction: Vec<Option<Phase>>,
+    /// Runs taken.
+    runs: usize,
+}
+
+/// Sweeps (with launches and kubelets between runs) until `old`'s claim is
+/// gone; `sweep` runs one pass.
+async fn walk<F, Fut>(s: &Stack, old: &NodeClaim, mut sweep: F) -> Walk
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let node = old.node_name.clone().unwrap();
+    let before = pods_on(&s.kube, &node).len();
+    let mut w = Walk {
+        replacements: vec![],
+        at_first_eviction: vec![],
+        runs: 0,
+    };
+    for _ in 0..12 {
+        sweep().await;
+        w.runs += 1;
+        if let Some(r) = records(s).await.into_iter().find(|r| r.claim == old.name)
+            && !r.replacements.is_empty()
+        {
+            w.replacements = r.replacements.clone();
+        }
+        let claims = s.claims().await;
+        if w.at_first_eviction.is_empty() && pods_on(&s.kube, &node).len() < before {
+            w.at_first_eviction = w
+                .replacements
+                .iter()
+                .map(|n| claim_of(&claims, n).map(|c| c.phase))
+                .collect();
+        }
+        if claim_of(&claims, &old.name).is_none() {
+            return w;
+        }
+        s.launch_all().await;
+        s.kubelet_step().await;
+    }
+    panic!(
+        "{} not disrupted after {} runs: {:?}",
+        old.name,
+        w.runs,
+        records(s).await
+    );
+}
+
+/// Asserts the old node is gone for good: instance terminated, Node and record deleted.
+async fn assert_gone(s: &Stack, old: &NodeClaim) {
+    let node = old.node_name.as_deref().unwrap();
+    assert!(s.kube.node(node).is_none(), "the Node is deleted");
+    let states = s.instance_states().await;
+    let id = old.instance_id.as_deref().unwrap();
+    assert!(
+        matches!(states.get(id).map(String::as_str), Some("terminated" | "shutting-down")),
+        "{states:?}"
+    );
+    assert!(records(s).await.is_empty(), "no record left");
+    assert!(s.store.drains().await.unwrap().is_empty(), "no drain left");
+}
+
+fn env(s: &Stack, budget: &str) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> =
+        s.m.env()
+            .into_iter()
+            .chain(s.kube.env())
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+    env.insert("NODESMITH_TABLE".into(), TABLE.into());
+    env.insert("NODESMITH_CLUSTER_NAME".into(), CLUSTER.into());
+    env.insert("NODESMITH_LAUNCH_QUEUE_URL".into(), s.launch_queue.clone());
+    env.insert("NODESMITH_PENDING_QUEUE_URL".into(), s.pending_queue.clone());
+    env.insert("NODESMITH_LIVENESS_GRACE".into(), "0s".into());
+    env.insert("NODESMITH_SWEEP_BUDGET".into(), budget.into());
+    env
+}
+
+/// One run of the real binary; its answer.
+async fn binary(s: &Stack, budget: &str) -> Value {
+    let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
+    let run = invoke(Path::new(env!("CARGO_BIN_EXE_sweep")), "sweep", &env(s, budget), &event)
+        .await
+        .unwrap();
+    assert_eq!(run.path, "req-1/response", "{}\n{}", run.body, run.logs);
+    serde_json::from_str(&run.body).unwrap()
+}
+
+const EXPIRING: &str = "1h";
+
+fn expiring_pool() -> Value {
+    pool(
+        &["on-demand"],
+        None,
+        json!({"consolidateAfter": "Never"}),
+        json!({"expireAfter": EXPIRING, "terminationGracePeriod": "10m"}),
+    )
+}
+
+#[tokio::test]
+async fn an_expired_node_is_replaced_first_then_drained_and_terminated_by_the_binary() {
+    let s = stack(expiring_pool(), json!({})).await;
+    let old = s.running_node().await;
+    let node = old.node_name.clone().unwrap();
+    age(&s, &node, 2);
+
+    let w = walk(&s, &old, || async {
+        let out = binary(&s, "60s").await;
+        assert_eq!(out["disruption"]["failed"], json!([]), "{out}");
+    })
+    .await;
+    assert_eq!(w.replacements.len(), 1, "one replacement for two pods");
+    assert_eq!(
+        w.at_first_eviction,
+        vec![Some(Phase::Initialized)],
+        "the replacement is Initialized before the drain evicts"
+    );
+    assert_gone(&s, &old).await;
+    let launching = events(&s, "DisruptionLaunching");
+    assert!(
+        launching
+            .iter()
+            .any(|m| m.contains("Expired") && m.contains(&w.replacements[0])),
+        "{launching:?}"
+    );
+    assert!(!events(&s, "DisruptionWaitingReadiness").is_empty());
+    assert_eq!(
+        events(&s, "DisruptionTerminating"),
+        vec!["Disrupting Node: Expired".to_string()]
+    );
+    assert_eq!(events(&s, "Evicted").len(), 2, "both pods evicted");
+    let replacement = s.store.get_node_claim(&w.replacements[0]).await.unwrap().unwrap();
+    assert_eq!(replacement.phase, Phase::Initialized);
+}
+
+#[tokio::test]
+async fn a_run_cut_short_after_the_taint_and_one_failing_mid_termination_are_resumed_by_the_binary() {
+    let s = stack(expiring_pool(), json!({})).await;
+    let old = s.running_node().await;
+    let node = old.node_name.clone().unwrap();
+    age(&s, &node, 2);
+
+    // The budget is spent at once: the disruption is recorded and the node tainted, nothing more.
+    let out = binary(&s, "1ms").await;
+    assert_eq!(out["disruption"]["started"][0]["node"], json!(node), "{out}");
+    assert_eq!(out["disruption"]["launched"], json!([]), "{out}");
+    let r = records(&s).await;
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0].step, DisruptionStep::Tainted);
+    assert!(taint_keys(&s.kube.node(&node).unwrap()).contains(&DISRUPTED.to_string()));
+    assert!(s.drain(&s.launch_queue).await.is_empty(), "no replacement yet");
+
+    // The next run resumes; deleting the Node fails for one whole run once the drain is over.
+    let mut faulted = false;
+    let mut terminating_seen = false;
+    for _ in 0..12 {
+        let r = records(&s).await;
+        if !faulted && r.first().is_some_and(|r| r.step == DisruptionStep::Draining) {
+            s.kube.inject(
+                Fault::new(500, 5)
+                    .on(http::Method::DELETE)
+                    .path(&format!("/nodes/{node}")),
+            );
+            faulted = true;
+        }
+        let out = binary(&s, "60s").await;
+        let r = records(&s).await;
+        if r.first().is_some_and(|r| r.step == DisruptionStep::Terminating) {
+            // Cut short after the instance was terminated: the Node is still there.
+            terminating_seen = true;
+            assert!(s.kube.node(&node).is_some(), "{out}");
+            assert_ne!(out["disruption"]["failed"], json!([]), "{out}");
+        }
+        if s.store.get_node_claim(&old.name).await.unwrap().is_none() {
+            break;
+        }
+        s.launch_all().await;
+        s.kubelet_step().await;
+    }
+    assert!(faulted && terminating_seen, "the fault hit the termination");
+    assert_gone(&s, &old).await;
+}
+
+#[tokio::test]
+async fn an_ec2nodeclass_change_drifts_the_node_which_is_replaced() {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    let old = s.running_node().await;
+    let sweeper = s.sweeper(fast());
+    sweeper.run().await.unwrap();
+    assert!(records(&s).await.is_empty(), "nothing drifted yet");
+
+    s.kube.apply(&json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+        "role": "KarpenterNodeRole-demo",
+        "amiSelectorTerms": [{"alias": "al2023@latest"}],
+        "subnetSelectorTerms": [{"tags": {DISCOVERY: "*"}}],
+        "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}],
+        "tags": {"team": "web"}
+    }})).unwrap();
+    let w = walk(&s, &old, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+    })
+    .await;
+    assert_eq!(w.at_first_eviction, vec![Some(Phase::Initialized)]);
+    assert_gone(&s, &old).await;
+    assert_eq!(
+        events(&s, "DisruptionTerminating"),
+        vec!["Disrupting Node: Drifted".to_string()]
+    );
+}
+
+#[tokio::test]
+async fn a_requirement_change_drifts_the_node_onto_an_allowed_instance_family() {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    let old = s.running_node().await;
+    let node = s.kube.node(old.node_name.as_deref().unwrap()).unwrap();
+    let family = node.metadata.labels.as_ref().unwrap()["karpenter.k8s.aws/instance-family"].clone();
+    let other = if family == "m5" { "c5" } else { "m5" };
+    // The node's family is no longer allowed: its label stops satisfying the pool.
+    let mut narrowed = pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({}));
+    narrowed["spec"]["template"]["spec"]["requirements"][0]["values"] = json!([other]);
+    s.kube.apply(&narrowed).unwrap();
+    let sweeper = s.sweeper(fast());
+    let w = walk(&s, &old, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+    })
+    .await;
+    assert_gone(&s, &old).await;
+    let replacement = s.store.get_node_claim(&w.replacements[0]).await.unwrap().unwrap();
+    assert!(
+        replacement
+            .instance_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with(&format!("{other}."))),
+        "{replacement:?}"
+    );
+}
+
+#[tokio::test]
+async fn ten_empty_nodes_under_a_30_percent_budget_go_three_at_a_time() {
+    let s = Stack::new("64", 0).await;
+    // One 1500m pod per 2-vCPU node: ten nodes.
+    s.kube
+        .apply(&pool(
+            &["on-demand"],
+            Some(&["large"]),
+            json!({"consolidateAfter": "Never"}),
+            json!({}),
+        ))
+        .unwrap();
+    let names: Vec<String> = (0..10).map(|i| format!("web-{i}")).collect();
+    for n in &names {
+        s.kube.apply(&web_pod(n, "1500m", json!({}))).unwrap();
+    }
+    s.kube.schedule();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let claims = s.launched(&refs).await;
+    assert_eq!(claims.len(), 10, "{claims:?}");
+    let sweeper = s.sweeper(fast());
+    for _ in 0..4 {
+        s.kubelet_step().await;
+        sweeper.run().await.unwrap();
+    }
+    assert!(s.claims().await.iter().all(|c| c.phase == Phase::Initialized));
+    // The pods finish; the nodes are empty and consolidation is allowed.
+    for n in &names {
+        s.kube.delete("v1", "Pod", "default", n).unwrap();
+    }
+    s.kube
+        .apply(&pool(
+            &["on-demand"],
+            Some(&["large"]),
+            json!({"consolidateAfter": "0s", "budgets": [{"nodes": "30%"}]}),
+            json!({}),
+        ))
+        .unwrap();
+    let mut per_pass = Vec::new();
+    while !s.claims().await.is_empty() && per_pass.len() < 8 {
+        let before = s.claims().await.len();
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        let removed = before - s.claims().await.len();
+        assert!(
+            removed <= (before * 3).div_ceil(10),
+            "{removed} of {before}: over the budget"
+        );
+        per_pass.push(removed);
+    }
+    // ceil(30 % of what is left): 10 → 3, 7 → 3, 4 → 2, 2 → 1, 1 → 1.
+    assert_eq!(per_pass, vec![3, 3, 2, 1, 1]);
+    assert!(s.nodes().await.is_empty());
+    assert_eq!(events(&s, "DisruptionTerminating").len(), 10);
+}
+
+#[tokio::test]
+async fn a_pdb_holds_the_drain_until_replacement_pods_are_ready() {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    let old = s.running_node().await;
+    let node = old.node_name.clone().unwrap();
+    run_pods(&s);
+    // A NodePool template label changes: drift by hash.
+    let mut drifted = pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({}));
+    drifted["spec"]["template"]["metadata"]["labels"]["tier"] = json!("front");
+    s.kube.apply(&drifted).unwrap();
+    let sweeper = s.sweeper(fast());
+    let mut replacement_node = None;
+    for _ in 0..8 {
+        sweeper.run().await.unwrap();
+        // A PDB arrives once the node is being disrupted (a PDB allowing no
+        // eviction at decision time keeps the node from being chosen at all).
+        if !records(&s).await.is_empty() && s.kube.pods().len() == 2 {
+            s.kube
+                .apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
+                    "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}))
+                .unwrap();
+        }
+        if records(&s)
+            .await
+            .first()
+            .is_some_and(|r| r.step == DisruptionStep::Draining)
+        {
+            let r = records(&s).await.remove(0);
+            let c = s.store.get_node_claim(&r.replacements[0]).await.unwrap().unwrap();
+            replacement_node = c.node_name.clone();
+            break;
+        }
+        s.launch_all().await;
+        s.kubelet_step().await;
+    }
+    let replacement_node = replacement_node.expect("the drain began once the replacement was Initialized");
+    // The PDB allows no eviction: the drain waits, run after run, without force.
+    for _ in 0..2 {
+        sweeper.run().await.unwrap();
+    }
+    assert_eq!(
+        pods_on(&s.kube, &node).len(),
+        2,
+        "no pod evicted while the PDB forbids it"
+    );
+    assert_eq!(records(&s).await[0].step, DisruptionStep::Draining);
+    assert_eq!(
+        s.store.get_node_claim(&old.name).await.unwrap().unwrap().phase,
+        Phase::Draining
+    );
+    // The ReplicaSet's new pods become ready on the replacement: the PDB allows evictions.
+    for n in ["web-2", "web-3"] {
+        let mut p = web_pod(n, "900m", json!({}));
+        p["spec"]["nodeName"] = json!(replacement_node);
+        s.kube.apply(&p).unwrap();
+    }
+    run_pods(&s);
+    for _ in 0..3 {
+        sweeper.run().await.unwrap();
+        if s.store.get_node_claim(&old.name).await.unwrap().is_none() {
+            break;
+        }
+    }
+    assert_gone(&s, &old).await;
+    assert_eq!(events(&s, "Evicted").len(), 2);
+}
+
+#[tokio::test]
+async fn a_do_not_disrupt_pod_blocks_drift_with_an_event_until_it_goes() {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({"karpenter.sh/do-not-disrupt": "true"}),
+    )
+    .await;
+    let old = s.running_node().await;
+    let node = old.node_name.clone().unwrap();
+    let mut drifted = pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({}));
+    drifted["spec"]["template"]["metadata"]["labels"]["tier"] = json!("front");
+    s.kube.apply(&drifted).unwrap();
+    let sweeper = s.sweeper(fast());
+    for _ in 0..2 {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.started.is_empty(), "{:?}", report.disruption);
+        assert!(report.disruption.blocked.iter().any(|(n, _)| *n == node));
+    }
+    assert!(records(&s).await.is_empty());
+    assert!(!taint_keys(&s.kube.node(&node).unwrap()).contains(&DISRUPTED.to_string()));
+    let blocked = events(&s, "DisruptionBlocked");
+    assert!(
+        blocked
+            .iter()
+            .any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
+        "{blocked:?}"
+    );
+    // The annotation goes: the next pass disrupts.
+    for i in 0..2 {
+        let mut p = serde_json::to_value(s.kube.pod("default", &format!("web-{i}")).unwrap()).unwrap();
+        p["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+        p["metadata"]["annotations"] = json!({});
+        s.kube.apply(&p).unwrap();
+    }
+    let report = sweeper.run().await.unwrap();
+    assert_eq!(report.disruption.started.len(), 1, "{:?}", report.disruption);
+    assert!(taint_keys(&s.kube.node(&node).unwrap()).contains(&DISRUPTED.to_string()));
+}
+
+#[tokio::test]
+async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    let old = s.running_node().await;
+    let conf = s.m.sdk_config().await;
+    let sweeper = s
+        .sweeper(fast())
+        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf));
+    // Resolved as launched: the AMI behind the alias, the subnet and the
+    // security groups all still match.
+    let report = sweeper.run().await.unwrap();
+    assert!(report.disruption.started.is_empty(), "{:?}", report.disruption.started);
+    assert!(records(&s).await.is_empty(), "nothing drifted yet");
+
+    // The node's subnet loses its discovery tag: the class's spec (and hash)
+    // is unchanged, only what it resolves to.
+    let described = s
+        .ec2
+        .describe_instances()
+        .instance_ids(old.instance_id.clone().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let subnet = described.reservations()[0].instances()[0]
+        .subnet_id()
+        .unwrap()
+        .to_string();
+    s.ec2
+        .delete_tags()
+        .resources(&subnet)
+        .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).build())
+        .send()
+        .await
+        .unwrap();
+
+    let detail = std::cell::RefCell::new(None);
+    let w = walk(&s, &old, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        if let Some(r) = records(&s).await.into_iter().find(|r| r.claim == old.name) {
+            detail.borrow_mut().get_or_insert(r.detail);
+        }
+    })
+    .await;
+    assert_eq!(
+        detail.borrow().as_deref(),
+        Some("Drifted (SubnetDrift) by nodesmith's sweep")
+    );
+    assert_eq!(w.at_first_eviction, vec![Some(Phase::Initialized)]);
+    assert_gone(&s, &old).await;
+    assert_eq!(
+        events(&s, "DisruptionTerminating"),
+        vec!["Disrupting Node: Drifted".to_string()]
+    );
+    let claims = s.claims().await;
+    for r in &w.replacements {
+        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
+        let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
+        assert_ne!(
+            d.reservations()[0].instances()[0].subnet_id(),
+            Some(subnet.as_str()),
+            "the replacement is launched in a selected subnet"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_new_ami_behind_the_alias_drifts_the_node_by_live_resolution() {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    let old = s.running_node().await;
+    let image = |d: &aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
+        d.reservations()[0].instances()[0].image_id().map(str::to_string)
+    };
+    let described = s
+        .ec2
+        .describe_instances()
+        .instance_ids(old.instance_id.clone().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let launched_from = image(&described).unwrap();
+    let conf = s.m.sdk_config().await;
+    let sweeper = s
+        .sweeper(fast())
+        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf));
+    sweeper.run().await.unwrap();
+    assert!(records(&s).await.is_empty(), "nothing drifted yet");
+
+    // A new al2023 release: only the public parameter behind the alias moves.
+    let newer = "ami-0a1b2c3d4e5f60003";
+    assert_eq!(
+        launched_from, "ami-0a1b2c3d4e5f60001",
+        "launched from the x86_64 standard alias"
+    );
+    s.m.set_public_parameter(
+        "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id",
+        newer,
+    );
+    let detail = std::cell::RefCell::new(None);
+    let w = walk(&s, &old, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        if let Some(r) = records(&s).await.into_iter().find(|r| r.claim == old.name) {
+            detail.borrow_mut().get_or_insert(r.detail);
+        }
+    })
+    .await;
+    assert_eq!(
+        detail.borrow().as_deref(),
+        Some("Drifted (AMIDrift) by nodesmith's sweep")
+    );
+    assert_gone(&s, &old).await;
+    let claims = s.claims().await;
+    for r in &w.replacements {
+        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
+        let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
+        assert_eq!(image(&d).as_deref(), Some(newer), "the replacement runs the new AMI");
+    }
+}
+
+#[tokio::test]
+async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() {
+    let s = stack(
+        pool(&["spot"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    // moto has no spot prices of its own: the sweep's catalog refresh reads these.
+    let catalog = nodesmith::catalog::builtin().unwrap();
+    s.m.seed_spot_prices(&nodesmith_tests::local_cloud::aws::spot_prices(catalog));
+    let old = s.running_node().await;
+    let groups_of = |d: &aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
+        let mut ids: Vec<String> = d.reservations()[0].instances()[0]
+            .security_groups()
+            .iter()
+            .filter_map(|g| g.group_id().map(str::to_string))
+            .collect();
+        ids.sort();
+        ids
+    };
+    let conf = s.m.sdk_config().await;
+    let sweeper = s
+        .sweeper(fast())
+        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf));
+    // A spot instance runs in its launch template's groups: nothing drifted.
+    sweeper.run().await.unwrap();
+    assert!(records(&s).await.is_empty(), "nothing drifted yet");
+
+    // A second group gains the discovery tag: the class now selects two.
+    let selected = s.ec2.describe_security_groups().send().await.unwrap();
+    let first = selected
+        .security_groups()
+        .iter()
+        .find(|g| g.tags().iter().any(|t| t.key() == Some(DISCOVERY)))
+        .unwrap();
+    let second = s
+        .ec2
+        .create_security_group()
+        .group_name("more-nodes")
+        .description("nodes")
+        .vpc_id(first.vpc_id().unwrap())
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).value(CLUSTER).build())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_string();
+    let mut want = vec![first.group_id().unwrap().to_string(), second];
+    want.sort();
+
+    let detail = std::cell::RefCell::new(None);
+    let w = walk(&s, &old, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        if let Some(r) = records(&s).await.into_iter().find(|r| r.claim == old.name) {
+            detail.borrow_mut().get_or_insert(r.detail);
+        }
+    })
+    .await;
+    assert_eq!(
+        detail.borrow().as_deref(),
+        Some("Drifted (SecurityGroupDrift) by nodesmith's sweep")
+    );
+    assert_gone(&s, &old).await;
+    let claims = s.claims().await;
+    assert!(!w.replacements.is_empty());
+    for r in &w.replacements {
+        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
+        let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
+        assert_eq!(groups_of(&d), want, "the replacement runs in both groups");
+    }
+}

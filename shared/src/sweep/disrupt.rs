@@ -1,0 +1,729 @@
+//! The disruption shell: each sweep run decides a pass on a fresh snapshot
+//! ([`crate::disruption::decide`]), records every new disruption in DynamoDB
+//! (one record per claim, conditional writes) and then moves every recorded
+//! disruption on by the step [`progress::next`] names: taint, launch
+//! replacements through the provisioning path, wait until they are
+//! Initialized, drain (the interruption drain records, continued by
+//! `sweep_drains`), terminate. A run killed anywhere leaves a record the next
+//! run resumes from; `docs/disruption.md` describes the steps.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{StepError, Sweeper};
+use crate::apis::{EC2NodeClass, labels};
+use crate::disruption::progress::{self, Facts, Next};
+use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
+use crate::disruption::{DecideOptions, Held, Reason, decide};
+use crate::ec2::Instance;
+use crate::kubernetes::{Cluster, EventSpec, drain, events, pods};
+use crate::launch::ami::{self, AmiKey};
+use crate::launch::errors::LaunchError;
+use crate::launch::request::{LaunchRequest, enqueue};
+use crate::launch::{self, securitygroup, subnet};
+use crate::nodeclaim::{NodeClaim, Phase, generate_name};
+use crate::registration;
+use crate::scheduling::{PodRef, SolveOptions, TargetKind};
+use crate::snapshot::Snapshot;
+use crate::snapshot::live;
+use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, StateError, now_ms};
+
+/// At most this many `DisruptionBlocked` events per run: every blocked node
+/// would otherwise get one a minute.
+const BLOCKED_EVENTS_PER_RUN: usize = 20;
+/// Steps one disruption may take in one run (a full walk takes five).
+const STEPS_PER_RUN: usize = 6;
+/// How long the sweep waits for `provision` to release its lease before leaving the launch to the next run.
+const PROVISION_LEASE_WAIT: Duration = Duration::from_secs(10);
+/// How long the provision lease is held for a replacement launch.
+const PROVISION_LEASE_TTL: Duration = Duration::from_secs(60);
+/// How long the what-if solves of one pass may search for cheaper packings.
+const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// What the disruption part of one run did.
+#[derive(Debug, Default)]
+pub struct DisruptionReport {
+    /// Nodes whose disruption began, with the reason.
+    pub started: Vec<(String, Reason)>,
+    /// Replacement NodeClaims written and queued for launch.
+    pub launched: Vec<String>,
+    /// Nodes whose drain began.
+    pub draining: Vec<String>,
+    /// Nodes terminated (instance, Node and claim gone).
+    pub terminated: Vec<String>,
+    /// Disruptions given up, with why.
+    pub abandoned: Vec<(String, String)>,
+    /// Nodes a method wanted that a rule held (`DisruptionBlocked`).
+    pub blocked: Vec<(String, String)>,
+    /// Steps that failed, by node.
+    pub failed: Vec<(String, StepError)>,
+    /// Disruptions left for the next run (the time budget ran out).
+    pub deferred: usize,
+}
+
+/// Whether a blocked rule is worth an event: a protection or a budget, not
+/// a node that is simply not due yet.
+fn worth_an_event(h: &Held) -> bool {
+    !matches!(
+        h,
+        Held::ConsolidateAfter { .. } | Held::ConsolidationDisabled | Held::NoSaving
+    )
+}
+
+/// The pods a graceful drain still has to move, and the first do-not-disrupt pod (pure).
+fn undrained(pods_on_node: &[Pod]) -> (usize, Option<String>) {
+    let left = drain::plan(pods_on_node, Default::default())
+        .iter()
+        .filter(|a| !matches!(a, crate::kubernetes::drain::Action::Skip(_)))
+        .count();
+    let dnd = pods_on_node
+        .iter()
+        .filter(|p| !pods::is_terminal(p))
+        .find(|p| pods::has_do_not_disrupt(p))
+        .map(pods::key);
+    (left, dnd)
+}
+
+/// The pool's `terminationGracePeriod` in ms, for expiry (the forceful method).
+fn grace_ms(snapshot: &Snapshot, node: &str, reason: Reason) -> Option<i64> {
+    if reason != Reason::Expired {
+        return None;
+    }
+    let pool = snapshot
+        .nodes
+        .iter()
+        .find(|n| n.node.metadata.name.as_deref() == Some(node))?
+        .node
+        .metadata
+        .labels
+        .as_ref()?
+        .get(crate::apis::labels::NODEPOOL)?;
+    let d = snapshot
+        .node_pool(pool)?
+        .spec
+        .template
+        .spec
+        .termination_grace_period?
+        .duration()?;
+    i64::try_from(d.as_millis()).ok()
+}
+
+/// Replacements assigned to the records they serve.
+#[derive(Debug, Default)]
+struct Assignment {
+    /// New claims to write, by record index.
+    new: BTreeMap<usize, Vec<NodeClaim>>,
+    /// In-flight claims that already receive a record's pods, by record index.
+    in_flight: BTreeMap<usize, BTreeSet<String>>,
+    /// A record's pods nothing can hold.
+    stuck: BTreeMap<usize, String>,
+}
+
+/// The replacement solve for the nodes of `records` (pure): the snapshot's
+/// pending pods are left out (provisioning's business), every node being
+/// disrupted is removed, each new claim goes to the record owning its first pod.
+fn assign(snapshot: &Snapshot, records: &[DisruptionRecord], removed: &BTreeSet<String>, seed: &str) -> Assignment {
+    let mut s = snapshot.clone();
+    s.pods.clear();
+    let plan = s.compile().solve(&SolveOptions::without(removed.iter().cloned()));
+    let index: BTreeMap<&str, usize> = records.iter().enumerate().map(|(i, r)| (r.node.as_str(), i)).collect();
+    let owner: BTreeMap<PodRef, usize> = s
+        .nodes
+        .iter()
+        .filter_map(|n| Some((index.get(n.node.metadata.name.as_deref()?)?, &n.pods)))
+        .flat_map(|(i, ps)| ps.iter().map(move |p| (PodRef::of(p), *i)))
+        .collect();
+    let mut taken: BTreeSet<String> = s.node_claims.iter().map(|c| c.name.clone()).collect();
+    taken.extend(s.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
+    let mut out = Assignment::default();
+    for c in &plan.node_claims {
+        let mut pods = c.pods.clone();
+        pods.sort();
+        if let Some(i) = pods.iter().find_map(|p| owner.get(p)) {
+            let claim = NodeClaim {
+                name: generate_name(&c.node_pool, seed, &mut taken),
+                ..s.node_claim(c)
+            };
+            out.new.entry(*i).or_default().push(claim);
+        }
+    }
+    for e in plan.existing.iter().filter(|e| e.kind == TargetKind::NodeClaim) {
+        for p in &e.pods {
+            if let Some(i) = owner.get(p) {
+                out.in_flight.entry(*i).or_default().insert(e.name.clone());
+            }
+        }
+    }
+    for u in &plan.unschedulable {
+        if let Some(i) = owner.get(&u.pod) {
+            out.stuck
+                .entry(*i)
+                .or_insert_with(|| format!("pod {} cannot be placed: {}", u.pod, u.reason));
+        }
+    }
+    out
+}
+
+impl<C: Cluster> Sweeper<C> {
+    /// The disruption part of a run: new decisions, then every recorded
+    /// disruption moved on as far as it goes now.
+    pub(super) async fn disrupt(&self, started: Instant) -> DisruptionReport {
+        let mut report = DisruptionReport::default();
+        let now = Timestamp::now();
+        let snapshot = match live::read(&self.cluster, &self.store, now).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no snapshot; disruption waits for the next sweep");
+                report.failed.push((String::new(), e.into()));
+                return report;
+            }
+        };
+        let mut records = match self.store.disruptions().await {
+            Ok(r) => r,
+            Err(e) => {
+                report.failed.push((String::new(), e.into()));
+                return report;
+            }
+        };
+        if let Err(e) = self.begin_new(&snapshot, &mut records, started, &mut report).await {
+            tracing::warn!(error = %e, "new disruptions not started; the next sweep decides again");
+            report.failed.push((String::new(), e));
+        }
+        self.move_on(&snapshot, &mut records, started, &mut report).await;
+        report
+    }
+
+    /// Decides a pass and records + taints every chosen node not recorded yet.
+    async fn begin_new(
+        &self,
+        snapshot: &Snapshot,
+        records: &mut Vec<DisruptionRecord>,
+        started: Instant,
+        report: &mut DisruptionReport,
+    ) -> Result<(), StepError> {
+        let options = DecideOptions {
+            resolved_drift: self.resolved_drift(snapshot).await,
+            deadline: Some(Instant::now() + DECIDE_DEADLINE),
+        };
+        let decisions = decide(snapshot, &options);
+        for e in &decisions.errors {
+            tracing::error!(error = %e, "a disruption budget cannot be parsed; its NodePool allows no disruption");
+        }
+        for b in decisions
+            .blocked
+            .iter()
+            .filter(|b| worth_an_event(&b.rule))
+            .take(BLOCKED_EVENTS_PER_RUN)
+        {
+            let why = b.rule.to_string();
+            self.event(EventSpec::disruption_blocked(events::node_name_ref(&b.node), &why))
+                .await;
+            report.blocked.push((b.node.clone(), why));
+        }
+        let claims = self.store.list_node_claims().await?;
+        let by_node: BTreeMap<&str, &NodeClaim> = claims
+            .iter()
+            .filter_map(|c| Some((c.node_name.as_deref()?, c)))
+            .collect();
+        let recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
+        // Pods waiting for capacity may be headed for an empty node (the
+        // scheduler binds them once it is Ready): no node is emptied meanwhile.
+        let pending = !snapshot.pods.is_empty();
+        // New disruptions are recorded whatever the time budget (a few writes
+        // each, bounded by the disruption budgets); their steps wait for time.
+        let _ = started;
+        for d in &decisions.decisions {
+            if d.reason == Reason::Empty && pending {
+                tracing::info!(nodes = ?d.nodes, "pods are pending; empty nodes are kept this run");
+                continue;
+            }
+            for node in &d.nodes {
+                let Some(claim) = by_node.get(node.as_str()) else {
+                    tracing::warn!(node, reason = %d.reason, "no NodeClaim for a node chosen for disruption; left alone");
+                    continue;
+                };
+                if recorded.contains(&claim.name) || !matches!(claim.phase, Phase::Initialized) {
+                    continue;
+                }
+                let record = DisruptionRecord {
+                    claim: claim.name.clone(),
+                    node: node.clone(),
+                    reason: d.reason.to_string(),
+                    // The resolution reason (e.g. SubnetDrift) says what to fix in the class.
+                    detail: match options.resolved_drift.get(node) {
+                        Some(why) if d.reason == Reason::Drifted => {
+                            format!("{} ({why}) by nodesmith's sweep", d.reason)
+                        }
+                        _ => format!("{} by nodesmith's sweep", d.reason),
+                    },
+                    step: DisruptionStep::Tainted,
+                    replacements: Vec::new(),
+                    grace_ms: grace_ms(snapshot, node, d.reason),
+                    force_from_ms: None,
+                    started_ms: now_ms(),
+                    version: 0,
+                };
+                // Recorded before the taint: a run dying in between leaves a
+                // record whose next step (re)applies the taint.
+                let Some(record) = self.store.begin_disruption(&record).await? else {
+                    continue;
+                };
+                self.cluster.taint_disrupted(node).await?;
+                tracing::info!(node, claim = %record.claim, reason = %d.reason, "disruption begins");
+                report.started.push((node.clone(), d.reason));
+                records.push(record);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every record on; replacement launches are batched into one solve.
+    async fn move_on(
+        &self,
+        snapshot: &Snapshot,
+        records: &mut [DisruptionRecord],
+        started: Instant,
+        report: &mut DisruptionReport,
+    ) {
+        let mut launch: Vec<usize> = Vec::new();
+        for (i, r) in records.iter_mut().enumerate() {
+            if started.elapsed() >= self.config.budget {
+                report.deferred += 1;
+                continue;
+            }
+            match self.walk(r, report).await {
+                Ok(Some(Next::Launch)) => launch.push(i),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %r.node, error = %e, "disruption step failed; the next sweep tries again");
+                    report.failed.push((r.node.clone(), e));
+                }
+            }
+        }
+        if launch.is_empty() {
+            return;
+        }
+        let removed: BTreeSet<String> = records.iter().map(|r| r.node.clone()).collect();
+        match self.launch(snapshot, records, &launch, &removed, report).await {
+            Ok(()) => {
+                for i in launch {
+                    if let Err(e) = self.walk(&mut records[i], report).await {
+                        report.failed.push((records[i].node.clone(), e));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "replacements not launched; the next sweep tries again");
+                report.failed.push((String::new(), e));
+            }
+        }
+    }
+
+    /// Finishes the disruptions whose drain `sweep_drains` just completed.
+    pub(super) async fn finish_drained(&self, drained: &[String], report: &mut DisruptionReport) {
+        if drained.is_empty() {
+            return;
+        }
+        let records = match self.store.disruptions().await {
+            Ok(r) => r,
+            Err(e) => {
+                report.failed.push((String::new(), e.into()));
+                return;
+            }
+        };
+        for mut r in records.into_iter().filter(|r| drained.contains(&r.node)) {
+            if let Err(e) = self.walk(&mut r, report).await {
+                report.failed.push((r.node.clone(), e));
+            }
+        }
+    }
+
+    /// What the world says about one record now.
+    async fn facts<'a>(&self, r: &'a DisruptionRecord, drains: &[DrainRecord]) -> Result<Facts<'a>, StepError> {
+        let claim = self.store.get_node_claim(&r.claim).await?.map(|c| c.phase);
+        let node_exists = self.cluster.node(&r.node).await?.is_some();
+        let (undrained, do_not_disrupt_pod) = if node_exists {
+            undrained(&self.cluster.pods_on_node(&r.node).await?)
+        } else {
+            (0, None)
+        };
+        let mut replacements = Vec::with_capacity(r.replacements.len());
+        for name in &r.replacements {
+            let phase = self.store.get_node_claim(name).await?.map(|c| c.phase);
+            replacements.push((name.clone(), phase));
+        }
+        Ok(Facts {
+            now: Timestamp::now(),
+            record: r,
+            claim,
+            node_exists,
+            replacements,
+            drain_recorded: drains.iter().any(|d| d.claim == r.claim),
+            undrained,
+            do_not_disrupt_pod,
+        })
+    }
+
+    /// Takes the steps of one disruption until it waits (or needs a launch,
+    /// which is returned so launches share one solve).
+    async fn walk(&self, r: &mut DisruptionRecord, report: &mut DisruptionReport) -> Result<Option<Next>, StepError> {
+        for _ in 0..STEPS_PER_RUN {
+            let drains = self.store.drains().await?;
+            let next = progress::next(&self.facts(r, &drains).await?);
+            tracing::debug!(node = %r.node, step = r.step.as_str(), next = ?next, "disruption");
+            match next {
+                Next::Launch => {
+                    // The taint first: a record written by a run that died before tainting.
+                    self.cluster.taint_disrupted(&r.node).await?;
+                    return Ok(Some(Next::Launch));
+                }
+                Next::Wait(_) | Next::Draining => return Ok(Some(next)),
+                Next::BeginDrain { force_from } => {
+                    self.cluster.taint_disrupted(&r.node).await?;
+                    let drain = DrainRecord {
+                        claim: r.claim.clone(),
+                        node: r.node.clone(),
+                        reason: format!("disruption-{}", r.reason.to_lowercase()),
+                        deadline_ms: force_from.map(|t| t.as_millisecond()),
+                        force_from_ms: force_from.map(|t| t.as_millisecond()),
+                        started_ms: now_ms(),
+                    };
+                    self.store.begin_drain(&drain).await?;
+                    self.claim_to(&r.claim, Phase::Draining).await?;
+                    let mut moved = r.clone();
+                    moved.step = DisruptionStep::Draining;
+                    moved.force_from_ms = drain.force_from_ms;
+                    *r = self.store.update_disruption(&moved).await?;
+                    tracing::info!(node = %r.node, force_from = ?force_from, "drain begins");
+                    report.draining.push(r.node.clone());
+                }
+                Next::Terminate => {
+                    self.terminate_disrupted(r).await?;
+                    report.terminated.push(r.node.clone());
+                    return Ok(None);
+                }
+                Next::Abandon(why) => {
+                    if self.cluster.untaint_disrupted(&r.node).await.is_err() {
+                        tracing::warn!(node = %r.node, "could not untaint an abandoned disruption's node");
+                    }
+                    self.store.end_disruption(&r.claim, r.version).await?;
+                    self.event(EventSpec::disruption_blocked(events::node_name_ref(&r.node), &why))
+                        .await;
+                    tracing::info!(node = %r.node, %why, "disruption abandoned");
+                    report.abandoned.push((r.node.clone(), why));
+                    return Ok(None);
+                }
+                Next::Forget => {
+                    self.store.end_disruption(&r.claim, r.version).await?;
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Instance first, then the Node, then the claim and the records (as the
+    /// lifecycle removes capacity: never an instance nobody owns).
+    async fn terminate_disrupted(&self, r: &mut DisruptionRecord) -> Result<(), StepError> {
+        if r.step != DisruptionStep::Terminating {
+            let mut moved = r.clone();
+            moved.step = DisruptionStep::Terminating;
+            *r = self.store.update_disruption(&moved).await?;
+            self.event(EventSpec::disruption_terminating(
+                events::node_name_ref(&r.node),
+                &r.reason,
+            ))
+            .await;
+        }
+        let claim = self.claim_to(&r.claim, Phase::Terminating).await?;
+        if let Some(id) = claim.as_ref().and_then(|c| c.instance_id.clone()) {
+            let out = self.instances.terminate(std::slice::from_ref(&id)).await?;
+            tracing::info!(instance_id = %id, outcome = ?out.get(&id), "disrupted instance terminated");
+        }
+        self.cluster.delete_node(&r.node).await?;
+        if let Some(c) = claim {
+            match self.store.delete_node_claim(&c.name, c.version).await {
+                Ok(()) | Err(StateError::Conflict { found: None, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.store.end_drain(&r.claim).await?;
+        self.store.end_disruption(&r.claim, r.version).await?;
+        tracing::info!(node = %r.node, reason = %r.reason, "disrupted node terminated");
+        Ok(())
+    }
+
+    /// Moves a claim to `phase` when it may (version-checked; a conflict re-reads
+    /// once). Returns the claim as stored, None when it is gone.
+    async fn claim_to(&self, name: &str, phase: Phase) -> Result<Option<NodeClaim>, StepError> {
+        for _ in 0..2 {
+            let Some(mut c) = self.store.get_node_claim(name).await? else {
+                return Ok(None);
+            };
+            if c.phase == phase || !c.phase.can_move_to(phase) {
+                return Ok(Some(c));
+            }
+            c.advance(phase, Timestamp::now())?;
+            match self.store.update_node_claim(&c).await {
+                Ok(c) => return Ok(Some(c)),
+                Err(StateError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(self.store.get_node_claim(name).await?)
+    }
+
+    /// One solve for the records at `which`, under the provision lease (so
+    /// `provision` and this never plan the same pods at once); claims written
+    /// fenced and queued for `launch`, as provisioning does.
+    async fn launch(
+        &self,
+        snapshot: &Snapshot,
+        records: &mut [DisruptionRecord],
+        which: &[usize],
+        removed: &BTreeSet<String>,
+        report: &mut DisruptionReport,
+    ) -> Result<(), StepError> {
+        let Some(url) = self.config.launch_queue_url.clone() else {
+            tracing::warn!("replacements are due but NODESMITH_LAUNCH_QUEUE_URL is not set");
+            return Ok(());
+        };
+        let Some(lease) = self
+            .store
+            .acquire_lease_within(
+                crate::provisioning::LEASE,
+                &self.config.holder,
+                PROVISION_LEASE_TTL,
+                PROVISION_LEASE_WAIT,
+            )
+            .await?
+        else {
+            tracing::info!("provision holds its lease; replacements wait for the next sweep");
+            return Ok(());
+        };
+        let result = self
+            .launch_under(&lease, snapshot, records, which, removed, &url, report)
+            .await;
+        if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
+            tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn launch_under(
+        &self,
+        lease: &crate::state::Lease,
+        snapshot: &Snapshot,
+        records: &mut [DisruptionRecord],
+        which: &[usize],
+        removed: &BTreeSet<String>,
+        url: &str,
+        report: &mut DisruptionReport,
+    ) -> Result<(), StepError> {
+        // Re-read under the lease: claims provision wrote since count as capacity.
+        let fresh = live::read(&self.cluster, &self.store, Timestamp::now()).await?;
+        let _ = snapshot;
+        let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
+        let seed = format!("{}/{}/{}", lease.holder, lease.version, now_ms());
+        let a = assign(&fresh, &chosen, removed, &seed);
+        let new: Vec<NodeClaim> = a.new.values().flatten().cloned().collect();
+        let created = self.store.create_node_claims_fenced(lease, &new, now_ms()).await?;
+        let requests: Vec<LaunchRequest> = created
+            .iter()
+            .filter_map(|c| {
+                fresh
+                    .node_class(&c.node_class)
+                    .map(|nc| LaunchRequest::new(&c.name, nc))
+            })
+            .collect();
+        enqueue(&self.sqs, url, &requests).await?;
+        for (k, i) in which.iter().enumerate() {
+            if let Some(why) = a.stuck.get(&k) {
+                tracing::warn!(node = %records[*i].node, %why, "a pod of a disrupted node has nowhere to go");
+            }
+            let mine: Vec<String> = a
+                .new
+                .get(&k)
+                .into_iter()
+                .flatten()
+                .map(|c| c.name.clone())
+                .chain(a.in_flight.get(&k).into_iter().flatten().cloned())
+                .collect();
+            let mut moved = records[*i].clone();
+            moved.step = DisruptionStep::Launching;
+            moved.replacements = mine.clone();
+            records[*i] = self.store.update_disruption(&moved).await?;
+            let node_ref = || events::node_name_ref(&records[*i].node);
+            for c in a.new.get(&k).into_iter().flatten() {
+                self.event(EventSpec::disruption_launching(
+                    node_ref(),
+                    &c.name,
+                    &records[*i].reason,
+                ))
+                .await;
+                report.launched.push(c.name.clone());
+            }
+            if !mine.is_empty() {
+                self.event(EventSpec::disruption_waiting_readiness(node_ref(), &mine))
+                    .await;
+            }
+            tracing::info!(node = %records[*i].node, replacements = ?mine, "replacements launched");
+        }
+        Ok(())
+    }
+
+    /// Records an event; a failure is logged, never fatal.
+    async fn event(&self, e: EventSpec) {
+        if let Err(err) = self.cluster.emit_event(&e).await {
+            tracing::warn!(reason = %e.reason, error = %err, "could not record an event");
+        }
+    }
+
+    /// Nodes whose instance no longer matches what their class resolves to now
+    /// (AMI, subnet, security groups), with why; empty when resolution is not
+    /// wired. A class that cannot be resolved drifts nothing (logged).
+    async fn resolved_drift(&self, snapshot: &Snapshot) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let Some(r) = &self.resolution else {
+            return out;
+        };
+        // Nodes of a NodePool, by class, with their instance ids.
+        let mut by_class: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for n in &snapshot.nodes {
+            let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
+            let Some(pool) = node_labels.get(labels::NODEPOOL).and_then(|p| snapshot.node_pool(p)) else {
+                continue;
+            };
+            let class = node_labels
+                .get(labels::EC2NODECLASS)
+                .cloned()
+                .unwrap_or_else(|| pool.spec.template.spec.node_class_ref.name.clone());
+            let Some(id) = n
+                .node
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .and_then(registration::instance_id)
+            else {
+                continue;
+            };
+            let name = n.node.metadata.name.clone().unwrap_or_default();
+            by_class.entry(class).or_default().push((name, id.to_string()));
+        }
+        if by_class.is_empty() {
+            return out;
+        }
+        let instances: BTreeMap<String, Instance> = match self.instances.list_owned().await {
+            Ok(list) => list.into_iter().map(|i| (i.id.clone(), i)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "instances not listed; no drift by resolution this run");
+                return out;
+            }
+        };
+        let version = match launch::cluster::describe(&r.eks, self.instances.cluster()).await {
+            Ok(c) => c.version,
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster not described; no drift by resolution this run");
+                return out;
+            }
+        };
+        for (class_name, nodes) in by_class {
+            let Some(class) = snapshot.node_class(&class_name) else {
+                continue;
+            };
+            let found: Vec<(String, &Instance)> = nodes
+                .into_iter()
+                .filter_map(|(node, id)| Some((node, instances.get(&id)?)))
+                .collect();
+            let key_of = |i: &Instance| launch::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
+            let keys: BTreeSet<AmiKey> = found.iter().map(|(_, i)| key_of(i)).collect();
+            let resolved = match resolve_class(self.instances.ec2(), &r.ssm, class, &version, &keys).await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(class = %class_name, error = %e, "EC2NodeClass not resolved; its nodes are not checked for drift this run");
+                    continue;
+                }
+            };
+            let (amis, subnets, security_groups) = resolved;
+            for (node, i) in found {
+                let now = ClassResolution {
+                    amis: amis.get(&key_of(i)).cloned().into_iter().collect(),
+                    subnets: subnets.clone(),
+                    security_groups: security_groups.clone(),
+                };
+                let facts = InstanceFacts {
+                    image_id: i.image_id.clone(),
+                    subnet_id: i.subnet_id.clone(),
+                    security_groups: i.security_group_ids.clone(),
+                };
+                if let Some(why) = resolved::reason(&facts, &now) {
+                    tracing::info!(node = %node, instance_id = %i.id, class = %class_name, reason = why, "drifted by live resolution");
+                    out.insert(node, why.to_string());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A class's AMIs per needed key, selected subnets and security groups, through the launch resolvers.
+async fn resolve_class(
+    ec2: &aws_sdk_ec2::Client,
+    ssm: &aws_sdk_ssm::Client,
+    class: &EC2NodeClass,
+    k8s_version: &str,
+    keys: &BTreeSet<AmiKey>,
+) -> Result<ResolvedClass, LaunchError> {
+    let subnets = subnet::resolve(ec2, &class.spec.subnet_selector_terms)
+        .await?
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    let security_groups = securitygroup::resolve(ec2, &class.spec.security_group_selector_terms)
+        .await?
+        .into_iter()
+        .collect();
+    let amis = ami::resolve(ec2, ssm, &class.spec.ami_selector_terms, k8s_version, keys).await?;
+    Ok((amis, subnets, security_groups))
+}
+
+/// AMI id per key, subnet ids, security group ids.
+type ResolvedClass = (BTreeMap<AmiKey, String>, BTreeSet<String>, BTreeSet<String>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn undrained_counts_what_a_drain_must_move() {
+        let ds = pod(
+            json!({"metadata": {"name": "ds", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]}, "spec": {"containers": []}, "status": {"phase": "Running"}}),
+        );
+        let web = pod(
+            json!({"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": []}, "status": {"phase": "Running"}}),
+        );
+        let dnd = pod(
+            json!({"metadata": {"name": "db", "namespace": "default", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}, "spec": {"containers": []}, "status": {"phase": "Running"}}),
+        );
+        let done =
+            pod(json!({"metadata": {"name": "job"}, "spec": {"containers": []}, "status": {"phase": "Succeeded"}}));
+        assert_eq!(undrained(&[ds.clone(), done.clone()]), (0, None));
+        assert_eq!(undrained(&[ds, web, dnd, done]), (2, Some("default/db".into())));
+    }
+
+    #[test]
+    fn only_protections_and_budgets_are_worth_an_event() {
+        assert!(worth_an_event(&Held::DoNotDisruptNode));
+        assert!(!worth_an_event(&Held::ConsolidateAfter { remaining_secs: 3 }));
+        assert!(!worth_an_event(&Held::NoSaving));
+    }
+}

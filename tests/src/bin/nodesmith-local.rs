@@ -1,0 +1,150 @@
+//! The local cloud's command line (what `scripts/dev-stack` and `scripts/demo` run):
+//!
+//! ```text
+//! nodesmith-local stack [--env-file PATH]   run until SIGINT/SIGTERM; print (and write) the exports
+//! nodesmith-local demo [--json] [--replicas N]
+//! ```
+//!
+//! The function and forwarder binaries are expected next to this one.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
+use nodesmith_tests::local_cloud::{LocalCloud, Settings, write_atomically};
+
+const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N]";
+
+fn settings() -> Result<Settings, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    Settings::from_lookup(|k| std::env::var(k).ok(), bin_dir).map_err(|e| e.to_string())
+}
+
+async fn stop_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn stack(env_file: Option<PathBuf>) -> Result<(), String> {
+    let cloud = tokio::select! {
+        c = LocalCloud::start(settings()?) => c.map_err(|e| e.to_string())?,
+        _ = stop_signal() => return Ok(()),
+    };
+    let exports = cloud.exports();
+    if let Some(path) = &env_file
+        && let Err(e) = write_atomically(path, &exports)
+    {
+        cloud.stop().await;
+        return Err(format!("{}: {e}", path.display()));
+    }
+    print!("{exports}");
+    eprintln!(
+        "local cloud ready (logs in {}); stop with Ctrl-C or SIGTERM",
+        cloud.log_dir().display()
+    );
+    stop_signal().await;
+    eprintln!("stopping the local cloud");
+    cloud.stop().await;
+    Ok(())
+}
+
+async fn run_demo(json: bool, replicas: usize) -> Result<bool, String> {
+    let mut out = std::io::stdout();
+    println!("starting the local cloud (moto, the Kubernetes API test server, the four functions, the forwarder)");
+    let started = std::time::Instant::now();
+    let cloud = LocalCloud::start(settings()?).await.map_err(|e| e.to_string())?;
+    println!("ready in {:.1} s", started.elapsed().as_secs_f64());
+    let options = DemoOptions {
+        replicas,
+        ..DemoOptions::default()
+    };
+    let result = tokio::select! {
+        r = demo::run(&cloud, &options, &mut out) => Some(r),
+        _ = stop_signal() => None,
+    };
+    cloud.stop().await;
+    let Some(result) = result else {
+        return Err("interrupted".into());
+    };
+    let summary = result.map_err(|e| e.to_string())?;
+    println!("\n== summary");
+    let v = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+    if let Some(m) = v.as_object() {
+        for (k, val) in m {
+            println!("   {k:<32} {val}");
+        }
+    }
+    if json {
+        println!("{v}");
+    }
+    Ok(summary.ok)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| {
+        if args.first().map(String::as_str) == Some("stack") {
+            "info"
+        } else {
+            "warn"
+        }
+        .into()
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["stack"] => runtime.block_on(stack(None)).map(|_| true),
+        ["stack", "--env-file", path] => runtime.block_on(stack(Some(PathBuf::from(path)))).map(|_| true),
+        ["demo", rest @ ..] => {
+            let mut json = false;
+            let mut replicas = 100;
+            let mut it = rest.iter();
+            let mut bad = None;
+            while let Some(a) = it.next() {
+                match *a {
+                    "--json" => json = true,
+                    "--replicas" => match it.next().and_then(|n| n.parse().ok()) {
+                        Some(n) => replicas = n,
+                        None => bad = Some("--replicas needs a number".to_string()),
+                    },
+                    other => bad = Some(format!("unknown argument {other:?}")),
+                }
+            }
+            match bad {
+                Some(b) => Err(format!("{b}\n{USAGE}")),
+                None => runtime.block_on(run_demo(json, replicas)),
+            }
+        }
+        _ => Err(USAGE.to_string()),
+    };
+    // Lingering tasks (watch streams) must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("nodesmith-local: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! What invokes the functions: SQS event source mappings (batch size,
+//! batching window, partial batch failures; failed messages come back after
+//! the queue's visibility timeout and go to the dead-letter queue after its
+//! `maxReceiveCount`, which SQS itself does) and the sweep's schedule. Every
+//! invocation is recorded in the [`Activity`] log.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::runtime::{Answer, Function};
+use crate::moto::REGION;
+
+/// One invocation, as the demo shows it.
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    /// The function.
+    pub function: String,
+    /// What invoked it: `schedule` or `<n> messages`.
+    pub trigger: String,
+    /// When it was invoked.
+    pub at: jiff::Timestamp,
+    /// Its memory size in MiB (for the cost estimate).
+    pub memory_mb: u64,
+    /// What it answered.
+    pub answer: Answer,
+    /// Messages it reported as failed (or all of them when it failed as a whole).
+    pub failed_messages: usize,
+}
+
+impl Invocation {
+    /// The function's own summary of what it decided: the fields of its
+    /// last `batch done` / `launch request handled` log lines, or its answer.
+    pub fn decision(&self) -> String {
+        let mut parts = Vec::new();
+        for line in &self.answer.logs {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let Some(fields) = v.get("fields").and_then(Value::as_object) else {
+                continue;
+            };
+            let message = fields.get("message").and_then(Value::as_str).unwrap_or_default();
+            match message {
+                "batch done" => parts.push(
+                    fields
+                        .iter()
+                        .filter(|(k, v)| *k != "message" && v.as_u64() != Some(0))
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                "launch request handled" => parts.push(format!(
+                    "{} {}",
+                    fields.get("node_claim").and_then(Value::as_str).unwrap_or("?"),
+                    fields.get("outcome").and_then(Value::as_str).unwrap_or("?")
+                )),
+                _ => {}
+            }
+        }
+        match &self.answer.result {
+            Err(e) => format!("error: {}", e.chars().take(120).collect::<String>()),
+            Ok(_) if !parts.is_empty() => parts.join("; "),
+            Ok(body) => compact(body),
+        }
+    }
+}
+
+/// A JSON answer as `key value` pairs, nested keys joined with dots, lists
+/// as their lengths, and nothing for zero, false, null or empty values.
+fn compact(body: &str) -> String {
+    fn walk(prefix: &str, v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            Value::Array(a) if !a.is_empty() => out.push(format!("{prefix} {}", a.len())),
+            Value::Number(n) if n.as_f64() != Some(0.0) => out.push(format!("{prefix} {n}")),
+            Value::String(s) => out.push(format!("{prefix} {s}")),
+            Value::Bool(true) => out.push(prefix.to_string()),
+            _ => {}
+        }
+    }
+    match serde_json::from_str::<Value>(body) {
+        Ok(v @ Value::Object(_)) => {
+            let mut out = Vec::new();
+            walk("", &v, &mut out);
+            out.join(", ")
+        }
+        _ => body.chars().take(120).collect(),
+    }
+}
+
+/// Every invocation so far, and a feed of new ones.
+#[derive(Clone)]
+pub struct Activity {
+    all: Arc<Mutex<Vec<Invocation>>>,
+    feed: broadcast::Sender<Invocation>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            all: Arc::default(),
+            feed: broadcast::channel(1024).0,
+        }
+    }
+}
+
+impl Activity {
+    fn record(&self, inv: Invocation) {
+        tracing::info!(function = %inv.function, trigger = %inv.trigger, millis = inv.answer.duration.as_millis() as u64,
+            ok = inv.answer.result.is_ok(), decision = %inv.decision(), "invocation");
+        self.all.lock().unwrap_or_else(|e| e.into_inner()).push(inv.clone());
+        let _ = self.feed.send(inv);
+    }
+
+    /// Every invocation so far.
+    pub fn all(&self) -> Vec<Invocation> {
+        self.all.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// New invocations from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Invocation> {
+        self.feed.subscribe()
+    }
+}
+
+/// An SQS event source mapping's settings.
+#[derive(Clone, Debug)]
+pub struct MappingSpec {
+    /// The queue's URL.
+    pub queue_url: String,
+    /// The queue's ARN (`eventSourceARN` of each record).
+    pub queue_arn: String,
+    /// `BatchSize`.
+    pub batch_size: usize,
+    /// `MaximumBatchingWindowInSeconds`.
+    pub window: Duration,
+}
+
+fn sqs_record(m: &Message, spec: &MappingSpec) -> Value {
+    let attrs: BTreeMap<String, String> = m
+        .attributes()
+        .map(|a| a.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect())
+        .unwrap_or_default();
+    json!({
+        "messageId": m.message_id(),
+        "receiptHandle": m.receipt_handle(),
+        "body": m.body(),
+        "attributes": attrs,
+        "messageAttributes": {},
+        "md5OfBody": m.md5_of_body(),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": spec.queue_arn,
+        "awsRegion": REGION,
+    })
+}
+
+/// Which messages of a batch failed, from a function's answer (Lambda's
+/// `ReportBatchItemFailures` rules: a failed invocation, or an answer naming
+/// an unknown or empty id, fails the whole batch).
+pub fn failed_ids(answer: &Result<String, String>, ids: &[String]) -> Vec<String> {
+    let Ok(body) = answer else {
+        return ids.to_vec();
+    };
+    let v: Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(_) if body.trim().is_empty() => return Vec::new(),
+        Err(_) => return ids.to_vec(),
+    };
+    let Some(items) = v.get("batchItemFailures") else {
+        return Vec::new();
+    };
+    let Some(items) = items.as_array() else {
+        return if items.is_null() { Vec::new() } else { ids.to_vec() };
+    };
+    let mut failed = Vec::new();
+    for item in items {
+        match item.get("itemIdentifier").and_then(Value::as_str) {
+            Some(id) if ids.iter().any(|i| i == id) => failed.push(id.to_string()),
+            _ => return ids.to_vec(),
+        }
+    }
+    failed
+}
+
+/// Polls the queue and invokes the function with batches, forever.
+pub async fn run_mapping(sqs: aws_sdk_sqs::Client, spec: MappingSpec, function: Arc<Function>, activity: Activity) {
+    loop {
+        let batch = collect(&sqs, &spec).await;
+        if batch.is_empty() {
+            continue;
+        }
+        let event = json!({"Records": batch.iter().map(|m| sqs_record(m, &spec)).collect::<Vec<_>>()});
+        let ids: Vec<String> = batch
+            .iter()
+            .filter_map(|m| m.message_id().map(str::to_string))
+            .collect();
+        let at = jiff::Timestamp::now();
+        let answer = match function.invoke(&event).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::info!(error = %e, "event source mapping stops");
+                return;
+            }
+        };
+        let failed = failed_ids(&answer.result, &ids);
+        let done: Vec<&Message> = batch
+            .iter()
+            .filter(|m| !m.message_id().is_some_and(|id| failed.iter().any(|f| f == id)))
+            .collect();
+        for chunk in done.chunks(10) {
+            let entries: Vec<DeleteMessageBatchRequestEntry> = chunk
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(m.receipt_handle().unwrap_or_default())
+                        .build()
+                        .ok()
+                })
+                .collect();
+            if let Err(e) = sqs
+                .delete_message_batch()
+                .queue_url(&spec.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+            {
+                tracing::warn!(error = %e, queue = %spec.queue_url, "cannot delete handled messages; they will be delivered again");
+            }
+        }
+        activity.record(Invocation {
+            function: function.name().to_string(),
+            trigger: format!("{} messages", batch.len()),
+            at,
+            memory_mb: function.memory_mb(),
+            answer,
+            failed_messages: failed.len(),
+        });
+    }
+}
+
+/// One batch: waits (long polling) for a first message, then gathers more
+/// until the batch is full or the batching window has passed (with no
+/// window: until nothing more is visible).
+async fn collect(sqs: &aws_sdk_sqs::Client, spec: &MappingSpec) -> Vec<Message> {
+    let mut batch: Vec<Message> = Vec::new();
+    let mut first: Option<Instant> = None;
+    loop {
+        let wait_secs = match first {
+            None => 1,
+            Some(t) => spec.window.saturating_sub(t.elapsed()).as_secs().min(1),
+        };
+        let max = (spec.batch_size - batch.len()).clamp(1, 10) as i32;
+        let got = sqs
+            .receive_message()
+            .queue_url(&spec.queue_url)
+            .max_number_of_messages(max)
+            .wait_time_seconds(wait_secs as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await;
+        let n = match got {
+            Ok(out) => {
+                batch.extend(out.messages().iter().cloned());
+                out.messages().len()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, queue = %spec.queue_url, "cannot receive");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return batch;
+            }
+        };
+        if batch.is_empty() {
+            return batch;
+        }
+        let started = *first.get_or_insert_with(Instant::now);
+        if batch.len() >= spec.batch_size || (n == 0 && spec.window.is_zero()) {
+            return batch;
+        }
+        if !spec.window.is_zero() && started.elapsed() >= spec.window {
+            return batch;
+        }
+        if n == 0 && wait_secs == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Invokes the sweep every `period` as EventBridge Scheduler would (an
+/// invocation still running when the next is due makes that one wait: the
+/// sweep's reserved concurrency is 1).
+pub async fn run_schedule(period: Duration, function: Arc<Function>, activity: Activity) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let at = jiff::Timestamp::now();
+        let event = json!({"version": "0", "id": format!("schedule-{}", at.as_millisecond()), "detail-type": "Scheduled Event",
+            "source": "aws.scheduler", "account": "123456789012", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            "region": REGION, "resources": ["arn:aws:scheduler:us-east-1:123456789012:schedule/default/nodesmith-sweep"], "detail": "{}"});
+        let answer = match function.invoke(&event).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::info!(error = %e, "schedule stops");
+                return;
+            }
+        };
+        let failed = usize::from(answer.result.is_err());
+        activity.record(Invocation {
+            function: function.name().to_string(),
+            trigger: "schedule".into(),
+            at,
+            memory_mb: function.memory_mb(),
+            answer,
+            failed_messages: failed,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids() -> Vec<String> {
+        vec!["a".into(), "b".into()]
+    }
+
+    #[test]
+    fn partial_batch_failures_follow_lambda_rules() {
+        let cases: &[(Result<String, String>, Vec<&str>)] = &[
+            (Ok(r#"{"batchItemFailures":[]}"#.into()), vec![]),
+            (
+                Ok(r#"{"batchItemFailures":[{"itemIdentifier":"b"}]}"#.into()),
+                vec!["b"],
+            ),
+            (
+                Ok(r#"{"batchItemFailures":[{"itemIdentifier":"zz"}]}"#.into()),
+                vec!["a", "b"],
+            ),
+            (
+                Ok(r#"{"batchItemFailures":[{"itemIdentifier":""}]}"#.into()),
+                vec!["a", "b"],
+            ),
+            (Ok(r#"{"batchItemFailures":null}"#.into()), vec![]),
+            (Ok("".into()), vec![]),
+            (Ok("{}".into()), vec![]),
+            (Ok("not json".into()), vec!["a", "b"]),
+            (Err("boom".into()), vec!["a", "b"]),
+        ];
+        for (answer, want) in cases {
+            assert_eq!(failed_ids(answer, &ids()), *want, "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn answers_are_summarised_without_empty_parts() {
+        let body = r#"{"skipped":false,"done":2,"failed":0,"disruption":{"launched":["a"],"failed":[]},"solveRequested":"removed"}"#;
+        assert_eq!(compact(body), "disruption.launched 1, done 2, solveRequested removed");
+        assert_eq!(compact(r#"{"skipped":true}"#), "skipped");
+        assert_eq!(compact("plain"), "plain");
+    }
+}

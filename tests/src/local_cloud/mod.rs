@@ -1,0 +1,495 @@
+//! The local cloud: nodesmith end to end on one machine, with no AWS account
+//! and no cluster (contract: `docs/local-stack.md`). moto's server plays AWS;
+//! the Kubernetes API test server plays the cluster, with its scheduler,
+//! workload controllers and kubelets; the four real function binaries run
+//! warm under a local Lambda Runtime API, fed by SQS event source mappings
+//! and the sweep's schedule; the real forwarder watches the test server.
+//! `scripts/dev-stack` runs it until interrupted; `scripts/demo` plays a story on it.
+
+pub mod aws;
+pub mod demo;
+pub mod mapping;
+pub mod runtime;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::kube_server::{ControllerLoop, KubeServer, KubeletLoop, KubeletTiming, Kubelets, SchedulerLoop};
+use crate::moto::{MotoServer, child_env, sdk_config};
+use mapping::{Activity, MappingSpec, run_mapping, run_schedule};
+use runtime::{Function, FunctionSpec};
+
+/// A function as `template.yaml` declares it, and the queue that feeds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FunctionDef {
+    /// The function's binary (`BuildProperties.Binary`).
+    pub binary: &'static str,
+    /// `MemorySize` in MiB.
+    pub memory_mb: u64,
+    /// `Timeout` in seconds.
+    pub timeout_secs: u64,
+    /// `(queue, BatchSize, windowed)` of its SQS event, if any: a windowed
+    /// mapping uses the batching window setting.
+    pub queue: Option<(QueueName, usize, bool)>,
+}
+
+/// The three queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueName {
+    /// Pending pods and solve requests.
+    Pending,
+    /// Launch requests.
+    Launch,
+    /// Interruption events.
+    Interruption,
+}
+
+/// The functions (a test checks them against `template.yaml`).
+pub const FUNCTIONS: [FunctionDef; 4] = [
+    FunctionDef {
+        binary: "provision",
+        memory_mb: 1024,
+        timeout_secs: 60,
+        queue: Some((QueueName::Pending, 1000, true)),
+    },
+    FunctionDef {
+        binary: "launch",
+        memory_mb: 512,
+        timeout_secs: 60,
+        queue: Some((QueueName::Launch, 10, false)),
+    },
+    FunctionDef {
+        binary: "interrupt",
+        memory_mb: 512,
+        timeout_secs: 300,
+        queue: Some((QueueName::Interruption, 10, false)),
+    },
+    FunctionDef {
+        binary: "sweep",
+        memory_mb: 512,
+        timeout_secs: 300,
+        queue: None,
+    },
+];
+
+/// The forwarder's binary.
+pub const FORWARDER: &str = "nodesmith-forwarder";
+
+/// The local cloud's settings: every slow duration of a real cluster, short.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The cluster's name (`NODESMITH_CLUSTER_NAME`).
+    pub cluster: String,
+    /// Period of the sweep schedule.
+    pub sweep_period: Duration,
+    /// The pending-pods queue's batching window.
+    pub batch_window: Duration,
+    /// Age after which an owned instance with no NodeClaim is collected.
+    pub leak_grace: Duration,
+    /// Lifecycle timeout: launch.
+    pub launch_timeout: Duration,
+    /// Lifecycle timeout: registration.
+    pub registration_timeout: Duration,
+    /// From instance running to Node created.
+    pub kubelet_join: Duration,
+    /// How long a new Node stays not ready.
+    pub kubelet_ready: Duration,
+    /// The queues' visibility timeout (how soon a failed message comes back).
+    pub visibility_timeout: Duration,
+    /// Where the kubeconfig and function logs go (kept when given; otherwise a
+    /// temporary directory removed at stop).
+    pub state_dir: Option<PathBuf>,
+    /// Where the function binaries are.
+    pub bin_dir: PathBuf,
+}
+
+/// A setting that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{name}: {message}")]
+pub struct SettingsError {
+    /// The environment variable.
+    pub name: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// The environment variables of [`Settings`], with their defaults in seconds.
+pub const DURATION_VARIABLES: [(&str, u64); 8] = [
+    ("NODESMITH_DEV_SWEEP_SECONDS", 5),
+    ("NODESMITH_BATCH_WINDOW_SECONDS", 1),
+    ("NODESMITH_LEAK_GRACE_SECONDS", 10),
+    ("NODESMITH_LAUNCH_TIMEOUT_SECONDS", 60),
+    ("NODESMITH_REGISTRATION_TIMEOUT_SECONDS", 120),
+    ("NODESMITH_DEV_KUBELET_JOIN_SECONDS", 2),
+    ("NODESMITH_DEV_KUBELET_READY_SECONDS", 3),
+    ("NODESMITH_DEV_VISIBILITY_SECONDS", 10),
+];
+
+impl Settings {
+    /// Reads the settings through `get` (the environment); `bin_dir` holds the binaries.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, bin_dir: PathBuf) -> Result<Settings, SettingsError> {
+        let mut d = [Duration::ZERO; 8];
+        for (i, (name, default)) in DURATION_VARIABLES.iter().enumerate() {
+            d[i] = match get(name).filter(|v| !v.trim().is_empty()) {
+                None => Duration::from_secs(*default),
+                Some(v) => {
+                    let secs: f64 = v.trim().parse().map_err(|_| SettingsError {
+                        name: name.to_string(),
+                        message: format!("{v:?} is not a number of seconds"),
+                    })?;
+                    if !(0.0..=86_400.0).contains(&secs) {
+                        return Err(SettingsError {
+                            name: name.to_string(),
+                            message: format!("{v:?} is not between 0 and 86400 seconds"),
+                        });
+                    }
+                    Duration::from_secs_f64(secs)
+                }
+            };
+        }
+        if d[0].is_zero() {
+            return Err(SettingsError {
+                name: DURATION_VARIABLES[0].0.into(),
+                message: "must be more than 0".into(),
+            });
+        }
+        Ok(Settings {
+            cluster: get("NODESMITH_CLUSTER_NAME")
+                .filter(|c| !c.trim().is_empty())
+                .unwrap_or_else(|| "nodesmith-local".into()),
+            sweep_period: d[0],
+            batch_window: d[1],
+            leak_grace: d[2],
+            launch_timeout: d[3],
+            registration_timeout: d[4],
+            kubelet_join: d[5],
+            kubelet_ready: d[6],
+            visibility_timeout: d[7],
+            state_dir: get("NODESMITH_DEV_STATE_DIR")
+                .filter(|v| !v.trim().is_empty())
+                .map(PathBuf::from),
+            bin_dir,
+        })
+    }
+}
+
+/// Why the local cloud could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A binary is missing.
+    #[error("{0} not found: build the workspace first (`cargo build --workspace --bins`; scripts/dev-stack does)")]
+    MissingBinary(PathBuf),
+    /// moto did not start or refused a command.
+    #[error("moto: {0}")]
+    Moto(String),
+    /// Making the AWS resources failed.
+    #[error(transparent)]
+    World(#[from] aws::WorldError),
+    /// The cluster's objects could not be written.
+    #[error("the Kubernetes API test server: {0}")]
+    Kube(String),
+    /// A file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |source| StartError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The running local cloud; [`LocalCloud::stop`] ends every process it started.
+pub struct LocalCloud {
+    /// Its settings.
+    pub settings: Settings,
+    /// Every function invocation.
+    pub activity: Activity,
+    /// The Kubernetes API test server (in this process).
+    pub kube: KubeServer,
+    /// What was made in moto.
+    pub world: aws::World,
+    /// SDK configuration for moto.
+    pub sdk: aws_config::SdkConfig,
+    moto: MotoServer,
+    functions: Vec<Arc<Function>>,
+    forwarder: Option<tokio::process::Child>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _scheduler: SchedulerLoop,
+    _controllers: ControllerLoop,
+    _kubelets: KubeletLoop,
+    state_dir: PathBuf,
+    temporary_state: bool,
+    kubeconfig: PathBuf,
+}
+
+/// The NodePool and EC2NodeClass the local cloud starts with (the contract's).
+pub fn default_objects(cluster: &str, role: &str) -> [Value; 2] {
+    [
+        json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": [
+                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot", "on-demand"]},
+                    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]},
+                    {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]}
+                ]
+            }},
+            "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "10s", "budgets": [{"nodes": "100%"}]}
+        }}),
+        json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+            "role": role,
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "subnetSelectorTerms": [{"tags": {aws::DISCOVERY: cluster}}],
+            "securityGroupSelectorTerms": [{"tags": {aws::DISCOVERY: cluster}}]
+        }}),
+    ]
+}
+
+/// Writes `text` to `path` atomically (a temporary file renamed into place).
+pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+impl LocalCloud {
+    /// Starts everything and applies the default NodePool and EC2NodeClass.
+    pub async fn start(settings: Settings) -> Result<LocalCloud, StartError> {
+        for name in FUNCTIONS.iter().map(|f| f.binary).chain([FORWARDER]) {
+            let p = settings.bin_dir.join(name);
+            if !p.is_file() {
+                return Err(StartError::MissingBinary(p));
+            }
+        }
+        let (state_dir, temporary_state) = match &settings.state_dir {
+            Some(d) => (d.clone(), false),
+            None => (
+                std::env::temp_dir().join(format!("nodesmith-local-{}", std::process::id())),
+                true,
+            ),
+        };
+        std::fs::create_dir_all(state_dir.join("logs")).map_err(io_error(&state_dir))?;
+        let mut moto = tokio::task::spawn_blocking(MotoServer::spawn)
+            .await
+            .map_err(|e| StartError::Moto(e.to_string()))?
+            .map_err(StartError::Moto)?;
+        let sdk = sdk_config(moto.endpoint()).await;
+        let catalog = nodesmith::catalog::builtin().map_err(|e| StartError::Moto(e.to_string()))?;
+        aws::seed_spot_prices(&mut moto, catalog)?;
+        let world = aws::create(&sdk, &settings.cluster, settings.visibility_timeout.as_secs()).await?;
+
+        let kube = KubeServer::start_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .map_err(|e| StartError::Kube(format!("cannot listen on loopback: {e}")))?;
+        for obj in default_objects(&settings.cluster, &world.node_role) {
+            kube.apply(&obj).map_err(StartError::Kube)?;
+        }
+        let kubeconfig_path = state_dir.join("kubeconfig");
+        kube.write_kubeconfig(&kubeconfig_path)
+            .map_err(io_error(&kubeconfig_path))?;
+        let scheduler = kube.spawn_scheduler(Duration::from_millis(200));
+        let controllers = kube.spawn_controllers(Duration::from_millis(200));
+        let kubelets = Kubelets::new(KubeletTiming {
+            join_after: settings.kubelet_join,
+            ready_after: settings.kubelet_ready,
+        })
+        .spawn(
+            &kube,
+            aws_sdk_ec2::Client::new(&sdk),
+            Arc::new(catalog.clone()),
+            Duration::from_millis(250),
+        );
+
+        let secs = |d: Duration| format!("{}ms", d.as_millis());
+        let mut common: BTreeMap<String, String> = child_env(moto.endpoint())
+            .into_iter()
+            .chain(kube.env())
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        for (k, v) in [
+            ("NODESMITH_CLUSTER_NAME", settings.cluster.clone()),
+            ("NODESMITH_TABLE", aws::TABLE.to_string()),
+            ("NODESMITH_LAUNCH_QUEUE_URL", world.launch.url.clone()),
+            ("NODESMITH_PENDING_QUEUE_URL", world.pending.url.clone()),
+            ("RUST_LOG", "info".to_string()),
+        ] {
+            common.insert(k.into(), v);
+        }
+        let extra: BTreeMap<&str, Vec<(&str, String)>> = BTreeMap::from([
+            (
+                "provision",
+                vec![("NODESMITH_PENDING_DLQ_URL", world.pending.dlq_url.clone())],
+            ),
+            (
+                "interrupt",
+                vec![
+                    ("NODESMITH_REBALANCE", "replace".to_string()),
+                    ("NODESMITH_INTERRUPT_DRAIN_BUDGET", "20".to_string()),
+                ],
+            ),
+            (
+                "sweep",
+                vec![
+                    ("NODESMITH_LAUNCH_TIMEOUT", secs(settings.launch_timeout)),
+                    ("NODESMITH_REGISTRATION_TIMEOUT", secs(settings.registration_timeout)),
+                    ("NODESMITH_LEAK_WINDOW", secs(settings.leak_grace)),
+                    ("NODESMITH_BATCH_WINDOW", secs(settings.batch_window)),
+                    ("NODESMITH_SWEEP_BUDGET", "30s".to_string()),
+                ],
+            ),
+        ]);
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let activity = Activity::default();
+        let mut functions = Vec::new();
+        let mut tasks = Vec::new();
+        for def in FUNCTIONS {
+            let mut env = common.clone();
+            for (k, v) in extra.get(def.binary).into_iter().flatten() {
+                env.insert(k.to_string(), v.clone());
+            }
+            let f = Arc::new(Function::start(FunctionSpec {
+                name: def.binary.to_string(),
+                binary: settings.bin_dir.join(def.binary),
+                env,
+                memory_mb: def.memory_mb,
+                timeout: Duration::from_secs(def.timeout_secs),
+                log_file: Some(state_dir.join("logs").join(format!("{}.log", def.binary))),
+            }));
+            let task = match def.queue {
+                Some((queue, batch_size, windowed)) => {
+                    let q = match queue {
+                        QueueName::Pending => &world.pending,
+                        QueueName::Launch => &world.launch,
+                        QueueName::Interruption => &world.interruption,
+                    };
+                    let spec = MappingSpec {
+                        queue_url: q.url.clone(),
+                        queue_arn: q.arn.clone(),
+                        batch_size,
+                        window: if windowed {
+                            settings.batch_window
+                        } else {
+                            Duration::ZERO
+                        },
+                    };
+                    tokio::spawn(run_mapping(sqs.clone(), spec, f.clone(), activity.clone()))
+                }
+                None => tokio::spawn(run_schedule(settings.sweep_period, f.clone(), activity.clone())),
+            };
+            functions.push(f);
+            tasks.push(task);
+        }
+        let forwarder_log = state_dir.join("logs").join("forwarder.log");
+        let log = std::fs::File::create(&forwarder_log).map_err(io_error(&forwarder_log))?;
+        let log2 = log.try_clone().map_err(io_error(&forwarder_log))?;
+        let forwarder = tokio::process::Command::new(settings.bin_dir.join(FORWARDER))
+            .envs(child_env(moto.endpoint()))
+            .env("KUBECONFIG", &kubeconfig_path)
+            .env("QUEUE_URL", &world.pending.url)
+            .env("HEALTH_ADDR", "127.0.0.1:0")
+            .env("RESEND_AFTER_SECS", "30")
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io_error(&settings.bin_dir.join(FORWARDER)))?;
+        Ok(LocalCloud {
+            settings,
+            activity,
+            kube,
+            world,
+            sdk,
+            moto,
+            functions,
+            forwarder: Some(forwarder),
+            tasks,
+            _scheduler: scheduler,
+            _controllers: controllers,
+            _kubelets: kubelets,
+            state_dir,
+            temporary_state,
+            kubeconfig: kubeconfig_path,
+        })
+    }
+
+    /// The kubeconfig file for `kubectl`.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Where the function and forwarder logs are.
+    pub fn log_dir(&self) -> PathBuf {
+        self.state_dir.join("logs")
+    }
+
+    /// The contract's `export` lines.
+    pub fn exports(&self) -> String {
+        let mut vars: Vec<(&str, String)> = vec![("KUBECONFIG", self.kubeconfig.display().to_string())];
+        vars.extend(child_env(self.moto.endpoint()));
+        vars.extend([
+            ("NODESMITH_CLUSTER_NAME", self.settings.cluster.clone()),
+            ("NODESMITH_TABLE", aws::TABLE.to_string()),
+            ("NODESMITH_PENDING_QUEUE_URL", self.world.pending.url.clone()),
+            ("NODESMITH_LAUNCH_QUEUE_URL", self.world.launch.url.clone()),
+            ("NODESMITH_INTERRUPTION_QUEUE_URL", self.world.interruption.url.clone()),
+        ]);
+        vars.iter()
+            .map(|(k, v)| format!("export {k}={}\n", shell_quote(v)))
+            .collect()
+    }
+
+    /// Process ids of every child process now running (moto, functions, forwarder).
+    pub fn child_pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.moto.pid()];
+        pids.extend(self.functions.iter().filter_map(|f| f.pid()));
+        pids.extend(self.forwarder.as_ref().and_then(|f| f.id()));
+        pids
+    }
+
+    /// Stops everything: pollers and schedule first, then the forwarder
+    /// (SIGTERM, so it flushes), the functions, the cluster and moto.
+    pub async fn stop(mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(mut fwd) = self.forwarder.take() {
+            if let Some(pid) = fwd.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+            if tokio::time::timeout(Duration::from_secs(5), fwd.wait()).await.is_err() {
+                let _ = fwd.kill().await;
+            }
+        }
+        for f in &self.functions {
+            f.stop().await;
+        }
+        if self.temporary_state {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
+        // Dropping the rest stops the kube server, its loops and moto.
+    }
+}
+
+fn shell_quote(v: &str) -> String {
+    if v.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=@".contains(c)) {
+        v.to_string()
+    } else {
+        format!("'{}'", v.replace('\'', r"'\''"))
+    }
+}
