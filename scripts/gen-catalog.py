@@ -37,6 +37,16 @@ def round_half_up(x):
     return int(math.floor(x + 0.5))
 
 
+def default_card_enis(net):
+    """Network interfaces of the default network card (pods get addresses
+    there only); the instance's total when EC2 lists no cards."""
+    index = net.get("DefaultNetworkCardIndex", 0)
+    for card in net.get("NetworkCards", []):
+        if card.get("NetworkCardIndex") == index and card.get("MaximumNetworkInterfaces") is not None:
+            return card["MaximumNetworkInterfaces"]
+    return net.get("MaximumNetworkInterfaces", 0)
+
+
 def facts_from_describe(t):
     """DescribeInstanceTypes entry -> Ec2Facts (camelCase, defaults omitted)."""
     proc = t.get("ProcessorInfo", {})
@@ -57,7 +67,7 @@ def facts_from_describe(t):
         f["hypervisor"] = t["Hypervisor"]
     if t.get("BareMetal"):
         f["bareMetal"] = True
-    f["maxEnis"] = net.get("MaximumNetworkInterfaces", 0)
+    f["maxEnis"] = default_card_enis(net)
     f["ipv4PerEni"] = net.get("Ipv4AddressesPerInterface", 0)
     cards = [c["BaselineBandwidthInGbps"] for c in net.get("NetworkCards", []) if c.get("BaselineBandwidthInGbps") is not None]
     if cards:

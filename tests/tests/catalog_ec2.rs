@@ -168,19 +168,3 @@ async fn seeded_spot_prices_become_spot_offerings() {
         ("us-east-1a", "spot", 0.0312)
     );
 }
-
-#[test]
-fn builtin_allocatable_matches_karpenters_documented_values() {
-    let types = catalog::builtin().unwrap().resolve(None);
-    for (name, cpu, mem, pods) in [
-        ("m5.large", "1930m", "6903Mi", "29"),
-        ("c5.4xlarge", "15890m", "27381Mi", "234"),
-        ("t4g.2xlarge", "7910m", "29317Mi", "58"),
-        ("g5.xlarge", "3920m", "14162Mi", "58"),
-    ] {
-        let a = &types.iter().find(|t| t.name == name).unwrap().allocatable;
-        assert_eq!(a.get("cpu").to_k8s_string("cpu"), cpu, "{name}");
-        assert_eq!(a.get("memory").to_k8s_string("memory"), mem, "{name}");
-        assert_eq!(a.get("pods").to_string(), pods, "{name}");
-    }
-}

@@ -18,10 +18,17 @@ pub const EVICTION_NODEFS_PERCENT: f64 = 10.0;
 /// Ephemeral storage kube-reserved by default.
 pub const KUBE_RESERVED_EPHEMERAL_GIB: i64 = 1;
 
+/// What arm64 (Graviton) nodes have less than x86 ones of the same instance
+/// memory: Karpenter's documented allocatable for every arm64 type is this
+/// far below the x86 figure.
+pub const ARM64_MEMORY_OVERHEAD_MIB: i64 = 59;
+
 /// Memory the node reports: instance memory less the VM overhead, rounded
-/// the way Karpenter does (overhead rounded up to whole MiB).
-pub fn memory_capacity_mib(instance_mib: i64) -> i64 {
-    instance_mib - (instance_mib as f64 * VM_MEMORY_OVERHEAD_PERCENT).ceil() as i64
+/// the way Karpenter does (overhead rounded up to whole MiB), less the arm64
+/// overhead on `arch` arm64.
+pub fn memory_capacity_mib(instance_mib: i64, arch: &str) -> i64 {
+    let arch_overhead = if arch == "arm64" { ARM64_MEMORY_OVERHEAD_MIB } else { 0 };
+    instance_mib - (instance_mib as f64 * VM_MEMORY_OVERHEAD_PERCENT).ceil() as i64 - arch_overhead
 }
 
 /// Max pods: explicit maxPods, else the ENI limit, capped by podsPerCore × vCPUs.
@@ -141,13 +148,16 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    fn info(name: &str, vcpus: i64, mem_mib: i64, enis: i64, ips: i64) -> InstanceTypeInfo {
+    fn info(name: &str, arch: &str, vcpus: i64, mem_mib: i64, enis: i64, ips: i64) -> InstanceTypeInfo {
         InstanceTypeInfo {
             name: name.into(),
             labels: BTreeMap::new(),
             capacity: Resources::from_pairs([
                 (resources::CPU, Quantity::from_units(vcpus)),
-                (resources::MEMORY, Quantity::from_mib(memory_capacity_mib(mem_mib))),
+                (
+                    resources::MEMORY,
+                    Quantity::from_mib(memory_capacity_mib(mem_mib, arch)),
+                ),
             ]),
             allocatable: None,
             vcpus,
@@ -168,10 +178,21 @@ mod tests {
     #[test]
     fn matches_karpenter_documented_values() {
         let table = [
-            (info("m5.large", 2, 8192, 3, 10), ("1930m", "6903Mi", "29")),
-            (info("c5.4xlarge", 16, 32768, 8, 30), ("15890m", "27381Mi", "234")),
-            (info("t4g.2xlarge", 8, 32768, 4, 15), ("7910m", "29317Mi", "58")),
-            (info("g5.xlarge", 4, 16384, 4, 15), ("3920m", "14162Mi", "58")),
+            (info("m5.large", "amd64", 2, 8192, 3, 10), ("1930m", "6903Mi", "29")),
+            (
+                info("c5.4xlarge", "amd64", 16, 32768, 8, 30),
+                ("15890m", "27381Mi", "234"),
+            ),
+            (
+                info("t4g.2xlarge", "arm64", 8, 32768, 4, 15),
+                ("7910m", "29258Mi", "58"),
+            ),
+            (info("t4g.small", "arm64", 2, 2048, 3, 4), ("1930m", "1359Mi", "11")),
+            (
+                info("a1.4xlarge", "arm64", 16, 32768, 8, 30),
+                ("15890m", "27322Mi", "234"),
+            ),
+            (info("g5.xlarge", "amd64", 4, 16384, 4, 15), ("3920m", "14162Mi", "58")),
         ];
         for (i, (cpu, mem, pods)) in table {
             assert_eq!(
@@ -185,14 +206,14 @@ mod tests {
 
     #[test]
     fn default_ephemeral_storage() {
-        let (_, a) = compute(&info("m5.large", 2, 8192, 3, 10), None);
+        let (_, a) = compute(&info("m5.large", "amd64", 2, 8192, 3, 10), None);
         // 20Gi root - 10% nodefs eviction - 1Gi kube-reserved = 17Gi
         assert_eq!(a.get(resources::EPHEMERAL_STORAGE), Quantity::from_units(17 << 30));
     }
 
     #[test]
     fn kubelet_overrides() {
-        let i = info("m5.large", 2, 8192, 3, 10);
+        let i = info("m5.large", "amd64", 2, 8192, 3, 10);
         let k = KubeletConfiguration {
             max_pods: Some(110),
             ..Default::default()

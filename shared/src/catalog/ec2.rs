@@ -232,6 +232,19 @@ pub fn assemble(
     }
 }
 
+/// Network interfaces of the default network card (pods get addresses there
+/// only); the instance's total when EC2 lists no cards.
+fn default_card_enis(net: &aws_sdk_ec2::types::NetworkInfo) -> i64 {
+    let index = net.default_network_card_index().unwrap_or(0);
+    net.network_cards()
+        .iter()
+        .find(|c| c.network_card_index() == Some(index))
+        .and_then(|c| c.maximum_network_interfaces())
+        .or(net.maximum_network_interfaces())
+        .unwrap_or(0)
+        .into()
+}
+
 /// Maps one DescribeInstanceTypes entry to facts (the same mapping as
 /// `scripts/gen-catalog.py`). None when it has no name.
 pub fn facts_from_sdk(t: &SdkInstanceType) -> Option<Ec2Facts> {
@@ -316,7 +329,7 @@ pub fn facts_from_sdk(t: &SdkInstanceType) -> Option<Ec2Facts> {
         clock_ghz: proc.and_then(|p| p.sustained_clock_speed_in_ghz()),
         hypervisor: t.hypervisor().map(|h| h.as_str().to_string()).filter(|h| !h.is_empty()),
         bare_metal: t.bare_metal().unwrap_or(false),
-        max_enis: net.and_then(|n| n.maximum_network_interfaces()).unwrap_or(0).into(),
+        max_enis: net.map_or(0, default_card_enis),
         ipv4_per_eni: net.and_then(|n| n.ipv4_addresses_per_interface()).unwrap_or(0).into(),
         network_bandwidth_mbps: (!cards.is_empty()).then(|| cards.iter().map(|g| gbps_to_mbps(*g)).sum()),
         ebs_bandwidth_mbps: t
@@ -375,6 +388,33 @@ mod tests {
             encryption_in_transit: false,
             usage_classes: usage.iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn pods_get_the_default_network_cards_interfaces_only() {
+        use aws_sdk_ec2::types::{NetworkCardInfo, NetworkInfo};
+        let card = |i: i32, n: i32| {
+            NetworkCardInfo::builder()
+                .network_card_index(i)
+                .maximum_network_interfaces(n)
+                .build()
+        };
+        let two_cards = NetworkInfo::builder()
+            .maximum_network_interfaces(15)
+            .default_network_card_index(0)
+            .network_cards(card(0, 8))
+            .network_cards(card(1, 7))
+            .build();
+        assert_eq!(default_card_enis(&two_cards), 8);
+        let second_is_default = NetworkInfo::builder()
+            .maximum_network_interfaces(15)
+            .default_network_card_index(1)
+            .network_cards(card(0, 8))
+            .network_cards(card(1, 7))
+            .build();
+        assert_eq!(default_card_enis(&second_is_default), 7);
+        let no_cards = NetworkInfo::builder().maximum_network_interfaces(3).build();
+        assert_eq!(default_card_enis(&no_cards), 3);
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub struct Ec2Facts {
     /// Bare-metal instance.
     #[serde(default, skip_serializing_if = "is_false")]
     pub bare_metal: bool,
-    /// Maximum network interfaces.
+    /// Network interfaces of the default network card: the VPC CNI places pod
+    /// addresses there only, so types with several cards get no more pods.
     pub max_enis: i64,
     /// IPv4 addresses per network interface.
     pub ipv4_per_eni: i64,
@@ -273,7 +274,7 @@ pub fn instance_type_info(facts: &Ec2Facts, offerings: Vec<Offering>) -> Result<
         (resources::CPU, Quantity::from_units(facts.vcpus)),
         (
             resources::MEMORY,
-            Quantity::from_mib(memory_capacity_mib(facts.memory_mib)),
+            Quantity::from_mib(memory_capacity_mib(facts.memory_mib, arch)),
         ),
         (resources::PODS, Quantity::from_units(eni_max_pods)),
         (
