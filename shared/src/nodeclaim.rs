@@ -139,6 +139,9 @@ pub struct LaunchAttempt {
     /// EC2 answered without an instance: the next request is a new attempt.
     #[serde(default)]
     pub concluded: bool,
+    /// The CreateFleet `Context` sent (a repeat must send the same request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }
 
 /// One override of a [`LaunchAttempt`].

@@ -147,7 +147,7 @@ fn unknown_kinds_are_warnings_not_errors() {
 #[test]
 fn the_nodeclass_reference_example_is_valid() {
     let text = format!(
-        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: bottlerocket@latest}}]\n  subnetSelectorTerms: [{{tags: {{karpenter.sh/discovery: c}}}}, {{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  kubelet: {{maxPods: 110, evictionHard: {{memory.available: 5%}}, imageGCHighThresholdPercent: 85, imageGCLowThresholdPercent: 80}}\n  blockDeviceMappings: [{{deviceName: /dev/xvda, rootVolume: true, ebs: {{volumeSize: 100Gi, volumeType: gp3}}}}]\n  tags: {{team: a}}\n  associatePublicIPAddress: false\n  capacityReservationSelectorTerms: [{{ownerID: \"012345678901\", tags: {{a: b}}}}]\n"
+        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: bottlerocket@latest}}]\n  subnetSelectorTerms: [{{tags: {{karpenter.sh/discovery: c}}}}, {{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  kubelet: {{maxPods: 110, evictionHard: {{memory.available: 5%}}, imageGCHighThresholdPercent: 85, imageGCLowThresholdPercent: 80}}\n  blockDeviceMappings: [{{deviceName: /dev/xvda, rootVolume: true, ebs: {{volumeSize: 100Gi, volumeType: gp3}}}}]\n  tags: {{team: a}}\n  associatePublicIPAddress: false\n  instanceStorePolicy: RAID0\n  context: ctx-1\n  detailedMonitoring: true\n"
     );
     let (docs, _) = parse_documents("c.yaml", &text).unwrap();
     let Object::EC2NodeClass(c) = &docs[0].object else {
@@ -165,8 +165,18 @@ fn the_nodeclass_reference_example_is_valid() {
         (Some(85), Some(80))
     );
     assert_eq!(c.spec.associate_public_ip_address, Some(false));
-    assert_eq!(
-        c.spec.capacity_reservation_selector_terms[0].owner_id.as_deref(),
-        Some("012345678901")
+    assert_eq!(c.spec.instance_store_policy.as_deref(), Some("RAID0"));
+    assert_eq!(c.spec.context.as_deref(), Some("ctx-1"));
+}
+
+#[test]
+fn capacity_reservations_are_refused_not_ignored() {
+    let text = format!(
+        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n  subnetSelectorTerms: [{{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  capacityReservationSelectorTerms: [{{ownerID: \"012345678901\", tags: {{a: b}}}}]\n"
+    );
+    let err = parse_documents("c.yaml", &text).unwrap_err().to_string();
+    assert!(
+        err.contains("spec.capacityReservationSelectorTerms") && err.contains("not supported by nodesmith yet"),
+        "{err}"
     );
 }

@@ -4,6 +4,7 @@
 
 mod launch_fixtures;
 
+use base64::Engine;
 use launch_fixtures::*;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::state::{self, OfferingKey};
@@ -222,4 +223,60 @@ async fn throttling_past_the_retry_budget_fails_the_request_for_redelivery() {
     proxy.throttle("CreateFleet", 0);
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
     assert_eq!(instances_of(&m, "thr-2").await.len(), 1);
+}
+
+#[tokio::test]
+async fn public_ip_choice_raid0_and_context_reach_ec2() {
+    let m = moto().await;
+    world(&m).await;
+    let st = store(&m).await;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint()).await;
+    let mut class = node_class("al2023@latest");
+    class.associate_public_ip_address = Some(false);
+    class.instance_store_policy = Some("RAID0".into());
+    class.context = Some("ctx-reserved-1".into());
+    let req = pending(&st, &claim("ctx-1", &["m5.large"], &["on-demand"]), &class).await;
+    let LaunchOutcome::Launched(_) = l.launch(&req).await.unwrap() else {
+        panic!("no launch")
+    };
+
+    // CreateFleet carried the class's context (moto ignores it: read off the wire).
+    let forms = proxy.forms("CreateFleet");
+    assert_eq!(forms.len(), 1);
+    assert!(
+        forms[0].iter().any(|(k, v)| k == "Context" && v == "ctx-reserved-1"),
+        "{:?}",
+        forms[0]
+    );
+    // The template describes the primary interface: no public address, the
+    // selected groups on it, none on the template itself.
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let lts = ec2.describe_launch_templates().send().await.unwrap();
+    let name = lts.launch_templates()[0].launch_template_name().unwrap().to_string();
+    let v = ec2
+        .describe_launch_template_versions()
+        .launch_template_name(&name)
+        .send()
+        .await
+        .unwrap();
+    let data = v.launch_template_versions()[0].launch_template_data().unwrap();
+    assert!(data.security_group_ids().is_empty());
+    let nic = &data.network_interfaces()[0];
+    assert_eq!(nic.device_index(), Some(0));
+    assert_eq!(nic.associate_public_ip_address(), Some(false));
+    assert!(!nic.groups().is_empty());
+    let ud = base64::engine::general_purpose::STANDARD
+        .decode(data.user_data().unwrap_or_default())
+        .unwrap();
+    assert!(String::from_utf8(ud).unwrap().contains("strategy: RAID0"));
+    // The instance runs in the selected groups (through the interface).
+    let i = &instances_of(&m, "ctx-1").await[0];
+    assert_eq!(
+        i.security_groups()
+            .iter()
+            .filter_map(|g| g.group_id())
+            .collect::<Vec<_>>(),
+        nic.groups().iter().map(String::as_str).collect::<Vec<_>>()
+    );
 }

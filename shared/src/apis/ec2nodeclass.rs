@@ -10,6 +10,9 @@ use super::hash;
 use super::validation::{Errors, Path};
 use crate::quantity::Quantity;
 
+/// The one `instanceStorePolicy`: instance-store disks as one RAID0 array for ephemeral storage.
+pub const INSTANCE_STORE_RAID0: &str = "RAID0";
+
 /// The spec of an EC2NodeClass.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -365,7 +368,15 @@ impl EC2NodeClass {
             .or_else(|| self.spec.ami_family.clone())
     }
 
-    /// Checks what Karpenter's CRD validation checks; errors name the field path.
+    /// What Karpenter accepts and nodesmith cannot honour yet, if anything in
+    /// this class (refused rather than silently ignored).
+    pub fn unsupported(&self) -> Option<&'static str> {
+        (!self.spec.capacity_reservation_selector_terms.is_empty())
+            .then_some("is not supported by nodesmith yet: reserved capacity offerings are not modelled")
+    }
+
+    /// Checks what Karpenter's CRD validation checks, and what nodesmith
+    /// cannot honour ([`Self::unsupported`]); errors name the field path.
     pub fn validate(&self) -> Result<(), Errors> {
         let mut errs = Errors::new("EC2NodeClass", self.name());
         let spec = Path::root("spec");
@@ -465,6 +476,9 @@ impl EC2NodeClass {
             false,
             false,
         );
+        if let Some(why) = self.unsupported() {
+            errs.push(spec.field("capacityReservationSelectorTerms"), why);
+        }
         if s.role.is_some() == s.instance_profile.is_some() {
             errs.push(spec.clone(), "must specify exactly one of ['role', 'instanceProfile']");
         }
@@ -514,7 +528,7 @@ impl EC2NodeClass {
             k.validate(&mut errs, &spec.field("kubelet"));
         }
         if let Some(p) = &s.instance_store_policy
-            && p != "RAID0"
+            && p != INSTANCE_STORE_RAID0
         {
             errs.push(spec.field("instanceStorePolicy"), format!("must be RAID0, got {p:?}"));
         }

@@ -63,10 +63,28 @@ pub fn kube_reserved_memory_mib(pods: i64) -> i64 {
 
 /// Capacity and allocatable of one instance type under kubelet settings.
 pub fn compute(info: &InstanceTypeInfo, kubelet: Option<&KubeletConfiguration>) -> (Resources, Resources) {
+    compute_with(info, kubelet, false)
+}
+
+/// [`compute`], with `instanceStorePolicy: RAID0` when `raid0`: ephemeral
+/// storage is then the instance-store NVMe array, on types that have one.
+pub fn compute_with(
+    info: &InstanceTypeInfo,
+    kubelet: Option<&KubeletConfiguration>,
+    raid0: bool,
+) -> (Resources, Resources) {
     let pods = max_pods(info, kubelet);
     let mut capacity = info.capacity.clone();
     capacity.set(resources::PODS, Quantity::from_units(pods));
-    if capacity.get(resources::EPHEMERAL_STORAGE) == Quantity::ZERO {
+    let nvme_gb = info
+        .labels
+        .get(crate::apis::labels::aws::LOCAL_NVME)
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|gb| *gb > 0);
+    if let (true, Some(gb)) = (raid0, nvme_gb) {
+        // EC2 sizes instance stores in decimal GB.
+        capacity.set(resources::EPHEMERAL_STORAGE, Quantity::from_units(gb * 1_000_000_000));
+    } else if capacity.get(resources::EPHEMERAL_STORAGE) == Quantity::ZERO {
         capacity.set(
             resources::EPHEMERAL_STORAGE,
             Quantity::from_units(DEFAULT_ROOT_VOLUME_GIB << 30),
@@ -202,6 +220,26 @@ mod tests {
                 i.name
             );
         }
+    }
+
+    #[test]
+    fn raid0_makes_the_instance_store_the_ephemeral_storage() {
+        let mut nvme = info("m5d.large", "amd64", 2, 8192, 3, 10);
+        nvme.labels
+            .insert(crate::apis::labels::aws::LOCAL_NVME.into(), "75".into());
+        let eph = |i: &InstanceTypeInfo, raid0: bool| compute_with(i, None, raid0).0.get(resources::EPHEMERAL_STORAGE);
+        assert_eq!(eph(&nvme, true), Quantity::from_units(75_000_000_000));
+        assert_eq!(
+            eph(&nvme, false),
+            Quantity::from_units(20 << 30),
+            "the root volume without RAID0"
+        );
+        let plain = info("m5.large", "amd64", 2, 8192, 3, 10);
+        assert_eq!(
+            eph(&plain, true),
+            Quantity::from_units(20 << 30),
+            "no instance store: the root volume"
+        );
     }
 
     #[test]

@@ -139,9 +139,14 @@ pub struct Catalog {
 impl Catalog {
     /// Schedulable instance types for one EC2NodeClass's kubelet settings.
     pub fn resolve(&self, kubelet: Option<&KubeletConfiguration>) -> Vec<InstanceType> {
+        self.resolve_with(kubelet, false)
+    }
+
+    /// Every type under kubelet settings, and with instance-store RAID0 when `raid0`.
+    pub fn resolve_with(&self, kubelet: Option<&KubeletConfiguration>, raid0: bool) -> Vec<InstanceType> {
         self.instance_types
             .iter()
-            .map(|i| i.resolve(&self.region, kubelet))
+            .map(|i| i.resolve_with(&self.region, kubelet, raid0))
             .collect()
     }
 }
@@ -149,9 +154,14 @@ impl Catalog {
 impl InstanceTypeInfo {
     /// This type under the given kubelet settings.
     pub fn resolve(&self, region: &str, kubelet: Option<&KubeletConfiguration>) -> InstanceType {
+        self.resolve_with(region, kubelet, false)
+    }
+
+    /// This type under the given kubelet settings and instance-store policy.
+    pub fn resolve_with(&self, region: &str, kubelet: Option<&KubeletConfiguration>, raid0: bool) -> InstanceType {
         let (capacity, allocatable) = match &self.allocatable {
             Some(a) => (self.capacity.clone(), a.clone()),
-            None => allocatable::compute(self, kubelet),
+            None => allocatable::compute_with(self, kubelet, raid0),
         };
         let mut requirements = Requirements::from_labels(self.labels.iter());
         requirements.add(Requirement::in_values(labels::REGION, &[region]));

@@ -115,6 +115,8 @@ pub struct FleetPlan {
     /// the same request with the same token, and EC2 answers with the first
     /// call's fleet instead of launching again.
     pub client_token: String,
+    /// The EC2NodeClass's `context` (a reserved-capacity or Outposts context), sent as CreateFleet's `Context`.
+    pub context: Option<String>,
 }
 
 /// The ClientToken of a claim's `attempt`th CreateFleet request: a function of
@@ -143,6 +145,7 @@ pub fn plan(client_token: String, cands: &[Candidate], capacity_type: &'static s
         capacity_type,
         overrides,
         client_token,
+        context: None,
     }
 }
 
@@ -155,6 +158,12 @@ fn static_capacity_type(ct: &str) -> &'static str {
 }
 
 impl FleetPlan {
+    /// The plan sent with the class's `context` (pure).
+    pub fn with_context(mut self, context: Option<String>) -> FleetPlan {
+        self.context = context;
+        self
+    }
+
     /// The plan as the claim's attempt `number`, with the instance tags it sends (pure).
     pub fn to_attempt(&self, number: u32, tags: &BTreeMap<String, String>) -> LaunchAttempt {
         LaunchAttempt {
@@ -175,6 +184,7 @@ impl FleetPlan {
                 .collect(),
             tags: tags.clone(),
             concluded: false,
+            context: self.context.clone(),
         }
     }
 
@@ -191,7 +201,7 @@ impl FleetPlan {
                 price: o.price,
             })
             .collect();
-        plan(a.client_token.clone(), &cands, ct)
+        plan(a.client_token.clone(), &cands, ct).with_context(a.context.clone())
     }
 
     /// Every override, in the order sent.
@@ -358,6 +368,7 @@ pub async fn create(
         .create_fleet()
         .r#type(FleetType::Instant)
         .client_token(&plan.client_token)
+        .set_context(plan.context.clone())
         .target_capacity_specification(
             TargetCapacitySpecificationRequest::builder()
                 .total_target_capacity(1)
@@ -632,6 +643,12 @@ mod tests {
         let back: LaunchAttempt = serde_json::from_str(&json).unwrap();
         assert_eq!(FleetPlan::from_attempt(&back), p);
         assert_eq!(back.tags, tags);
+        // A repeat sends the same Context as the first call.
+        let with = p.clone().with_context(Some("ctx-1".into()));
+        let back: LaunchAttempt =
+            serde_json::from_str(&serde_json::to_string(&with.to_attempt(3, &tags)).unwrap()).unwrap();
+        assert_eq!(FleetPlan::from_attempt(&back).context.as_deref(), Some("ctx-1"));
+        assert!(!json.contains("context"), "unset, stored attempts are unchanged");
     }
 
     #[test]

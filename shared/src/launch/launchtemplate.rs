@@ -8,8 +8,8 @@ use aws_sdk_ec2::types::{
     LaunchTemplateBlockDeviceMappingRequest, LaunchTemplateEbsBlockDeviceRequest, LaunchTemplateHttpTokensState,
     LaunchTemplateIamInstanceProfileSpecificationRequest, LaunchTemplateInstanceMetadataEndpointState,
     LaunchTemplateInstanceMetadataOptionsRequest, LaunchTemplateInstanceMetadataProtocolIpv6,
-    LaunchTemplateTagSpecificationRequest, LaunchTemplatesMonitoringRequest, RequestLaunchTemplateData, ResourceType,
-    Tag, TagSpecification, VolumeType,
+    LaunchTemplateInstanceNetworkInterfaceSpecificationRequest, LaunchTemplateTagSpecificationRequest,
+    LaunchTemplatesMonitoringRequest, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification, VolumeType,
 };
 use base64::Engine;
 use serde::Serialize;
@@ -38,6 +38,10 @@ pub struct TemplateSpec {
     pub metadata: MetadataOptions,
     /// Detailed monitoring.
     pub monitoring: bool,
+    /// `associatePublicIPAddress`: set, the primary interface is described in
+    /// the template (EC2 takes the choice only there), with the security groups.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub associate_public_ip: Option<bool>,
     /// Tags for the template, and for volumes and network interfaces it creates.
     pub tags: BTreeMap<String, String>,
 }
@@ -125,7 +129,6 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
     let mut data = RequestLaunchTemplateData::builder()
         .image_id(&spec.image_id)
         .user_data(base64::engine::general_purpose::STANDARD.encode(&spec.user_data))
-        .set_security_group_ids(Some(spec.security_groups.clone()))
         .monitoring(
             LaunchTemplatesMonitoringRequest::builder()
                 .enabled(spec.monitoring)
@@ -143,6 +146,18 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
                 .http_tokens(LaunchTemplateHttpTokensState::from(md.http_tokens.as_str()))
                 .build(),
         );
+    data = match spec.associate_public_ip {
+        // EC2 refuses security groups both on the template and on an interface.
+        Some(public) => data.network_interfaces(
+            LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                .device_index(0)
+                .associate_public_ip_address(public)
+                .set_groups(Some(spec.security_groups.clone()))
+                .delete_on_termination(true)
+                .build(),
+        ),
+        None => data.set_security_group_ids(Some(spec.security_groups.clone())),
+    };
     if let Some(p) = &spec.instance_profile {
         data = data.iam_instance_profile(
             LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
@@ -218,6 +233,7 @@ mod tests {
             block_devices: block_devices("AL2023", &[]),
             metadata: MetadataOptions::default(),
             monitoring: false,
+            associate_public_ip: None,
             tags: BTreeMap::new(),
         }
     }
@@ -291,5 +307,29 @@ mod tests {
             d.iam_instance_profile().and_then(|p| p.name()),
             Some("KarpenterNodeRole")
         );
+    }
+
+    #[test]
+    fn a_public_ip_choice_moves_the_groups_onto_the_primary_interface() {
+        let plain = request_data(&spec());
+        assert_eq!(plain.security_group_ids(), ["sg-1"]);
+        assert!(plain.network_interfaces().is_empty());
+        // Unset, the content hash (the template's name) is what it was before the field existed.
+        assert!(!serde_json::to_string(&spec()).unwrap().contains("associatePublicIp"));
+        for public in [false, true] {
+            let data = request_data(&TemplateSpec {
+                associate_public_ip: Some(public),
+                ..spec()
+            });
+            assert!(
+                data.security_group_ids().is_empty(),
+                "EC2 refuses groups in both places"
+            );
+            let nic = &data.network_interfaces()[0];
+            assert_eq!(
+                (nic.device_index(), nic.associate_public_ip_address(), nic.groups()),
+                (Some(0), Some(public), &["sg-1".to_string()][..])
+            );
+        }
     }
 }

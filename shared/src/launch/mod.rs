@@ -40,6 +40,7 @@ pub use request::LaunchRequest;
 use self::fleet::{Decision, Launched, Scope};
 use self::launchtemplate::TemplateSpec;
 use self::userdata::{ClusterInfo, NodeSettings};
+use crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0;
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
@@ -237,6 +238,7 @@ pub fn node_settings(claim: &NodeClaim, class: &EC2NodeClass, capacity_type: &st
         taints: node_taints(claim),
         kubelet: class.spec.kubelet.clone(),
         user_data: class.spec.user_data.clone(),
+        instance_store_raid0: class.spec.instance_store_policy.as_deref() == Some(INSTANCE_STORE_RAID0),
     }
 }
 
@@ -414,7 +416,8 @@ impl Launcher {
                     let cands = fleet::candidates(&r.scope(), &unavailable);
                     let Some(ct) = fleet::capacity_type(&cands) else { break };
                     let number = claim.launch_attempt.as_ref().map_or(1, |a| a.number + 1);
-                    let plan = fleet::plan(fleet::client_token(&claim, number), &cands, ct);
+                    let plan = fleet::plan(fleet::client_token(&claim, number), &cands, ct)
+                        .with_context(class.spec.context.clone());
                     // Written before the call: a retry finds it and repeats it.
                     claim.launch_attempt = Some(plan.to_attempt(number, &r.tags));
                     claim = self.store.update_node_claim(&claim).await?;
@@ -576,6 +579,9 @@ impl Launcher {
         let family = class
             .ami_family()
             .ok_or_else(|| resolve("EC2NodeClass has no AMI family".into()))?;
+        if let Some(why) = class.unsupported() {
+            return Err(resolve(format!("spec.capacityReservationSelectorTerms {why}")));
+        }
         let cluster = self.cluster().await?.clone();
         let catalog = self.store.get_catalog().await?;
 
@@ -640,6 +646,7 @@ impl Launcher {
                     block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
                     metadata: class.spec.metadata_options.clone(),
                     monitoring: class.spec.detailed_monitoring.unwrap_or(false),
+                    associate_public_ip: class.spec.associate_public_ip_address,
                     tags: template_tags(&cluster.name, claim, class),
                 };
                 let lt = launchtemplate::ensure(&self.ec2, &spec).await?;

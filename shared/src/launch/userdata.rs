@@ -40,6 +40,9 @@ pub struct NodeSettings {
     pub kubelet: Option<KubeletConfiguration>,
     /// The user's userData, if any.
     pub user_data: Option<String>,
+    /// `instanceStorePolicy: RAID0`: the instance-store NVMe disks become one
+    /// RAID0 array holding the kubelet's and containerd's data.
+    pub instance_store_raid0: bool,
 }
 
 /// User data that cannot be generated or merged.
@@ -129,7 +132,7 @@ pub fn node_config(cluster: &ClusterInfo, node: &NodeSettings) -> String {
     if !labels.is_empty() {
         kubelet["flags"] = json!([format!("--node-labels={}", labels.join(","))]);
     }
-    let doc = json!({
+    let mut doc = json!({
         "apiVersion": "node.eks.aws/v1alpha1",
         "kind": "NodeConfig",
         "spec": {
@@ -142,6 +145,9 @@ pub fn node_config(cluster: &ClusterInfo, node: &NodeSettings) -> String {
             "kubelet": kubelet,
         }
     });
+    if node.instance_store_raid0 {
+        doc["spec"]["instance"] = json!({"localStorage": {"strategy": "RAID0"}});
+    }
     // A serde_json::Value always serialises to YAML.
     serde_yaml_ng::to_string(&doc).unwrap_or_default()
 }
@@ -342,6 +348,27 @@ pub fn bottlerocket(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String
             k8s["cpu-cfs-quota-enforced"] = value(q);
         }
     }
+    if node.instance_store_raid0 {
+        // Bottlerocket's apiclient builds the array and binds the kubelet's,
+        // containerd's and the pod logs' directories onto it at every boot.
+        let commands = table(settings, "bootstrap-commands")?;
+        let ephemeral = table(commands, "k8s-ephemeral-storage")?;
+        let init: Array = ["apiclient", "ephemeral-storage", "init"].into_iter().collect();
+        let bind: Array = [
+            "apiclient",
+            "ephemeral-storage",
+            "bind",
+            "--dirs",
+            "/var/lib/containerd",
+            "/var/lib/kubelet",
+            "/var/log/pods",
+        ]
+        .into_iter()
+        .collect();
+        ephemeral["commands"] = value([init, bind].into_iter().collect::<Array>());
+        ephemeral["mode"] = value("always");
+        ephemeral["essential"] = value(true);
+    }
     Ok(doc.to_string())
 }
 
@@ -388,7 +415,29 @@ mod tests {
                 ..Default::default()
             }),
             user_data: user.map(String::from),
+            instance_store_raid0: false,
         }
+    }
+
+    #[test]
+    fn raid0_asks_each_family_for_an_instance_store_array() {
+        let raid = NodeSettings {
+            instance_store_raid0: true,
+            ..node(None)
+        };
+        let nc = nodeconfig_of(&al2023(&cluster(), &raid).unwrap());
+        assert_eq!(nc["spec"]["instance"]["localStorage"]["strategy"], "RAID0");
+        assert!(nodeconfig_of(&al2023(&cluster(), &node(None)).unwrap())["spec"]["instance"].is_null());
+
+        let doc: toml_edit::DocumentMut = bottlerocket(&cluster(), &raid).unwrap().parse().unwrap();
+        let eph = &doc["settings"]["bootstrap-commands"]["k8s-ephemeral-storage"];
+        assert_eq!(eph["mode"].as_str(), Some("always"));
+        assert_eq!(eph["essential"].as_bool(), Some(true));
+        let commands = eph["commands"].as_array().unwrap();
+        assert_eq!(commands.len(), 2);
+        assert!(commands.get(1).unwrap().to_string().contains("/var/lib/kubelet"));
+        let plain: toml_edit::DocumentMut = bottlerocket(&cluster(), &node(None)).unwrap().parse().unwrap();
+        assert!(plain["settings"].get("bootstrap-commands").is_none());
     }
 
     fn nodeconfig_of(doc: &str) -> serde_json::Value {

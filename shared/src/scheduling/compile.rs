@@ -301,12 +301,16 @@ impl Compiled {
             classes
                 .into_iter()
                 .map(|c| {
-                    let kubelet: Option<&KubeletConfiguration> = input
+                    let class = input
                         .node_classes
                         .iter()
-                        .find(|nc| nc.metadata.name.as_deref() == Some(c.as_str()))
-                        .and_then(|nc| nc.spec.kubelet.as_ref());
-                    (c, input.catalog.resolve(kubelet))
+                        .find(|nc| nc.metadata.name.as_deref() == Some(c.as_str()));
+                    let kubelet: Option<&KubeletConfiguration> = class.and_then(|nc| nc.spec.kubelet.as_ref());
+                    let raid0 = class.is_some_and(|nc| {
+                        nc.spec.instance_store_policy.as_deref()
+                            == Some(crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0)
+                    });
+                    (c, input.catalog.resolve_with(kubelet, raid0))
                 })
                 .collect()
         };

@@ -1112,6 +1112,7 @@ mod tests {
                 ..Default::default()
             }),
             user_data: user.map(String::from),
+            instance_store_raid0: false,
         }
     }
 
