@@ -123,6 +123,24 @@ struct Walk {
     runs: usize,
 }
 
+/// Sweeps until `old` is replaced; the walk and the detail its disruption record first gave.
+async fn drift_walk(
+    s: &Stack,
+    old: &NodeClaim,
+    sweeper: &nodesmith::sweep::Sweeper<nodesmith::kubernetes::KubeCluster>,
+) -> (Walk, Option<String>) {
+    let detail = std::cell::RefCell::new(None);
+    let w = walk(s, old, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        if let Some(r) = records(s).await.into_iter().find(|r| r.claim == old.name) {
+            detail.borrow_mut().get_or_insert(r.detail);
+        }
+    })
+    .await;
+    (w, detail.into_inner())
+}
+
 /// Sweeps (with launches and kubelets between runs) until `old`'s claim is
 /// gone; `sweep` runs one pass.
 async fn walk<F, Fut>(s: &Stack, old: &NodeClaim, mut sweep: F) -> Walk
@@ -571,19 +589,8 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
         .await
         .unwrap();
 
-    let detail = std::cell::RefCell::new(None);
-    let w = walk(&s, &old, || async {
-        let report = sweeper.run().await.unwrap();
-        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
-        if let Some(r) = records(&s).await.into_iter().find(|r| r.claim == old.name) {
-            detail.borrow_mut().get_or_insert(r.detail);
-        }
-    })
-    .await;
-    assert_eq!(
-        detail.borrow().as_deref(),
-        Some("Drifted (SubnetDrift) by nodesmith's sweep")
-    );
+    let (w, detail) = drift_walk(&s, &old, &sweeper).await;
+    assert_eq!(detail.as_deref(), Some("Drifted (SubnetDrift) by nodesmith's sweep"));
     assert_eq!(w.at_first_eviction, vec![Some(Phase::Initialized)]);
     assert_gone(&s, &old).await;
     assert_eq!(
@@ -638,19 +645,8 @@ async fn a_new_ami_behind_the_alias_drifts_the_node_by_live_resolution() {
         "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id",
         newer,
     );
-    let detail = std::cell::RefCell::new(None);
-    let w = walk(&s, &old, || async {
-        let report = sweeper.run().await.unwrap();
-        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
-        if let Some(r) = records(&s).await.into_iter().find(|r| r.claim == old.name) {
-            detail.borrow_mut().get_or_insert(r.detail);
-        }
-    })
-    .await;
-    assert_eq!(
-        detail.borrow().as_deref(),
-        Some("Drifted (AMIDrift) by nodesmith's sweep")
-    );
+    let (w, detail) = drift_walk(&s, &old, &sweeper).await;
+    assert_eq!(detail.as_deref(), Some("Drifted (AMIDrift) by nodesmith's sweep"));
     assert_gone(&s, &old).await;
     let claims = s.claims().await;
     for r in &w.replacements {
@@ -716,17 +712,9 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
     let mut want = vec![first.group_id().unwrap().to_string(), second];
     want.sort();
 
-    let detail = std::cell::RefCell::new(None);
-    let w = walk(&s, &old, || async {
-        let report = sweeper.run().await.unwrap();
-        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
-        if let Some(r) = records(&s).await.into_iter().find(|r| r.claim == old.name) {
-            detail.borrow_mut().get_or_insert(r.detail);
-        }
-    })
-    .await;
+    let (w, detail) = drift_walk(&s, &old, &sweeper).await;
     assert_eq!(
-        detail.borrow().as_deref(),
+        detail.as_deref(),
         Some("Drifted (SecurityGroupDrift) by nodesmith's sweep")
     );
     assert_gone(&s, &old).await;
