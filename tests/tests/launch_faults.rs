@@ -8,6 +8,7 @@ use launch_fixtures::*;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::state::{self, OfferingKey};
 use nodesmith_tests::fault_proxy::FaultProxy;
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{ZONES, moto};
 use nodesmith_tests::sqs;
 
@@ -15,6 +16,7 @@ use nodesmith_tests::sqs;
 async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for t in ["m5.large", "c5.large"] {
@@ -22,9 +24,8 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
             proxy.no_capacity(t, z, Some("spot"));
         }
     }
-    let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(
-        &st,
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(&kube, &st,
         &claim("fb-1", &["m5.large", "c5.large"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -76,14 +77,14 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
 async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for z in ZONES {
         proxy.no_capacity("m5.large", z, None);
     }
-    let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(
-        &st,
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(&kube, &st,
         &claim("fb-2", &["m5.large", "m5.xlarge"], &["spot"]),
         &node_class("al2023@latest"),
     )
@@ -105,8 +106,7 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
     );
 
     // The next claim skips the marked offerings without asking EC2 for them.
-    let req = pending(
-        &st,
+    let req = pending(&kube, &st,
         &claim("fb-3", &["m5.large", "m5.xlarge"], &["spot"]),
         &node_class("al2023@latest"),
     )
@@ -123,6 +123,7 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
 async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for z in ZONES {
@@ -130,9 +131,8 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     }
     let client = aws_sdk_sqs::Client::new(&m.sdk_config().await);
     let pending_queue = sqs::create_queue(&client, "pending-pods").await;
-    let l = launcher_with(&m, proxy.endpoint(), Some(pending_queue.clone())).await;
-    let req = pending(
-        &st,
+    let l = launcher_with(&m, proxy.endpoint(), &kube, Some(pending_queue.clone())).await;
+    let req = pending(&kube, &st,
         &claim("fb-4", &["m5.large"], &["spot"]),
         &node_class("al2023@latest"),
     )
@@ -162,14 +162,14 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
 async fn throttling_is_retried_with_backoff_by_the_sdk() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.throttle("CreateFleet", 2);
     proxy.throttle("CreateLaunchTemplate", 1);
     proxy.throttle("PutItem", 2); // DynamoDB (JSON protocol): the conditional write recording the launch
-    let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(
-        &st,
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(&kube, &st,
         &claim("thr-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -198,12 +198,12 @@ async fn throttling_is_retried_with_backoff_by_the_sdk() {
 async fn throttling_past_the_retry_budget_fails_the_request_for_redelivery() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.throttle("CreateFleet", 100);
-    let l = launcher(&m, proxy.endpoint()).await;
-    let req = pending(
-        &st,
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(&kube, &st,
         &claim("thr-2", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
