@@ -285,8 +285,10 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
         role: Some("KarpenterNodeRole-demo".into()),
         ..Default::default()
     };
-    kube.apply(&serde_json::json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
-        "metadata": {"name": "default"}, "spec": class}))
+    kube.apply(
+        &serde_json::json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": "default"}, "spec": class}),
+    )
     .unwrap();
     let mut launched = BTreeSet::new();
     for c in &claims {

@@ -84,7 +84,9 @@ async fn a_lambda_test_event_in_json_is_handled() {
     let kube = KubeServer::start().await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("json-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -235,5 +237,9 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
         .await
         .unwrap();
     let bodies: Vec<&str> = dead.messages().iter().filter_map(|x| x.body()).collect();
-    assert_eq!(bodies, vec![poison.as_str()], "only the poison message is dead-lettered");
+    assert_eq!(
+        bodies,
+        vec![poison.as_str()],
+        "only the poison message is dead-lettered"
+    );
 }

@@ -80,7 +80,8 @@ async fn a_message_cannot_choose_the_instance_profile() {
     // Someone who may send to the launch queue names the claim with their own class.
     let mut chosen = with_profile("ChosenProfile");
     chosen.tags = BTreeMap::from([("owner".to_string(), "someone-else".to_string())]);
-    let forged = serde_json::json!({"nodeClaim": "forge-1", "nodeClassName": "default", "nodeClass": chosen}).to_string();
+    let forged =
+        serde_json::json!({"nodeClaim": "forge-1", "nodeClassName": "default", "nodeClass": chosen}).to_string();
     let (resp, results) = batch::handle(&l, &event(&[("forged", forged)])).await;
     assert_eq!(resp.batch_item_failures.len(), 1, "refused: {results:?}");
     match &results[0].result {
@@ -165,10 +166,7 @@ async fn a_claim_whose_class_was_deleted_is_given_up_with_the_reason() {
         .unwrap();
 
     let (resp, results) = batch::handle(&l, &event(&[("m0", req.to_body().unwrap())])).await;
-    assert!(
-        resp.batch_item_failures.is_empty(),
-        "handled, not retried: {results:?}"
-    );
+    assert!(resp.batch_item_failures.is_empty(), "handled, not retried: {results:?}");
     assert_eq!(
         results[0].result.as_ref().unwrap(),
         &LaunchOutcome::ClassGone {
@@ -196,8 +194,5 @@ async fn a_claim_whose_class_was_deleted_is_given_up_with_the_reason() {
         "its pods are solved again at once"
     );
     // A redelivery finds nothing to do.
-    assert_eq!(
-        l.launch(&req).await.unwrap(),
-        LaunchOutcome::Gone("orphan-1".into())
-    );
+    assert_eq!(l.launch(&req).await.unwrap(), LaunchOutcome::Gone("orphan-1".into()));
 }

@@ -65,7 +65,13 @@ async fn a_launch_recorded_late_behind_a_lagging_describe_is_not_launched_twice(
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     let class = node_class("al2023@latest");
-    let req = pending(&kube, &st, &claim("eo-1", &["m5.large", "c5.large"], &["on-demand"]), &class).await;
+    let req = pending(
+        &kube,
+        &st,
+        &claim("eo-1", &["m5.large", "c5.large"], &["on-demand"]),
+        &class,
+    )
+    .await;
 
     // 1. CreateFleet launches, then every try of the write that records it is throttled.
     proxy.throttle_matching("PutItem", "\"Launched\"", 4);
@@ -113,7 +119,9 @@ async fn a_crash_that_left_two_tagged_instances_keeps_the_oldest_and_terminates_
     let kube = KubeServer::start().await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("eo-2", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -165,7 +173,9 @@ async fn each_createfleet_request_is_a_stored_attempt_with_its_own_token() {
         proxy.no_capacity("m5.large", z, Some("spot"));
     }
     let l = launcher(&m, proxy.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("eo-3", &["m5.large"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),
     )

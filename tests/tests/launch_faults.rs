@@ -25,7 +25,9 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
         }
     }
     let l = launcher(&m, proxy.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("fb-1", &["m5.large", "c5.large"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -84,7 +86,9 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
         proxy.no_capacity("m5.large", z, None);
     }
     let l = launcher(&m, proxy.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("fb-2", &["m5.large", "m5.xlarge"], &["spot"]),
         &node_class("al2023@latest"),
     )
@@ -106,7 +110,9 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
     );
 
     // The next claim skips the marked offerings without asking EC2 for them.
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("fb-3", &["m5.large", "m5.xlarge"], &["spot"]),
         &node_class("al2023@latest"),
     )
@@ -132,7 +138,9 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     let client = aws_sdk_sqs::Client::new(&m.sdk_config().await);
     let pending_queue = sqs::create_queue(&client, "pending-pods").await;
     let l = launcher_with(&m, proxy.endpoint(), &kube, Some(pending_queue.clone())).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("fb-4", &["m5.large"], &["spot"]),
         &node_class("al2023@latest"),
     )
@@ -169,7 +177,9 @@ async fn throttling_is_retried_with_backoff_by_the_sdk() {
     proxy.throttle("CreateLaunchTemplate", 1);
     proxy.throttle("PutItem", 2); // DynamoDB (JSON protocol): the conditional write recording the launch
     let l = launcher(&m, proxy.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("thr-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -203,7 +213,9 @@ async fn throttling_past_the_retry_budget_fails_the_request_for_redelivery() {
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.throttle("CreateFleet", 100);
     let l = launcher(&m, proxy.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("thr-2", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )

@@ -68,7 +68,9 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     let kube = KubeServer::start().await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("default-a1", &["m5.large", "m5.xlarge"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -260,7 +262,9 @@ async fn an_instance_launched_before_a_crash_is_recorded_not_launched_again() {
     let kube = KubeServer::start().await;
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("crash-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -336,7 +340,9 @@ async fn gpu_types_get_the_nvidia_ami_in_their_own_template() {
     let st = store(&m).await;
     let proxy = nodesmith_tests::fault_proxy::FaultProxy::start(m.endpoint()).await;
     let l = launcher(&m, proxy.endpoint(), &kube).await;
-    let req = pending(&kube, &st,
+    let req = pending(
+        &kube,
+        &st,
         &claim("gpu-1", &["g5.xlarge", "m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
     )
@@ -484,7 +490,9 @@ async fn fifty_claims_of_one_pool_share_a_constant_number_of_templates() {
     let mut took = Vec::new();
     for i in 0..50 {
         let name = format!("many-{i:02}");
-        let req = pending(&kube, &st,
+        let req = pending(
+            &kube,
+            &st,
             &claim(&name, &["m5.large", "m5.xlarge"], &["spot", "on-demand"]),
             &class,
         )
