@@ -14,9 +14,11 @@ use nodesmith::apis::labels;
 use nodesmith::catalog::Catalog;
 use nodesmith::catalog::ec2::PriceTable;
 use nodesmith::catalog::refresh::{self, Due};
+use nodesmith::kubernetes::KubeCluster;
 use nodesmith::launch::{LaunchConfig, LaunchOutcome, LaunchRequest, Launcher};
 use nodesmith::scheduling::{SolveInput, SolveOptions, solve};
 use nodesmith::state::{self, StateStore};
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
 
 const REGION: &str = "eu-west-1";
@@ -257,8 +259,10 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
     let want: BTreeSet<String> = ZONES.iter().map(|z| z.to_string()).collect();
     assert_eq!(claim_zones(&claims), want);
 
+    let kube = KubeServer::start().await;
     let launcher = Launcher::new(
         &conf,
+        KubeCluster::from_client(kube.client()),
         LaunchConfig {
             table: TABLE.into(),
             cluster_name: CLUSTER.into(),
@@ -281,14 +285,15 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
         role: Some("KarpenterNodeRole-demo".into()),
         ..Default::default()
     };
+    kube.apply(
+        &serde_json::json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": "default"}, "spec": class}),
+    )
+    .unwrap();
     let mut launched = BTreeSet::new();
     for c in &claims {
         st.create_node_claim(c).await.unwrap();
-        let req = LaunchRequest {
-            node_claim: c.name.clone(),
-            node_class_name: "default".into(),
-            node_class: class.clone(),
-        };
+        let req = LaunchRequest::new(&c.name);
         let got = launcher.launch(&req).await.unwrap();
         let LaunchOutcome::Launched(l) = got else {
             panic!("expected a launch, got {got:?}")

@@ -136,7 +136,7 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         }
     }
     assert_eq!(launch_records.len(), outcome.created.len());
-    let launcher = launcher(&m, m.endpoint()).await;
+    let launcher = launcher(&m, m.endpoint(), &kube).await;
     let (response, _) = batch::handle(&launcher, &records(launch_records)).await;
     assert!(
         response.batch_item_failures.is_empty(),

@@ -347,6 +347,8 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "storage.k8s.io/storageclasses:list",
         "karpenter.sh/nodepools:list",
         "karpenter.k8s.aws/ec2nodeclasses:list",
+        // launch reads the class its claim names (never one from the message).
+        "karpenter.k8s.aws/ec2nodeclasses:get",
     ] {
         assert!(lambda.contains(needed), "the Lambda role lacks {needed}");
     }

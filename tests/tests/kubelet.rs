@@ -88,9 +88,11 @@ apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  cluster: {{name: d
 async fn a_launched_instance_joins_late_not_ready_and_becomes_ready_keeping_others_writes() {
     let m = nodesmith_tests::moto::moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("default-k1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -108,7 +110,6 @@ async fn a_launched_instance_joins_late_not_ready_and_becomes_ready_keeping_othe
         "{name}"
     );
 
-    let kube = KubeServer::start().await;
     let kubelets = Kubelets::new(KubeletTiming::millis(400, 400));
     // Booting: no Node yet.
     let r = kubelets.step(&kube, &ec2, catalog()).await.unwrap();

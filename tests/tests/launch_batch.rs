@@ -9,6 +9,7 @@ use launch_fixtures::*;
 use nodesmith::launch::request::{self, LaunchRequest, MAX_BODY_BYTES};
 use nodesmith::launch::{LaunchError, LaunchOutcome, batch};
 use nodesmith::state;
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::moto;
 
 fn message(id: &str, body: &str) -> SqsMessage {
@@ -22,10 +23,11 @@ fn message(id: &str, body: &str) -> SqsMessage {
 async fn a_batch_reports_only_its_bad_records() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let class = node_class("al2023@latest");
-    let good = pending(&st, &claim("batch-1", &["m5.large"], &["on-demand"]), &class).await;
+    let good = pending(&kube, &st, &claim("batch-1", &["m5.large"], &["on-demand"]), &class).await;
     let body = good.to_body().unwrap();
     let mut event = SqsEvent::default();
     event.records = vec![
@@ -79,9 +81,11 @@ async fn a_batch_reports_only_its_bad_records() {
 async fn a_lambda_test_event_in_json_is_handled() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("json-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -109,6 +113,7 @@ async fn a_lambda_test_event_in_json_is_handled() {
 async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothing() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let conf = m.sdk_config().await;
     let sqs = aws_sdk_sqs::Client::new(&conf);
@@ -152,14 +157,14 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
         .await
         .unwrap()
         .unwrap();
-    let class = nodesmith::apis::EC2NodeClass::new("default", node_class("al2023@latest"));
+    put_class(&kube, "default", &node_class("al2023@latest"));
     let claims: Vec<_> = (0..12)
         .map(|i| claim(&format!("q-{i:02}"), &["m5.large"], &["on-demand"]))
         .collect();
     st.create_node_claims_fenced(&lease, &claims, state::now_ms())
         .await
         .unwrap();
-    let requests: Vec<LaunchRequest> = claims.iter().map(|c| LaunchRequest::new(&c.name, &class)).collect();
+    let requests: Vec<LaunchRequest> = claims.iter().map(|c| LaunchRequest::new(&c.name)).collect();
     request::enqueue(&sqs, &queue, &requests).await.unwrap();
     // A redelivered duplicate and a poison message ride along.
     sqs.send_message()
@@ -168,15 +173,19 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
         .send()
         .await
         .unwrap();
+    // The poison: the old format, which carried a class (never used, so refused).
+    let poison = serde_json::json!({"nodeClaim": "q-00", "nodeClassName": "default",
+        "nodeClass": {"instanceProfile": "Chosen", "amiSelectorTerms": [{"alias": "al2023@latest"}]}})
+    .to_string();
     sqs.send_message()
         .queue_url(&queue)
-        .message_body("{\"nodeClaim\": \"q-00\"}")
+        .message_body(&poison)
         .send()
         .await
         .unwrap();
 
     // The event source mapping: receive, invoke, delete what did not fail.
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let mut rounds = 0;
     loop {
         rounds += 1;
@@ -230,7 +239,7 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
     let bodies: Vec<&str> = dead.messages().iter().filter_map(|x| x.body()).collect();
     assert_eq!(
         bodies,
-        vec!["{\"nodeClaim\": \"q-00\"}"],
+        vec![poison.as_str()],
         "only the poison message is dead-lettered"
     );
 }

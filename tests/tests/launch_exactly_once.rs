@@ -11,6 +11,7 @@ use launch_fixtures::*;
 use nodesmith::launch::{LaunchError, LaunchOutcome};
 use nodesmith::state;
 use nodesmith_tests::fault_proxy::FaultProxy;
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
 
 /// Takes and frees a claim's launch lease as if its holder's time had run out.
@@ -60,14 +61,21 @@ async fn more_subnets(m: &Moto) {
 async fn a_launch_recorded_late_behind_a_lagging_describe_is_not_launched_twice() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     let class = node_class("al2023@latest");
-    let req = pending(&st, &claim("eo-1", &["m5.large", "c5.large"], &["on-demand"]), &class).await;
+    let req = pending(
+        &kube,
+        &st,
+        &claim("eo-1", &["m5.large", "c5.large"], &["on-demand"]),
+        &class,
+    )
+    .await;
 
     // 1. CreateFleet launches, then every try of the write that records it is throttled.
     proxy.throttle_matching("PutItem", "\"Launched\"", 4);
-    let first = launcher(&m, proxy.endpoint()).await;
+    let first = launcher(&m, proxy.endpoint(), &kube).await;
     let r1 = first.launch(&req).await;
     assert!(r1.is_err(), "the record failed: {r1:?}");
     let launched = instances_of(&m, "eo-1").await;
@@ -77,7 +85,7 @@ async fn a_launch_recorded_late_behind_a_lagging_describe_is_not_launched_twice(
     // 2. A redelivery at once, on another invocation, while DescribeInstances lags:
     //    the lease is still held, so it launches nothing.
     proxy.hide_instances(1);
-    let second = launcher(&m, proxy.endpoint()).await;
+    let second = launcher(&m, proxy.endpoint(), &kube).await;
     let r2 = second.launch(&req).await;
     assert!(matches!(r2, Err(LaunchError::Busy(_))), "{r2:?}");
     assert_eq!(instances_of(&m, "eo-1").await.len(), 1);
@@ -108,9 +116,11 @@ async fn a_launch_recorded_late_behind_a_lagging_describe_is_not_launched_twice(
 async fn a_crash_that_left_two_tagged_instances_keeps_the_oldest_and_terminates_the_rest() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("eo-2", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -156,13 +166,15 @@ async fn a_crash_that_left_two_tagged_instances_keeps_the_oldest_and_terminates_
 async fn each_createfleet_request_is_a_stored_attempt_with_its_own_token() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for z in nodesmith_tests::moto::ZONES {
         proxy.no_capacity("m5.large", z, Some("spot"));
     }
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("eo-3", &["m5.large"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),

@@ -9,6 +9,7 @@ use launch_fixtures::*;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::state::{self, OfferingKey};
 use nodesmith_tests::fault_proxy::FaultProxy;
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{ZONES, moto};
 use nodesmith_tests::sqs;
 
@@ -16,6 +17,7 @@ use nodesmith_tests::sqs;
 async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for t in ["m5.large", "c5.large"] {
@@ -23,8 +25,9 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
             proxy.no_capacity(t, z, Some("spot"));
         }
     }
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("fb-1", &["m5.large", "c5.large"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),
@@ -77,13 +80,15 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
 async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for z in ZONES {
         proxy.no_capacity("m5.large", z, None);
     }
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("fb-2", &["m5.large", "m5.xlarge"], &["spot"]),
         &node_class("al2023@latest"),
@@ -107,6 +112,7 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
 
     // The next claim skips the marked offerings without asking EC2 for them.
     let req = pending(
+        &kube,
         &st,
         &claim("fb-3", &["m5.large", "m5.xlarge"], &["spot"]),
         &node_class("al2023@latest"),
@@ -124,6 +130,7 @@ async fn failed_offerings_are_dropped_and_the_rest_launch_in_the_same_call() {
 async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     for z in ZONES {
@@ -131,8 +138,9 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
     }
     let client = aws_sdk_sqs::Client::new(&m.sdk_config().await);
     let pending_queue = sqs::create_queue(&client, "pending-pods").await;
-    let l = launcher_with(&m, proxy.endpoint(), Some(pending_queue.clone())).await;
+    let l = launcher_with(&m, proxy.endpoint(), &kube, Some(pending_queue.clone())).await;
     let req = pending(
+        &kube,
         &st,
         &claim("fb-4", &["m5.large"], &["spot"]),
         &node_class("al2023@latest"),
@@ -163,13 +171,15 @@ async fn spot_only_claim_without_capacity_is_given_back_to_the_solver() {
 async fn throttling_is_retried_with_backoff_by_the_sdk() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.throttle("CreateFleet", 2);
     proxy.throttle("CreateLaunchTemplate", 1);
     proxy.throttle("PutItem", 2); // DynamoDB (JSON protocol): the conditional write recording the launch
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("thr-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -199,11 +209,13 @@ async fn throttling_is_retried_with_backoff_by_the_sdk() {
 async fn throttling_past_the_retry_budget_fails_the_request_for_redelivery() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.throttle("CreateFleet", 100);
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("thr-2", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -229,14 +241,15 @@ async fn throttling_past_the_retry_budget_fails_the_request_for_redelivery() {
 async fn public_ip_choice_raid0_and_context_reach_ec2() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let mut class = node_class("al2023@latest");
     class.associate_public_ip_address = Some(false);
     class.instance_store_policy = Some("RAID0".into());
     class.context = Some("ctx-reserved-1".into());
-    let req = pending(&st, &claim("ctx-1", &["m5.large"], &["on-demand"]), &class).await;
+    let req = pending(&kube, &st, &claim("ctx-1", &["m5.large"], &["on-demand"]), &class).await;
     let LaunchOutcome::Launched(_) = l.launch(&req).await.unwrap() else {
         panic!("no launch")
     };

@@ -11,6 +11,7 @@ use nodesmith::apis::labels;
 use nodesmith::launch::userdata::{NODECONFIG_TYPE, parse_mime};
 use nodesmith::launch::{LaunchError, LaunchOutcome};
 use nodesmith::nodeclaim::Phase;
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::moto;
 
 fn tags_of(i: &aws_sdk_ec2::types::Instance) -> BTreeMap<String, String> {
@@ -64,9 +65,11 @@ async fn template_user_data(m: &nodesmith_tests::moto::Moto) -> Vec<(String, Str
 async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     let m = moto().await;
     let w = world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("default-a1", &["m5.large", "m5.xlarge"], &["spot", "on-demand"]),
         &node_class("al2023@latest"),
@@ -173,11 +176,12 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
 async fn bottlerocket_on_graviton_gets_the_arm64_ami_and_toml_user_data() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let mut class = node_class("bottlerocket@latest");
     class.user_data = Some("[settings.host-containers.admin]\nenabled = true\n".into());
-    let req = pending(&st, &claim("br-1", &["m6g.large"], &["on-demand"]), &class).await;
+    let req = pending(&kube, &st, &claim("br-1", &["m6g.large"], &["on-demand"]), &class).await;
     let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
         panic!("no launch")
     };
@@ -207,11 +211,12 @@ async fn bottlerocket_on_graviton_gets_the_arm64_ami_and_toml_user_data() {
 async fn redelivered_and_concurrent_requests_launch_exactly_once() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let class = node_class("al2023@latest");
-    let a = pending(&st, &claim("dup-a", &["m5.large"], &["on-demand"]), &class).await;
-    let b = pending(&st, &claim("dup-b", &["m5.large"], &["on-demand"]), &class).await;
+    let a = pending(&kube, &st, &claim("dup-a", &["m5.large"], &["on-demand"]), &class).await;
+    let b = pending(&kube, &st, &claim("dup-b", &["m5.large"], &["on-demand"]), &class).await;
 
     // Three deliveries of the same request, one after another.
     let first = l.launch(&a).await.unwrap();
@@ -220,7 +225,7 @@ async fn redelivered_and_concurrent_requests_launch_exactly_once() {
         assert!(matches!(l.launch(&a).await.unwrap(), LaunchOutcome::AlreadyLaunched(_)));
     }
     // Two deliveries at once: one launches, the other is told the claim is busy or done.
-    let l2 = launcher(&m, m.endpoint()).await;
+    let l2 = launcher(&m, m.endpoint(), &kube).await;
     let (x, y) = tokio::join!(l.launch(&b), l2.launch(&b));
     let launched = [&x, &y]
         .iter()
@@ -254,9 +259,11 @@ async fn redelivered_and_concurrent_requests_launch_exactly_once() {
 async fn an_instance_launched_before_a_crash_is_recorded_not_launched_again() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("crash-1", &["m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -302,19 +309,16 @@ async fn an_instance_launched_before_a_crash_is_recorded_not_launched_again() {
 async fn a_claim_that_is_gone_is_not_launched_and_bad_selectors_are_named() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let class = node_class("al2023@latest");
-    let req = nodesmith::launch::LaunchRequest {
-        node_claim: "never-made".into(),
-        node_class_name: "default".into(),
-        node_class: class.clone(),
-    };
+    let req = nodesmith::launch::LaunchRequest::new("never-made");
     assert_eq!(l.launch(&req).await.unwrap(), LaunchOutcome::Gone("never-made".into()));
 
     let mut nowhere = class.clone();
     nowhere.subnet_selector_terms[0].tags = BTreeMap::from([("no-such-tag".to_string(), "x".to_string())]);
-    let req = pending(&st, &claim("lost-1", &["m5.large"], &["on-demand"]), &nowhere).await;
+    let req = pending(&kube, &st, &claim("lost-1", &["m5.large"], &["on-demand"]), &nowhere).await;
     let e = l.launch(&req).await.unwrap_err().to_string();
     assert!(
         e.contains("lost-1") && e.contains("subnetSelectorTerms select no subnets"),
@@ -332,10 +336,12 @@ async fn a_claim_that_is_gone_is_not_launched_and_bad_selectors_are_named() {
 async fn gpu_types_get_the_nvidia_ami_in_their_own_template() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = nodesmith_tests::fault_proxy::FaultProxy::start(m.endpoint()).await;
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let req = pending(
+        &kube,
         &st,
         &claim("gpu-1", &["g5.xlarge", "m5.large"], &["on-demand"]),
         &node_class("al2023@latest"),
@@ -385,8 +391,9 @@ async fn a_solved_claim_launches_with_known_labels_only_and_the_unregistered_tai
     use nodesmith::scheduling::{SolveInput, SolveOptions, solve};
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let pool: nodesmith::apis::NodePool = serde_json::from_value(serde_json::json!({
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
         "spec": {"template": {
@@ -420,7 +427,7 @@ async fn a_solved_claim_launches_with_known_labels_only_and_the_unregistered_tai
         "the plan predicts the node's labels: {planned:?}"
     );
     let claim = planned.to_node_claim(jiff::Timestamp::now());
-    let req = pending(&st, &claim, &node_class("al2023@latest")).await;
+    let req = pending(&kube, &st, &claim, &node_class("al2023@latest")).await;
     let LaunchOutcome::Launched(c) = l.launch(&req).await.unwrap() else {
         panic!("no launch")
     };
@@ -475,14 +482,16 @@ async fn a_solved_claim_launches_with_known_labels_only_and_the_unregistered_tai
 async fn fifty_claims_of_one_pool_share_a_constant_number_of_templates() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let class = node_class("al2023@latest");
     let mut counts = Vec::new();
     let mut took = Vec::new();
     for i in 0..50 {
         let name = format!("many-{i:02}");
         let req = pending(
+            &kube,
             &st,
             &claim(&name, &["m5.large", "m5.xlarge"], &["spot", "on-demand"]),
             &class,
@@ -521,15 +530,16 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
     use nodesmith::launch::gc;
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
-    let l = launcher(&m, m.endpoint()).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
     let before = node_class("al2023@latest");
-    let req = pending(&st, &claim("gc-1", &["m5.large"], &["on-demand"]), &before).await;
+    let req = pending(&kube, &st, &claim("gc-1", &["m5.large"], &["on-demand"]), &before).await;
     l.launch(&req).await.unwrap();
     let mut after = before.clone();
     after.tags.insert("cost-center".into(), "42".into());
-    let req = pending(&st, &claim("gc-2", &["m5.large"], &["on-demand"]), &after).await;
+    let req = pending(&kube, &st, &claim("gc-2", &["m5.large"], &["on-demand"]), &after).await;
     l.launch(&req).await.unwrap();
     let names = |v: Vec<(String, String, String)>| v.into_iter().map(|(n, _, _)| n).collect::<Vec<_>>();
     let all = names(template_user_data(&m).await);

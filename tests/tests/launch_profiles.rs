@@ -11,6 +11,7 @@ use nodesmith::apis::EC2NodeClass;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::launch::profile::{self, PROFILE_PATH};
 use nodesmith_tests::fault_proxy::FaultProxy;
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
 
 /// Profiles under nodesmith's path: name → roles.
@@ -67,13 +68,14 @@ async fn template_profiles(m: &Moto) -> Vec<String> {
 async fn a_role_gets_a_profile_made_on_first_use_reused_replaced_and_collected() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     // EC2 does not see a new profile for its first two CreateFleets.
     proxy.strict_instance_profiles(2);
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let class = node_class("al2023@latest");
-    let req = pending(&st, &claim("ip-1", &["m5.large"], &["on-demand"]), &class).await;
+    let req = pending(&kube, &st, &claim("ip-1", &["m5.large"], &["on-demand"]), &class).await;
     let got = l.launch(&req).await.unwrap();
     assert!(matches!(got, LaunchOutcome::Launched(_)), "{got:?}");
     assert_eq!(
@@ -100,7 +102,7 @@ async fn a_role_gets_a_profile_made_on_first_use_reused_replaced_and_collected()
     assert_eq!(tag("karpenter.k8s.aws/ec2nodeclass").as_deref(), Some("default"));
 
     // Reused: a second claim makes nothing new.
-    let req = pending(&st, &claim("ip-2", &["m5.large"], &["on-demand"]), &class).await;
+    let req = pending(&kube, &st, &claim("ip-2", &["m5.large"], &["on-demand"]), &class).await;
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
     assert_eq!(managed_profiles(&m).await.len(), 1);
 
@@ -108,7 +110,7 @@ async fn a_role_gets_a_profile_made_on_first_use_reused_replaced_and_collected()
     node_role(&m.sdk_config().await, "KarpenterNodeRole-demo-v2").await;
     let mut changed = class.clone();
     changed.role = Some("KarpenterNodeRole-demo-v2".into());
-    let req = pending(&st, &claim("ip-3", &["m5.large"], &["on-demand"]), &changed).await;
+    let req = pending(&kube, &st, &claim("ip-3", &["m5.large"], &["on-demand"]), &changed).await;
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
     let second = profile::profile_name(CLUSTER, "default", "KarpenterNodeRole-demo-v2");
     assert_eq!(managed_profiles(&m).await.len(), 2);
@@ -131,6 +133,7 @@ async fn a_role_gets_a_profile_made_on_first_use_reused_replaced_and_collected()
 async fn an_instance_profile_class_uses_the_named_profile_as_is() {
     let m = moto().await;
     world(&m).await;
+    let kube = KubeServer::start().await;
     let st = store(&m).await;
     let proxy = FaultProxy::start(m.endpoint()).await;
     proxy.strict_instance_profiles(0);
@@ -140,11 +143,11 @@ async fn an_instance_profile_class_uses_the_named_profile_as_is() {
         .send()
         .await
         .unwrap();
-    let l = launcher(&m, proxy.endpoint()).await;
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
     let mut class = node_class("al2023@latest");
     class.role = None;
     class.instance_profile = Some("MyNodeProfile".into());
-    let req = pending(&st, &claim("ip-4", &["m5.large"], &["on-demand"]), &class).await;
+    let req = pending(&kube, &st, &claim("ip-4", &["m5.large"], &["on-demand"]), &class).await;
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
     assert_eq!(template_profiles(&m).await, vec!["MyNodeProfile".to_string()]);
     assert!(managed_profiles(&m).await.is_empty(), "nothing made");

@@ -1,6 +1,7 @@
 //! The `launch` binary under a local Lambda Runtime API: it starts, reads its
-//! configuration, handles an SQS event against moto and answers with partial
-//! batch failures; without configuration it stops with a clear message.
+//! configuration (the Kubernetes API from `NODESMITH_KUBE_URL`), handles an
+//! SQS event against moto and answers with partial batch failures; without
+//! configuration it stops with a clear message.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,10 +17,13 @@ async fn binary_handles_an_sqs_event_against_moto() {
 
     let event = serde_json::json!({"Records": [
         {"messageId": "gone", "receiptHandle": "r1", "eventSource": "aws:sqs", "awsRegion": "us-east-1",
+         "body": serde_json::json!({"nodeClaim": "no-such-claim"}).to_string()},
+        {"messageId": "poison", "receiptHandle": "r2", "eventSource": "aws:sqs", "awsRegion": "us-east-1", "body": "{"},
+        // The old format, which carried the class: refused, so no one can pick the instance profile.
+        {"messageId": "carries-class", "receiptHandle": "r3", "eventSource": "aws:sqs", "awsRegion": "us-east-1",
          "body": serde_json::json!({"nodeClaim": "no-such-claim", "nodeClassName": "default", "nodeClass": {
-            "amiSelectorTerms": [{"alias": "al2023@latest"}], "role": "r",
-            "subnetSelectorTerms": [{"tags": {"a": "b"}}], "securityGroupSelectorTerms": [{"tags": {"a": "b"}}]}}).to_string()},
-        {"messageId": "poison", "receiptHandle": "r2", "eventSource": "aws:sqs", "awsRegion": "us-east-1", "body": "{"}
+            "amiSelectorTerms": [{"alias": "al2023@latest"}], "instanceProfile": "Chosen",
+            "subnetSelectorTerms": [{"tags": {"a": "b"}}], "securityGroupSelectorTerms": [{"tags": {"a": "b"}}]}}).to_string()}
     ]});
     let mut env: BTreeMap<String, String> = m.env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
@@ -33,7 +37,7 @@ async fn binary_handles_an_sqs_event_against_moto() {
     let resp: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         resp,
-        serde_json::json!({"batchItemFailures": [{"itemIdentifier": "poison"}]})
+        serde_json::json!({"batchItemFailures": [{"itemIdentifier": "poison"}, {"itemIdentifier": "carries-class"}]})
     );
 }
 

@@ -406,14 +406,7 @@ impl<C: Cluster> Interrupter<C> {
             .store
             .create_node_claims_fenced(lease, &claims, crate::state::now_ms())
             .await?;
-        let requests: Vec<LaunchRequest> = created
-            .iter()
-            .filter_map(|c| {
-                snapshot
-                    .node_class(&c.node_class)
-                    .map(|nc| LaunchRequest::new(&c.name, nc))
-            })
-            .collect();
+        let requests: Vec<LaunchRequest> = created.iter().map(|c| LaunchRequest::new(&c.name)).collect();
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         tracing::info!(replaced = ?nodes, replacements = created.len(), "replacement launched");
         Ok(created)

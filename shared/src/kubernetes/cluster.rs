@@ -136,6 +136,8 @@ pub trait Cluster: Send + Sync {
     fn node_pools(&self) -> impl Future<Output = Result<Vec<NodePool>, ClusterError>> + Send;
     /// Every EC2NodeClass.
     fn node_classes(&self) -> impl Future<Output = Result<Vec<EC2NodeClass>, ClusterError>> + Send;
+    /// One EC2NodeClass, or None when it does not exist.
+    fn node_class(&self, name: &str) -> impl Future<Output = Result<Option<EC2NodeClass>, ClusterError>> + Send;
     /// Adds `karpenter.sh/disrupted:NoSchedule` to a node. Ok(false) when it was already there.
     fn taint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Removes `karpenter.sh/disrupted` from a node (a disruption was abandoned). Ok(false) when absent.

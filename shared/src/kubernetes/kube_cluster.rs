@@ -292,6 +292,13 @@ impl Cluster for KubeCluster {
         self.list_all("list ec2nodeclasses", ListParams::default()).await
     }
 
+    async fn node_class(&self, name: &str) -> Result<Option<EC2NodeClass>, ClusterError> {
+        self.call(&format!("get ec2nodeclass {name}"), |c| async move {
+            get_opt(Api::<EC2NodeClass>::all(c).get(name).await)
+        })
+        .await
+    }
+
     async fn taint_disrupted(&self, node: &str) -> Result<bool, ClusterError> {
         self.edit_taints(node, true).await
     }

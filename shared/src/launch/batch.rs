@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::request::{LaunchRequest, RequestError};
 use super::{LaunchError, LaunchOutcome, Launcher};
+use crate::kubernetes::Cluster;
 
 /// What happened to one record.
 #[derive(Debug)]
@@ -31,8 +32,8 @@ pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
     resp
 }
 
-async fn handle_record(
-    launcher: &Launcher,
+async fn handle_record<C: Cluster>(
+    launcher: &Launcher<C>,
     msg: &SqsMessage,
     parsed: Result<LaunchRequest, RequestError>,
 ) -> RecordResult {
@@ -66,6 +67,7 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
         LaunchOutcome::Recovered(_) => "recovered",
         LaunchOutcome::Gone(_) => "gone",
         LaunchOutcome::NoCapacity { .. } => "no-capacity",
+        LaunchOutcome::ClassGone { .. } => "class-gone",
     }
 }
 
@@ -75,7 +77,7 @@ type Parsed = (usize, Result<LaunchRequest, RequestError>);
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
 /// instead of its lease). Results are in record order.
-pub async fn handle(launcher: &Launcher, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
+pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
     let mut groups: BTreeMap<String, Vec<Parsed>> = BTreeMap::new();
     for (i, m) in event.records.iter().enumerate() {
         let parsed = LaunchRequest::parse(m.body.as_deref().unwrap_or_default());

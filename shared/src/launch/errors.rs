@@ -4,6 +4,7 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 
 use super::request::RequestError;
 use super::userdata::UserDataError;
+use crate::kubernetes::ClusterError;
 use crate::nodeclaim::InvalidTransition;
 use crate::state::StateError;
 
@@ -70,6 +71,9 @@ pub enum LaunchError {
     /// Another invocation is launching this NodeClaim right now.
     #[error("nodeclaim {0} is being launched by another invocation")]
     Busy(String),
+    /// Reading the claim's EC2NodeClass from the cluster failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// The state store failed.
     #[error(transparent)]
     State(#[from] StateError),

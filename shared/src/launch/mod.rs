@@ -1,6 +1,9 @@
-//! The launch path for one NodeClaim: resolve subnets, security groups and
-//! the AMI, build user data, ensure a launch template, CreateFleet with
-//! fallback over offerings, and record the instance on the NodeClaim.
+//! The launch path for one NodeClaim: read the claim from DynamoDB and its
+//! EC2NodeClass from the cluster (never from the request: see
+//! [`request`]), resolve subnets, security groups and the AMI, build user
+//! data, ensure a launch template, CreateFleet with fallback over offerings,
+//! and record the instance on the NodeClaim. A claim whose class no longer
+//! exists is deleted (its pods are solved again), not retried.
 //!
 //! Exactly once under at-least-once delivery: a per-NodeClaim lease serialises
 //! concurrent deliveries; after taking it the claim is re-read (Launched →
@@ -45,6 +48,7 @@ use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
+use crate::kubernetes::{Cluster, KubeCluster};
 use crate::messages::SolveRequest;
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::provisioning::trigger::request_solve;
@@ -82,6 +86,14 @@ pub enum LaunchOutcome {
         /// Offerings tried and marked unavailable.
         tried: Vec<OfferingKey>,
     },
+    /// The claim's EC2NodeClass is not in the cluster (deleted, or being
+    /// deleted); the claim was deleted so its pods are solved again.
+    ClassGone {
+        /// The claim.
+        node_claim: String,
+        /// The EC2NodeClass it names.
+        node_class: String,
+    },
 }
 
 /// Settings of the launch function.
@@ -115,9 +127,9 @@ impl LaunchConfig {
     }
 }
 
-/// Clients and caches, built once per process.
-#[derive(Debug)]
-pub struct Launcher {
+/// Clients and caches, built once per process; `C` reads EC2NodeClasses.
+pub struct Launcher<C = KubeCluster> {
+    kube: C,
     ec2: aws_sdk_ec2::Client,
     instances: Instances,
     ssm: aws_sdk_ssm::Client,
@@ -312,12 +324,13 @@ fn clock() -> Timestamp {
     Timestamp::now()
 }
 
-impl Launcher {
-    /// Builds the clients from one SDK configuration.
-    pub fn new(sdk: &SdkConfig, config: LaunchConfig) -> Self {
+impl<C: Cluster> Launcher<C> {
+    /// Builds the clients from one SDK configuration; EC2NodeClasses are read through `kube`.
+    pub fn new(sdk: &SdkConfig, kube: C, config: LaunchConfig) -> Self {
         let store = StateStore::new(aws_sdk_dynamodb::Client::new(sdk), config.table.clone());
         let ec2 = aws_sdk_ec2::Client::new(sdk);
         Launcher {
+            kube,
             instances: Instances::new(ec2.clone(), config.cluster_name.clone()),
             ec2,
             ssm: aws_sdk_ssm::Client::new(sdk),
@@ -389,7 +402,6 @@ impl Launcher {
         if let Some(c) = self.adopt(&claim).await? {
             return Ok(LaunchOutcome::Recovered(c));
         }
-        let class = req.node_class();
         let mut unavailable: BTreeSet<OfferingKey> = self
             .store
             .unavailable_offerings(state::now_secs())
@@ -410,14 +422,21 @@ impl Launcher {
                 }
                 None => {
                     if resolved.is_none() {
+                        // Read here, when a new request is built: a request sent before is
+                        // repeated above without it, and an unanswered one is never given up.
+                        let Some(class) = self.node_class(&claim).await? else {
+                            return self.class_gone(&claim).await;
+                        };
+                        // The node is launched from the class as it is now: its drift hash too.
+                        claim.nodeclass_hash = Some(class.hash());
                         resolved = Some(self.resolve(&claim, &class).await?);
                     }
                     let Some(r) = resolved.as_ref() else { break };
                     let cands = fleet::candidates(&r.scope(), &unavailable);
                     let Some(ct) = fleet::capacity_type(&cands) else { break };
                     let number = claim.launch_attempt.as_ref().map_or(1, |a| a.number + 1);
-                    let plan = fleet::plan(fleet::client_token(&claim, number), &cands, ct)
-                        .with_context(class.spec.context.clone());
+                    let plan =
+                        fleet::plan(fleet::client_token(&claim, number), &cands, ct).with_context(r.context.clone());
                     // Written before the call: a retry finds it and repeats it.
                     claim.launch_attempt = Some(plan.to_attempt(number, &r.tags));
                     claim = self.store.update_node_claim(&claim).await?;
@@ -510,17 +529,52 @@ impl Launcher {
         }
         tracing::warn!(node_claim = %name, tried = ?tried, "no offering has capacity; deleting the claim so its pods are solved again");
         self.store.delete_node_claim(name, claim.version).await?;
-        if let Some(url) = &self.config.pending_queue_url {
-            let request = SolveRequest::new("launch-no-capacity", Some(name));
-            // The claim is gone either way; a lost request leaves the pods to the sweep's safety net.
-            if let Err(e) = request_solve(&self.sqs, url, &request).await {
-                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
-            }
-        }
+        self.request_solve_for(name, "launch-no-capacity").await;
         Ok(LaunchOutcome::NoCapacity {
             node_claim: name.clone(),
             tried,
         })
+    }
+
+    /// The claim's EC2NodeClass as the cluster has it now; None when it does
+    /// not exist or is being deleted. A class that fails validation is a
+    /// [`LaunchError::Resolve`] (retried: it may be fixed).
+    async fn node_class(&self, claim: &NodeClaim) -> Result<Option<EC2NodeClass>, LaunchError> {
+        let Some(class) = self.kube.node_class(&claim.node_class).await? else {
+            return Ok(None);
+        };
+        if class.metadata.deletion_timestamp.is_some() {
+            return Ok(None);
+        }
+        class.validate().map_err(|e| LaunchError::Resolve {
+            node_claim: claim.name.clone(),
+            what: e.to_string(),
+        })?;
+        Ok(Some(class))
+    }
+
+    /// Gives up a claim whose EC2NodeClass is gone: no launch can ever be built
+    /// for it, so it is deleted (not retried) and a solve requested for its pods.
+    async fn class_gone(&self, claim: &NodeClaim) -> Result<LaunchOutcome, LaunchError> {
+        let name = &claim.name;
+        tracing::warn!(node_claim = %name, node_class = %claim.node_class, "the claim's EC2NodeClass does not exist; deleting the claim so its pods are solved again");
+        self.store.delete_node_claim(name, claim.version).await?;
+        self.request_solve_for(name, "launch-class-gone").await;
+        Ok(LaunchOutcome::ClassGone {
+            node_claim: name.clone(),
+            node_class: claim.node_class.clone(),
+        })
+    }
+
+    /// Asks for a solve after a claim was given up; a lost request leaves its
+    /// pods to the sweep's safety net.
+    async fn request_solve_for(&self, name: &str, reason: &str) {
+        if let Some(url) = &self.config.pending_queue_url {
+            let request = SolveRequest::new(reason, Some(name));
+            if let Err(e) = request_solve(&self.sqs, url, &request).await {
+                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
+            }
+        }
     }
 
     /// Stores that the claim's last attempt was answered without an instance, so the
@@ -666,6 +720,7 @@ impl Launcher {
             templates,
             catalog,
             tags,
+            context: class.spec.context.clone(),
         })
     }
 }
@@ -692,6 +747,8 @@ struct Resolved {
     templates: BTreeMap<(String, String), String>,
     catalog: Option<Catalog>,
     tags: BTreeMap<String, String>,
+    /// The class's CreateFleet `Context`.
+    context: Option<String>,
 }
 
 impl Resolved {

@@ -1,23 +1,20 @@
-//! The launch request: the SQS message `provision` sends to `launch`, one per NodeClaim.
+//! The launch request: the SQS message `provision`, the sweep's disruption
+//! replacements and `interrupt` send to `launch`, one per NodeClaim.
 //!
 //! JSON schema (camelCase, unknown fields rejected):
 //!
 //! ```json
-//! {
-//!   "nodeClaim": "default-7x2kq",
-//!   "nodeClassName": "default",
-//!   "nodeClass": { "amiSelectorTerms": [{"alias": "al2023@latest"}], "role": "...", ... }
-//! }
+//! { "nodeClaim": "default-7x2kq" }
 //! ```
 //!
-//! `nodeClass` is the EC2NodeClass `spec` as the solver saw it, so `launch`
-//! needs no Kubernetes call; everything else (requirements, instance type
-//! options, labels, taints) is read from the NodeClaim item in DynamoDB.
+//! The message names the claim and nothing else: `launch` reads the NodeClaim
+//! from DynamoDB and its EC2NodeClass from the cluster. A class carried in a
+//! message is never trusted (anyone who may send to the queue could choose
+//! the instance profile), so a body with `nodeClass` or `nodeClassName` (the
+//! old format) is refused, naming the field.
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::{Deserialize, Serialize};
-
-use crate::apis::{EC2NodeClass, EC2NodeClassSpec};
 
 /// Largest message body accepted, in bytes (SQS's classic limit).
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -25,16 +22,15 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// SendMessageBatch takes at most 10 entries.
 const SQS_BATCH: usize = 10;
 
+/// Fields of the old format, which carried the EC2NodeClass.
+const CLASS_FIELDS: [&str; 2] = ["nodeClass", "nodeClassName"];
+
 /// Launch one NodeClaim.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LaunchRequest {
     /// The NodeClaim's name (its DynamoDB key).
     pub node_claim: String,
-    /// The EC2NodeClass's name.
-    pub node_class_name: String,
-    /// The EC2NodeClass's spec.
-    pub node_class: EC2NodeClassSpec,
 }
 
 /// Why a message is not a launch request.
@@ -45,6 +41,14 @@ pub enum RequestError {
     TooLarge {
         /// Its size.
         size: usize,
+    },
+    /// The body carries an EC2NodeClass (the old format); it is never used.
+    #[error(
+        "launch request carries `{field}`: requests name the NodeClaim only, and launch reads the EC2NodeClass from the cluster"
+    )]
+    CarriesClass {
+        /// The refused field.
+        field: &'static str,
     },
     /// The body is not the JSON described above.
     #[error("launch request is not valid JSON for the schema at {path}: {message}")]
@@ -60,12 +64,10 @@ pub enum RequestError {
 }
 
 impl LaunchRequest {
-    /// A request for `claim` using `class`.
-    pub fn new(node_claim: &str, class: &EC2NodeClass) -> Self {
+    /// A request to launch `node_claim`.
+    pub fn new(node_claim: &str) -> Self {
         LaunchRequest {
             node_claim: node_claim.into(),
-            node_class_name: class.name().into(),
-            node_class: class.spec.clone(),
         }
     }
 
@@ -75,22 +77,19 @@ impl LaunchRequest {
             return Err(RequestError::TooLarge { size: body.len() });
         }
         let de = &mut serde_json::Deserializer::from_str(body);
-        let req: LaunchRequest = serde_path_to_error::deserialize(de).map_err(|e| RequestError::Malformed {
-            path: e.path().to_string(),
-            message: e.inner().to_string(),
+        let req: LaunchRequest = serde_path_to_error::deserialize(de).map_err(|e| {
+            carried_class(body).map_or_else(
+                || RequestError::Malformed {
+                    path: e.path().to_string(),
+                    message: e.inner().to_string(),
+                },
+                |field| RequestError::CarriesClass { field },
+            )
         })?;
         if req.node_claim.is_empty() {
             return Err(RequestError::Invalid("nodeClaim is empty".into()));
         }
-        req.node_class()
-            .validate()
-            .map_err(|e| RequestError::Invalid(e.to_string()))?;
         Ok(req)
-    }
-
-    /// The EC2NodeClass object.
-    pub fn node_class(&self) -> EC2NodeClass {
-        EC2NodeClass::new(&self.node_class_name, self.node_class.clone())
     }
 
     /// The message body.
@@ -101,6 +100,13 @@ impl LaunchRequest {
         }
         Ok(body)
     }
+}
+
+/// The old format's class field a refused body carries, if any: named in the
+/// error so nobody takes the class in a message for one that is used (pure).
+fn carried_class(body: &str) -> Option<&'static str> {
+    let object = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(body).ok()?;
+    CLASS_FIELDS.into_iter().find(|f| object.contains_key(*f))
 }
 
 /// Why enqueueing launch requests failed.
@@ -184,49 +190,63 @@ mod tests {
     use super::*;
 
     fn valid() -> serde_json::Value {
-        serde_json::json!({
-            "nodeClaim": "default-abc",
-            "nodeClassName": "default",
-            "nodeClass": {
-                "amiSelectorTerms": [{"alias": "al2023@latest"}],
-                "role": "KarpenterNodeRole",
-                "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}],
-                "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}]
-            }
-        })
+        serde_json::json!({"nodeClaim": "default-abc"})
     }
 
     #[test]
     fn parses_and_round_trips() {
         let r = LaunchRequest::parse(&valid().to_string()).unwrap();
-        assert_eq!(r.node_claim, "default-abc");
-        assert_eq!(r.node_class().ami_family().as_deref(), Some("AL2023"));
+        assert_eq!(r, LaunchRequest::new("default-abc"));
+        assert_eq!(r.to_body().unwrap(), r#"{"nodeClaim":"default-abc"}"#);
         assert_eq!(LaunchRequest::parse(&r.to_body().unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn a_carried_node_class_is_refused_naming_the_field() {
+        let class = serde_json::json!({
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "instanceProfile": "AttackerChosenProfile",
+            "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}],
+            "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}]
+        });
+        let mut old = valid();
+        old["nodeClassName"] = serde_json::json!("default");
+        old["nodeClass"] = class.clone();
+        let mut spec_only = valid();
+        spec_only["nodeClass"] = class;
+        let mut name_only = valid();
+        name_only["nodeClassName"] = serde_json::json!("default");
+        for (body, field) in [
+            (old, "nodeClass"),
+            (spec_only, "nodeClass"),
+            (name_only, "nodeClassName"),
+        ] {
+            let e = LaunchRequest::parse(&body.to_string()).unwrap_err();
+            assert!(
+                matches!(e, RequestError::CarriesClass { field: f } if f == field),
+                "{body}: {e:?}"
+            );
+            let text = e.to_string();
+            assert!(text.contains(&format!("`{field}`")), "{text}");
+            assert!(text.contains("reads the EC2NodeClass from the cluster"), "{text}");
+        }
     }
 
     #[test]
     fn rejects_bad_bodies_with_what_is_wrong() {
         let mut unknown = valid();
         unknown["extra"] = serde_json::json!(1);
-        let mut no_claim = valid();
-        no_claim.as_object_mut().unwrap().remove("nodeClaim");
         let mut bad_type = valid();
-        bad_type["nodeClass"]["amiSelectorTerms"] = serde_json::json!("al2023@latest");
+        bad_type["nodeClaim"] = serde_json::json!(["default-abc"]);
         let mut empty = valid();
         empty["nodeClaim"] = serde_json::json!("");
-        let mut invalid_class = valid();
-        invalid_class["nodeClass"]["amiSelectorTerms"] = serde_json::json!([]);
         let cases: Vec<(String, &str)> = vec![
             ("not json".into(), "at .: expected ident"),
             ("".into(), "EOF while parsing"),
             (unknown.to_string(), "unknown field `extra`"),
-            (no_claim.to_string(), "missing field `nodeClaim`"),
-            (bad_type.to_string(), "nodeClass.amiSelectorTerms"),
+            ("{}".into(), "missing field `nodeClaim`"),
+            (bad_type.to_string(), "at nodeClaim: invalid type"),
             (empty.to_string(), "nodeClaim is empty"),
-            (
-                invalid_class.to_string(),
-                "spec.amiSelectorTerms: must have between 1 and 30 terms",
-            ),
             ("x".repeat(MAX_BODY_BYTES + 1), "over the 262144-byte limit"),
         ];
         for (body, want) in cases {

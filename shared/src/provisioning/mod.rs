@@ -21,7 +21,6 @@ use crate::kubernetes::Cluster;
 use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::scheduling::{Plan, SolveOptions};
-use crate::snapshot::Snapshot;
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
@@ -279,11 +278,8 @@ impl<C: Cluster> Provisioner<C> {
                 tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), "pod is no longer pending");
             }
         }
-        self.relaunch(
-            &snapshot,
-            stale_pending(&snapshot.node_claims, now, self.config.relaunch_after),
-        )
-        .await?;
+        self.relaunch(stale_pending(&snapshot.node_claims, now, self.config.relaunch_after))
+            .await?;
         let started = std::time::Instant::now();
         let plan: Plan = snapshot.compile().solve(&SolveOptions::default());
         tracing::info!(
@@ -325,12 +321,7 @@ impl<C: Cluster> Provisioner<C> {
         if let Err(e) = self.store.mark(LAST_SOLVE, now_ms()).await {
             tracing::warn!(error = %e, "cannot record the solve time; the sweep may ask for an extra solve");
         }
-        let requests = launch_requests(&snapshot, &created);
-        if requests.len() < created.len() {
-            tracing::error!(
-                "a NodeClaim names an EC2NodeClass that does not exist; it stays Pending until the class appears"
-            );
-        }
+        let requests = launch_requests(&created);
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         outcome.created = created;
         Ok(())
@@ -339,12 +330,12 @@ impl<C: Cluster> Provisioner<C> {
     /// A crash between writing a claim and queueing its launch leaves a
     /// Pending claim nobody launches: queue it again (the launch path finds an
     /// instance already tagged for the claim, so a second launch adds nothing).
-    async fn relaunch(&self, snapshot: &Snapshot, stale: Vec<&NodeClaim>) -> Result<(), ProvisionError> {
+    async fn relaunch(&self, stale: Vec<&NodeClaim>) -> Result<(), ProvisionError> {
         if stale.is_empty() {
             return Ok(());
         }
         let stale: Vec<NodeClaim> = stale.into_iter().cloned().collect();
-        let requests = launch_requests(snapshot, &stale);
+        let requests = launch_requests(&stale);
         tracing::warn!(
             claims = requests.len(),
             "re-queueing launches of stale Pending NodeClaims"
@@ -354,16 +345,10 @@ impl<C: Cluster> Provisioner<C> {
     }
 }
 
-/// Launch requests for claims whose EC2NodeClass exists.
-fn launch_requests(snapshot: &Snapshot, claims: &[NodeClaim]) -> Vec<LaunchRequest> {
-    claims
-        .iter()
-        .filter_map(|c| {
-            snapshot
-                .node_class(&c.node_class)
-                .map(|nc| LaunchRequest::new(&c.name, nc))
-        })
-        .collect()
+/// Launch requests for claims: their names only (`launch` reads the class
+/// from the cluster, and gives up a claim whose class is gone).
+fn launch_requests(claims: &[NodeClaim]) -> Vec<LaunchRequest> {
+    claims.iter().map(|c| LaunchRequest::new(&c.name)).collect()
 }
 
 /// Pending claims older than `after` at `now`: their launch request was

@@ -532,14 +532,7 @@ impl<C: Cluster> Sweeper<C> {
         let a = assign(&fresh, &chosen, removed, &seed);
         let new: Vec<NodeClaim> = a.new.values().flatten().cloned().collect();
         let created = self.store.create_node_claims_fenced(lease, &new, now_ms()).await?;
-        let requests: Vec<LaunchRequest> = created
-            .iter()
-            .filter_map(|c| {
-                fresh
-                    .node_class(&c.node_class)
-                    .map(|nc| LaunchRequest::new(&c.name, nc))
-            })
-            .collect();
+        let requests: Vec<LaunchRequest> = created.iter().map(|c| LaunchRequest::new(&c.name)).collect();
         enqueue(&self.sqs, url, &requests).await?;
         for (k, i) in which.iter().enumerate() {
             if let Some(why) = a.stuck.get(&k) {

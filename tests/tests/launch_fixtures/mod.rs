@@ -1,5 +1,6 @@
 //! A cluster's AWS side in moto for the launch tests: VPC, tagged subnets and
-//! security group, an EKS cluster, the state table and a Pending NodeClaim.
+//! security group, an EKS cluster, the state table and a Pending NodeClaim;
+//! its EC2NodeClass is in a Kubernetes API test server, where `launch` reads it.
 
 // Compiled into each launch test binary, and each uses only some of these.
 #![allow(dead_code)]
@@ -12,9 +13,12 @@ use aws_config::retry::RetryConfig;
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith::apis::ec2nodeclass::{AmiSelectorTerm, EC2NodeClassSpec, SelectorTerm};
 use nodesmith::apis::{Taint, TaintEffect};
+use nodesmith::kubernetes::KubeCluster;
+use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::launch::{LaunchConfig, LaunchRequest, Launcher};
 use nodesmith::nodeclaim::NodeClaim;
 use nodesmith::state::{self, StateStore};
+use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::Moto;
 
 pub const CLUSTER: &str = "demo";
@@ -140,16 +144,23 @@ pub async fn node_role(conf: &SdkConfig, name: &str) {
         .unwrap();
 }
 
-/// A launcher whose clients go to `endpoint` (moto or a proxy in front of it).
-pub async fn launcher(m: &Moto, endpoint: &str) -> Launcher {
-    launcher_with(m, endpoint, None).await
+/// A launcher whose AWS clients go to `endpoint` (moto or a proxy in front of
+/// it) and which reads EC2NodeClasses from `kube`.
+pub async fn launcher(m: &Moto, endpoint: &str, kube: &KubeServer) -> Launcher {
+    launcher_with(m, endpoint, kube, None).await
 }
 
 /// A launcher that asks for solves on `pending_queue_url` when it gives a claim up.
-pub async fn launcher_with(m: &Moto, endpoint: &str, pending_queue_url: Option<String>) -> Launcher {
+pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_queue_url: Option<String>) -> Launcher {
     let conf = fast_retries(m.sdk_config_at(endpoint).await);
+    let cluster = KubeCluster::from_client(kube.client()).with_retry(RetryPolicy {
+        attempts: 3,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    });
     Launcher::new(
         &conf,
+        cluster,
         LaunchConfig {
             table: TABLE.into(),
             cluster_name: CLUSTER.into(),
@@ -205,14 +216,23 @@ pub fn claim(name: &str, types: &[&str], capacity_types: &[&str]) -> NodeClaim {
     }
 }
 
-/// Stores a claim and returns the request to launch it.
-pub async fn pending(st: &StateStore, c: &NodeClaim, class: &EC2NodeClassSpec) -> LaunchRequest {
+/// Creates or replaces the EC2NodeClass `name` in the cluster.
+pub fn put_class(kube: &KubeServer, name: &str, spec: &EC2NodeClassSpec) {
+    kube.apply(&serde_json::json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap();
+}
+
+/// Puts the claim's EC2NodeClass in the cluster as `class`, stores the claim,
+/// and returns the request to launch it (its name only).
+pub async fn pending(kube: &KubeServer, st: &StateStore, c: &NodeClaim, class: &EC2NodeClassSpec) -> LaunchRequest {
+    put_class(kube, &c.node_class, class);
     st.create_node_claim(c).await.unwrap();
-    LaunchRequest {
-        node_claim: c.name.clone(),
-        node_class_name: "default".into(),
-        node_class: class.clone(),
-    }
+    LaunchRequest::new(&c.name)
 }
 
 /// Live instances tagged with a claim.

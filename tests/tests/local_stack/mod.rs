@@ -155,7 +155,7 @@ impl Stack {
     /// Runs `launch` on every queued launch request.
     pub async fn launch_all(&self) {
         let bodies = self.drain(&self.launch_queue).await;
-        let launcher = launcher_with(&self.m, self.m.endpoint(), Some(self.pending_queue.clone())).await;
+        let launcher = launcher_with(&self.m, self.m.endpoint(), &self.kube, Some(self.pending_queue.clone())).await;
         let (response, results) = batch::handle(&launcher, &event(bodies)).await;
         assert!(response.batch_item_failures.is_empty(), "{results:?}");
     }
