@@ -66,6 +66,7 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
         LaunchOutcome::Recovered(_) => "recovered",
         LaunchOutcome::Gone(_) => "gone",
         LaunchOutcome::NoCapacity { .. } => "no-capacity",
+        LaunchOutcome::NotLaunchable { .. } => "not-launchable",
     }
 }
 
