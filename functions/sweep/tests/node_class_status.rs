@@ -21,11 +21,15 @@ use nodesmith_tests::kubectl::Kubectl;
 /// The class as the API serves it (a list through the cluster adapter).
 async fn read_class(s: &Stack) -> EC2NodeClass {
     let classes = s.cluster().node_classes().await.unwrap();
-    classes.into_iter().find(|c| c.metadata.name.as_deref() == Some("default")).unwrap()
+    classes
+        .into_iter()
+        .find(|c| c.metadata.name.as_deref() == Some("default"))
+        .unwrap()
 }
 
 fn condition<'a>(c: &'a EC2NodeClass, t: &str) -> &'a Condition {
-    c.condition(t).unwrap_or_else(|| panic!("no {t} condition: {:?}", c.status))
+    c.condition(t)
+        .unwrap_or_else(|| panic!("no {t} condition: {:?}", c.status))
 }
 
 async fn sweeper(s: &Stack) -> Sweeper<nodesmith::kubernetes::KubeCluster> {
@@ -56,20 +60,24 @@ async fn the_sweep_writes_the_class_status_and_a_class_matching_no_subnet_fails_
 
     // 1. Resolved and written back: what will be launched, and Ready.
     let report = sweeper.run().await.unwrap();
-    assert_eq!(report.classes.written, vec!["default".to_string()], "{:?}", report.classes);
+    assert_eq!(
+        report.classes.written,
+        vec!["default".to_string()],
+        "{:?}",
+        report.classes
+    );
     let class = read_class(&s).await;
     let status = class.status.clone().expect("a status");
     let mut got: Vec<String> = status.subnets.iter().map(|sn| sn.id.clone()).collect();
     got.sort();
     assert_eq!(got, subnets);
-    assert!(status.subnets.iter().all(|sn| sn.zone.starts_with("us-east-1")), "{status:?}");
+    assert!(
+        status.subnets.iter().all(|sn| sn.zone.starts_with("us-east-1")),
+        "{status:?}"
+    );
     assert_eq!(status.security_groups.len(), 1, "{status:?}");
     assert_eq!(status.security_groups[0].name.as_deref(), Some("demo-nodes"));
-    let amis: Vec<(&str, Option<&str>)> = status
-        .amis
-        .iter()
-        .map(|a| (a.id.as_str(), a.name.as_deref()))
-        .collect();
+    let amis: Vec<(&str, Option<&str>)> = status.amis.iter().map(|a| (a.id.as_str(), a.name.as_deref())).collect();
     assert_eq!(
         amis,
         vec![
@@ -92,14 +100,27 @@ async fn the_sweep_writes_the_class_status_and_a_class_matching_no_subnet_fails_
         status.instance_profile,
         Some(profile::profile_name(CLUSTER, "default", "KarpenterNodeRole-demo"))
     );
-    for t in ["SubnetsReady", "SecurityGroupsReady", "AMIsReady", "InstanceProfileReady", "Ready"] {
+    for t in [
+        "SubnetsReady",
+        "SecurityGroupsReady",
+        "AMIsReady",
+        "InstanceProfileReady",
+        "Ready",
+    ] {
         assert_eq!(condition(&class, t).status, "True", "{t}: {:?}", status.conditions);
     }
     assert_eq!(condition(&class, "Ready").observed_generation, Some(1));
-    assert_eq!(class.spec.role.as_deref(), Some("KarpenterNodeRole-demo"), "the spec is untouched");
+    assert_eq!(
+        class.spec.role.as_deref(),
+        Some("KarpenterNodeRole-demo"),
+        "the spec is untouched"
+    );
 
     // 2. Nothing changed: nothing written.
-    let writes = |s: &Stack| s.kube.count_requests(&http::Method::PUT, "/ec2nodeclasses/default/status");
+    let writes = |s: &Stack| {
+        s.kube
+            .count_requests(&http::Method::PUT, "/ec2nodeclasses/default/status")
+    };
     let before = writes(&s);
     let report = sweeper.run().await.unwrap();
     assert!(report.classes.written.is_empty(), "{:?}", report.classes);
@@ -138,7 +159,10 @@ async fn the_sweep_writes_the_class_status_and_a_class_matching_no_subnet_fails_
         }
         other => panic!("expected NotLaunchable, got {other:?}"),
     }
-    assert!(s.claims().await.is_empty(), "the claim is deleted, not left to time out");
+    assert!(
+        s.claims().await.is_empty(),
+        "the claim is deleted, not left to time out"
+    );
     assert!(
         s.drain(&s.pending_queue).await.is_empty(),
         "no solve is asked for: it would pick the same class again"
@@ -155,11 +179,19 @@ async fn the_sweep_writes_the_class_status_and_a_class_matching_no_subnet_fails_
         ("False", "SubnetsNotFound", "subnetSelectorTerms select no subnets")
     );
     let subnets_ready = condition(&class, "SubnetsReady");
-    assert_eq!((subnets_ready.status.as_str(), subnets_ready.reason.as_str()), ("False", "SubnetsNotFound"));
+    assert_eq!(
+        (subnets_ready.status.as_str(), subnets_ready.reason.as_str()),
+        ("False", "SubnetsNotFound")
+    );
     assert_eq!(condition(&class, "AMIsReady").status, "True");
     assert_eq!(
         condition(&class, "AMIsReady").last_transition_time,
-        status.conditions.iter().find(|c| c.type_ == "AMIsReady").unwrap().last_transition_time,
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "AMIsReady")
+            .unwrap()
+            .last_transition_time,
         "an unchanged condition keeps its transition time"
     );
     let now = class.status.clone().unwrap();
@@ -229,7 +261,11 @@ async fn a_status_write_changes_only_the_status_and_a_spec_write_keeps_it() {
     let stored = read_class(&s).await;
     assert_eq!(stored.status, Some(status.clone()));
     assert_eq!(stored.spec.role.as_deref(), Some("KarpenterNodeRole-demo"));
-    assert_eq!(stored.metadata.generation, Some(1), "a status write is no new generation");
+    assert_eq!(
+        stored.metadata.generation,
+        Some(1),
+        "a status write is no new generation"
+    );
 
     // A stale resourceVersion is refused.
     status.instance_profile = Some("stale".into());

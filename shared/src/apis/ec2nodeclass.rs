@@ -404,7 +404,8 @@ impl EC2NodeClass {
     /// False when the status says the class cannot launch (`Ready=False`);
     /// true when Ready or not judged yet (no status: a new class is not held back).
     pub fn may_launch(&self) -> bool {
-        self.condition(condition_types::READY).is_none_or(|c| c.status != "False")
+        self.condition(condition_types::READY)
+            .is_none_or(|c| c.status != "False")
     }
 
     /// The static-drift hash of the class (16 hex digits; see [`EC2NODECLASS_HASH_VERSION`]).

@@ -599,22 +599,24 @@ impl Launcher {
             node_claim: name.clone(),
             what,
         };
-        let family = class
-            .ami_family()
-            .ok_or_else(|| {
-                resolve(format!(
-                    "{}: {}",
-                    nodeclass::AMI_FAMILY_NOT_SET,
-                    nodeclass::NO_AMI_FAMILY
-                ))
-            })?;
+        let family = class.ami_family().ok_or_else(|| {
+            resolve(format!(
+                "{}: {}",
+                nodeclass::AMI_FAMILY_NOT_SET,
+                nodeclass::NO_AMI_FAMILY
+            ))
+        })?;
         let cluster = self.cluster().await?.clone();
         let catalog = self.store.get_catalog().await?;
 
         let all_subnets = subnet::resolve(&self.ec2, &class.spec.subnet_selector_terms).await?;
         let subnets = subnet::per_zone(&all_subnets);
         if subnets.is_empty() {
-            return Err(resolve(format!("{}: {}", status::SUBNETS_NOT_FOUND, status::NO_SUBNETS)));
+            return Err(resolve(format!(
+                "{}: {}",
+                status::SUBNETS_NOT_FOUND,
+                status::NO_SUBNETS
+            )));
         }
         let security_groups = securitygroup::resolve(&self.ec2, &class.spec.security_group_selector_terms).await?;
         if security_groups.is_empty() {

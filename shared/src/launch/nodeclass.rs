@@ -62,14 +62,7 @@ pub async fn resolve(
 ) -> Result<ClassFacts, LaunchError> {
     let subnets = subnet::resolve(ec2, &class.spec.subnet_selector_terms).await?;
     let security_groups = securitygroup::resolve_groups(ec2, &class.spec.security_group_selector_terms).await?;
-    let resolved = ami::resolve(
-        ec2,
-        ssm,
-        &class.spec.ami_selector_terms,
-        k8s_version,
-        &ami::all_keys(),
-    )
-    .await;
+    let resolved = ami::resolve(ec2, ssm, &class.spec.ami_selector_terms, k8s_version, &ami::all_keys()).await;
     // A selector launch refuses (an unsupported alias) is a fact about the class, not a failed call.
     let (amis, mut ami_problem) = match resolved {
         Ok(a) => (a, None),

@@ -83,10 +83,7 @@ pub fn compute(
         None => found(!amis.is_empty(), AMI_NOT_FOUND, NO_AMIS),
     };
     let dependents: [(&str, Outcome); 4] = [
-        (
-            SUBNETS_READY,
-            found(!subnets.is_empty(), SUBNETS_NOT_FOUND, NO_SUBNETS),
-        ),
+        (SUBNETS_READY, found(!subnets.is_empty(), SUBNETS_NOT_FOUND, NO_SUBNETS)),
         (
             SECURITY_GROUPS_READY,
             found(
@@ -314,10 +311,18 @@ mod tests {
         assert_eq!(got[0].requirements[0].values, vec!["amd64"]);
     }
 
+    /// A table row: name, how the facts differ from ready ones, the conditions, Ready's message.
+    type Case = (
+        &'static str,
+        Box<dyn Fn(&mut ClassFacts)>,
+        Vec<(String, String, String)>,
+        &'static str,
+    );
+
     #[test]
     fn conditions_follow_what_matches_nothing() {
         let t0 = at("2026-01-01T00:00:00Z");
-        let cases: Vec<(&str, Box<dyn Fn(&mut ClassFacts)>, Vec<(String, String, String)>, &str)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "all ready",
                 Box::new(|_| {}),

@@ -122,15 +122,14 @@ impl Snapshot {
             })
             .collect();
         let mut left_out = Vec::new();
-        self.node_pools.retain(|p| {
-            match unready.get(&p.spec.template.spec.node_class_ref.name) {
+        self.node_pools
+            .retain(|p| match unready.get(&p.spec.template.spec.node_class_ref.name) {
                 Some(why) => {
                     left_out.push((p.name().to_string(), why.clone()));
                     false
                 }
                 None => true,
-            }
-        });
+            });
         left_out
     }
 

@@ -25,7 +25,10 @@ pub struct ClassReport {
 }
 
 /// The class with `status` in place of its own, or None when that is no change (pure).
-pub fn with_status(class: &EC2NodeClass, status: crate::apis::ec2nodeclass::EC2NodeClassStatus) -> Option<EC2NodeClass> {
+pub fn with_status(
+    class: &EC2NodeClass,
+    status: crate::apis::ec2nodeclass::EC2NodeClassStatus,
+) -> Option<EC2NodeClass> {
     if class.status.as_ref() == Some(&status) {
         return None;
     }

@@ -266,7 +266,12 @@ pub async fn handle(
             };
             let mut store = shared.lock_store();
             let Some(old) = store.get(t.res, &ns, &name).cloned() else {
-                return status(404, "NotFound", &format!("{} \"{}\" not found", t.res.plural, name), None);
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("{} \"{}\" not found", t.res.plural, name),
+                    None,
+                );
             };
             match store.update(t.res, &ns, &name, split_status(t.res, &old, obj, sub)) {
                 Ok(v) => ok_json(StatusCode::OK, &v),
