@@ -347,6 +347,7 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "storage.k8s.io/storageclasses:list",
         "karpenter.sh/nodepools:list",
         "karpenter.k8s.aws/ec2nodeclasses:list",
+        "karpenter.k8s.aws/ec2nodeclasses/status:update",
     ] {
         assert!(lambda.contains(needed), "the Lambda role lacks {needed}");
     }
@@ -357,6 +358,8 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "/secrets:get",
         "/secrets:list",
         "/pods:patch",
+        "karpenter.k8s.aws/ec2nodeclasses:update",
+        "karpenter.k8s.aws/ec2nodeclasses:patch",
     ] {
         assert!(!lambda.contains(never), "the Lambda role must not have {never}");
     }
