@@ -106,7 +106,7 @@ impl Snapshot {
 
     /// Leaves out the NodePools whose EC2NodeClass says it cannot launch
     /// (`Ready=False`), as Karpenter provisions only from ready classes; returns
-    /// the pools left out with their class's reason (pure). A class with no
+    /// the pools left out with their class's reason (no I/O). A class with no
     /// status yet, or missing, keeps its pools (the solver reports the latter).
     pub fn without_unready_pools(&mut self) -> Vec<(String, String)> {
         let unready: BTreeMap<String, String> = self

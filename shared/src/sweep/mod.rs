@@ -4,8 +4,9 @@
 //! left over is found again by the next run. Every step is idempotent and
 //! re-derived from what the world says, so a sweep killed at any point is
 //! resumed by the next one. Whenever capacity is given up, or pods have waited
-//! too long, it asks `provision` for a solve. Then it decides a disruption
-//! pass and moves every recorded disruption on ([`disrupt`]).
+//! too long, it asks `provision` for a solve. Then it resolves each
+//! EC2NodeClass and writes its status back ([`classes`]), decides a
+//! disruption pass and moves every recorded disruption on ([`disrupt`]).
 
 pub mod classes;
 pub mod disrupt;
