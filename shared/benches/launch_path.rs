@@ -65,6 +65,7 @@ fn bench(c: &mut Criterion) {
                     id: format!("subnet-{z}"),
                     zone: z.to_string(),
                     available_ips: 200,
+                    zone_id: None,
                 },
             )
         })

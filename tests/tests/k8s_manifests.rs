@@ -349,6 +349,7 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "karpenter.k8s.aws/ec2nodeclasses:list",
         // launch reads the class its claim names (never one from the message).
         "karpenter.k8s.aws/ec2nodeclasses:get",
+        "karpenter.k8s.aws/ec2nodeclasses/status:update",
     ] {
         assert!(lambda.contains(needed), "the Lambda role lacks {needed}");
     }
@@ -359,6 +360,8 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "/secrets:get",
         "/secrets:list",
         "/pods:patch",
+        "karpenter.k8s.aws/ec2nodeclasses:update",
+        "karpenter.k8s.aws/ec2nodeclasses:patch",
     ] {
         assert!(!lambda.contains(never), "the Lambda role must not have {never}");
     }

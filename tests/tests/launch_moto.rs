@@ -319,17 +319,39 @@ async fn a_claim_that_is_gone_is_not_launched_and_bad_selectors_are_named() {
     let mut nowhere = class.clone();
     nowhere.subnet_selector_terms[0].tags = BTreeMap::from([("no-such-tag".to_string(), "x".to_string())]);
     let req = pending(&kube, &st, &claim("lost-1", &["m5.large"], &["on-demand"]), &nowhere).await;
-    let e = l.launch(&req).await.unwrap_err().to_string();
-    assert!(
-        e.contains("lost-1") && e.contains("subnetSelectorTerms select no subnets"),
-        "{e}"
-    );
+    // Fails at once, for good: a retry would find the same nothing.
+    let got = l.launch(&req).await.unwrap();
     assert_eq!(
-        st.get_node_claim("lost-1").await.unwrap().unwrap().phase,
-        Phase::Pending,
-        "left for a later retry"
+        got,
+        LaunchOutcome::NotLaunchable {
+            node_claim: "lost-1".into(),
+            reason: "SubnetsNotFound: subnetSelectorTerms select no subnets".into(),
+        }
     );
+    assert_eq!(st.get_node_claim("lost-1").await.unwrap(), None, "the claim is deleted");
     assert!(instances_of(&m, "lost-1").await.is_empty());
+
+    let mut no_groups = class.clone();
+    no_groups.security_group_selector_terms[0].tags = BTreeMap::from([("no-such-tag".to_string(), "x".to_string())]);
+    let req = pending(&kube, &st, &claim("lost-2", &["m5.large"], &["on-demand"]), &no_groups).await;
+    let got = l.launch(&req).await.unwrap();
+    assert!(
+        matches!(&got, LaunchOutcome::NotLaunchable { reason, .. } if reason.starts_with("SecurityGroupsNotFound:")),
+        "{got:?}"
+    );
+    let mut no_ami = class.clone();
+    no_ami.ami_family = Some("AL2023".into());
+    no_ami.ami_selector_terms = vec![nodesmith::apis::ec2nodeclass::AmiSelectorTerm {
+        name: Some("no-such-image-*".into()),
+        ..Default::default()
+    }];
+    let req = pending(&kube, &st, &claim("lost-3", &["m5.large"], &["on-demand"]), &no_ami).await;
+    let got = l.launch(&req).await.unwrap();
+    assert!(
+        matches!(&got, LaunchOutcome::NotLaunchable { reason, .. } if reason.starts_with("AMINotFound:")),
+        "{got:?}"
+    );
+    assert!(st.list_node_claims().await.unwrap().is_empty());
 }
 
 #[tokio::test]

@@ -41,6 +41,7 @@ async fn main() -> Result<(), Error> {
             "failed": report.failed.len(),
             "deferred": report.deferred.len(),
             "solveRequested": report.solve_requested.map(|r| r.reason),
+            "nodeClassStatusesWritten": report.classes.written,
             "disruption": {
                 "started": report.disruption.started.iter().map(|(n, r)| json!({"node": n, "reason": r.to_string()})).collect::<Vec<_>>(),
                 "launched": report.disruption.launched,

@@ -54,7 +54,7 @@ async fn binary_sweeps_once_under_the_runtime_api() {
     assert_eq!(disruption["started"], json!([]), "nothing to disrupt: {disruption}");
     assert_eq!(
         resp,
-        json!({"skipped": false, "done": 1, "failed": 0, "deferred": 0, "solveRequested": "instance-gone"})
+        json!({"skipped": false, "done": 1, "failed": 0, "deferred": 0, "solveRequested": "instance-gone", "nodeClassStatusesWritten": []})
     );
     assert_eq!(store.get_node_claim("default-gone1").await.unwrap(), None);
     assert_eq!(sqs::drain(&client, &pending).await.len(), 1, "a solve was asked for");

@@ -80,29 +80,119 @@ pub struct EC2NodeClassSpec {
     pub context: Option<String>,
 }
 
-/// Observed state of an EC2NodeClass.
+/// Observed state of an EC2NodeClass, as Karpenter v1 writes it: what the
+/// selectors resolve to and whether the class can launch (written by the sweep
+/// through the status subresource, `launch::status`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EC2NodeClassStatus {
     /// Resolved subnets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::free_form_objects")]
-    pub subnets: Vec<serde_json::Value>,
+    pub subnets: Vec<SubnetStatus>,
     /// Resolved security groups.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::free_form_objects")]
-    pub security_groups: Vec<serde_json::Value>,
+    pub security_groups: Vec<SecurityGroupStatus>,
     /// Resolved AMIs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::free_form_objects")]
-    pub amis: Vec<serde_json::Value>,
+    pub amis: Vec<AmiStatus>,
     /// The instance profile in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_profile: Option<String>,
     /// Current conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::free_form_objects")]
-    pub conditions: Vec<serde_json::Value>,
+    pub conditions: Vec<Condition>,
+}
+
+/// A resolved subnet in [`EC2NodeClassStatus`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubnetStatus {
+    /// The subnet id.
+    pub id: String,
+    /// Its availability zone name.
+    pub zone: String,
+    /// Its availability zone id.
+    #[serde(default, rename = "zoneID", skip_serializing_if = "Option::is_none")]
+    pub zone_id: Option<String>,
+}
+
+/// A resolved security group in [`EC2NodeClassStatus`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityGroupStatus {
+    /// The group id.
+    pub id: String,
+    /// The group name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A resolved AMI in [`EC2NodeClassStatus`], with the instance types it serves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AmiStatus {
+    /// The image id.
+    pub id: String,
+    /// The image name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Node requirements of the instance types that use it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<StatusRequirement>,
+}
+
+/// One requirement of an [`AmiStatus`] (a node selector requirement).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusRequirement {
+    /// The label key.
+    pub key: String,
+    /// In, NotIn, Exists, DoesNotExist.
+    pub operator: String,
+    /// The values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// Karpenter v1's EC2NodeClass condition types.
+pub mod condition_types {
+    /// True when every other condition is True.
+    pub const READY: &str = "Ready";
+    /// The subnet selectors select at least one subnet.
+    pub const SUBNETS_READY: &str = "SubnetsReady";
+    /// The security group selectors select at least one group.
+    pub const SECURITY_GROUPS_READY: &str = "SecurityGroupsReady";
+    /// The AMI selectors select at least one AMI.
+    pub const AMIS_READY: &str = "AMIsReady";
+    /// The instance profile is known.
+    pub const INSTANCE_PROFILE_READY: &str = "InstanceProfileReady";
+}
+
+/// A status condition (the shape of `metav1.Condition`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// The condition type (`Ready`, `SubnetsReady`, ...).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase reason.
+    #[serde(default)]
+    pub reason: String,
+    /// What a person should know.
+    #[serde(default)]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    #[serde(default)]
+    pub last_transition_time: String,
+    /// The generation the condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// One way to select an AMI.
@@ -309,6 +399,18 @@ const RESTRICTED_TAGS: &[&str] = &[
 pub const EC2NODECLASS_HASH_VERSION: &str = "nodesmith-v1";
 
 impl EC2NodeClass {
+    /// The status condition of this type, if written.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// False when the status says the class cannot launch (`Ready=False`);
+    /// true when Ready or not judged yet (no status: a new class is not held back).
+    pub fn may_launch(&self) -> bool {
+        self.condition(condition_types::READY)
+            .is_none_or(|c| c.status != "False")
+    }
+
     /// The static-drift hash of the class (16 hex digits; see [`EC2NODECLASS_HASH_VERSION`]).
     ///
     /// As Karpenter's AWS provider v1 (`EC2NodeClass.Hash()`): the spec, except the fields it

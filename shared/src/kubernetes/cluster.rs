@@ -138,6 +138,14 @@ pub trait Cluster: Send + Sync {
     fn node_classes(&self) -> impl Future<Output = Result<Vec<EC2NodeClass>, ClusterError>> + Send;
     /// One EC2NodeClass, or None when it does not exist.
     fn node_class(&self, name: &str) -> impl Future<Output = Result<Option<EC2NodeClass>, ClusterError>> + Send;
+    /// Replaces an EC2NodeClass's status through the status subresource (the
+    /// spec is not touched), guarded by the resourceVersion `class` carries: a
+    /// 409 means someone wrote the class since it was read. Ok(false) when the
+    /// class does not exist.
+    fn replace_node_class_status(
+        &self,
+        class: &EC2NodeClass,
+    ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Adds `karpenter.sh/disrupted:NoSchedule` to a node. Ok(false) when it was already there.
     fn taint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Removes `karpenter.sh/disrupted` from a node (a disruption was abandoned). Ok(false) when absent.

@@ -299,6 +299,22 @@ impl Cluster for KubeCluster {
         .await
     }
 
+    async fn replace_node_class_status(&self, class: &EC2NodeClass) -> Result<bool, ClusterError> {
+        let name = class.name().to_string();
+        self.call(&format!("replace status of ec2nodeclass {name}"), |c| {
+            let name = name.clone();
+            async move {
+                get_opt(
+                    Api::<EC2NodeClass>::all(c)
+                        .replace_status(&name, &PostParams::default(), class)
+                        .await,
+                )
+                .map(|o| o.is_some())
+            }
+        })
+        .await
+    }
+
     async fn taint_disrupted(&self, node: &str) -> Result<bool, ClusterError> {
         self.edit_taints(node, true).await
     }

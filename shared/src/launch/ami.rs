@@ -113,8 +113,9 @@ pub fn newest_per_arch(amis: impl IntoIterator<Item = Ami>) -> BTreeMap<String, 
     best
 }
 
-/// AMI id per needed [`AmiKey`]. Aliases pick the variant by key; other
-/// terms pick the newest matching image of the key's architecture.
+/// AMI id per needed [`AmiKey`]. Aliases pick the variant by key (a variant
+/// the alias does not publish, such as arm64 with NVIDIA GPUs, is left out);
+/// other terms pick the newest matching image of the key's architecture.
 pub async fn resolve(
     ec2: &aws_sdk_ec2::Client,
     ssm: &aws_sdk_ssm::Client,
@@ -129,7 +130,9 @@ pub async fn resolve(
                 node_claim: String::new(),
                 what,
             })?;
-            out.insert(key.clone(), parameter(ssm, &name).await?);
+            if let Some(id) = parameter(ssm, &name).await? {
+                out.insert(key.clone(), id);
+            }
         }
         return Ok(out);
     }
@@ -137,7 +140,7 @@ pub async fn resolve(
     for term in terms {
         let mut ids = Vec::new();
         if let Some(p) = &term.ssm_parameter {
-            ids.push(parameter(ssm, p).await?);
+            ids.extend(parameter(ssm, p).await?);
         }
         let filters = image_filters(term);
         if filters.is_empty() && ids.is_empty() {
@@ -172,16 +175,47 @@ pub async fn resolve(
         .collect())
 }
 
-async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<String, LaunchError> {
-    let out = ssm
-        .get_parameter()
-        .name(name)
+/// Every AMI key nodesmith launches for: both architectures, with and without NVIDIA GPUs.
+pub fn all_keys() -> BTreeSet<AmiKey> {
+    ["amd64", "arm64"]
+        .into_iter()
+        .flat_map(|arch| {
+            [false, true].map(|nvidia| AmiKey {
+                arch: arch.to_string(),
+                nvidia,
+            })
+        })
+        .collect()
+}
+
+/// The names of these images, by id (DescribeImages).
+pub async fn names(ec2: &aws_sdk_ec2::Client, ids: &BTreeSet<String>) -> Result<BTreeMap<String, String>, LaunchError> {
+    if ids.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let out = ec2
+        .describe_images()
+        .set_image_ids(Some(ids.iter().cloned().collect()))
         .send()
         .await
-        .map_err(|e| LaunchError::aws("ssm:GetParameter", e))?;
+        .map_err(|e| LaunchError::aws("ec2:DescribeImages", e))?;
+    Ok(out
+        .images()
+        .iter()
+        .filter_map(|i| Some((i.image_id()?.to_string(), i.name()?.to_string())))
+        .collect())
+}
+
+/// The value of an SSM parameter; None when it does not exist.
+async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<Option<String>, LaunchError> {
+    let out = match ssm.get_parameter().name(name).send().await {
+        Ok(out) => out,
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_parameter_not_found()) => return Ok(None),
+        Err(e) => return Err(LaunchError::aws("ssm:GetParameter", e)),
+    };
     out.parameter()
         .and_then(|p| p.value())
-        .map(str::to_string)
+        .map(|v| Some(v.to_string()))
         .ok_or_else(|| LaunchError::Resolve {
             node_claim: String::new(),
             what: format!("SSM parameter {name} has no value"),

@@ -68,6 +68,7 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
         LaunchOutcome::Gone(_) => "gone",
         LaunchOutcome::NoCapacity { .. } => "no-capacity",
         LaunchOutcome::ClassGone { .. } => "class-gone",
+        LaunchOutcome::NotLaunchable { .. } => "not-launchable",
     }
 }
 

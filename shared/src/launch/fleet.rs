@@ -476,6 +476,7 @@ mod tests {
                         id: format!("subnet-{z}"),
                         zone: z.to_string(),
                         available_ips: 100,
+                        zone_id: None,
                     },
                 )
             })

@@ -24,9 +24,11 @@ pub mod errors;
 pub mod fleet;
 pub mod gc;
 pub mod launchtemplate;
+pub mod nodeclass;
 pub mod profile;
 pub mod request;
 pub mod securitygroup;
+pub mod status;
 pub mod subnet;
 pub mod userdata;
 
@@ -79,6 +81,15 @@ pub enum LaunchOutcome {
     Recovered(NodeClaim),
     /// The claim no longer exists; nothing to do.
     Gone(String),
+    /// The claim's EC2NodeClass cannot launch it (its selectors match nothing, an
+    /// unsupported alias, no AMI family): the claim was deleted, for good, not
+    /// retried; no solve is asked for (it would pick the same class again).
+    NotLaunchable {
+        /// The claim.
+        node_claim: String,
+        /// What the class lacks, e.g. `SubnetsNotFound: subnetSelectorTerms select no subnets`.
+        reason: String,
+    },
     /// No offering had capacity; the claim was deleted so its pods are solved again.
     NoCapacity {
         /// The claim.
@@ -429,7 +440,12 @@ impl<C: Cluster> Launcher<C> {
                         };
                         // The node is launched from the class as it is now: its drift hash too.
                         claim.nodeclass_hash = Some(class.hash());
-                        resolved = Some(self.resolve(&claim, &class).await?);
+                        match self.resolve(&claim, &class).await {
+                            Ok(r) => resolved = Some(r),
+                            // No instance exists (none adopted, no attempt open): the claim goes.
+                            Err(LaunchError::Resolve { what, .. }) => return self.give_up(&claim, what).await,
+                            Err(e) => return Err(e),
+                        }
                     }
                     let Some(r) = resolved.as_ref() else { break };
                     let cands = fleet::candidates(&r.scope(), &unavailable);
@@ -577,6 +593,16 @@ impl<C: Cluster> Launcher<C> {
         }
     }
 
+    /// Deletes a claim its class cannot launch; a retry would find the same.
+    async fn give_up(&self, claim: &NodeClaim, reason: String) -> Result<LaunchOutcome, LaunchError> {
+        tracing::error!(node_claim = %claim.name, node_class = %claim.node_class, %reason, "the EC2NodeClass cannot launch this claim; deleting it (no retry)");
+        self.store.delete_node_claim(&claim.name, claim.version).await?;
+        Ok(LaunchOutcome::NotLaunchable {
+            node_claim: claim.name.clone(),
+            reason,
+        })
+    }
+
     /// Stores that the claim's last attempt was answered without an instance, so the
     /// next delivery makes a new request; if this write fails the next delivery
     /// repeats the request and gets the same answer, then tries again.
@@ -630,9 +656,13 @@ impl<C: Cluster> Launcher<C> {
             node_claim: name.clone(),
             what,
         };
-        let family = class
-            .ami_family()
-            .ok_or_else(|| resolve("EC2NodeClass has no AMI family".into()))?;
+        let family = class.ami_family().ok_or_else(|| {
+            resolve(format!(
+                "{}: {}",
+                nodeclass::AMI_FAMILY_NOT_SET,
+                nodeclass::NO_AMI_FAMILY
+            ))
+        })?;
         if let Some(why) = class.unsupported() {
             return Err(resolve(format!("spec.capacityReservationSelectorTerms {why}")));
         }
@@ -642,11 +672,19 @@ impl<C: Cluster> Launcher<C> {
         let all_subnets = subnet::resolve(&self.ec2, &class.spec.subnet_selector_terms).await?;
         let subnets = subnet::per_zone(&all_subnets);
         if subnets.is_empty() {
-            return Err(resolve("subnetSelectorTerms select no subnets".into()));
+            return Err(resolve(format!(
+                "{}: {}",
+                status::SUBNETS_NOT_FOUND,
+                status::NO_SUBNETS
+            )));
         }
         let security_groups = securitygroup::resolve(&self.ec2, &class.spec.security_group_selector_terms).await?;
         if security_groups.is_empty() {
-            return Err(resolve("securityGroupSelectorTerms select no security groups".into()));
+            return Err(resolve(format!(
+                "{}: {}",
+                status::SECURITY_GROUPS_NOT_FOUND,
+                status::NO_SECURITY_GROUPS
+            )));
         }
         let key_by_type: BTreeMap<String, ami::AmiKey> = claim
             .instance_type_options
@@ -667,7 +705,11 @@ impl<C: Cluster> Launcher<C> {
             other => other,
         })?;
         if amis.is_empty() {
-            return Err(resolve(format!("amiSelectorTerms select no AMI for {keys:?}")));
+            return Err(resolve(format!(
+                "{}: {} for {keys:?}",
+                status::AMI_NOT_FOUND,
+                status::NO_AMIS
+            )));
         }
 
         let instance_profile = match profile::ensure(&self.iam, &cluster.name, class).await? {

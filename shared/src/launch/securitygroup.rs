@@ -23,8 +23,25 @@ pub fn filters(term: &SelectorTerm) -> Vec<Filter> {
     f
 }
 
+/// A selected security group.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SecurityGroup {
+    /// The group id.
+    pub id: String,
+    /// The group name.
+    pub name: String,
+}
+
 /// The ids of every security group the terms select, sorted.
 pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Result<Vec<String>, LaunchError> {
+    Ok(resolve_groups(ec2, terms).await?.into_iter().map(|g| g.id).collect())
+}
+
+/// Every security group the terms select, with its name, sorted by id.
+pub async fn resolve_groups(
+    ec2: &aws_sdk_ec2::Client,
+    terms: &[SelectorTerm],
+) -> Result<Vec<SecurityGroup>, LaunchError> {
     let mut found = BTreeSet::new();
     for term in terms {
         let f = filters(term);
@@ -38,12 +55,12 @@ pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Resul
             .send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| LaunchError::aws("ec2:DescribeSecurityGroups", e))?;
-            found.extend(
-                page.security_groups()
-                    .iter()
-                    .filter_map(|g| g.group_id())
-                    .map(str::to_string),
-            );
+            found.extend(page.security_groups().iter().filter_map(|g| {
+                Some(SecurityGroup {
+                    id: g.group_id()?.to_string(),
+                    name: g.group_name().unwrap_or_default().to_string(),
+                })
+            }));
         }
     }
     Ok(found.into_iter().collect())

@@ -17,6 +17,8 @@ pub struct Subnet {
     pub zone: String,
     /// Free IPv4 addresses.
     pub available_ips: i64,
+    /// Availability zone id (`use1-az1`), when EC2 says.
+    pub zone_id: Option<String>,
 }
 
 /// DescribeSubnets filters for one term: terms are ORed, a term's fields ANDed (pure).
@@ -64,6 +66,7 @@ pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Resul
                             id: id.into(),
                             zone: zone.into(),
                             available_ips: s.available_ip_address_count().unwrap_or(0).into(),
+                            zone_id: s.availability_zone_id().map(str::to_string),
                         },
                     );
                 }
@@ -83,6 +86,7 @@ mod tests {
             id: id.into(),
             zone: zone.into(),
             available_ips: ips,
+            zone_id: None,
         };
         let got = per_zone(&[
             s("subnet-b", "a", 10),

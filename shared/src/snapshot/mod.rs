@@ -7,6 +7,7 @@
 pub mod live;
 mod manifests;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -101,6 +102,35 @@ impl Snapshot {
     /// The EC2NodeClass of that name.
     pub fn node_class(&self, name: &str) -> Option<&EC2NodeClass> {
         self.node_classes.iter().find(|c| c.name() == name)
+    }
+
+    /// Leaves out the NodePools whose EC2NodeClass says it cannot launch
+    /// (`Ready=False`), as Karpenter provisions only from ready classes; returns
+    /// the pools left out with their class's reason (no I/O). A class with no
+    /// status yet, or missing, keeps its pools (the solver reports the latter).
+    pub fn without_unready_pools(&mut self) -> Vec<(String, String)> {
+        let unready: BTreeMap<String, String> = self
+            .node_classes
+            .iter()
+            .filter(|c| !c.may_launch())
+            .map(|c| {
+                let why = c
+                    .condition(crate::apis::ec2nodeclass::condition_types::READY)
+                    .map(|r| format!("{}: {}", r.reason, r.message))
+                    .unwrap_or_default();
+                (c.name().to_string(), why)
+            })
+            .collect();
+        let mut left_out = Vec::new();
+        self.node_pools
+            .retain(|p| match unready.get(&p.spec.template.spec.node_class_ref.name) {
+                Some(why) => {
+                    left_out.push((p.name().to_string(), why.clone()));
+                    false
+                }
+                None => true,
+            });
+        left_out
     }
 
     /// The NodeClaim record for a planned node, created at `now`.

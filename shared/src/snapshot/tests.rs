@@ -352,3 +352,41 @@ fn registering_nodes_keep_their_template_and_disruption_taints() {
         "advertised resources stay as the node reports them"
     );
 }
+
+#[test]
+fn pools_of_a_class_that_is_not_ready_launch_nothing() {
+    let class = |ready: Option<&str>| -> crate::apis::EC2NodeClass {
+        let mut v = json!({
+            "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"},
+            "spec": {"role": "R", "amiSelectorTerms": [{"alias": "al2023@latest"}],
+                     "subnetSelectorTerms": [{"tags": {"k": "v"}}], "securityGroupSelectorTerms": [{"tags": {"k": "v"}}]}
+        });
+        if let Some(status) = ready {
+            let reason = if status == "True" { "Ready" } else { "SubnetsNotFound" };
+            v["status"] = json!({"conditions": [{"type": "Ready", "status": status, "reason": reason,
+                "message": "subnetSelectorTerms select no subnets", "lastTransitionTime": "2026-03-01T12:00:00Z"}]});
+        }
+        serde_json::from_value(v).unwrap()
+    };
+    for (ready, launches) in [(None, true), (Some("True"), true), (Some("False"), false)] {
+        let mut s = cluster();
+        s.nodes.clear();
+        s.pods = vec![pod("p", "1", "1Gi", json!({}))];
+        s.node_classes = vec![class(ready)];
+        let left_out = s.without_unready_pools();
+        let plan = s.compile().solve(&SolveOptions::default());
+        assert_eq!(plan.node_claims.is_empty(), !launches, "Ready={ready:?}: {plan:?}");
+        if launches {
+            assert!(left_out.is_empty());
+        } else {
+            assert_eq!(
+                left_out,
+                vec![(
+                    "default".to_string(),
+                    "SubnetsNotFound: subnetSelectorTerms select no subnets".to_string()
+                )]
+            );
+            assert_eq!(plan.unschedulable.len(), 1);
+        }
+    }
+}

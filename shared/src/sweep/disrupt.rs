@@ -14,16 +14,15 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{StepError, Sweeper};
-use crate::apis::{EC2NodeClass, labels};
+use crate::apis::labels;
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
 use crate::disruption::{DecideOptions, Held, Reason, decide};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, drain, events, pods};
-use crate::launch::ami::{self, AmiKey};
-use crate::launch::errors::LaunchError;
+use crate::launch;
+use crate::launch::nodeclass::ClassFacts;
 use crate::launch::request::{LaunchRequest, enqueue};
-use crate::launch::{self, securitygroup, subnet};
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::registration;
 use crate::scheduling::{PodRef, SolveOptions, TargetKind};
@@ -170,7 +169,7 @@ fn assign(snapshot: &Snapshot, records: &[DisruptionRecord], removed: &BTreeSet<
 impl<C: Cluster> Sweeper<C> {
     /// The disruption part of a run: new decisions, then every recorded
     /// disruption moved on as far as it goes now.
-    pub(super) async fn disrupt(&self, started: Instant) -> DisruptionReport {
+    pub(super) async fn disrupt(&self, started: Instant, classes: &BTreeMap<String, ClassFacts>) -> DisruptionReport {
         let mut report = DisruptionReport::default();
         let now = Timestamp::now();
         let snapshot = match live::read(&self.cluster, &self.store, now).await {
@@ -188,7 +187,10 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
-        if let Err(e) = self.begin_new(&snapshot, &mut records, started, &mut report).await {
+        if let Err(e) = self
+            .begin_new(&snapshot, classes, &mut records, started, &mut report)
+            .await
+        {
             tracing::warn!(error = %e, "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
@@ -200,12 +202,13 @@ impl<C: Cluster> Sweeper<C> {
     async fn begin_new(
         &self,
         snapshot: &Snapshot,
+        classes: &BTreeMap<String, ClassFacts>,
         records: &mut Vec<DisruptionRecord>,
         started: Instant,
         report: &mut DisruptionReport,
     ) -> Result<(), StepError> {
         let options = DecideOptions {
-            resolved_drift: self.resolved_drift(snapshot).await,
+            resolved_drift: self.resolved_drift(snapshot, classes).await,
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
         };
         let decisions = decide(snapshot, &options);
@@ -577,13 +580,15 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Nodes whose instance no longer matches what their class resolves to now
-    /// (AMI, subnet, security groups), with why; empty when resolution is not
-    /// wired. A class that cannot be resolved drifts nothing (logged).
-    async fn resolved_drift(&self, snapshot: &Snapshot) -> BTreeMap<String, String> {
+    /// (AMI, subnet, security groups), with why, from this run's resolution of
+    /// each class (`classes`; empty when resolution is not wired). A class not
+    /// resolved this run drifts nothing.
+    async fn resolved_drift(
+        &self,
+        snapshot: &Snapshot,
+        classes: &BTreeMap<String, ClassFacts>,
+    ) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
-        let Some(r) = &self.resolution else {
-            return out;
-        };
         // Nodes of a NodePool, by class, with their instance ids.
         let mut by_class: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         for n in &snapshot.nodes {
@@ -607,6 +612,7 @@ impl<C: Cluster> Sweeper<C> {
             let name = n.node.metadata.name.clone().unwrap_or_default();
             by_class.entry(class).or_default().push((name, id.to_string()));
         }
+        by_class.retain(|c, _| classes.contains_key(c));
         if by_class.is_empty() {
             return out;
         }
@@ -617,34 +623,19 @@ impl<C: Cluster> Sweeper<C> {
                 return out;
             }
         };
-        let version = match launch::cluster::describe(&r.eks, self.instances.cluster()).await {
-            Ok(c) => c.version,
-            Err(e) => {
-                tracing::warn!(error = %e, "cluster not described; no drift by resolution this run");
-                return out;
-            }
-        };
         for (class_name, nodes) in by_class {
-            let Some(class) = snapshot.node_class(&class_name) else {
+            let Some(facts) = classes.get(&class_name) else {
                 continue;
             };
-            let found: Vec<(String, &Instance)> = nodes
+            let subnets = facts.subnet_ids();
+            let security_groups = facts.security_group_ids();
+            for (node, i) in nodes
                 .into_iter()
                 .filter_map(|(node, id)| Some((node, instances.get(&id)?)))
-                .collect();
-            let key_of = |i: &Instance| launch::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
-            let keys: BTreeSet<AmiKey> = found.iter().map(|(_, i)| key_of(i)).collect();
-            let resolved = match resolve_class(self.instances.ec2(), &r.ssm, class, &version, &keys).await {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(class = %class_name, error = %e, "EC2NodeClass not resolved; its nodes are not checked for drift this run");
-                    continue;
-                }
-            };
-            let (amis, subnets, security_groups) = resolved;
-            for (node, i) in found {
+            {
+                let key = launch::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
                 let now = ClassResolution {
-                    amis: amis.get(&key_of(i)).cloned().into_iter().collect(),
+                    amis: facts.amis.get(&key).cloned().into_iter().collect(),
                     subnets: subnets.clone(),
                     security_groups: security_groups.clone(),
                 };
@@ -662,30 +653,6 @@ impl<C: Cluster> Sweeper<C> {
         out
     }
 }
-
-/// A class's AMIs per needed key, selected subnets and security groups, through the launch resolvers.
-async fn resolve_class(
-    ec2: &aws_sdk_ec2::Client,
-    ssm: &aws_sdk_ssm::Client,
-    class: &EC2NodeClass,
-    k8s_version: &str,
-    keys: &BTreeSet<AmiKey>,
-) -> Result<ResolvedClass, LaunchError> {
-    let subnets = subnet::resolve(ec2, &class.spec.subnet_selector_terms)
-        .await?
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
-    let security_groups = securitygroup::resolve(ec2, &class.spec.security_group_selector_terms)
-        .await?
-        .into_iter()
-        .collect();
-    let amis = ami::resolve(ec2, ssm, &class.spec.ami_selector_terms, k8s_version, keys).await?;
-    Ok((amis, subnets, security_groups))
-}
-
-/// AMI id per key, subnet ids, security group ids.
-type ResolvedClass = (BTreeMap<AmiKey, String>, BTreeSet<String>, BTreeSet<String>);
 
 #[cfg(test)]
 mod tests {

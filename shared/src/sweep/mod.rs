@@ -4,9 +4,11 @@
 //! left over is found again by the next run. Every step is idempotent and
 //! re-derived from what the world says, so a sweep killed at any point is
 //! resumed by the next one. Whenever capacity is given up, or pods have waited
-//! too long, it asks `provision` for a solve. Then it decides a disruption
-//! pass and moves every recorded disruption on ([`disrupt`]).
+//! too long, it asks `provision` for a solve. Then it resolves each
+//! EC2NodeClass and writes its status back ([`classes`]), decides a
+//! disruption pass and moves every recorded disruption on ([`disrupt`]).
 
+pub mod classes;
 pub mod disrupt;
 
 use std::collections::BTreeMap;
@@ -153,6 +155,8 @@ pub struct SweepReport {
     pub solve_requested: Option<SolveRequest>,
     /// What disruption did.
     pub disruption: disrupt::DisruptionReport,
+    /// EC2NodeClass statuses written and classes not resolved.
+    pub classes: classes::ClassReport,
 }
 
 impl SweepReport {
@@ -182,6 +186,8 @@ impl SweepReport {
             count("DisruptionsAbandoned", self.disruption.abandoned.len()),
             count("DisruptionsBlocked", self.disruption.blocked.len()),
             count("DisruptionStepsFailed", self.disruption.failed.len()),
+            count("NodeClassStatusesWritten", self.classes.written.len()),
+            count("NodeClassesUnresolved", self.classes.unresolved.len()),
         ]
     }
 }
@@ -231,8 +237,9 @@ impl<C: Cluster> Sweeper<C> {
         self
     }
 
-    /// Also finds drift by live resolution (a new AMI, subnets or security
-    /// groups no longer selected): each EC2NodeClass in use is resolved once a run.
+    /// Also resolves each EC2NodeClass once a run: its status is written back
+    /// (`sweep::classes`) and drift is found by live resolution (a new AMI,
+    /// subnets or security groups no longer selected).
     pub fn with_resolution(mut self, ssm: aws_sdk_ssm::Client, eks: aws_sdk_eks::Client) -> Self {
         self.resolution = Some(Resolution { ssm, eks });
         self
@@ -307,7 +314,9 @@ impl<C: Cluster> Sweeper<C> {
                 "time budget spent; the next sweep goes on"
             );
         }
-        report.disruption = self.disrupt(started).await;
+        // Every class resolved once: its status written back, its nodes checked for drift.
+        let resolved = self.classes(now, &mut report.classes).await;
+        report.disruption = self.disrupt(started, &resolved).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
         let drained = crate::interruption::sweep_drains(&self.cluster, &self.store).await;

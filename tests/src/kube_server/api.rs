@@ -226,6 +226,13 @@ pub async fn handle(
             if t.res.namespaced && store.get(NAMESPACES, "", &ns).is_none() {
                 return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"), None);
             }
+            // The status of a resource with a status subresource is not taken on create.
+            let mut obj = obj;
+            if separates_status(t.res)
+                && let Some(o) = obj.as_object_mut()
+            {
+                o.remove("status");
+            }
             match store.create(t.res, &ns, obj) {
                 Ok(v) => ok_json(StatusCode::CREATED, &v),
                 Err(e) => store_error(e),
@@ -252,17 +259,28 @@ pub async fn handle(
                 Err(e) => store_error(e),
             }
         }
-        (Method::PUT, Some(name), None | Some("status")) => {
+        (Method::PUT, Some(name), sub @ (None | Some("status"))) => {
             let obj: Value = match serde_json::from_slice(&body) {
                 Ok(v) => v,
                 Err(e) => return status(400, "BadRequest", &format!("invalid JSON body: {e}"), None),
             };
-            match shared.lock_store().update(t.res, &ns, &name, obj) {
+            let mut store = shared.lock_store();
+            let Some(old) = store.get(t.res, &ns, &name).cloned() else {
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("{} \"{}\" not found", t.res.plural, name),
+                    None,
+                );
+            };
+            match store.update(t.res, &ns, &name, split_status(t.res, &old, obj, sub)) {
                 Ok(v) => ok_json(StatusCode::OK, &v),
                 Err(e) => store_error(e),
             }
         }
-        (Method::PATCH, Some(name), None | Some("status")) => patch(&shared, t.res, &ns, &name, &headers, &body),
+        (Method::PATCH, Some(name), sub @ (None | Some("status"))) => {
+            patch(&shared, t.res, &ns, &name, sub, &headers, &body)
+        }
         (Method::DELETE, Some(name), None) if t.res == NAMESPACES => delete_namespace(&shared, &name),
         (Method::DELETE, Some(name), None) => match shared.lock_store().delete(t.res, &ns, &name) {
             Ok(v) => ok_json(StatusCode::OK, &v),
@@ -379,15 +397,61 @@ fn apply_patch(doc: &mut Value, headers: &HeaderMap, body: &[u8]) -> Result<(), 
     Ok(())
 }
 
-fn patch(shared: &Shared, res: &'static Resource, ns: &str, name: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+/// Resources whose status is written only through `/status`, as the API
+/// server does for custom resources that declare the status subresource (the
+/// NodePool and EC2NodeClass CRDs do); other kinds take either write whole.
+pub fn separates_status(res: &Resource) -> bool {
+    matches!(res.group, "karpenter.sh" | "karpenter.k8s.aws")
+}
+
+/// What a write of `new` over `old` stores: through `/status` only the status
+/// changes (the resourceVersion sent still guards the write); through the
+/// object everything but the status does. Kinds that do not separate the two
+/// take `new` whole (pure).
+pub fn split_status(res: &Resource, old: &Value, new: Value, sub: Option<&str>) -> Value {
+    if !separates_status(res) {
+        return new;
+    }
+    let (mut kept, from) = if sub == Some("status") {
+        let mut kept = old.clone();
+        let sent_rv = new.pointer("/metadata/resourceVersion").cloned();
+        if let Some(m) = kept.get_mut("metadata").and_then(Value::as_object_mut) {
+            match sent_rv {
+                Some(rv) => m.insert("resourceVersion".into(), rv),
+                None => m.remove("resourceVersion"),
+            };
+        }
+        (kept, new)
+    } else {
+        (new, old.clone())
+    };
+    if let Some(o) = kept.as_object_mut() {
+        match from.get("status") {
+            Some(st) => o.insert("status".into(), st.clone()),
+            None => o.remove("status"),
+        };
+    }
+    kept
+}
+
+fn patch(
+    shared: &Shared,
+    res: &'static Resource,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
     let mut store = shared.lock_store();
-    let Some(mut doc) = store.get(res, ns, name).cloned() else {
+    let Some(old) = store.get(res, ns, name).cloned() else {
         return status(404, "NotFound", &format!("{} \"{}\" not found", res.plural, name), None);
     };
+    let mut doc = old.clone();
     if let Err(r) = apply_patch(&mut doc, headers, body) {
         return r;
     }
-    match store.update(res, ns, name, doc) {
+    match store.update(res, ns, name, split_status(res, &old, doc, sub)) {
         Ok(v) => ok_json(StatusCode::OK, &v),
         Err(e) => store_error(e),
     }

@@ -29,8 +29,10 @@
 //! deletes and evictions remove objects at once (no graceful termination or
 //! finalizers; dependents go on the next controller pass, whatever the
 //! propagation policy); deleting a namespace removes its objects at once;
-//! status is not a separate subresource (a write of the object can change
-//! it); objects are not validated beyond being JSON with a name; a PDB's
+//! status is a separate subresource only for the NodePool and EC2NodeClass
+//! CRDs (`/status` writes change only their status, writes of the object
+//! never do, and a create drops it); for other kinds a write of the object
+//! can change its status; objects are not validated beyond being JSON with a name; a PDB's
 //! expected pods are the pods its selector matches; binding a pod also makes
 //! it Running and Ready; see [`workloads`] for the controllers' own.
 

@@ -1,0 +1,492 @@
+//! An EC2NodeClass's status from what its selectors resolve to (pure), in
+//! Karpenter v1's shape: `subnets`, `securityGroups`, `amis` (with the
+//! requirements of the instance types each serves), `instanceProfile`, and the
+//! conditions `SubnetsReady`, `SecurityGroupsReady`, `AMIsReady`,
+//! `InstanceProfileReady` and `Ready` (True only when all four are). A
+//! condition keeps its `lastTransitionTime` while its status stays, so a class
+//! whose resolution does not change computes the same status run after run and
+//! the sweep writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+
+use super::ami::AmiKey;
+use super::nodeclass::ClassFacts;
+use crate::apis::ec2nodeclass::condition_types::{
+    AMIS_READY, INSTANCE_PROFILE_READY, READY, SECURITY_GROUPS_READY, SUBNETS_READY,
+};
+use crate::apis::ec2nodeclass::{
+    AmiStatus, Condition, EC2NodeClassStatus, SecurityGroupStatus, StatusRequirement, SubnetStatus,
+};
+use crate::apis::labels;
+
+/// The reason of `SubnetsReady=False`.
+pub const SUBNETS_NOT_FOUND: &str = "SubnetsNotFound";
+/// The reason of `SecurityGroupsReady=False`.
+pub const SECURITY_GROUPS_NOT_FOUND: &str = "SecurityGroupsNotFound";
+/// The reason of `AMIsReady=False` when the selectors match no image.
+pub const AMI_NOT_FOUND: &str = "AMINotFound";
+/// The reason of `InstanceProfileReady=False`.
+pub const INSTANCE_PROFILE_NOT_FOUND: &str = "InstanceProfileNotFound";
+/// What `SubnetsNotFound` says (launch fails a claim with the same words).
+pub const NO_SUBNETS: &str = "subnetSelectorTerms select no subnets";
+/// What `SecurityGroupsNotFound` says.
+pub const NO_SECURITY_GROUPS: &str = "securityGroupSelectorTerms select no security groups";
+/// What `AMINotFound` says.
+pub const NO_AMIS: &str = "amiSelectorTerms select no AMI";
+
+/// `True` or `False`, with the reason and message of a False.
+type Outcome = Result<(), (String, String)>;
+
+/// The status `facts` call for, given the class's `previous` status and
+/// `generation`, at `now` (pure).
+pub fn compute(
+    facts: &ClassFacts,
+    previous: Option<&EC2NodeClassStatus>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> EC2NodeClassStatus {
+    let mut subnets: Vec<SubnetStatus> = facts
+        .subnets
+        .iter()
+        .map(|s| SubnetStatus {
+            id: s.id.clone(),
+            zone: s.zone.clone(),
+            zone_id: s.zone_id.clone(),
+        })
+        .collect();
+    // By zone and id, not by free IPs (which move all the time and would mean a write a run).
+    subnets.sort_by(|a, b| (&a.zone, &a.id).cmp(&(&b.zone, &b.id)));
+    subnets.dedup();
+    let security_groups: Vec<SecurityGroupStatus> = facts
+        .security_groups
+        .iter()
+        .map(|g| SecurityGroupStatus {
+            id: g.id.clone(),
+            name: Some(g.name.clone()).filter(|n| !n.is_empty()),
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let amis = amis(&facts.amis, &facts.ami_names);
+
+    let found = |ok: bool, reason: &str, message: &str| -> Outcome {
+        if ok {
+            Ok(())
+        } else {
+            Err((reason.to_string(), message.to_string()))
+        }
+    };
+    let ami_outcome = match &facts.ami_problem {
+        Some((reason, message)) => Err((reason.clone(), message.clone())),
+        None => found(!amis.is_empty(), AMI_NOT_FOUND, NO_AMIS),
+    };
+    let dependents: [(&str, Outcome); 4] = [
+        (SUBNETS_READY, found(!subnets.is_empty(), SUBNETS_NOT_FOUND, NO_SUBNETS)),
+        (
+            SECURITY_GROUPS_READY,
+            found(
+                !security_groups.is_empty(),
+                SECURITY_GROUPS_NOT_FOUND,
+                NO_SECURITY_GROUPS,
+            ),
+        ),
+        (AMIS_READY, ami_outcome),
+        (
+            INSTANCE_PROFILE_READY,
+            found(
+                facts.instance_profile.is_some(),
+                INSTANCE_PROFILE_NOT_FOUND,
+                "neither role nor instanceProfile is set",
+            ),
+        ),
+    ];
+    let failed: Vec<&(String, String)> = dependents.iter().filter_map(|(_, o)| o.as_ref().err()).collect();
+    // Ready names the first failing dependent's reason, and every failure's message.
+    let ready: Outcome = match failed.first() {
+        None => Ok(()),
+        Some((reason, _)) => Err((
+            reason.clone(),
+            failed.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; "),
+        )),
+    };
+    let old = previous.map(|p| p.conditions.as_slice()).unwrap_or_default();
+    let conditions = dependents
+        .iter()
+        .chain(std::iter::once(&(READY, ready)))
+        .map(|(t, o)| condition(t, o, old, generation, now))
+        .collect();
+    EC2NodeClassStatus {
+        subnets,
+        security_groups,
+        amis,
+        instance_profile: facts.instance_profile.clone(),
+        conditions,
+    }
+}
+
+/// One condition; its transition time is kept while its status stays (pure).
+fn condition(type_: &str, outcome: &Outcome, old: &[Condition], generation: Option<i64>, now: Timestamp) -> Condition {
+    let (status, reason, message) = match outcome {
+        Ok(()) => ("True", type_.to_string(), String::new()),
+        Err((r, m)) => ("False", r.clone(), m.clone()),
+    };
+    let last_transition_time = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status && !c.last_transition_time.is_empty())
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason,
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+/// One entry per image with the requirements of the instance types it serves:
+/// its architectures, and the NVIDIA GPU manufacturer when the image serves
+/// only GPU types (`In`) or only the others (`NotIn`) (pure).
+fn amis(by_key: &BTreeMap<AmiKey, String>, names: &BTreeMap<String, String>) -> Vec<AmiStatus> {
+    // First key per image keeps the order stable: amd64 before arm64, standard before NVIDIA.
+    let mut order: Vec<&String> = Vec::new();
+    let mut keys: BTreeMap<&String, Vec<&AmiKey>> = BTreeMap::new();
+    for (k, id) in by_key {
+        if !keys.contains_key(id) {
+            order.push(id);
+        }
+        keys.entry(id).or_default().push(k);
+    }
+    order
+        .into_iter()
+        .map(|id| {
+            let ks = keys.get(id).map(Vec::as_slice).unwrap_or_default();
+            let arches: BTreeSet<String> = ks.iter().map(|k| k.arch.clone()).collect();
+            let mut requirements = vec![StatusRequirement {
+                key: labels::ARCH.into(),
+                operator: "In".into(),
+                values: arches.into_iter().collect(),
+            }];
+            let gpu = |operator: &str| StatusRequirement {
+                key: labels::aws::GPU_MANUFACTURER.into(),
+                operator: operator.into(),
+                values: vec!["nvidia".into()],
+            };
+            match (ks.iter().any(|k| k.nvidia), ks.iter().any(|k| !k.nvidia)) {
+                (true, false) => requirements.push(gpu("In")),
+                (false, true) => requirements.push(gpu("NotIn")),
+                _ => {}
+            }
+            AmiStatus {
+                id: id.clone(),
+                name: names.get(id).cloned(),
+                requirements,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::securitygroup::SecurityGroup;
+    use crate::launch::subnet::Subnet;
+
+    fn key(arch: &str, nvidia: bool) -> AmiKey {
+        AmiKey {
+            arch: arch.into(),
+            nvidia,
+        }
+    }
+
+    fn ready_facts() -> ClassFacts {
+        ClassFacts {
+            subnets: vec![
+                Subnet {
+                    id: "subnet-b".into(),
+                    zone: "us-east-1b".into(),
+                    available_ips: 10,
+                    zone_id: Some("use1-az2".into()),
+                },
+                Subnet {
+                    id: "subnet-a".into(),
+                    zone: "us-east-1a".into(),
+                    available_ips: 250,
+                    zone_id: Some("use1-az1".into()),
+                },
+            ],
+            security_groups: vec![SecurityGroup {
+                id: "sg-1".into(),
+                name: "nodes".into(),
+            }],
+            amis: BTreeMap::from([
+                (key("amd64", false), "ami-std".to_string()),
+                (key("amd64", true), "ami-gpu".to_string()),
+                (key("arm64", false), "ami-arm".to_string()),
+            ]),
+            ami_names: BTreeMap::from([("ami-std".to_string(), "al2023-x86_64".to_string())]),
+            instance_profile: Some("demo_0123".into()),
+            ami_problem: None,
+        }
+    }
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    /// (type, status, reason) of every condition.
+    fn summary(s: &EC2NodeClassStatus) -> Vec<(String, String, String)> {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
+    }
+
+    fn all(status: &str, reasons: [&str; 5]) -> Vec<(String, String, String)> {
+        [
+            SUBNETS_READY,
+            SECURITY_GROUPS_READY,
+            AMIS_READY,
+            INSTANCE_PROFILE_READY,
+            READY,
+        ]
+        .iter()
+        .zip(reasons)
+        .map(|(t, r)| {
+            let st = if r == *t { "True" } else { status };
+            (t.to_string(), st.to_string(), r.to_string())
+        })
+        .collect()
+    }
+
+    #[test]
+    fn what_resolves_is_written_in_karpenters_shape() {
+        let s = compute(&ready_facts(), None, Some(3), at("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({
+                "subnets": [
+                    {"id": "subnet-a", "zone": "us-east-1a", "zoneID": "use1-az1"},
+                    {"id": "subnet-b", "zone": "us-east-1b", "zoneID": "use1-az2"}
+                ],
+                "securityGroups": [{"id": "sg-1", "name": "nodes"}],
+                "amis": [
+                    {"id": "ami-std", "name": "al2023-x86_64", "requirements": [
+                        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                        {"key": "karpenter.k8s.aws/instance-gpu-manufacturer", "operator": "NotIn", "values": ["nvidia"]}
+                    ]},
+                    {"id": "ami-gpu", "requirements": [
+                        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                        {"key": "karpenter.k8s.aws/instance-gpu-manufacturer", "operator": "In", "values": ["nvidia"]}
+                    ]},
+                    {"id": "ami-arm", "requirements": [
+                        {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]},
+                        {"key": "karpenter.k8s.aws/instance-gpu-manufacturer", "operator": "NotIn", "values": ["nvidia"]}
+                    ]}
+                ],
+                "instanceProfile": "demo_0123",
+                "conditions": [
+                    {"type": "SubnetsReady", "status": "True", "reason": "SubnetsReady", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3},
+                    {"type": "SecurityGroupsReady", "status": "True", "reason": "SecurityGroupsReady", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3},
+                    {"type": "AMIsReady", "status": "True", "reason": "AMIsReady", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3},
+                    {"type": "InstanceProfileReady", "status": "True", "reason": "InstanceProfileReady", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3},
+                    {"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3}
+                ]
+            })
+        );
+    }
+
+    #[test]
+    fn an_image_serving_every_variant_of_an_arch_has_no_gpu_requirement() {
+        let by_key = BTreeMap::from([
+            (key("amd64", false), "ami-1".to_string()),
+            (key("amd64", true), "ami-1".to_string()),
+        ]);
+        let got = amis(&by_key, &BTreeMap::new());
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].requirements.len(), 1, "{got:?}");
+        assert_eq!(got[0].requirements[0].values, vec!["amd64"]);
+    }
+
+    /// A table row: name, how the facts differ from ready ones, the conditions, Ready's message.
+    type Case = (
+        &'static str,
+        Box<dyn Fn(&mut ClassFacts)>,
+        Vec<(String, String, String)>,
+        &'static str,
+    );
+
+    #[test]
+    fn conditions_follow_what_matches_nothing() {
+        let t0 = at("2026-01-01T00:00:00Z");
+        let cases: Vec<Case> = vec![
+            (
+                "all ready",
+                Box::new(|_| {}),
+                all(
+                    "True",
+                    [
+                        SUBNETS_READY,
+                        SECURITY_GROUPS_READY,
+                        AMIS_READY,
+                        INSTANCE_PROFILE_READY,
+                        READY,
+                    ],
+                ),
+                "",
+            ),
+            (
+                "no subnets",
+                Box::new(|f| f.subnets.clear()),
+                all(
+                    "False",
+                    [
+                        SUBNETS_NOT_FOUND,
+                        SECURITY_GROUPS_READY,
+                        AMIS_READY,
+                        INSTANCE_PROFILE_READY,
+                        SUBNETS_NOT_FOUND,
+                    ],
+                ),
+                NO_SUBNETS,
+            ),
+            (
+                "no security groups",
+                Box::new(|f| f.security_groups.clear()),
+                all(
+                    "False",
+                    [
+                        SUBNETS_READY,
+                        SECURITY_GROUPS_NOT_FOUND,
+                        AMIS_READY,
+                        INSTANCE_PROFILE_READY,
+                        SECURITY_GROUPS_NOT_FOUND,
+                    ],
+                ),
+                NO_SECURITY_GROUPS,
+            ),
+            (
+                "no AMIs",
+                Box::new(|f| f.amis.clear()),
+                all(
+                    "False",
+                    [
+                        SUBNETS_READY,
+                        SECURITY_GROUPS_READY,
+                        AMI_NOT_FOUND,
+                        INSTANCE_PROFILE_READY,
+                        AMI_NOT_FOUND,
+                    ],
+                ),
+                NO_AMIS,
+            ),
+            (
+                "an unsupported alias",
+                Box::new(|f| {
+                    f.amis.clear();
+                    f.ami_problem = Some(("AMISelectorInvalid".into(), "alias family \"al2\"".into()));
+                }),
+                all(
+                    "False",
+                    [
+                        SUBNETS_READY,
+                        SECURITY_GROUPS_READY,
+                        "AMISelectorInvalid",
+                        INSTANCE_PROFILE_READY,
+                        "AMISelectorInvalid",
+                    ],
+                ),
+                "alias family \"al2\"",
+            ),
+            (
+                "no subnets nor AMIs: Ready names the first, says both",
+                Box::new(|f| {
+                    f.subnets.clear();
+                    f.amis.clear();
+                }),
+                all(
+                    "False",
+                    [
+                        SUBNETS_NOT_FOUND,
+                        SECURITY_GROUPS_READY,
+                        AMI_NOT_FOUND,
+                        INSTANCE_PROFILE_READY,
+                        SUBNETS_NOT_FOUND,
+                    ],
+                ),
+                "subnetSelectorTerms select no subnets; amiSelectorTerms select no AMI",
+            ),
+            (
+                "no instance profile",
+                Box::new(|f| f.instance_profile = None),
+                all(
+                    "False",
+                    [
+                        SUBNETS_READY,
+                        SECURITY_GROUPS_READY,
+                        AMIS_READY,
+                        INSTANCE_PROFILE_NOT_FOUND,
+                        INSTANCE_PROFILE_NOT_FOUND,
+                    ],
+                ),
+                "neither role nor instanceProfile is set",
+            ),
+        ];
+        for (name, edit, want, ready_message) in cases {
+            let mut f = ready_facts();
+            edit(&mut f);
+            let s = compute(&f, None, Some(1), t0);
+            assert_eq!(summary(&s), want, "{name}");
+            let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
+            assert_eq!(ready.message, ready_message, "{name}");
+        }
+    }
+
+    #[test]
+    fn transition_times_stay_while_statuses_stay() {
+        let t0 = at("2026-01-01T00:00:00Z");
+        let t1 = at("2026-01-01T00:01:00Z");
+        let t2 = at("2026-01-01T00:02:00Z");
+        let first = compute(&ready_facts(), None, Some(1), t0);
+        let again = compute(&ready_facts(), Some(&first), Some(1), t1);
+        assert_eq!(again, first, "nothing changed: the same status, so no write");
+
+        let mut broken = ready_facts();
+        broken.subnets.clear();
+        let second = compute(&broken, Some(&again), Some(1), t1);
+        let time = |s: &EC2NodeClassStatus, t: &str| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .unwrap()
+                .last_transition_time
+                .clone()
+        };
+        assert_eq!(time(&second, SUBNETS_READY), "2026-01-01T00:01:00Z");
+        assert_eq!(time(&second, READY), "2026-01-01T00:01:00Z");
+        assert_eq!(time(&second, AMIS_READY), "2026-01-01T00:00:00Z", "unchanged: kept");
+        assert!(second.subnets.is_empty());
+
+        // Still broken, with another generation: times kept, generation moves on.
+        let third = compute(&broken, Some(&second), Some(2), t2);
+        assert_eq!(time(&third, SUBNETS_READY), "2026-01-01T00:01:00Z");
+        assert!(third.conditions.iter().all(|c| c.observed_generation == Some(2)));
+
+        let healed = compute(&ready_facts(), Some(&third), Some(2), t2);
+        assert_eq!(time(&healed, SUBNETS_READY), "2026-01-01T00:02:00Z");
+        assert_eq!(time(&healed, SECURITY_GROUPS_READY), "2026-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn free_ips_moving_change_nothing() {
+        let t0 = at("2026-01-01T00:00:00Z");
+        let first = compute(&ready_facts(), None, Some(1), t0);
+        let mut f = ready_facts();
+        f.subnets[0].available_ips = 3;
+        f.subnets.reverse();
+        assert_eq!(compute(&f, Some(&first), Some(1), t0), first);
+    }
+}
