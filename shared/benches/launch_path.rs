@@ -32,6 +32,7 @@ fn settings() -> NodeSettings {
             ..Default::default()
         }),
         user_data: Some("#!/bin/bash\necho hello\n".into()),
+        instance_store_raid0: false,
     }
 }
 
