@@ -267,13 +267,7 @@ async fn public_ip_choice_raid0_and_context_reach_ec2() {
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
     let lts = ec2.describe_launch_templates().send().await.unwrap();
     let name = lts.launch_templates()[0].launch_template_name().unwrap().to_string();
-    let v = ec2
-        .describe_launch_template_versions()
-        .launch_template_name(&name)
-        .send()
-        .await
-        .unwrap();
-    let data = v.launch_template_versions()[0].launch_template_data().unwrap();
+    let data = template_data(&ec2, &name).await;
     assert!(data.security_group_ids().is_empty());
     let nic = &data.network_interfaces()[0];
     assert_eq!(nic.device_index(), Some(0));

@@ -42,13 +42,7 @@ async fn template_user_data(m: &nodesmith_tests::moto::Moto) -> Vec<(String, Str
     let mut out = Vec::new();
     for lt in &lts {
         let name = lt.launch_template_name().unwrap().to_string();
-        let v = ec2
-            .describe_launch_template_versions()
-            .launch_template_name(&name)
-            .send()
-            .await
-            .unwrap();
-        let data = v.launch_template_versions()[0].launch_template_data().unwrap();
+        let data = template_data(&ec2, &name).await;
         let ud = base64::engine::general_purpose::STANDARD
             .decode(data.user_data().unwrap_or_default())
             .unwrap();

@@ -67,6 +67,17 @@ async fn stack(pool: Value, annotations: Value) -> Stack {
     s
 }
 
+/// The stack with an on-demand pool that never consolidates, and its one running node.
+async fn one_node() -> (Stack, NodeClaim) {
+    let s = stack(
+        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
+        json!({}),
+    )
+    .await;
+    let old = s.running_node().await;
+    (s, old)
+}
+
 async fn records(s: &Stack) -> Vec<DisruptionRecord> {
     s.store.disruptions().await.unwrap()
 }
@@ -322,12 +333,7 @@ async fn a_run_cut_short_after_the_taint_and_one_failing_mid_termination_are_res
 
 #[tokio::test]
 async fn an_ec2nodeclass_change_drifts_the_node_which_is_replaced() {
-    let s = stack(
-        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
-        json!({}),
-    )
-    .await;
-    let old = s.running_node().await;
+    let (s, old) = one_node().await;
     let sweeper = s.sweeper(fast());
     sweeper.run().await.unwrap();
     assert!(records(&s).await.is_empty(), "nothing drifted yet");
@@ -354,12 +360,7 @@ async fn an_ec2nodeclass_change_drifts_the_node_which_is_replaced() {
 
 #[tokio::test]
 async fn a_requirement_change_drifts_the_node_onto_an_allowed_instance_family() {
-    let s = stack(
-        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
-        json!({}),
-    )
-    .await;
-    let old = s.running_node().await;
+    let (s, old) = one_node().await;
     let node = s.kube.node(old.node_name.as_deref().unwrap()).unwrap();
     let family = node.metadata.labels.as_ref().unwrap()["karpenter.k8s.aws/instance-family"].clone();
     let other = if family == "m5" { "c5" } else { "m5" };
@@ -442,12 +443,7 @@ async fn ten_empty_nodes_under_a_30_percent_budget_go_three_at_a_time() {
 
 #[tokio::test]
 async fn a_pdb_holds_the_drain_until_replacement_pods_are_ready() {
-    let s = stack(
-        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
-        json!({}),
-    )
-    .await;
-    let old = s.running_node().await;
+    let (s, old) = one_node().await;
     let node = old.node_name.clone().unwrap();
     run_pods(&s);
     // A NodePool template label changes: drift by hash.
@@ -552,12 +548,7 @@ async fn a_do_not_disrupt_pod_blocks_drift_with_an_event_until_it_goes() {
 
 #[tokio::test]
 async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
-    let s = stack(
-        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
-        json!({}),
-    )
-    .await;
-    let old = s.running_node().await;
+    let (s, old) = one_node().await;
     let conf = s.m.sdk_config().await;
     let sweeper = s
         .sweeper(fast())
@@ -611,12 +602,7 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
 
 #[tokio::test]
 async fn a_new_ami_behind_the_alias_drifts_the_node_by_live_resolution() {
-    let s = stack(
-        pool(&["on-demand"], None, json!({"consolidateAfter": "Never"}), json!({})),
-        json!({}),
-    )
-    .await;
-    let old = s.running_node().await;
+    let (s, old) = one_node().await;
     let image = |d: &aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
         d.reservations()[0].instances()[0].image_id().map(str::to_string)
     };
@@ -691,24 +677,7 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
         .iter()
         .find(|g| g.tags().iter().any(|t| t.key() == Some(DISCOVERY)))
         .unwrap();
-    let second = s
-        .ec2
-        .create_security_group()
-        .group_name("more-nodes")
-        .description("nodes")
-        .vpc_id(first.vpc_id().unwrap())
-        .tag_specifications(
-            aws_sdk_ec2::types::TagSpecification::builder()
-                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
-                .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).value(CLUSTER).build())
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .group_id()
-        .unwrap()
-        .to_string();
+    let second = launch_fixtures::discovered_security_group(&s.ec2, first.vpc_id().unwrap(), "more-nodes").await;
     let mut want = vec![first.group_id().unwrap().to_string(), second];
     want.sort();
 

@@ -91,23 +91,7 @@ pub async fn world(m: &Moto) -> World {
             best.insert(zone.to_string(), id);
         }
     }
-    let sg = ec2
-        .create_security_group()
-        .group_name("demo-nodes")
-        .description("nodes")
-        .vpc_id(&vpc_id)
-        .tag_specifications(
-            TagSpecification::builder()
-                .resource_type(ResourceType::SecurityGroup)
-                .tags(tag(DISCOVERY, CLUSTER))
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .group_id()
-        .unwrap()
-        .to_string();
+    let sg = discovered_security_group(&ec2, &vpc_id, "demo-nodes").await;
     let eks = aws_sdk_eks::Client::new(&conf);
     eks.create_cluster()
         .name(CLUSTER)
@@ -257,4 +241,35 @@ pub async fn instances_of(m: &Moto, claim: &str) -> Vec<aws_sdk_ec2::types::Inst
         .await
         .unwrap();
     out.reservations().iter().flat_map(|r| r.instances().to_vec()).collect()
+}
+
+/// A security group in `vpc_id` carrying the cluster's discovery tag; its id.
+pub async fn discovered_security_group(ec2: &aws_sdk_ec2::Client, vpc_id: &str, name: &str) -> String {
+    ec2.create_security_group()
+        .group_name(name)
+        .description("nodes")
+        .vpc_id(vpc_id)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::SecurityGroup)
+                .tags(tag(DISCOVERY, CLUSTER))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_string()
+}
+
+/// The newest version's data of launch template `name`.
+pub async fn template_data(ec2: &aws_sdk_ec2::Client, name: &str) -> aws_sdk_ec2::types::ResponseLaunchTemplateData {
+    let v = ec2
+        .describe_launch_template_versions()
+        .launch_template_name(name)
+        .send()
+        .await
+        .unwrap();
+    v.launch_template_versions()[0].launch_template_data().unwrap().clone()
 }
