@@ -78,6 +78,30 @@ async fn one_node() -> (Stack, NodeClaim) {
     (s, old)
 }
 
+/// EC2's description of one instance.
+async fn instance(s: &Stack, id: &str) -> aws_sdk_ec2::types::Instance {
+    let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
+    d.reservations()[0].instances()[0].clone()
+}
+
+/// The instances of the replacements a walk saw.
+async fn replacement_instances(s: &Stack, w: &Walk) -> Vec<aws_sdk_ec2::types::Instance> {
+    let claims = s.claims().await;
+    let mut out = Vec::new();
+    for r in &w.replacements {
+        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
+        out.push(instance(s, &id).await);
+    }
+    out
+}
+
+/// A sweeper that also resolves classes (drift by AMI, subnets, security groups).
+async fn resolving_sweeper(s: &Stack) -> nodesmith::sweep::Sweeper<nodesmith::kubernetes::KubeCluster> {
+    let conf = s.m.sdk_config().await;
+    s.sweeper(fast())
+        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf))
+}
+
 async fn records(s: &Stack) -> Vec<DisruptionRecord> {
     s.store.disruptions().await.unwrap()
 }
@@ -549,10 +573,7 @@ async fn a_do_not_disrupt_pod_blocks_drift_with_an_event_until_it_goes() {
 #[tokio::test]
 async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
     let (s, old) = one_node().await;
-    let conf = s.m.sdk_config().await;
-    let sweeper = s
-        .sweeper(fast())
-        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf));
+    let sweeper = resolving_sweeper(&s).await;
     // Resolved as launched: the AMI behind the alias, the subnet and the
     // security groups all still match.
     let report = sweeper.run().await.unwrap();
@@ -561,14 +582,8 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
 
     // The node's subnet loses its discovery tag: the class's spec (and hash)
     // is unchanged, only what it resolves to.
-    let described = s
-        .ec2
-        .describe_instances()
-        .instance_ids(old.instance_id.clone().unwrap())
-        .send()
+    let subnet = instance(&s, old.instance_id.as_deref().unwrap())
         .await
-        .unwrap();
-    let subnet = described.reservations()[0].instances()[0]
         .subnet_id()
         .unwrap()
         .to_string();
@@ -588,12 +603,9 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
         events(&s, "DisruptionTerminating"),
         vec!["Disrupting Node: Drifted".to_string()]
     );
-    let claims = s.claims().await;
-    for r in &w.replacements {
-        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
-        let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
+    for i in replacement_instances(&s, &w).await {
         assert_ne!(
-            d.reservations()[0].instances()[0].subnet_id(),
+            i.subnet_id(),
             Some(subnet.as_str()),
             "the replacement is launched in a selected subnet"
         );
@@ -603,21 +615,12 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
 #[tokio::test]
 async fn a_new_ami_behind_the_alias_drifts_the_node_by_live_resolution() {
     let (s, old) = one_node().await;
-    let image = |d: &aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
-        d.reservations()[0].instances()[0].image_id().map(str::to_string)
-    };
-    let described = s
-        .ec2
-        .describe_instances()
-        .instance_ids(old.instance_id.clone().unwrap())
-        .send()
+    let launched_from = instance(&s, old.instance_id.as_deref().unwrap())
         .await
-        .unwrap();
-    let launched_from = image(&described).unwrap();
-    let conf = s.m.sdk_config().await;
-    let sweeper = s
-        .sweeper(fast())
-        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf));
+        .image_id()
+        .unwrap()
+        .to_string();
+    let sweeper = resolving_sweeper(&s).await;
     sweeper.run().await.unwrap();
     assert!(records(&s).await.is_empty(), "nothing drifted yet");
 
@@ -634,11 +637,8 @@ async fn a_new_ami_behind_the_alias_drifts_the_node_by_live_resolution() {
     let (w, detail) = drift_walk(&s, &old, &sweeper).await;
     assert_eq!(detail.as_deref(), Some("Drifted (AMIDrift) by nodesmith's sweep"));
     assert_gone(&s, &old).await;
-    let claims = s.claims().await;
-    for r in &w.replacements {
-        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
-        let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
-        assert_eq!(image(&d).as_deref(), Some(newer), "the replacement runs the new AMI");
+    for i in replacement_instances(&s, &w).await {
+        assert_eq!(i.image_id(), Some(newer), "the replacement runs the new AMI");
     }
 }
 
@@ -653,8 +653,8 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
     let catalog = nodesmith::catalog::builtin().unwrap();
     s.m.seed_spot_prices(&nodesmith_tests::local_cloud::aws::spot_prices(catalog));
     let old = s.running_node().await;
-    let groups_of = |d: &aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
-        let mut ids: Vec<String> = d.reservations()[0].instances()[0]
+    let groups_of = |i: &aws_sdk_ec2::types::Instance| {
+        let mut ids: Vec<String> = i
             .security_groups()
             .iter()
             .filter_map(|g| g.group_id().map(str::to_string))
@@ -662,10 +662,7 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
         ids.sort();
         ids
     };
-    let conf = s.m.sdk_config().await;
-    let sweeper = s
-        .sweeper(fast())
-        .with_resolution(aws_sdk_ssm::Client::new(&conf), aws_sdk_eks::Client::new(&conf));
+    let sweeper = resolving_sweeper(&s).await;
     // A spot instance runs in its launch template's groups: nothing drifted.
     sweeper.run().await.unwrap();
     assert!(records(&s).await.is_empty(), "nothing drifted yet");
@@ -687,11 +684,8 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
         Some("Drifted (SecurityGroupDrift) by nodesmith's sweep")
     );
     assert_gone(&s, &old).await;
-    let claims = s.claims().await;
     assert!(!w.replacements.is_empty());
-    for r in &w.replacements {
-        let id = claim_of(&claims, r).and_then(|c| c.instance_id.clone()).unwrap();
-        let d = s.ec2.describe_instances().instance_ids(id).send().await.unwrap();
-        assert_eq!(groups_of(&d), want, "the replacement runs in both groups");
+    for i in replacement_instances(&s, &w).await {
+        assert_eq!(groups_of(&i), want, "the replacement runs in both groups");
     }
 }
