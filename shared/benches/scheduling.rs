@@ -35,6 +35,7 @@ fn catalog() -> Catalog {
                     capacity_type: "on-demand".into(),
                     price: od,
                     available: true,
+                    reservation: None,
                 });
                 if zi < 2 {
                     // Spot discounts vary by type, as they do on EC2.
@@ -44,6 +45,7 @@ fn catalog() -> Catalog {
                         capacity_type: "spot".into(),
                         price: od * discount,
                         available: true,
+                        reservation: None,
                     });
                 }
             }

@@ -99,6 +99,9 @@ pub struct NodeClaim {
     /// Hourly price of the launched offering.
     #[serde(default)]
     pub price: Option<f64>,
+    /// The capacity reservation the instance launched into (`reserved` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_reservation: Option<ClaimReservation>,
     /// The Kubernetes node name once registered.
     #[serde(default)]
     pub node_name: Option<String>,
@@ -142,6 +145,9 @@ pub struct LaunchAttempt {
     /// The CreateFleet `Context` sent (a repeat must send the same request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// Reserved capacity bought as a capacity block.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub capacity_block: bool,
 }
 
 /// One override of a [`LaunchAttempt`].
@@ -159,6 +165,9 @@ pub struct AttemptOverride {
     /// Hourly price, when the catalog knew it.
     #[serde(default)]
     pub price: Option<f64>,
+    /// The capacity reservation the override's template targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_reservation_id: Option<String>,
 }
 
 impl NodeClaim {
@@ -182,6 +191,7 @@ impl NodeClaim {
             zone: None,
             capacity_type: None,
             price: None,
+            capacity_reservation: None,
             node_name: None,
             nodepool_hash: None,
             nodeclass_hash: None,
@@ -244,6 +254,7 @@ impl NodeClaim {
         self.zone = Some(instance.zone);
         self.capacity_type = Some(instance.capacity_type);
         self.price = instance.price;
+        self.capacity_reservation = instance.capacity_reservation;
         Ok(())
     }
 
@@ -306,6 +317,19 @@ pub struct LaunchedInstance {
     pub capacity_type: String,
     /// Hourly price of that offering, when known.
     pub price: Option<f64>,
+    /// The capacity reservation it runs in, if reserved.
+    pub capacity_reservation: Option<ClaimReservation>,
+}
+
+/// The capacity reservation a claim's instance runs in: the node's
+/// `karpenter.k8s.aws/capacity-reservation-{id,type}` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimReservation {
+    /// The reservation id.
+    pub id: String,
+    /// `default` or `capacity-block`.
+    pub reservation_type: String,
 }
 
 /// When a claim was created and reached each later phase (RFC 3339 in JSON).
@@ -450,6 +474,7 @@ mod tests {
             zone: "us-east-1a".into(),
             capacity_type: "spot".into(),
             price: Some(0.03),
+            capacity_reservation: None,
         };
         c.launched(i.clone(), at("2026-01-01T00:00:00Z")).unwrap();
         assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));

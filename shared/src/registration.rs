@@ -109,6 +109,13 @@ pub fn node_labels(claim: &NodeClaim, catalog: Option<&Catalog>) -> BTreeMap<Str
     if let Some(ct) = &claim.capacity_type {
         l.insert(labels::CAPACITY_TYPE.into(), ct.clone());
     }
+    if let Some(r) = &claim.capacity_reservation {
+        l.insert(labels::aws::CAPACITY_RESERVATION_ID.into(), r.id.clone());
+        l.insert(
+            labels::aws::CAPACITY_RESERVATION_TYPE.into(),
+            r.reservation_type.clone(),
+        );
+    }
     l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
     l.insert(labels::NODECLAIM.into(), claim.name.clone());

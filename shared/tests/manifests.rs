@@ -170,13 +170,36 @@ fn the_nodeclass_reference_example_is_valid() {
 }
 
 #[test]
-fn capacity_reservations_are_refused_not_ignored() {
+fn selected_capacity_reservations_are_planned_as_reserved_offerings() {
+    // The class's status lists what its selectors found (the sweep writes it;
+    // here, as a user would export it): two instances of room in one ODCR.
     let text = format!(
-        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n  subnetSelectorTerms: [{{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  capacityReservationSelectorTerms: [{{ownerID: \"012345678901\", tags: {{a: b}}}}]\n"
+        "{CLASS_HEAD}  role: KarpenterNodeRole\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n  subnetSelectorTerms: [{{id: subnet-0abc}}]\n  securityGroupSelectorTerms: [{{name: eks-sg}}]\n  capacityReservationSelectorTerms: [{{ownerID: \"012345678901\", tags: {{a: b}}}}]\nstatus:\n  capacityReservations:\n    - {{id: cr-0123456789abcdef0, instanceType: m5.xlarge, availabilityZone: us-east-1a, ownerID: \"012345678901\", reservationType: default, state: active, availableInstanceCount: 2}}\n---\napiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: reserved}}\nspec:\n  template:\n    spec:\n      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: c}}\n      requirements:\n        - {{key: karpenter.sh/capacity-type, operator: In, values: [reserved, on-demand]}}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app, namespace: default}}\nspec:\n  replicas: 4\n  selector: {{matchLabels: {{app: a}}}}\n  template:\n    metadata: {{labels: {{app: a}}}}\n    spec:\n      containers: [{{name: c, image: i, resources: {{requests: {{cpu: '3', memory: 1Gi}}}}}}]\n"
     );
-    let err = parse_documents("c.yaml", &text).unwrap_err().to_string();
+    let dir = std::env::temp_dir().join(format!("nodesmith-reserved-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reserved.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let now = "2026-01-01T00:00:00Z".parse().unwrap();
+    let (report, warnings) = nodesmith::simulate::run(&[file], None, now).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let claims = &report.plan.node_claims;
+    let reserved: Vec<_> = claims.iter().filter(|c| c.capacity_type == "reserved").collect();
+    assert_eq!(reserved.len(), 2, "{claims:#?}");
+    for c in reserved {
+        assert_eq!((c.instance_type.as_str(), c.zone.as_str()), ("m5.xlarge", "us-east-1a"));
+        assert_eq!(
+            c.labels["karpenter.k8s.aws/capacity-reservation-id"],
+            "cr-0123456789abcdef0"
+        );
+    }
     assert!(
-        err.contains("spec.capacityReservationSelectorTerms") && err.contains("not supported by nodesmith yet"),
-        "{err}"
+        claims
+            .iter()
+            .filter(|c| c.capacity_type != "reserved")
+            .all(|c| c.capacity_type == "on-demand"),
+        "the rest falls back to on-demand: {claims:#?}"
     );
+    assert_eq!(report.plan.unschedulable.len(), 0);
 }

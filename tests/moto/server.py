@@ -4,32 +4,60 @@ Started by the Rust harness (tests/src/moto.rs). Prints "READY <port>" once
 listening on 127.0.0.1, then reads one command per line on stdin and answers
 "OK" (or "ERR <why>"):
 
-  reset              wipe all state, then seed the EKS AMIs and SSM parameters
+  reset              wipe all state (capacity reservations too), then seed the
+                     EKS AMIs and SSM parameters
   spot <json>        set spot prices: [{"type","zone","price"}, ...]
   param <name> <v>   a new version of a public SSM parameter (a new AMI behind an alias)
+  reservation <json> seed a capacity reservation, e.g. a capacity block, which
+                     CreateCapacityReservation cannot make: {"type", "zone",
+                     "count"} and optionally "id" (cr- + 17 hex; random when
+                     absent), "region" (us-east-1), "reservationType"
+                     ("default" or "capacity-block"), "endDate" (ISO-8601; a
+                     capacity block without one ends in 24 hours), "tags"
+                     ({key: value}), "ownerId" (this account), "matchCriteria"
+                     ("targeted")
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
 closes, so a crashed test run never leaves a server behind.
+
+moto has no On-Demand Capacity Reservations; this adds Create-, Describe- and
+CancelCapacityReservation, and makes CreateFleet honour a launch template's
+CapacityReservationTarget: the reservation's type and zone, its capacity
+type (on-demand, or capacity-block with the capacity-block market), its free
+count (a shortfall is a ReservationCapacityExceeded entry in the response's
+Errors, as EC2 reports an instant fleet's failed overrides), and the instances
+it launches carry CapacityReservationId and give their slot back when
+terminated.
 """
 
+import functools
 import json
 import logging
+import re
 import sys
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+
+import botocore.session
+from botocore.utils import parse_timestamp
 
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.exceptions import EC2ClientError, MissingParameterError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.amis import Ami
 from moto.ec2.models.fleets import Fleet
-from moto.ec2.responses import spot_instances
+from moto.ec2.models.instance_types import INSTANCE_TYPES
+from moto.ec2.models.instances import Instance
+from moto.ec2.responses import EC2Response, fleets as fleet_responses, spot_instances
+from moto.ec2.utils import random_id, simple_aws_filter_to_re
 from moto.core.responses import ActionResult
 from moto.moto_api import _internal as moto_api
 from moto.moto_server import threaded_moto_server
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.ssm.models import Parameter, ssm_backends
+from moto.utilities.utils import get_partition
 
 REGION = "us-east-1"
 # Regions seeded with the EKS AMIs and their SSM parameters (tests run in a second region too).
@@ -140,11 +168,30 @@ def template_security_groups(backend, launch_template_spec):
     return groups
 
 
-def fleet_init(self, ec2_backend, *args, **kwargs):
+def fleet_init(self, ec2_backend, fleet_id, on_demand_options, spot_options, capacity, configs,
+               excess_capacity_termination_policy, replace_unhealthy_instances,
+               terminate_instances_with_expiration, fleet_type, valid_from, valid_until,
+               tag_specifications):
     """EC2 gives a fleet's instances the security groups of their launch
     template; moto launches them in the VPC's default group, which would read
-    as security-group drift on every node."""
-    _fleet_init(self, ec2_backend, *args, **kwargs)
+    as security-group drift on every node. Launch templates that target a
+    capacity reservation launch through launch_reserved."""
+    def init(configs):
+        _fleet_init(self, ec2_backend, fleet_id, on_demand_options, spot_options, capacity, configs,
+                    excess_capacity_termination_policy, replace_unhealthy_instances,
+                    terminate_instances_with_expiration, fleet_type, valid_from, valid_until,
+                    tag_specifications)
+
+    targeted = any(
+        (found := fleet_template(ec2_backend, config.get("LaunchTemplateSpecification") or {}))
+        and reservation_target(found[0].data)
+        for config in configs or []
+    )
+    if targeted:
+        with RESERVATIONS_LOCK:
+            launch_reserved(self, ec2_backend, capacity, configs, fleet_type, init)
+    else:
+        init(configs)
     launched = [(i["instance"], i.get("launch_spec")) for i in self.on_demand_instances]
     launched += [(r.instance, r.launch_spec) for r in self.spot_requests if r.instance]
     for instance, launch_spec in launched:
@@ -153,11 +200,514 @@ def fleet_init(self, ec2_backend, *args, **kwargs):
             instance.security_groups = [ec2_backend.get_security_group_from_id(g) for g in ids]
 
 
+# Capacity reservations per (account, region), by id, as EC2's API shapes
+# them: moto has none. RESERVATIONS_LOCK guards them and their counts, since
+# moto's server answers requests on threads and two fleets must not both take
+# a reservation's last slot.
+RESERVATIONS = {}
+RESERVATIONS_LOCK = threading.RLock()
+RESERVATION_ID = re.compile(r"cr-[0-9a-f]{17}")
+# States CancelCapacityReservation accepts (EC2's API reference).
+CANCELLABLE = {"active", "assessing", "scheduled", "delayed"}
+# DescribeCapacityReservations filters on a plain field; tag filters aside.
+RESERVATION_FILTERS = {
+    "instance-type": "InstanceType",
+    "owner-id": "OwnerId",
+    "instance-platform": "InstancePlatform",
+    "availability-zone": "AvailabilityZone",
+    "tenancy": "Tenancy",
+    "outpost-arn": "OutpostArn",
+    "state": "State",
+    "start-date": "StartDate",
+    "end-date": "EndDate",
+    "end-date-type": "EndDateType",
+    "instance-match-criteria": "InstanceMatchCriteria",
+    "placement-group-arn": "PlacementGroupArn",
+    "reservation-type": "ReservationType",
+}
+SEED_FIELDS = {"id", "type", "zone", "count", "region", "reservationType", "endDate",
+               "tags", "ownerId", "matchCriteria"}
+
+
+@functools.cache
+def ec2_enum(shape):
+    """The values EC2's API model allows for an enum shape."""
+    return botocore.session.get_session().get_service_model("ec2").shape_for(shape).enum
+
+
+def invalid(message):
+    return EC2ClientError("InvalidParameterValue", message)
+
+
+def reservations_in(account, region):
+    """A region's reservations (hold RESERVATIONS_LOCK). EC2 expires a
+    reservation at its end date by itself, so do that on every look."""
+    found = RESERVATIONS.setdefault((account, region), {})
+    now = datetime.now(timezone.utc)
+    for r in found.values():
+        if r["State"] == "active" and r.get("EndDate") and r["EndDate"] <= now:
+            r["State"] = "expired"
+            r["AvailableInstanceCount"] = 0
+    return found
+
+
+def checked_reservation_id(rid):
+    if not RESERVATION_ID.fullmatch(rid or ""):
+        raise EC2ClientError(
+            "InvalidCapacityReservationId.Malformed",
+            f"Invalid id: \"{rid}\" (expecting \"cr-xxxxxxxxxxxxxxxxx\")",
+        )
+    return rid
+
+
+def reservation_not_found(rid):
+    return EC2ClientError(
+        "InvalidCapacityReservationId.NotFound",
+        f"The capacity reservation ID '{rid}' does not exist",
+    )
+
+
+def zone_in(backend, name=None, zone_id=None):
+    """The region's zone with this name or id, or None (another region's)."""
+    for zone in backend.describe_availability_zones():
+        if (name and zone.name == name) or (zone_id and zone.zone_id == zone_id):
+            return zone
+    return None
+
+
+def new_reservation(account, region, rid, instance_type, zone, count, *, platform="Linux/UNIX",
+                    tenancy="default", match="open", kind="default", end=None, tags=None,
+                    owner=None, ebs_optimized=False, ephemeral_storage=False):
+    """A reservation as DescribeCapacityReservations returns it."""
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    r = {
+        "CapacityReservationId": rid,
+        "OwnerId": owner or account,
+        "CapacityReservationArn":
+            f"arn:{get_partition(region)}:ec2:{region}:{owner or account}:capacity-reservation/{rid}",
+        "AvailabilityZoneId": zone.zone_id,
+        "InstanceType": instance_type,
+        "InstancePlatform": platform,
+        "AvailabilityZone": zone.name,
+        "Tenancy": tenancy,
+        "TotalInstanceCount": count,
+        "AvailableInstanceCount": count,
+        "EbsOptimized": ebs_optimized,
+        "EphemeralStorage": ephemeral_storage,
+        "State": "active",
+        "StartDate": now,
+        "EndDateType": "limited" if end else "unlimited",
+        "InstanceMatchCriteria": match,
+        "CreateDate": now,
+        "Tags": [{"Key": k, "Value": v} for k, v in (tags or {}).items()],
+        "ReservationType": kind,
+        "CapacityAllocations": [],
+    }
+    if end:
+        r["EndDate"] = end
+    return r
+
+
+def create_capacity_reservation(self):
+    """CreateCapacityReservation, for capacity from now on (EC2 offers no
+    capacity blocks through it: those are bought, see the `reservation`
+    command)."""
+    for name in ("InstanceType", "InstancePlatform", "InstanceCount"):
+        if self._get_param(name) in (None, ""):
+            raise MissingParameterError(name)
+    if self._get_param("StartDate") or self._get_param("CommitmentDuration"):
+        # Not EC2's refusal: this server does not model future-dated reservations.
+        raise EC2ClientError("UnsupportedOperation",
+                             "future-dated Capacity Reservations are not modelled by the test server")
+    backend = self.ec2_backend
+    instance_type = self._get_param("InstanceType")
+    if instance_type not in INSTANCE_TYPES:
+        raise invalid(f"Invalid value '{instance_type}' for InstanceType.")
+    platform = self._get_param("InstancePlatform")
+    if platform not in ec2_enum("CapacityReservationInstancePlatform"):
+        raise invalid(f"Invalid value '{platform}' for InstancePlatform.")
+    count = self._get_int_param("InstanceCount")
+    if not 1 <= count <= 1000:
+        raise invalid(f"Invalid value '{count}' for InstanceCount. Valid range: 1 - 1000.")
+    zone_name, zone_id = self._get_param("AvailabilityZone"), self._get_param("AvailabilityZoneId")
+    if zone_name and zone_id:
+        raise EC2ClientError("InvalidParameterCombination",
+                             "Only one of AvailabilityZone and AvailabilityZoneId can be specified.")
+    if not (zone_name or zone_id):
+        raise MissingParameterError("AvailabilityZone")
+    zone = zone_in(backend, zone_name, zone_id)
+    if zone is None:
+        raise invalid(f"Invalid availability zone: [{zone_name or zone_id}]")
+    tenancy = self._get_param("Tenancy") or "default"
+    if tenancy not in ec2_enum("CapacityReservationTenancy"):
+        raise invalid(f"Invalid value '{tenancy}' for Tenancy.")
+    match = self._get_param("InstanceMatchCriteria") or "open"
+    if match not in ec2_enum("InstanceMatchCriteria"):
+        raise invalid(f"Invalid value '{match}' for InstanceMatchCriteria.")
+    end_type = self._get_param("EndDateType") or "unlimited"
+    if end_type not in ec2_enum("EndDateType"):
+        raise invalid(f"Invalid value '{end_type}' for EndDateType.")
+    end = self._get_param("EndDate")
+    if end_type == "limited" and not end:
+        raise MissingParameterError("EndDate")
+    if end_type == "unlimited" and end:
+        raise EC2ClientError("InvalidParameterCombination",
+                             "EndDate cannot be specified when EndDateType is unlimited.")
+    if end:
+        # moto parses timestamps by the API model; naive ones are UTC.
+        end = end if isinstance(end, datetime) else parse_timestamp(end)
+        end = end.replace(tzinfo=end.tzinfo or timezone.utc).astimezone(timezone.utc)
+        if end <= datetime.now(timezone.utc):
+            raise invalid("EndDate must be in the future.")
+    tags = self._parse_tag_specification("capacity-reservation").get("capacity-reservation", {})
+    self.error_on_dryrun()
+    account, region = self.current_account, self.region
+    with RESERVATIONS_LOCK:
+        store = reservations_in(account, region)
+        rid = random_id("cr")
+        store[rid] = new_reservation(
+            account, region, rid, instance_type, zone, count, platform=platform,
+            tenancy=tenancy, match=match, end=end, tags=tags,
+            ebs_optimized=self._get_bool_param("EbsOptimized", False),
+            ephemeral_storage=self._get_bool_param("EphemeralStorage", False),
+        )
+        return ActionResult({"CapacityReservation": dict(store[rid])})
+
+
+def reservation_values(r, name):
+    """The values of a reservation a filter tests; None for a filter EC2 lacks."""
+    if name == "tag-key":
+        return [t["Key"] for t in r["Tags"]]
+    if name == "tag-value":
+        return [t["Value"] for t in r["Tags"]]
+    if name.startswith("tag:"):
+        return [t["Value"] for t in r["Tags"] if t["Key"] == name[4:]]
+    if name not in RESERVATION_FILTERS:
+        return None
+    value = r.get(RESERVATION_FILTERS[name])
+    if isinstance(value, datetime):
+        value = value.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return [] if value is None else [str(value)]
+
+
+def describe_capacity_reservations(self):
+    """DescribeCapacityReservations: ids (each must exist) and filters, ANDed;
+    filter values take EC2's * and ? wildcards."""
+    ids = [checked_reservation_id(i) for i in self._get_param("CapacityReservationIds", [])]
+    filters = self._filters_from_querystring()
+    for name in filters:
+        if reservation_values({"Tags": []}, name) is None:
+            raise invalid(f"The filter '{name}' is invalid")
+    max_results = self._get_int_param("MaxResults")
+    if max_results is not None and not 1 <= max_results <= 1000:
+        raise invalid(f"Value ( {max_results} ) for parameter maxResults is invalid. "
+                      "Expecting a value between 1 and 1000.")
+    token = self._get_param("NextToken")
+    if token is not None and not token.isdigit():
+        raise EC2ClientError("InvalidPaginationToken", f"Invalid pagination token: {token}")
+    self.error_on_dryrun()
+    with RESERVATIONS_LOCK:
+        store = reservations_in(self.current_account, self.region)
+        for rid in ids:
+            if rid not in store:
+                raise reservation_not_found(rid)
+        found = [dict(r) for r in store.values() if not ids or r["CapacityReservationId"] in ids]
+    for name, patterns in filters.items():
+        regexes = [re.compile(simple_aws_filter_to_re(p)) for p in patterns]
+        found = [r for r in found
+                 if any(x.match(v) for v in reservation_values(r, name) for x in regexes)]
+    start = int(token or 0)
+    end = len(found) if max_results is None else start + max_results
+    result = {"CapacityReservations": found[start:end]}
+    if end < len(found):
+        result["NextToken"] = str(end)
+    return ActionResult(result)
+
+
+def cancel_capacity_reservation(self):
+    """CancelCapacityReservation: the capacity is released (instances in it
+    keep running); a capacity block cannot be cancelled."""
+    rid = self._get_param("CapacityReservationId")
+    if not rid:
+        raise MissingParameterError("CapacityReservationId")
+    checked_reservation_id(rid)
+    self.error_on_dryrun()
+    with RESERVATIONS_LOCK:
+        r = reservations_in(self.current_account, self.region).get(rid)
+        if r is None:
+            raise reservation_not_found(rid)
+        if r["ReservationType"] == "capacity-block":
+            raise EC2ClientError("UnsupportedOperation", f"You can't cancel a Capacity Block ({rid}).")
+        if r["State"] not in CANCELLABLE:
+            raise EC2ClientError("IncorrectState",
+                                 f"The Capacity Reservation {rid} is {r['State']} and cannot be cancelled.")
+        r["State"] = "cancelled"
+        r["AvailableInstanceCount"] = 0
+    return ActionResult({"Return": True})
+
+
+def seed_reservation(spec):
+    """The `reservation` command: a reservation straight into the store, as
+    EC2 would hold a bought capacity block (or any reservation a test needs)."""
+    unknown = set(spec) - SEED_FIELDS
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)}")
+    region = spec.get("region", REGION)
+    if region not in ec2_backends[DEFAULT_ACCOUNT_ID].regions:
+        raise ValueError(f"unknown region {region!r}")
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+    instance_type = spec["type"]
+    if instance_type not in INSTANCE_TYPES:
+        raise ValueError(f"unknown instance type {instance_type!r}")
+    zone = zone_in(backend, spec["zone"])
+    if zone is None:
+        raise ValueError(f"zone {spec['zone']!r} is not in {region}")
+    count = spec["count"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"count must be an integer >= 1, not {count!r}")
+    kind = spec.get("reservationType", "default")
+    if kind not in ec2_enum("CapacityReservationType"):
+        raise ValueError(f"reservationType must be one of {ec2_enum('CapacityReservationType')}")
+    match = spec.get("matchCriteria", "targeted")
+    if match not in ec2_enum("InstanceMatchCriteria"):
+        raise ValueError(f"matchCriteria must be one of {ec2_enum('InstanceMatchCriteria')}")
+    tags = spec.get("tags", {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        raise ValueError("tags must map strings to strings")
+    end = spec.get("endDate")
+    if end:
+        end = datetime.fromisoformat(end)
+        if end.tzinfo is None:
+            raise ValueError("endDate needs a timezone (e.g. a trailing Z)")
+        end = end.astimezone(timezone.utc)
+    elif kind == "capacity-block":
+        # Capacity blocks always end.
+        end = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=1)
+    with RESERVATIONS_LOCK:
+        store = reservations_in(DEFAULT_ACCOUNT_ID, region)
+        rid = checked_reservation_id(spec["id"]) if spec.get("id") else random_id("cr")
+        if rid in store:
+            raise ValueError(f"{rid} already exists")
+        store[rid] = new_reservation(
+            DEFAULT_ACCOUNT_ID, region, rid, instance_type, zone, count, match=match,
+            kind=kind, end=end, tags=tags, owner=spec.get("ownerId"),
+        )
+        reservations_in(DEFAULT_ACCOUNT_ID, region)  # an endDate already past reads as expired
+
+
+def fleet_template(backend, spec):
+    """A fleet config's launch template version and the template spec as
+    CreateFleet reports it; None when moto will refuse the config itself."""
+    if spec.get("LaunchTemplateId"):
+        template = backend.launch_templates.get(spec["LaunchTemplateId"])
+    else:
+        template = backend.launch_templates.get(
+            backend.launch_template_name_to_ids.get(spec.get("LaunchTemplateName")))
+    if template is None:
+        return None
+    try:
+        version = template.get_version(spec.get("Version") or template.default_version_number)
+    except EC2ClientError:
+        return None
+    return version, dict(spec, LaunchTemplateId=template.id, Version=str(version.number))
+
+
+def reservation_target(data):
+    spec = data.get("CapacityReservationSpecification") or {}
+    return (spec.get("CapacityReservationTarget") or {}).get("CapacityReservationId")
+
+
+def override_zone(backend, override, data):
+    """The zone an override launches in: its own, its subnet's or the template's."""
+    if override.get("AvailabilityZone"):
+        return override["AvailabilityZone"]
+    subnet = override.get("SubnetId")
+    for nic in data.get("NetworkInterfaces") or []:
+        if str(nic.get("DeviceIndex", 0)) == "0":
+            subnet = subnet or nic.get("SubnetId")
+    if subnet:
+        return backend.get_subnet(subnet.split(",")[0].strip()).availability_zone
+    return (data.get("Placement") or {}).get("AvailabilityZone")
+
+
+def reservation_refusal(r, rid, data, capacity_type):
+    """Why no override of a template targeting this reservation can launch
+    (an error code and message), or None."""
+    if not RESERVATION_ID.fullmatch(rid):
+        return "InvalidCapacityReservationId.Malformed", f"Invalid id: \"{rid}\""
+    if r is None:
+        return "InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{rid}' does not exist"
+    market = (data.get("InstanceMarketOptions") or {}).get("MarketType")
+    if r["ReservationType"] == "capacity-block":
+        if capacity_type != "capacity-block" or market != "capacity-block":
+            return "InvalidParameterValue", (
+                f"Capacity Block {rid} takes only instances launched with the DefaultTargetCapacityType "
+                "capacity-block and the launch template market type capacity-block.")
+    elif capacity_type != "on-demand" or market not in (None, "on-demand"):
+        return "InvalidParameterValue", (
+            f"Capacity Reservation {rid} takes only On-Demand Instances (DefaultTargetCapacityType "
+            f"on-demand), not {capacity_type}{' in the ' + market + ' market' if market else ''}.")
+    if r["State"] != "active" or r["AvailableInstanceCount"] < 1:
+        return "ReservationCapacityExceeded", capacity_exceeded(rid)
+    return None
+
+
+def capacity_exceeded(rid):
+    return (f"The targeted Capacity Reservation ({rid}) does not have enough available "
+            "instance capacity to fulfill your request.")
+
+
+def fleet_error(spec, override, lifecycle, code, message):
+    """An entry of CreateFleet's Errors, naming the template and override that failed."""
+    failed = {"LaunchTemplateSpecification": spec}
+    if override:
+        failed["Overrides"] = override
+    return {"LaunchTemplateAndOverrides": failed, "Lifecycle": lifecycle,
+            "ErrorCode": code, "ErrorMessage": message}
+
+
+def launch_reserved(fleet, backend, capacity, configs, fleet_type, init):
+    """Creates a fleet some of whose launch templates target a capacity
+    reservation (hold RESERVATIONS_LOCK). Overrides that cannot launch into
+    their reservation are left out of the launch and reported in
+    fleet.reservation_errors; launches into a reservation stop at its free
+    count, and take from it."""
+    capacity_type = capacity.get("DefaultTargetCapacityType") or "on-demand"
+    lifecycle = "capacity-block" if capacity_type == "capacity-block" else "on-demand"
+    store = reservations_in(backend.account_id, backend.region_name)
+    errors, launchable, reserved = [], [], {}  # reserved: template id -> (reservation, spec, overrides)
+    for config in configs:
+        found = fleet_template(backend, config.get("LaunchTemplateSpecification") or {})
+        rid = found and reservation_target(found[0].data)
+        if not rid:
+            launchable.append(config)
+            continue
+        version, spec = found
+        r = store.get(rid)
+        if r and r["ReservationType"] == "capacity-block" and fleet_type != "instant":
+            raise invalid("Capacity Blocks can only be used with an EC2 Fleet of type instant.")
+        refusal = reservation_refusal(r, rid, version.data, capacity_type)
+        kept = []
+        for override in config.get("Overrides") or [{}]:
+            problem = refusal
+            if problem is None:
+                instance_type = override.get("InstanceType") or version.data.get("InstanceType")
+                zone = override_zone(backend, override, version.data)
+                if instance_type != r["InstanceType"] or (zone and zone != r["AvailabilityZone"]):
+                    problem = "InvalidParameterValue", (
+                        f"{instance_type} in {zone or 'any zone'} does not match Capacity Reservation "
+                        f"{rid} ({r['InstanceType']} in {r['AvailabilityZone']}).")
+            if problem:
+                errors.append(fleet_error(spec, override, lifecycle, *problem))
+            else:
+                kept.append(override)
+        if kept:
+            launchable.append(dict(config, Overrides=kept))
+            reserved[spec["LaunchTemplateId"]] = (r, spec, kept)
+
+    # moto launches from the cheapest launch spec; cap what it takes from a
+    # reservation at what is free and note the shortfall.
+    free = {rid: r["AvailableInstanceCount"] for rid, r in store.items()}
+    short = set()
+
+    def launch_spec_counts(weight):
+        counts, _ = Fleet.get_launch_spec_counts(fleet, weight)
+        granted, added = {}, 0.0
+        for launch_spec, count in counts.items():
+            template_id = (launch_spec.launch_template_spec or {}).get("LaunchTemplateId")
+            if template_id in reserved:
+                rid = reserved[template_id][0]["CapacityReservationId"]
+                if count > free[rid]:
+                    short.add(template_id)
+                    count = free[rid]
+                free[rid] -= count
+            if count:
+                granted[launch_spec] = count
+                added += count * float(launch_spec.weighted_capacity)
+        return granted, added
+
+    patched = {"get_launch_spec_counts": launch_spec_counts}
+    if not launchable:
+        # moto would pick a launch spec out of none.
+        patched.update(create_on_demand_requests=lambda weight: None,
+                       create_spot_requests=lambda weight: [])
+    fleet.__dict__.update(patched)
+    try:
+        init(launchable)
+        # moto launches nothing for the capacity-block capacity type.
+        missing = fleet.target_capacity - fleet.fulfilled_capacity
+        if capacity_type == "capacity-block" and reserved and missing > 0:
+            fleet.create_on_demand_requests(missing)
+    finally:
+        for name in patched:
+            fleet.__dict__.pop(name, None)
+    fleet.launch_template_configs = configs
+
+    for item in fleet.on_demand_instances:
+        launch_spec = getattr(item.get("launch_spec"), "launch_template_spec", None) or {}
+        template_id = launch_spec.get("LaunchTemplateId")
+        if template_id not in reserved:
+            continue
+        r, instance = reserved[template_id][0], item["instance"]
+        # What DescribeInstances shows of an instance in a reservation.
+        instance.capacity_reservation_id = r["CapacityReservationId"]
+        instance.capacity_reservation_specification = {
+            "CapacityReservationTarget": {"CapacityReservationId": r["CapacityReservationId"]}}
+        if r["ReservationType"] == "capacity-block":
+            instance.lifecycle = "capacity-block"
+        r["AvailableInstanceCount"] -= 1
+    for template_id in short:
+        r, spec, kept = reserved[template_id]
+        for override in kept:
+            errors.append(fleet_error(spec, override, lifecycle, "ReservationCapacityExceeded",
+                                      capacity_exceeded(r["CapacityReservationId"])))
+    fleet.reservation_errors = errors
+
+
+_create_fleet_response = fleet_responses.Fleets.create_fleet
+
+
+def create_fleet_response(self):
+    """CreateFleet's answer with what moto's lacks: the failures fleet_init
+    recorded, and the capacity-block lifecycle of instances in a capacity block."""
+    answer = _create_fleet_response(self)
+    result = answer.result
+    fleet = self.ec2_backend.get_fleet(result["FleetId"])
+    if getattr(fleet, "reservation_errors", None):
+        result["Errors"] = fleet.reservation_errors
+    for launched in result.get("Instances") or []:
+        ids = launched.get("InstanceIds") or []
+        if ids and self.ec2_backend.get_instance(ids[0]).lifecycle == "capacity-block":
+            launched["Lifecycle"] = "capacity-block"
+    return answer
+
+
+_instance_terminate = Instance.terminate
+
+
+def instance_terminate(self):
+    """EC2 gives a reservation its slot back when the instance in it terminates."""
+    was_terminated = self._state.name == "terminated"
+    previous = _instance_terminate(self)
+    rid = getattr(self, "capacity_reservation_id", None)
+    if rid and not was_terminated:
+        with RESERVATIONS_LOCK:
+            r = reservations_in(self.ec2_backend.account_id, self.ec2_backend.region_name).get(rid)
+            if r and r["State"] == "active":
+                r["AvailableInstanceCount"] = min(r["AvailableInstanceCount"] + 1, r["TotalInstanceCount"])
+    return previous
+
+
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
     spot_instances.SpotInstances.describe_spot_price_history = describe_spot_price_history
     Fleet.__init__ = fleet_init
+    fleet_responses.Fleets.create_fleet = create_fleet_response
+    Instance.terminate = instance_terminate
+    EC2Response.create_capacity_reservation = create_capacity_reservation
+    EC2Response.describe_capacity_reservations = describe_capacity_reservations
+    EC2Response.cancel_capacity_reservation = cancel_capacity_reservation
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     seed()
@@ -169,10 +719,14 @@ def main():
             if cmd == "reset":
                 moto_api.moto_api_backend.reset()
                 SPOT_PRICES.clear()
+                with RESERVATIONS_LOCK:
+                    RESERVATIONS.clear()
                 seed()
             elif cmd == "param":
                 name, _, value = arg.partition(" ")
                 set_public_parameter(name, value)
+            elif cmd == "reservation":
+                seed_reservation(json.loads(arg))
             elif cmd == "spot":
                 for p in json.loads(arg):
                     SPOT_PRICES[(p["type"], p["zone"])] = float(p["price"])

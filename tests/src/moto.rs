@@ -185,22 +185,26 @@ impl Moto {
     /// Sets a public (`/aws/...`) SSM parameter, which PutParameter refuses
     /// (e.g. a new AMI behind an alias).
     pub fn set_public_parameter(&self, name: &str, value: &str) {
-        let set = server()
-            .lock()
-            .map_err(|_| "moto harness poisoned".to_string())
-            .and_then(|mut s| s.command(&format!("param {name} {value}")));
-        if let Err(e) = set {
-            panic!("{e}");
-        }
+        Self::run(|s| s.command(&format!("param {name} {value}")));
     }
 
     /// Seeds spot prices, which moto does not model: (type, zone, price per hour).
     pub fn seed_spot_prices(&self, prices: &[(&str, &str, f64)]) {
-        let seeded = server()
+        Self::run(|s| s.seed_spot_prices(prices));
+    }
+
+    /// Seeds a capacity reservation that CreateCapacityReservation cannot make
+    /// (a capacity block): the `reservation` command's JSON (`server.py`).
+    pub fn seed_reservation(&self, reservation: &serde_json::Value) {
+        Self::run(|s| s.command(&format!("reservation {reservation}")));
+    }
+
+    fn run(f: impl FnOnce(&mut MotoServer) -> Result<(), String>) {
+        let done = server()
             .lock()
             .map_err(|_| "moto harness poisoned".to_string())
-            .and_then(|mut s| s.seed_spot_prices(prices));
-        if let Err(e) = seeded {
+            .and_then(|mut s| f(&mut s));
+        if let Err(e) = done {
             panic!("{e}");
         }
     }

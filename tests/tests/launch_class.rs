@@ -196,3 +196,30 @@ async fn a_claim_whose_class_was_deleted_is_given_up_with_the_reason() {
     // A redelivery finds nothing to do.
     assert_eq!(l.launch(&req).await.unwrap(), LaunchOutcome::Gone("orphan-1".into()));
 }
+
+#[tokio::test]
+async fn a_claim_whose_class_fails_validation_is_given_up_with_the_reason() {
+    let m = moto().await;
+    let (kube, st, l) = launching(&m).await;
+    // Both role and instanceProfile: Karpenter's CRD refuses it; a cluster
+    // without those rules may still hold it.
+    let invalid = EC2NodeClassSpec {
+        instance_profile: Some("some-profile".into()),
+        ..node_class("al2023@latest")
+    };
+    let req = pending(&kube, &st, &claim("invalid-1", &["m5.large"], &["on-demand"]), &invalid).await;
+    let (resp, results) = batch::handle(&l, &event(&[("m0", req.to_body().unwrap())])).await;
+    assert!(resp.batch_item_failures.is_empty(), "handled, not retried: {results:?}");
+    match results[0].result.as_ref().unwrap() {
+        LaunchOutcome::NotLaunchable { node_claim, reason } => {
+            assert_eq!(node_claim, "invalid-1");
+            assert!(
+                reason.contains("exactly one of ['role', 'instanceProfile']"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected NotLaunchable, got {other:?}"),
+    }
+    assert_eq!(st.get_node_claim("invalid-1").await.unwrap(), None);
+    assert!(instances_of(&m, "invalid-1").await.is_empty());
+}

@@ -60,14 +60,7 @@ async fn spot_capacity_errors_everywhere_fall_back_to_on_demand() {
     );
     assert_ne!(fleets[0].client_token, fleets[1].client_token);
 
-    let mut marked: Vec<OfferingKey> = st
-        .unavailable_offerings(state::now_secs())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|u| u.key)
-        .collect();
-    marked.sort();
+    let marked = marked_unavailable(&st).await;
     let mut want: Vec<OfferingKey> = ["m5.large", "c5.large"]
         .iter()
         .flat_map(|t| ZONES.iter().map(move |z| OfferingKey::new(t, z, "spot")))

@@ -605,3 +605,50 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn templates_of_an_ami_the_alias_moved_past_are_collected() {
+    use nodesmith::apis::EC2NodeClass;
+    use nodesmith::apis::ec2nodeclass::{AmiStatus, EC2NodeClassStatus};
+    use nodesmith::launch::gc;
+    let m = moto().await;
+    let (kube, st, l) = launching(&m).await;
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let spec = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim("ami-1", &["m5.large"], &["on-demand"]), &spec).await;
+    l.launch(&req).await.unwrap();
+    // A new release behind the alias: the next launch makes a template for it.
+    let newer = "ami-0a1b2c3d4e5f60003";
+    m.set_public_parameter(
+        "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id",
+        newer,
+    );
+    let req = pending(&kube, &st, &claim("ami-2", &["m5.large"], &["on-demand"]), &spec).await;
+    l.launch(&req).await.unwrap();
+    let templates = gc::owned_templates(&ec2, CLUSTER).await.unwrap();
+    let mut images: Vec<Option<&str>> = templates.iter().map(|t| t.image_id.as_deref()).collect();
+    images.sort();
+    assert_eq!(
+        images,
+        [Some("ami-0a1b2c3d4e5f60001"), Some(newer)],
+        "one template per AMI, tagged with it"
+    );
+
+    // The class's status (the sweep's) lists only the new AMI: the old template goes.
+    let mut class = EC2NodeClass::new("default", spec.clone());
+    class.status = Some(EC2NodeClassStatus {
+        amis: vec![AmiStatus {
+            id: newer.into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let deleted = gc::collect_templates(&ec2, CLUSTER, std::slice::from_ref(&class), later, gc::TEMPLATE_GRACE)
+        .await
+        .unwrap();
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    let left = gc::owned_templates(&ec2, CLUSTER).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].image_id.as_deref(), Some(newer));
+}

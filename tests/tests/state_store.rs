@@ -299,6 +299,7 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
                     capacity_type: "spot".into(),
                     price: (i % 64) as f64 * 0.25,
                     available: true,
+                    reservation: None,
                 })
                 .collect(),
         })

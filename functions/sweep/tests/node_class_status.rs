@@ -298,3 +298,145 @@ async fn a_status_write_changes_only_the_status_and_a_spec_write_keeps_it() {
     gone.metadata.resource_version = None;
     assert!(!cluster.replace_node_class_status(&gone).await.unwrap());
 }
+
+#[tokio::test]
+async fn selected_reservations_reach_the_status_the_plan_the_launch_and_the_node() {
+    let s = Stack::new("64", 4).await;
+    let sweeper = sweeper(&s).await;
+    let cr = launch_fixtures::capacity_reservation(&s.ec2, "m5.large", "us-east-1a", 1, "ml").await;
+    // The pool allows reserved capacity; the class selects the team's reservations.
+    let mut pool = s.cluster().node_pools().await.unwrap().remove(0);
+    pool.spec.template.spec.requirements[1].values = vec!["reserved".into(), "on-demand".into()];
+    pool.metadata.resource_version = None;
+    s.kube.apply(&serde_json::to_value(&pool).unwrap()).unwrap();
+    let mut class = read_class(&s).await;
+    class.spec.capacity_reservation_selector_terms = vec![nodesmith::apis::ec2nodeclass::SelectorTerm {
+        tags: [("team".to_string(), "ml".to_string())].into(),
+        ..Default::default()
+    }];
+    class.metadata.resource_version = None;
+    s.kube.apply(&serde_json::to_value(&class).unwrap()).unwrap();
+
+    // 1. The sweep lists the reservation, with its room, in the status.
+    sweeper.run().await.unwrap();
+    let class = read_class(&s).await;
+    let listed = &class.status.as_ref().unwrap().capacity_reservations;
+    assert_eq!(listed.len(), 1, "{:?}", class.status);
+    assert_eq!(
+        (
+            listed[0].id.as_str(),
+            listed[0].instance_type.as_str(),
+            listed[0].availability_zone.as_str()
+        ),
+        (cr.as_str(), "m5.large", "us-east-1a")
+    );
+    assert_eq!(listed[0].available_instance_count, Some(1));
+    assert_eq!(condition(&class, "CapacityReservationsReady").status, "True");
+
+    // 2. Four 900m pods need two 2-vCPU nodes: one planned into the reservation.
+    s.drain(&s.pending_queue).await;
+    let outcome = s.provision(&["web-0", "web-1", "web-2", "web-3"]).await;
+    assert_eq!(outcome.created.len(), 2, "{outcome:?}");
+
+    // 3. One launched into it, one on-demand; the node joins with the reservation's labels.
+    s.launch_all().await;
+    let claims = s.claims().await;
+    let mut types: Vec<&str> = claims.iter().filter_map(|c| c.capacity_type.as_deref()).collect();
+    types.sort();
+    assert_eq!(types, ["on-demand", "reserved"], "{claims:?}");
+    let reserved: Vec<_> = claims
+        .into_iter()
+        .filter(|c| c.capacity_type.as_deref() == Some("reserved"))
+        .collect();
+    let instance_id = reserved[0].instance_id.clone().unwrap();
+    let described = s
+        .ec2
+        .describe_instances()
+        .instance_ids(&instance_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        described.reservations()[0].instances()[0].capacity_reservation_id(),
+        Some(cr.as_str())
+    );
+    s.kubelet_step().await;
+    sweeper.run().await.unwrap();
+    let node = s
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|sp| sp.provider_id.as_deref())
+                .is_some_and(|p| p.ends_with(&instance_id))
+        })
+        .expect("the reserved node joined");
+    let labels = node.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("karpenter.sh/capacity-type").map(String::as_str),
+        Some("reserved")
+    );
+    assert_eq!(
+        labels
+            .get("karpenter.k8s.aws/capacity-reservation-id")
+            .map(String::as_str),
+        Some(cr.as_str())
+    );
+    assert_eq!(
+        labels
+            .get("karpenter.k8s.aws/capacity-reservation-type")
+            .map(String::as_str),
+        Some("default")
+    );
+    // 4. The status says it is full now.
+    let class = read_class(&s).await;
+    assert_eq!(
+        class.status.unwrap().capacity_reservations[0].available_instance_count,
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn a_named_instance_profile_iam_does_not_have_turns_the_class_not_ready() {
+    let s = Stack::new("64", 0).await;
+    let conf = s.m.sdk_config().await;
+    let iam = aws_sdk_iam::Client::new(&conf);
+    let sweeper = sweeper(&s).await.with_iam(iam.clone());
+    let mut class = read_class(&s).await;
+    class.spec.role = None;
+    class.spec.instance_profile = Some("team-nodes".into());
+    class.metadata.resource_version = None;
+    s.kube.apply(&serde_json::to_value(&class).unwrap()).unwrap();
+
+    sweeper.run().await.unwrap();
+    let class = read_class(&s).await;
+    let profile = condition(&class, "InstanceProfileReady");
+    assert_eq!(
+        (
+            profile.status.as_str(),
+            profile.reason.as_str(),
+            profile.message.as_str()
+        ),
+        (
+            "False",
+            "InstanceProfileNotFound",
+            "instance profile team-nodes does not exist in IAM"
+        )
+    );
+    assert_eq!(condition(&class, "Ready").status, "False");
+    assert!(!class.may_launch(), "provisioning leaves its pools alone");
+
+    // The platform team creates it: Ready at the next sweep.
+    iam.create_instance_profile()
+        .instance_profile_name("team-nodes")
+        .send()
+        .await
+        .unwrap();
+    sweeper.run().await.unwrap();
+    let class = read_class(&s).await;
+    assert_eq!(condition(&class, "InstanceProfileReady").status, "True");
+    assert_eq!(condition(&class, "Ready").status, "True");
+    assert_eq!(class.status.unwrap().instance_profile.as_deref(), Some("team-nodes"));
+}

@@ -101,10 +101,51 @@ pub struct EC2NodeClassStatus {
     /// The instance profile in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_profile: Option<String>,
+    /// Capacity reservations the selectors select (active ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::free_form_objects")]
+    pub capacity_reservations: Vec<CapacityReservationStatus>,
     /// Current conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::free_form_objects")]
     pub conditions: Vec<Condition>,
+}
+
+/// `reservationType` of an on-demand capacity reservation.
+pub const RESERVATION_DEFAULT: &str = "default";
+/// `reservationType` of a capacity block for ML.
+pub const RESERVATION_CAPACITY_BLOCK: &str = "capacity-block";
+
+/// A selected capacity reservation in [`EC2NodeClassStatus`], in Karpenter's
+/// fields plus how many instances it can still take when last read.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityReservationStatus {
+    /// The reservation id, `cr-...`.
+    pub id: String,
+    /// The instance type it reserves.
+    pub instance_type: String,
+    /// Its availability zone.
+    pub availability_zone: String,
+    /// The owning account.
+    #[serde(default, rename = "ownerID", skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+    /// `open` or `targeted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_match_criteria: Option<String>,
+    /// `default` or `capacity-block`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_type: Option<String>,
+    /// When it ends (capacity blocks always end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<String>,
+    /// `active` (the only state selected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Instances it could still take when last read (nodesmith's addition:
+    /// the solver plans at most this many nodes into it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_instance_count: Option<u32>,
 }
 
 /// A resolved subnet in [`EC2NodeClassStatus`].
@@ -170,6 +211,8 @@ pub mod condition_types {
     pub const AMIS_READY: &str = "AMIsReady";
     /// The instance profile is known.
     pub const INSTANCE_PROFILE_READY: &str = "InstanceProfileReady";
+    /// The capacity reservation selectors were read (selecting none is fine).
+    pub const CAPACITY_RESERVATIONS_READY: &str = "CapacityReservationsReady";
 }
 
 /// A status condition (the shape of `metav1.Condition`).
@@ -470,15 +513,30 @@ impl EC2NodeClass {
             .or_else(|| self.spec.ami_family.clone())
     }
 
-    /// What Karpenter accepts and nodesmith cannot honour yet, if anything in
-    /// this class (refused rather than silently ignored).
-    pub fn unsupported(&self) -> Option<&'static str> {
-        (!self.spec.capacity_reservation_selector_terms.is_empty())
-            .then_some("is not supported by nodesmith yet: reserved capacity offerings are not modelled")
+    /// The capacity reservations this class's status lists as active, as
+    /// reserved offerings for the solver (none when the class selects none).
+    pub fn reserved_capacity(&self) -> Vec<crate::catalog::ReservedCapacity> {
+        if self.spec.capacity_reservation_selector_terms.is_empty() {
+            return Vec::new();
+        }
+        self.status
+            .iter()
+            .flat_map(|s| &s.capacity_reservations)
+            .filter(|r| r.state.as_deref().is_none_or(|st| st == "active"))
+            .map(|r| crate::catalog::ReservedCapacity {
+                id: r.id.clone(),
+                instance_type: r.instance_type.clone(),
+                zone: r.availability_zone.clone(),
+                reservation_type: r
+                    .reservation_type
+                    .clone()
+                    .unwrap_or_else(|| RESERVATION_DEFAULT.to_string()),
+                available: r.available_instance_count.unwrap_or(0),
+            })
+            .collect()
     }
 
-    /// Checks what Karpenter's CRD validation checks, and what nodesmith
-    /// cannot honour ([`Self::unsupported`]); errors name the field path.
+    /// Checks what Karpenter's CRD validation checks; errors name the field path.
     pub fn validate(&self) -> Result<(), Errors> {
         let mut errs = Errors::new("EC2NodeClass", self.name());
         let spec = Path::root("spec");
@@ -578,9 +636,6 @@ impl EC2NodeClass {
             false,
             false,
         );
-        if let Some(why) = self.unsupported() {
-            errs.push(spec.field("capacityReservationSelectorTerms"), why);
-        }
         if s.role.is_some() == s.instance_profile.is_some() {
             errs.push(spec.clone(), "must specify exactly one of ['role', 'instanceProfile']");
         }

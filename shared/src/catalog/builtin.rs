@@ -66,6 +66,7 @@ impl SnapshotType {
                     capacity_type: labels::CAPACITY_ON_DEMAND.to_string(),
                     price: p,
                     available: true,
+                    reservation: None,
                 });
             }
             if let (Some(Some(p)), true) = (self.spot_prices.get(i), self.facts.supports_spot()) {
@@ -74,6 +75,7 @@ impl SnapshotType {
                     capacity_type: labels::CAPACITY_SPOT.to_string(),
                     price: *p,
                     available: true,
+                    reservation: None,
                 });
             }
         }

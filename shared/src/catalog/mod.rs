@@ -27,11 +27,72 @@ pub struct Offering {
     /// False when recently out of capacity (or not offered).
     #[serde(default = "yes")]
     pub available: bool,
+    /// The capacity reservation behind a `reserved` offering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<Reservation>,
 }
 
 fn yes() -> bool {
     true
 }
+
+/// An EC2 capacity reservation (ODCR or capacity block) an EC2NodeClass
+/// selects, as a `reserved` offering of its instance type and zone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The reservation id, `cr-...`.
+    pub id: String,
+    /// `default` (an ODCR) or `capacity-block`.
+    pub reservation_type: String,
+    /// Instances it can still take.
+    pub available: u32,
+}
+
+/// Reserved capacity is paid for whether used or not, so it is priced as
+/// almost free (a tiny fraction of on-demand keeps the cheaper types first).
+pub const RESERVED_PRICE_FACTOR: f64 = 1e-7;
+
+impl Offering {
+    /// A plain (unreserved) offering.
+    pub fn new(zone: &str, capacity_type: &str, price: f64) -> Offering {
+        Offering {
+            zone: zone.to_string(),
+            capacity_type: capacity_type.to_string(),
+            price,
+            available: true,
+            reservation: None,
+        }
+    }
+
+    /// True when a node bought this way satisfies `reqs` on the keys an
+    /// offering decides: zone, capacity type and the capacity-reservation
+    /// labels (which only reserved nodes carry).
+    pub fn matches(&self, reqs: &Requirements) -> bool {
+        let on = |key: &str, value: Option<&str>| {
+            reqs.get(key).is_none_or(|r| match value {
+                Some(v) => r.has(v),
+                None => r.allows_absent(),
+            })
+        };
+        let res = self.reservation.as_ref();
+        on(labels::ZONE, Some(&self.zone))
+            && on(labels::CAPACITY_TYPE, Some(&self.capacity_type))
+            && on(labels::aws::CAPACITY_RESERVATION_ID, res.map(|r| r.id.as_str()))
+            && on(
+                labels::aws::CAPACITY_RESERVATION_TYPE,
+                res.map(|r| r.reservation_type.as_str()),
+            )
+    }
+}
+
+/// The label keys whose value depends on the offering, not the instance type.
+pub const OFFERING_KEYS: [&str; 4] = [
+    labels::ZONE,
+    labels::CAPACITY_TYPE,
+    labels::aws::CAPACITY_RESERVATION_ID,
+    labels::aws::CAPACITY_RESERVATION_TYPE,
+];
 
 /// Raw facts about an instance type, independent of kubelet settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,14 +137,10 @@ pub struct InstanceType {
 
 impl InstanceType {
     /// The cheapest available offering that satisfies `reqs` (zone, capacity
-    /// type), preferring spot over on-demand when both are allowed, as an EC2
-    /// Fleet request for both would.
+    /// type, reservation), preferring reserved, then spot, then on-demand when
+    /// several are allowed, as nodesmith's launches do.
     pub fn cheapest_offering(&self, reqs: &Requirements) -> Option<&Offering> {
-        let ok = |o: &&Offering| {
-            o.available
-                && reqs.get(labels::ZONE).is_none_or(|r| r.has(&o.zone))
-                && reqs.get(labels::CAPACITY_TYPE).is_none_or(|r| r.has(&o.capacity_type))
-        };
+        let ok = |o: &&Offering| o.available && o.matches(reqs);
         let cheapest = |ct: &str| {
             self.offerings
                 .iter()
@@ -91,7 +148,8 @@ impl InstanceType {
                 .filter(|o| o.capacity_type == ct)
                 .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
         };
-        cheapest(labels::CAPACITY_SPOT)
+        cheapest(labels::CAPACITY_RESERVED)
+            .or_else(|| cheapest(labels::CAPACITY_SPOT))
             .or_else(|| cheapest(labels::CAPACITY_ON_DEMAND))
             .or_else(|| {
                 self.offerings
@@ -144,10 +202,55 @@ impl Catalog {
 
     /// Every type under kubelet settings, and with instance-store RAID0 when `raid0`.
     pub fn resolve_with(&self, kubelet: Option<&KubeletConfiguration>, raid0: bool) -> Vec<InstanceType> {
+        self.resolve_for(kubelet, raid0, &[])
+    }
+
+    /// Every type for one EC2NodeClass: its kubelet settings, instance-store
+    /// policy and the capacity reservations it selects (as `reserved` offerings).
+    pub fn resolve_for(
+        &self,
+        kubelet: Option<&KubeletConfiguration>,
+        raid0: bool,
+        reservations: &[ReservedCapacity],
+    ) -> Vec<InstanceType> {
         self.instance_types
             .iter()
-            .map(|i| i.resolve_with(&self.region, kubelet, raid0))
+            .map(|i| {
+                let mine: Vec<&ReservedCapacity> = reservations.iter().filter(|r| r.instance_type == i.name).collect();
+                i.resolve_reserved(&self.region, kubelet, raid0, &mine)
+            })
             .collect()
+    }
+}
+
+/// A capacity reservation an EC2NodeClass selects (its status), with the
+/// instances it can still take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservedCapacity {
+    /// The reservation id.
+    pub id: String,
+    /// The instance type it reserves.
+    pub instance_type: String,
+    /// Its availability zone.
+    pub zone: String,
+    /// `default` or `capacity-block`.
+    pub reservation_type: String,
+    /// Instances it can still take.
+    pub available: u32,
+}
+
+impl ReservedCapacity {
+    /// The `reserved` offering it adds to a type whose on-demand price in the
+    /// zone (else anywhere) is `on_demand`.
+    fn offering(&self, on_demand: f64) -> Offering {
+        Offering {
+            reservation: Some(Reservation {
+                id: self.id.clone(),
+                reservation_type: self.reservation_type.clone(),
+                available: self.available,
+            }),
+            ..Offering::new(&self.zone, labels::CAPACITY_RESERVED, on_demand * RESERVED_PRICE_FACTOR)
+        }
     }
 }
 
@@ -159,14 +262,38 @@ impl InstanceTypeInfo {
 
     /// This type under the given kubelet settings and instance-store policy.
     pub fn resolve_with(&self, region: &str, kubelet: Option<&KubeletConfiguration>, raid0: bool) -> InstanceType {
+        self.resolve_reserved(region, kubelet, raid0, &[])
+    }
+
+    /// This type with the reservations of it an EC2NodeClass selects (those
+    /// with room left become `reserved` offerings).
+    fn resolve_reserved(
+        &self,
+        region: &str,
+        kubelet: Option<&KubeletConfiguration>,
+        raid0: bool,
+        reservations: &[&ReservedCapacity],
+    ) -> InstanceType {
         let (capacity, allocatable) = match &self.allocatable {
             Some(a) => (self.capacity.clone(), a.clone()),
             None => allocatable::compute_with(self, kubelet, raid0),
         };
+        let mut offerings = self.offerings.clone();
+        for r in reservations.iter().filter(|r| r.available > 0) {
+            let on_demand = |zone: Option<&str>| {
+                self.offerings
+                    .iter()
+                    .filter(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND && zone.is_none_or(|z| o.zone == z))
+                    .map(|o| o.price)
+                    .reduce(f64::min)
+            };
+            let price = on_demand(Some(&r.zone)).or_else(|| on_demand(None)).unwrap_or(0.0);
+            offerings.push(r.offering(price));
+        }
         let mut requirements = Requirements::from_labels(self.labels.iter());
         requirements.add(Requirement::in_values(labels::REGION, &[region]));
-        let zones: Vec<&str> = self.offerings.iter().map(|o| o.zone.as_str()).collect();
-        let cts: Vec<&str> = self.offerings.iter().map(|o| o.capacity_type.as_str()).collect();
+        let zones: Vec<&str> = offerings.iter().map(|o| o.zone.as_str()).collect();
+        let cts: Vec<&str> = offerings.iter().map(|o| o.capacity_type.as_str()).collect();
         requirements.add(Requirement::in_values(labels::ZONE, &zones));
         requirements.add(Requirement::in_values(labels::CAPACITY_TYPE, &cts));
         let mut labels = self.labels.clone();
@@ -177,7 +304,7 @@ impl InstanceTypeInfo {
             labels,
             capacity,
             allocatable,
-            offerings: self.offerings.clone(),
+            offerings,
         }
     }
 }

@@ -195,6 +195,7 @@ mod tests {
             capacity_type: ct.into(),
             price,
             available: true,
+            reservation: None,
         };
         let c = Catalog {
             region: "eu-west-1".into(),

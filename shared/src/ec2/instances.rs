@@ -12,6 +12,7 @@ use aws_sdk_ec2::Client;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_ec2::types::Filter;
 
+use crate::apis::ec2nodeclass::{RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT};
 use crate::apis::labels;
 
 /// Most instance ids EC2 accepts in one TerminateInstances call.
@@ -144,8 +145,11 @@ pub struct Instance {
     pub security_group_ids: BTreeSet<String>,
     /// Lifecycle state.
     pub state: InstanceState,
-    /// `spot` when EC2 reports a spot lifecycle, else `on-demand`.
+    /// `spot` when EC2 reports a spot lifecycle, `reserved` when it runs in a
+    /// capacity reservation, else `on-demand`.
     pub capacity_type: String,
+    /// The capacity reservation it runs in.
+    pub capacity_reservation: Option<crate::nodeclaim::ClaimReservation>,
     /// When EC2 launched it.
     pub launch_time: Option<jiff::Timestamp>,
     /// Every tag.
@@ -155,9 +159,22 @@ pub struct Instance {
 impl Instance {
     /// From the SDK's description; None without an instance id (pure).
     pub fn from_sdk(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
-        let spot = i
-            .instance_lifecycle()
-            .is_some_and(|l| l.as_str() == labels::CAPACITY_SPOT);
+        let lifecycle = i.instance_lifecycle().map(|l| l.as_str());
+        let capacity_reservation = i
+            .capacity_reservation_id()
+            .map(|id| crate::nodeclaim::ClaimReservation {
+                id: id.to_string(),
+                reservation_type: match lifecycle {
+                    Some(RESERVATION_CAPACITY_BLOCK) => RESERVATION_CAPACITY_BLOCK,
+                    _ => RESERVATION_DEFAULT,
+                }
+                .to_string(),
+            });
+        let capacity_type = match (lifecycle, &capacity_reservation) {
+            (Some(labels::CAPACITY_SPOT), _) => labels::CAPACITY_SPOT,
+            (_, Some(_)) => labels::CAPACITY_RESERVED,
+            _ => labels::CAPACITY_ON_DEMAND,
+        };
         Some(Instance {
             id: i.instance_id()?.to_string(),
             instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
@@ -171,11 +188,8 @@ impl Instance {
                 .map(str::to_string)
                 .collect(),
             state: InstanceState::from_name(i.state().and_then(|s| s.name()).map_or("", |n| n.as_str())),
-            capacity_type: if spot {
-                labels::CAPACITY_SPOT.into()
-            } else {
-                labels::CAPACITY_ON_DEMAND.into()
-            },
+            capacity_type: capacity_type.to_string(),
+            capacity_reservation,
             launch_time: i
                 .launch_time()
                 .and_then(|t| jiff::Timestamp::new(t.secs(), t.subsec_nanos() as i32).ok()),

@@ -396,7 +396,7 @@ impl<C: Cluster> Interrupter<C> {
         nodes: &[String],
         now: Timestamp,
     ) -> Result<Vec<NodeClaim>, InterruptError> {
-        let snapshot = live::read(&self.cluster, &self.store, now).await?;
+        let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
         let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
         let Replacement { claims, unschedulable } = plan_replacement(&snapshot, nodes, &seed);
         for u in &unschedulable {

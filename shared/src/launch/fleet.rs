@@ -13,10 +13,11 @@ use aws_sdk_ec2::types::{
 use sha2::{Digest, Sha256};
 
 use super::errors::LaunchError;
+use super::launchtemplate::ReservationTarget;
 use super::subnet::Subnet;
-use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_SPOT};
+use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_RESERVED, CAPACITY_SPOT};
 use crate::catalog::Catalog;
-use crate::nodeclaim::{AttemptOverride, LaunchAttempt, NodeClaim};
+use crate::nodeclaim::{AttemptOverride, ClaimReservation, LaunchAttempt, NodeClaim};
 use crate::state::OfferingKey;
 
 /// Karpenter sends at most this many instance types to one CreateFleet.
@@ -33,6 +34,8 @@ pub struct Candidate {
     pub template: String,
     /// Hourly price, when the catalog knows it.
     pub price: Option<f64>,
+    /// The capacity reservation of a `reserved` offering (its template targets it).
+    pub reservation: Option<ReservationTarget>,
 }
 
 /// What may be launched for one NodeClaim.
@@ -90,6 +93,7 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
                     subnet_id: subnet.id.clone(),
                     template: template.clone(),
                     price,
+                    reservation: None,
                 });
             }
         }
@@ -97,9 +101,10 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
     out
 }
 
-/// The capacity type to ask for: spot when allowed and possible, else on-demand (pure).
+/// The capacity type to ask for: reserved capacity first (it is paid for
+/// already), then spot, then on-demand, as allowed and possible (pure).
 pub fn capacity_type(cands: &[Candidate]) -> Option<&'static str> {
-    [CAPACITY_SPOT, CAPACITY_ON_DEMAND]
+    [CAPACITY_RESERVED, CAPACITY_SPOT, CAPACITY_ON_DEMAND]
         .into_iter()
         .find(|ct| cands.iter().any(|c| c.offering.capacity_type == *ct))
 }
@@ -107,8 +112,10 @@ pub fn capacity_type(cands: &[Candidate]) -> Option<&'static str> {
 /// One CreateFleet call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FleetPlan {
-    /// spot or on-demand.
+    /// spot, on-demand or reserved.
     pub capacity_type: &'static str,
+    /// Reserved capacity bought as a capacity block (EC2 takes one market per call).
+    pub capacity_block: bool,
     /// Overrides by launch template, in candidate order.
     pub overrides: BTreeMap<String, Vec<Candidate>>,
     /// Idempotency token ([`client_token`]): a retry of the same attempt sends
@@ -136,13 +143,23 @@ pub fn client_token(claim: &NodeClaim, attempt: u32) -> String {
 }
 
 /// The call for `capacity_type` over `cands`, carrying `client_token` (pure).
+/// Reserved capacity goes to ODCRs first, capacity blocks only when no ODCR
+/// is a candidate, since one call buys in one market.
 pub fn plan(client_token: String, cands: &[Candidate], capacity_type: &'static str) -> FleetPlan {
+    let of_type = || cands.iter().filter(move |c| c.offering.capacity_type == capacity_type);
+    let capacity_block = capacity_type == CAPACITY_RESERVED
+        && of_type().all(|c| c.reservation.as_ref().is_some_and(|r| r.capacity_block));
     let mut overrides: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
-    for c in cands.iter().filter(|c| c.offering.capacity_type == capacity_type) {
+    for c in of_type().filter(|c| {
+        c.reservation
+            .as_ref()
+            .is_none_or(|r| r.capacity_block == capacity_block)
+    }) {
         overrides.entry(c.template.clone()).or_default().push(c.clone());
     }
     FleetPlan {
         capacity_type,
+        capacity_block,
         overrides,
         client_token,
         context: None,
@@ -150,10 +167,10 @@ pub fn plan(client_token: String, cands: &[Candidate], capacity_type: &'static s
 }
 
 fn static_capacity_type(ct: &str) -> &'static str {
-    if ct == CAPACITY_SPOT {
-        CAPACITY_SPOT
-    } else {
-        CAPACITY_ON_DEMAND
+    match ct {
+        CAPACITY_SPOT => CAPACITY_SPOT,
+        CAPACITY_RESERVED => CAPACITY_RESERVED,
+        _ => CAPACITY_ON_DEMAND,
     }
 }
 
@@ -180,11 +197,13 @@ impl FleetPlan {
                     subnet_id: c.subnet_id.clone(),
                     template: c.template.clone(),
                     price: c.price,
+                    capacity_reservation_id: c.reservation.as_ref().map(|r| r.id.clone()),
                 })
                 .collect(),
             tags: tags.clone(),
             concluded: false,
             context: self.context.clone(),
+            capacity_block: self.capacity_block,
         }
     }
 
@@ -199,6 +218,10 @@ impl FleetPlan {
                 subnet_id: o.subnet_id.clone(),
                 template: o.template.clone(),
                 price: o.price,
+                reservation: o.capacity_reservation_id.as_ref().map(|id| ReservationTarget {
+                    id: id.clone(),
+                    capacity_block: a.capacity_block,
+                }),
             })
             .collect();
         plan(a.client_token.clone(), &cands, ct).with_context(a.context.clone())
@@ -258,6 +281,8 @@ pub struct Launched {
     pub zone: Option<String>,
     /// Subnet, if the answer named it.
     pub subnet_id: Option<String>,
+    /// The capacity reservation it runs in (known from the chosen override).
+    pub capacity_reservation: Option<ClaimReservation>,
 }
 
 /// One error entry of the answer.
@@ -315,10 +340,14 @@ pub fn capacity_failures(plan: &FleetPlan, answer: &FleetAnswer) -> Vec<(Offerin
     for e in &answer.errors {
         match classify(&e.code) {
             ErrorClass::Capacity => {
-                let ct = e
-                    .capacity_type
-                    .clone()
-                    .unwrap_or_else(|| plan.capacity_type.to_string());
+                // EC2 reports a reservation's failure with the on-demand lifecycle.
+                let ct = match plan.capacity_type {
+                    CAPACITY_RESERVED => CAPACITY_RESERVED.to_string(),
+                    _ => e
+                        .capacity_type
+                        .clone()
+                        .unwrap_or_else(|| plan.capacity_type.to_string()),
+                };
                 match (&e.instance_type, zone_of(e)) {
                     (Some(t), Some(z)) => mark.push((OfferingKey::new(t, &z, &ct), e.code.clone())),
                     // An error without an override names the whole call.
@@ -364,6 +393,11 @@ pub async fn create(
     tags: &BTreeMap<String, String>,
 ) -> Result<FleetAnswer, LaunchError> {
     let spot = plan.capacity_type == CAPACITY_SPOT;
+    let target = match (plan.capacity_type, plan.capacity_block) {
+        (CAPACITY_SPOT, _) => DefaultTargetCapacityType::Spot,
+        (CAPACITY_RESERVED, true) => DefaultTargetCapacityType::CapacityBlock,
+        _ => DefaultTargetCapacityType::OnDemand,
+    };
     let mut req = ec2
         .create_fleet()
         .r#type(FleetType::Instant)
@@ -372,11 +406,7 @@ pub async fn create(
         .target_capacity_specification(
             TargetCapacitySpecificationRequest::builder()
                 .total_target_capacity(1)
-                .default_target_capacity_type(if spot {
-                    DefaultTargetCapacityType::Spot
-                } else {
-                    DefaultTargetCapacityType::OnDemand
-                })
+                .default_target_capacity_type(target)
                 .build(),
         )
         .tag_specifications(
@@ -437,12 +467,17 @@ pub async fn create(
             answer.instances.push(Launched {
                 instance_id: id.clone(),
                 instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                capacity_type: i
-                    .lifecycle()
-                    .map(|l| l.as_str().to_string())
-                    .unwrap_or_else(|| plan.capacity_type.to_string()),
+                // A reserved instance is reported as on-demand (or capacity-block).
+                capacity_type: match plan.capacity_type {
+                    CAPACITY_RESERVED => CAPACITY_RESERVED.to_string(),
+                    _ => i
+                        .lifecycle()
+                        .map(|l| l.as_str().to_string())
+                        .unwrap_or_else(|| plan.capacity_type.to_string()),
+                },
                 zone: ov.and_then(|o| o.availability_zone()).map(str::to_string),
                 subnet_id: ov.and_then(|o| o.subnet_id()).map(str::to_string),
+                capacity_reservation: None,
             });
         }
     }
@@ -533,18 +568,21 @@ mod tests {
                     capacity_type: "spot".into(),
                     price: 0.03,
                     available: true,
+                    reservation: None,
                 },
                 Offering {
                     zone: "b".into(),
                     capacity_type: "spot".into(),
                     price: 0.04,
                     available: false,
+                    reservation: None,
                 },
                 Offering {
                     zone: "b".into(),
                     capacity_type: "on-demand".into(),
                     price: 0.096,
                     available: true,
+                    reservation: None,
                 },
             ],
         };
@@ -578,7 +616,57 @@ mod tests {
             subnet_id: format!("subnet-{z}"),
             template: "lt".into(),
             price: None,
+            reservation: None,
         }
+    }
+
+    fn reserved(t: &str, z: &str, id: &str, capacity_block: bool) -> Candidate {
+        Candidate {
+            template: format!("lt-{id}"),
+            reservation: Some(ReservationTarget {
+                id: id.into(),
+                capacity_block,
+            }),
+            ..cand(t, z, CAPACITY_RESERVED)
+        }
+    }
+
+    #[test]
+    fn reserved_first_odcrs_before_capacity_blocks_and_round_trips() {
+        let cands = vec![
+            cand("m5.large", "a", "spot"),
+            reserved("m5.large", "a", "cr-1", false),
+            reserved("m5.large", "b", "cr-2", true),
+        ];
+        assert_eq!(capacity_type(&cands), Some(CAPACITY_RESERVED));
+        let p = plan("tok".into(), &cands, CAPACITY_RESERVED);
+        assert!(!p.capacity_block);
+        let ids: Vec<&str> = p
+            .candidates()
+            .filter_map(|c| c.reservation.as_ref().map(|r| r.id.as_str()))
+            .collect();
+        assert_eq!(ids, ["cr-1"], "one market per call: the ODCR");
+        let blocks = plan("tok".into(), &cands[2..], CAPACITY_RESERVED);
+        assert!(blocks.capacity_block);
+        let a = blocks.to_attempt(1, &BTreeMap::new());
+        let back: LaunchAttempt = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(FleetPlan::from_attempt(&back), blocks);
+        // A reservation out of room is a reserved offering that failed, whatever
+        // lifecycle EC2 gives the error.
+        let answer = FleetAnswer {
+            instances: vec![],
+            errors: vec![FleetError {
+                capacity_type: Some("on-demand".into()),
+                ..err(Some("m5.large"), Some("a"), None, "ReservationCapacityExceeded")
+            }],
+        };
+        assert_eq!(
+            decide(&p, &answer),
+            Decision::Retry(vec![(
+                OfferingKey::new("m5.large", "a", CAPACITY_RESERVED),
+                "ReservationCapacityExceeded".into()
+            )])
+        );
     }
 
     #[test]
@@ -691,6 +779,7 @@ mod tests {
             capacity_type: "spot".into(),
             zone: None,
             subnet_id: None,
+            capacity_reservation: None,
         };
         let cases: Vec<(FleetAnswer, Decision)> = vec![
             (
@@ -779,6 +868,7 @@ mod tests {
             capacity_type: "spot".into(),
             zone: None,
             subnet_id: None,
+            capacity_reservation: None,
         };
         let answer = FleetAnswer {
             instances: vec![launched],

@@ -1,8 +1,11 @@
 //! Collecting what launch leaves behind: launch templates and instance
 //! profiles (`super::profile`) no EC2NodeClass uses any more. Templates are shared (one per class hash, AMI,
-//! user data and capacity type) and tagged with the class's name and drift
-//! hash, so a template is orphaned once its class is gone or has changed. The
-//! sweep calls [`sweep`] once a run; the decision is pure ([`orphaned_templates`]).
+//! user data and capacity type, and per capacity reservation) and tagged with
+//! the class's name and drift hash, their AMI and their reservation, so a
+//! template is orphaned once its class is gone or has changed, its AMI is no
+//! longer one the class resolves to (`@latest` moved on), or its reservation is
+//! no longer one the class selects (expired, cancelled). The sweep calls
+//! [`sweep`] once a run; the decision is pure ([`orphaned_templates`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,6 +26,11 @@ pub const TEMPLATE_GRACE: Duration = Duration::from_millis(super::LAUNCH_LEASE_M
 /// EC2's largest DescribeLaunchTemplates page.
 const PAGE: i32 = 200;
 
+/// The tag naming a template's AMI.
+pub const IMAGE_TAG: &str = "nodesmith/image-id";
+/// The tag naming the capacity reservation a template targets.
+pub const RESERVATION_TAG: &str = "nodesmith/capacity-reservation-id";
+
 /// A launch template the cluster owns, as the sweep sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwnedTemplate {
@@ -32,32 +40,53 @@ pub struct OwnedTemplate {
     pub node_class: Option<String>,
     /// The `karpenter.k8s.aws/ec2nodeclass-hash` tag (absent on templates made per claim by older releases).
     pub class_hash: Option<String>,
+    /// Its AMI ([`IMAGE_TAG`]; absent on templates of older releases).
+    pub image_id: Option<String>,
+    /// The capacity reservation it targets ([`RESERVATION_TAG`]).
+    pub reservation: Option<String>,
     /// When EC2 created it.
     pub created: Option<Timestamp>,
 }
 
-/// Templates no class uses: the class they name is gone, its hash moved on, or
-/// they carry no hash; and they are older than `grace` (pure).
+/// Templates no class uses: the class they name is gone, its hash moved on,
+/// or they carry no hash; or the class's status no longer lists their AMI or
+/// reservation (judged only when it lists some); and they are older than
+/// `grace` (pure).
 pub fn orphaned_templates(
     templates: &[OwnedTemplate],
     classes: &[EC2NodeClass],
     now: Timestamp,
     grace: Duration,
 ) -> Vec<String> {
-    let hashes: BTreeMap<&str, String> = classes.iter().map(|c| (c.name(), c.hash())).collect();
+    let by_name: BTreeMap<&str, (&EC2NodeClass, String)> = classes.iter().map(|c| (c.name(), (c, c.hash()))).collect();
     let grace = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
     templates
         .iter()
         .filter(|t| t.created.is_some_and(|c| now.duration_since(c) >= grace))
         .filter(|t| {
-            let current = t.node_class.as_deref().and_then(|c| hashes.get(c));
+            let current = t.node_class.as_deref().and_then(|c| by_name.get(c));
             match (current, &t.class_hash) {
-                (Some(h), Some(th)) => h != th,
+                (Some((class, h)), Some(th)) => h != th || superseded(t, class),
                 _ => true,
             }
         })
         .map(|t| t.name.clone())
         .collect()
+}
+
+/// True when the class's status no longer lists the template's AMI or
+/// reservation (a status without AMIs says nothing: not read yet, or failing).
+fn superseded(t: &OwnedTemplate, class: &EC2NodeClass) -> bool {
+    let Some(status) = &class.status else { return false };
+    let image_gone = t
+        .image_id
+        .as_ref()
+        .is_some_and(|i| !status.amis.is_empty() && !status.amis.iter().any(|a| &a.id == i));
+    let reservation_gone = t
+        .reservation
+        .as_ref()
+        .is_some_and(|r| !status.capacity_reservations.iter().any(|c| &c.id == r));
+    image_gone || reservation_gone
 }
 
 /// Every launch template tagged `kubernetes.io/cluster/<cluster>=owned`, all pages.
@@ -91,6 +120,8 @@ pub async fn owned_templates(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result
                 name: name.to_string(),
                 node_class: tag(labels::EC2NODECLASS),
                 class_hash: tag(labels::EC2NODECLASS_HASH_ANNOTATION),
+                image_id: tag(IMAGE_TAG),
+                reservation: tag(RESERVATION_TAG),
                 created: lt
                     .create_time()
                     .and_then(|t| Timestamp::new(t.secs(), t.subsec_nanos() as i32).ok()),
@@ -178,6 +209,8 @@ mod tests {
             node_class: class.map(String::from),
             class_hash: hash,
             created,
+            image_id: None,
+            reservation: None,
         };
         let templates = vec![
             t("current", Some("a"), Some(a.hash()), old),
@@ -190,5 +223,42 @@ mod tests {
         ];
         let got = orphaned_templates(&templates, &[a], now, Duration::from_secs(600));
         assert_eq!(got, vec!["changed", "class-gone", "per-claim", "untagged"]);
+    }
+
+    #[test]
+    fn templates_of_an_ami_or_reservation_the_status_no_longer_lists_are_orphans() {
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let old = Some("2026-01-01T11:00:00Z".parse().unwrap());
+        let mut a = class("a", "x");
+        let t = |name: &str, image: Option<&str>, reservation: Option<&str>| OwnedTemplate {
+            name: name.into(),
+            node_class: Some("a".into()),
+            class_hash: Some(a.hash()),
+            created: old,
+            image_id: image.map(String::from),
+            reservation: reservation.map(String::from),
+        };
+        let templates = vec![
+            t("current-ami", Some("ami-new"), None),
+            t("superseded-ami", Some("ami-old"), None),
+            t("untagged-ami", None, None),
+            t("current-reservation", Some("ami-new"), Some("cr-live")),
+            t("ended-reservation", Some("ami-new"), Some("cr-ended")),
+        ];
+        // No status yet: nothing to judge AMIs or reservations by.
+        assert!(orphaned_templates(&templates, std::slice::from_ref(&a), now, Duration::from_secs(600)).is_empty());
+        a.status = Some(crate::apis::ec2nodeclass::EC2NodeClassStatus {
+            amis: vec![crate::apis::ec2nodeclass::AmiStatus {
+                id: "ami-new".into(),
+                ..Default::default()
+            }],
+            capacity_reservations: vec![crate::apis::ec2nodeclass::CapacityReservationStatus {
+                id: "cr-live".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let got = orphaned_templates(&templates, &[a], now, Duration::from_secs(600));
+        assert_eq!(got, vec!["superseded-ami", "ended-reservation"]);
     }
 }

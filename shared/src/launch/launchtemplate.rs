@@ -5,11 +5,14 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
-    LaunchTemplateBlockDeviceMappingRequest, LaunchTemplateEbsBlockDeviceRequest, LaunchTemplateHttpTokensState,
-    LaunchTemplateIamInstanceProfileSpecificationRequest, LaunchTemplateInstanceMetadataEndpointState,
+    CapacityReservationTarget, LaunchTemplateBlockDeviceMappingRequest,
+    LaunchTemplateCapacityReservationSpecificationRequest, LaunchTemplateEbsBlockDeviceRequest,
+    LaunchTemplateHttpTokensState, LaunchTemplateIamInstanceProfileSpecificationRequest,
+    LaunchTemplateInstanceMarketOptionsRequest, LaunchTemplateInstanceMetadataEndpointState,
     LaunchTemplateInstanceMetadataOptionsRequest, LaunchTemplateInstanceMetadataProtocolIpv6,
     LaunchTemplateInstanceNetworkInterfaceSpecificationRequest, LaunchTemplateTagSpecificationRequest,
-    LaunchTemplatesMonitoringRequest, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification, VolumeType,
+    LaunchTemplatesMonitoringRequest, MarketType, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification,
+    VolumeType,
 };
 use base64::Engine;
 use serde::Serialize;
@@ -44,6 +47,20 @@ pub struct TemplateSpec {
     pub associate_public_ip: Option<bool>,
     /// Tags for the template, and for volumes and network interfaces it creates.
     pub tags: BTreeMap<String, String>,
+    /// The capacity reservation its instances launch into (reserved offerings:
+    /// one template per reservation, since EC2 reads the target from the template).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_reservation: Option<ReservationTarget>,
+}
+
+/// A template's capacity reservation target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationTarget {
+    /// The reservation id.
+    pub id: String,
+    /// A capacity block (bought with the `capacity-block` market type).
+    pub capacity_block: bool,
 }
 
 /// One EBS volume.
@@ -158,6 +175,24 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
         ),
         None => data.set_security_group_ids(Some(spec.security_groups.clone())),
     };
+    if let Some(r) = &spec.capacity_reservation {
+        data = data.capacity_reservation_specification(
+            LaunchTemplateCapacityReservationSpecificationRequest::builder()
+                .capacity_reservation_target(
+                    CapacityReservationTarget::builder()
+                        .capacity_reservation_id(&r.id)
+                        .build(),
+                )
+                .build(),
+        );
+        if r.capacity_block {
+            data = data.instance_market_options(
+                LaunchTemplateInstanceMarketOptionsRequest::builder()
+                    .market_type(MarketType::CapacityBlock)
+                    .build(),
+            );
+        }
+    }
     if let Some(p) = &spec.instance_profile {
         data = data.iam_instance_profile(
             LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
@@ -235,6 +270,7 @@ mod tests {
             monitoring: false,
             associate_public_ip: None,
             tags: BTreeMap::new(),
+            capacity_reservation: None,
         }
     }
 
@@ -264,6 +300,42 @@ mod tests {
                 ..spec()
             })
         );
+        assert_ne!(
+            a,
+            name(&TemplateSpec {
+                capacity_reservation: Some(ReservationTarget {
+                    id: "cr-1".into(),
+                    capacity_block: false,
+                }),
+                ..spec()
+            })
+        );
+    }
+
+    #[test]
+    fn a_reserved_template_targets_its_reservation() {
+        let data = |capacity_block| {
+            request_data(&TemplateSpec {
+                capacity_reservation: Some(ReservationTarget {
+                    id: "cr-1".into(),
+                    capacity_block,
+                }),
+                ..spec()
+            })
+        };
+        let odcr = data(false);
+        let target = odcr
+            .capacity_reservation_specification()
+            .and_then(|c| c.capacity_reservation_target())
+            .and_then(|t| t.capacity_reservation_id());
+        assert_eq!(target, Some("cr-1"));
+        assert!(odcr.instance_market_options().is_none());
+        let block = data(true);
+        assert_eq!(
+            block.instance_market_options().and_then(|m| m.market_type()),
+            Some(&MarketType::CapacityBlock)
+        );
+        assert!(request_data(&spec()).capacity_reservation_specification().is_none());
     }
 
     #[test]

@@ -19,6 +19,7 @@
 
 pub mod ami;
 pub mod batch;
+pub mod capacityreservation;
 pub mod cluster;
 pub mod errors;
 pub mod fleet;
@@ -42,17 +43,17 @@ use tokio::sync::OnceCell;
 pub use errors::LaunchError;
 pub use request::LaunchRequest;
 
-use self::fleet::{Decision, Launched, Scope};
+use self::fleet::{Candidate, Decision, Launched, Scope};
 use self::launchtemplate::TemplateSpec;
 use self::userdata::{ClusterInfo, NodeSettings};
-use crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0;
+use crate::apis::ec2nodeclass::{INSTANCE_STORE_RAID0, RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT};
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, KubeCluster};
 use crate::messages::SolveRequest;
-use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
+use crate::nodeclaim::{ClaimReservation, LaunchedInstance, NodeClaim, Phase};
 use crate::provisioning::trigger::request_solve;
 use crate::state::{self, OfferingKey, StateStore};
 
@@ -197,12 +198,13 @@ pub fn ami_key_of(instance_type: &str, catalog: Option<&Catalog>) -> ami::AmiKey
 }
 
 /// The claim's requirements as an algebra value (unknown operators are skipped, as they cannot narrow).
-/// Capacity types the claim allows, spot first; on-demand when it says nothing (pure).
+/// Capacity types the claim allows, reserved first, then spot; on-demand
+/// when it says nothing (pure).
 pub fn allowed_capacity_types(claim: &NodeClaim) -> Vec<String> {
     let r = claim.requirements();
     match r.get(labels::CAPACITY_TYPE) {
         None => vec![CAPACITY_ON_DEMAND.to_string()],
-        Some(req) => [labels::CAPACITY_SPOT, CAPACITY_ON_DEMAND]
+        Some(req) => [labels::CAPACITY_RESERVED, labels::CAPACITY_SPOT, CAPACITY_ON_DEMAND]
             .iter()
             .filter(|ct| req.has(ct))
             .map(|s| s.to_string())
@@ -295,6 +297,7 @@ fn launched_from(i: &Instance) -> Launched {
         capacity_type: i.capacity_type.clone(),
         zone: i.zone.clone(),
         subnet_id: i.subnet_id.clone(),
+        capacity_reservation: i.capacity_reservation.clone(),
     }
 }
 
@@ -314,6 +317,7 @@ pub fn record(
             zone: zone.to_string(),
             capacity_type: launched.capacity_type.clone(),
             price,
+            capacity_reservation: launched.capacity_reservation.clone(),
         },
         at,
     )?;
@@ -435,8 +439,12 @@ impl<C: Cluster> Launcher<C> {
                     if resolved.is_none() {
                         // Read here, when a new request is built: a request sent before is
                         // repeated above without it, and an unanswered one is never given up.
-                        let Some(class) = self.node_class(&claim).await? else {
-                            return self.class_gone(&claim).await;
+                        let class = match self.node_class(&claim).await {
+                            Ok(Some(class)) => class,
+                            Ok(None) => return self.class_gone(&claim).await,
+                            // Invalid: every retry would find the same (the sweep marks it not Ready).
+                            Err(LaunchError::Resolve { what, .. }) => return self.give_up(&claim, what).await,
+                            Err(e) => return Err(e),
                         };
                         // The node is launched from the class as it is now: its drift hash too.
                         claim.nodeclass_hash = Some(class.hash());
@@ -448,7 +456,7 @@ impl<C: Cluster> Launcher<C> {
                         }
                     }
                     let Some(r) = resolved.as_ref() else { break };
-                    let cands = fleet::candidates(&r.scope(), &unavailable);
+                    let cands = r.candidates(&unavailable);
                     let Some(ct) = fleet::capacity_type(&cands) else { break };
                     let number = claim.launch_attempt.as_ref().map_or(1, |a| a.number + 1);
                     let plan =
@@ -492,7 +500,7 @@ impl<C: Cluster> Launcher<C> {
                 a.concluded = true;
             }
             match decision {
-                Decision::Launched(l) => {
+                Decision::Launched(mut l) => {
                     let chosen = plan.candidates().find(|c| {
                         c.offering.instance_type == l.instance_type
                             && c.offering.capacity_type == l.capacity_type
@@ -504,6 +512,15 @@ impl<C: Cluster> Launcher<C> {
                         .or_else(|| chosen.map(|c| c.offering.zone.clone()))
                         .unwrap_or_default();
                     let price = chosen.and_then(|c| c.price);
+                    l.capacity_reservation = chosen.and_then(|c| c.reservation.as_ref()).map(|r| ClaimReservation {
+                        id: r.id.clone(),
+                        reservation_type: if r.capacity_block {
+                            RESERVATION_CAPACITY_BLOCK
+                        } else {
+                            RESERVATION_DEFAULT
+                        }
+                        .to_string(),
+                    });
                     let launched = record(&claim, &l, &zone, price, clock())?;
                     let c =
                         self.store
@@ -554,7 +571,7 @@ impl<C: Cluster> Launcher<C> {
 
     /// The claim's EC2NodeClass as the cluster has it now; None when it does
     /// not exist or is being deleted. A class that fails validation is a
-    /// [`LaunchError::Resolve`] (retried: it may be fixed).
+    /// [`LaunchError::Resolve`] (the claim is given up with that reason).
     async fn node_class(&self, claim: &NodeClaim) -> Result<Option<EC2NodeClass>, LaunchError> {
         let Some(class) = self.kube.node_class(&claim.node_class).await? else {
             return Ok(None);
@@ -663,9 +680,6 @@ impl<C: Cluster> Launcher<C> {
                 nodeclass::NO_AMI_FAMILY
             ))
         })?;
-        if let Some(why) = class.unsupported() {
-            return Err(resolve(format!("spec.capacityReservationSelectorTerms {why}")));
-        }
         let cluster = self.cluster().await?.clone();
         let catalog = self.store.get_catalog().await?;
 
@@ -726,26 +740,61 @@ impl<C: Cluster> Launcher<C> {
         // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
         // label is in its user data, and the capacity type is known per CreateFleet call.
         let mut templates: BTreeMap<(String, String), String> = BTreeMap::new();
+        let zones = allowed_zones(claim, subnets.keys().cloned());
+        let mut reserved = Vec::new();
         for ct in &capacity_types {
             let settings = node_settings(claim, class, ct);
             let user_data = userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData {
                 node_claim: name.clone(),
                 source,
             })?;
+            let template = |image: &String| TemplateSpec {
+                cluster: cluster.name.clone(),
+                image_id: image.clone(),
+                user_data: user_data.clone(),
+                security_groups: security_groups.clone(),
+                instance_profile: instance_profile.clone(),
+                block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
+                metadata: class.spec.metadata_options.clone(),
+                monitoring: class.spec.detailed_monitoring.unwrap_or(false),
+                associate_public_ip: class.spec.associate_public_ip_address,
+                tags: {
+                    let mut t = template_tags(&cluster.name, claim, class);
+                    t.insert(gc::IMAGE_TAG.into(), image.clone());
+                    t
+                },
+                capacity_reservation: None,
+            };
+            // Reserved offerings: one template per reservation (EC2 reads the target there).
+            if ct == labels::CAPACITY_RESERVED {
+                let reservations =
+                    capacityreservation::resolve(&self.ec2, &class.spec.capacity_reservation_selector_terms).await?;
+                for r in reservations.iter().filter(|r| {
+                    r.available > 0
+                        && claim.instance_type_options.contains(&r.instance_type)
+                        && zones.as_ref().is_none_or(|z| z.contains(&r.zone))
+                }) {
+                    let (Some(subnet), Some(image)) = (
+                        subnets.get(&r.zone),
+                        key_by_type.get(&r.instance_type).and_then(|k| amis.get(k)),
+                    ) else {
+                        continue;
+                    };
+                    let mut spec = template(image);
+                    spec.tags.insert(gc::RESERVATION_TAG.into(), r.id.clone());
+                    spec.capacity_reservation = Some(r.target());
+                    reserved.push(Candidate {
+                        offering: OfferingKey::new(&r.instance_type, &r.zone, labels::CAPACITY_RESERVED),
+                        subnet_id: subnet.id.clone(),
+                        template: launchtemplate::ensure(&self.ec2, &spec).await?,
+                        price: reserved_price(catalog.as_ref(), &r.instance_type, &r.zone),
+                        reservation: Some(r.target()),
+                    });
+                }
+                continue;
+            }
             for (key, image) in &amis {
-                let spec = TemplateSpec {
-                    cluster: cluster.name.clone(),
-                    image_id: image.clone(),
-                    user_data: user_data.clone(),
-                    security_groups: security_groups.clone(),
-                    instance_profile: instance_profile.clone(),
-                    block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
-                    metadata: class.spec.metadata_options.clone(),
-                    monitoring: class.spec.detailed_monitoring.unwrap_or(false),
-                    associate_public_ip: class.spec.associate_public_ip_address,
-                    tags: template_tags(&cluster.name, claim, class),
-                };
-                let lt = launchtemplate::ensure(&self.ec2, &spec).await?;
+                let lt = launchtemplate::ensure(&self.ec2, &template(image)).await?;
                 for (t, k) in &key_by_type {
                     if k == key {
                         templates.insert((t.clone(), ct.clone()), lt.clone());
@@ -753,11 +802,11 @@ impl<C: Cluster> Launcher<C> {
                 }
             }
         }
-        let zones = allowed_zones(claim, subnets.keys().cloned());
         Ok(Resolved {
             instance_types: claim.instance_type_options.clone(),
             zones,
             capacity_types,
+            reserved,
             subnets,
             templates,
             catalog,
@@ -765,6 +814,19 @@ impl<C: Cluster> Launcher<C> {
             context: class.spec.context.clone(),
         })
     }
+}
+
+/// A reserved offering's price: on-demand's in the zone, scaled as the solver
+/// prices reserved capacity (pure).
+fn reserved_price(catalog: Option<&Catalog>, instance_type: &str, zone: &str) -> Option<f64> {
+    catalog?
+        .instance_types
+        .iter()
+        .find(|i| i.name == instance_type)?
+        .offerings
+        .iter()
+        .find(|o| o.zone == zone && o.capacity_type == CAPACITY_ON_DEMAND)
+        .map(|o| o.price * crate::catalog::RESERVED_PRICE_FACTOR)
 }
 
 /// Waits before sending a request EC2 refused for an instance profile it cannot see yet.
@@ -785,6 +847,8 @@ struct Resolved {
     instance_types: Vec<String>,
     zones: Option<BTreeSet<String>>,
     capacity_types: Vec<String>,
+    /// Reserved offerings with room, each with its reservation's template.
+    reserved: Vec<Candidate>,
     subnets: BTreeMap<String, subnet::Subnet>,
     templates: BTreeMap<(String, String), String>,
     catalog: Option<Catalog>,
@@ -794,6 +858,18 @@ struct Resolved {
 }
 
 impl Resolved {
+    /// Every offering that may be tried now: reserved ones first.
+    fn candidates(&self, unavailable: &BTreeSet<OfferingKey>) -> Vec<Candidate> {
+        let mut out: Vec<Candidate> = self
+            .reserved
+            .iter()
+            .filter(|c| !unavailable.contains(&c.offering))
+            .cloned()
+            .collect();
+        out.extend(fleet::candidates(&self.scope(), unavailable));
+        out
+    }
+
     fn scope(&self) -> Scope<'_> {
         Scope {
             instance_types: &self.instance_types,
@@ -1057,6 +1133,7 @@ mod tests {
             capacity_type: "spot".into(),
             zone: None,
             subnet_id: None,
+            capacity_reservation: None,
         };
         let t: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let c = record(&claim(vec![]), &l, "us-east-1a", Some(0.03), t).unwrap();

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::ami::{self, AmiKey};
+use super::capacityreservation::{self, CapacityReservation};
 use super::errors::LaunchError;
 use super::securitygroup::{self, SecurityGroup};
 use super::subnet::{self, Subnet};
@@ -33,6 +34,12 @@ pub struct ClassFacts {
     pub instance_profile: Option<String>,
     /// Why the class's AMIs cannot be used, beyond matching nothing: (reason, message).
     pub ami_problem: Option<(String, String)>,
+    /// The active capacity reservations it selects (None: it selects none).
+    pub capacity_reservations: Option<Vec<CapacityReservation>>,
+    /// Why the class fails validation (Karpenter's CRD rules), if it does.
+    pub invalid: Option<String>,
+    /// The named `instanceProfile` IAM says does not exist (checked when IAM is at hand).
+    pub missing_profile: Option<String>,
 }
 
 impl ClassFacts {
@@ -81,7 +88,16 @@ pub async fn resolve(
             BTreeMap::new()
         }
     };
+    let terms = &class.spec.capacity_reservation_selector_terms;
+    let capacity_reservations = if terms.is_empty() {
+        None
+    } else {
+        Some(capacityreservation::resolve(ec2, terms).await?)
+    };
     Ok(ClassFacts {
+        invalid: class.validate().err().map(|e| e.to_string()),
+        missing_profile: None,
+        capacity_reservations,
         subnets,
         security_groups,
         amis,

@@ -97,6 +97,16 @@ where
     LaunchError::aws(op, e)
 }
 
+/// Whether IAM has an instance profile of this name (a class's named
+/// `instanceProfile`, which nodesmith uses as is and never makes).
+pub async fn exists(iam: &aws_sdk_iam::Client, name: &str) -> Result<bool, LaunchError> {
+    match iam.get_instance_profile().instance_profile_name(name).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Some("NoSuchEntity") => Ok(false),
+        Err(e) => Err(iam_err("iam:GetInstanceProfile", e)),
+    }
+}
+
 /// Makes sure the class's profile exists and holds its role; returns the
 /// profile's name, and whether it was created or given its role just now
 /// (EC2 may not see it for a few seconds).

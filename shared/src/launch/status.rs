@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use super::ami::AmiKey;
 use super::nodeclass::ClassFacts;
 use crate::apis::ec2nodeclass::condition_types::{
-    AMIS_READY, INSTANCE_PROFILE_READY, READY, SECURITY_GROUPS_READY, SUBNETS_READY,
+    AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, READY, SECURITY_GROUPS_READY, SUBNETS_READY,
 };
 use crate::apis::ec2nodeclass::{
     AmiStatus, Condition, EC2NodeClassStatus, SecurityGroupStatus, StatusRequirement, SubnetStatus,
@@ -27,6 +27,8 @@ pub const SUBNETS_NOT_FOUND: &str = "SubnetsNotFound";
 pub const SECURITY_GROUPS_NOT_FOUND: &str = "SecurityGroupsNotFound";
 /// The reason of `AMIsReady=False` when the selectors match no image.
 pub const AMI_NOT_FOUND: &str = "AMINotFound";
+/// The reason of `Ready=False` for a class that fails validation.
+pub const VALIDATION_FAILED: &str = "ValidationFailed";
 /// The reason of `InstanceProfileReady=False`.
 pub const INSTANCE_PROFILE_NOT_FOUND: &str = "InstanceProfileNotFound";
 /// What `SubnetsNotFound` says (launch fails a claim with the same words).
@@ -95,33 +97,55 @@ pub fn compute(
         (AMIS_READY, ami_outcome),
         (
             INSTANCE_PROFILE_READY,
-            found(
-                facts.instance_profile.is_some(),
-                INSTANCE_PROFILE_NOT_FOUND,
-                "neither role nor instanceProfile is set",
-            ),
+            match &facts.missing_profile {
+                Some(name) => Err((
+                    INSTANCE_PROFILE_NOT_FOUND.to_string(),
+                    format!("instance profile {name} does not exist in IAM"),
+                )),
+                None => found(
+                    facts.instance_profile.is_some(),
+                    INSTANCE_PROFILE_NOT_FOUND,
+                    "neither role nor instanceProfile is set",
+                ),
+            },
         ),
     ];
     let failed: Vec<&(String, String)> = dependents.iter().filter_map(|(_, o)| o.as_ref().err()).collect();
-    // Ready names the first failing dependent's reason, and every failure's message.
-    let ready: Outcome = match failed.first() {
-        None => Ok(()),
-        Some((reason, _)) => Err((
+    // Ready names the first failing dependent's reason, and every failure's
+    // message; a class that fails validation is never Ready (launch refuses it).
+    let ready: Outcome = match (&facts.invalid, failed.first()) {
+        (Some(why), _) => Err((VALIDATION_FAILED.to_string(), why.clone())),
+        (None, None) => Ok(()),
+        (None, Some((reason, _))) => Err((
             reason.clone(),
             failed.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; "),
         )),
     };
     let old = previous.map(|p| p.conditions.as_slice()).unwrap_or_default();
+    // Listed for classes that select reservations: selecting none is not a fault.
+    let reservations_read = facts
+        .capacity_reservations
+        .as_ref()
+        .map(|_| (CAPACITY_RESERVATIONS_READY, Ok(())));
     let conditions = dependents
         .iter()
+        .chain(reservations_read.as_ref())
         .chain(std::iter::once(&(READY, ready)))
         .map(|(t, o)| condition(t, o, old, generation, now))
         .collect();
+    let mut capacity_reservations: Vec<_> = facts
+        .capacity_reservations
+        .iter()
+        .flatten()
+        .map(|r| r.status())
+        .collect();
+    capacity_reservations.sort();
     EC2NodeClassStatus {
         subnets,
         security_groups,
         amis,
         instance_profile: facts.instance_profile.clone(),
+        capacity_reservations,
         conditions,
     }
 }
@@ -230,7 +254,76 @@ mod tests {
             ami_names: BTreeMap::from([("ami-std".to_string(), "al2023-x86_64".to_string())]),
             instance_profile: Some("demo_0123".into()),
             ami_problem: None,
+            capacity_reservations: None,
+            invalid: None,
+            missing_profile: None,
         }
+    }
+
+    #[test]
+    fn a_named_profile_iam_does_not_have_is_not_ready() {
+        let facts = ClassFacts {
+            missing_profile: Some("nodes".into()),
+            ..ready_facts()
+        };
+        let s = compute(&facts, None, Some(1), at("2026-01-01T00:00:00Z"));
+        let profile = s.conditions.iter().find(|c| c.type_ == "InstanceProfileReady").unwrap();
+        assert_eq!(
+            (profile.status.as_str(), profile.reason.as_str()),
+            ("False", "InstanceProfileNotFound")
+        );
+        assert_eq!(profile.message, "instance profile nodes does not exist in IAM");
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InstanceProfileNotFound")
+        );
+    }
+
+    #[test]
+    fn a_class_that_fails_validation_is_not_ready_whatever_it_resolves_to() {
+        let facts = ClassFacts {
+            invalid: Some("EC2NodeClass default: spec: must specify exactly one of ['role', 'instanceProfile']".into()),
+            ..ready_facts()
+        };
+        let s = compute(&facts, None, Some(1), at("2026-01-01T00:00:00Z"));
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ValidationFailed")
+        );
+        assert!(ready.message.contains("exactly one of"), "{}", ready.message);
+        assert_eq!(s.subnets.len(), 2, "what it resolves to is still shown");
+    }
+
+    #[test]
+    fn selected_reservations_are_listed_with_their_condition() {
+        let r = |id: &str| crate::launch::capacityreservation::CapacityReservation {
+            id: id.into(),
+            instance_type: "m5.large".into(),
+            zone: "us-east-1a".into(),
+            owner_id: None,
+            instance_match_criteria: Some("targeted".into()),
+            reservation_type: "default".into(),
+            end_time: None,
+            available: 3,
+        };
+        let facts = ClassFacts {
+            capacity_reservations: Some(vec![r("cr-2"), r("cr-1")]),
+            ..ready_facts()
+        };
+        let s = compute(&facts, None, Some(1), at("2026-01-01T00:00:00Z"));
+        let ids: Vec<&str> = s.capacity_reservations.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["cr-1", "cr-2"]);
+        assert_eq!(s.capacity_reservations[0].available_instance_count, Some(3));
+        assert!(summary(&s).contains(&(
+            "CapacityReservationsReady".into(),
+            "True".into(),
+            "CapacityReservationsReady".into()
+        )));
+        let none = compute(&ready_facts(), None, Some(1), at("2026-01-01T00:00:00Z"));
+        assert!(none.capacity_reservations.is_empty());
+        assert!(!summary(&none).iter().any(|c| c.0 == "CapacityReservationsReady"));
     }
 
     fn at(s: &str) -> Timestamp {

@@ -101,6 +101,7 @@ fn instance(id: &str, claim: Option<&str>, state: InstanceState, launched: Times
         security_group_ids: BTreeSet::new(),
         state,
         capacity_type: "on-demand".into(),
+        capacity_reservation: None,
         launch_time: Some(launched),
         tags,
     }

@@ -270,10 +270,7 @@ impl<C: Cluster> Provisioner<C> {
                 crate::catalog::ec2::PriceTable::bundled().map_err(crate::catalog::refresh::RefreshError::from)?;
             crate::catalog::refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
         }
-        let mut snapshot = live::read(&self.cluster, &self.store, now).await?;
-        for (pool, why) in snapshot.without_unready_pools() {
-            tracing::warn!(node_pool = %pool, reason = %why, "NodePool not used: its EC2NodeClass is not Ready");
-        }
+        let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
         let keys = batch::pod_keys(&snapshot.pods);
         for (_, r) in refs {
             if batch::pod_state(r, &keys) == PodState::Gone {

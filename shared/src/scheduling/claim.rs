@@ -11,7 +11,7 @@ use super::pod::HostPort;
 use super::preferences::Active;
 use super::topology::{Counts, DomainId, Domains, Group, GroupKind, NodeFilter};
 use crate::apis::labels;
-use crate::catalog::Offering;
+use crate::catalog::{OFFERING_KEYS, Offering};
 use crate::requirements::{Requirement, Requirements};
 
 /// A NodeClaim under construction.
@@ -340,7 +340,7 @@ impl Claim {
 
     /// Options that fit `used` and satisfy the changed requirement keys.
     fn filter(&self, pool: &Pool, reqs: &Requirements, changed: &[String], used: &Vector) -> Vec<u32> {
-        let offer = changed.iter().any(|k| k == labels::ZONE || k == labels::CAPACITY_TYPE);
+        let offer = changed.iter().any(|k| OFFERING_KEYS.contains(&k.as_str()));
         let checks: Vec<&Requirement> = changed.iter().filter_map(|k| reqs.get(k)).collect();
         self.options
             .iter()
@@ -364,13 +364,21 @@ pub fn single(r: Option<&Requirement>) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// The cheapest offering that satisfies the zone and capacity-type requirements.
+/// The cheapest offering that satisfies the offering requirements (zone,
+/// capacity type, reservation).
 pub fn cheapest<'o>(offerings: &'o [Offering], reqs: &Requirements) -> Option<&'o Offering> {
-    let z = reqs.get(labels::ZONE);
-    let c = reqs.get(labels::CAPACITY_TYPE);
+    cheapest_where(offerings, reqs, |_| true)
+}
+
+/// The cheapest offering that satisfies the requirements and `usable`.
+pub fn cheapest_where<'o>(
+    offerings: &'o [Offering],
+    reqs: &Requirements,
+    usable: impl Fn(&Offering) -> bool,
+) -> Option<&'o Offering> {
     offerings
         .iter()
-        .filter(|o| z.is_none_or(|r| r.has(&o.zone)) && c.is_none_or(|r| r.has(&o.capacity_type)))
+        .filter(|o| o.matches(reqs) && usable(o))
         .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
 }
 

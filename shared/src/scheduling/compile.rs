@@ -178,6 +178,8 @@ pub fn instance_defined(key: &str) -> bool {
             key,
             labels::ZONE
                 | labels::CAPACITY_TYPE
+                | labels::aws::CAPACITY_RESERVATION_ID
+                | labels::aws::CAPACITY_RESERVATION_TYPE
                 | labels::NODEPOOL
                 | labels::EC2NODECLASS
                 | labels::ZONE_ID
@@ -206,13 +208,10 @@ impl TypeModel {
         }
     }
 
-    /// True when some usable offering satisfies the zone and capacity-type requirements.
+    /// True when some usable offering satisfies the offering requirements
+    /// (zone, capacity type, reservation).
     pub fn offered(&self, reqs: &Requirements) -> bool {
-        let z = reqs.get(labels::ZONE);
-        let c = reqs.get(labels::CAPACITY_TYPE);
-        self.offerings
-            .iter()
-            .any(|o| z.is_none_or(|r| r.has(&o.zone)) && c.is_none_or(|r| r.has(&o.capacity_type)))
+        self.offerings.iter().any(|o| o.matches(reqs))
     }
 
     /// True when every requirement holds for this type (offerings included).
@@ -310,7 +309,8 @@ impl Compiled {
                         nc.spec.instance_store_policy.as_deref()
                             == Some(crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0)
                     });
-                    (c, input.catalog.resolve_with(kubelet, raid0))
+                    let reserved = class.map(|nc| nc.reserved_capacity()).unwrap_or_default();
+                    (c, input.catalog.resolve_for(kubelet, raid0, &reserved))
                 })
                 .collect()
         };
@@ -493,15 +493,13 @@ fn type_model(
     res: &ResourceTable,
     daemons: &[&Daemon],
 ) -> Option<TypeModel> {
-    let zone = pool_reqs.get(labels::ZONE);
-    let ct = pool_reqs.get(labels::CAPACITY_TYPE);
     let offerings: Vec<Offering> = it
         .offerings
         .iter()
         .filter(|o| {
             o.available && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str()))
         })
-        .filter(|o| zone.is_none_or(|r| r.has(&o.zone)) && ct.is_none_or(|r| r.has(&o.capacity_type)))
+        .filter(|o| o.matches(pool_reqs))
         .cloned()
         .collect();
     if offerings.is_empty() {

@@ -48,6 +48,7 @@ pub fn instance(
             capacity_type: "on-demand".into(),
             price: od,
             available: true,
+            reservation: None,
         });
         if let Some(s) = spot {
             offerings.push(Offering {
@@ -55,6 +56,7 @@ pub fn instance(
                 capacity_type: "spot".into(),
                 price: s,
                 available: true,
+                reservation: None,
             });
         }
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use sha2::{Digest, Sha256};
 
-use super::claim::{Claim, Ctx, Fail, cheapest};
+use super::claim::{Claim, Ctx, Fail, cheapest, cheapest_where};
 use super::dense::{self, Vector, fits};
 use super::model::Model;
 use super::pod::{PodRef, tolerates_all};
@@ -109,10 +109,9 @@ impl<'m> Run<'m> {
                 unschedulable.push((i, self.explain(i, &rel)));
             }
         }
-        let cost = self
-            .claims
+        let cost = price_all(self.m, &self.claims)
             .iter()
-            .map(|c| price(self.m, c).map_or(0.0, |p| p.offering.price))
+            .map(|p| p.as_ref().map_or(0.0, |p| p.offering.price))
             .sum();
         Assignment {
             claims: self.claims,
@@ -478,35 +477,32 @@ pub struct Priced {
     pub offering: Offering,
 }
 
-/// Prices a claim: spot when any option offers it under the requirements
-/// (as EC2 Fleet would be asked), else on-demand; options sorted by that price.
-pub fn price(m: &Model<'_>, c: &Claim) -> Option<Priced> {
+/// Prices a claim as a launch would buy it: reserved capacity with room
+/// left (`taken` counts what earlier claims of the plan use of each
+/// reservation), else spot, else on-demand, whichever the requirements allow
+/// first; options sorted by that price.
+fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>) -> Option<Priced> {
     let pool = &m.pools[c.pool];
-    let mut spot = c.reqs.clone();
-    spot.add(Requirement::in_values(labels::CAPACITY_TYPE, &[labels::CAPACITY_SPOT]));
-    let spot_any = c
-        .options
-        .iter()
-        .any(|t| cheapest(&pool.types[*t as usize].offerings, &spot).is_some());
+    let room = |o: &Offering| {
+        o.reservation
+            .as_ref()
+            .is_none_or(|r| taken.get(&r.id).copied().unwrap_or(0) < r.available)
+    };
+    let offerings = |t: &u32| pool.types[*t as usize].offerings.as_slice();
     let mut reqs = c.reqs.clone();
-    if spot_any {
-        reqs = spot;
-    } else if c.options.iter().any(|t| {
-        pool.types[*t as usize]
-            .offerings
-            .iter()
-            .any(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND)
-    }) {
-        let mut r = reqs.clone();
-        r.add(Requirement::in_values(
-            labels::CAPACITY_TYPE,
-            &[labels::CAPACITY_ON_DEMAND],
-        ));
+    for ct in [
+        labels::CAPACITY_RESERVED,
+        labels::CAPACITY_SPOT,
+        labels::CAPACITY_ON_DEMAND,
+    ] {
+        let mut r = c.reqs.clone();
+        r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[ct]));
         if c.options
             .iter()
-            .any(|t| cheapest(&pool.types[*t as usize].offerings, &r).is_some())
+            .any(|t| cheapest_where(offerings(t), &r, room).is_some())
         {
             reqs = r;
+            break;
         }
     }
     let mut priced: Vec<(f64, &str, u32, Option<&Offering>)> = c
@@ -514,8 +510,8 @@ pub fn price(m: &Model<'_>, c: &Claim) -> Option<Priced> {
         .iter()
         .map(|t| {
             let ty = &pool.types[*t as usize];
-            let chosen = cheapest(&ty.offerings, &reqs);
-            let fallback = cheapest(&ty.offerings, &c.reqs);
+            let chosen = cheapest_where(&ty.offerings, &reqs, room);
+            let fallback = cheapest_where(&ty.offerings, &c.reqs, room).or_else(|| cheapest(&ty.offerings, &c.reqs));
             let p = chosen.map_or(f64::INFINITY, |o| o.price);
             (p, ty.name.as_str(), *t, chosen.or(fallback))
         })
@@ -526,6 +522,22 @@ pub fn price(m: &Model<'_>, c: &Claim) -> Option<Priced> {
         options: priced.iter().map(|p| p.2).collect(),
         offering,
     })
+}
+
+/// Prices every claim in order; a reservation backs at most as many claims
+/// as it has room for, later claims buy otherwise.
+pub fn price_all(m: &Model<'_>, claims: &[Claim]) -> Vec<Option<Priced>> {
+    let mut taken: BTreeMap<String, u32> = BTreeMap::new();
+    claims
+        .iter()
+        .map(|c| {
+            let p = price(m, c, &taken);
+            if let Some(r) = p.as_ref().and_then(|p| p.offering.reservation.as_ref()) {
+                *taken.entry(r.id.clone()).or_default() += 1;
+            }
+            p
+        })
+        .collect()
 }
 
 /// `<pool>-<5 lowercase alphanumerics>` from a hash of the pool and its pods.
@@ -560,11 +572,11 @@ impl Assignment {
                 reason: r.clone(),
             })
             .collect();
-        for c in &self.claims {
+        for (c, priced) in self.claims.iter().zip(price_all(m, &self.claims)) {
             let pool = &m.pools[c.pool];
             let mut pods: Vec<PodRef> = c.pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
             pods.sort();
-            let Some(priced) = price(m, c) else {
+            let Some(priced) = priced else {
                 // Cannot happen for a claim with options; keep the pods accounted for.
                 for p in pods {
                     unschedulable.push(Unschedulable {
@@ -594,6 +606,13 @@ impl Assignment {
             labels_map.insert(labels::INSTANCE_TYPE.into(), ty.name.clone());
             labels_map.insert(labels::ZONE.into(), priced.offering.zone.clone());
             labels_map.insert(labels::CAPACITY_TYPE.into(), priced.offering.capacity_type.clone());
+            if let Some(r) = &priced.offering.reservation {
+                labels_map.insert(labels::aws::CAPACITY_RESERVATION_ID.into(), r.id.clone());
+                labels_map.insert(
+                    labels::aws::CAPACITY_RESERVATION_TYPE.into(),
+                    r.reservation_type.clone(),
+                );
+            }
             labels_map.insert(labels::NODEPOOL.into(), pool.name.clone());
             labels_map.insert(labels::HOSTNAME.into(), name.clone());
             let requests = m.res.resources(&dense::plus(&c.used, &ty.overhead));

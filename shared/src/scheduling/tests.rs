@@ -23,6 +23,7 @@ struct Case {
     pvcs: Vec<PersistentVolumeClaim>,
     scs: Vec<StorageClass>,
     unavailable: Vec<OfferingKey>,
+    classes: Vec<crate::apis::EC2NodeClass>,
     improve: bool,
 }
 
@@ -33,7 +34,7 @@ impl Case {
             nodes: &self.nodes,
             node_claims: &self.claims,
             node_pools: &self.pools,
-            node_classes: &[],
+            node_classes: &self.classes,
             daemon_sets: &self.daemon_sets,
             persistent_volumes: &self.pvs,
             persistent_volume_claims: &self.pvcs,
@@ -54,6 +55,7 @@ impl Case {
             pvcs: vec![],
             scs: vec![],
             unavailable: vec![],
+            classes: vec![],
             improve: true,
         }
     }
@@ -220,6 +222,121 @@ fn on_demand_only_pool_launches_on_demand() {
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![p]).solve();
     assert_eq!(plan.node_claims[0].capacity_type, "on-demand");
     assert_eq!(plan.node_claims[0].price, 0.08);
+}
+
+/// A class selecting one ODCR of m.xlarge in zone b with room for `room` instances.
+fn reserving_class(room: u32) -> crate::apis::EC2NodeClass {
+    serde_yaml_ng::from_str(&format!(
+        r#"
+apiVersion: karpenter.k8s.aws/v1
+kind: EC2NodeClass
+metadata: {{name: default}}
+spec:
+  role: NodeRole
+  amiSelectorTerms: [{{alias: al2023@latest}}]
+  subnetSelectorTerms: [{{tags: {{discovery: demo}}}}]
+  securityGroupSelectorTerms: [{{tags: {{discovery: demo}}}}]
+  capacityReservationSelectorTerms: [{{tags: {{team: ml}}}}]
+status:
+  capacityReservations:
+    - {{id: cr-1, instanceType: m.xlarge, availabilityZone: test-zone-b, reservationType: default, state: active, availableInstanceCount: {room}}}
+"#
+    ))
+    .unwrap()
+}
+
+fn capacity_pool(types: &str) -> NodePool {
+    pool(
+        "res",
+        &format!(
+            "template:\n  spec:\n    nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}\n    requirements:\n      - {{key: karpenter.sh/capacity-type, operator: In, values: [{types}]}}"
+        ),
+    )
+}
+
+#[test]
+fn reserved_capacity_is_used_first_and_never_beyond_its_room() {
+    let mut case = Case::new(pods("p", 5, "3500m", "1Gi", json!({}))).pools(vec![capacity_pool("reserved, on-demand")]);
+    case.classes = vec![reserving_class(2)];
+    let plan = case.solve();
+    let reserved: Vec<&NewNodeClaim> = plan
+        .node_claims
+        .iter()
+        .filter(|c| c.capacity_type == "reserved")
+        .collect();
+    assert_eq!(reserved.len(), 2, "{:#?}", plan.node_claims);
+    for c in &reserved {
+        assert_eq!((c.instance_type.as_str(), c.zone.as_str()), ("m.xlarge", "test-zone-b"));
+        assert_eq!(c.labels[labels::aws::CAPACITY_RESERVATION_ID], "cr-1");
+        assert_eq!(c.labels[labels::aws::CAPACITY_RESERVATION_TYPE], "default");
+        assert!(c.price < 0.001, "reserved capacity is paid for already: {}", c.price);
+    }
+    let rest: Vec<&NewNodeClaim> = plan
+        .node_claims
+        .iter()
+        .filter(|c| c.capacity_type != "reserved")
+        .collect();
+    assert_eq!(rest.len(), 3);
+    assert!(
+        rest.iter()
+            .all(|c| c.capacity_type == "on-demand" && !c.labels.contains_key(labels::aws::CAPACITY_RESERVATION_ID))
+    );
+
+    // A pool that does not allow reserved capacity never uses it.
+    let mut case = Case::new(pods("p", 2, "3500m", "1Gi", json!({}))).pools(vec![capacity_pool("on-demand")]);
+    case.classes = vec![reserving_class(2)];
+    assert!(case.solve().node_claims.iter().all(|c| c.capacity_type == "on-demand"));
+    // A reservation out of room is not offered.
+    let mut case = Case::new(pods("p", 1, "3500m", "1Gi", json!({}))).pools(vec![capacity_pool("reserved, on-demand")]);
+    case.classes = vec![reserving_class(0)];
+    assert_eq!(case.solve().node_claims[0].capacity_type, "on-demand");
+}
+
+#[test]
+fn pods_select_or_avoid_reserved_capacity_by_its_labels() {
+    let pool = || vec![capacity_pool("reserved, spot, on-demand")];
+    let selector = |key: &str, op: &str, values: &[&str]| {
+        json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": op, "values": values}]}]}}}}})
+    };
+    let mut pinned = pods(
+        "pin",
+        1,
+        "1",
+        "1Gi",
+        selector(labels::aws::CAPACITY_RESERVATION_ID, "In", &["cr-1"]),
+    );
+    let avoid = pods(
+        "avoid",
+        1,
+        "1",
+        "1Gi",
+        selector(labels::aws::CAPACITY_RESERVATION_ID, "DoesNotExist", &[]),
+    );
+    let blocks = pods(
+        "block",
+        1,
+        "1",
+        "1Gi",
+        selector(labels::aws::CAPACITY_RESERVATION_TYPE, "In", &["capacity-block"]),
+    );
+    pinned.extend(avoid);
+    pinned.extend(blocks);
+    let mut case = Case::new(pinned).pools(pool());
+    case.classes = vec![reserving_class(5)];
+    let plan = case.solve();
+    let pin = claim_of(&plan, "pin-0");
+    assert_eq!(
+        (pin.capacity_type.as_str(), pin.instance_type.as_str()),
+        ("reserved", "m.xlarge")
+    );
+    let avoid = claim_of(&plan, "avoid-0");
+    assert_eq!(avoid.capacity_type, "spot", "{avoid:?}");
+    assert!(
+        plan.unschedulable.iter().any(|u| u.pod.name == "block-0"),
+        "no capacity block is selected: {:?}",
+        plan.unschedulable
+    );
 }
 
 #[test]

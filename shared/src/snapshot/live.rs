@@ -70,6 +70,20 @@ pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) ->
     })
 }
 
+/// [`read`], without the NodePools whose EC2NodeClass is not Ready: what new
+/// claims may be planned on (provisioning and replacements alike).
+pub async fn read_launchable(
+    cluster: &impl Cluster,
+    store: &StateStore,
+    now: Timestamp,
+) -> Result<Snapshot, SnapshotError> {
+    let mut snapshot = read(cluster, store, now).await?;
+    for (pool, why) in snapshot.without_unready_pools() {
+        tracing::warn!(node_pool = %pool, reason = %why, "NodePool not used: its EC2NodeClass is not Ready");
+    }
+    Ok(snapshot)
+}
+
 /// Groups bound pods by node; pods on nodes that are not listed are dropped.
 pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
     let mut by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();

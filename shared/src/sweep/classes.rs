@@ -67,7 +67,7 @@ impl<C: Cluster> Sweeper<C> {
         };
         for class in &classes {
             let name = class.name().to_string();
-            let facts = match nodeclass::resolve(self.instances.ec2(), &r.ssm, cluster, &version, class).await {
+            let mut facts = match nodeclass::resolve(self.instances.ec2(), &r.ssm, cluster, &version, class).await {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::warn!(class = %name, error = %e, "EC2NodeClass not resolved; its status stays and its nodes are not checked for drift this run");
@@ -75,6 +75,16 @@ impl<C: Cluster> Sweeper<C> {
                     continue;
                 }
             };
+            // A named profile is used as is: say so when IAM does not have it.
+            if let (Some(iam), Some(name)) = (&self.iam, &class.spec.instance_profile) {
+                match crate::launch::profile::exists(iam, name).await {
+                    Ok(true) => {}
+                    Ok(false) => facts.missing_profile = Some(name.clone()),
+                    Err(e) => {
+                        tracing::warn!(class = class.name(), profile = %name, error = %e, "instance profile not checked this run")
+                    }
+                }
+            }
             let computed = status::compute(&facts, class.status.as_ref(), class.metadata.generation, now);
             if let Some(updated) = with_status(class, computed) {
                 match self.cluster.replace_node_class_status(&updated).await {

@@ -528,7 +528,7 @@ impl<C: Cluster> Sweeper<C> {
         report: &mut DisruptionReport,
     ) -> Result<(), StepError> {
         // Re-read under the lease: claims provision wrote since count as capacity.
-        let fresh = live::read(&self.cluster, &self.store, Timestamp::now()).await?;
+        let fresh = live::read_launchable(&self.cluster, &self.store, Timestamp::now()).await?;
         let _ = snapshot;
         let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
         let seed = format!("{}/{}/{}", lease.holder, lease.version, now_ms());

@@ -273,3 +273,56 @@ pub async fn template_data(ec2: &aws_sdk_ec2::Client, name: &str) -> aws_sdk_ec2
         .unwrap();
     v.launch_template_versions()[0].launch_template_data().unwrap().clone()
 }
+
+/// Offerings the state table holds as unavailable now, sorted.
+pub async fn marked_unavailable(st: &StateStore) -> Vec<nodesmith::state::OfferingKey> {
+    let mut keys: Vec<_> = st
+        .unavailable_offerings(state::now_secs())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// An on-demand capacity reservation made through the real API, tagged
+/// `team=<team>`; its id.
+pub async fn capacity_reservation(
+    ec2: &aws_sdk_ec2::Client,
+    instance_type: &str,
+    zone: &str,
+    count: i32,
+    team: &str,
+) -> String {
+    ec2.create_capacity_reservation()
+        .instance_type(instance_type)
+        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+        .availability_zone(zone)
+        .instance_count(count)
+        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::CapacityReservation)
+                .tags(tag("team", team))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .capacity_reservation()
+        .and_then(|r| r.capacity_reservation_id())
+        .unwrap()
+        .to_string()
+}
+
+/// The fixture's world in `m`, a Kubernetes API test server, the state table
+/// and a launcher talking to moto directly.
+pub async fn launching(m: &Moto) -> (KubeServer, StateStore, Launcher) {
+    world(m).await;
+    let kube = KubeServer::start().await;
+    let st = store(m).await;
+    let l = launcher(m, m.endpoint(), &kube).await;
+    (kube, st, l)
+}

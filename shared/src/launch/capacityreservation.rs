@@ -1,0 +1,191 @@
+//! Capacity reservations (ODCRs and capacity blocks) from an EC2NodeClass's
+//! `capacityReservationSelectorTerms`: terms are ORed, a term's fields ANDed,
+//! and only active reservations are selected, as Karpenter does.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::Filter;
+
+use super::ami::tag_filter;
+use super::errors::LaunchError;
+use super::launchtemplate::ReservationTarget;
+use crate::apis::ec2nodeclass::{
+    CapacityReservationStatus, RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT, SelectorTerm,
+};
+
+/// The only state whose reservations take instances.
+const ACTIVE: &str = "active";
+
+/// What EC2 answers for a reservation id it does not know (a term that selects nothing).
+const NOT_FOUND: &str = "InvalidCapacityReservationId.NotFound";
+
+/// One selected capacity reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityReservation {
+    /// `cr-...`.
+    pub id: String,
+    /// The instance type it reserves.
+    pub instance_type: String,
+    /// Its availability zone.
+    pub zone: String,
+    /// The owning account.
+    pub owner_id: Option<String>,
+    /// `open` or `targeted`.
+    pub instance_match_criteria: Option<String>,
+    /// `default` or `capacity-block`.
+    pub reservation_type: String,
+    /// When it ends (RFC 3339), if it does.
+    pub end_time: Option<String>,
+    /// Instances it can still take.
+    pub available: u32,
+}
+
+impl CapacityReservation {
+    /// True for a capacity block (bought in the `capacity-block` market).
+    pub fn capacity_block(&self) -> bool {
+        self.reservation_type == RESERVATION_CAPACITY_BLOCK
+    }
+
+    /// The launch template target for instances in it.
+    pub fn target(&self) -> ReservationTarget {
+        ReservationTarget {
+            id: self.id.clone(),
+            capacity_block: self.capacity_block(),
+        }
+    }
+
+    /// As the EC2NodeClass status lists it (pure).
+    pub fn status(&self) -> CapacityReservationStatus {
+        CapacityReservationStatus {
+            id: self.id.clone(),
+            instance_type: self.instance_type.clone(),
+            availability_zone: self.zone.clone(),
+            owner_id: self.owner_id.clone(),
+            instance_match_criteria: self.instance_match_criteria.clone(),
+            reservation_type: Some(self.reservation_type.clone()),
+            end_time: self.end_time.clone(),
+            state: Some(ACTIVE.to_string()),
+            available_instance_count: Some(self.available),
+        }
+    }
+}
+
+/// DescribeCapacityReservations filters for one term (the id goes as a
+/// parameter), always narrowed to active reservations (pure).
+pub fn filters(term: &SelectorTerm) -> Vec<Filter> {
+    let mut f = vec![Filter::builder().name("state").values(ACTIVE).build()];
+    if let Some(owner) = &term.owner_id {
+        f.push(Filter::builder().name("owner-id").values(owner).build());
+    }
+    for (k, v) in &term.tags {
+        f.push(tag_filter(k, v));
+    }
+    f
+}
+
+/// From the SDK's description; None when a field nodesmith needs is missing (pure).
+fn from_sdk(r: &aws_sdk_ec2::types::CapacityReservation) -> Option<CapacityReservation> {
+    if r.state().map(|s| s.as_str()) != Some(ACTIVE) {
+        return None;
+    }
+    Some(CapacityReservation {
+        id: r.capacity_reservation_id()?.to_string(),
+        instance_type: r.instance_type()?.to_string(),
+        zone: r.availability_zone()?.to_string(),
+        owner_id: r.owner_id().map(str::to_string),
+        instance_match_criteria: r.instance_match_criteria().map(|m| m.as_str().to_string()),
+        reservation_type: r
+            .reservation_type()
+            .map_or(RESERVATION_DEFAULT, |t| t.as_str())
+            .to_string(),
+        end_time: r.end_date().map(|d| {
+            jiff::Timestamp::new(d.secs(), 0)
+                .map(|t| t.to_string())
+                .unwrap_or_default()
+        }),
+        available: r.available_instance_count().unwrap_or(0).max(0) as u32,
+    })
+}
+
+/// Every active reservation the terms select, by id.
+pub async fn resolve(
+    ec2: &aws_sdk_ec2::Client,
+    terms: &[SelectorTerm],
+) -> Result<Vec<CapacityReservation>, LaunchError> {
+    let mut found: BTreeMap<String, CapacityReservation> = BTreeMap::new();
+    for term in terms {
+        if term.id.is_none() && term.tags.is_empty() {
+            continue;
+        }
+        let mut pages = ec2
+            .describe_capacity_reservations()
+            .set_capacity_reservation_ids(term.id.clone().map(|id| vec![id]))
+            .set_filters(Some(filters(term)))
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = match page {
+                Ok(p) => p,
+                Err(e) if e.code() == Some(NOT_FOUND) => break,
+                Err(e) => return Err(LaunchError::aws("ec2:DescribeCapacityReservations", e)),
+            };
+            for r in page.capacity_reservations().iter().filter_map(from_sdk) {
+                found.insert(r.id.clone(), r);
+            }
+        }
+    }
+    Ok(found.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_are_active_only_with_owner_and_tags() {
+        let t = SelectorTerm {
+            tags: [("team".to_string(), "ml".to_string())].into(),
+            owner_id: Some("123456789012".into()),
+            ..Default::default()
+        };
+        let f = filters(&t);
+        let names: Vec<(Option<&str>, &[String])> = f.iter().map(|f| (f.name(), f.values())).collect();
+        assert_eq!(
+            names,
+            vec![
+                (Some("state"), &["active".to_string()][..]),
+                (Some("owner-id"), &["123456789012".to_string()][..]),
+                (Some("tag:team"), &["ml".to_string()][..]),
+            ]
+        );
+    }
+
+    #[test]
+    fn reservations_read_from_the_sdk_and_listed_as_status() {
+        use aws_sdk_ec2::types::{CapacityReservationState, CapacityReservationType};
+        let sdk = aws_sdk_ec2::types::CapacityReservation::builder()
+            .capacity_reservation_id("cr-1")
+            .instance_type("p5.48xlarge")
+            .availability_zone("us-east-1a")
+            .state(CapacityReservationState::Active)
+            .reservation_type(CapacityReservationType::CapacityBlock)
+            .available_instance_count(2)
+            .end_date(aws_sdk_ec2::primitives::DateTime::from_secs(1_800_000_000))
+            .build();
+        let r = from_sdk(&sdk).unwrap();
+        assert!(r.capacity_block());
+        assert_eq!(r.available, 2);
+        let s = r.status();
+        assert_eq!(s.reservation_type.as_deref(), Some("capacity-block"));
+        assert_eq!(s.end_time.as_deref(), Some("2027-01-15T08:00:00Z"));
+        assert_eq!(s.available_instance_count, Some(2));
+        let expired = aws_sdk_ec2::types::CapacityReservation::builder()
+            .capacity_reservation_id("cr-2")
+            .instance_type("p5.48xlarge")
+            .availability_zone("us-east-1a")
+            .state(CapacityReservationState::Expired)
+            .build();
+        assert!(from_sdk(&expired).is_none(), "only active reservations are selected");
+    }
+}
