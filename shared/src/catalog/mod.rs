@@ -66,23 +66,47 @@ impl Offering {
     }
 
     /// True when a node bought this way satisfies `reqs` on the keys an
-    /// offering decides: zone, capacity type and the capacity-reservation
-    /// labels (which only reserved nodes carry).
+    /// offering decides ([`OfferingRequirements`]).
     pub fn matches(&self, reqs: &Requirements) -> bool {
-        let on = |key: &str, value: Option<&str>| {
-            reqs.get(key).is_none_or(|r| match value {
+        OfferingRequirements::of(reqs).allow(self)
+    }
+}
+
+/// Requirements on the keys an offering decides: zone, capacity type and the
+/// capacity-reservation labels (which only reserved nodes carry), looked up
+/// once for checking many offerings.
+#[derive(Debug, Clone, Copy)]
+pub struct OfferingRequirements<'r> {
+    zone: Option<&'r Requirement>,
+    capacity_type: Option<&'r Requirement>,
+    reservation_id: Option<&'r Requirement>,
+    reservation_type: Option<&'r Requirement>,
+}
+
+impl<'r> OfferingRequirements<'r> {
+    /// The offering keys' requirements in `reqs`.
+    pub fn of(reqs: &'r Requirements) -> Self {
+        OfferingRequirements {
+            zone: reqs.get(labels::ZONE),
+            capacity_type: reqs.get(labels::CAPACITY_TYPE),
+            reservation_id: reqs.get(labels::aws::CAPACITY_RESERVATION_ID),
+            reservation_type: reqs.get(labels::aws::CAPACITY_RESERVATION_TYPE),
+        }
+    }
+
+    /// True when a node bought as `o` satisfies them.
+    pub fn allow(&self, o: &Offering) -> bool {
+        let on = |req: Option<&Requirement>, value: Option<&str>| {
+            req.is_none_or(|r| match value {
                 Some(v) => r.has(v),
                 None => r.allows_absent(),
             })
         };
-        let res = self.reservation.as_ref();
-        on(labels::ZONE, Some(&self.zone))
-            && on(labels::CAPACITY_TYPE, Some(&self.capacity_type))
-            && on(labels::aws::CAPACITY_RESERVATION_ID, res.map(|r| r.id.as_str()))
-            && on(
-                labels::aws::CAPACITY_RESERVATION_TYPE,
-                res.map(|r| r.reservation_type.as_str()),
-            )
+        let res = o.reservation.as_ref();
+        on(self.zone, Some(&o.zone))
+            && on(self.capacity_type, Some(&o.capacity_type))
+            && on(self.reservation_id, res.map(|r| r.id.as_str()))
+            && on(self.reservation_type, res.map(|r| r.reservation_type.as_str()))
     }
 }
 
@@ -140,7 +164,8 @@ impl InstanceType {
     /// type, reservation), preferring reserved, then spot, then on-demand when
     /// several are allowed, as nodesmith's launches do.
     pub fn cheapest_offering(&self, reqs: &Requirements) -> Option<&Offering> {
-        let ok = |o: &&Offering| o.available && o.matches(reqs);
+        let wanted = OfferingRequirements::of(reqs);
+        let ok = |o: &&Offering| o.available && wanted.allow(o);
         let cheapest = |ct: &str| {
             self.offerings
                 .iter()
@@ -240,21 +265,33 @@ pub struct ReservedCapacity {
 }
 
 impl ReservedCapacity {
-    /// The `reserved` offering it adds to a type whose on-demand price in the
-    /// zone (else anywhere) is `on_demand`.
-    fn offering(&self, on_demand: f64) -> Offering {
+    /// The `reserved` offering it adds to its type.
+    fn offering(&self, info: &InstanceTypeInfo) -> Offering {
         Offering {
             reservation: Some(Reservation {
                 id: self.id.clone(),
                 reservation_type: self.reservation_type.clone(),
                 available: self.available,
             }),
-            ..Offering::new(&self.zone, labels::CAPACITY_RESERVED, on_demand * RESERVED_PRICE_FACTOR)
+            ..Offering::new(&self.zone, labels::CAPACITY_RESERVED, info.reserved_price(&self.zone))
         }
     }
 }
 
 impl InstanceTypeInfo {
+    /// What a reserved instance of this type in `zone` is priced at: its
+    /// on-demand price there (else anywhere) × [`RESERVED_PRICE_FACTOR`].
+    pub fn reserved_price(&self, zone: &str) -> f64 {
+        let on_demand = |zone: Option<&str>| {
+            self.offerings
+                .iter()
+                .filter(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND && zone.is_none_or(|z| o.zone == z))
+                .map(|o| o.price)
+                .reduce(f64::min)
+        };
+        on_demand(Some(zone)).or_else(|| on_demand(None)).unwrap_or(0.0) * RESERVED_PRICE_FACTOR
+    }
+
     /// This type under the given kubelet settings.
     pub fn resolve(&self, region: &str, kubelet: Option<&KubeletConfiguration>) -> InstanceType {
         self.resolve_with(region, kubelet, false)
@@ -279,17 +316,12 @@ impl InstanceTypeInfo {
             None => allocatable::compute_with(self, kubelet, raid0),
         };
         let mut offerings = self.offerings.clone();
-        for r in reservations.iter().filter(|r| r.available > 0) {
-            let on_demand = |zone: Option<&str>| {
-                self.offerings
-                    .iter()
-                    .filter(|o| o.capacity_type == labels::CAPACITY_ON_DEMAND && zone.is_none_or(|z| o.zone == z))
-                    .map(|o| o.price)
-                    .reduce(f64::min)
-            };
-            let price = on_demand(Some(&r.zone)).or_else(|| on_demand(None)).unwrap_or(0.0);
-            offerings.push(r.offering(price));
-        }
+        offerings.extend(
+            reservations
+                .iter()
+                .filter(|r| r.available > 0)
+                .map(|r| r.offering(self)),
+        );
         let mut requirements = Requirements::from_labels(self.labels.iter());
         requirements.add(Requirement::in_values(labels::REGION, &[region]));
         let zones: Vec<&str> = offerings.iter().map(|o| o.zone.as_str()).collect();

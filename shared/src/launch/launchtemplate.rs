@@ -19,7 +19,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::errors::LaunchError;
-use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions, RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT};
 
 /// Everything a launch template holds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -61,6 +61,17 @@ pub struct ReservationTarget {
     pub id: String,
     /// A capacity block (bought with the `capacity-block` market type).
     pub capacity_block: bool,
+}
+
+impl ReservationTarget {
+    /// The reservation's `reservationType` (and the node's label).
+    pub fn reservation_type(&self) -> &'static str {
+        if self.capacity_block {
+            RESERVATION_CAPACITY_BLOCK
+        } else {
+            RESERVATION_DEFAULT
+        }
+    }
 }
 
 /// One EBS volume.

@@ -46,7 +46,7 @@ pub use request::LaunchRequest;
 use self::fleet::{Candidate, Decision, Launched, Scope};
 use self::launchtemplate::TemplateSpec;
 use self::userdata::{ClusterInfo, NodeSettings};
-use crate::apis::ec2nodeclass::{INSTANCE_STORE_RAID0, RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT};
+use crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0;
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
@@ -514,12 +514,7 @@ impl<C: Cluster> Launcher<C> {
                     let price = chosen.and_then(|c| c.price);
                     l.capacity_reservation = chosen.and_then(|c| c.reservation.as_ref()).map(|r| ClaimReservation {
                         id: r.id.clone(),
-                        reservation_type: if r.capacity_block {
-                            RESERVATION_CAPACITY_BLOCK
-                        } else {
-                            RESERVATION_DEFAULT
-                        }
-                        .to_string(),
+                        reservation_type: r.reservation_type().to_string(),
                     });
                     let launched = record(&claim, &l, &zone, price, clock())?;
                     let c =
@@ -738,7 +733,8 @@ impl<C: Cluster> Launcher<C> {
         let tags = instance_tags(&cluster.name, claim, class);
         let capacity_types = allowed_capacity_types(claim);
         // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
-        // label is in its user data, and the capacity type is known per CreateFleet call.
+        // label is in its user data, and the capacity type is known per CreateFleet call;
+        // reserved capacity has one per reservation.
         let mut templates: BTreeMap<(String, String), String> = BTreeMap::new();
         let zones = allowed_zones(claim, subnets.keys().cloned());
         let mut reserved = Vec::new();
@@ -787,7 +783,10 @@ impl<C: Cluster> Launcher<C> {
                         offering: OfferingKey::new(&r.instance_type, &r.zone, labels::CAPACITY_RESERVED),
                         subnet_id: subnet.id.clone(),
                         template: launchtemplate::ensure(&self.ec2, &spec).await?,
-                        price: reserved_price(catalog.as_ref(), &r.instance_type, &r.zone),
+                        price: catalog
+                            .as_ref()
+                            .and_then(|c| c.instance_types.iter().find(|i| i.name == r.instance_type))
+                            .map(|i| i.reserved_price(&r.zone)),
                         reservation: Some(r.target()),
                     });
                 }
@@ -814,19 +813,6 @@ impl<C: Cluster> Launcher<C> {
             context: class.spec.context.clone(),
         })
     }
-}
-
-/// A reserved offering's price: on-demand's in the zone, scaled as the solver
-/// prices reserved capacity (pure).
-fn reserved_price(catalog: Option<&Catalog>, instance_type: &str, zone: &str) -> Option<f64> {
-    catalog?
-        .instance_types
-        .iter()
-        .find(|i| i.name == instance_type)?
-        .offerings
-        .iter()
-        .find(|o| o.zone == zone && o.capacity_type == CAPACITY_ON_DEMAND)
-        .map(|o| o.price * crate::catalog::RESERVED_PRICE_FACTOR)
 }
 
 /// Waits before sending a request EC2 refused for an instance profile it cannot see yet.

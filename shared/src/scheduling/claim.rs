@@ -11,7 +11,7 @@ use super::pod::HostPort;
 use super::preferences::Active;
 use super::topology::{Counts, DomainId, Domains, Group, GroupKind, NodeFilter};
 use crate::apis::labels;
-use crate::catalog::{OFFERING_KEYS, Offering};
+use crate::catalog::{OFFERING_KEYS, Offering, OfferingRequirements};
 use crate::requirements::{Requirement, Requirements};
 
 /// A NodeClaim under construction.
@@ -308,9 +308,10 @@ impl Claim {
                     .filter(|g| m.groups.list[**g].id.kind == GroupKind::Affinity)
                     .map(|g| cx.counts.count(*g, d) as i64)
                     .sum();
+                let wanted = OfferingRequirements::of(&r);
                 let price = opts
                     .iter()
-                    .map(|t| cheapest(&pool.types[*t as usize].offerings, &r).map_or(f64::INFINITY, |o| o.price))
+                    .map(|t| cheapest(&pool.types[*t as usize].offerings, &wanted).map_or(f64::INFINITY, |o| o.price))
                     .fold(f64::INFINITY, f64::min);
                 let score = (spread, -aff, (price * 1e6) as u64, d);
                 if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
@@ -342,12 +343,13 @@ impl Claim {
     fn filter(&self, pool: &Pool, reqs: &Requirements, changed: &[String], used: &Vector) -> Vec<u32> {
         let offer = changed.iter().any(|k| OFFERING_KEYS.contains(&k.as_str()));
         let checks: Vec<&Requirement> = changed.iter().filter_map(|k| reqs.get(k)).collect();
+        let wanted = OfferingRequirements::of(reqs);
         self.options
             .iter()
             .copied()
             .filter(|t| {
                 let ty = &pool.types[*t as usize];
-                fits(used, &ty.avail) && checks.iter().all(|r| ty.allows(r)) && (!offer || ty.offered(reqs))
+                fits(used, &ty.avail) && checks.iter().all(|r| ty.allows(r)) && (!offer || ty.offered(&wanted))
             })
             .collect()
     }
@@ -365,20 +367,20 @@ pub fn single(r: Option<&Requirement>) -> Option<&str> {
 }
 
 /// The cheapest offering that satisfies the offering requirements (zone,
-/// capacity type, reservation).
-pub fn cheapest<'o>(offerings: &'o [Offering], reqs: &Requirements) -> Option<&'o Offering> {
-    cheapest_where(offerings, reqs, |_| true)
+/// capacity type, reservation), looked up once by the caller for many types.
+pub fn cheapest<'o>(offerings: &'o [Offering], wanted: &OfferingRequirements) -> Option<&'o Offering> {
+    cheapest_where(offerings, wanted, |_| true)
 }
 
 /// The cheapest offering that satisfies the requirements and `usable`.
 pub fn cheapest_where<'o>(
     offerings: &'o [Offering],
-    reqs: &Requirements,
+    wanted: &OfferingRequirements,
     usable: impl Fn(&Offering) -> bool,
 ) -> Option<&'o Offering> {
     offerings
         .iter()
-        .filter(|o| o.matches(reqs) && usable(o))
+        .filter(|o| wanted.allow(o) && usable(o))
         .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
 }
 

@@ -17,7 +17,7 @@ use super::reason::Reason;
 use super::volume::{Volumes, cross};
 use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
-use crate::catalog::{InstanceType, Offering};
+use crate::catalog::{InstanceType, Offering, OfferingRequirements};
 use crate::kubernetes::pods;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{AMD_GPU, AWS_NEURON, AWS_NEURON_CORE, HABANA_GAUDI, NVIDIA_GPU};
@@ -86,6 +86,8 @@ pub struct Pool {
     pub asks_accelerator: bool,
     /// True when some requirement has minValues.
     pub has_min_values: bool,
+    /// True when some type has a reserved offering (pricing looks for one only then).
+    pub has_reserved: bool,
     /// Set when the pool cannot be used at all.
     pub error: Option<String>,
 }
@@ -210,13 +212,13 @@ impl TypeModel {
 
     /// True when some usable offering satisfies the offering requirements
     /// (zone, capacity type, reservation).
-    pub fn offered(&self, reqs: &Requirements) -> bool {
-        self.offerings.iter().any(|o| o.matches(reqs))
+    pub fn offered(&self, wanted: &OfferingRequirements) -> bool {
+        self.offerings.iter().any(|o| wanted.allow(o))
     }
 
     /// True when every requirement holds for this type (offerings included).
     pub fn compatible(&self, reqs: &Requirements) -> bool {
-        reqs.iter().all(|r| self.allows(r)) && self.offered(reqs)
+        reqs.iter().all(|r| self.allows(r)) && self.offered(&OfferingRequirements::of(reqs))
     }
 }
 
@@ -395,6 +397,9 @@ impl Compiled {
             drop(overhead_daemons);
             let asks_accelerator = Pool::asks(&reqs);
             let has_min_values = reqs.iter().any(|r| r.min_values.is_some());
+            let has_reserved = types
+                .iter()
+                .any(|t| t.offerings.iter().any(|o| o.reservation.is_some()));
             let limits = np
                 .spec
                 .limits
@@ -407,6 +412,7 @@ impl Compiled {
                 node_class,
                 asks_accelerator,
                 has_min_values,
+                has_reserved,
                 reqs,
                 taints,
                 startup_taints: np.spec.template.spec.startup_taints.clone(),
@@ -493,13 +499,14 @@ fn type_model(
     res: &ResourceTable,
     daemons: &[&Daemon],
 ) -> Option<TypeModel> {
+    let wanted = OfferingRequirements::of(pool_reqs);
     let offerings: Vec<Offering> = it
         .offerings
         .iter()
         .filter(|o| {
             o.available && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str()))
         })
-        .filter(|o| o.matches(pool_reqs))
+        .filter(|o| wanted.allow(o))
         .cloned()
         .collect();
     if offerings.is_empty() {

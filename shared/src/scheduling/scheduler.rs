@@ -15,7 +15,7 @@ use super::reason::{Constraint, PoolRejection, Reason, Rejection, normalise};
 use super::topology::{Counts, Domains, GroupKind};
 use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
 use crate::apis::labels;
-use crate::catalog::Offering;
+use crate::catalog::{Offering, OfferingRequirements};
 use crate::requirements::Requirement;
 
 /// How a pass packs.
@@ -490,28 +490,35 @@ fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>) -> Option<Pric
     };
     let offerings = |t: &u32| pool.types[*t as usize].offerings.as_slice();
     let mut reqs = c.reqs.clone();
-    for ct in [
-        labels::CAPACITY_RESERVED,
-        labels::CAPACITY_SPOT,
-        labels::CAPACITY_ON_DEMAND,
-    ] {
+    let order: &[&str] = if pool.has_reserved {
+        &[
+            labels::CAPACITY_RESERVED,
+            labels::CAPACITY_SPOT,
+            labels::CAPACITY_ON_DEMAND,
+        ]
+    } else {
+        &[labels::CAPACITY_SPOT, labels::CAPACITY_ON_DEMAND]
+    };
+    for ct in order {
         let mut r = c.reqs.clone();
         r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[ct]));
+        let wanted = OfferingRequirements::of(&r);
         if c.options
             .iter()
-            .any(|t| cheapest_where(offerings(t), &r, room).is_some())
+            .any(|t| cheapest_where(offerings(t), &wanted, room).is_some())
         {
             reqs = r;
             break;
         }
     }
+    let (wanted, any) = (OfferingRequirements::of(&reqs), OfferingRequirements::of(&c.reqs));
     let mut priced: Vec<(f64, &str, u32, Option<&Offering>)> = c
         .options
         .iter()
         .map(|t| {
             let ty = &pool.types[*t as usize];
-            let chosen = cheapest_where(&ty.offerings, &reqs, room);
-            let fallback = cheapest_where(&ty.offerings, &c.reqs, room).or_else(|| cheapest(&ty.offerings, &c.reqs));
+            let chosen = cheapest_where(&ty.offerings, &wanted, room);
+            let fallback = cheapest_where(&ty.offerings, &any, room).or_else(|| cheapest(&ty.offerings, &any));
             let p = chosen.map_or(f64::INFINITY, |o| o.price);
             (p, ty.name.as_str(), *t, chosen.or(fallback))
         })
