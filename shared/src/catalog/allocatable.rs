@@ -139,6 +139,43 @@ pub fn compute_with(
     (capacity, allocatable)
 }
 
+/// A catalog's explicit allocatable, written for the default kubelet, under
+/// an EC2NodeClass's kubelet settings and instance-store policy: pods capped
+/// by maxPods / podsPerCore, and cpu, memory and ephemeral storage moved by
+/// what those settings change in the computed figures (pure).
+pub fn adjust_explicit(
+    info: &InstanceTypeInfo,
+    explicit: &Resources,
+    kubelet: Option<&KubeletConfiguration>,
+    raid0: bool,
+) -> (Resources, Resources) {
+    if kubelet.is_none() && !raid0 {
+        return (info.capacity.clone(), explicit.clone());
+    }
+    let (_, default) = compute_with(info, None, false);
+    let (_, with) = compute_with(info, kubelet, raid0);
+    let mut allocatable = explicit.clone();
+    for r in [resources::CPU, resources::MEMORY, resources::EPHEMERAL_STORAGE] {
+        if explicit.0.contains_key(r) {
+            let moved = explicit
+                .get(r)
+                .saturating_add(with.get(r))
+                .saturating_sub(default.get(r));
+            allocatable.set(r, moved.max(Quantity::ZERO));
+        }
+    }
+    let mut capacity = info.capacity.clone();
+    let caps_pods = kubelet.is_some_and(|k| k.max_pods.is_some() || k.pods_per_core.is_some());
+    let cap = Quantity::from_units(max_pods(info, kubelet));
+    for target in [&mut allocatable, &mut capacity] {
+        if caps_pods && target.0.contains_key(resources::PODS) {
+            let pods = target.get(resources::PODS).min(cap);
+            target.set(resources::PODS, pods);
+        }
+    }
+    (capacity, allocatable)
+}
+
 fn override_from(target: &mut Resources, overrides: &std::collections::BTreeMap<String, String>) {
     for (k, v) in overrides {
         if k == "pid" {
@@ -286,6 +323,40 @@ mod tests {
             - Quantity::from_mib(574).milli()
             - (Quantity::from_mib(7577).milli() as f64 * 0.1).ceil() as i64;
         assert_eq!(a.get("memory").milli(), expect);
+    }
+
+    #[test]
+    fn an_explicit_allocatable_follows_the_class_kubelet() {
+        let mut i = info("m5.large", "amd64", 2, 8192, 3, 10);
+        i.capacity.set("pods", Quantity::from_units(29));
+        let explicit = Resources::parse([("cpu", "1930m"), ("memory", "6903Mi"), ("pods", "29")]).unwrap();
+        i.allocatable = Some(explicit.clone());
+        assert_eq!(
+            adjust_explicit(&i, &explicit, None, false).1,
+            explicit,
+            "default kubelet: as given"
+        );
+        let k = KubeletConfiguration {
+            max_pods: Some(10),
+            system_reserved: [("cpu".to_string(), "500m".to_string())].into(),
+            ..Default::default()
+        };
+        let (capacity, a) = adjust_explicit(&i, &explicit, Some(&k), false);
+        assert_eq!(a.get("pods"), Quantity::from_units(10));
+        assert_eq!(
+            a.get("cpu"),
+            Quantity::from_milli(1430),
+            "500m of system reservation less"
+        );
+        assert!(
+            a.get("memory") > explicit.get("memory"),
+            "fewer pods reserve less memory"
+        );
+        assert_eq!(
+            capacity.get("pods"),
+            Quantity::from_units(10),
+            "the node reports maxPods"
+        );
     }
 
     #[test]

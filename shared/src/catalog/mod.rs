@@ -312,7 +312,7 @@ impl InstanceTypeInfo {
         reservations: &[&ReservedCapacity],
     ) -> InstanceType {
         let (capacity, allocatable) = match &self.allocatable {
-            Some(a) => (self.capacity.clone(), a.clone()),
+            Some(a) => allocatable::adjust_explicit(self, a, kubelet, raid0),
             None => allocatable::compute_with(self, kubelet, raid0),
         };
         let mut offerings = self.offerings.clone();

@@ -81,7 +81,7 @@ impl Claim {
             min_avail: m.res.zero(),
             reserved: m.res.zero(),
             pods: Vec::new(),
-            ports: Vec::new(),
+            ports: p.daemon_ports.clone(),
             host,
         };
         c.refresh(p);

@@ -88,6 +88,8 @@ pub struct Pool {
     pub has_min_values: bool,
     /// True when some type has a reserved offering (pricing looks for one only then).
     pub has_reserved: bool,
+    /// Host ports the DaemonSets that run on its nodes bind: taken on every new node.
+    pub daemon_ports: Vec<HostPort>,
     /// Set when the pool cannot be used at all.
     pub error: Option<String>,
 }
@@ -394,6 +396,12 @@ impl Compiled {
                 }
             }
             types.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.name.cmp(&b.name)));
+            // Ports of every daemon that may land on the pool's nodes (even one limited to
+            // some of its types: a pod refused a port waits, a pod planned onto a taken one never runs).
+            let daemon_ports: Vec<HostPort> = overhead_daemons
+                .iter()
+                .flat_map(|d| d.host_ports().iter().cloned())
+                .collect();
             drop(overhead_daemons);
             let asks_accelerator = Pool::asks(&reqs);
             let has_min_values = reqs.iter().any(|r| r.min_values.is_some());
@@ -413,6 +421,7 @@ impl Compiled {
                 asks_accelerator,
                 has_min_values,
                 has_reserved,
+                daemon_ports,
                 reqs,
                 taints,
                 startup_taints: np.spec.template.spec.startup_taints.clone(),
@@ -466,6 +475,7 @@ impl Compiled {
                 .filter(|d| d.lands_on(&c.taints, |t| claim_reqs.compatible(t, true).is_ok()))
             {
                 dense::add(&mut e.used, &res.vector(d.requests()));
+                e.ports.extend(d.host_ports().iter().cloned());
             }
             existing_pool.push(hold(&e, &mut pool_used));
             existing.push(e);

@@ -56,6 +56,11 @@ impl Daemon {
         tolerates_all(&self.pod.tolerations, taints, true).is_ok() && self.pod.node_terms.iter().any(compatible)
     }
 
+    /// The host ports its pod binds on every node it runs on.
+    pub fn host_ports(&self) -> &[super::pod::HostPort] {
+        &self.pod.host_ports
+    }
+
     /// Its effective requests (a daemon pod takes a `pods` slot too).
     pub fn requests(&self) -> &Resources {
         &self.pod.requests

@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::compile::{Compiled, Pool, accelerator_of};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
-use super::pod::{PodModel, PodRef, Toleration};
+use super::pod::{PodModel, PodRef};
 use super::reason::Reason;
-use super::topology::{Counts, Domains, GroupId, GroupKind, Groups};
+use super::topology::{Counts, Domains, GroupId, GroupKind, Groups, NodeFilter};
 use super::{SolveOptions, TargetKind};
 use crate::apis::labels;
 use crate::requirements::Requirements;
@@ -200,7 +200,7 @@ impl<'c> Model<'c> {
             .map(|g| g.id.key.clone())
             .collect();
         for key in &keys {
-            let vals = domain_values(key, pools, &existing, None);
+            let vals = domain_values(key, pools, &existing, &NodeFilter::default());
             key_domains.insert(key.clone(), vals.iter().map(|v| domains.intern(v)).collect());
         }
         for e in existing.iter_mut() {
@@ -215,7 +215,7 @@ impl<'c> Model<'c> {
             if group.hostname || !matches!(group.id.kind, GroupKind::Spread { .. }) {
                 continue;
             }
-            let vals = domain_values(&group.id.key, pools, &existing, group.id.filter.tolerations.as_deref());
+            let vals = domain_values(&group.id.key, pools, &existing, &group.id.filter);
             let universe = vals
                 .iter()
                 .filter(|v| {
@@ -351,17 +351,20 @@ impl Model<'_> {
 }
 
 /// The values a topology key takes across pools (their requirements and
-/// their instance types' offerings) and existing nodes; with `tolerations`,
-/// only pools and nodes whose taints they tolerate count.
-fn domain_values(
-    key: &str,
-    pools: &[Pool],
-    existing: &[Existing],
-    tolerations: Option<&[Toleration]>,
-) -> BTreeSet<String> {
+/// their instance types' offerings) and existing nodes that `filter` admits
+/// (nodeAffinityPolicy / nodeTaintsPolicy Honor): a node or pool the owner's
+/// node affinity or tolerations rule out is no domain of its spread.
+fn domain_values(key: &str, pools: &[Pool], existing: &[Existing], filter: &NodeFilter) -> BTreeSet<String> {
+    let tolerations = filter.tolerations.as_deref();
     let mut out = BTreeSet::new();
     for p in pools {
-        if p.error.is_some() || tolerations.is_some_and(|t| super::pod::tolerates_all(t, &p.taints, true).is_err()) {
+        if p.error.is_some()
+            || tolerations.is_some_and(|t| super::pod::tolerates_all(t, &p.taints, true).is_err())
+            || filter
+                .terms
+                .as_ref()
+                .is_some_and(|ts| !ts.iter().any(|t| p.reqs.compatible(t, true).is_ok()))
+        {
             continue;
         }
         let pool_req = p.reqs.get(key);
@@ -394,10 +397,7 @@ fn domain_values(
             }
         }
     }
-    for e in existing {
-        if tolerations.is_some_and(|t| super::pod::tolerates_all(t, &e.taints, true).is_err()) {
-            continue;
-        }
+    for e in existing.iter().filter(|e| e.passes(filter)) {
         if let Some(v) = e.labels.get(key) {
             out.insert(v.clone());
         }

@@ -307,7 +307,15 @@ fn resource_list(list: Option<&BTreeMap<String, K8sQuantity>>, path: &str) -> Re
 
 /// A container's requests, each resource defaulting to its limit.
 fn container_requests(c: &Container, path: &str) -> Result<Resources, PodError> {
-    let res = c.resources.as_ref();
+    requests_of(c.resources.as_ref(), path)
+}
+
+/// Requests, defaulted to limits where only a limit is set (containers and
+/// pod-level resources alike).
+fn requests_of(
+    res: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
+    path: &str,
+) -> Result<Resources, PodError> {
     let mut req = resource_list(
         res.and_then(|r| r.requests.as_ref()),
         &format!("{path}.resources.requests"),
@@ -320,8 +328,9 @@ fn container_requests(c: &Container, path: &str) -> Result<Resources, PodError> 
 }
 
 /// Kubernetes' effective pod requests: max(each init container plus the
-/// sidecars started before it, containers plus all sidecars), plus overhead
-/// and one `pods`.
+/// sidecars started before it, containers plus all sidecars), where pod-level
+/// `spec.resources` (Kubernetes 1.32+) replace that for the resources they
+/// set, plus overhead and one `pods`.
 pub fn effective_requests(spec: &k8s_openapi::api::core::v1::PodSpec, path: &str) -> Result<Resources, PodError> {
     let mut sum = Resources::new();
     for (i, c) in spec.containers.iter().enumerate() {
@@ -340,6 +349,9 @@ pub fn effective_requests(spec: &k8s_openapi::api::core::v1::PodSpec, path: &str
         }
     }
     let mut total = sum.max(&init_max);
+    for (k, v) in requests_of(spec.resources.as_ref(), &format!("{path}.resources"))?.0 {
+        total.set(&k, v);
+    }
     total.add(&resource_list(spec.overhead.as_ref(), &format!("{path}.overhead"))?);
     total.set(
         resources::PODS,

@@ -152,6 +152,40 @@ fn effective_requests_count_init_containers_sidecars_overhead_and_a_pod_slot() {
 }
 
 #[test]
+fn pod_level_resources_are_the_pods_requests_where_set() {
+    // Two containers asking 250m each, the pod 2 cpu for both (Kubernetes 1.32+):
+    // cpu is the pod's, memory still the containers' sum, plus overhead.
+    let p = pod(
+        "x",
+        "250m",
+        "1Gi",
+        json!({"spec": {
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
+                {"name": "b", "image": "i", "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}}
+            ],
+            "resources": {"requests": {"cpu": "2"}},
+            "overhead": {"cpu": "100m"}
+        }}),
+    );
+    let m = pod::PodModel::from_pod(&p).unwrap();
+    assert_eq!(m.requests.get("cpu").milli(), 2100);
+    assert_eq!(m.requests.get("memory").to_k8s_string("memory"), "2Gi");
+    // A pod-level limit alone is the request, as for containers.
+    let limited = pod(
+        "y",
+        "250m",
+        "1Gi",
+        json!({"spec": {"resources": {"limits": {"memory": "3Gi"}}}}),
+    );
+    let m = pod::PodModel::from_pod(&limited).unwrap();
+    assert_eq!(m.requests.get("memory").to_k8s_string("memory"), "3Gi");
+    // The plan sizes the node for it.
+    let plan = Case::new(vec![p]).solve();
+    assert_eq!(claim_of(&plan, "x").instance_type, "c.xlarge", "2.1 cpu does not fit 2");
+}
+
+#[test]
 fn requests_default_to_limits() {
     let p = pod(
         "x",
@@ -693,6 +727,36 @@ fn node_affinity_policy_honor_limits_the_domains() {
 }
 
 #[test]
+fn node_affinity_policy_honor_ignores_zones_of_nodes_the_pod_cannot_use() {
+    // Team a's pool makes nodes in zones a and b; another team's existing node
+    // is in zone c. Pods that select team a never reach zone c, so under the
+    // default nodeAffinityPolicy (Honor) zone c is no domain of their spread.
+    let team_a = pool(
+        "team-a",
+        "template:\n  metadata:\n    labels: {team: a}\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements:\n      - {key: topology.kubernetes.io/zone, operator: In, values: [test-zone-a, test-zone-b]}",
+    );
+    let mut extra = spread(labels::ZONE, 1, "DoNotSchedule", "web");
+    fixtures::merge(&mut extra, json!({"spec": {"nodeSelector": {"team": "a"}}}));
+    let mut case = Case::new(pods("web", 6, "500m", "512Mi", extra)).pools(vec![team_a, default_pool()]);
+    case.nodes = vec![ExistingNode {
+        node: node(
+            "other",
+            "test-zone-c",
+            "4",
+            "8Gi",
+            json!({"metadata": {"labels": {"team": "b"}}}),
+        ),
+        pods: vec![],
+    }];
+    let plan = case.solve();
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert_eq!(
+        zones_of(&plan, "web"),
+        [("test-zone-a".to_string(), 3), ("test-zone-b".to_string(), 3)].into()
+    );
+}
+
+#[test]
 fn min_domains_forces_spreading_before_skew_allows_stacking() {
     // maxSkew 2 would allow 2 pods in one zone; minDomains 3 with 3 zones keeps
     // the minimum real, but with minDomains 4 (more than exist) the global
@@ -1038,12 +1102,27 @@ fn storage_class_allowed_topologies_and_missing_claims() {
     ];
     case.scs = vec![
         serde_json::from_value(
-            json!({"metadata": {"name": "zonal"}, "provisioner": "ebs.csi.aws.com", "allowedTopologies": [
-        {"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["test-zone-b"]}]}]}),
+            json!({"metadata": {"name": "zonal"}, "provisioner": "ebs.csi.aws.com", "volumeBindingMode": "WaitForFirstConsumer",
+                "allowedTopologies": [{"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["test-zone-b"]}]}]}),
         )
         .unwrap(),
     ];
     assert_eq!(claim_of(&case.solve(), "v-0").zone, "test-zone-b");
+    // An Immediate class (the default mode) binds the claim before the pod can
+    // run, in a zone of the provisioner's choosing: the pod waits, no node for it.
+    for mode in [json!("Immediate"), serde_json::Value::Null] {
+        let mut sc = case.scs[0].clone();
+        sc.volume_binding_mode = serde_json::from_value(mode).unwrap();
+        let mut immediate = Case::new(case.pods.clone());
+        immediate.pvcs = case.pvcs.clone();
+        immediate.scs = vec![sc];
+        let plan = immediate.solve();
+        assert!(plan.node_claims.is_empty(), "{plan:?}");
+        assert_eq!(
+            plan.unschedulable[0].reason.to_string(),
+            "persistentvolumeclaim default/data is not bound yet (StorageClass zonal binds Immediate)"
+        );
+    }
     case.pvcs.clear();
     let plan = case.solve();
     assert_eq!(
@@ -1078,6 +1157,49 @@ fn daemonset_overhead_is_reserved_on_new_nodes() {
     )];
     let plan = case.solve();
     assert_eq!(claim_of(&plan, "p-0").instance_type, "c.large");
+}
+
+/// A pod or DaemonSet container binding `port` on the host.
+fn binds(port: i32) -> serde_json::Value {
+    json!({"spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": port, "hostPort": port}],
+        "resources": {"requests": {"cpu": "100m"}}}]}})
+}
+
+#[test]
+fn daemonset_host_ports_are_taken_on_every_node_it_runs_on() {
+    let exporter = |extra| {
+        let mut spec = json!({"spec": {"template": binds(9100)}});
+        fixtures::merge(&mut spec, extra);
+        daemonset("100m", spec)
+    };
+    let mut v = pods("clash", 1, "100m", "64Mi", binds(9100));
+    v.extend(pods("free", 1, "100m", "64Mi", binds(9101)));
+    let mut case = Case::new(v);
+    case.daemon_sets = vec![exporter(json!({}))];
+    let plan = case.solve();
+    assert!(
+        plan.unschedulable.iter().any(|u| u.pod.name == "clash-0"),
+        "node-exporter holds 9100 on every node of the pool: {plan:?}"
+    );
+    assert!(
+        plan.unschedulable[0].reason.to_string().contains("host port"),
+        "{}",
+        plan.unschedulable[0].reason
+    );
+    claim_of(&plan, "free-0");
+    // An in-flight claim of the pool has the daemon's port taken too.
+    case.pods = pods("clash", 1, "100m", "64Mi", binds(9100));
+    let mut c = fixtures_claim();
+    c.instance_type_options = vec!["m.xlarge".into()];
+    case.claims = vec![c];
+    let plan = case.solve();
+    assert!(plan.existing.is_empty() && plan.node_claims.is_empty(), "{plan:?}");
+    // A daemon that does not run on the pool's nodes takes nothing.
+    case.daemon_sets = vec![exporter(
+        json!({"spec": {"template": {"spec": {"nodeSelector": {"team": "other"}}}}}),
+    )];
+    case.claims = vec![];
+    claim_of(&case.solve(), "clash-0");
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! Zonal volume topology: a pod that mounts a bound PersistentVolume must run
-//! where the volume's node affinity allows; an unbound claim must run where its
-//! StorageClass's `allowedTopologies` allow.
+//! where the volume's node affinity allows; an unbound claim of a
+//! `WaitForFirstConsumer` StorageClass must run where the class's
+//! `allowedTopologies` allow. An unbound claim of an `Immediate` class (the
+//! default mode) is bound by Kubernetes before the pod can be scheduled, in a
+//! zone the provisioner picks: the pod waits for it and is not planned yet.
 
 use std::collections::HashMap;
 
@@ -75,7 +78,17 @@ impl<'a> Volumes<'a> {
                     })?;
                     volume_terms(pv)?
                 }
-                None => self.class_terms(spec.and_then(|s| s.storage_class_name.as_deref()))?,
+                None => {
+                    let class = spec.and_then(|s| s.storage_class_name.as_deref());
+                    if let Some(sc) = self.class(class)?.filter(|sc| binds_immediately(sc)) {
+                        return Err(format!(
+                            "persistentvolumeclaim {}/{claim} is not bound yet (StorageClass {} binds Immediate)",
+                            pod.pod.namespace,
+                            sc.metadata.name.as_deref().unwrap_or_default()
+                        ));
+                    }
+                    self.class_terms(class)?
+                }
             };
             if let Some(or) = or {
                 constrained = true;
@@ -91,9 +104,11 @@ impl<'a> Volumes<'a> {
         Ok(if constrained { terms } else { vec![] })
     }
 
-    fn class_terms(&self, name: Option<&str>) -> Result<Option<Vec<Requirements>>, String> {
-        let sc = match name {
-            Some("") => return Ok(None),
+    /// The StorageClass a claim names (the default one when it names none;
+    /// none for `""`, which asks for no class).
+    fn class(&self, name: Option<&str>) -> Result<Option<&'a StorageClass>, String> {
+        Ok(match name {
+            Some("") => None,
             Some(n) => Some(
                 *self
                     .classes
@@ -101,7 +116,11 @@ impl<'a> Volumes<'a> {
                     .ok_or_else(|| format!("storageclass {n} not found"))?,
             ),
             None => self.default_class,
-        };
+        })
+    }
+
+    fn class_terms(&self, name: Option<&str>) -> Result<Option<Vec<Requirements>>, String> {
+        let sc = self.class(name)?;
         let Some(terms) = sc.and_then(|s| s.allowed_topologies.as_ref()).filter(|t| !t.is_empty()) else {
             return Ok(None);
         };
@@ -115,6 +134,11 @@ impl<'a> Volumes<'a> {
         }
         Ok(Some(or))
     }
+}
+
+/// True when the class binds its claims at once (`Immediate`, the default).
+fn binds_immediately(sc: &StorageClass) -> bool {
+    sc.volume_binding_mode.as_deref().is_none_or(|m| m == "Immediate")
 }
 
 fn volume_terms(pv: &PersistentVolume) -> Result<Option<Vec<Requirements>>, String> {

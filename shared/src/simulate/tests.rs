@@ -120,3 +120,15 @@ fn examples_load_as_scenarios() {
     let s = from_docs(&docs, &mut w).unwrap();
     assert_eq!(s.pods.len(), 100 + 3 + 3 + 2 + 6 + 3);
 }
+
+#[test]
+fn the_class_kubelet_caps_every_claim_of_its_pools_even_with_a_catalog_allocatable() {
+    // The test catalog gives allocatable explicitly (20-110 pods a type).
+    let class = "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {name: default}\nspec:\n  role: R\n  amiSelectorTerms: [{alias: al2023@latest}]\n  subnetSelectorTerms: [{tags: {a: b}}]\n  securityGroupSelectorTerms: [{tags: {a: b}}]\n  kubelet: {maxPods: 10}\n";
+    let app = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: tiny}\nspec:\n  replicas: 40\n  selector: {matchLabels: {app: tiny}}\n  template:\n    metadata: {labels: {app: tiny}}\n    spec: {containers: [{name: c, image: i, resources: {requests: {cpu: 10m, memory: 16Mi}}}]}\n";
+    let report = simulate(&scenario(&format!("{class}---\n{POOL}---\n{app}")));
+    let claims = &report.plan.node_claims;
+    assert!(claims.iter().all(|c| c.pods.len() <= 10), "{claims:#?}");
+    assert_eq!(claims.iter().map(|c| c.pods.len()).sum::<usize>(), 40);
+    assert_eq!(claims.len(), 4);
+}
