@@ -57,6 +57,8 @@ async fn reads_pods_nodes_claims_objects_and_live_offerings_as_of_now() {
     done["status"]["phase"] = json!("Succeeded");
     kube.apply(&done).unwrap();
     kube.apply(&pod("waiting")).unwrap();
+    kube.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "payments", "labels": {"tier": "critical"}}}))
+        .unwrap();
     kube.schedule();
 
     // One claim still launching, one whose Node exists (counted as that node), one on its way out.
@@ -122,6 +124,18 @@ async fn reads_pods_nodes_claims_objects_and_live_offerings_as_of_now() {
     assert_eq!(claims, ["default-launching"]);
     assert_eq!((s.node_pools.len(), s.node_classes.len()), (1, 1));
     assert_eq!(s.pod_disruption_budgets.len(), 1);
+    let payments = s
+        .namespaces
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some("payments"));
+    assert_eq!(
+        payments
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get("tier"))
+            .map(String::as_str),
+        Some("critical"),
+        "namespace labels are read for namespaceSelectors"
+    );
     assert_eq!(
         s.unavailable,
         [live_offering],

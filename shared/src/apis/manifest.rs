@@ -5,7 +5,7 @@ use std::path::{Path as FsPath, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::de::DeserializeOwned;
@@ -42,6 +42,8 @@ pub enum Object {
     PersistentVolumeClaim(PersistentVolumeClaim),
     /// storage.k8s.io/v1 StorageClass.
     StorageClass(StorageClass),
+    /// v1 Namespace (its labels, for pod affinity namespaceSelectors).
+    Namespace(Namespace),
 }
 
 /// A parsed document and where it came from.
@@ -195,6 +197,7 @@ pub fn parse_documents(file: &str, text: &str) -> Result<(Vec<Document>, Vec<War
             ("v1", "PersistentVolume") => Object::PersistentVolume(typed(value).map_err(|(p, m)| err(p, m))?),
             ("v1", "PersistentVolumeClaim") => Object::PersistentVolumeClaim(typed(value).map_err(|(p, m)| err(p, m))?),
             ("storage.k8s.io/v1", "StorageClass") => Object::StorageClass(typed(value).map_err(|(p, m)| err(p, m))?),
+            ("v1", "Namespace") => Object::Namespace(typed(value).map_err(|(p, m)| err(p, m))?),
             (av, k) if (k == "NodePool" || k == "EC2NodeClass") && av.starts_with("karpenter") => {
                 return Err(err(
                     "apiVersion".into(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 
@@ -132,6 +132,8 @@ pub trait Cluster: Send + Sync {
     -> impl Future<Output = Result<Vec<PersistentVolumeClaim>, ClusterError>> + Send;
     /// Every StorageClass.
     fn storage_classes(&self) -> impl Future<Output = Result<Vec<StorageClass>, ClusterError>> + Send;
+    /// Every Namespace (pod affinity `namespaceSelector`s select them by label).
+    fn namespaces(&self) -> impl Future<Output = Result<Vec<Namespace>, ClusterError>> + Send;
     /// Every NodePool.
     fn node_pools(&self) -> impl Future<Output = Result<Vec<NodePool>, ClusterError>> + Send;
     /// Every EC2NodeClass.

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
@@ -282,6 +282,10 @@ impl Cluster for KubeCluster {
 
     async fn storage_classes(&self) -> Result<Vec<StorageClass>, ClusterError> {
         self.list_all("list storageclasses", ListParams::default()).await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<Namespace>, ClusterError> {
+        self.list_all("list namespaces", ListParams::default()).await
     }
 
     async fn node_pools(&self) -> Result<Vec<NodePool>, ClusterError> {

@@ -166,6 +166,8 @@ pub struct Compiled {
     pub(crate) running: Vec<Running>,
     /// Skipped input.
     pub(crate) warnings: Vec<String>,
+    /// Each namespace's labels (pod affinity namespaceSelectors match them).
+    pub(crate) namespace_labels: HashMap<String, BTreeMap<String, String>>,
 }
 
 #[cfg(test)]
@@ -491,6 +493,11 @@ impl Compiled {
             invalid,
             running,
             warnings,
+            namespace_labels: input
+                .namespaces
+                .iter()
+                .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default())))
+                .collect(),
         }
     }
 

@@ -119,6 +119,8 @@ pub struct SolveInput<'a> {
     pub persistent_volume_claims: &'a [PersistentVolumeClaim],
     /// StorageClasses.
     pub storage_classes: &'a [StorageClass],
+    /// Namespaces (their labels, for pod affinity namespaceSelectors).
+    pub namespaces: &'a [k8s_openapi::api::core::v1::Namespace],
     /// The instance catalog.
     pub catalog: &'a Catalog,
     /// Offerings not to use.
@@ -138,6 +140,7 @@ impl<'a> SolveInput<'a> {
             persistent_volumes: &[],
             persistent_volume_claims: &[],
             storage_classes: &[],
+            namespaces: &[],
             catalog,
             unavailable: &[],
         }

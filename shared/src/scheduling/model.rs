@@ -238,7 +238,9 @@ impl<'c> Model<'c> {
             let e = &existing[*ni];
             let matching = match_cache
                 .entry((m.pod.namespace.clone(), m.labels.clone()))
-                .or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels))
+                .or_insert_with(|| {
+                    groups.matching(&m.pod.namespace, c.namespace_labels.get(&m.pod.namespace), &m.labels)
+                })
                 .clone();
             for g in matching {
                 let group = &groups.list[g];
@@ -260,7 +262,9 @@ impl<'c> Model<'c> {
         for (si, ((m, terms), o)) in pending.into_iter().zip(owned).enumerate() {
             let counts_in = match_cache
                 .entry((m.pod.namespace.clone(), m.labels.clone()))
-                .or_insert_with(|| groups.matching(&m.pod.namespace, &m.labels))
+                .or_insert_with(|| {
+                    groups.matching(&m.pod.namespace, c.namespace_labels.get(&m.pod.namespace), &m.labels)
+                })
                 .clone();
             let inverse: Vec<GroupId> = counts_in
                 .iter()

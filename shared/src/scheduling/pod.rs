@@ -137,14 +137,24 @@ pub enum Namespaces {
     All,
     /// Only these namespaces.
     Only(BTreeSet<String>),
+    /// These namespaces and every namespace whose labels the selector matches.
+    Matching {
+        /// Listed by name.
+        names: BTreeSet<String>,
+        /// The namespaceSelector.
+        selector: Selector,
+    },
 }
 
 impl Namespaces {
-    /// True when pods of `ns` are in scope.
-    pub fn contains(&self, ns: &str) -> bool {
+    /// True when pods of `ns`, whose labels are `ns_labels` (when known), are in scope.
+    pub fn contains(&self, ns: &str, ns_labels: Option<&BTreeMap<String, String>>) -> bool {
         match self {
             Namespaces::All => true,
             Namespaces::Only(s) => s.contains(ns),
+            Namespaces::Matching { names, selector } => {
+                names.contains(ns) || ns_labels.is_some_and(|l| selector.matches(l))
+            }
         }
     }
 }
@@ -405,17 +415,22 @@ fn pod_term(
             selector.exprs.sort();
         }
     }
-    let namespaces = match (&t.namespace_selector, &t.namespaces) {
-        // An empty namespaceSelector selects every namespace. Namespace labels
-        // are not part of the input, so a non-empty one adds no namespaces.
-        (Some(ns), _)
+    // The listed namespaces and those the namespaceSelector selects ({}: all);
+    // neither set means the pod's own namespace.
+    let listed: BTreeSet<String> = t.namespaces.iter().flatten().cloned().collect();
+    let namespaces = match &t.namespace_selector {
+        Some(ns)
             if ns.match_labels.as_ref().is_none_or(|m| m.is_empty())
                 && ns.match_expressions.as_ref().is_none_or(|m| m.is_empty()) =>
         {
             Namespaces::All
         }
-        (_, Some(list)) if !list.is_empty() => Namespaces::Only(list.iter().cloned().collect()),
-        _ => Namespaces::Only([own_ns.to_string()].into()),
+        Some(ns) => Namespaces::Matching {
+            names: listed,
+            selector: Selector::from_k8s(Some(ns), &format!("{path}.namespaceSelector"))?,
+        },
+        None if !listed.is_empty() => Namespaces::Only(listed),
+        None => Namespaces::Only([own_ns.to_string()].into()),
     };
     if t.topology_key.is_empty() {
         return Err(perr(format!("{path}.topologyKey"), "is required"));

@@ -24,6 +24,7 @@ struct Case {
     scs: Vec<StorageClass>,
     unavailable: Vec<OfferingKey>,
     classes: Vec<crate::apis::EC2NodeClass>,
+    namespaces: Vec<k8s_openapi::api::core::v1::Namespace>,
     improve: bool,
 }
 
@@ -39,6 +40,7 @@ impl Case {
             persistent_volumes: &self.pvs,
             persistent_volume_claims: &self.pvcs,
             storage_classes: &self.scs,
+            namespaces: &self.namespaces,
             catalog: &self.catalog,
             unavailable: &self.unavailable,
         }
@@ -56,6 +58,7 @@ impl Case {
             scs: vec![],
             unavailable: vec![],
             classes: vec![],
+            namespaces: vec![],
             improve: true,
         }
     }
@@ -754,6 +757,42 @@ fn node_affinity_policy_honor_ignores_zones_of_nodes_the_pod_cannot_use() {
         zones_of(&plan, "web"),
         [("test-zone-a".to_string(), 3), ("test-zone-b".to_string(), 3)].into()
     );
+}
+
+#[test]
+fn anti_affinity_namespace_selectors_match_namespaces_by_their_labels() {
+    // A database in namespace "payments" (labelled tier=critical) runs on n1;
+    // the pending pod in "web" must not share a node with any app=db pod in a
+    // critical namespace.
+    let ns = |name: &str, tier: &str| -> k8s_openapi::api::core::v1::Namespace {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"tier": tier}}})).unwrap()
+    };
+    let mut db = running("db-0", "n1", "500m", json!({}));
+    db.metadata.namespace = Some("payments".into());
+    db.metadata.labels = Some([("app".to_string(), "db".to_string())].into());
+    let anti = |selector: serde_json::Value| {
+        json!({"metadata": {"namespace": "web"}, "spec": {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "db"}}, "namespaceSelector": selector}]}}}})
+    };
+    let solve = |selector: serde_json::Value, tier: &str| {
+        let mut case = Case::new(pods("p", 1, "500m", "512Mi", anti(selector)));
+        case.nodes = vec![ExistingNode {
+            node: node("n1", "test-zone-a", "4", "8Gi", json!({})),
+            pods: vec![db.clone()],
+        }];
+        case.namespaces = vec![ns("payments", tier), ns("web", "public")];
+        case.solve()
+    };
+    let critical = json!({"matchLabels": {"tier": "critical"}});
+    let plan = solve(critical.clone(), "critical");
+    assert!(plan.existing.is_empty(), "n1 runs a critical db: {plan:?}");
+    assert_eq!(plan.node_claims.len(), 1);
+    // The database's namespace is not critical: n1 is fine.
+    let plan = solve(critical, "public");
+    assert_eq!(plan.existing.len(), 1, "{plan:?}");
+    // `{}` selects every namespace.
+    let plan = solve(json!({}), "public");
+    assert!(plan.existing.is_empty(), "{plan:?}");
 }
 
 #[test]

@@ -128,12 +128,18 @@ impl Groups {
         })
     }
 
-    /// The groups whose selector counts a pod with these labels in `namespace`.
-    pub fn matching(&self, namespace: &str, labels: &std::collections::BTreeMap<String, String>) -> Vec<GroupId> {
+    /// The groups whose selector counts a pod with these labels in
+    /// `namespace` (whose own labels are `namespace_labels`, when known).
+    pub fn matching(
+        &self,
+        namespace: &str,
+        namespace_labels: Option<&std::collections::BTreeMap<String, String>>,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<GroupId> {
         self.list
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.id.namespaces.contains(namespace) && g.id.selector.matches(labels))
+            .filter(|(_, g)| g.id.namespaces.contains(namespace, namespace_labels) && g.id.selector.matches(labels))
             .map(|(i, _)| i)
             .collect()
     }

@@ -132,3 +132,15 @@ fn the_class_kubelet_caps_every_claim_of_its_pools_even_with_a_catalog_allocatab
     assert_eq!(claims.iter().map(|c| c.pods.len()).sum::<usize>(), 40);
     assert_eq!(claims.len(), 4);
 }
+
+#[test]
+fn namespaces_are_read_for_namespace_selectors() {
+    let text = format!(
+        "{POOL}---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: payments, labels: {{tier: critical}}}}\n"
+    );
+    let (docs, mut w) = parse_documents("test.yaml", &text).unwrap();
+    let s = from_docs(&docs, &mut w).unwrap();
+    assert!(w.is_empty(), "a known kind, not ignored: {w:?}");
+    assert_eq!(s.namespaces.len(), 1);
+    assert_eq!(s.solve_input().namespaces.len(), 1);
+}

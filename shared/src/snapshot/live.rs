@@ -65,6 +65,7 @@ pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) ->
         persistent_volumes: cluster.persistent_volumes().await?,
         persistent_volume_claims: cluster.persistent_volume_claims().await?,
         storage_classes: cluster.storage_classes().await?,
+        namespaces: cluster.namespaces().await?,
         catalog,
         unavailable,
     })

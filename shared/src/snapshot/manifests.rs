@@ -184,6 +184,10 @@ impl Snapshot {
                     s.storage_classes.push(c.clone());
                     continue;
                 }
+                Object::Namespace(n) => {
+                    s.namespaces.push(n.clone());
+                    continue;
+                }
             };
             if let Some(first) = expanded.first() {
                 check(d, first, "spec.template.")?;

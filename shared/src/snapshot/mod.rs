@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 
@@ -46,6 +46,8 @@ pub struct Snapshot {
     pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
     /// StorageClasses (allowed topologies).
     pub storage_classes: Vec<StorageClass>,
+    /// Namespaces (their labels, for pod affinity namespaceSelectors).
+    pub namespaces: Vec<Namespace>,
     /// The instance catalog (types, offerings, prices).
     pub catalog: Arc<Catalog>,
     /// Offerings that recently failed and are not to be used.
@@ -67,6 +69,7 @@ impl Snapshot {
             persistent_volumes: Vec::new(),
             persistent_volume_claims: Vec::new(),
             storage_classes: Vec::new(),
+            namespaces: Vec::new(),
             catalog,
             unavailable: Vec::new(),
         }
@@ -84,6 +87,7 @@ impl Snapshot {
             persistent_volumes: &self.persistent_volumes,
             persistent_volume_claims: &self.persistent_volume_claims,
             storage_classes: &self.storage_classes,
+            namespaces: &self.namespaces,
             catalog: &self.catalog,
             unavailable: &self.unavailable,
         }
