@@ -101,7 +101,7 @@ pub struct NodeClaim {
     pub price: Option<f64>,
     /// The capacity reservation the instance launched into (`reserved` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity_reservation: Option<ClaimReservation>,
+    pub capacity_reservation: Option<ReservationRef>,
     /// The Kubernetes node name once registered.
     #[serde(default)]
     pub node_name: Option<String>,
@@ -145,9 +145,6 @@ pub struct LaunchAttempt {
     /// The CreateFleet `Context` sent (a repeat must send the same request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
-    /// Reserved capacity bought as a capacity block.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub capacity_block: bool,
 }
 
 /// One override of a [`LaunchAttempt`].
@@ -167,7 +164,7 @@ pub struct AttemptOverride {
     pub price: Option<f64>,
     /// The capacity reservation the override's template targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity_reservation_id: Option<String>,
+    pub capacity_reservation: Option<ReservationRef>,
 }
 
 impl NodeClaim {
@@ -318,18 +315,25 @@ pub struct LaunchedInstance {
     /// Hourly price of that offering, when known.
     pub price: Option<f64>,
     /// The capacity reservation it runs in, if reserved.
-    pub capacity_reservation: Option<ClaimReservation>,
+    pub capacity_reservation: Option<ReservationRef>,
 }
 
-/// The capacity reservation a claim's instance runs in: the node's
-/// `karpenter.k8s.aws/capacity-reservation-{id,type}` labels.
+/// A capacity reservation an instance is launched into: what its launch
+/// template targets, and the node's `karpenter.k8s.aws/capacity-reservation-{id,type}` labels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ClaimReservation {
+pub struct ReservationRef {
     /// The reservation id.
     pub id: String,
     /// `default` or `capacity-block`.
     pub reservation_type: String,
+}
+
+impl ReservationRef {
+    /// True for a capacity block (bought in the `capacity-block` market).
+    pub fn capacity_block(&self) -> bool {
+        self.reservation_type == crate::apis::ec2nodeclass::RESERVATION_CAPACITY_BLOCK
+    }
 }
 
 /// When a claim was created and reached each later phase (RFC 3339 in JSON).

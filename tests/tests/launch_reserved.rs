@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use launch_fixtures::*;
 use nodesmith::apis::ec2nodeclass::{EC2NodeClassSpec, SelectorTerm};
 use nodesmith::launch::LaunchOutcome;
-use nodesmith::nodeclaim::{ClaimReservation, NodeClaim};
+use nodesmith::nodeclaim::{NodeClaim, ReservationRef};
 use nodesmith::state::OfferingKey;
 use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::kube_server::KubeServer;
@@ -78,7 +78,7 @@ async fn claims_fill_the_selected_reservation_first_then_fall_back_to_on_demand(
     assert_eq!(c.zone.as_deref(), Some("us-east-1b"));
     assert_eq!(
         c.capacity_reservation,
-        Some(ClaimReservation {
+        Some(ReservationRef {
             id: ml.clone(),
             reservation_type: "default".into(),
         })

@@ -513,9 +513,9 @@ impl EC2NodeClass {
             .or_else(|| self.spec.ami_family.clone())
     }
 
-    /// The capacity reservations this class's status lists as active, as
-    /// reserved offerings for the solver (none when the class selects none).
-    pub fn reserved_capacity(&self) -> Vec<crate::catalog::ReservedCapacity> {
+    /// The capacity reservations this class's status lists as active: the
+    /// solver's reserved offerings (none when the class selects none).
+    pub fn reserved_capacity(&self) -> Vec<CapacityReservationStatus> {
         if self.spec.capacity_reservation_selector_terms.is_empty() {
             return Vec::new();
         }
@@ -523,16 +523,7 @@ impl EC2NodeClass {
             .iter()
             .flat_map(|s| &s.capacity_reservations)
             .filter(|r| r.state.as_deref().is_none_or(|st| st == "active"))
-            .map(|r| crate::catalog::ReservedCapacity {
-                id: r.id.clone(),
-                instance_type: r.instance_type.clone(),
-                zone: r.availability_zone.clone(),
-                reservation_type: r
-                    .reservation_type
-                    .clone()
-                    .unwrap_or_else(|| RESERVATION_DEFAULT.to_string()),
-                available: r.available_instance_count.unwrap_or(0),
-            })
+            .cloned()
             .collect()
     }
 

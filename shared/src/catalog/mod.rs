@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::apis::KubeletConfiguration;
+use crate::apis::ec2nodeclass::{CapacityReservationStatus, RESERVATION_DEFAULT};
 use crate::apis::labels;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::Resources;
@@ -63,12 +64,6 @@ impl Offering {
             available: true,
             reservation: None,
         }
-    }
-
-    /// True when a node bought this way satisfies `reqs` on the keys an
-    /// offering decides ([`OfferingRequirements`]).
-    pub fn matches(&self, reqs: &Requirements) -> bool {
-        OfferingRequirements::of(reqs).allow(self)
     }
 }
 
@@ -236,49 +231,41 @@ impl Catalog {
         &self,
         kubelet: Option<&KubeletConfiguration>,
         raid0: bool,
-        reservations: &[ReservedCapacity],
+        reservations: &[CapacityReservationStatus],
     ) -> Vec<InstanceType> {
         self.instance_types
             .iter()
             .map(|i| {
-                let mine: Vec<&ReservedCapacity> = reservations.iter().filter(|r| r.instance_type == i.name).collect();
+                let mine: Vec<&CapacityReservationStatus> =
+                    reservations.iter().filter(|r| r.instance_type == i.name).collect();
                 i.resolve_reserved(&self.region, kubelet, raid0, &mine)
             })
             .collect()
     }
 }
 
-/// A capacity reservation an EC2NodeClass selects (its status), with the
-/// instances it can still take.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReservedCapacity {
-    /// The reservation id.
-    pub id: String,
-    /// The instance type it reserves.
-    pub instance_type: String,
-    /// Its availability zone.
-    pub zone: String,
-    /// `default` or `capacity-block`.
-    pub reservation_type: String,
-    /// Instances it can still take.
-    pub available: u32,
-}
-
-impl ReservedCapacity {
-    /// The `reserved` offering it adds to its type.
-    fn offering(&self, info: &InstanceTypeInfo) -> Offering {
-        Offering {
-            reservation: Some(Reservation {
-                id: self.id.clone(),
-                reservation_type: self.reservation_type.clone(),
-                available: self.available,
-            }),
-            ..Offering::new(&self.zone, labels::CAPACITY_RESERVED, info.reserved_price(&self.zone))
-        }
-    }
-}
-
 impl InstanceTypeInfo {
+    /// The `reserved` offering a selected reservation of this type adds, when
+    /// it has room.
+    fn reserved_offering(&self, r: &CapacityReservationStatus) -> Option<Offering> {
+        let available = r.available_instance_count.filter(|n| *n > 0)?;
+        Some(Offering {
+            reservation: Some(Reservation {
+                id: r.id.clone(),
+                reservation_type: r
+                    .reservation_type
+                    .clone()
+                    .unwrap_or_else(|| RESERVATION_DEFAULT.to_string()),
+                available,
+            }),
+            ..Offering::new(
+                &r.availability_zone,
+                labels::CAPACITY_RESERVED,
+                self.reserved_price(&r.availability_zone),
+            )
+        })
+    }
+
     /// What a reserved instance of this type in `zone` is priced at: its
     /// on-demand price there (else anywhere) × [`RESERVED_PRICE_FACTOR`].
     pub fn reserved_price(&self, zone: &str) -> f64 {
@@ -309,19 +296,14 @@ impl InstanceTypeInfo {
         region: &str,
         kubelet: Option<&KubeletConfiguration>,
         raid0: bool,
-        reservations: &[&ReservedCapacity],
+        reservations: &[&CapacityReservationStatus],
     ) -> InstanceType {
         let (capacity, allocatable) = match &self.allocatable {
             Some(a) => allocatable::adjust_explicit(self, a, kubelet, raid0),
             None => allocatable::compute_with(self, kubelet, raid0),
         };
         let mut offerings = self.offerings.clone();
-        offerings.extend(
-            reservations
-                .iter()
-                .filter(|r| r.available > 0)
-                .map(|r| r.offering(self)),
-        );
+        offerings.extend(reservations.iter().filter_map(|r| self.reserved_offering(r)));
         let mut requirements = Requirements::from_labels(self.labels.iter());
         requirements.add(Requirement::in_values(labels::REGION, &[region]));
         let zones: Vec<&str> = offerings.iter().map(|o| o.zone.as_str()).collect();

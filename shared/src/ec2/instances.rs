@@ -149,7 +149,7 @@ pub struct Instance {
     /// capacity reservation, else `on-demand`.
     pub capacity_type: String,
     /// The capacity reservation it runs in.
-    pub capacity_reservation: Option<crate::nodeclaim::ClaimReservation>,
+    pub capacity_reservation: Option<crate::nodeclaim::ReservationRef>,
     /// When EC2 launched it.
     pub launch_time: Option<jiff::Timestamp>,
     /// Every tag.
@@ -160,16 +160,14 @@ impl Instance {
     /// From the SDK's description; None without an instance id (pure).
     pub fn from_sdk(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
         let lifecycle = i.instance_lifecycle().map(|l| l.as_str());
-        let capacity_reservation = i
-            .capacity_reservation_id()
-            .map(|id| crate::nodeclaim::ClaimReservation {
-                id: id.to_string(),
-                reservation_type: match lifecycle {
-                    Some(RESERVATION_CAPACITY_BLOCK) => RESERVATION_CAPACITY_BLOCK,
-                    _ => RESERVATION_DEFAULT,
-                }
-                .to_string(),
-            });
+        let capacity_reservation = i.capacity_reservation_id().map(|id| crate::nodeclaim::ReservationRef {
+            id: id.to_string(),
+            reservation_type: match lifecycle {
+                Some(RESERVATION_CAPACITY_BLOCK) => RESERVATION_CAPACITY_BLOCK,
+                _ => RESERVATION_DEFAULT,
+            }
+            .to_string(),
+        });
         let capacity_type = match (lifecycle, &capacity_reservation) {
             (Some(labels::CAPACITY_SPOT), _) => labels::CAPACITY_SPOT,
             (_, Some(_)) => labels::CAPACITY_RESERVED,

@@ -9,10 +9,8 @@ use aws_sdk_ec2::types::Filter;
 
 use super::ami::tag_filter;
 use super::errors::LaunchError;
-use super::launchtemplate::ReservationTarget;
-use crate::apis::ec2nodeclass::{
-    CapacityReservationStatus, RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT, SelectorTerm,
-};
+use crate::apis::ec2nodeclass::{CapacityReservationStatus, RESERVATION_DEFAULT, SelectorTerm};
+use crate::nodeclaim::ReservationRef;
 
 /// The only state whose reservations take instances.
 const ACTIVE: &str = "active";
@@ -20,54 +18,14 @@ const ACTIVE: &str = "active";
 /// What EC2 answers for a reservation id it does not know (a term that selects nothing).
 const NOT_FOUND: &str = "InvalidCapacityReservationId.NotFound";
 
-/// One selected capacity reservation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CapacityReservation {
-    /// `cr-...`.
-    pub id: String,
-    /// The instance type it reserves.
-    pub instance_type: String,
-    /// Its availability zone.
-    pub zone: String,
-    /// The owning account.
-    pub owner_id: Option<String>,
-    /// `open` or `targeted`.
-    pub instance_match_criteria: Option<String>,
-    /// `default` or `capacity-block`.
-    pub reservation_type: String,
-    /// When it ends (RFC 3339), if it does.
-    pub end_time: Option<String>,
-    /// Instances it can still take.
-    pub available: u32,
-}
-
-impl CapacityReservation {
-    /// True for a capacity block (bought in the `capacity-block` market).
-    pub fn capacity_block(&self) -> bool {
-        self.reservation_type == RESERVATION_CAPACITY_BLOCK
-    }
-
-    /// The launch template target for instances in it.
-    pub fn target(&self) -> ReservationTarget {
-        ReservationTarget {
-            id: self.id.clone(),
-            capacity_block: self.capacity_block(),
-        }
-    }
-
-    /// As the EC2NodeClass status lists it (pure).
-    pub fn status(&self) -> CapacityReservationStatus {
-        CapacityReservationStatus {
-            id: self.id.clone(),
-            instance_type: self.instance_type.clone(),
-            availability_zone: self.zone.clone(),
-            owner_id: self.owner_id.clone(),
-            instance_match_criteria: self.instance_match_criteria.clone(),
-            reservation_type: Some(self.reservation_type.clone()),
-            end_time: self.end_time.clone(),
-            state: Some(ACTIVE.to_string()),
-            available_instance_count: Some(self.available),
-        }
+/// The launch template target for instances in a selected reservation.
+pub fn target(r: &CapacityReservationStatus) -> ReservationRef {
+    ReservationRef {
+        id: r.id.clone(),
+        reservation_type: r
+            .reservation_type
+            .clone()
+            .unwrap_or_else(|| RESERVATION_DEFAULT.to_string()),
     }
 }
 
@@ -84,27 +42,29 @@ pub fn filters(term: &SelectorTerm) -> Vec<Filter> {
     f
 }
 
-/// From the SDK's description; None when a field nodesmith needs is missing (pure).
-fn from_sdk(r: &aws_sdk_ec2::types::CapacityReservation) -> Option<CapacityReservation> {
+/// From the SDK's description, as the EC2NodeClass status lists it; None when
+/// it is not active or a field nodesmith needs is missing (pure).
+fn from_sdk(r: &aws_sdk_ec2::types::CapacityReservation) -> Option<CapacityReservationStatus> {
     if r.state().map(|s| s.as_str()) != Some(ACTIVE) {
         return None;
     }
-    Some(CapacityReservation {
+    Some(CapacityReservationStatus {
         id: r.capacity_reservation_id()?.to_string(),
         instance_type: r.instance_type()?.to_string(),
-        zone: r.availability_zone()?.to_string(),
+        availability_zone: r.availability_zone()?.to_string(),
         owner_id: r.owner_id().map(str::to_string),
         instance_match_criteria: r.instance_match_criteria().map(|m| m.as_str().to_string()),
-        reservation_type: r
-            .reservation_type()
-            .map_or(RESERVATION_DEFAULT, |t| t.as_str())
-            .to_string(),
-        end_time: r.end_date().map(|d| {
-            jiff::Timestamp::new(d.secs(), 0)
-                .map(|t| t.to_string())
-                .unwrap_or_default()
-        }),
-        available: r.available_instance_count().unwrap_or(0).max(0) as u32,
+        reservation_type: Some(
+            r.reservation_type()
+                .map_or(RESERVATION_DEFAULT, |t| t.as_str())
+                .to_string(),
+        ),
+        end_time: r
+            .end_date()
+            .and_then(|d| jiff::Timestamp::new(d.secs(), 0).ok())
+            .map(|t| t.to_string()),
+        state: Some(ACTIVE.to_string()),
+        available_instance_count: Some(r.available_instance_count().unwrap_or(0).max(0) as u32),
     })
 }
 
@@ -112,8 +72,8 @@ fn from_sdk(r: &aws_sdk_ec2::types::CapacityReservation) -> Option<CapacityReser
 pub async fn resolve(
     ec2: &aws_sdk_ec2::Client,
     terms: &[SelectorTerm],
-) -> Result<Vec<CapacityReservation>, LaunchError> {
-    let mut found: BTreeMap<String, CapacityReservation> = BTreeMap::new();
+) -> Result<Vec<CapacityReservationStatus>, LaunchError> {
+    let mut found: BTreeMap<String, CapacityReservationStatus> = BTreeMap::new();
     for term in terms {
         if term.id.is_none() && term.tags.is_empty() {
             continue;
@@ -173,10 +133,8 @@ mod tests {
             .available_instance_count(2)
             .end_date(aws_sdk_ec2::primitives::DateTime::from_secs(1_800_000_000))
             .build();
-        let r = from_sdk(&sdk).unwrap();
-        assert!(r.capacity_block());
-        assert_eq!(r.available, 2);
-        let s = r.status();
+        let s = from_sdk(&sdk).unwrap();
+        assert!(target(&s).capacity_block());
         assert_eq!(s.reservation_type.as_deref(), Some("capacity-block"));
         assert_eq!(s.end_time.as_deref(), Some("2027-01-15T08:00:00Z"));
         assert_eq!(s.available_instance_count, Some(2));

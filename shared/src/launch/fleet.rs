@@ -13,11 +13,10 @@ use aws_sdk_ec2::types::{
 use sha2::{Digest, Sha256};
 
 use super::errors::LaunchError;
-use super::launchtemplate::ReservationTarget;
 use super::subnet::Subnet;
 use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_RESERVED, CAPACITY_SPOT};
 use crate::catalog::Catalog;
-use crate::nodeclaim::{AttemptOverride, ClaimReservation, LaunchAttempt, NodeClaim};
+use crate::nodeclaim::{AttemptOverride, LaunchAttempt, NodeClaim, ReservationRef};
 use crate::state::OfferingKey;
 
 /// Karpenter sends at most this many instance types to one CreateFleet.
@@ -35,7 +34,7 @@ pub struct Candidate {
     /// Hourly price, when the catalog knows it.
     pub price: Option<f64>,
     /// The capacity reservation of a `reserved` offering (its template targets it).
-    pub reservation: Option<ReservationTarget>,
+    pub reservation: Option<ReservationRef>,
 }
 
 /// What may be launched for one NodeClaim.
@@ -148,12 +147,12 @@ pub fn client_token(claim: &NodeClaim, attempt: u32) -> String {
 pub fn plan(client_token: String, cands: &[Candidate], capacity_type: &'static str) -> FleetPlan {
     let of_type = || cands.iter().filter(move |c| c.offering.capacity_type == capacity_type);
     let capacity_block = capacity_type == CAPACITY_RESERVED
-        && of_type().all(|c| c.reservation.as_ref().is_some_and(|r| r.capacity_block));
+        && of_type().all(|c| c.reservation.as_ref().is_some_and(ReservationRef::capacity_block));
     let mut overrides: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
     for c in of_type().filter(|c| {
         c.reservation
             .as_ref()
-            .is_none_or(|r| r.capacity_block == capacity_block)
+            .is_none_or(|r| r.capacity_block() == capacity_block)
     }) {
         overrides.entry(c.template.clone()).or_default().push(c.clone());
     }
@@ -197,13 +196,12 @@ impl FleetPlan {
                     subnet_id: c.subnet_id.clone(),
                     template: c.template.clone(),
                     price: c.price,
-                    capacity_reservation_id: c.reservation.as_ref().map(|r| r.id.clone()),
+                    capacity_reservation: c.reservation.clone(),
                 })
                 .collect(),
             tags: tags.clone(),
             concluded: false,
             context: self.context.clone(),
-            capacity_block: self.capacity_block,
         }
     }
 
@@ -218,13 +216,20 @@ impl FleetPlan {
                 subnet_id: o.subnet_id.clone(),
                 template: o.template.clone(),
                 price: o.price,
-                reservation: o.capacity_reservation_id.as_ref().map(|id| ReservationTarget {
-                    id: id.clone(),
-                    capacity_block: a.capacity_block,
-                }),
+                reservation: o.capacity_reservation.clone(),
             })
             .collect();
         plan(a.client_token.clone(), &cands, ct).with_context(a.context.clone())
+    }
+
+    /// The capacity type of an instance or error the answer reports with
+    /// `lifecycle`: the call's own when it bought reserved capacity, which EC2
+    /// reports as on-demand (or capacity-block) (pure).
+    pub fn answered_capacity_type(&self, lifecycle: Option<&str>) -> String {
+        match (self.capacity_type, lifecycle) {
+            (CAPACITY_RESERVED, _) | (_, None) => self.capacity_type.to_string(),
+            (_, Some(l)) => l.to_string(),
+        }
     }
 
     /// Every override, in the order sent.
@@ -282,7 +287,7 @@ pub struct Launched {
     /// Subnet, if the answer named it.
     pub subnet_id: Option<String>,
     /// The capacity reservation it runs in (known from the chosen override).
-    pub capacity_reservation: Option<ClaimReservation>,
+    pub capacity_reservation: Option<ReservationRef>,
 }
 
 /// One error entry of the answer.
@@ -340,14 +345,7 @@ pub fn capacity_failures(plan: &FleetPlan, answer: &FleetAnswer) -> Vec<(Offerin
     for e in &answer.errors {
         match classify(&e.code) {
             ErrorClass::Capacity => {
-                // EC2 reports a reservation's failure with the on-demand lifecycle.
-                let ct = match plan.capacity_type {
-                    CAPACITY_RESERVED => CAPACITY_RESERVED.to_string(),
-                    _ => e
-                        .capacity_type
-                        .clone()
-                        .unwrap_or_else(|| plan.capacity_type.to_string()),
-                };
+                let ct = plan.answered_capacity_type(e.capacity_type.as_deref());
                 match (&e.instance_type, zone_of(e)) {
                     (Some(t), Some(z)) => mark.push((OfferingKey::new(t, &z, &ct), e.code.clone())),
                     // An error without an override names the whole call.
@@ -467,14 +465,7 @@ pub async fn create(
             answer.instances.push(Launched {
                 instance_id: id.clone(),
                 instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                // A reserved instance is reported as on-demand (or capacity-block).
-                capacity_type: match plan.capacity_type {
-                    CAPACITY_RESERVED => CAPACITY_RESERVED.to_string(),
-                    _ => i
-                        .lifecycle()
-                        .map(|l| l.as_str().to_string())
-                        .unwrap_or_else(|| plan.capacity_type.to_string()),
-                },
+                capacity_type: plan.answered_capacity_type(i.lifecycle().map(|l| l.as_str())),
                 zone: ov.and_then(|o| o.availability_zone()).map(str::to_string),
                 subnet_id: ov.and_then(|o| o.subnet_id()).map(str::to_string),
                 capacity_reservation: None,
@@ -623,9 +614,9 @@ mod tests {
     fn reserved(t: &str, z: &str, id: &str, capacity_block: bool) -> Candidate {
         Candidate {
             template: format!("lt-{id}"),
-            reservation: Some(ReservationTarget {
+            reservation: Some(ReservationRef {
                 id: id.into(),
-                capacity_block,
+                reservation_type: if capacity_block { "capacity-block" } else { "default" }.into(),
             }),
             ..cand(t, z, CAPACITY_RESERVED)
         }

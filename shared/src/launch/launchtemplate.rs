@@ -19,7 +19,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::errors::LaunchError;
-use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions, RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT};
+use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+use crate::nodeclaim::ReservationRef;
 
 /// Everything a launch template holds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -50,28 +51,7 @@ pub struct TemplateSpec {
     /// The capacity reservation its instances launch into (reserved offerings:
     /// one template per reservation, since EC2 reads the target from the template).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_reservation: Option<ReservationTarget>,
-}
-
-/// A template's capacity reservation target.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReservationTarget {
-    /// The reservation id.
-    pub id: String,
-    /// A capacity block (bought with the `capacity-block` market type).
-    pub capacity_block: bool,
-}
-
-impl ReservationTarget {
-    /// The reservation's `reservationType` (and the node's label).
-    pub fn reservation_type(&self) -> &'static str {
-        if self.capacity_block {
-            RESERVATION_CAPACITY_BLOCK
-        } else {
-            RESERVATION_DEFAULT
-        }
-    }
+    pub capacity_reservation: Option<ReservationRef>,
 }
 
 /// One EBS volume.
@@ -196,7 +176,7 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
                 )
                 .build(),
         );
-        if r.capacity_block {
+        if r.capacity_block() {
             data = data.instance_market_options(
                 LaunchTemplateInstanceMarketOptionsRequest::builder()
                     .market_type(MarketType::CapacityBlock)
@@ -314,9 +294,9 @@ mod tests {
         assert_ne!(
             a,
             name(&TemplateSpec {
-                capacity_reservation: Some(ReservationTarget {
+                capacity_reservation: Some(ReservationRef {
                     id: "cr-1".into(),
-                    capacity_block: false,
+                    reservation_type: "default".into(),
                 }),
                 ..spec()
             })
@@ -325,23 +305,23 @@ mod tests {
 
     #[test]
     fn a_reserved_template_targets_its_reservation() {
-        let data = |capacity_block| {
+        let data = |reservation_type: &str| {
             request_data(&TemplateSpec {
-                capacity_reservation: Some(ReservationTarget {
+                capacity_reservation: Some(ReservationRef {
                     id: "cr-1".into(),
-                    capacity_block,
+                    reservation_type: reservation_type.into(),
                 }),
                 ..spec()
             })
         };
-        let odcr = data(false);
+        let odcr = data("default");
         let target = odcr
             .capacity_reservation_specification()
             .and_then(|c| c.capacity_reservation_target())
             .and_then(|t| t.capacity_reservation_id());
         assert_eq!(target, Some("cr-1"));
         assert!(odcr.instance_market_options().is_none());
-        let block = data(true);
+        let block = data("capacity-block");
         assert_eq!(
             block.instance_market_options().and_then(|m| m.market_type()),
             Some(&MarketType::CapacityBlock)

@@ -53,7 +53,7 @@ use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, KubeCluster};
 use crate::messages::SolveRequest;
-use crate::nodeclaim::{ClaimReservation, LaunchedInstance, NodeClaim, Phase};
+use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::provisioning::trigger::request_solve;
 use crate::state::{self, OfferingKey, StateStore};
 
@@ -512,10 +512,7 @@ impl<C: Cluster> Launcher<C> {
                         .or_else(|| chosen.map(|c| c.offering.zone.clone()))
                         .unwrap_or_default();
                     let price = chosen.and_then(|c| c.price);
-                    l.capacity_reservation = chosen.and_then(|c| c.reservation.as_ref()).map(|r| ClaimReservation {
-                        id: r.id.clone(),
-                        reservation_type: r.reservation_type().to_string(),
-                    });
+                    l.capacity_reservation = chosen.and_then(|c| c.reservation.clone());
                     let launched = record(&claim, &l, &zone, price, clock())?;
                     let c =
                         self.store
@@ -766,28 +763,29 @@ impl<C: Cluster> Launcher<C> {
                 let reservations =
                     capacityreservation::resolve(&self.ec2, &class.spec.capacity_reservation_selector_terms).await?;
                 for r in reservations.iter().filter(|r| {
-                    r.available > 0
+                    r.available_instance_count.is_some_and(|n| n > 0)
                         && claim.instance_type_options.contains(&r.instance_type)
-                        && zones.as_ref().is_none_or(|z| z.contains(&r.zone))
+                        && zones.as_ref().is_none_or(|z| z.contains(&r.availability_zone))
                 }) {
+                    let zone = &r.availability_zone;
                     let (Some(subnet), Some(image)) = (
-                        subnets.get(&r.zone),
+                        subnets.get(zone),
                         key_by_type.get(&r.instance_type).and_then(|k| amis.get(k)),
                     ) else {
                         continue;
                     };
                     let mut spec = template(image);
                     spec.tags.insert(gc::RESERVATION_TAG.into(), r.id.clone());
-                    spec.capacity_reservation = Some(r.target());
+                    spec.capacity_reservation = Some(capacityreservation::target(r));
                     reserved.push(Candidate {
-                        offering: OfferingKey::new(&r.instance_type, &r.zone, labels::CAPACITY_RESERVED),
+                        offering: OfferingKey::new(&r.instance_type, zone, labels::CAPACITY_RESERVED),
                         subnet_id: subnet.id.clone(),
                         template: launchtemplate::ensure(&self.ec2, &spec).await?,
                         price: catalog
                             .as_ref()
                             .and_then(|c| c.instance_types.iter().find(|i| i.name == r.instance_type))
-                            .map(|i| i.reserved_price(&r.zone)),
-                        reservation: Some(r.target()),
+                            .map(|i| i.reserved_price(zone)),
+                        reservation: Some(capacityreservation::target(r)),
                     });
                 }
                 continue;

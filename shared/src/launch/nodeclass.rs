@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::ami::{self, AmiKey};
-use super::capacityreservation::{self, CapacityReservation};
+use super::capacityreservation;
 use super::errors::LaunchError;
 use super::securitygroup::{self, SecurityGroup};
 use super::subnet::{self, Subnet};
@@ -35,7 +35,7 @@ pub struct ClassFacts {
     /// Why the class's AMIs cannot be used, beyond matching nothing: (reason, message).
     pub ami_problem: Option<(String, String)>,
     /// The active capacity reservations it selects (None: it selects none).
-    pub capacity_reservations: Option<Vec<CapacityReservation>>,
+    pub capacity_reservations: Option<Vec<crate::apis::ec2nodeclass::CapacityReservationStatus>>,
     /// Why the class fails validation (Karpenter's CRD rules), if it does.
     pub invalid: Option<String>,
     /// The named `instanceProfile` IAM says does not exist (checked when IAM is at hand).

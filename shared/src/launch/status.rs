@@ -133,12 +133,7 @@ pub fn compute(
         .chain(std::iter::once(&(READY, ready)))
         .map(|(t, o)| condition(t, o, old, generation, now))
         .collect();
-    let mut capacity_reservations: Vec<_> = facts
-        .capacity_reservations
-        .iter()
-        .flatten()
-        .map(|r| r.status())
-        .collect();
+    let mut capacity_reservations: Vec<_> = facts.capacity_reservations.iter().flatten().cloned().collect();
     capacity_reservations.sort();
     EC2NodeClassStatus {
         subnets,
@@ -298,15 +293,15 @@ mod tests {
 
     #[test]
     fn selected_reservations_are_listed_with_their_condition() {
-        let r = |id: &str| crate::launch::capacityreservation::CapacityReservation {
+        let r = |id: &str| crate::apis::ec2nodeclass::CapacityReservationStatus {
             id: id.into(),
             instance_type: "m5.large".into(),
-            zone: "us-east-1a".into(),
-            owner_id: None,
+            availability_zone: "us-east-1a".into(),
             instance_match_criteria: Some("targeted".into()),
-            reservation_type: "default".into(),
-            end_time: None,
-            available: 3,
+            reservation_type: Some("default".into()),
+            state: Some("active".into()),
+            available_instance_count: Some(3),
+            ..Default::default()
         };
         let facts = ClassFacts {
             capacity_reservations: Some(vec![r("cr-2"), r("cr-1")]),
