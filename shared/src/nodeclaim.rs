@@ -111,6 +111,10 @@ pub struct NodeClaim {
     /// Hash of the EC2NodeClass it was launched with (drift detection).
     #[serde(default)]
     pub nodeclass_hash: Option<String>,
+    /// Why it was launched, when it replaces disrupted nodes (the reason):
+    /// its Node is annotated so consolidation leaves it alone for a while.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement_for: Option<String>,
     /// When it was created and reached each later phase.
     #[serde(default)]
     pub timestamps: Timestamps,
@@ -192,6 +196,7 @@ impl NodeClaim {
             node_name: None,
             nodepool_hash: None,
             nodeclass_hash: None,
+            replacement_for: None,
             timestamps: Timestamps::default(),
             launch_attempt: None,
             version: 0,

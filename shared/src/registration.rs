@@ -25,7 +25,8 @@ use crate::kubernetes::NodeUpdate;
 use crate::nodeclaim::NodeClaim;
 
 /// The annotations a claim's Node carries: each drift hash the claim has, with
-/// its version (the versions in force now: a claim is stamped when it is made) (pure).
+/// its version (the versions in force now: a claim is stamped when it is made),
+/// and the disruption reason of a replacement (pure).
 pub fn node_annotations(claim: &NodeClaim) -> BTreeMap<String, String> {
     let mut a = BTreeMap::new();
     if let Some(h) = &claim.nodepool_hash {
@@ -40,6 +41,12 @@ pub fn node_annotations(claim: &NodeClaim) -> BTreeMap<String, String> {
         a.insert(
             EC2NODECLASS_HASH_VERSION_ANNOTATION.to_string(),
             EC2NODECLASS_HASH_VERSION.to_string(),
+        );
+    }
+    if let Some(why) = &claim.replacement_for {
+        a.insert(
+            crate::disruption::consolidation::REPLACEMENT_ANNOTATION.to_string(),
+            why.clone(),
         );
     }
     a
@@ -239,6 +246,17 @@ mod tests {
         assert_eq!(pool_only.len(), 2);
         assert!(pool_only.contains_key(NODEPOOL_HASH_VERSION_ANNOTATION));
         assert!(node_annotations(&claim("c", None, None, None)).is_empty());
+        let replacement = NodeClaim {
+            replacement_for: Some("Underutilized".into()),
+            ..claim("c", None, None, None)
+        };
+        assert_eq!(
+            node_annotations(&replacement),
+            BTreeMap::from([(
+                "nodesmith/disruption-replacement".to_string(),
+                "Underutilized".to_string()
+            )])
+        );
     }
 
     #[test]

@@ -689,3 +689,161 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
         assert_eq!(groups_of(&i), want, "the replacement runs in both groups");
     }
 }
+
+/// Three xlarge nodes, each left with one 500m pod of a ReplicaSet (the big
+/// pods that sized them finished), consolidation enabled; the old claims.
+async fn three_underused(annotations: &[Value], pdb: Option<Value>) -> (Stack, Vec<NodeClaim>) {
+    let s = Stack::new("64", 0).await;
+    s.kube
+        .apply(&pool(&["on-demand"], Some(&["xlarge"]), json!({"consolidateAfter": "Never"}), json!({})))
+        .unwrap();
+    for i in 0..3 {
+        s.kube.apply(&web_pod(&format!("big-{i}"), "3000m", json!({}))).unwrap();
+    }
+    s.kube.schedule();
+    let claims = s.launched(&["big-0", "big-1", "big-2"]).await;
+    assert_eq!(claims.len(), 3, "{claims:?}");
+    let sweeper = s.sweeper(fast());
+    for _ in 0..4 {
+        s.kubelet_step().await;
+        sweeper.run().await.unwrap();
+    }
+    let claims = s.claims().await;
+    assert!(claims.iter().all(|c| c.phase == Phase::Initialized), "{claims:?}");
+    for (i, c) in claims.iter().enumerate() {
+        s.kube.delete("v1", "Pod", "default", &format!("big-{i}")).unwrap();
+        let mut p = web_pod(&format!("web-{i}"), "500m", annotations.get(i).cloned().unwrap_or(json!({})));
+        p["spec"]["nodeName"] = json!(c.node_name.clone().unwrap());
+        s.kube.apply(&p).unwrap();
+    }
+    run_pods(&s);
+    if let Some(p) = pdb {
+        s.kube.apply(&p).unwrap();
+    }
+    s.kube
+        .apply(&pool(
+            &["on-demand"],
+            Some(&["large", "xlarge"]),
+            json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s", "budgets": [{"nodes": "100%"}]}),
+            json!({}),
+        ))
+        .unwrap();
+    (s, claims)
+}
+
+/// The built-in catalog's price of the offering a claim launched as.
+fn price(c: &NodeClaim) -> f64 {
+    let catalog = nodesmith::catalog::builtin().unwrap();
+    let t = catalog
+        .instance_types
+        .iter()
+        .find(|t| Some(&t.name) == c.instance_type.as_ref())
+        .unwrap();
+    t.offerings
+        .iter()
+        .find(|o| Some(&o.zone) == c.zone.as_ref() && Some(&o.capacity_type) == c.capacity_type.as_ref())
+        .map(|o| o.price)
+        .unwrap()
+}
+
+/// Evicted pods come back pending, as their ReplicaSet recreates them, and are scheduled.
+fn recreate_evicted(s: &Stack) {
+    for i in 0..3 {
+        let name = format!("web-{i}");
+        if s.kube.pod("default", &name).is_none() {
+            s.kube.apply(&web_pod(&name, "500m", json!({}))).unwrap();
+        }
+    }
+    s.kube.schedule();
+    run_pods(s);
+}
+
+#[tokio::test]
+async fn three_underused_nodes_are_consolidated_into_one_cheaper_node() {
+    let (s, old) = three_underused(&[], None).await;
+    let old_price: f64 = old.iter().map(price).sum();
+    let sweeper = s.sweeper(fast());
+    for _ in 0..12 {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        s.launch_all().await;
+        s.kubelet_step().await;
+        recreate_evicted(&s);
+        let claims = s.claims().await;
+        if old.iter().all(|o| claim_of(&claims, &o.name).is_none()) {
+            break;
+        }
+    }
+    let claims = s.claims().await;
+    assert_eq!(claims.len(), 1, "one node replaces three: {claims:?}");
+    let new = &claims[0];
+    assert_eq!(new.replacement_for.as_deref(), Some("Underutilized"));
+    assert!(price(new) < old_price, "{} for {old_price}", price(new));
+    assert!(
+        !new.instance_type.as_deref().unwrap().ends_with(".xlarge"),
+        "{:?}",
+        new.instance_type
+    );
+    let node = new.node_name.clone().unwrap();
+    let annotations = s.kube.node(&node).unwrap().metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("nodesmith/disruption-replacement").map(String::as_str),
+        Some("Underutilized")
+    );
+    let mut on_new = pods_on(&s.kube, &node);
+    on_new.sort();
+    assert_eq!(on_new, ["web-0", "web-1", "web-2"]);
+    for o in &old {
+        assert_gone(&s, o).await;
+    }
+    let terminating = events(&s, "DisruptionTerminating");
+    assert_eq!(terminating.len(), 3, "{terminating:?}");
+    assert!(terminating.iter().all(|m| m.contains("Underutilized")), "{terminating:?}");
+}
+
+#[tokio::test]
+async fn a_pdb_that_allows_no_eviction_blocks_consolidation() {
+    let pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "web"}}}});
+    let (s, old) = three_underused(&[], Some(pdb)).await;
+    let sweeper = s.sweeper(fast());
+    for _ in 0..2 {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.started.is_empty(), "{:?}", report.disruption);
+        s.launch_all().await;
+    }
+    assert!(records(&s).await.is_empty());
+    assert_eq!(s.claims().await.len(), 3);
+    assert!(old.iter().all(|c| s.kube.node(c.node_name.as_deref().unwrap()).is_some()));
+    let blocked = events(&s, "DisruptionBlocked");
+    assert!(blocked.iter().any(|m| m.contains("PodDisruptionBudget default/web")), "{blocked:?}");
+}
+
+#[tokio::test]
+async fn a_do_not_disrupt_pod_keeps_its_node_while_the_others_consolidate_onto_it() {
+    let dnd = json!({"karpenter.sh/do-not-disrupt": "true"});
+    let (s, old) = three_underused(&[dnd], None).await;
+    let kept = old[0].node_name.clone().unwrap();
+    let sweeper = s.sweeper(fast());
+    for _ in 0..10 {
+        sweeper.run().await.unwrap();
+        s.launch_all().await;
+        s.kubelet_step().await;
+        recreate_evicted(&s);
+        if s.claims().await.len() == 1 {
+            break;
+        }
+    }
+    let claims = s.claims().await;
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(claims[0].name, old[0].name, "the protected node stays");
+    assert!(!taint_keys(&s.kube.node(&kept).unwrap()).contains(&DISRUPTED.to_string()));
+    let mut pods = pods_on(&s.kube, &kept);
+    pods.sort();
+    assert_eq!(pods, ["web-0", "web-1", "web-2"], "the others' pods fit on it");
+    let blocked = events(&s, "DisruptionBlocked");
+    assert!(
+        blocked.iter().any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
+        "{blocked:?}"
+    );
+}

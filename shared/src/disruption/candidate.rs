@@ -33,6 +33,9 @@ pub(crate) struct Candidate<'a> {
     pub price: Option<f64>,
     /// Tainted `karpenter.sh/disrupted`: already being disrupted.
     pub disrupting: bool,
+    /// Karpenter's disruption cost: its evicted pods' eviction costs times
+    /// the share of its lifetime left (consolidation takes cheap ones first).
+    pub disruption_cost: f64,
 }
 
 impl<'a> Candidate<'a> {
@@ -111,6 +114,14 @@ pub(crate) fn collect(s: &Snapshot) -> Vec<Candidate<'_>> {
                 .as_ref()
                 .and_then(|sp| sp.taints.as_ref())
                 .is_some_and(|ts| ts.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY));
+            let expire_after = pool.spec.template.spec.expire_after.duration();
+            let disruption_cost = n
+                .pods
+                .iter()
+                .filter(|p| movable(p))
+                .map(super::consolidation::eviction_cost)
+                .sum::<f64>()
+                * super::consolidation::lifetime_remaining(created, expire_after, s.now);
             Some(Candidate {
                 name: n.node.metadata.name.clone().unwrap_or_default(),
                 node: n,
@@ -121,6 +132,7 @@ pub(crate) fn collect(s: &Snapshot) -> Vec<Candidate<'_>> {
                 created,
                 last_pod_event: newest_pod.or(created),
                 disrupting,
+                disruption_cost,
             })
         })
         .collect();

@@ -4,8 +4,28 @@
 //! allow it; `consolidateAfter: Never` disables it. It must save money: the
 //! node's price must be known.
 
+use jiff::Timestamp;
+
 use super::candidate::Candidate;
 use super::{Context, Held, Method, Reason, Verdict};
+
+/// Whether `consolidateAfter` has passed since the node's last pod event
+/// (shared by both consolidation methods), else the rule that holds it.
+pub(crate) fn consolidatable(c: &Candidate, now: Timestamp) -> Result<(), Held> {
+    let Some(after) = c.pool.spec.disruption.consolidate_after.duration() else {
+        return Err(Held::ConsolidationDisabled);
+    };
+    if let Some(last) = c.last_pod_event
+        && let Ok(span) = jiff::SignedDuration::try_from(after)
+        && let Ok(ready) = last.checked_add(span)
+        && ready > now
+    {
+        return Err(Held::ConsolidateAfter {
+            remaining_secs: ready.duration_since(now).as_secs().unsigned_abs(),
+        });
+    }
+    Ok(())
+}
 
 /// The emptiness method.
 pub(crate) struct Emptiness;
@@ -19,17 +39,8 @@ impl Method for Emptiness {
         if !c.is_empty() {
             return Verdict::Skip;
         }
-        let Some(after) = c.pool.spec.disruption.consolidate_after.duration() else {
-            return Verdict::Held(Held::ConsolidationDisabled);
-        };
-        if let Some(last) = c.last_pod_event
-            && let Ok(span) = jiff::SignedDuration::try_from(after)
-            && let Ok(ready) = last.checked_add(span)
-            && ready > cx.now
-        {
-            return Verdict::Held(Held::ConsolidateAfter {
-                remaining_secs: ready.duration_since(cx.now).as_secs().unsigned_abs(),
-            });
+        if let Err(h) = consolidatable(c, cx.now) {
+            return Verdict::Held(h);
         }
         match c.price {
             Some(p) if p > 0.0 => Verdict::Disrupt,

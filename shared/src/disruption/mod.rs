@@ -4,7 +4,10 @@
 //!
 //! Made of small methods behind one trait ([`Method`]), one file each, tried
 //! in Karpenter's priority order: expiry first (forceful, it happens anyway),
-//! then drift (the node is wrong), then emptiness (the node is idle). Budgets
+//! then drift (the node is wrong), then emptiness (the node is idle), then
+//! consolidation of underutilized nodes (`consolidation.rs`, only in passes
+//! where expiry and drift chose nothing, as Karpenter runs one command at a
+//! time: their replacements would muddle its price checks). Budgets
 //! (`budgets.rs`) and protections (do-not-disrupt, controllerless pods, PDBs
 //! in `protection.rs`) hold nodes back. Replacements and moves come from the
 //! provisioning solver's what-if seam: the snapshot is compiled once and every
@@ -18,6 +21,7 @@
 
 pub mod budgets;
 pub(crate) mod candidate;
+pub mod consolidation;
 pub(crate) mod drift;
 pub(crate) mod emptiness;
 pub(crate) mod expiration;
@@ -49,7 +53,7 @@ pub enum Reason {
     Drifted,
     /// Only DaemonSet, mirror and finished pods run on it.
     Empty,
-    /// Its pods fit elsewhere for less (not decided yet: the consolidation issue).
+    /// Its pods fit on the other nodes, or on them plus one cheaper new node.
     Underutilized,
 }
 
@@ -142,6 +146,13 @@ pub enum Held {
     ConsolidationDisabled,
     /// Removing it saves nothing (its price is unknown or zero).
     NoSaving,
+    /// It replaced disrupted nodes recently (churn control).
+    RecentReplacement {
+        /// Seconds until it may be consolidated.
+        remaining_secs: u64,
+    },
+    /// No consolidation of it is worth doing, and why (Karpenter's `Unconsolidatable`).
+    Unconsolidatable(String),
     /// A pod of it cannot be placed anywhere with it gone.
     CannotPlace {
         /// The pod.
@@ -168,6 +179,10 @@ impl fmt::Display for Held {
             }
             Held::ConsolidationDisabled => write!(f, "consolidateAfter is Never"),
             Held::NoSaving => write!(f, "no cheaper placement (node price unknown)"),
+            Held::RecentReplacement { remaining_secs } => {
+                write!(f, "replacement node, not consolidated for another {remaining_secs}s")
+            }
+            Held::Unconsolidatable(why) => write!(f, "cannot consolidate: {why}"),
             Held::CannotPlace { pod, why } => write!(f, "pod {pod} cannot be placed elsewhere: {why}"),
         }
     }
@@ -204,8 +219,11 @@ pub struct DecideOptions {
     /// security groups no longer selected), with why: the pure core cannot
     /// resolve those, so the sweep hands them in.
     pub resolved_drift: BTreeMap<String, String>,
-    /// When the solver's cheaper-packing search must stop (see [`SolveOptions::deadline`]).
+    /// When the solver's cheaper-packing search, and consolidation's search, must stop
+    /// (see [`SolveOptions::deadline`]).
     pub deadline: Option<Instant>,
+    /// Consolidation's minimum saving, churn cooldown and spot rules.
+    pub consolidation: consolidation::ConsolidationOptions,
 }
 
 /// What the methods look at besides the candidate.
@@ -365,6 +383,12 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
         }
         if !batch.is_empty() {
             chosen.push((m.reason(), batch));
+        }
+    }
+    if !chosen.iter().any(|(r, _)| matches!(r, Reason::Expired | Reason::Drifted)) {
+        let batch = consolidation::consolidate(&mut pass, &candidates, &cx, &mut ledger, &mut pdbs, &mut blocked);
+        if !batch.is_empty() {
+            chosen.push((Reason::Underutilized, batch));
         }
     }
 

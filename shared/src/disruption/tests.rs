@@ -124,8 +124,9 @@ fn expiration_table() {
         ("    expireAfter: 1h\n", 0.99, false),
     ];
     for (extra, age, want) in cases {
+        // Only expiry here: consolidation would merge the two half-empty nodes.
         let s = snapshot(
-            pool_with(extra),
+            pool_with(&format!("{extra}disruption:\n  consolidationPolicy: WhenEmpty\n")),
             vec![
                 (node("old", *age, json!({})), vec![web("w-0", "old", "web", 1.0)]),
                 (node("other", 0.0, json!({})), vec![web("w-9", "other", "web", 1.0)]),
@@ -274,7 +275,7 @@ fn drift_table() {
 
 #[test]
 fn voluntary_protections_table() {
-    let p = pool_with("disruption:\n  budgets: [{nodes: '100%'}]\n");
+    let p = pool_with("disruption:\n  consolidationPolicy: WhenEmpty\n  budgets: [{nodes: '100%'}]\n");
     let drifted = stamped(&p, Some("0000000000000000"), crate::apis::NODEPOOL_HASH_VERSION);
     let mut dnd_pod = web("w-0", "n", "web", 1.0);
     merge_meta(
@@ -331,7 +332,12 @@ fn emptiness_table() {
     }
     let cases: Vec<(&str, &str, Vec<Pod>, Want)> = vec![
         ("only a daemon", "", vec![daemon("n")], Want::Empty),
-        ("a web pod", "", vec![web("w", "n", "web", 5.0)], Want::Nothing),
+        (
+            "a web pod",
+            "disruption:\n  consolidationPolicy: WhenEmpty\n",
+            vec![web("w", "n", "web", 5.0)],
+            Want::Nothing,
+        ),
         (
             "WhenEmpty policy",
             "disruption:\n  consolidationPolicy: WhenEmpty\n",
@@ -742,6 +748,356 @@ proptest! {
         }
         for (app, n) in &evicted {
             prop_assert!(*n <= pdb_allowed[app], "{} evicts {} > {}", app, n, pdb_allowed[app]);
+        }
+    }
+}
+
+// ---- Underutilized consolidation ----
+
+use consolidation::{ConsolidationOptions, REPLACEMENT_ANNOTATION};
+
+/// A ReplicaSet pod of app `web` on `node`, asking `cpu`, created an hour ago.
+fn sized(name: &str, node: &str, cpu: &str) -> Pod {
+    pod(
+        name,
+        cpu,
+        "1Gi",
+        json!({"metadata": {"labels": {"app": "web"}, "creationTimestamp": ago(1.0), "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "u", "controller": true}]},
+            "spec": {"nodeName": node}}),
+    )
+}
+
+/// Node labels overriding the instance type and capacity type.
+fn offering(instance_type: &str, capacity_type: &str) -> Value {
+    json!({"metadata": {"labels": {"node.kubernetes.io/instance-type": instance_type,
+        "karpenter.sh/capacity-type": capacity_type}}})
+}
+
+fn underutilized(d: &Decisions) -> Option<&Decision> {
+    d.decisions.iter().find(|x| x.reason == Reason::Underutilized)
+}
+
+const ON_DEMAND_ONLY: &str = "      - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n";
+
+/// A pool whose requirements are replaced by `reqs` (lines under `requirements:`).
+fn pool_requiring(reqs: &str, extra: &str) -> NodePool {
+    pool(
+        "default",
+        &format!(
+            "template:\n  spec:\n    nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}\n    requirements:\n{reqs}{extra}"
+        ),
+    )
+}
+
+#[test]
+fn consolidation_table() {
+    enum Want {
+        /// Exactly these nodes go, with no new node.
+        Delete(&'static [&'static str]),
+        /// Exactly these nodes go for one new node of this capacity type.
+        Replace(&'static [&'static str], &'static str),
+        /// Nothing happens and the node is not reported.
+        Nothing,
+        /// The node is held by a rule like this one.
+        Held(&'static str, fn(&Held) -> bool),
+    }
+    let one = |n: &str, extra: Value| (node(n, 2.0, extra), vec![sized(&format!("{n}-0"), n, "500m")]);
+    let two = |n: &str| {
+        (
+            node(n, 2.0, json!({})),
+            vec![sized(&format!("{n}-0"), n, "500m"), sized(&format!("{n}-1"), n, "500m")],
+        )
+    };
+    let mut dnd_pod = sized("a-0", "a", "500m");
+    merge_meta(&mut dnd_pod, json!({"annotations": {"karpenter.sh/do-not-disrupt": "true"}}));
+    let bare = pod("bare", "500m", "1Gi", json!({"spec": {"nodeName": "a"}}));
+    let m_only = format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge]}}\n");
+    let m_and_big = format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge, m.4xlarge]}}\n");
+    let replacement = |age: f64| {
+        (
+            node("a", age, json!({"metadata": {"annotations": {REPLACEMENT_ANNOTATION: "Drifted"}}})),
+            vec![sized("a-0", "a", "500m")],
+        )
+    };
+    let spot_to_spot_3 = ConsolidationOptions {
+        spot_to_spot_min_types: 3,
+        ..ConsolidationOptions::default()
+    };
+    let picky = ConsolidationOptions {
+        min_saving_per_hour: 0.05,
+        ..ConsolidationOptions::default()
+    };
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(&str, NodePool, Vec<(Node, Vec<Pod>)>, Vec<PodDisruptionBudget>, ConsolidationOptions, Want)> = vec![
+        ("delete: the pods fit on the other node", pool_requiring(&m_only, ""), vec![two("a"), two("b")], vec![], ConsolidationOptions::default(), Want::Delete(&["a"])),
+        ("replace: one small pod on a big on-demand node", pool_with(""), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "spot")),
+        ("multi-node: three underused nodes become one", pool_with("disruption:\n  budgets: [{nodes: '100%'}]\n"), vec![one("a", json!({})), one("b", json!({})), one("c", json!({}))], vec![], ConsolidationOptions::default(), Want::Replace(&["a", "b", "c"], "spot")),
+        ("on-demand stays on-demand when the pool has no spot", pool_requiring(ON_DEMAND_ONLY, ""), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "on-demand")),
+        ("WhenEmpty leaves underused nodes alone", pool_with("disruption:\n  consolidationPolicy: WhenEmpty\n"), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(), Want::Nothing),
+        ("consolidateAfter not reached", pool_with("disruption:\n  consolidateAfter: 2h\n"), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| *h == Held::ConsolidateAfter { remaining_secs: 3600 })),
+        ("consolidateAfter Never", pool_with("disruption:\n  consolidateAfter: Never\n"), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| *h == Held::ConsolidationDisabled)),
+        ("do-not-disrupt pod", pool_with(""), vec![(node("a", 2.0, json!({})), vec![dnd_pod])], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::DoNotDisruptPod(_)))),
+        ("do-not-disrupt node", pool_with(""), vec![one("a", json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}))], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| *h == Held::DoNotDisruptNode)),
+        ("a pod without a controller", pool_with(""), vec![(node("a", 2.0, json!({})), vec![bare])], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::NoController(_)))),
+        ("a PDB that allows no eviction", pool_with(""), vec![one("a", json!({}))], vec![pdb("web", "web", json!(0))], ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::Pdb { .. }))),
+        ("never the same instance type, never dearer", pool_requiring(&m_and_big, ""), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::CannotPlace { .. }))),
+        ("spot-to-spot needs 15 cheaper types", pool_with(""), vec![one("a", offering("m.xlarge", "spot"))], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::Unconsolidatable(w) if w.contains("needs 15 cheaper instance types")))),
+        ("spot-to-spot with enough cheaper types", pool_with(""), vec![one("a", offering("m.xlarge", "spot"))], vec![], spot_to_spot_3.clone(), Want::Replace(&["a"], "spot")),
+        ("two spot nodes: one deleted, the other replaced on its own", pool_requiring("      - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}\n      - {key: node.kubernetes.io/instance-type, operator: In, values: [c.large, c.xlarge, m.large, m.xlarge, a.large]}\n", "disruption:\n  budgets: [{nodes: '100%'}]\n"),
+            vec![one("a", offering("c.xlarge", "spot")), one("b", offering("c.xlarge", "spot"))], vec![], spot_to_spot_3, Want::Replace(&["a", "b"], "spot")),
+        ("the saving is under the minimum", pool_requiring(ON_DEMAND_ONLY, ""), vec![one("a", offering("m.large", "on-demand"))], vec![], picky,
+            Want::Held("a", |h| matches!(h, Held::Unconsolidatable(w) if w.contains("less than the minimum")))),
+        ("the saving is over the default minimum", pool_requiring(ON_DEMAND_ONLY, ""), vec![one("a", offering("m.large", "on-demand"))], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "on-demand")),
+        ("a fresh replacement cools down", pool_with(""), vec![replacement(0.1)], vec![], ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::RecentReplacement { remaining_secs } if (500..=540).contains(remaining_secs)))),
+        ("an old replacement is a candidate", pool_with(""), vec![replacement(0.5)], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "spot")),
+    ];
+    for (what, p, nodes, pdbs, opts, want) in cases {
+        let mut s = snapshot(p, nodes);
+        s.pod_disruption_budgets = pdbs;
+        let d = decide(&s, &DecideOptions { consolidation: opts, ..DecideOptions::default() });
+        let u = underutilized(&d);
+        assert!(d.price_after <= d.price_before + 1e-9, "{what}: cost rose");
+        match want {
+            Want::Delete(nodes) => {
+                let u = u.unwrap_or_else(|| panic!("{what}: no decision: {d:#?}"));
+                assert_eq!(u.nodes, nodes, "{what}: {u:#?}");
+                assert!(u.replacements.is_empty(), "{what}: {u:#?}");
+                assert!(u.savings_per_hour > 0.0, "{what}");
+            }
+            Want::Replace(nodes, capacity_type) => {
+                let u = u.unwrap_or_else(|| panic!("{what}: no decision: {d:#?}"));
+                assert_eq!(u.nodes, nodes, "{what}");
+                assert_eq!(u.replacements.len(), 1, "{what}: {u:#?}");
+                let r = &u.replacements[0];
+                let replaced: BTreeSet<String> = s.nodes.iter().filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap())).map(|n| n.node.metadata.labels.as_ref().unwrap()[labels::INSTANCE_TYPE].clone()).collect();
+                let price: f64 = s.nodes.iter().filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap())).map(|n| candidate::price(&s.catalog, n.node.metadata.labels.as_ref().unwrap()).unwrap()).sum();
+                assert_eq!(r.capacity_type, capacity_type, "{what}");
+                for t in &r.instance_type_options {
+                    assert!(!replaced.contains(t), "{what}: {t} is a replaced node's type");
+                    let cheapest = s.catalog.instance_types.iter().find(|i| &i.name == t).unwrap().offerings.iter().filter(|o| o.capacity_type == capacity_type).map(|o| o.price).fold(f64::MAX, f64::min);
+                    assert!(cheapest < price, "{what}: option {t} at {cheapest} is not cheaper than {price}");
+                }
+                if capacity_type == "spot" {
+                    assert!(!r.requirements.get(labels::CAPACITY_TYPE).unwrap().has("on-demand"), "{what}: a spot replacement may fall back to on-demand");
+                }
+                assert!(u.savings_per_hour > 0.0 && (u.savings_per_hour - (price - r.price)).abs() < 1e-9, "{what}");
+                let evicted: usize = s.nodes.iter().filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap())).map(|n| n.pods.len()).sum();
+                assert_eq!(u.moves.len(), evicted, "{what}: every pod moves once");
+            }
+            Want::Nothing => {
+                assert!(u.is_none(), "{what}: {d:#?}");
+                assert!(d.blocked.is_empty(), "{what}: {d:#?}");
+            }
+            Want::Held(n, rule) => {
+                assert!(u.is_none(), "{what}: {d:#?}");
+                let h = held(&d, n).unwrap_or_else(|| panic!("{what}: {n} not held: {d:#?}"));
+                assert!(rule(&h), "{what}: held by {h:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn spot_to_spot_launches_from_the_cheapest_allowed_options() {
+    let s = snapshot(
+        pool_with(""),
+        vec![(node("a", 2.0, offering("m.xlarge", "spot")), vec![sized("a-0", "a", "500m")])],
+    );
+    let opts = ConsolidationOptions {
+        spot_to_spot_min_types: 3,
+        ..ConsolidationOptions::default()
+    };
+    let d = decide(&s, &DecideOptions { consolidation: opts, ..DecideOptions::default() });
+    let r = &underutilized(&d).expect("replaced").replacements[0];
+    assert_eq!(r.instance_type_options.len(), 3, "{r:#?}");
+}
+
+#[test]
+fn consolidation_waits_while_expiry_or_drift_decides() {
+    let s = snapshot(
+        pool_with(""),
+        vec![
+            (node("old", 800.0, json!({})), vec![sized("old-0", "old", "500m")]),
+            (node("a", 2.0, json!({})), vec![sized("a-0", "a", "500m")]),
+        ],
+    );
+    let d = run(&s);
+    assert_eq!(decided(&d), [(Reason::Expired, "old".to_string())]);
+}
+
+#[test]
+fn consolidation_takes_cheap_to_disrupt_nodes_first() {
+    // Both nodes are alike but b's pod has a high priority: a goes.
+    let mut vip = sized("b-0", "b", "500m");
+    let mut v = serde_json::to_value(&vip).unwrap();
+    merge(&mut v, json!({"spec": {"priority": 1_000_000_000}}));
+    vip = serde_json::from_value(v).unwrap();
+    let m_only = format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge]}}\n");
+    let s = snapshot(
+        pool_requiring(&m_only, ""),
+        vec![
+            (node("a", 2.0, json!({})), vec![sized("a-0", "a", "500m")]),
+            (node("b", 2.0, json!({})), vec![vip]),
+        ],
+    );
+    let d = run(&s);
+    assert_eq!(underutilized(&d).expect("a decision").nodes, ["a"]);
+}
+
+#[test]
+fn a_budget_bounds_consolidation_and_names_the_reason() {
+    let p = pool_with("disruption:\n  budgets: [{nodes: '1', reasons: [Underutilized]}]\n");
+    let s = snapshot(
+        p,
+        (0..4)
+            .map(|i| {
+                let n = format!("n{i}");
+                (node(&n, 2.0, json!({})), vec![sized(&format!("{n}-0"), &n, "500m")])
+            })
+            .collect(),
+    );
+    let d = run(&s);
+    assert_eq!(underutilized(&d).expect("one").nodes.len(), 1);
+    assert!(d.blocked.iter().any(|b| matches!(&b.rule, Held::Budget { reason: Reason::Underutilized, allowed: 1, .. })), "{d:#?}");
+}
+
+#[test]
+fn spot_to_spot_replaces_single_nodes_only() {
+    use consolidation::ReplacementLimits;
+    let s = snapshot(
+        pool_with(""),
+        vec![
+            (node("a", 2.0, offering("c.xlarge", "spot")), vec![]),
+            (node("b", 2.0, offering("c.xlarge", "spot")), vec![]),
+            (node("c", 2.0, json!({})), vec![]),
+        ],
+    );
+    let names = |ns: &[&str]| ns.iter().map(|n| n.to_string()).collect::<BTreeSet<String>>();
+    let claim = |capacity_type: &str, options: usize| crate::scheduling::NewNodeClaim {
+        capacity_type: capacity_type.into(),
+        instance_type_options: (0..options).map(|i| format!("t{i}")).collect(),
+        ..crate::scheduling::fixtures::new_claim()
+    };
+    let both = ReplacementLimits::of(&s, &names(&["a", "b"]));
+    assert!((both.price_below - 0.12).abs() < 1e-9 && both.all_spot && both.nodes == 2);
+    assert_eq!(both.exclude_types, names(&["c.xlarge"]));
+    assert!(both.refuse(&claim("spot", 20), 15).unwrap().contains("single nodes only"));
+    assert_eq!(both.refuse(&claim("on-demand", 1), 15), None);
+    let one = ReplacementLimits::of(&s, &names(&["a"]));
+    assert_eq!(one.refuse(&claim("spot", 15), 15), None);
+    assert!(one.refuse(&claim("spot", 14), 15).unwrap().contains("found 14"));
+    let mixed = ReplacementLimits::of(&s, &names(&["a", "c"]));
+    assert!(!mixed.all_spot);
+    assert_eq!(mixed.refuse(&claim("spot", 1), 15), None, "on-demand to spot is not spot-to-spot");
+}
+
+#[test]
+fn revalidation_refuses_what_no_longer_pays() {
+    use consolidation::{ReplacementLimits, revalidate};
+    let limits = ReplacementLimits { price_below: 0.20, nodes: 1, ..ReplacementLimits::default() };
+    let opts = ConsolidationOptions::default();
+    let claim = |price: f64| crate::scheduling::NewNodeClaim { price, capacity_type: "on-demand".into(), ..crate::scheduling::fixtures::new_claim() };
+    assert_eq!(revalidate(&limits, &[], None, &opts), Ok(()), "a delete");
+    assert_eq!(revalidate(&limits, &[claim(0.08)], None, &opts), Ok(()));
+    assert!(revalidate(&limits, &[claim(0.199)], None, &opts).unwrap_err().contains("less than the minimum"));
+    assert!(revalidate(&limits, &[claim(0.01), claim(0.01)], None, &opts).unwrap_err().contains("2 new nodes"));
+    assert_eq!(revalidate(&limits, &[], Some("pod x cannot be placed"), &opts), Err("pod x cannot be placed".into()));
+}
+
+/// Random underused clusters: m.xlarge nodes (spot or on-demand) holding web
+/// pods of random sizes (at most 4000m a node), some nodes with one `solo`
+/// pod (solo pods repel each other per host).
+fn arb_underused() -> impl Strategy<Value = Snapshot> {
+    let node_strategy = (
+        proptest::bool::ANY,                                               // spot
+        proptest::collection::vec((0usize..4, proptest::bool::weighted(0.3)), 0..5), // pods: size, solo
+    );
+    (proptest::collection::vec(node_strategy, 1..9), prop_oneof![Just("20%"), Just("100%"), Just("2")]).prop_map(
+        |(spec, budget)| {
+            const CPU: [&str; 4] = ["250m", "500m", "750m", "1000m"];
+            let p = pool_with(&format!("disruption:\n  budgets: [{{nodes: '{budget}'}}]\n"));
+            let nodes = spec
+                .into_iter()
+                .enumerate()
+                .map(|(i, (spot, pods))| {
+                    let name = format!("n{i}");
+                    let pods = pods
+                        .into_iter()
+                        .enumerate()
+                        .map(|(j, (size, solo))| {
+                            let mut p = sized(&format!("p{i}-{j}"), &name, CPU[size]);
+                            if solo && j == 0 {
+                                let mut v = serde_json::to_value(&p).unwrap();
+                                merge(&mut v, json!({"metadata": {"labels": {"app": "solo"}}, "spec": {"affinity": {"podAntiAffinity": {
+                                    "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": labels::HOSTNAME,
+                                        "labelSelector": {"matchLabels": {"app": "solo"}}}]}}}}));
+                                p = serde_json::from_value(v).unwrap();
+                            }
+                            p
+                        })
+                        .collect();
+                    let ct = if spot { "spot" } else { "on-demand" };
+                    (node(&name, 2.0, offering("m.xlarge", ct)), pods)
+                })
+                .collect();
+            snapshot(p, nodes)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn consolidation_keeps_every_invariant_and_never_costs_more(s in arb_underused()) {
+        let d = run(&s);
+        prop_assert!(d.price_after <= d.price_before + 1e-9, "{} > {}", d.price_after, d.price_before);
+        let Some(u) = underutilized(&d) else { return Ok(()); };
+        prop_assert!(u.replacements.len() <= 1, "one new node per pass: {:?}", u.replacements.len());
+        prop_assert!(u.savings_per_hour > 0.0);
+        let budgets = PoolBudgets::new(&s.node_pools[0]);
+        let allowed = budgets.allowed(Reason::Underutilized, s.nodes.len(), s.now).unwrap();
+        prop_assert!(u.nodes.len() <= allowed, "{} nodes, budget {}", u.nodes.len(), allowed);
+        let removed: BTreeSet<&str> = u.nodes.iter().map(String::as_str).collect();
+        // The cluster after the pass: each remaining node's pods plus the ones moved to it.
+        let mut after: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
+        let mut moved = BTreeMap::new();
+        for m in &u.moves {
+            prop_assert!(!removed.contains(m.to.as_str()), "{} moves onto a removed node", m.pod);
+            prop_assert!(moved.insert(m.pod.clone(), m.to.clone()).is_none(), "{} moves twice", m.pod);
+        }
+        for n in &s.nodes {
+            let name = n.node.metadata.name.clone().unwrap();
+            for p in &n.pods {
+                let to = if removed.contains(name.as_str()) {
+                    moved.get(&PodRef::of(p)).cloned()
+                } else {
+                    Some(name.clone())
+                };
+                let to = to.ok_or_else(|| TestCaseError::fail(format!("{} is lost", PodRef::of(p))))?;
+                after.entry(to).or_default().push(p);
+            }
+        }
+        let alloc_milli = 4000;
+        for (host, pods) in &after {
+            let cpu: i64 = pods.iter().map(|p| crate::scheduling::pod::effective_requests(p.spec.as_ref().unwrap(), "spec").unwrap().get("cpu").milli()).sum();
+            let limit = u.replacements.iter().find(|r| &r.name == host).map_or(alloc_milli, |r| r.allocatable.get("cpu").milli());
+            prop_assert!(cpu <= limit, "{} holds {}m of {}m", host, cpu, limit);
+            let solo = pods.iter().filter(|p| p.metadata.labels.as_ref().unwrap()["app"] == "solo").count();
+            prop_assert!(solo <= 1, "{} holds {} solo pods", host, solo);
+        }
+        for r in &u.replacements {
+            prop_assert!(r.instance_type_options.iter().all(|t| t != "m.xlarge"), "same type offered");
         }
     }
 }

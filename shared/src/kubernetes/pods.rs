@@ -6,6 +6,8 @@ use k8s_openapi::api::core::v1::{Pod, Taint};
 pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 /// The taint put on nodes being disrupted.
 pub const DISRUPTED_TAINT_KEY: &str = "karpenter.sh/disrupted";
+/// Annotation ranking a ReplicaSet's pods for scale-down (and, in Karpenter, consolidation).
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Mirror (static) pods carry this annotation.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 

@@ -137,3 +137,26 @@ pub fn merge(a: &mut Value, b: Value) {
         (a, b) => *a = b,
     }
 }
+
+/// A planned claim with every field empty; set what a test needs.
+#[cfg(test)]
+pub fn new_claim() -> super::NewNodeClaim {
+    super::NewNodeClaim {
+        name: "claim".into(),
+        node_pool: "default".into(),
+        node_class: "default".into(),
+        requirements: crate::requirements::Requirements::new(),
+        instance_type_options: Vec::new(),
+        instance_type: String::new(),
+        zone: String::new(),
+        capacity_type: String::new(),
+        price: 0.0,
+        allocatable: Resources::new(),
+        labels: BTreeMap::new(),
+        template_labels: BTreeMap::new(),
+        taints: Vec::new(),
+        startup_taints: Vec::new(),
+        pods: Vec::new(),
+        requests: Resources::new(),
+    }
+}

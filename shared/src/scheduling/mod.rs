@@ -68,6 +68,9 @@ pub struct SolveOptions {
     /// New claims may only use instance types whose cheapest usable
     /// offering costs less than this per hour.
     pub price_below: Option<f64>,
+    /// New claims may not use these instance types (consolidation never
+    /// replaces a node with its own type).
+    pub exclude_types: BTreeSet<String>,
     /// Existing nodes (or in-flight claims) taken away, by name: their
     /// capacity is gone and their movable pods are pending.
     pub removed: BTreeSet<String>,
@@ -82,6 +85,7 @@ impl Default for SolveOptions {
             improve: true,
             new_claims: true,
             price_below: None,
+            exclude_types: BTreeSet::new(),
             removed: BTreeSet::new(),
             deadline: None,
         }

@@ -95,6 +95,8 @@ pub(crate) struct Model<'c> {
     pub new_claims: bool,
     /// New claims' instance types must cost less than this per hour.
     pub price_below: Option<f64>,
+    /// Instance types new claims may not use.
+    pub exclude_types: std::collections::BTreeSet<String>,
 }
 
 impl<'c> Model<'c> {
@@ -338,6 +340,7 @@ impl<'c> Model<'c> {
             warnings: c.warnings.clone(),
             new_claims: options.new_claims,
             price_below: options.price_below,
+            exclude_types: options.exclude_types.clone(),
         }
     }
 }

@@ -286,11 +286,12 @@ impl<'m> Run<'m> {
             .collect()
     }
 
-    /// True when type `t` of pool `pi` is cheaper than the solve's price ceiling.
+    /// True when type `t` of pool `pi` is cheaper than the solve's price
+    /// ceiling and not excluded.
     fn under_ceiling(&self, pi: usize, t: u32) -> bool {
-        self.m
-            .price_below
-            .is_none_or(|ceiling| self.m.pools[pi].types[t as usize].price < ceiling)
+        let ty = &self.m.pools[pi].types[t as usize];
+        self.m.price_below.is_none_or(|ceiling| ty.price < ceiling)
+            && (self.m.exclude_types.is_empty() || !self.m.exclude_types.contains(&ty.name))
     }
 
     /// Options of a new claim of pool `pi` that pod `i` could start: within

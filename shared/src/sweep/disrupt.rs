@@ -17,6 +17,7 @@ use super::{StepError, Sweeper};
 use crate::apis::labels;
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
+use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::{DecideOptions, Held, Reason, decide};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, drain, events, pods};
@@ -25,7 +26,7 @@ use crate::launch::nodeclass::ClassFacts;
 use crate::launch::request::{LaunchRequest, enqueue};
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::registration;
-use crate::scheduling::{PodRef, SolveOptions, TargetKind};
+use crate::scheduling::{NewNodeClaim, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::Snapshot;
 use crate::snapshot::live;
 use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, StateError, now_ms};
@@ -68,7 +69,12 @@ pub struct DisruptionReport {
 fn worth_an_event(h: &Held) -> bool {
     !matches!(
         h,
-        Held::ConsolidateAfter { .. } | Held::ConsolidationDisabled | Held::NoSaving
+        Held::ConsolidateAfter { .. }
+            | Held::ConsolidationDisabled
+            | Held::NoSaving
+            | Held::RecentReplacement { .. }
+            | Held::Unconsolidatable(_)
+            | Held::CannotPlace { .. }
     )
 }
 
@@ -119,15 +125,35 @@ struct Assignment {
     in_flight: BTreeMap<usize, BTreeSet<String>>,
     /// A record's pods nothing can hold.
     stuck: BTreeMap<usize, String>,
+    /// The planned new claims, as priced by the solve.
+    planned: Vec<NewNodeClaim>,
 }
 
 /// The replacement solve for the nodes of `records` (pure): the snapshot's
 /// pending pods are left out (provisioning's business), every node being
-/// disrupted is removed, each new claim goes to the record owning its first pod.
-fn assign(snapshot: &Snapshot, records: &[DisruptionRecord], removed: &BTreeSet<String>, seed: &str) -> Assignment {
+/// disrupted is removed, each new claim goes to the record owning its first
+/// pod and is marked a replacement. Consolidation's records (all
+/// Underutilized) solve under their [`ReplacementLimits`], and their new
+/// claims are narrowed to what was priced.
+fn assign(
+    snapshot: &Snapshot,
+    records: &[DisruptionRecord],
+    removed: &BTreeSet<String>,
+    seed: &str,
+    limits: Option<(&ReplacementLimits, usize)>,
+) -> Assignment {
     let mut s = snapshot.clone();
     s.pods.clear();
-    let plan = s.compile().solve(&SolveOptions::without(removed.iter().cloned()));
+    let options = match limits {
+        Some((l, _)) => l.solve_options(removed.clone(), None),
+        None => SolveOptions::without(removed.iter().cloned()),
+    };
+    let mut plan = s.compile().solve(&options);
+    if let Some((l, min_types)) = limits {
+        for c in &mut plan.node_claims {
+            l.restrict(c, min_types);
+        }
+    }
     let index: BTreeMap<&str, usize> = records.iter().enumerate().map(|(i, r)| (r.node.as_str(), i)).collect();
     let owner: BTreeMap<PodRef, usize> = s
         .nodes
@@ -144,9 +170,11 @@ fn assign(snapshot: &Snapshot, records: &[DisruptionRecord], removed: &BTreeSet<
         if let Some(i) = pods.iter().find_map(|p| owner.get(p)) {
             let claim = NodeClaim {
                 name: generate_name(&c.node_pool, seed, &mut taken),
+                replacement_for: Some(records[*i].reason.clone()),
                 ..s.node_claim(c)
             };
             out.new.entry(*i).or_default().push(claim);
+            out.planned.push(c.clone());
         }
     }
     for e in plan.existing.iter().filter(|e| e.kind == TargetKind::NodeClaim) {
@@ -210,6 +238,7 @@ impl<C: Cluster> Sweeper<C> {
         let options = DecideOptions {
             resolved_drift: self.resolved_drift(snapshot, classes).await,
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
+            consolidation: self.config.consolidation.clone(),
         };
         let decisions = decide(snapshot, &options);
         for e in &decisions.errors {
@@ -239,8 +268,8 @@ impl<C: Cluster> Sweeper<C> {
         // each, bounded by the disruption budgets); their steps wait for time.
         let _ = started;
         for d in &decisions.decisions {
-            if d.reason == Reason::Empty && pending {
-                tracing::info!(nodes = ?d.nodes, "pods are pending; empty nodes are kept this run");
+            if matches!(d.reason, Reason::Empty | Reason::Underutilized) && pending {
+                tracing::info!(nodes = ?d.nodes, reason = %d.reason, "pods are pending; nodes are not consolidated this run");
                 continue;
             }
             for node in &d.nodes {
@@ -306,6 +335,12 @@ impl<C: Cluster> Sweeper<C> {
                 }
             }
         }
+        // Consolidation launches alone: its price checks would be muddled by
+        // other reasons' replacements, so it waits for a run without them.
+        let (consolidating, others): (Vec<usize>, Vec<usize>) = launch
+            .iter()
+            .partition(|i| progress::reason_of(&records[**i]) == Some(Reason::Underutilized));
+        let launch = if others.is_empty() { consolidating } else { others };
         if launch.is_empty() {
             return;
         }
@@ -313,6 +348,10 @@ impl<C: Cluster> Sweeper<C> {
         match self.launch(snapshot, records, &launch, &removed, report).await {
             Ok(()) => {
                 for i in launch {
+                    // A consolidation the fresh solve refused is already rolled back.
+                    if report.abandoned.iter().any(|(n, _)| *n == records[i].node) {
+                        continue;
+                    }
                     if let Err(e) = self.walk(&mut records[i], report).await {
                         report.failed.push((records[i].node.clone(), e));
                     }
@@ -409,14 +448,7 @@ impl<C: Cluster> Sweeper<C> {
                     return Ok(None);
                 }
                 Next::Abandon(why) => {
-                    if self.cluster.untaint_disrupted(&r.node).await.is_err() {
-                        tracing::warn!(node = %r.node, "could not untaint an abandoned disruption's node");
-                    }
-                    self.store.end_disruption(&r.claim, r.version).await?;
-                    self.event(EventSpec::disruption_blocked(events::node_name_ref(&r.node), &why))
-                        .await;
-                    tracing::info!(node = %r.node, %why, "disruption abandoned");
-                    report.abandoned.push((r.node.clone(), why));
+                    self.abandon(r, &why, report).await?;
                     return Ok(None);
                 }
                 Next::Forget => {
@@ -426,6 +458,19 @@ impl<C: Cluster> Sweeper<C> {
             }
         }
         Ok(None)
+    }
+
+    /// Gives a disruption up: the node untainted, the record forgotten, an event.
+    async fn abandon(&self, r: &mut DisruptionRecord, why: &str, report: &mut DisruptionReport) -> Result<(), StepError> {
+        if self.cluster.untaint_disrupted(&r.node).await.is_err() {
+            tracing::warn!(node = %r.node, "could not untaint an abandoned disruption's node");
+        }
+        self.store.end_disruption(&r.claim, r.version).await?;
+        self.event(EventSpec::disruption_blocked(events::node_name_ref(&r.node), why))
+            .await;
+        tracing::info!(node = %r.node, %why, "disruption abandoned");
+        report.abandoned.push((r.node.clone(), why.to_string()));
+        Ok(())
     }
 
     /// Instance first, then the Node, then the claim and the records (as the
@@ -532,7 +577,30 @@ impl<C: Cluster> Sweeper<C> {
         let _ = snapshot;
         let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
         let seed = format!("{}/{}/{}", lease.holder, lease.version, now_ms());
-        let a = assign(&fresh, &chosen, removed, &seed);
+        let consolidating = chosen
+            .iter()
+            .all(|r| progress::reason_of(r) == Some(Reason::Underutilized));
+        let limits = consolidating.then(|| {
+            let nodes: BTreeSet<String> = chosen.iter().map(|r| r.node.clone()).collect();
+            ReplacementLimits::of(&fresh, &nodes)
+        });
+        let min_types = self.config.consolidation.spot_to_spot_min_types;
+        let a = assign(&fresh, &chosen, removed, &seed, limits.as_ref().map(|l| (l, min_types)));
+        if let Some(l) = &limits
+            && let Err(why) = consolidation::revalidate(
+                l,
+                &a.planned,
+                a.stuck.values().next().map(String::as_str),
+                &self.config.consolidation,
+            )
+        {
+            // The cluster changed since the decision: roll it back, as Karpenter does.
+            let why = format!("consolidation no longer valid: {why}");
+            for i in which {
+                self.abandon(&mut records[*i], &why, report).await?;
+            }
+            return Ok(());
+        }
         let new: Vec<NodeClaim> = a.new.values().flatten().cloned().collect();
         let created = self.store.create_node_claims_fenced(lease, &new, now_ms()).await?;
         let requests: Vec<LaunchRequest> = created.iter().map(|c| LaunchRequest::new(&c.name)).collect();

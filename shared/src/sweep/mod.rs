@@ -18,6 +18,7 @@ use jiff::Timestamp;
 
 use crate::apis::duration::parse_go_duration;
 use crate::catalog;
+use crate::disruption::consolidation::ConsolidationOptions;
 use crate::ec2::{Instances, InstancesError};
 use crate::kubernetes::{Cluster, ClusterError};
 use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
@@ -45,6 +46,8 @@ pub struct SweepConfig {
     pub budget: Duration,
     /// Who we are, for the lease.
     pub holder: String,
+    /// Consolidation's minimum saving and churn cooldown.
+    pub consolidation: crate::disruption::consolidation::ConsolidationOptions,
 }
 
 /// A missing or malformed setting.
@@ -63,9 +66,12 @@ impl SweepConfig {
     /// `NODESMITH_LAUNCH_TIMEOUT` (5m), `NODESMITH_REGISTRATION_TIMEOUT` (15m),
     /// `NODESMITH_LEAK_WINDOW` (30s), `NODESMITH_LIVENESS_GRACE` (60s),
     /// `NODESMITH_BATCH_WINDOW` (10s), `NODESMITH_RESOLVE_EVERY` (60s),
-    /// `NODESMITH_SWEEP_BUDGET` (60s).
+    /// `NODESMITH_SWEEP_BUDGET` (60s), `NODESMITH_REPLACEMENT_COOLDOWN` (15m); and
+    /// consolidation's minimum saving, `NODESMITH_CONSOLIDATION_MIN_SAVING`
+    /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = LifecycleConfig::default();
+        let c = ConsolidationOptions::default();
         let dur = |name: &str, default: Duration| -> Result<Duration, ConfigError> {
             match get(name).filter(|v| !v.trim().is_empty()) {
                 None => Ok(default),
@@ -88,12 +94,32 @@ impl SweepConfig {
             },
             budget: dur("NODESMITH_SWEEP_BUDGET", Duration::from_secs(60))?,
             holder: format!("sweep-{}-{}", std::process::id(), now_ms()),
+            consolidation: ConsolidationOptions {
+                min_saving_per_hour: number(&get, "NODESMITH_CONSOLIDATION_MIN_SAVING", c.min_saving_per_hour)?,
+                min_saving_percent: number(&get, "NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT", c.min_saving_percent)?,
+                replacement_cooldown: dur("NODESMITH_REPLACEMENT_COOLDOWN", c.replacement_cooldown)?,
+                ..c
+            },
         })
     }
 
     /// From the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
+    }
+}
+
+/// A non-negative number setting, or its default when unset.
+fn number(get: &impl Fn(&str) -> Option<String>, name: &str, default: f64) -> Result<f64, ConfigError> {
+    match get(name).filter(|v| !v.trim().is_empty()) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            _ => Err(ConfigError {
+                name: name.into(),
+                message: format!("{v:?} is not a non-negative number"),
+            }),
+        },
     }
 }
 
@@ -505,5 +531,26 @@ mod tests {
         let e = SweepConfig::from_lookup(lookup(&[("NODESMITH_LEAK_WINDOW", "soon")])).unwrap_err();
         assert_eq!(e.name, "NODESMITH_LEAK_WINDOW");
         assert!(e.to_string().contains("invalid duration"), "{e}");
+    }
+
+    #[test]
+    fn consolidation_settings_default_small_and_name_bad_values() {
+        let c = SweepConfig::from_lookup(lookup(&[])).unwrap();
+        assert_eq!(c.consolidation, ConsolidationOptions::default());
+        assert!(c.consolidation.min_saving_per_hour > 0.0);
+        let c = SweepConfig::from_lookup(lookup(&[
+            ("NODESMITH_CONSOLIDATION_MIN_SAVING", "0.05"),
+            ("NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT", "10"),
+            ("NODESMITH_REPLACEMENT_COOLDOWN", "1h"),
+        ]))
+        .unwrap();
+        assert_eq!(c.consolidation.min_saving_per_hour, 0.05);
+        assert_eq!(c.consolidation.min_saving_percent, 10.0);
+        assert_eq!(c.consolidation.replacement_cooldown, Duration::from_secs(3600));
+        for bad in ["-1", "cheap", "NaN"] {
+            let e = SweepConfig::from_lookup(lookup(&[("NODESMITH_CONSOLIDATION_MIN_SAVING", bad)])).unwrap_err();
+            assert_eq!(e.name, "NODESMITH_CONSOLIDATION_MIN_SAVING");
+            assert!(e.to_string().contains("non-negative number"), "{e}");
+        }
     }
 }

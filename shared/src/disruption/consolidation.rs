@@ -1,0 +1,426 @@
+//! Underutilized consolidation: nodes whose pods fit on the other nodes
+//! (delete), or on the other nodes plus one cheaper new node (replace), are
+//! removed. Pools with `consolidationPolicy: WhenEmptyOrUnderutilized` only,
+//! once `consolidateAfter` has passed since the node's last pod event.
+//!
+//! Every question is a what-if solve on the pass's compiled snapshot, so a
+//! decision honours every scheduling constraint the provisioner does. Search:
+//! candidates sorted by disruption cost (Karpenter's: pods weighted by
+//! priority and deletion cost, times the share of the node's lifetime left),
+//! then (1) multi-node: a binary search for the longest prefix that can go
+//! for at most one new node, as Karpenter does but over every admissible
+//! candidate instead of 100; (2) single-node: every other candidate is tried
+//! on its own. A pass takes any number of deletes but one replacement, so the
+//! pass's joint solve never opens more than one new node.
+//!
+//! Replacement rules: every option of the new node is cheaper than what it
+//! replaces and none is a replaced node's own type; a spot replacement may
+//! not fall back to on-demand; spot-to-spot only for a single node with at
+//! least [`ConsolidationOptions::spot_to_spot_min_types`] cheaper options,
+//! launching from the cheapest of those; a decision saves at least the
+//! configured minimum; a node that was itself a replacement is left alone for
+//! its pool's `consolidateAfter` or the cooldown, whichever is longer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+
+use crate::apis::labels;
+use crate::kubernetes::pods;
+use crate::requirements::Requirement;
+use crate::scheduling::{NewNodeClaim, Plan, SolveOptions};
+use crate::snapshot::Snapshot;
+
+use super::budgets::Ledger;
+use super::candidate::Candidate;
+use super::emptiness::consolidatable;
+use super::protection::PdbLedger;
+use super::{Context, Held, Method, Pass, Reason, Verdict, admit, release};
+
+/// Annotation on a Node launched to replace disrupted nodes: the reason.
+pub const REPLACEMENT_ANNOTATION: &str = "nodesmith/disruption-replacement";
+
+/// The knobs of consolidation (the sweep reads them from its environment).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsolidationOptions {
+    /// A decision must save at least this much per hour.
+    pub min_saving_per_hour: f64,
+    /// And at least this share (percent) of the removed nodes' price.
+    pub min_saving_percent: f64,
+    /// A replacement is not a candidate until this long after its launch
+    /// (or its pool's `consolidateAfter`, if longer).
+    pub replacement_cooldown: Duration,
+    /// Spot-to-spot replacement needs at least this many cheaper instance
+    /// types (Karpenter: 15), and launches from the cheapest this many.
+    pub spot_to_spot_min_types: usize,
+}
+
+impl Default for ConsolidationOptions {
+    fn default() -> Self {
+        ConsolidationOptions {
+            min_saving_per_hour: 0.001,
+            min_saving_percent: 1.0,
+            replacement_cooldown: Duration::from_secs(15 * 60),
+            spot_to_spot_min_types: 15,
+        }
+    }
+}
+
+/// The Underutilized method: which nodes are candidates.
+pub(crate) struct Underutilized;
+
+impl Method for Underutilized {
+    fn reason(&self) -> Reason {
+        Reason::Underutilized
+    }
+
+    fn judge(&self, c: &Candidate, cx: &Context) -> Verdict {
+        use crate::apis::nodepool::ConsolidationPolicy;
+        if c.pool.spec.disruption.consolidation_policy != ConsolidationPolicy::WhenEmptyOrUnderutilized
+            || c.is_empty()
+        {
+            return Verdict::Skip;
+        }
+        if let Err(h) = consolidatable(c, cx.now) {
+            return Verdict::Held(h);
+        }
+        if let Some(remaining_secs) = cooling_down(c, cx) {
+            return Verdict::Held(Held::RecentReplacement { remaining_secs });
+        }
+        match c.price {
+            Some(p) if p > 0.0 => Verdict::Disrupt,
+            _ => Verdict::Held(Held::NoSaving),
+        }
+    }
+
+    /// Cheapest to disrupt first; among equals, the dearest node.
+    fn order(&self, a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+        a.disruption_cost
+            .total_cmp(&b.disruption_cost)
+            .then_with(|| b.price.unwrap_or(0.0).total_cmp(&a.price.unwrap_or(0.0)))
+            .then_with(|| a.name.cmp(&b.name))
+    }
+}
+
+/// Seconds left before a replacement node may be consolidated, if any.
+fn cooling_down(c: &Candidate, cx: &Context) -> Option<u64> {
+    c.annotations.get(REPLACEMENT_ANNOTATION)?;
+    let created = c.created?;
+    let after = c.pool.spec.disruption.consolidate_after.duration().unwrap_or_default();
+    let wait = after.max(cx.options.consolidation.replacement_cooldown);
+    let until = created.checked_add(jiff::SignedDuration::try_from(wait).ok()?).ok()?;
+    (until > cx.now).then(|| until.duration_since(cx.now).as_secs().unsigned_abs())
+}
+
+/// Karpenter's eviction cost of one pod: 1, raised by its priority and its
+/// `controller.kubernetes.io/pod-deletion-cost`, kept within [-10, 10].
+pub(crate) fn eviction_cost(p: &k8s_openapi::api::core::v1::Pod) -> f64 {
+    let deletion = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(pods::DELETION_COST))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let priority = p.spec.as_ref().and_then(|s| s.priority).map_or(0.0, f64::from);
+    (1.0 + deletion / 2f64.powi(27) + priority / 2f64.powi(25)).clamp(-10.0, 10.0)
+}
+
+/// The share of a node's `expireAfter` still ahead of it (1 without expiry).
+pub(crate) fn lifetime_remaining(created: Option<Timestamp>, expire_after: Option<Duration>, now: Timestamp) -> f64 {
+    let (Some(created), Some(expire)) = (created, expire_after) else {
+        return 1.0;
+    };
+    let age = now.duration_since(created).as_secs_f64().max(0.0);
+    let total = expire.as_secs_f64();
+    if total <= 0.0 { 0.0 } else { (1.0 - age / total).clamp(0.0, 1.0) }
+}
+
+/// What a group of nodes replaced together allows its new node to be.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplacementLimits {
+    /// Every option must cost less than this per hour (the nodes' total).
+    pub price_below: f64,
+    /// The nodes' own instance types, never offered again.
+    pub exclude_types: BTreeSet<String>,
+    /// How many nodes are replaced.
+    pub nodes: usize,
+    /// All of them are spot.
+    pub all_spot: bool,
+}
+
+impl ReplacementLimits {
+    /// The limits of the named nodes of `snapshot` (nodes without a known price count 0).
+    pub fn of(snapshot: &Snapshot, nodes: &BTreeSet<String>) -> ReplacementLimits {
+        let mut l = ReplacementLimits {
+            all_spot: true,
+            ..ReplacementLimits::default()
+        };
+        for n in &snapshot.nodes {
+            let Some(name) = n.node.metadata.name.as_deref() else {
+                continue;
+            };
+            if !nodes.contains(name) {
+                continue;
+            }
+            let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
+            l.add(
+                super::candidate::price(&snapshot.catalog, &node_labels),
+                &node_labels,
+            );
+        }
+        l
+    }
+
+    fn add(&mut self, price: Option<f64>, node_labels: &BTreeMap<String, String>) {
+        self.price_below += price.unwrap_or(0.0);
+        self.nodes += 1;
+        self.all_spot &= node_labels.get(labels::CAPACITY_TYPE).map(String::as_str) == Some("spot");
+        if let Some(t) = node_labels.get(labels::INSTANCE_TYPE) {
+            self.exclude_types.insert(t.clone());
+        }
+    }
+
+    /// Solve options for these limits with `removed` gone.
+    pub fn solve_options(&self, removed: BTreeSet<String>, deadline: Option<Instant>) -> SolveOptions {
+        SolveOptions {
+            removed,
+            deadline,
+            price_below: Some(self.price_below),
+            exclude_types: self.exclude_types.clone(),
+            ..SolveOptions::default()
+        }
+    }
+
+    /// Why a new node planned for these nodes is not allowed (spot-to-spot rules).
+    pub fn refuse(&self, claim: &NewNodeClaim, min_types: usize) -> Option<String> {
+        if !(self.all_spot && claim.capacity_type == "spot") {
+            return None;
+        }
+        if self.nodes > 1 {
+            return Some("spot-to-spot consolidation replaces single nodes only".into());
+        }
+        let n = claim.instance_type_options.len();
+        (n < min_types).then(|| {
+            format!("spot-to-spot consolidation needs {min_types} cheaper instance types, found {n}")
+        })
+    }
+
+    /// Whether removing the nodes for `added` per hour of new capacity saves
+    /// the minimum (both the absolute and the relative one).
+    pub fn pays(&self, added: f64, opts: &ConsolidationOptions) -> Result<(), String> {
+        let saving = self.price_below - added;
+        let floor = opts
+            .min_saving_per_hour
+            .max(self.price_below * opts.min_saving_percent / 100.0);
+        if saving < floor {
+            return Err(format!("saves {saving:.4}/h, less than the minimum {floor:.4}/h"));
+        }
+        Ok(())
+    }
+
+    /// Narrows a new node planned for these nodes to what was priced: a spot
+    /// node may not fall back to on-demand, and spot-to-spot launches from
+    /// the `min_types` cheapest options.
+    pub fn restrict(&self, claim: &mut NewNodeClaim, min_types: usize) {
+        if claim.capacity_type != "spot" {
+            return;
+        }
+        claim
+            .requirements
+            .add(Requirement::in_values(labels::CAPACITY_TYPE, &["spot"]));
+        if self.all_spot {
+            claim.instance_type_options.truncate(min_types.max(1));
+        }
+    }
+}
+
+/// The accepted part of the pass so far.
+struct Accepted<'c> {
+    nodes: Vec<&'c Candidate<'c>>,
+    /// The group the one replacement serves, once there is one.
+    replaced: Option<ReplacementLimits>,
+    /// New nodes and their price in the last accepted solve.
+    claims: usize,
+    cost: f64,
+}
+
+/// Decides the Underutilized part of a pass on top of what earlier methods
+/// removed; returns the chosen nodes (admitted to budgets and PDBs) and
+/// leaves the pass's plan as the solve with all of them gone.
+pub(super) fn consolidate<'c>(
+    pass: &mut Pass,
+    candidates: &'c [Candidate<'c>],
+    cx: &Context,
+    ledger: &mut Ledger,
+    pdbs: &mut PdbLedger,
+    blocked: &mut BTreeMap<String, Held>,
+) -> Vec<&'c Candidate<'c>> {
+    let m = &Underutilized;
+    let mut order: Vec<&Candidate> = Vec::new();
+    for c in candidates.iter().filter(|c| !c.disrupting && !pass.removed.contains(&c.name)) {
+        match m.judge(c, cx) {
+            Verdict::Skip => {}
+            Verdict::Held(h) => {
+                blocked.entry(c.name.clone()).or_insert(h);
+            }
+            Verdict::Disrupt => order.push(c),
+        }
+    }
+    order.sort_by(|a, b| m.order(a, b));
+    let opts = &cx.options.consolidation;
+    let expired = |deadline: Option<Instant>| deadline.is_some_and(|d| Instant::now() >= d);
+    let mut acc = Accepted {
+        nodes: Vec::new(),
+        replaced: None,
+        claims: pass.plan.as_ref().map_or(0, |p| p.node_claims.len()),
+        cost: pass.plan.as_ref().map_or(0.0, Plan::total_price),
+    };
+
+    // (1) Multi-node: the longest admissible prefix that goes for at most one new node.
+    let mut prefix: Vec<&Candidate> = Vec::new();
+    for c in &order {
+        match admit(m, c, ledger, pdbs) {
+            Ok(()) => prefix.push(c),
+            Err(h) => {
+                blocked.entry(c.name.clone()).or_insert(h);
+            }
+        }
+    }
+    let (mut lo, mut hi) = (2usize, prefix.len());
+    let mut best: Option<(usize, Plan, ReplacementLimits)> = None;
+    while lo <= hi && !expired(cx.options.deadline) {
+        let mid = (lo + hi) / 2;
+        match probe(pass, &acc, &prefix[..mid], opts, cx.options.deadline) {
+            Ok((plan, limits)) => {
+                best = Some((mid, plan, limits));
+                lo = mid + 1;
+            }
+            Err(_) => hi = mid - 1,
+        }
+    }
+    let taken = best.as_ref().map_or(0, |b| b.0);
+    for c in &prefix[taken..] {
+        release(m, c, ledger, pdbs);
+    }
+    if let Some((k, plan, limits)) = best {
+        accept(pass, &mut acc, &prefix[..k], plan, limits);
+    }
+
+    // (2) Single nodes: every other candidate on its own.
+    let chosen: BTreeSet<&str> = acc.nodes.iter().map(|c| c.name.as_str()).collect();
+    let rest: Vec<&Candidate> = order.into_iter().filter(|c| !chosen.contains(c.name.as_str())).collect();
+    for c in rest {
+        if expired(cx.options.deadline) {
+            break;
+        }
+        if let Err(h) = admit(m, c, ledger, pdbs) {
+            blocked.insert(c.name.clone(), h);
+            continue;
+        }
+        match probe(pass, &acc, &[c], opts, cx.options.deadline) {
+            Ok((plan, limits)) => {
+                blocked.remove(&c.name);
+                accept(pass, &mut acc, &[c], plan, limits);
+            }
+            Err(h) => {
+                release(m, c, ledger, pdbs);
+                blocked.insert(c.name.clone(), h);
+            }
+        }
+    }
+
+    if let (Some(plan), Some(limits)) = (pass.plan.as_mut(), acc.replaced.as_ref()) {
+        for claim in &mut plan.node_claims {
+            limits.restrict(claim, opts.spot_to_spot_min_types);
+        }
+    }
+    acc.nodes
+}
+
+/// Takes `group` into the pass with the solve that removed it.
+fn accept<'c>(pass: &mut Pass, acc: &mut Accepted<'c>, group: &[&'c Candidate<'c>], plan: Plan, limits: ReplacementLimits) {
+    if plan.node_claims.len() > acc.claims {
+        acc.replaced = Some(limits);
+    }
+    acc.claims = plan.node_claims.len();
+    acc.cost = plan.total_price();
+    pass.removed.extend(group.iter().map(|c| c.name.clone()));
+    acc.nodes.extend_from_slice(group);
+    pass.plan = Some(plan);
+}
+
+/// The solve with `group` gone too, if it is a valid consolidation on top of
+/// what was accepted: everything placed, at most one new node in the pass,
+/// that node's rules kept, and the saving above the minimum.
+fn probe(
+    pass: &Pass,
+    acc: &Accepted,
+    group: &[&Candidate],
+    opts: &ConsolidationOptions,
+    deadline: Option<Instant>,
+) -> Result<(Plan, ReplacementLimits), Held> {
+    let mut limits = ReplacementLimits {
+        all_spot: true,
+        ..ReplacementLimits::default()
+    };
+    for c in group {
+        limits.add(c.price, &c.labels);
+    }
+    let mut removed = pass.removed.clone();
+    removed.extend(group.iter().map(|c| c.name.clone()));
+    // Once the pass has its replacement, later groups may only be deleted:
+    // the solve keeps the replacement's ceiling and may not add a node.
+    let ceiling = acc.replaced.as_ref().unwrap_or(&limits);
+    let mut options = ceiling.solve_options(removed, deadline);
+    options.exclude_types.extend(limits.exclude_types.iter().cloned());
+    let plan = pass.compiled.solve(&options);
+    if let Some(u) = plan.unschedulable.first() {
+        return Err(Held::CannotPlace {
+            pod: u.pod.clone(),
+            why: u.reason.to_string(),
+        });
+    }
+    let allowed = acc.claims + usize::from(acc.replaced.is_none());
+    if plan.node_claims.len() > allowed {
+        return Err(Held::Unconsolidatable(format!(
+            "its pods need {} new nodes",
+            plan.node_claims.len() - acc.claims
+        )));
+    }
+    if plan.node_claims.len() > acc.claims
+        && let Some(why) = plan
+            .node_claims
+            .iter()
+            .find_map(|claim| limits.refuse(claim, opts.spot_to_spot_min_types))
+    {
+        return Err(Held::Unconsolidatable(why));
+    }
+    limits
+        .pays(plan.total_price() - acc.cost, opts)
+        .map_err(Held::Unconsolidatable)?;
+    Ok((plan, limits))
+}
+
+/// Re-checks a consolidation on a fresh solve before anything is launched
+/// (pure): its pods still all fit, on at most one new node that keeps the
+/// rules, and it still saves the minimum. Karpenter re-validates a command
+/// the same way before acting on it.
+pub fn revalidate(
+    limits: &ReplacementLimits,
+    planned: &[NewNodeClaim],
+    stuck: Option<&str>,
+    opts: &ConsolidationOptions,
+) -> Result<(), String> {
+    if let Some(why) = stuck {
+        return Err(why.to_string());
+    }
+    if planned.len() > 1 {
+        return Err(format!("its pods now need {} new nodes", planned.len()));
+    }
+    if let Some(why) = planned.iter().find_map(|c| limits.refuse(c, opts.spot_to_spot_min_types)) {
+        return Err(why);
+    }
+    limits.pays(planned.iter().map(|c| c.price).sum(), opts)
+}
