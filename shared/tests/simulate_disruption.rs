@@ -22,7 +22,12 @@ fn nodesmith(args: &[&str]) -> Output {
 }
 
 fn simulate(now: &str) -> Value {
-    let dir = root().join("tests/fixtures/disruption");
+    simulate_in("disruption", now)
+}
+
+/// The pass over `tests/fixtures/<fixture>` at `now`.
+fn simulate_in(fixture: &str, now: &str) -> Value {
+    let dir = root().join("tests/fixtures").join(fixture);
     let out = nodesmith(&[
         "simulate",
         "--disruption",
@@ -85,6 +90,11 @@ fn blocked(v: &Value, node: &str) -> String {
 /// What holds for every pass: moves land on nodes that stay or on
 /// replacements, each pod once; prices add up.
 fn common(v: &Value) {
+    moves_and_prices(v);
+    assert_eq!(v["stats"]["nodes"], 10);
+}
+
+fn moves_and_prices(v: &Value) {
     let removed: BTreeSet<String> = decided(v).into_iter().map(|(_, n)| n).collect();
     let mut pods = BTreeSet::new();
     let mut savings = 0.0;
@@ -109,7 +119,6 @@ fn common(v: &Value) {
     let before = v["pricePerHourBefore"].as_f64().unwrap();
     let after = v["pricePerHourAfter"].as_f64().unwrap();
     assert!((before - savings - after).abs() < 1e-6);
-    assert_eq!(v["stats"]["nodes"], 10);
 }
 
 #[test]
@@ -141,6 +150,31 @@ fn disruption_inside_the_drift_freeze() {
     assert!(blocked(&v, "drifted-a").contains("budget"));
     assert!(decided(&v).contains(&("Expired".to_string(), "expired-a".to_string())));
     golden("inside-freeze", &v);
+}
+
+#[test]
+fn underused_nodes_are_consolidated_into_one_cheaper_node() {
+    let v = simulate_in("consolidation", "2026-01-15T00:00:00Z");
+    moves_and_prices(&v);
+    let web = |i: usize| ("Underutilized".to_string(), format!("web-{i}"));
+    assert_eq!(decided(&v), [web(0), web(1), web(2)]);
+    let d = &v["decisions"][0];
+    assert_eq!(d["replacements"].as_array().unwrap().len(), 1, "{d}");
+    let replacement = &d["replacements"][0];
+    assert_ne!(replacement["instanceType"], "m5.xlarge");
+    assert!(d["savingsPerHour"].as_f64().unwrap() > 0.0);
+    assert_eq!(d["moves"].as_array().unwrap().len(), 3);
+    assert!(blocked(&v, "pinned").contains("do-not-disrupt"), "{}", v["blocked"]);
+    assert!(
+        blocked(&v, "guarded").contains("PodDisruptionBudget default/api"),
+        "{}",
+        v["blocked"]
+    );
+    golden("consolidation", &v);
+    // Within consolidateAfter (1h) of the pods' creation nothing is consolidated.
+    let early = simulate_in("consolidation", "2026-01-14T20:30:00Z");
+    assert!(decided(&early).is_empty(), "{early}");
+    assert!(blocked(&early, "web-0").contains("consolidateAfter"));
 }
 
 #[test]

@@ -695,7 +695,12 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
 async fn three_underused(annotations: &[Value], pdb: Option<Value>) -> (Stack, Vec<NodeClaim>) {
     let s = Stack::new("64", 0).await;
     s.kube
-        .apply(&pool(&["on-demand"], Some(&["xlarge"]), json!({"consolidateAfter": "Never"}), json!({})))
+        .apply(&pool(
+            &["on-demand"],
+            Some(&["xlarge"]),
+            json!({"consolidateAfter": "Never"}),
+            json!({}),
+        ))
         .unwrap();
     for i in 0..3 {
         s.kube.apply(&web_pod(&format!("big-{i}"), "3000m", json!({}))).unwrap();
@@ -712,7 +717,11 @@ async fn three_underused(annotations: &[Value], pdb: Option<Value>) -> (Stack, V
     assert!(claims.iter().all(|c| c.phase == Phase::Initialized), "{claims:?}");
     for (i, c) in claims.iter().enumerate() {
         s.kube.delete("v1", "Pod", "default", &format!("big-{i}")).unwrap();
-        let mut p = web_pod(&format!("web-{i}"), "500m", annotations.get(i).cloned().unwrap_or(json!({})));
+        let mut p = web_pod(
+            &format!("web-{i}"),
+            "500m",
+            annotations.get(i).cloned().unwrap_or(json!({})),
+        );
         p["spec"]["nodeName"] = json!(c.node_name.clone().unwrap());
         s.kube.apply(&p).unwrap();
     }
@@ -798,7 +807,10 @@ async fn three_underused_nodes_are_consolidated_into_one_cheaper_node() {
     }
     let terminating = events(&s, "DisruptionTerminating");
     assert_eq!(terminating.len(), 3, "{terminating:?}");
-    assert!(terminating.iter().all(|m| m.contains("Underutilized")), "{terminating:?}");
+    assert!(
+        terminating.iter().all(|m| m.contains("Underutilized")),
+        "{terminating:?}"
+    );
 }
 
 #[tokio::test]
@@ -814,9 +826,15 @@ async fn a_pdb_that_allows_no_eviction_blocks_consolidation() {
     }
     assert!(records(&s).await.is_empty());
     assert_eq!(s.claims().await.len(), 3);
-    assert!(old.iter().all(|c| s.kube.node(c.node_name.as_deref().unwrap()).is_some()));
+    assert!(
+        old.iter()
+            .all(|c| s.kube.node(c.node_name.as_deref().unwrap()).is_some())
+    );
     let blocked = events(&s, "DisruptionBlocked");
-    assert!(blocked.iter().any(|m| m.contains("PodDisruptionBudget default/web")), "{blocked:?}");
+    assert!(
+        blocked.iter().any(|m| m.contains("PodDisruptionBudget default/web")),
+        "{blocked:?}"
+    );
 }
 
 #[tokio::test]
@@ -843,7 +861,9 @@ async fn a_do_not_disrupt_pod_keeps_its_node_while_the_others_consolidate_onto_i
     assert_eq!(pods, ["web-0", "web-1", "web-2"], "the others' pods fit on it");
     let blocked = events(&s, "DisruptionBlocked");
     assert!(
-        blocked.iter().any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
+        blocked
+            .iter()
+            .any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
         "{blocked:?}"
     );
 }

@@ -77,8 +77,7 @@ impl Method for Underutilized {
 
     fn judge(&self, c: &Candidate, cx: &Context) -> Verdict {
         use crate::apis::nodepool::ConsolidationPolicy;
-        if c.pool.spec.disruption.consolidation_policy != ConsolidationPolicy::WhenEmptyOrUnderutilized
-            || c.is_empty()
+        if c.pool.spec.disruption.consolidation_policy != ConsolidationPolicy::WhenEmptyOrUnderutilized || c.is_empty()
         {
             return Verdict::Skip;
         }
@@ -134,7 +133,11 @@ pub(crate) fn lifetime_remaining(created: Option<Timestamp>, expire_after: Optio
     };
     let age = now.duration_since(created).as_secs_f64().max(0.0);
     let total = expire.as_secs_f64();
-    if total <= 0.0 { 0.0 } else { (1.0 - age / total).clamp(0.0, 1.0) }
+    if total <= 0.0 {
+        0.0
+    } else {
+        (1.0 - age / total).clamp(0.0, 1.0)
+    }
 }
 
 /// What a group of nodes replaced together allows its new node to be.
@@ -165,10 +168,7 @@ impl ReplacementLimits {
                 continue;
             }
             let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
-            l.add(
-                super::candidate::price(&snapshot.catalog, &node_labels),
-                &node_labels,
-            );
+            l.add(super::candidate::price(&snapshot.catalog, &node_labels), &node_labels);
         }
         l
     }
@@ -202,9 +202,8 @@ impl ReplacementLimits {
             return Some("spot-to-spot consolidation replaces single nodes only".into());
         }
         let n = claim.instance_type_options.len();
-        (n < min_types).then(|| {
-            format!("spot-to-spot consolidation needs {min_types} cheaper instance types, found {n}")
-        })
+        (n < min_types)
+            .then(|| format!("spot-to-spot consolidation needs {min_types} cheaper instance types, found {n}"))
     }
 
     /// Whether removing the nodes for `added` per hour of new capacity saves
@@ -259,7 +258,10 @@ pub(super) fn consolidate<'c>(
 ) -> Vec<&'c Candidate<'c>> {
     let m = &Underutilized;
     let mut order: Vec<&Candidate> = Vec::new();
-    for c in candidates.iter().filter(|c| !c.disrupting && !pass.removed.contains(&c.name)) {
+    for c in candidates
+        .iter()
+        .filter(|c| !c.disrupting && !pass.removed.contains(&c.name))
+    {
         match m.judge(c, cx) {
             Verdict::Skip => {}
             Verdict::Held(h) => {
@@ -310,7 +312,10 @@ pub(super) fn consolidate<'c>(
 
     // (2) Single nodes: every other candidate on its own.
     let chosen: BTreeSet<&str> = acc.nodes.iter().map(|c| c.name.as_str()).collect();
-    let rest: Vec<&Candidate> = order.into_iter().filter(|c| !chosen.contains(c.name.as_str())).collect();
+    let rest: Vec<&Candidate> = order
+        .into_iter()
+        .filter(|c| !chosen.contains(c.name.as_str()))
+        .collect();
     for c in rest {
         if expired(cx.options.deadline) {
             break;
@@ -340,7 +345,13 @@ pub(super) fn consolidate<'c>(
 }
 
 /// Takes `group` into the pass with the solve that removed it.
-fn accept<'c>(pass: &mut Pass, acc: &mut Accepted<'c>, group: &[&'c Candidate<'c>], plan: Plan, limits: ReplacementLimits) {
+fn accept<'c>(
+    pass: &mut Pass,
+    acc: &mut Accepted<'c>,
+    group: &[&'c Candidate<'c>],
+    plan: Plan,
+    limits: ReplacementLimits,
+) {
     if plan.node_claims.len() > acc.claims {
         acc.replaced = Some(limits);
     }
@@ -419,7 +430,10 @@ pub fn revalidate(
     if planned.len() > 1 {
         return Err(format!("its pods now need {} new nodes", planned.len()));
     }
-    if let Some(why) = planned.iter().find_map(|c| limits.refuse(c, opts.spot_to_spot_min_types)) {
+    if let Some(why) = planned
+        .iter()
+        .find_map(|c| limits.refuse(c, opts.spot_to_spot_min_types))
+    {
         return Err(why);
     }
     limits.pays(planned.iter().map(|c| c.price).sum(), opts)

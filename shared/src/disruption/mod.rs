@@ -385,7 +385,10 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
             chosen.push((m.reason(), batch));
         }
     }
-    if !chosen.iter().any(|(r, _)| matches!(r, Reason::Expired | Reason::Drifted)) {
+    if !chosen
+        .iter()
+        .any(|(r, _)| matches!(r, Reason::Expired | Reason::Drifted))
+    {
         let batch = consolidation::consolidate(&mut pass, &candidates, &cx, &mut ledger, &mut pdbs, &mut blocked);
         if !batch.is_empty() {
             chosen.push((Reason::Underutilized, batch));

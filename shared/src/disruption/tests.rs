@@ -810,13 +810,24 @@ fn consolidation_table() {
         )
     };
     let mut dnd_pod = sized("a-0", "a", "500m");
-    merge_meta(&mut dnd_pod, json!({"annotations": {"karpenter.sh/do-not-disrupt": "true"}}));
+    merge_meta(
+        &mut dnd_pod,
+        json!({"annotations": {"karpenter.sh/do-not-disrupt": "true"}}),
+    );
     let bare = pod("bare", "500m", "1Gi", json!({"spec": {"nodeName": "a"}}));
-    let m_only = format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge]}}\n");
-    let m_and_big = format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge, m.4xlarge]}}\n");
+    let m_only = format!(
+        "{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge]}}\n"
+    );
+    let m_and_big = format!(
+        "{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge, m.4xlarge]}}\n"
+    );
     let replacement = |age: f64| {
         (
-            node("a", age, json!({"metadata": {"annotations": {REPLACEMENT_ANNOTATION: "Drifted"}}})),
+            node(
+                "a",
+                age,
+                json!({"metadata": {"annotations": {REPLACEMENT_ANNOTATION: "Drifted"}}}),
+            ),
             vec![sized("a-0", "a", "500m")],
         )
     };
@@ -829,42 +840,195 @@ fn consolidation_table() {
         ..ConsolidationOptions::default()
     };
     #[allow(clippy::type_complexity)]
-    let cases: Vec<(&str, NodePool, Vec<(Node, Vec<Pod>)>, Vec<PodDisruptionBudget>, ConsolidationOptions, Want)> = vec![
-        ("delete: the pods fit on the other node", pool_requiring(&m_only, ""), vec![two("a"), two("b")], vec![], ConsolidationOptions::default(), Want::Delete(&["a"])),
-        ("replace: one small pod on a big on-demand node", pool_with(""), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "spot")),
-        ("multi-node: three underused nodes become one", pool_with("disruption:\n  budgets: [{nodes: '100%'}]\n"), vec![one("a", json!({})), one("b", json!({})), one("c", json!({}))], vec![], ConsolidationOptions::default(), Want::Replace(&["a", "b", "c"], "spot")),
-        ("on-demand stays on-demand when the pool has no spot", pool_requiring(ON_DEMAND_ONLY, ""), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "on-demand")),
-        ("WhenEmpty leaves underused nodes alone", pool_with("disruption:\n  consolidationPolicy: WhenEmpty\n"), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(), Want::Nothing),
-        ("consolidateAfter not reached", pool_with("disruption:\n  consolidateAfter: 2h\n"), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| *h == Held::ConsolidateAfter { remaining_secs: 3600 })),
-        ("consolidateAfter Never", pool_with("disruption:\n  consolidateAfter: Never\n"), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| *h == Held::ConsolidationDisabled)),
-        ("do-not-disrupt pod", pool_with(""), vec![(node("a", 2.0, json!({})), vec![dnd_pod])], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::DoNotDisruptPod(_)))),
-        ("do-not-disrupt node", pool_with(""), vec![one("a", json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}))], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| *h == Held::DoNotDisruptNode)),
-        ("a pod without a controller", pool_with(""), vec![(node("a", 2.0, json!({})), vec![bare])], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::NoController(_)))),
-        ("a PDB that allows no eviction", pool_with(""), vec![one("a", json!({}))], vec![pdb("web", "web", json!(0))], ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::Pdb { .. }))),
-        ("never the same instance type, never dearer", pool_requiring(&m_and_big, ""), vec![one("a", json!({}))], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::CannotPlace { .. }))),
-        ("spot-to-spot needs 15 cheaper types", pool_with(""), vec![one("a", offering("m.xlarge", "spot"))], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::Unconsolidatable(w) if w.contains("needs 15 cheaper instance types")))),
-        ("spot-to-spot with enough cheaper types", pool_with(""), vec![one("a", offering("m.xlarge", "spot"))], vec![], spot_to_spot_3.clone(), Want::Replace(&["a"], "spot")),
-        ("two spot nodes: one deleted, the other replaced on its own", pool_requiring("      - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}\n      - {key: node.kubernetes.io/instance-type, operator: In, values: [c.large, c.xlarge, m.large, m.xlarge, a.large]}\n", "disruption:\n  budgets: [{nodes: '100%'}]\n"),
-            vec![one("a", offering("c.xlarge", "spot")), one("b", offering("c.xlarge", "spot"))], vec![], spot_to_spot_3, Want::Replace(&["a", "b"], "spot")),
-        ("the saving is under the minimum", pool_requiring(ON_DEMAND_ONLY, ""), vec![one("a", offering("m.large", "on-demand"))], vec![], picky,
-            Want::Held("a", |h| matches!(h, Held::Unconsolidatable(w) if w.contains("less than the minimum")))),
-        ("the saving is over the default minimum", pool_requiring(ON_DEMAND_ONLY, ""), vec![one("a", offering("m.large", "on-demand"))], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "on-demand")),
-        ("a fresh replacement cools down", pool_with(""), vec![replacement(0.1)], vec![], ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::RecentReplacement { remaining_secs } if (500..=540).contains(remaining_secs)))),
-        ("an old replacement is a candidate", pool_with(""), vec![replacement(0.5)], vec![], ConsolidationOptions::default(), Want::Replace(&["a"], "spot")),
+    let cases: Vec<(
+        &str,
+        NodePool,
+        Vec<(Node, Vec<Pod>)>,
+        Vec<PodDisruptionBudget>,
+        ConsolidationOptions,
+        Want,
+    )> = vec![
+        (
+            "delete: the pods fit on the other node",
+            pool_requiring(&m_only, ""),
+            vec![two("a"), two("b")],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Delete(&["a"]),
+        ),
+        (
+            "replace: one small pod on a big on-demand node",
+            pool_with(""),
+            vec![one("a", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Replace(&["a"], "spot"),
+        ),
+        (
+            "multi-node: three underused nodes become one",
+            pool_with("disruption:\n  budgets: [{nodes: '100%'}]\n"),
+            vec![one("a", json!({})), one("b", json!({})), one("c", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Replace(&["a", "b", "c"], "spot"),
+        ),
+        (
+            "on-demand stays on-demand when the pool has no spot",
+            pool_requiring(ON_DEMAND_ONLY, ""),
+            vec![one("a", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Replace(&["a"], "on-demand"),
+        ),
+        (
+            "WhenEmpty leaves underused nodes alone",
+            pool_with("disruption:\n  consolidationPolicy: WhenEmpty\n"),
+            vec![one("a", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Nothing,
+        ),
+        (
+            "consolidateAfter not reached",
+            pool_with("disruption:\n  consolidateAfter: 2h\n"),
+            vec![one("a", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| *h == Held::ConsolidateAfter { remaining_secs: 3600 }),
+        ),
+        (
+            "consolidateAfter Never",
+            pool_with("disruption:\n  consolidateAfter: Never\n"),
+            vec![one("a", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| *h == Held::ConsolidationDisabled),
+        ),
+        (
+            "do-not-disrupt pod",
+            pool_with(""),
+            vec![(node("a", 2.0, json!({})), vec![dnd_pod])],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::DoNotDisruptPod(_))),
+        ),
+        (
+            "do-not-disrupt node",
+            pool_with(""),
+            vec![one(
+                "a",
+                json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+            )],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| *h == Held::DoNotDisruptNode),
+        ),
+        (
+            "a pod without a controller",
+            pool_with(""),
+            vec![(node("a", 2.0, json!({})), vec![bare])],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::NoController(_))),
+        ),
+        (
+            "a PDB that allows no eviction",
+            pool_with(""),
+            vec![one("a", json!({}))],
+            vec![pdb("web", "web", json!(0))],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::Pdb { .. })),
+        ),
+        (
+            "never the same instance type, never dearer",
+            pool_requiring(&m_and_big, ""),
+            vec![one("a", json!({}))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held("a", |h| matches!(h, Held::CannotPlace { .. })),
+        ),
+        (
+            "spot-to-spot needs 15 cheaper types",
+            pool_with(""),
+            vec![one("a", offering("m.xlarge", "spot"))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held(
+                "a",
+                |h| matches!(h, Held::Unconsolidatable(w) if w.contains("needs 15 cheaper instance types")),
+            ),
+        ),
+        (
+            "spot-to-spot with enough cheaper types",
+            pool_with(""),
+            vec![one("a", offering("m.xlarge", "spot"))],
+            vec![],
+            spot_to_spot_3.clone(),
+            Want::Replace(&["a"], "spot"),
+        ),
+        (
+            "two spot nodes: one deleted, the other replaced on its own",
+            pool_requiring(
+                "      - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}\n      - {key: node.kubernetes.io/instance-type, operator: In, values: [c.large, c.xlarge, m.large, m.xlarge, a.large]}\n",
+                "disruption:\n  budgets: [{nodes: '100%'}]\n",
+            ),
+            vec![
+                one("a", offering("c.xlarge", "spot")),
+                one("b", offering("c.xlarge", "spot")),
+            ],
+            vec![],
+            spot_to_spot_3,
+            Want::Replace(&["a", "b"], "spot"),
+        ),
+        (
+            "the saving is under the minimum",
+            pool_requiring(ON_DEMAND_ONLY, ""),
+            vec![one("a", offering("m.large", "on-demand"))],
+            vec![],
+            picky,
+            Want::Held(
+                "a",
+                |h| matches!(h, Held::Unconsolidatable(w) if w.contains("less than the minimum")),
+            ),
+        ),
+        (
+            "the saving is over the default minimum",
+            pool_requiring(ON_DEMAND_ONLY, ""),
+            vec![one("a", offering("m.large", "on-demand"))],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Replace(&["a"], "on-demand"),
+        ),
+        (
+            "a fresh replacement cools down",
+            pool_with(""),
+            vec![replacement(0.1)],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Held(
+                "a",
+                |h| matches!(h, Held::RecentReplacement { remaining_secs } if (500..=540).contains(remaining_secs)),
+            ),
+        ),
+        (
+            "an old replacement is a candidate",
+            pool_with(""),
+            vec![replacement(0.5)],
+            vec![],
+            ConsolidationOptions::default(),
+            Want::Replace(&["a"], "spot"),
+        ),
     ];
     for (what, p, nodes, pdbs, opts, want) in cases {
         let mut s = snapshot(p, nodes);
         s.pod_disruption_budgets = pdbs;
-        let d = decide(&s, &DecideOptions { consolidation: opts, ..DecideOptions::default() });
+        let d = decide(
+            &s,
+            &DecideOptions {
+                consolidation: opts,
+                ..DecideOptions::default()
+            },
+        );
         let u = underutilized(&d);
         assert!(d.price_after <= d.price_before + 1e-9, "{what}: cost rose");
         match want {
@@ -879,19 +1043,53 @@ fn consolidation_table() {
                 assert_eq!(u.nodes, nodes, "{what}");
                 assert_eq!(u.replacements.len(), 1, "{what}: {u:#?}");
                 let r = &u.replacements[0];
-                let replaced: BTreeSet<String> = s.nodes.iter().filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap())).map(|n| n.node.metadata.labels.as_ref().unwrap()[labels::INSTANCE_TYPE].clone()).collect();
-                let price: f64 = s.nodes.iter().filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap())).map(|n| candidate::price(&s.catalog, n.node.metadata.labels.as_ref().unwrap()).unwrap()).sum();
+                let replaced: BTreeSet<String> = s
+                    .nodes
+                    .iter()
+                    .filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap()))
+                    .map(|n| n.node.metadata.labels.as_ref().unwrap()[labels::INSTANCE_TYPE].clone())
+                    .collect();
+                let price: f64 = s
+                    .nodes
+                    .iter()
+                    .filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap()))
+                    .map(|n| candidate::price(&s.catalog, n.node.metadata.labels.as_ref().unwrap()).unwrap())
+                    .sum();
                 assert_eq!(r.capacity_type, capacity_type, "{what}");
                 for t in &r.instance_type_options {
                     assert!(!replaced.contains(t), "{what}: {t} is a replaced node's type");
-                    let cheapest = s.catalog.instance_types.iter().find(|i| &i.name == t).unwrap().offerings.iter().filter(|o| o.capacity_type == capacity_type).map(|o| o.price).fold(f64::MAX, f64::min);
-                    assert!(cheapest < price, "{what}: option {t} at {cheapest} is not cheaper than {price}");
+                    let cheapest = s
+                        .catalog
+                        .instance_types
+                        .iter()
+                        .find(|i| &i.name == t)
+                        .unwrap()
+                        .offerings
+                        .iter()
+                        .filter(|o| o.capacity_type == capacity_type)
+                        .map(|o| o.price)
+                        .fold(f64::MAX, f64::min);
+                    assert!(
+                        cheapest < price,
+                        "{what}: option {t} at {cheapest} is not cheaper than {price}"
+                    );
                 }
                 if capacity_type == "spot" {
-                    assert!(!r.requirements.get(labels::CAPACITY_TYPE).unwrap().has("on-demand"), "{what}: a spot replacement may fall back to on-demand");
+                    assert!(
+                        !r.requirements.get(labels::CAPACITY_TYPE).unwrap().has("on-demand"),
+                        "{what}: a spot replacement may fall back to on-demand"
+                    );
                 }
-                assert!(u.savings_per_hour > 0.0 && (u.savings_per_hour - (price - r.price)).abs() < 1e-9, "{what}");
-                let evicted: usize = s.nodes.iter().filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap())).map(|n| n.pods.len()).sum();
+                assert!(
+                    u.savings_per_hour > 0.0 && (u.savings_per_hour - (price - r.price)).abs() < 1e-9,
+                    "{what}"
+                );
+                let evicted: usize = s
+                    .nodes
+                    .iter()
+                    .filter(|n| nodes.contains(&n.node.metadata.name.as_deref().unwrap()))
+                    .map(|n| n.pods.len())
+                    .sum();
                 assert_eq!(u.moves.len(), evicted, "{what}: every pod moves once");
             }
             Want::Nothing => {
@@ -911,13 +1109,22 @@ fn consolidation_table() {
 fn spot_to_spot_launches_from_the_cheapest_allowed_options() {
     let s = snapshot(
         pool_with(""),
-        vec![(node("a", 2.0, offering("m.xlarge", "spot")), vec![sized("a-0", "a", "500m")])],
+        vec![(
+            node("a", 2.0, offering("m.xlarge", "spot")),
+            vec![sized("a-0", "a", "500m")],
+        )],
     );
     let opts = ConsolidationOptions {
         spot_to_spot_min_types: 3,
         ..ConsolidationOptions::default()
     };
-    let d = decide(&s, &DecideOptions { consolidation: opts, ..DecideOptions::default() });
+    let d = decide(
+        &s,
+        &DecideOptions {
+            consolidation: opts,
+            ..DecideOptions::default()
+        },
+    );
     let r = &underutilized(&d).expect("replaced").replacements[0];
     assert_eq!(r.instance_type_options.len(), 3, "{r:#?}");
 }
@@ -942,7 +1149,9 @@ fn consolidation_takes_cheap_to_disrupt_nodes_first() {
     let mut v = serde_json::to_value(&vip).unwrap();
     merge(&mut v, json!({"spec": {"priority": 1_000_000_000}}));
     vip = serde_json::from_value(v).unwrap();
-    let m_only = format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge]}}\n");
+    let m_only = format!(
+        "{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [m.xlarge]}}\n"
+    );
     let s = snapshot(
         pool_requiring(&m_only, ""),
         vec![
@@ -968,7 +1177,17 @@ fn a_budget_bounds_consolidation_and_names_the_reason() {
     );
     let d = run(&s);
     assert_eq!(underutilized(&d).expect("one").nodes.len(), 1);
-    assert!(d.blocked.iter().any(|b| matches!(&b.rule, Held::Budget { reason: Reason::Underutilized, allowed: 1, .. })), "{d:#?}");
+    assert!(
+        d.blocked.iter().any(|b| matches!(
+            &b.rule,
+            Held::Budget {
+                reason: Reason::Underutilized,
+                allowed: 1,
+                ..
+            }
+        )),
+        "{d:#?}"
+    );
 }
 
 #[test]
@@ -991,27 +1210,54 @@ fn spot_to_spot_replaces_single_nodes_only() {
     let both = ReplacementLimits::of(&s, &names(&["a", "b"]));
     assert!((both.price_below - 0.12).abs() < 1e-9 && both.all_spot && both.nodes == 2);
     assert_eq!(both.exclude_types, names(&["c.xlarge"]));
-    assert!(both.refuse(&claim("spot", 20), 15).unwrap().contains("single nodes only"));
+    assert!(
+        both.refuse(&claim("spot", 20), 15)
+            .unwrap()
+            .contains("single nodes only")
+    );
     assert_eq!(both.refuse(&claim("on-demand", 1), 15), None);
     let one = ReplacementLimits::of(&s, &names(&["a"]));
     assert_eq!(one.refuse(&claim("spot", 15), 15), None);
     assert!(one.refuse(&claim("spot", 14), 15).unwrap().contains("found 14"));
     let mixed = ReplacementLimits::of(&s, &names(&["a", "c"]));
     assert!(!mixed.all_spot);
-    assert_eq!(mixed.refuse(&claim("spot", 1), 15), None, "on-demand to spot is not spot-to-spot");
+    assert_eq!(
+        mixed.refuse(&claim("spot", 1), 15),
+        None,
+        "on-demand to spot is not spot-to-spot"
+    );
 }
 
 #[test]
 fn revalidation_refuses_what_no_longer_pays() {
     use consolidation::{ReplacementLimits, revalidate};
-    let limits = ReplacementLimits { price_below: 0.20, nodes: 1, ..ReplacementLimits::default() };
+    let limits = ReplacementLimits {
+        price_below: 0.20,
+        nodes: 1,
+        ..ReplacementLimits::default()
+    };
     let opts = ConsolidationOptions::default();
-    let claim = |price: f64| crate::scheduling::NewNodeClaim { price, capacity_type: "on-demand".into(), ..crate::scheduling::fixtures::new_claim() };
+    let claim = |price: f64| crate::scheduling::NewNodeClaim {
+        price,
+        capacity_type: "on-demand".into(),
+        ..crate::scheduling::fixtures::new_claim()
+    };
     assert_eq!(revalidate(&limits, &[], None, &opts), Ok(()), "a delete");
     assert_eq!(revalidate(&limits, &[claim(0.08)], None, &opts), Ok(()));
-    assert!(revalidate(&limits, &[claim(0.199)], None, &opts).unwrap_err().contains("less than the minimum"));
-    assert!(revalidate(&limits, &[claim(0.01), claim(0.01)], None, &opts).unwrap_err().contains("2 new nodes"));
-    assert_eq!(revalidate(&limits, &[], Some("pod x cannot be placed"), &opts), Err("pod x cannot be placed".into()));
+    assert!(
+        revalidate(&limits, &[claim(0.199)], None, &opts)
+            .unwrap_err()
+            .contains("less than the minimum")
+    );
+    assert!(
+        revalidate(&limits, &[claim(0.01), claim(0.01)], None, &opts)
+            .unwrap_err()
+            .contains("2 new nodes")
+    );
+    assert_eq!(
+        revalidate(&limits, &[], Some("pod x cannot be placed"), &opts),
+        Err("pod x cannot be placed".into())
+    );
 }
 
 /// Random underused clusters: m.xlarge nodes (spot or on-demand) holding web
@@ -1019,7 +1265,7 @@ fn revalidation_refuses_what_no_longer_pays() {
 /// pod (solo pods repel each other per host).
 fn arb_underused() -> impl Strategy<Value = Snapshot> {
     let node_strategy = (
-        proptest::bool::ANY,                                               // spot
+        proptest::bool::ANY,                                                         // spot
         proptest::collection::vec((0usize..4, proptest::bool::weighted(0.3)), 0..5), // pods: size, solo
     );
     (proptest::collection::vec(node_strategy, 1..9), prop_oneof![Just("20%"), Just("100%"), Just("2")]).prop_map(

@@ -15,9 +15,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::{StepError, Sweeper};
 use crate::apis::labels;
+use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
-use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::{DecideOptions, Held, Reason, decide};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, drain, events, pods};
@@ -461,7 +461,12 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Gives a disruption up: the node untainted, the record forgotten, an event.
-    async fn abandon(&self, r: &mut DisruptionRecord, why: &str, report: &mut DisruptionReport) -> Result<(), StepError> {
+    async fn abandon(
+        &self,
+        r: &mut DisruptionRecord,
+        why: &str,
+        report: &mut DisruptionReport,
+    ) -> Result<(), StepError> {
         if self.cluster.untaint_disrupted(&r.node).await.is_err() {
             tracing::warn!(node = %r.node, "could not untaint an abandoned disruption's node");
         }
