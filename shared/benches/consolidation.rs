@@ -43,12 +43,21 @@ fn peak_rss_mb(reset: bool) -> Option<f64> {
 
 const NOW: &str = "2026-03-01T12:00:00Z";
 
+/// Both pools, in the nodes' three zones (as a class's subnets would select
+/// them: zones without nodes would be empty spread domains).
 fn pools(budget: &str) -> Vec<NodePool> {
+    let zones = json!({"key": "topology.kubernetes.io/zone", "operator": "In", "values": fixtures::ZONES});
     let mut default = fixtures::pool(&["spot", "on-demand"]);
+    if let Some(r) = default["spec"]["template"]["spec"]["requirements"].as_array_mut() {
+        r.push(zones.clone());
+    }
     default["spec"]["disruption"] = json!({"budgets": [{"nodes": budget}]});
     let mut team = fixtures::pool(&["on-demand"]);
     team["metadata"]["name"] = json!("team");
     team["spec"]["template"]["spec"]["requirements"][1]["values"] = json!(["m"]);
+    if let Some(r) = team["spec"]["template"]["spec"]["requirements"].as_array_mut() {
+        r.push(zones);
+    }
     team["spec"]["disruption"] = json!({"budgets": [{"nodes": budget}]});
     [default, team]
         .into_iter()
@@ -346,7 +355,7 @@ fn burst() {
             s.nodes.len(),
             price / target
         );
-        s.now = s.now + jiff::SignedDuration::from_mins(5);
+        s.now += jiff::SignedDuration::from_mins(5);
     }
 }
 

@@ -8,9 +8,11 @@
 //! candidates sorted by disruption cost (Karpenter's: pods weighted by
 //! priority and deletion cost, times the share of the node's lifetime left),
 //! then (1) multi-node: a binary search for the longest prefix that can go
-//! for at most one new node, as Karpenter does but over every admissible
-//! candidate instead of 100; (2) single-node: every other candidate is tried
-//! on its own. A pass takes any number of deletes but one replacement, so the
+//! for at most one new node, as Karpenter does (prefixes of up to 200 nodes
+//! and 2,000 pods; Karpenter: 100 nodes); (2) single-node: every other
+//! candidate is tried on its own, which Karpenter cannot afford at scale.
+//! Each accepted group is committed to the compiled snapshot
+//! ([`Compiled::commit`]), so a probe only solves its own group's pods. A pass takes any number of deletes but one replacement, so the
 //! pass's joint solve never opens more than one new node.
 //!
 //! Replacement rules: every option of the new node is cheaper than what it
@@ -29,7 +31,7 @@ use jiff::Timestamp;
 use crate::apis::labels;
 use crate::kubernetes::pods;
 use crate::requirements::Requirement;
-use crate::scheduling::{NewNodeClaim, Plan, SolveOptions};
+use crate::scheduling::{Compiled, ExistingPlacement, NewNodeClaim, Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::Snapshot;
 
 use super::budgets::Ledger;
@@ -37,6 +39,12 @@ use super::candidate::Candidate;
 use super::emptiness::consolidatable;
 use super::protection::PdbLedger;
 use super::{Context, Held, Method, Pass, Reason, Verdict, admit, release};
+
+/// The multi-node search considers at most this many nodes at once
+/// (Karpenter: 100) ...
+const MULTI_NODE_MAX: usize = 200;
+/// ... and at most this many pods: every probe re-solves the whole prefix.
+const MULTI_NODE_MAX_PODS: usize = 2_000;
 
 /// Annotation on a Node launched to replace disrupted nodes: the reason.
 pub const REPLACEMENT_ANNOTATION: &str = "nodesmith/disruption-replacement";
@@ -240,14 +248,19 @@ struct Accepted<'c> {
     nodes: Vec<&'c Candidate<'c>>,
     /// The group the one replacement serves, once there is one.
     replaced: Option<ReplacementLimits>,
-    /// New nodes and their price in the last accepted solve.
-    claims: usize,
-    cost: f64,
+    /// Where each moved pod lands (a later decision may move it again).
+    moves: BTreeMap<PodRef, (String, TargetKind)>,
+    /// The new node, once there is one.
+    claims: Vec<NewNodeClaim>,
+    /// Nodes gone from the committed state (earlier methods' and ours).
+    gone: BTreeSet<String>,
 }
 
 /// Decides the Underutilized part of a pass on top of what earlier methods
 /// removed; returns the chosen nodes (admitted to budgets and PDBs) and
-/// leaves the pass's plan as the solve with all of them gone.
+/// leaves the pass's plan as every move and the new node of the decision.
+/// Each accepted group is committed to the pass's compiled snapshot, so a
+/// probe only ever solves its own group's pods.
 pub(super) fn consolidate<'c>(
     pass: &mut Pass,
     candidates: &'c [Candidate<'c>],
@@ -270,19 +283,34 @@ pub(super) fn consolidate<'c>(
             Verdict::Disrupt => order.push(c),
         }
     }
+    if order.is_empty() {
+        return Vec::new();
+    }
     order.sort_by(|a, b| m.order(a, b));
     let opts = &cx.options.consolidation;
-    let expired = |deadline: Option<Instant>| deadline.is_some_and(|d| Instant::now() >= d);
+    let deadline = cx.options.deadline;
+    let expired = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut acc = Accepted {
         nodes: Vec::new(),
         replaced: None,
-        claims: pass.plan.as_ref().map_or(0, |p| p.node_claims.len()),
-        cost: pass.plan.as_ref().map_or(0.0, Plan::total_price),
+        moves: BTreeMap::new(),
+        claims: Vec::new(),
+        gone: pass.removed.clone(),
     };
+    // Earlier methods' moves (none today: expiry and drift end the pass before
+    // consolidation, and empty nodes move nothing) become the starting state.
+    if let Some(plan) = pass.plan.take() {
+        accept(pass.compiled, &mut acc, &[], plan, None);
+    }
 
     // (1) Multi-node: the longest admissible prefix that goes for at most one new node.
     let mut prefix: Vec<&Candidate> = Vec::new();
+    let mut pods = 0;
     for c in &order {
+        pods += c.evicted().count();
+        if prefix.len() >= MULTI_NODE_MAX || pods > MULTI_NODE_MAX_PODS {
+            break;
+        }
         match admit(m, c, ledger, pdbs) {
             Ok(()) => prefix.push(c),
             Err(h) => {
@@ -292,9 +320,9 @@ pub(super) fn consolidate<'c>(
     }
     let (mut lo, mut hi) = (2usize, prefix.len());
     let mut best: Option<(usize, Plan, ReplacementLimits)> = None;
-    while lo <= hi && !expired(cx.options.deadline) {
+    while lo <= hi && !expired() {
         let mid = (lo + hi) / 2;
-        match probe(pass, &acc, &prefix[..mid], opts, cx.options.deadline) {
+        match probe(pass.compiled, &acc, &prefix[..mid], opts, deadline) {
             Ok((plan, limits)) => {
                 best = Some((mid, plan, limits));
                 lo = mid + 1;
@@ -307,7 +335,7 @@ pub(super) fn consolidate<'c>(
         release(m, c, ledger, pdbs);
     }
     if let Some((k, plan, limits)) = best {
-        accept(pass, &mut acc, &prefix[..k], plan, limits);
+        accept(pass.compiled, &mut acc, &prefix[..k], plan, Some(limits));
     }
 
     // (2) Single nodes: every other candidate on its own.
@@ -317,17 +345,17 @@ pub(super) fn consolidate<'c>(
         .filter(|c| !chosen.contains(c.name.as_str()))
         .collect();
     for c in rest {
-        if expired(cx.options.deadline) {
+        if expired() {
             break;
         }
         if let Err(h) = admit(m, c, ledger, pdbs) {
             blocked.insert(c.name.clone(), h);
             continue;
         }
-        match probe(pass, &acc, &[c], opts, cx.options.deadline) {
+        match probe(pass.compiled, &acc, &[c], opts, deadline) {
             Ok((plan, limits)) => {
                 blocked.remove(&c.name);
-                accept(pass, &mut acc, &[c], plan, limits);
+                accept(pass.compiled, &mut acc, &[c], plan, Some(limits));
             }
             Err(h) => {
                 release(m, c, ledger, pdbs);
@@ -336,37 +364,90 @@ pub(super) fn consolidate<'c>(
         }
     }
 
-    if let (Some(plan), Some(limits)) = (pass.plan.as_mut(), acc.replaced.as_ref()) {
-        for claim in &mut plan.node_claims {
-            limits.restrict(claim, opts.spot_to_spot_min_types);
-        }
-    }
+    pass.removed = acc.gone;
+    pass.plan = Some(merged(
+        pass.compiled,
+        acc.moves,
+        acc.claims,
+        acc.replaced.as_ref(),
+        opts,
+    ));
     acc.nodes
 }
 
-/// Takes `group` into the pass with the solve that removed it.
+/// Takes `group` into the pass: its solve is committed and its moves recorded.
 fn accept<'c>(
-    pass: &mut Pass,
+    compiled: &mut Compiled,
     acc: &mut Accepted<'c>,
     group: &[&'c Candidate<'c>],
     plan: Plan,
-    limits: ReplacementLimits,
+    limits: Option<ReplacementLimits>,
 ) {
-    if plan.node_claims.len() > acc.claims {
-        acc.replaced = Some(limits);
+    acc.gone.extend(group.iter().map(|c| c.name.clone()));
+    compiled.commit(&plan, &acc.gone);
+    for e in plan.existing {
+        for p in e.pods {
+            acc.moves.insert(p, (e.name.clone(), e.kind));
+        }
     }
-    acc.claims = plan.node_claims.len();
-    acc.cost = plan.total_price();
-    pass.removed.extend(group.iter().map(|c| c.name.clone()));
+    for c in plan.node_claims {
+        for p in &c.pods {
+            acc.moves.insert(p.clone(), (c.name.clone(), TargetKind::NodeClaim));
+        }
+        acc.replaced = limits.clone();
+        acc.claims.push(c);
+    }
     acc.nodes.extend_from_slice(group);
-    pass.plan = Some(plan);
+}
+
+/// The pass's plan from what was accepted: moves by destination, and the new
+/// node with every pod that landed on it and what they use, narrowed to what
+/// was priced.
+fn merged(
+    compiled: &Compiled,
+    moves: BTreeMap<PodRef, (String, TargetKind)>,
+    mut claims: Vec<NewNodeClaim>,
+    replaced: Option<&ReplacementLimits>,
+    opts: &ConsolidationOptions,
+) -> Plan {
+    let mut existing: BTreeMap<String, ExistingPlacement> = BTreeMap::new();
+    for c in &mut claims {
+        c.pods.clear();
+        if let Some(used) = compiled.used_by(&c.name) {
+            c.requests = used;
+        }
+        if let Some(l) = replaced {
+            l.restrict(c, opts.spot_to_spot_min_types);
+        }
+    }
+    for (pod, (to, kind)) in moves {
+        if let Some(c) = claims.iter_mut().find(|c| c.name == to) {
+            c.pods.push(pod);
+            continue;
+        }
+        existing
+            .entry(to.clone())
+            .or_insert_with(|| ExistingPlacement {
+                name: to,
+                kind,
+                pods: Vec::new(),
+            })
+            .pods
+            .push(pod);
+    }
+    Plan {
+        node_claims: claims,
+        existing: existing.into_values().collect(),
+        unschedulable: Vec::new(),
+        warnings: Vec::new(),
+    }
 }
 
 /// The solve with `group` gone too, if it is a valid consolidation on top of
-/// what was accepted: everything placed, at most one new node in the pass,
-/// that node's rules kept, and the saving above the minimum.
+/// what was accepted (and committed): everything placed, at most one new
+/// node in the pass, that node's rules kept, and the saving above the minimum.
 fn probe(
-    pass: &Pass,
+    compiled: &Compiled,
     acc: &Accepted,
     group: &[&Candidate],
     opts: &ConsolidationOptions,
@@ -379,38 +460,48 @@ fn probe(
     for c in group {
         limits.add(c.price, &c.labels);
     }
-    let mut removed = pass.removed.clone();
+    let mut removed = acc.gone.clone();
     removed.extend(group.iter().map(|c| c.name.clone()));
-    // Once the pass has its replacement, later groups may only be deleted:
-    // the solve keeps the replacement's ceiling and may not add a node.
-    let ceiling = acc.replaced.as_ref().unwrap_or(&limits);
-    let mut options = ceiling.solve_options(removed, deadline);
-    options.exclude_types.extend(limits.exclude_types.iter().cloned());
-    let plan = pass.compiled.solve(&options);
-    if let Some(u) = plan.unschedulable.first() {
-        return Err(Held::CannotPlace {
-            pod: u.pod.clone(),
-            why: u.reason.to_string(),
+    // A delete first: cheap (no new-node options to weigh) and the most common
+    // answer. Then, while the pass has no new node yet, a replacement. One new
+    // node is FFD's cheapest type holding its pods, so the cost search that
+    // compares several node sizes is skipped.
+    let delete = SolveOptions {
+        removed: removed.clone(),
+        deadline,
+        new_claims: false,
+        improve: false,
+        ..SolveOptions::default()
+    };
+    let mut plan = compiled.solve(&delete);
+    if !plan.unschedulable.is_empty() && acc.replaced.is_none() {
+        plan = compiled.solve(&SolveOptions {
+            improve: false,
+            ..limits.solve_options(removed, deadline)
         });
     }
-    let allowed = acc.claims + usize::from(acc.replaced.is_none());
-    if plan.node_claims.len() > allowed {
+    // Not `CannotPlace`: for consolidation that is the common "no cheaper
+    // home" answer, not a rule worth an event every run.
+    if let Some(u) = plan.unschedulable.first() {
         return Err(Held::Unconsolidatable(format!(
-            "its pods need {} new nodes",
-            plan.node_claims.len() - acc.claims
+            "pod {} has no cheaper place: {}",
+            u.pod, u.reason
         )));
     }
-    if plan.node_claims.len() > acc.claims
-        && let Some(why) = plan
-            .node_claims
-            .iter()
-            .find_map(|claim| limits.refuse(claim, opts.spot_to_spot_min_types))
+    if plan.node_claims.len() > 1 {
+        return Err(Held::Unconsolidatable(format!(
+            "its pods need {} new nodes",
+            plan.node_claims.len()
+        )));
+    }
+    if let Some(why) = plan
+        .node_claims
+        .iter()
+        .find_map(|claim| limits.refuse(claim, opts.spot_to_spot_min_types))
     {
         return Err(Held::Unconsolidatable(why));
     }
-    limits
-        .pays(plan.total_price() - acc.cost, opts)
-        .map_err(Held::Unconsolidatable)?;
+    limits.pays(plan.total_price(), opts).map_err(Held::Unconsolidatable)?;
     Ok((plan, limits))
 }
 

@@ -291,14 +291,14 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
     let mut pdbs = PdbLedger::new(&snapshot.pod_disruption_budgets, &snapshot.nodes);
     let mut input = snapshot.solve_input();
     input.pods = &[];
-    let compiled = Compiled::new(&input);
+    let mut compiled = Compiled::new(&input);
     let owner: BTreeMap<PodRef, &str> = candidates
         .iter()
         .flat_map(|c| c.evicted().map(move |p| (PodRef::of(p), c.name.as_str())))
         .collect();
 
     let mut pass = Pass {
-        compiled: &compiled,
+        compiled: &mut compiled,
         options,
         removed: BTreeSet::new(),
         plan: None,
@@ -435,7 +435,8 @@ fn release(_m: &dyn Method, c: &Candidate, ledger: &mut Ledger, pdbs: &mut PdbLe
 
 /// The what-if state of one pass.
 struct Pass<'a> {
-    compiled: &'a Compiled,
+    /// Mutable for consolidation, which commits each decision it takes.
+    compiled: &'a mut Compiled,
     options: &'a DecideOptions,
     /// Nodes chosen so far.
     removed: BTreeSet<String>,

@@ -945,7 +945,10 @@ fn consolidation_table() {
             vec![one("a", json!({}))],
             vec![],
             ConsolidationOptions::default(),
-            Want::Held("a", |h| matches!(h, Held::CannotPlace { .. })),
+            Want::Held(
+                "a",
+                |h| matches!(h, Held::Unconsolidatable(w) if w.contains("has no cheaper place")),
+            ),
         ),
         (
             "spot-to-spot needs 15 cheaper types",
@@ -1346,4 +1349,45 @@ proptest! {
             prop_assert!(r.instance_type_options.iter().all(|t| t != "m.xlarge"), "same type offered");
         }
     }
+}
+
+#[test]
+fn zonal_spread_pods_of_a_removed_node_go_to_existing_nodes_with_room() {
+    let spread = |name: &str, node: &str| {
+        pod(
+            name,
+            "100m",
+            "256Mi",
+            json!({"metadata": {"labels": {"app": "spread"}, "creationTimestamp": ago(1.0), "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "spread", "uid": "s", "controller": true}]},
+                "spec": {"nodeName": node, "topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": labels::ZONE,
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "spread"}}}]}}),
+        )
+    };
+    let zones = ["test-zone-a", "test-zone-b", "test-zone-c"];
+    let nodes: Vec<(Node, Vec<Pod>)> = (0..9)
+        .map(|i| {
+            let n = format!("n{i}");
+            let pods = (0..3).map(|j| spread(&format!("s-{i}-{j}"), &n)).collect();
+            (
+                node(
+                    &n,
+                    2.0,
+                    json!({"metadata": {"labels": {"topology.kubernetes.io/zone": zones[i % 3]}}}),
+                ),
+                pods,
+            )
+        })
+        .collect();
+    let s = snapshot(pool_with(""), nodes);
+    let mut input = s.solve_input();
+    input.pods = &[];
+    let compiled = crate::scheduling::Compiled::new(&input);
+    let plan = compiled.solve(&SolveOptions::without(["n1"]));
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert!(
+        plan.node_claims.is_empty(),
+        "{:#?}",
+        plan.node_claims.iter().map(|c| (&c.zone, &c.pods)).collect::<Vec<_>>()
+    );
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::dense::{ResourceTable, Vector};
 use super::pod::{HostPort, quantity, taint_from_k8s, tolerates_all};
-use super::topology::{DomainId, Group, NodeFilter};
+use super::topology::NodeFilter;
 use super::{ExistingNode, TargetKind};
 use crate::apis::{Taint, labels};
 use crate::catalog::InstanceType;
@@ -37,10 +37,6 @@ pub struct Existing {
     pub cordoned: bool,
     /// The NodePool it belongs to, if any.
     pub pool: Option<String>,
-    /// Its hostname domain.
-    pub host: DomainId,
-    /// Its domain per topology key (`None` when it lacks the label).
-    pub domains: BTreeMap<String, Option<DomainId>>,
 }
 
 fn resources_of(list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>) -> Resources {
@@ -89,8 +85,6 @@ impl Existing {
             used: res.zero(),
             ports: Vec::new(),
             cordoned: spec.and_then(|s| s.unschedulable).unwrap_or(false),
-            host: 0,
-            domains: BTreeMap::new(),
             name,
         }
     }
@@ -144,17 +138,7 @@ impl Existing {
             ports: Vec::new(),
             cordoned: false,
             pool: Some(c.node_pool.clone()),
-            host: 0,
-            domains: BTreeMap::new(),
         }
-    }
-
-    /// The domain of this node in a group's key.
-    pub fn domain(&self, g: &Group) -> Option<DomainId> {
-        if g.hostname {
-            return Some(self.host);
-        }
-        self.domains.get(&g.id.key).copied().flatten()
     }
 
     /// True when a spread group's node filter admits this node.

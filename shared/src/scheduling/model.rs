@@ -15,6 +15,37 @@ use super::{SolveOptions, TargetKind};
 use crate::apis::labels;
 use crate::requirements::Requirements;
 
+/// An existing node or in-flight claim as one solve sees it: the compiled
+/// entry, borrowed (what-ifs solve many times over thousands of nodes), and
+/// its topology domains, interned for this solve.
+#[derive(Debug, Clone)]
+pub struct SolveExisting<'c> {
+    /// The compiled entry.
+    pub base: &'c Existing,
+    /// Its hostname domain.
+    pub host: super::topology::DomainId,
+    /// Its domain per topology key (`None` when it lacks the label).
+    pub domains: BTreeMap<String, Option<super::topology::DomainId>>,
+}
+
+impl std::ops::Deref for SolveExisting<'_> {
+    type Target = Existing;
+
+    fn deref(&self) -> &Existing {
+        self.base
+    }
+}
+
+impl SolveExisting<'_> {
+    /// Its domain for a group's topology key.
+    pub fn domain(&self, g: &super::topology::Group) -> Option<super::topology::DomainId> {
+        if g.hostname {
+            return Some(self.host);
+        }
+        self.domains.get(&g.id.key).copied().flatten()
+    }
+}
+
 /// A pending pod: its name and its shape.
 #[derive(Debug, Clone)]
 pub struct PodEntry {
@@ -80,7 +111,7 @@ pub(crate) struct Model<'c> {
     /// Nodes each pool already holds (removed nodes excluded).
     pub pool_nodes: Vec<i64>,
     /// Existing nodes, then in-flight claims, less the removed ones.
-    pub existing: Vec<Existing>,
+    pub existing: Vec<SolveExisting<'c>>,
     /// Topology groups.
     pub groups: Groups,
     /// Interned domains (existing ones; runs add hostname domains).
@@ -116,7 +147,11 @@ impl<'c> Model<'c> {
                 continue;
             }
             index[i] = Some(existing.len());
-            existing.push(e.clone());
+            existing.push(SolveExisting {
+                base: e,
+                host: 0,
+                domains: BTreeMap::new(),
+            });
         }
 
         // Pending: the snapshot's pending pods, then the movable pods of removed nodes.
@@ -135,10 +170,10 @@ impl<'c> Model<'c> {
             }
             (shapes.shapes, shapes.entries)
         };
-        let running: Vec<(usize, &PodModel)> = c
+        let running: Vec<(usize, &super::compile::Running)> = c
             .running
             .iter()
-            .filter_map(|r| index[r.node].map(|ni| (ni, &r.model)))
+            .filter_map(|r| index[r.node].map(|ni| (ni, r)))
             .collect();
         let pools = c.pools.as_slice();
         let res = &c.res;
@@ -183,9 +218,10 @@ impl<'c> Model<'c> {
             owned.push(o);
         }
         let mut running_owned = Vec::new();
-        for (_, m) in &running {
+        for (_, r) in &running {
             running_owned.push(
-                m.anti_affinity
+                r.model
+                    .anti_affinity
                     .iter()
                     .map(|t| groups.term(t, GroupKind::AntiAffinity { required: true }))
                     .collect::<Vec<_>>(),
@@ -236,15 +272,14 @@ impl<'c> Model<'c> {
         // Counts from running pods.
         let mut counts = Counts::new(groups.list.len());
         let mut match_cache: HashMap<(String, BTreeMap<String, String>), Vec<GroupId>> = HashMap::new();
-        for ((ni, m), anti) in running.iter().zip(&running_owned) {
+        let mut class_groups: Vec<Option<Vec<GroupId>>> = vec![None; c.label_classes.len()];
+        for ((ni, r), anti) in running.iter().zip(&running_owned) {
             let e = &existing[*ni];
-            let matching = match_cache
-                .entry((m.pod.namespace.clone(), m.labels.clone()))
-                .or_insert_with(|| {
-                    groups.matching(&m.pod.namespace, c.namespace_labels.get(&m.pod.namespace), &m.labels)
-                })
-                .clone();
-            for g in matching {
+            let matching = class_groups[r.label_class].get_or_insert_with(|| {
+                let (ns, labels) = &c.label_classes[r.label_class];
+                groups.matching(ns, c.namespace_labels.get(ns), labels)
+            });
+            for &g in matching.iter() {
                 let group = &groups.list[g];
                 if e.passes(&group.id.filter)
                     && let Some(d) = e.domain(group)
@@ -361,7 +396,7 @@ impl Model<'_> {
 /// their instance types' offerings) and existing nodes that `filter` admits
 /// (nodeAffinityPolicy / nodeTaintsPolicy Honor): a node or pool the owner's
 /// node affinity or tolerations rule out is no domain of its spread.
-fn domain_values(key: &str, pools: &[Pool], existing: &[Existing], filter: &NodeFilter) -> BTreeSet<String> {
+fn domain_values(key: &str, pools: &[Pool], existing: &[SolveExisting], filter: &NodeFilter) -> BTreeSet<String> {
     let tolerations = filter.tolerations.as_deref();
     let mut out = BTreeSet::new();
     for p in pools {

@@ -359,6 +359,19 @@ impl<'m> Run<'m> {
         if m.pools.is_empty() {
             return Reason::NoNodePool;
         }
+        // A what-if over existing capacity: that is the answer, and weighing
+        // every instance type per pod would cost what-ifs at scale dearly.
+        if !m.new_claims {
+            return Reason::Pools(
+                m.pools
+                    .iter()
+                    .map(|pool| PoolRejection {
+                        pool: pool.name.clone(),
+                        why: Rejection::NewClaimsForbidden,
+                    })
+                    .collect(),
+            );
+        }
         let rejections = m
             .pools
             .iter()
@@ -397,15 +410,16 @@ impl<'m> Run<'m> {
             return Rejection::Requirements(err);
         }
         let accel_ok = p.accelerator || pool.asks_accelerator;
-        let matching: Vec<usize> = (0..pool.types.len())
-            .filter(|t| {
-                let ty = &pool.types[*t];
-                compatible.iter().any(|term| {
-                    let mut r = pool.reqs.clone();
-                    r.add_all(term);
-                    ty.compatible(&r)
-                })
+        let merged: Vec<crate::requirements::Requirements> = compatible
+            .iter()
+            .map(|term| {
+                let mut r = pool.reqs.clone();
+                r.add_all(term);
+                r
             })
+            .collect();
+        let matching: Vec<usize> = (0..pool.types.len())
+            .filter(|t| merged.iter().any(|r| pool.types[*t].compatible(r)))
             .collect();
         let usable: Vec<usize> = matching
             .iter()
@@ -570,7 +584,12 @@ fn claim_name(pool: &str, pods: &[PodRef], salt: u32) -> String {
 impl Assignment {
     /// Turns a pass into a plan: names, cheapest offerings, labels.
     pub fn finish(self, m: &Model<'_>) -> Plan {
-        let mut taken: BTreeSet<String> = m.existing.iter().map(|e| e.name.clone()).collect();
+        // Names new claims must avoid (only needed when there are new claims).
+        let mut taken: BTreeSet<String> = if self.claims.is_empty() {
+            BTreeSet::new()
+        } else {
+            m.existing.iter().map(|e| e.name.clone()).collect()
+        };
         let mut node_claims = Vec::new();
         let mut unschedulable: Vec<Unschedulable> = m
             .invalid

@@ -74,7 +74,6 @@ fn worth_an_event(h: &Held) -> bool {
             | Held::NoSaving
             | Held::RecentReplacement { .. }
             | Held::Unconsolidatable(_)
-            | Held::CannotPlace { .. }
     )
 }
 
@@ -758,5 +757,7 @@ mod tests {
         assert!(worth_an_event(&Held::DoNotDisruptNode));
         assert!(!worth_an_event(&Held::ConsolidateAfter { remaining_secs: 3 }));
         assert!(!worth_an_event(&Held::NoSaving));
+        assert!(!worth_an_event(&Held::Unconsolidatable("no cheaper place".into())));
+        assert!(!worth_an_event(&Held::RecentReplacement { remaining_secs: 60 }));
     }
 }
