@@ -5,9 +5,9 @@
 //!
 //! Every question is a what-if solve on the pass's compiled snapshot, so a
 //! decision honours every scheduling constraint the provisioner does. Search:
-//! candidates sorted by disruption cost (Karpenter's: pods weighted by
-//! priority and deletion cost, times the share of the node's lifetime left),
-//! then (1) multi-node: a binary search for the longest prefix that can go
+//! candidates sorted by what removing them saves per unit of disruption (the
+//! node's price over Karpenter's disruption cost: pods weighted by priority
+//! and deletion cost, times the share of the node's lifetime left), then (1) multi-node: a binary search for the longest prefix that can go
 //! for at most one new node, as Karpenter does (prefixes of up to 200 nodes
 //! and 2,000 pods; Karpenter: 100 nodes); (2) single-node: every other
 //! candidate is tried on its own, which Karpenter cannot afford at scale.
@@ -101,11 +101,14 @@ impl Method for Underutilized {
         }
     }
 
-    /// Cheapest to disrupt first; among equals, the dearest node.
+    /// Most saved per disruption first: the node's price over its
+    /// disruption cost (Karpenter sorts by the cost alone), then cheapest to
+    /// disrupt, then by name.
     fn order(&self, a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
-        a.disruption_cost
-            .total_cmp(&b.disruption_cost)
-            .then_with(|| b.price.unwrap_or(0.0).total_cmp(&a.price.unwrap_or(0.0)))
+        let per = |c: &Candidate| c.price.unwrap_or(0.0) / c.disruption_cost.max(1e-3);
+        per(b)
+            .total_cmp(&per(a))
+            .then_with(|| a.disruption_cost.total_cmp(&b.disruption_cost))
             .then_with(|| a.name.cmp(&b.name))
     }
 }

@@ -1391,3 +1391,49 @@ fn zonal_spread_pods_of_a_removed_node_go_to_existing_nodes_with_room() {
         plan.node_claims.iter().map(|c| (&c.zone, &c.pods)).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_committed_what_if_is_where_later_solves_start() {
+    use crate::scheduling::Compiled;
+    let s = snapshot(
+        pool_with(""),
+        vec![
+            (node("a", 2.0, json!({})), vec![sized("big", "a", "3500m")]),
+            (node("b", 2.0, json!({})), vec![sized("b-0", "b", "500m")]),
+        ],
+    );
+    let mut input = s.solve_input();
+    input.pods = &[];
+    let mut compiled = Compiled::new(&input);
+    let gone_a = BTreeSet::from(["a".to_string()]);
+    let only_existing = |removed: &BTreeSet<String>| SolveOptions {
+        removed: removed.clone(),
+        new_claims: false,
+        ..SolveOptions::default()
+    };
+    let moved = compiled.solve(&only_existing(&gone_a));
+    assert_eq!(moved.existing.len(), 1, "{moved:?}");
+    assert_eq!(moved.existing[0].name, "b");
+    compiled.commit(&moved, &gone_a);
+    // Committed: nothing is pending with a gone, and b is full.
+    assert!(compiled.solve(&only_existing(&gone_a)).existing.is_empty());
+    let both = BTreeSet::from(["a".to_string(), "b".to_string()]);
+    let again = compiled.solve(&SolveOptions::without(both.clone()));
+    assert_eq!(again.node_claims.len(), 1, "big and b-0 move again together: {again:?}");
+    let mut claim_pods = again.node_claims[0].pods.clone();
+    claim_pods.sort();
+    assert_eq!(
+        claim_pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["b-0", "big"]
+    );
+    // A committed new claim is capacity later solves use, as an in-flight claim.
+    compiled.commit(&again, &both);
+    let after = compiled.solve(&only_existing(&both));
+    assert!(after.existing.is_empty() && after.unschedulable.is_empty(), "{after:?}");
+    let claim = &again.node_claims[0].name;
+    assert!(
+        compiled.used_by(claim).is_some_and(|u| u.get("cpu").milli() >= 4000),
+        "{:?}",
+        compiled.used_by(claim)
+    );
+}
