@@ -409,32 +409,41 @@ async fn a_requirement_change_drifts_the_node_onto_an_allowed_instance_family() 
     );
 }
 
-#[tokio::test]
-async fn ten_empty_nodes_under_a_30_percent_budget_go_three_at_a_time() {
+/// A stack whose on-demand pool of `size` nodes (never consolidated) runs one
+/// node per pod `names` asking `cpu`; every claim Initialized.
+async fn one_node_per_pod(size: &str, names: &[&str], cpu: &str) -> (Stack, Vec<NodeClaim>) {
     let s = Stack::new("64", 0).await;
-    // One 1500m pod per 2-vCPU node: ten nodes.
     s.kube
         .apply(&pool(
             &["on-demand"],
-            Some(&["large"]),
+            Some(&[size]),
             json!({"consolidateAfter": "Never"}),
             json!({}),
         ))
         .unwrap();
-    let names: Vec<String> = (0..10).map(|i| format!("web-{i}")).collect();
-    for n in &names {
-        s.kube.apply(&web_pod(n, "1500m", json!({}))).unwrap();
+    for n in names {
+        s.kube.apply(&web_pod(n, cpu, json!({}))).unwrap();
     }
     s.kube.schedule();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let claims = s.launched(&refs).await;
-    assert_eq!(claims.len(), 10, "{claims:?}");
+    let claims = s.launched(names).await;
+    assert_eq!(claims.len(), names.len(), "{claims:?}");
     let sweeper = s.sweeper(fast());
     for _ in 0..4 {
         s.kubelet_step().await;
         sweeper.run().await.unwrap();
     }
-    assert!(s.claims().await.iter().all(|c| c.phase == Phase::Initialized));
+    let claims = s.claims().await;
+    assert!(claims.iter().all(|c| c.phase == Phase::Initialized), "{claims:?}");
+    (s, claims)
+}
+
+#[tokio::test]
+async fn ten_empty_nodes_under_a_30_percent_budget_go_three_at_a_time() {
+    // One 1500m pod per 2-vCPU node: ten nodes.
+    let names: Vec<String> = (0..10).map(|i| format!("web-{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (s, _) = one_node_per_pod("large", &refs, "1500m").await;
+    let sweeper = s.sweeper(fast());
     // The pods finish; the nodes are empty and consolidation is allowed.
     for n in &names {
         s.kube.delete("v1", "Pod", "default", n).unwrap();
@@ -693,28 +702,7 @@ async fn a_security_group_newly_selected_drifts_spot_nodes_by_live_resolution() 
 /// Three xlarge nodes, each left with one 500m pod of a ReplicaSet (the big
 /// pods that sized them finished), consolidation enabled; the old claims.
 async fn three_underused(annotations: &[Value], pdb: Option<Value>) -> (Stack, Vec<NodeClaim>) {
-    let s = Stack::new("64", 0).await;
-    s.kube
-        .apply(&pool(
-            &["on-demand"],
-            Some(&["xlarge"]),
-            json!({"consolidateAfter": "Never"}),
-            json!({}),
-        ))
-        .unwrap();
-    for i in 0..3 {
-        s.kube.apply(&web_pod(&format!("big-{i}"), "3000m", json!({}))).unwrap();
-    }
-    s.kube.schedule();
-    let claims = s.launched(&["big-0", "big-1", "big-2"]).await;
-    assert_eq!(claims.len(), 3, "{claims:?}");
-    let sweeper = s.sweeper(fast());
-    for _ in 0..4 {
-        s.kubelet_step().await;
-        sweeper.run().await.unwrap();
-    }
-    let claims = s.claims().await;
-    assert!(claims.iter().all(|c| c.phase == Phase::Initialized), "{claims:?}");
+    let (s, claims) = one_node_per_pod("xlarge", &["big-0", "big-1", "big-2"], "3000m").await;
     for (i, c) in claims.iter().enumerate() {
         s.kube.delete("v1", "Pod", "default", &format!("big-{i}")).unwrap();
         let mut p = web_pod(
