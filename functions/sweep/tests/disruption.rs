@@ -116,6 +116,18 @@ fn events(s: &Stack, reason: &str) -> Vec<String> {
         .collect()
 }
 
+/// `node` is untainted and a `DisruptionBlocked` event names pod `web-0`'s do-not-disrupt.
+fn held_by_do_not_disrupt(s: &Stack, node: &str) {
+    assert!(!taint_keys(&s.kube.node(node).unwrap()).contains(&DISRUPTED.to_string()));
+    let blocked = events(s, "DisruptionBlocked");
+    assert!(
+        blocked
+            .iter()
+            .any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
+        "{blocked:?}"
+    );
+}
+
 /// Backdates a Node's creation (the test server keeps creationTimestamp on updates).
 fn age(s: &Stack, node: &str, hours: i64) {
     let mut v = serde_json::to_value(s.kube.node(node).unwrap()).unwrap();
@@ -559,14 +571,7 @@ async fn a_do_not_disrupt_pod_blocks_drift_with_an_event_until_it_goes() {
         assert!(report.disruption.blocked.iter().any(|(n, _)| *n == node));
     }
     assert!(records(&s).await.is_empty());
-    assert!(!taint_keys(&s.kube.node(&node).unwrap()).contains(&DISRUPTED.to_string()));
-    let blocked = events(&s, "DisruptionBlocked");
-    assert!(
-        blocked
-            .iter()
-            .any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
-        "{blocked:?}"
-    );
+    held_by_do_not_disrupt(&s, &node);
     // The annotation goes: the next pass disrupts.
     for i in 0..2 {
         let mut p = serde_json::to_value(s.kube.pod("default", &format!("web-{i}")).unwrap()).unwrap();
@@ -843,15 +848,8 @@ async fn a_do_not_disrupt_pod_keeps_its_node_while_the_others_consolidate_onto_i
     let claims = s.claims().await;
     assert_eq!(claims.len(), 1, "{claims:?}");
     assert_eq!(claims[0].name, old[0].name, "the protected node stays");
-    assert!(!taint_keys(&s.kube.node(&kept).unwrap()).contains(&DISRUPTED.to_string()));
+    held_by_do_not_disrupt(&s, &kept);
     let mut pods = pods_on(&s.kube, &kept);
     pods.sort();
     assert_eq!(pods, ["web-0", "web-1", "web-2"], "the others' pods fit on it");
-    let blocked = events(&s, "DisruptionBlocked");
-    assert!(
-        blocked
-            .iter()
-            .any(|m| m.contains("default/web-0") && m.contains("do-not-disrupt")),
-        "{blocked:?}"
-    );
 }
