@@ -160,6 +160,9 @@ pub struct Compiled {
     pub(crate) existing: Vec<Existing>,
     /// The pool of each existing entry.
     pub(crate) existing_pool: Vec<Option<usize>>,
+    /// The indices of the existing entries of each name (what-ifs name the
+    /// nodes they remove; a node and a claim may share a name).
+    pub(crate) existing_index: HashMap<String, Vec<usize>>,
     /// The snapshot's pending pods by shape, in input order.
     pub(crate) pending: Shapes,
     /// Pending pods that cannot be modelled, with the reason.
@@ -186,13 +189,12 @@ impl Compiled {
     /// option. The removed nodes keep only their unmovable pods; later
     /// solves must still name them in [`SolveOptions::removed`](super::SolveOptions).
     pub(crate) fn commit(&mut self, plan: &super::Plan, removed: &BTreeSet<String>) {
-        let mut index: HashMap<String, usize> = self
-            .existing
+        let gone: std::collections::HashSet<usize> = removed
             .iter()
-            .enumerate()
-            .map(|(i, e)| (e.name.clone(), i))
+            .filter_map(|n| self.existing_index.get(n))
+            .flatten()
+            .copied()
             .collect();
-        let gone: std::collections::HashSet<usize> = removed.iter().filter_map(|n| index.get(n).copied()).collect();
         let by_pod: HashMap<PodRef, usize> = self
             .running
             .iter()
@@ -237,7 +239,10 @@ impl Compiled {
             };
             dense::add(&mut self.pool_used[pi], &capacity);
             self.pool_nodes[pi] += 1;
-            index.insert(c.name.clone(), self.existing.len());
+            self.existing_index
+                .entry(c.name.clone())
+                .or_default()
+                .push(self.existing.len());
             self.existing.push(e);
             self.existing_pool.push(Some(pi));
             let t = self.existing.len() - 1;
@@ -250,7 +255,7 @@ impl Compiled {
             }
         }
         for placement in &plan.existing {
-            let Some(&t) = index.get(&placement.name) else {
+            let Some(&t) = self.existing_index.get(&placement.name).and_then(|v| v.last()) else {
                 continue;
             };
             for p in &placement.pods {
@@ -273,6 +278,15 @@ impl Compiled {
             .find(|e| e.name == name)
             .map(|e| self.res.resources(&e.used))
     }
+}
+
+/// The indices of `existing` by name.
+fn index_by_name(existing: &[Existing]) -> HashMap<String, Vec<usize>> {
+    let mut index: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, e) in existing.iter().enumerate() {
+        index.entry(e.name.clone()).or_default().push(i);
+    }
+    index
 }
 
 #[cfg(test)]
@@ -600,6 +614,7 @@ impl Compiled {
             pools,
             pool_used,
             pool_nodes,
+            existing_index: index_by_name(&existing),
             existing,
             existing_pool,
             pending,

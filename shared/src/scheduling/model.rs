@@ -133,7 +133,10 @@ pub(crate) struct Model<'c> {
 impl<'c> Model<'c> {
     /// The compiled snapshot as one solve sees it.
     pub fn new(c: &'c Compiled, options: &SolveOptions) -> Model<'c> {
-        let removed: Vec<bool> = c.existing.iter().map(|e| options.removed.contains(&e.name)).collect();
+        let mut removed = vec![false; c.existing.len()];
+        for i in options.removed.iter().filter_map(|n| c.existing_index.get(n)).flatten() {
+            removed[*i] = true;
+        }
         let mut pool_used = c.pool_used.clone();
         let mut pool_nodes = c.pool_nodes.clone();
         let mut existing = Vec::with_capacity(c.existing.len());
