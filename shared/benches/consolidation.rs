@@ -24,6 +24,7 @@ use std::time::Instant;
 use criterion::{Criterion, criterion_main};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use nodesmith::apis::NodePool;
+use nodesmith::disruption::consolidation::ReplacementLimits;
 use nodesmith::disruption::{DecideOptions, Decisions, decide};
 use nodesmith::scheduling::{ExistingNode, NewNodeClaim, PodRef, SolveOptions};
 use nodesmith::snapshot::Snapshot;
@@ -205,25 +206,10 @@ fn bound(p: &Pod, node: &str, at: &str) -> Pod {
     p
 }
 
+/// The fleet's $/h: what replacing every node would have to beat.
 fn fleet_price(s: &Snapshot) -> f64 {
-    s.nodes
-        .iter()
-        .filter_map(|n| {
-            let l = n.node.metadata.labels.as_ref()?;
-            let t = s
-                .catalog
-                .instance_types
-                .iter()
-                .find(|t| Some(&t.name) == l.get("node.kubernetes.io/instance-type"))?;
-            t.offerings
-                .iter()
-                .find(|o| {
-                    Some(&o.zone) == l.get("topology.kubernetes.io/zone")
-                        && Some(&o.capacity_type) == l.get("karpenter.sh/capacity-type")
-                })
-                .map(|o| o.price)
-        })
-        .sum()
+    let all: BTreeSet<String> = s.nodes.iter().filter_map(|n| n.node.metadata.name.clone()).collect();
+    ReplacementLimits::of(s, &all).price_below
 }
 
 /// Carries a pass's decisions out at once: replacements join, pods move, nodes go.

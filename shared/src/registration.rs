@@ -44,10 +44,7 @@ pub fn node_annotations(claim: &NodeClaim) -> BTreeMap<String, String> {
         );
     }
     if let Some(why) = &claim.replacement_for {
-        a.insert(
-            crate::disruption::consolidation::REPLACEMENT_ANNOTATION.to_string(),
-            why.clone(),
-        );
+        a.insert(crate::apis::labels::REPLACEMENT_ANNOTATION.to_string(), why.clone());
     }
     a
 }

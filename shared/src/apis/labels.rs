@@ -42,6 +42,9 @@ pub const UNINITIALIZED_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/unin
 /// not part of a node's configuration.
 pub const EPHEMERAL_TAINT_KEYS: &[&str] = &[NOT_READY_TAINT_KEY, UNREACHABLE_TAINT_KEY, UNINITIALIZED_TAINT_KEY];
 
+/// Node annotation: the disruption reason a node was launched to replace nodes for
+/// (consolidation leaves such a node alone for a while).
+pub const REPLACEMENT_ANNOTATION: &str = "nodesmith/disruption-replacement";
 /// Node and NodeClaim annotation: the NodePool hash the node was made from ([`super::NodePool::hash`]).
 pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
 /// Node and NodeClaim annotation: the version of that hash ([`super::NODEPOOL_HASH_VERSION`]).

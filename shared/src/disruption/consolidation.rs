@@ -46,9 +46,6 @@ const MULTI_NODE_MAX: usize = 200;
 /// ... and at most this many pods: every probe re-solves the whole prefix.
 const MULTI_NODE_MAX_PODS: usize = 2_000;
 
-/// Annotation on a Node launched to replace disrupted nodes: the reason.
-pub const REPLACEMENT_ANNOTATION: &str = "nodesmith/disruption-replacement";
-
 /// The knobs of consolidation (the sweep reads them from its environment).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsolidationOptions {
@@ -115,7 +112,7 @@ impl Method for Underutilized {
 
 /// Seconds left before a replacement node may be consolidated, if any.
 fn cooling_down(c: &Candidate, cx: &Context) -> Option<u64> {
-    c.annotations.get(REPLACEMENT_ANNOTATION)?;
+    c.annotations.get(labels::REPLACEMENT_ANNOTATION)?;
     let created = c.created?;
     let after = c.pool.spec.disruption.consolidate_after.duration().unwrap_or_default();
     let wait = after.max(cx.options.consolidation.replacement_cooldown);
@@ -470,7 +467,7 @@ fn probe(
     // node is FFD's cheapest type holding its pods, so the cost search that
     // compares several node sizes is skipped.
     let delete = SolveOptions {
-        removed: removed.clone(),
+        removed,
         deadline,
         new_claims: false,
         improve: false,
@@ -480,7 +477,7 @@ fn probe(
     if !plan.unschedulable.is_empty() && acc.replaced.is_none() {
         plan = compiled.solve(&SolveOptions {
             improve: false,
-            ..limits.solve_options(removed, deadline)
+            ..limits.solve_options(delete.removed, deadline)
         });
     }
     // Not `CannotPlace`: for consolidation that is the common "no cheaper

@@ -754,7 +754,8 @@ proptest! {
 
 // ---- Underutilized consolidation ----
 
-use consolidation::{ConsolidationOptions, REPLACEMENT_ANNOTATION};
+use crate::apis::labels::REPLACEMENT_ANNOTATION;
+use consolidation::ConsolidationOptions;
 
 /// A ReplicaSet pod of app `web` on `node`, asking `cpu`, created an hour ago.
 fn sized(name: &str, node: &str, cpu: &str) -> Pod {

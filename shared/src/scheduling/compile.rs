@@ -179,107 +179,6 @@ pub struct Compiled {
     pub(crate) namespace_labels: HashMap<String, BTreeMap<String, String>>,
 }
 
-impl Compiled {
-    /// Makes a what-if's placements permanent, so later solves start from
-    /// them instead of placing the same pods again (consolidation takes
-    /// hundreds of decisions per pass; solving each on top of all earlier
-    /// ones would grow with every one): every moved pod of a node in
-    /// `removed` now runs where `plan` put it, and each new claim becomes an
-    /// in-flight entry holding its pods, with the room of its smallest
-    /// option. The removed nodes keep only their unmovable pods; later
-    /// solves must still name them in [`SolveOptions::removed`](super::SolveOptions).
-    pub(crate) fn commit(&mut self, plan: &super::Plan, removed: &BTreeSet<String>) {
-        let gone: std::collections::HashSet<usize> = removed
-            .iter()
-            .filter_map(|n| self.existing_index.get(n))
-            .flatten()
-            .copied()
-            .collect();
-        let by_pod: HashMap<PodRef, usize> = self
-            .running
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.movable && gone.contains(&r.node))
-            .map(|(i, r)| (r.model.pod.clone(), i))
-            .collect();
-        for c in &plan.node_claims {
-            let Some(pi) = self.pools.iter().position(|p| p.name == c.node_pool) else {
-                continue;
-            };
-            let options: Vec<&TypeModel> = self.pools[pi]
-                .types
-                .iter()
-                .filter(|t| c.instance_type_options.contains(&t.name))
-                .collect();
-            let mut avail: Option<Vector> = None;
-            let mut capacity = self.res.zero();
-            for t in &options {
-                let a = self.res.vector(&t.allocatable);
-                avail = Some(match avail {
-                    None => a,
-                    Some(cur) => cur.iter().zip(&a).map(|(x, y)| *x.min(y)).collect(),
-                });
-                dense::max_into(&mut capacity, &t.capacity);
-            }
-            let mut labels = c.labels.clone();
-            labels.insert(labels::HOSTNAME.to_string(), c.name.clone());
-            labels.insert("metadata.name".to_string(), c.name.clone());
-            let e = Existing {
-                name: c.name.clone(),
-                kind: super::TargetKind::NodeClaim,
-                hostname: c.name.clone(),
-                labels,
-                taints: c.taints.clone(),
-                avail: avail.unwrap_or_else(|| self.res.vector(&c.allocatable)),
-                capacity: capacity.clone(),
-                used: self.res.vector(&c.requests),
-                ports: Vec::new(),
-                cordoned: false,
-                pool: Some(c.node_pool.clone()),
-            };
-            dense::add(&mut self.pool_used[pi], &capacity);
-            self.pool_nodes[pi] += 1;
-            self.existing_index
-                .entry(c.name.clone())
-                .or_default()
-                .push(self.existing.len());
-            self.existing.push(e);
-            self.existing_pool.push(Some(pi));
-            let t = self.existing.len() - 1;
-            for p in &c.pods {
-                if let Some(&ri) = by_pod.get(p) {
-                    let r = &mut self.running[ri];
-                    r.node = t;
-                    self.existing[t].ports.extend(r.model.host_ports.iter().cloned());
-                }
-            }
-        }
-        for placement in &plan.existing {
-            let Some(&t) = self.existing_index.get(&placement.name).and_then(|v| v.last()) else {
-                continue;
-            };
-            for p in &placement.pods {
-                if let Some(&ri) = by_pod.get(p) {
-                    let r = &mut self.running[ri];
-                    r.node = t;
-                    let e = &mut self.existing[t];
-                    dense::add(&mut e.used, &self.res.vector(&r.model.requests));
-                    e.ports.extend(r.model.host_ports.iter().cloned());
-                }
-            }
-        }
-    }
-
-    /// What an existing entry's pods use (after commits: a committed claim's
-    /// planned requests plus the pods placed on it since).
-    pub(crate) fn used_by(&self, name: &str) -> Option<crate::resources::Resources> {
-        self.existing
-            .iter()
-            .find(|e| e.name == name)
-            .map(|e| self.res.resources(&e.used))
-    }
-}
-
 /// The indices of `existing` by name.
 fn index_by_name(existing: &[Existing]) -> HashMap<String, Vec<usize>> {
     let mut index: HashMap<String, Vec<usize>> = HashMap::new();
@@ -633,6 +532,105 @@ impl Compiled {
     /// Names of the existing nodes and in-flight claims, in solve order.
     pub fn existing_names(&self) -> impl Iterator<Item = &str> {
         self.existing.iter().map(|e| e.name.as_str())
+    }
+
+    /// Makes a what-if's placements permanent, so later solves start from
+    /// them instead of placing the same pods again (consolidation takes
+    /// hundreds of decisions per pass; solving each on top of all earlier
+    /// ones would grow with every one): every moved pod of a node in
+    /// `removed` now runs where `plan` put it, and each new claim becomes an
+    /// in-flight entry holding its pods, with the room of its smallest
+    /// option. The removed nodes keep only their unmovable pods; later
+    /// solves must still name them in [`SolveOptions::removed`](super::SolveOptions).
+    pub(crate) fn commit(&mut self, plan: &super::Plan, removed: &BTreeSet<String>) {
+        let gone: std::collections::HashSet<usize> = removed
+            .iter()
+            .filter_map(|n| self.existing_index.get(n))
+            .flatten()
+            .copied()
+            .collect();
+        let by_pod: HashMap<PodRef, usize> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.movable && gone.contains(&r.node))
+            .map(|(i, r)| (r.model.pod.clone(), i))
+            .collect();
+        for c in &plan.node_claims {
+            let Some(pi) = self.pools.iter().position(|p| p.name == c.node_pool) else {
+                continue;
+            };
+            let options: Vec<&TypeModel> = self.pools[pi]
+                .types
+                .iter()
+                .filter(|t| c.instance_type_options.contains(&t.name))
+                .collect();
+            let mut avail: Option<Vector> = None;
+            let mut capacity = self.res.zero();
+            for t in &options {
+                let a = self.res.vector(&t.allocatable);
+                avail = Some(match avail {
+                    None => a,
+                    Some(cur) => cur.iter().zip(&a).map(|(x, y)| *x.min(y)).collect(),
+                });
+                dense::max_into(&mut capacity, &t.capacity);
+            }
+            let mut labels = c.labels.clone();
+            labels.insert(labels::HOSTNAME.to_string(), c.name.clone());
+            labels.insert("metadata.name".to_string(), c.name.clone());
+            let e = Existing {
+                name: c.name.clone(),
+                kind: super::TargetKind::NodeClaim,
+                hostname: c.name.clone(),
+                labels,
+                taints: c.taints.clone(),
+                avail: avail.unwrap_or_else(|| self.res.vector(&c.allocatable)),
+                capacity: capacity.clone(),
+                used: self.res.vector(&c.requests),
+                ports: Vec::new(),
+                cordoned: false,
+                pool: Some(c.node_pool.clone()),
+            };
+            dense::add(&mut self.pool_used[pi], &capacity);
+            self.pool_nodes[pi] += 1;
+            self.existing_index
+                .entry(c.name.clone())
+                .or_default()
+                .push(self.existing.len());
+            self.existing.push(e);
+            self.existing_pool.push(Some(pi));
+            let t = self.existing.len() - 1;
+            for p in &c.pods {
+                if let Some(&ri) = by_pod.get(p) {
+                    let r = &mut self.running[ri];
+                    r.node = t;
+                    self.existing[t].ports.extend(r.model.host_ports.iter().cloned());
+                }
+            }
+        }
+        for placement in &plan.existing {
+            let Some(&t) = self.existing_index.get(&placement.name).and_then(|v| v.last()) else {
+                continue;
+            };
+            for p in &placement.pods {
+                if let Some(&ri) = by_pod.get(p) {
+                    let r = &mut self.running[ri];
+                    r.node = t;
+                    let e = &mut self.existing[t];
+                    dense::add(&mut e.used, &self.res.vector(&r.model.requests));
+                    e.ports.extend(r.model.host_ports.iter().cloned());
+                }
+            }
+        }
+    }
+
+    /// What an existing entry's pods use (after commits: a committed claim's
+    /// planned requests plus the pods placed on it since).
+    pub(crate) fn used_by(&self, name: &str) -> Option<crate::resources::Resources> {
+        self.existing
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| self.res.resources(&e.used))
     }
 }
 
