@@ -5,7 +5,11 @@
 //! {100,250,500,1000,1500}m and memory from {100,256,512,1024,2048,4096}Mi.
 //!
 //! Before timing, it prints for each size the plan (nodes, $/h) of the full
-//! solver and of plain first-fit-decreasing, and the solve rate.
+//! solver, of plain first-fit-decreasing and of Karpenter's algorithm (the
+//! reference in `tests/reference/`), the plan's cost over Karpenter's and over
+//! the LP lower bound, and the solve rate; for the benchmark mix and for a
+//! generic mix (the same pods without topology constraints).
+//! `NODESMITH_BENCH_REFERENCE=0` skips the reference (slow at 20,000 pods).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -16,8 +20,14 @@ use nodesmith::apis::NodePool;
 use nodesmith::catalog::{Catalog, InstanceTypeInfo, Offering};
 use nodesmith::quantity::Quantity;
 use nodesmith::resources::Resources;
-use nodesmith::scheduling::{SolveInput, SolveOptions, solve};
+use nodesmith::scheduling::{Compiled, SolveInput, SolveOptions, solve};
 use serde_json::json;
+
+// The reference is test code shared with `tests/karpenter_reference.rs`; its
+// plan checks are not used here.
+#[allow(dead_code)]
+#[path = "../tests/reference/karpenter.rs"]
+mod karpenter;
 
 const SIZES: [usize; 6] = [100, 500, 1_000, 2_000, 5_000, 20_000];
 const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
@@ -90,7 +100,8 @@ fn pool() -> NodePool {
     .expect("pool")
 }
 
-fn pods(n: usize) -> Vec<Pod> {
+/// The benchmark's pods; `generic`: all without topology constraints.
+fn pods_of(n: usize, generic: bool) -> Vec<Pod> {
     const CPU: [&str; 5] = ["100m", "250m", "500m", "1000m", "1500m"];
     const MEM: [&str; 6] = ["100Mi", "256Mi", "512Mi", "1024Mi", "2048Mi", "4096Mi"];
     let mut seed: u64 = 42;
@@ -99,7 +110,7 @@ fn pods(n: usize) -> Vec<Pod> {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let cpu = CPU[(seed >> 33) as usize % CPU.len()];
             let mem = MEM[(seed >> 17) as usize % MEM.len()];
-            let kind = i % 5;
+            let kind = if generic { 0 } else { i % 5 };
             let app = format!("kind-{kind}");
             let sel = json!({"matchLabels": {"app": app}});
             let spec_extra = match kind {
@@ -118,6 +129,10 @@ fn pods(n: usize) -> Vec<Pod> {
         .collect()
 }
 
+fn pods(n: usize) -> Vec<Pod> {
+    pods_of(n, false)
+}
+
 fn peak_rss_mib() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -134,35 +149,45 @@ fn sizes() -> Vec<usize> {
 }
 
 fn report(cat: &Catalog) {
-    for n in sizes() {
-        let pools = vec![pool()];
-        let pending = pods(n);
-        let mut input = SolveInput::new(cat);
-        input.node_pools = &pools;
-        input.pods = &pending;
-        let plain = SolveOptions {
-            improve: false,
-            ..SolveOptions::default()
-        };
-        let t = Instant::now();
-        let ffd = solve(&input, &plain);
-        let ffd_ms = t.elapsed().as_secs_f64() * 1000.0;
-        let (ffd_nodes, ffd_price) = (ffd.node_claims.len(), ffd.total_price());
-        drop(ffd);
-        let t = Instant::now();
-        let plan = solve(&input, &SolveOptions::default());
-        let ms = t.elapsed().as_secs_f64() * 1000.0;
-        eprintln!(
-            "scheduling/{n}: solve {ms:.1} ms ({:.0} pods/s), {} nodes, ${:.4}/h, {} unschedulable | plain FFD {ffd_ms:.1} ms, {} nodes, ${:.4}/h | saving {:.2}% | peak RSS {:.0} MiB",
-            n as f64 / (ms / 1000.0),
-            plan.node_claims.len(),
-            plan.total_price(),
-            plan.unschedulable.len(),
-            ffd_nodes,
-            ffd_price,
-            100.0 * (1.0 - plan.total_price() / ffd_price.max(1e-12)),
-            peak_rss_mib().unwrap_or(0.0),
-        );
+    let reference = std::env::var("NODESMITH_BENCH_REFERENCE").as_deref() != Ok("0");
+    for generic in [false, true] {
+        let mix = if generic { "generic" } else { "benchmark" };
+        for n in sizes() {
+            let pools = vec![pool()];
+            let pending = pods_of(n, generic);
+            let mut input = SolveInput::new(cat);
+            input.node_pools = &pools;
+            input.pods = &pending;
+            let plain = SolveOptions {
+                improve: false,
+                ..SolveOptions::default()
+            };
+            let ffd = solve(&input, &plain).total_price();
+            let t = Instant::now();
+            let plan = solve(&input, &SolveOptions::default());
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            let bound = Compiled::new(&input).lower_bound(&plan);
+            let price = plan.total_price();
+            let vs_karpenter = if reference {
+                let k = karpenter::schedule(&input);
+                format!(
+                    "karpenter ${:.4}/h ({} pending): {:.3}x",
+                    k.cost(),
+                    k.unschedulable.len(),
+                    price / k.cost().max(1e-12)
+                )
+            } else {
+                "karpenter skipped".to_string()
+            };
+            eprintln!(
+                "scheduling/{mix}/{n}: solve {ms:.1} ms ({:.0} pods/s), {} nodes, ${price:.4}/h, {} unschedulable | {vs_karpenter} | bound ${bound:.4}/h: {:.3}x | plain FFD ${ffd:.4}/h | peak RSS {:.0} MiB",
+                n as f64 / (ms / 1000.0),
+                plan.node_claims.len(),
+                plan.unschedulable.len(),
+                price / bound.max(1e-12),
+                peak_rss_mib().unwrap_or(0.0),
+            );
+        }
     }
 }
 

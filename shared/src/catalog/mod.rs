@@ -89,6 +89,21 @@ impl<'r> OfferingRequirements<'r> {
         }
     }
 
+    /// True when they say anything about capacity reservations.
+    pub fn constrains_reservation(&self) -> bool {
+        self.reservation_id.is_some() || self.reservation_type.is_some()
+    }
+
+    /// True when a node in `zone` satisfies the zone requirement.
+    pub fn allows_zone(&self, zone: &str) -> bool {
+        self.zone.is_none_or(|r| r.has(zone))
+    }
+
+    /// True when a node of `capacity_type` satisfies the capacity-type requirement.
+    pub fn allows_capacity_type(&self, capacity_type: &str) -> bool {
+        self.capacity_type.is_none_or(|r| r.has(capacity_type))
+    }
+
     /// True when a node bought as `o` satisfies them.
     pub fn allow(&self, o: &Offering) -> bool {
         let on = |req: Option<&Requirement>, value: Option<&str>| {

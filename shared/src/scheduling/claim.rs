@@ -127,15 +127,43 @@ impl Claim {
             self.reqs = r;
         }
         let shrunk = u.options.as_ref().is_some_and(|o| o.len() != self.options.len());
+        let mut extremes_left = false;
         if let Some(o) = u.options {
+            if shrunk {
+                extremes_left = self.removes_an_extreme(&o, pool);
+            }
             self.options = o;
         }
         self.used = u.used;
         self.pods.push(pod);
         self.ports.extend(ports.iter().cloned());
-        if shrunk {
+        if extremes_left {
             self.refresh(pool);
+        } else if shrunk {
+            // Options that stop fitting are the small ones: the largest stay,
+            // so only the minimum moves.
+            self.min_avail.iter_mut().for_each(|v| *v = i64::MAX);
+            for t in &self.options {
+                for (m, a) in self.min_avail.iter_mut().zip(&pool.types[*t as usize].avail) {
+                    *m = (*m).min(*a);
+                }
+            }
         }
+    }
+
+    /// True when an option missing from `kept` (a subsequence of the
+    /// options) holds a maximum of the room or the capacity.
+    fn removes_an_extreme(&self, kept: &[u32], pool: &Pool) -> bool {
+        let mut k = kept.iter().peekable();
+        self.options.iter().any(|t| {
+            if k.peek() == Some(&t) {
+                k.next();
+                return false;
+            }
+            let ty = &pool.types[*t as usize];
+            let holds = |v: &[i64], top: &[i64]| v.iter().zip(top).any(|(a, m)| *m > 0 && a == m);
+            holds(&ty.avail, &self.max_avail) || holds(&ty.capacity, &self.reserved)
+        })
     }
 
     /// Checks whether pod `pi` (under the active constraints) can join, and how
@@ -309,9 +337,17 @@ impl Claim {
                     .map(|g| cx.counts.count(*g, d) as i64)
                     .sum();
                 let wanted = OfferingRequirements::of(&r);
+                let mask = pool.offer_keys.mask(&wanted);
                 let price = opts
                     .iter()
-                    .map(|t| cheapest(&pool.types[*t as usize].offerings, &wanted).map_or(f64::INFINITY, |o| o.price))
+                    .map(|t| {
+                        let ty = &pool.types[*t as usize];
+                        match &mask {
+                            Some(mask) => mask.cheapest(ty),
+                            None => cheapest(&ty.offerings, &wanted),
+                        }
+                        .map_or(f64::INFINITY, |o| o.price)
+                    })
                     .fold(f64::INFINITY, f64::min);
                 let score = (spread, -aff, (price * 1e6) as u64, d);
                 if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
@@ -342,14 +378,22 @@ impl Claim {
     /// Options that fit `used` and satisfy the changed requirement keys.
     fn filter(&self, pool: &Pool, reqs: &Requirements, changed: &[String], used: &Vector) -> Vec<u32> {
         let offer = changed.iter().any(|k| OFFERING_KEYS.contains(&k.as_str()));
-        let checks: Vec<&Requirement> = changed.iter().filter_map(|k| reqs.get(k)).collect();
         let wanted = OfferingRequirements::of(reqs);
+        let mask = if offer { pool.offer_keys.mask(&wanted) } else { None };
+        // With a mask, an allowed offering already proves the offering keys.
+        let checks: Vec<&Requirement> = changed
+            .iter()
+            .filter(|k| mask.is_none() || !OFFERING_KEYS.contains(&k.as_str()))
+            .filter_map(|k| reqs.get(k))
+            .collect();
         self.options
             .iter()
             .copied()
             .filter(|t| {
                 let ty = &pool.types[*t as usize];
-                fits(used, &ty.avail) && checks.iter().all(|r| ty.allows(r)) && (!offer || ty.offered(&wanted))
+                fits(used, &ty.avail)
+                    && checks.iter().all(|r| ty.allows(r))
+                    && (!offer || mask.as_ref().map_or_else(|| ty.offered(&wanted), |m| m.offered(ty)))
             })
             .collect()
     }

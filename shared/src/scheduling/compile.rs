@@ -59,6 +59,76 @@ pub struct TypeModel {
     pub price: f64,
     /// True when it has GPUs or other accelerators.
     pub accelerator: bool,
+    /// Per offering, its zone and capacity type as indices into the pool's
+    /// [`OfferKeys`], so offering checks are table lookups, not string compares.
+    pub offer_keys: Vec<(u16, u16)>,
+}
+
+/// The zones and capacity types of a pool's offerings, interned.
+#[derive(Debug, Clone, Default)]
+pub struct OfferKeys {
+    /// Zone names.
+    pub zones: Vec<String>,
+    /// Capacity type names.
+    pub capacity_types: Vec<String>,
+}
+
+/// Which interned zones and capacity types some requirements allow.
+#[derive(Debug, Clone)]
+pub struct OfferMask {
+    zones: Vec<bool>,
+    capacity_types: Vec<bool>,
+}
+
+impl OfferKeys {
+    fn intern(list: &mut Vec<String>, v: &str) -> u16 {
+        match list.iter().position(|x| x == v) {
+            Some(i) => i as u16,
+            None => {
+                list.push(v.to_string());
+                (list.len() - 1) as u16
+            }
+        }
+    }
+
+    /// The mask for `wanted`, or `None` when it constrains reservations (then
+    /// offerings are checked one by one).
+    pub fn mask(&self, wanted: &OfferingRequirements) -> Option<OfferMask> {
+        if wanted.constrains_reservation() {
+            return None;
+        }
+        Some(OfferMask {
+            zones: self.zones.iter().map(|z| wanted.allows_zone(z)).collect(),
+            capacity_types: self
+                .capacity_types
+                .iter()
+                .map(|c| wanted.allows_capacity_type(c))
+                .collect(),
+        })
+    }
+}
+
+impl OfferMask {
+    /// True when the type's offering `i` is allowed.
+    pub fn allows(&self, t: &TypeModel, i: usize) -> bool {
+        let (z, c) = t.offer_keys[i];
+        self.zones[z as usize] && self.capacity_types[c as usize]
+    }
+
+    /// True when some offering of the type is allowed.
+    pub fn offered(&self, t: &TypeModel) -> bool {
+        (0..t.offerings.len()).any(|i| self.allows(t, i))
+    }
+
+    /// The cheapest allowed offering of the type.
+    pub fn cheapest<'t>(&self, t: &'t TypeModel) -> Option<&'t Offering> {
+        t.offerings
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.allows(t, *i))
+            .map(|(_, o)| o)
+            .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
+    }
 }
 
 /// A NodePool, compiled.
@@ -92,6 +162,8 @@ pub struct Pool {
     pub daemon_ports: Vec<HostPort>,
     /// Set when the pool cannot be used at all.
     pub error: Option<String>,
+    /// Its offerings' zones and capacity types, interned.
+    pub offer_keys: OfferKeys,
 }
 
 /// Pending pods grouped by shape: pods with identical constraints (replicas
@@ -424,6 +496,19 @@ impl Compiled {
                 }
             }
             types.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.name.cmp(&b.name)));
+            let mut offer_keys = OfferKeys::default();
+            for t in &mut types {
+                t.offer_keys = t
+                    .offerings
+                    .iter()
+                    .map(|o| {
+                        (
+                            OfferKeys::intern(&mut offer_keys.zones, &o.zone),
+                            OfferKeys::intern(&mut offer_keys.capacity_types, &o.capacity_type),
+                        )
+                    })
+                    .collect();
+            }
             // Ports of every daemon that may land on the pool's nodes (even one limited to
             // some of its types: a pod refused a port waits, a pod planned onto a taken one never runs).
             let daemon_ports: Vec<HostPort> = overhead_daemons
@@ -458,6 +543,7 @@ impl Compiled {
                 limits,
                 node_limit,
                 error,
+                offer_keys,
             });
         }
 
@@ -678,6 +764,7 @@ fn type_model(
         offerings,
         price,
         accelerator: accelerator_of(&it.capacity) || accelerator_of(&it.allocatable),
+        offer_keys: Vec::new(),
     };
     if !pool_reqs.iter().all(|r| t.allows(r)) {
         return None;

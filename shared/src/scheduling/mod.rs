@@ -8,10 +8,12 @@
 //! labels, instance types filtered by requirements, resources (allocatable
 //! minus DaemonSet overhead), offerings and limits, topology domains from pool
 //! requirements and offerings, preferences relaxed step by step. Packing is
-//! first-fit-decreasing, then `packing` searches for a cheaper plan. A snapshot
+//! first-fit-decreasing, then `packing` searches for a cheaper plan; `bound`
+//! says how far from the optimum a plan can be at most. A snapshot
 //! is compiled once (`Compiled`) and solved any number of times with
 //! `SolveOptions` (nodes removed, new claims forbidden, a price ceiling).
 
+pub(crate) mod bound;
 pub(crate) mod claim;
 pub(crate) mod compile;
 pub(crate) mod daemonset;
@@ -304,6 +306,18 @@ impl Compiled {
             scheduler::Run::new(&model, scheduler::Strategy::default()).schedule()
         };
         plan.finish(&model)
+    }
+
+    /// The least any plan placing the pods `plan` placed could pay per hour
+    /// for new nodes (the LP relaxation in `bound`): `plan`'s price over it
+    /// bounds how far `plan` is from the optimum. Costs about one solve.
+    pub fn lower_bound(&self, plan: &Plan) -> f64 {
+        let model = model::Model::new(self, &SolveOptions::default());
+        let left: BTreeSet<&PodRef> = plan.unschedulable.iter().map(|u| &u.pod).collect();
+        bound::lower_bound(
+            &model,
+            (0..model.pods.len()).filter(|i| !left.contains(&model.pods[*i].pod)),
+        )
     }
 }
 

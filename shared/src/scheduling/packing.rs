@@ -1,12 +1,23 @@
 //! The cost improvement over plain first-fit-decreasing. FFD fills each new
 //! node until the largest instance type is full, then launches the cheapest
 //! type that holds what it got; when big types cost more per useful resource
-//! than smaller ones, that is wasteful. So the solve also packs with node
-//! sizes capped at the shapes that are cheapest per unit of this workload's
-//! demand, and keeps whichever complete plan schedules the most pods at the
-//! lowest price (ties go to plain FFD). Each candidate is a full, valid solve,
-//! so every constraint holds whichever wins. The number of candidates shrinks
-//! with the pod count, so the search has a bounded, deterministic budget.
+//! than smaller ones, that is wasteful, and sorting by cpu alone leaves the
+//! first nodes short of memory and the last short of cpu. So the solve also
+//! runs other passes and keeps whichever complete plan schedules the most
+//! pods at the lowest price (ties go to plain FFD):
+//!
+//! - Karpenter's own order (claims with the fewest pods first), up to
+//!   [`FEWEST_PODS_MAX`] pods, so that a plan is never dearer than the one
+//!   Karpenter would make for the same pods;
+//! - a balanced pass (pods picked to fill each node's cpu and memory
+//!   together) that keeps pods able to run on spot off nodes that can only be
+//!   on-demand (`Strategy::spot_first`);
+//! - the same with node sizes capped at the shapes that are cheapest per
+//!   unit of this workload's demand.
+//!
+//! Each candidate is a full, valid solve, so every constraint holds whichever
+//! wins. The number of capped passes shrinks with the pod count, so the
+//! search has a bounded, deterministic budget.
 
 use std::time::Instant;
 
@@ -17,6 +28,10 @@ use super::scheduler::{Assignment, Cap, Run, Strategy};
 pub const SEARCH_BUDGET: usize = 8_000;
 /// The most capped passes tried.
 pub const MAX_CANDIDATES: usize = 6;
+/// Up to this many pods, a pass in Karpenter's claim order (fewest pods
+/// first) is tried too; it tries every claim for every pod, so it is kept
+/// for solves where that is cheap.
+pub const FEWEST_PODS_MAX: usize = 2_000;
 
 /// Node shapes worth capping at: for each pool type that can hold the largest
 /// pod, its price per unit of the workload's cpu:memory mix, cheapest first.
@@ -69,16 +84,38 @@ fn better(a: &Assignment, b: &Assignment) -> bool {
     ua < ub || (ua == ub && a.cost < b.cost - 1e-9)
 }
 
-/// The cheapest plan among plain FFD and the capped passes the budget (and
-/// the deadline, checked between passes) allows.
+/// The passes tried after plain FFD, in order.
+fn strategies(m: &Model) -> Vec<Strategy> {
+    let mut out = Vec::new();
+    if m.pods.len() <= FEWEST_PODS_MAX {
+        out.push(Strategy {
+            fewest_pods: true,
+            ..Strategy::default()
+        });
+    }
+    let tuned = Strategy {
+        balanced: true,
+        spot_first: true,
+        ..Strategy::default()
+    };
+    out.push(tuned);
+    let passes = (SEARCH_BUDGET / m.pods.len().max(1)).clamp(1, MAX_CANDIDATES);
+    out.extend(candidate_caps(m).into_iter().take(passes).map(|cap| Strategy {
+        cap: Some(cap),
+        ..tuned
+    }));
+    out
+}
+
+/// The cheapest plan among plain FFD and the passes of [`strategies`] the
+/// deadline (checked between passes) allows.
 pub fn best(m: &Model, deadline: Option<Instant>) -> Assignment {
     let mut best = Run::new(m, Strategy::default()).schedule();
-    let passes = (SEARCH_BUDGET / m.pods.len().max(1)).clamp(1, MAX_CANDIDATES);
-    for cap in candidate_caps(m).into_iter().take(passes) {
+    for strategy in strategies(m) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        let o = Run::new(m, Strategy { cap: Some(cap) }).schedule();
+        let o = Run::new(m, strategy).schedule();
         if better(&o, &best) {
             best = o;
         }

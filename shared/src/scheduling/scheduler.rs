@@ -3,10 +3,12 @@
 //! pool (by weight) that can take them; failures are relaxed and retried.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::rc::Rc;
 
 use sha2::{Digest, Sha256};
 
 use super::claim::{Claim, Ctx, Fail, cheapest, cheapest_where};
+use super::compile::{OfferMask, TypeModel};
 use super::dense::{self, Vector, fits};
 use super::model::Model;
 use super::pod::{PodRef, tolerates_all};
@@ -23,6 +25,16 @@ use crate::requirements::Requirement;
 pub struct Strategy {
     /// Largest node shape to open while a smaller one can take the pod.
     pub cap: Option<Cap>,
+    /// Try new claims with the fewest pods first (Karpenter's order) rather
+    /// than in the order they were opened.
+    pub fewest_pods: bool,
+    /// Take pods in a balanced order (see [`Picker`]) rather than
+    /// first-fit-decreasing.
+    pub balanced: bool,
+    /// Keep pods that could run on spot off new claims that can only be
+    /// on-demand (e.g. pinned to a zone without spot), unless they fit there
+    /// at no extra cost (the claim's cheapest type still holds them).
+    pub spot_first: bool,
 }
 
 /// A node size ceiling: room for pods in cpu and memory (milli-units).
@@ -41,6 +53,93 @@ impl Cap {
     }
 }
 
+/// The order of a balanced pass. First-fit-decreasing by cpu fills the first
+/// nodes with cpu and the last with memory, and the mismatch is paid for in
+/// node count. Here the node being filled (the newest claim) picks its next
+/// pod: of the pod shapes that still fit in its room, the one whose requests
+/// point most along that room (the largest dot product of requests and room,
+/// each as a share of the node), so that cpu-heavy and memory-heavy pods
+/// share nodes. When nothing fits, the largest pod left opens the next node.
+pub struct Picker {
+    /// Pods left per shape, in first-fit-decreasing order.
+    by_shape: Vec<VecDeque<usize>>,
+    /// Shapes with pods left.
+    live: Vec<u32>,
+    /// Pods already taken.
+    taken: Vec<bool>,
+    /// The first pod (in first-fit-decreasing order) not yet looked at.
+    next: usize,
+}
+
+impl Picker {
+    /// A picker over every pending pod of the model.
+    pub fn new(m: &Model) -> Self {
+        let mut by_shape = vec![VecDeque::new(); m.shapes.len()];
+        for (i, p) in m.pods.iter().enumerate() {
+            by_shape[p.shape as usize].push_back(i);
+        }
+        let live = (0..m.shapes.len() as u32)
+            .filter(|s| !by_shape[*s as usize].is_empty())
+            .collect();
+        Picker {
+            by_shape,
+            live,
+            taken: vec![false; m.pods.len()],
+            next: 0,
+        }
+    }
+
+    /// The next pod to place while `filling` is the newest claim.
+    pub fn next(&mut self, m: &Model, filling: Option<&Claim>) -> Option<usize> {
+        let pick = filling.and_then(|c| {
+            let room: Vec<i64> = (0..3).map(|d| c.max_avail[d] - c.used[d]).collect();
+            let share = |d: usize, v: i64| v as f64 / c.max_avail[d].max(1) as f64;
+            self.live
+                .iter()
+                .map(|s| (*s, &m.shapes[*s as usize].req))
+                .filter(|(_, r)| (0..3).all(|d| r[d] <= room[d]))
+                .map(|(s, r)| {
+                    (
+                        s,
+                        share(0, r[0]) * share(0, room[0]) + share(1, r[1]) * share(1, room[1]),
+                    )
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
+                .map(|(s, _)| s)
+        });
+        let i = match pick {
+            Some(s) => self.by_shape[s as usize].pop_front()?,
+            None => {
+                while self.next < self.taken.len() && self.taken[self.next] {
+                    self.next += 1;
+                }
+                if self.next == self.taken.len() {
+                    return None;
+                }
+                let i = self.next;
+                self.by_shape[m.pods[i].shape as usize].pop_front();
+                i
+            }
+        };
+        self.taken[i] = true;
+        let s = m.pods[i].shape;
+        if self.by_shape[s as usize].is_empty() {
+            self.live.retain(|x| *x != s);
+        }
+        Some(i)
+    }
+}
+
+/// True when the pod could run on spot capacity and no zonal topology ties
+/// it to where it lands (such pods are the ones worth keeping off on-demand).
+fn spot_capable(p: &super::model::PendingPod, a: &Active) -> bool {
+    p.pin_keys.is_empty()
+        && a.terms.iter().any(|t| {
+            t.get(labels::CAPACITY_TYPE)
+                .is_none_or(|r| r.has(labels::CAPACITY_SPOT))
+        })
+}
+
 /// The state of one pass.
 pub struct Run<'m> {
     m: &'m Model<'m>,
@@ -51,6 +150,14 @@ pub struct Run<'m> {
     ex_ports: Vec<Vec<super::pod::HostPort>>,
     ex_pods: Vec<Vec<usize>>,
     claims: Vec<Claim>,
+    /// Per claim, whether it holds a pod that could run on spot.
+    holds_spot_capable: Vec<bool>,
+    /// Per pool, the zones where some type of it is sold as spot.
+    spot_zones: Vec<BTreeSet<String>>,
+    /// Per pod class, the claims `spot_first` turned it away from for good.
+    refused: HashMap<u32, Vec<bool>>,
+    /// Per pool and pod shape, the empty claims a pod may open ([`Run::empty_claims`]).
+    claim_templates: HashMap<(usize, u32), Rc<Vec<Claim>>>,
     pool_reserved: Vec<Vector>,
     pool_nodes: Vec<i64>,
     cursors: HashMap<u32, usize>,
@@ -81,6 +188,25 @@ impl<'m> Run<'m> {
             ex_ports: m.existing.iter().map(|e| e.ports.clone()).collect(),
             ex_pods: vec![Vec::new(); m.existing.len()],
             claims: Vec::new(),
+            holds_spot_capable: Vec::new(),
+            spot_zones: if strategy.spot_first {
+                m.pools
+                    .iter()
+                    .map(|p| {
+                        let wanted = OfferingRequirements::of(&p.reqs);
+                        p.types
+                            .iter()
+                            .flat_map(|t| t.offerings.iter())
+                            .filter(|o| o.available && o.capacity_type == labels::CAPACITY_SPOT && wanted.allow(o))
+                            .map(|o| o.zone.clone())
+                            .collect()
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            refused: HashMap::new(),
+            claim_templates: HashMap::new(),
             pool_reserved: vec![m.res.zero(); m.pools.len()],
             pool_nodes: vec![0; m.pools.len()],
             cursors: HashMap::new(),
@@ -90,8 +216,23 @@ impl<'m> Run<'m> {
     /// Places every pod it can.
     pub fn schedule(mut self) -> Assignment {
         let n = self.m.pods.len();
-        let mut queue: VecDeque<(usize, Relaxation)> = (0..n).map(|i| (i, Relaxation::default())).collect();
         let mut placed = 0usize;
+        let queue = if self.strategy.balanced {
+            // One balanced pass; what fails is retried as usual after it.
+            let mut failed = VecDeque::new();
+            let mut picker = Picker::new(self.m);
+            while let Some(i) = picker.next(self.m, self.claims.last()) {
+                if self.place(i, &Relaxation::default()) {
+                    placed += 1;
+                } else {
+                    failed.push_back((i, Relaxation::default()));
+                }
+            }
+            failed
+        } else {
+            (0..n).map(|i| (i, Relaxation::default())).collect()
+        };
+        let mut queue = queue;
         let mut last_fail: Vec<Option<usize>> = vec![None; n];
         let mut unschedulable = Vec::new();
         while let Some((i, mut rel)) = queue.pop_front() {
@@ -109,7 +250,7 @@ impl<'m> Run<'m> {
                 unschedulable.push((i, self.explain(i, &rel)));
             }
         }
-        let cost = price_all(self.m, &self.claims)
+        let cost = price_all(self.m, &self.claims, false)
             .iter()
             .map(|p| p.as_ref().map_or(0.0, |p| p.offering.price))
             .sum();
@@ -131,6 +272,9 @@ impl<'m> Run<'m> {
                 return true;
             }
         }
+        if self.strategy.fewest_pods {
+            return self.place_fewest_pods(i, &a);
+        }
         let use_cursor = rel.is_strict();
         let start = if use_cursor {
             self.cursors.get(&p.class).copied().unwrap_or(0)
@@ -139,17 +283,45 @@ impl<'m> Run<'m> {
         };
         let mut cursor = start;
         let mut contiguous = true;
+        let spot_first = self.strategy.spot_first;
+        let spot_capable = spot_first && spot_capable(p, &a);
+        // Taken out for the scan, so that looking it up costs nothing per claim.
+        let mut refused = if spot_first {
+            self.refused.remove(&p.class).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         for ci in start..self.claims.len() {
+            if refused.get(ci) == Some(&true) {
+                if contiguous {
+                    cursor = ci + 1;
+                }
+                continue;
+            }
             let cx = Ctx {
                 m,
                 counts: &self.counts,
                 domains: &self.domains,
             };
             match self.claims[ci].try_add(&cx, i, &a) {
+                // The claim only fills and narrows, so it stays refused to
+                // the class (as good as always: a spread may later choose
+                // another zone; skipping it then costs packing, not rules).
+                Ok(u) if spot_first && self.costs_spot(ci, &u, spot_capable) => {
+                    refused.resize(refused.len().max(ci + 1), false);
+                    refused[ci] = true;
+                    if contiguous {
+                        cursor = ci + 1;
+                    }
+                }
                 Ok(u) => {
+                    self.holds_spot_capable[ci] |= spot_capable;
                     self.commit_claim(ci, i, &a, u);
                     if use_cursor {
                         self.cursors.insert(p.class, if contiguous { ci } else { cursor });
+                    }
+                    if !refused.is_empty() {
+                        self.refused.insert(p.class, refused);
                     }
                     return true;
                 }
@@ -165,12 +337,64 @@ impl<'m> Run<'m> {
         if use_cursor {
             self.cursors.insert(p.class, cursor);
         }
+        if !refused.is_empty() {
+            self.refused.insert(p.class, refused);
+        }
         for pi in 0..m.pools.len() {
             if self.new_claim(pi, i, &a) {
                 return true;
             }
         }
         false
+    }
+
+    /// True when taking a pod (as `u`) would cost spot capacity: the claim
+    /// can only be on-demand and the pod, which could run on spot, would make
+    /// it dearer; or the pod would pin a claim holding such pods to where
+    /// only on-demand is sold. (Where spot is sold is judged by the pool's
+    /// zones, not the claim's remaining types: a packing preference only.)
+    fn costs_spot(&self, ci: usize, u: &super::claim::Update, spot_capable: bool) -> bool {
+        let c = &self.claims[ci];
+        let grows = u.options.as_ref().is_some_and(|o| o.first() != c.options.first());
+        let pins = u.reqs.is_some() && self.holds_spot_capable[ci];
+        if !(pins || spot_capable && grows) {
+            return false;
+        }
+        let spot_zones = &self.spot_zones[c.pool];
+        let spot_possible = |reqs: &crate::requirements::Requirements| {
+            reqs.get(labels::CAPACITY_TYPE)
+                .is_none_or(|r| r.has(labels::CAPACITY_SPOT))
+                && reqs
+                    .get(labels::ZONE)
+                    .is_none_or(|r| spot_zones.iter().any(|z| r.has(z)))
+        };
+        let pool_allows_spot = spot_possible(&self.m.pools[c.pool].reqs);
+        if !pool_allows_spot {
+            return false;
+        }
+        if !spot_possible(&c.reqs) {
+            return spot_capable && grows;
+        }
+        pins && u.reqs.as_ref().is_some_and(|r| !spot_possible(r))
+    }
+
+    /// The rest of [`Run::place`] in Karpenter's order: claims by fewest pods
+    /// (ties by age), then a new claim.
+    fn place_fewest_pods(&mut self, i: usize, a: &Active) -> bool {
+        let mut order: Vec<usize> = (0..self.claims.len()).collect();
+        order.sort_by_key(|c| self.claims[*c].pods.len());
+        for ci in order {
+            let cx = Ctx {
+                m: self.m,
+                counts: &self.counts,
+                domains: &self.domains,
+            };
+            if let Ok(u) = self.claims[ci].try_add(&cx, i, a) {
+                self.commit_claim(ci, i, a, u);
+                return true;
+            }
+        }
+        (0..self.m.pools.len()).any(|pi| self.new_claim(pi, i, a))
     }
 
     fn fits_existing(&self, e: usize, i: usize, a: &Active) -> bool {
@@ -302,22 +526,14 @@ impl<'m> Run<'m> {
         opts
     }
 
-    fn new_claim(&mut self, pi: usize, i: usize, a: &Active) -> bool {
+    /// The empty claims pod `i` may open in pool `pi`, in the order to try:
+    /// capped to the strategy's size first when that leaves any option.
+    fn empty_claims(&self, pi: usize, i: usize) -> Vec<Claim> {
         let m = self.m;
         let pool = &m.pools[pi];
-        let p = m.pod(i);
-        if !m.new_claims
-            || pool.error.is_some()
-            || tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err()
-        {
-            return false;
-        }
-        if !a.terms.iter().any(|t| pool.reqs.compatible(t, true).is_ok()) {
-            return false;
-        }
         let base = self.base_options(pi, i);
         if base.is_empty() {
-            return false;
+            return Vec::new();
         }
         let mut attempts = Vec::new();
         if let Some(cap) = self.strategy.cap {
@@ -331,9 +547,47 @@ impl<'m> Run<'m> {
             }
         }
         attempts.push(base);
-        for opts in attempts {
-            let host = self.domains.fresh();
-            let claim = Claim::new(m, pi, opts, host);
+        attempts
+            .into_iter()
+            .map(|opts| Claim::new(m, pi, opts, super::topology::DomainId::MAX))
+            .collect()
+    }
+
+    fn new_claim(&mut self, pi: usize, i: usize, a: &Active) -> bool {
+        let m = self.m;
+        let pool = &m.pools[pi];
+        let p = m.pod(i);
+        if !m.new_claims
+            || pool.error.is_some()
+            || tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err()
+        {
+            return false;
+        }
+        if !a.terms.iter().any(|t| pool.reqs.compatible(t, true).is_ok()) {
+            return false;
+        }
+        if pool
+            .node_limit
+            .is_some_and(|l| m.pool_nodes[pi] + self.pool_nodes[pi] >= l)
+        {
+            return false;
+        }
+        // The empty claims a pod of this shape may open depend on nothing
+        // else while the pool has no resource limits: build them once.
+        let key = (pi, m.pods[i].shape);
+        let templates = match self.claim_templates.get(&key) {
+            Some(t) => Rc::clone(t),
+            None => {
+                let t = Rc::new(self.empty_claims(pi, i));
+                if pool.limits.is_empty() {
+                    self.claim_templates.insert(key, Rc::clone(&t));
+                }
+                t
+            }
+        };
+        for template in templates.iter() {
+            let mut claim = template.clone();
+            claim.host = self.domains.fresh();
             let cx = Ctx {
                 m,
                 counts: &self.counts,
@@ -341,6 +595,8 @@ impl<'m> Run<'m> {
             };
             if let Ok(u) = claim.try_add(&cx, i, a) {
                 self.claims.push(claim);
+                self.holds_spot_capable
+                    .push(self.strategy.spot_first && spot_capable(p, a));
                 self.pool_nodes[pi] += 1;
                 let ci = self.claims.len() - 1;
                 dense::add(&mut self.pool_reserved[pi], &self.claims[ci].reserved);
@@ -496,14 +752,33 @@ pub struct Priced {
 /// left (`taken` counts what earlier claims of the plan use of each
 /// reservation), else spot, else on-demand, whichever the requirements allow
 /// first; options sorted by that price.
-fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>) -> Option<Priced> {
+fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>, sorted: bool) -> Option<Priced> {
     let pool = &m.pools[c.pool];
     let room = |o: &Offering| {
         o.reservation
             .as_ref()
             .is_none_or(|r| taken.get(&r.id).copied().unwrap_or(0) < r.available)
     };
-    let offerings = |t: &u32| pool.types[*t as usize].offerings.as_slice();
+    // Without reservations every offering has room, and interned masks
+    // answer the offering checks (the common case, and the hot one).
+    fn cheapest_of<'t>(
+        ty: &'t TypeModel,
+        wanted: &OfferingRequirements,
+        mask: Option<&OfferMask>,
+        room: &dyn Fn(&Offering) -> bool,
+    ) -> Option<&'t Offering> {
+        match mask {
+            Some(mask) => mask.cheapest(ty),
+            None => cheapest_where(&ty.offerings, wanted, room),
+        }
+    }
+    let masked = |wanted: &OfferingRequirements| {
+        if pool.has_reserved {
+            None
+        } else {
+            pool.offer_keys.mask(wanted)
+        }
+    };
     let mut reqs = c.reqs.clone();
     let order: &[&str] = if pool.has_reserved {
         &[
@@ -518,24 +793,44 @@ fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>) -> Option<Pric
         let mut r = c.reqs.clone();
         r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[ct]));
         let wanted = OfferingRequirements::of(&r);
+        let mask = masked(&wanted);
         if c.options
             .iter()
-            .any(|t| cheapest_where(offerings(t), &wanted, room).is_some())
+            .any(|t| cheapest_of(&pool.types[*t as usize], &wanted, mask.as_ref(), &room).is_some())
         {
             reqs = r;
             break;
         }
     }
     let (wanted, any) = (OfferingRequirements::of(&reqs), OfferingRequirements::of(&c.reqs));
+    let (mask, any_mask) = (masked(&wanted), masked(&any));
+    if !sorted {
+        // Only the chosen offering is wanted (a pass's cost): one scan, no list.
+        let mut best: Option<(f64, &str, u32, &Offering)> = None;
+        for t in &c.options {
+            let ty = &pool.types[*t as usize];
+            if let Some(o) = cheapest_of(ty, &wanted, mask.as_ref(), &room)
+                && best.is_none_or(|(p, n, _, _)| (o.price, ty.name.as_str()) < (p, n))
+            {
+                best = Some((o.price, ty.name.as_str(), *t, o));
+            }
+        }
+        if let Some((_, _, t, o)) = best {
+            return Some(Priced {
+                options: vec![t],
+                offering: o.clone(),
+            });
+        }
+    }
     let mut priced: Vec<(f64, &str, u32, Option<&Offering>)> = c
         .options
         .iter()
         .map(|t| {
             let ty = &pool.types[*t as usize];
-            let chosen = cheapest_where(&ty.offerings, &wanted, room);
-            let fallback = cheapest_where(&ty.offerings, &any, room).or_else(|| cheapest(&ty.offerings, &any));
+            let chosen = cheapest_of(ty, &wanted, mask.as_ref(), &room);
+            let fallback = || cheapest_of(ty, &any, any_mask.as_ref(), &room).or_else(|| cheapest(&ty.offerings, &any));
             let p = chosen.map_or(f64::INFINITY, |o| o.price);
-            (p, ty.name.as_str(), *t, chosen.or(fallback))
+            (p, ty.name.as_str(), *t, chosen.or_else(fallback))
         })
         .collect();
     priced.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
@@ -548,12 +843,12 @@ fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>) -> Option<Pric
 
 /// Prices every claim in order; a reservation backs at most as many claims
 /// as it has room for, later claims buy otherwise.
-pub fn price_all(m: &Model<'_>, claims: &[Claim]) -> Vec<Option<Priced>> {
+pub fn price_all(m: &Model<'_>, claims: &[Claim], sorted: bool) -> Vec<Option<Priced>> {
     let mut taken: BTreeMap<String, u32> = BTreeMap::new();
     claims
         .iter()
         .map(|c| {
-            let p = price(m, c, &taken);
+            let p = price(m, c, &taken, sorted);
             if let Some(r) = p.as_ref().and_then(|p| p.offering.reservation.as_ref()) {
                 *taken.entry(r.id.clone()).or_default() += 1;
             }
@@ -599,7 +894,7 @@ impl Assignment {
                 reason: r.clone(),
             })
             .collect();
-        for (c, priced) in self.claims.iter().zip(price_all(m, &self.claims)) {
+        for (c, priced) in self.claims.iter().zip(price_all(m, &self.claims, true)) {
             let pool = &m.pools[c.pool];
             let mut pods: Vec<PodRef> = c.pods.iter().map(|i| m.pods[*i].pod.clone()).collect();
             pods.sort();

@@ -1482,3 +1482,92 @@ fn capped_packing_beats_ffd_when_big_types_cost_more_per_cpu() {
 }
 
 mod properties;
+
+/// Issue 15, item 1: spot only in two zones, so pods spread over three
+/// zones force on-demand nodes in the third. Pods that can run anywhere
+/// must not be packed onto those on-demand nodes while spot is there for
+/// them, whichever order the pods come in.
+#[test]
+fn flexible_pods_stay_off_on_demand_nodes_that_spot_could_replace() {
+    let mut catalog = Catalog {
+        region: "test".into(),
+        // Spot is cheaper per cpu the larger the type, on-demand is flat.
+        instance_types: [(1i64, 0.03), (2, 0.027), (4, 0.024), (8, 0.021), (16, 0.018)]
+            .iter()
+            .map(|(cpu, spot)| {
+                let mut t = fixtures::instance(
+                    &format!("m.{cpu}x"),
+                    "amd64",
+                    *cpu,
+                    4 * cpu,
+                    110,
+                    0.05 * *cpu as f64,
+                    None,
+                );
+                for z in &fixtures::ZONES[..2] {
+                    t.offerings
+                        .push(crate::catalog::Offering::new(z, "spot", spot * *cpu as f64));
+                }
+                t
+            })
+            .collect(),
+    };
+    catalog.instance_types.sort_by(|a, b| a.name.cmp(&b.name));
+    let spot_and_od = pool(
+        "default",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: karpenter.sh/capacity-type, operator: In, values: [spot, on-demand]}]",
+    );
+    let spread = with(
+        app("web"),
+        json!({"spec": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": labels::ZONE, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]}}),
+    );
+    for (web, web_cpu, batch, batch_cpu) in WEB_AND_BATCH {
+        let mut all = pods("web", web, web_cpu, "1Gi", spread.clone());
+        all.extend(pods("batch", batch, batch_cpu, "1Gi", json!({})));
+        let mut case = Case::new(all).pools(vec![spot_and_od.clone()]);
+        case.catalog = catalog.clone();
+        let plan = case.solve();
+        check_free_riders_only(&plan, web_cpu);
+    }
+}
+
+/// Batch pods may share an on-demand node only where they ride free: its
+/// type is the one its web pods alone would need.
+fn check_free_riders_only(plan: &Plan, web_cpu: &str) {
+    assert!(plan.unschedulable.is_empty(), "{plan:#?}");
+    let web_milli = |c: &NewNodeClaim| -> i64 {
+        let per: i64 = crate::quantity::Quantity::parse(web_cpu)
+            .map(|q| q.milli())
+            .unwrap_or_default();
+        per * c.pods.iter().filter(|p| p.name.starts_with("web")).count() as i64
+    };
+    let on_demand: Vec<&NewNodeClaim> = plan
+        .node_claims
+        .iter()
+        .filter(|c| c.capacity_type == "on-demand")
+        .collect();
+    assert!(!on_demand.is_empty());
+    for c in on_demand {
+        let needed = [1i64, 2, 4, 8, 16]
+            .into_iter()
+            .find(|cpu| cpu * 1000 >= web_milli(c))
+            .unwrap_or(16);
+        assert_eq!(
+            c.instance_type,
+            format!("m.{needed}x"),
+            "batch pods grew an on-demand node: {:?}, ${}/h",
+            c.pods,
+            plan.total_price()
+        );
+    }
+}
+
+/// Web pods (zonal spread) and batch pods (anywhere): count and cpu of each
+/// (the first and third went onto on-demand nodes before the fix).
+const WEB_AND_BATCH: [(usize, &str, usize, &str); 5] = [
+    (3, "2", 60, "500m"),
+    (6, "2", 60, "500m"),
+    (3, "4", 100, "500m"),
+    (6, "3", 90, "250m"),
+    (9, "1500m", 200, "250m"),
+];

@@ -44,17 +44,31 @@ pub struct Report {
     pub pending_pods: usize,
     /// Wall time of the solve, in milliseconds.
     pub solve_millis: f64,
+    /// The least any plan placing the same pods could pay per hour
+    /// ([`crate::scheduling::Compiled::lower_bound`]).
+    pub lower_bound: f64,
+}
+
+impl Report {
+    /// The plan's price over its lower bound (1 is optimal); `None` when
+    /// the bound is 0 (everything fits on existing capacity).
+    pub fn cost_to_bound(&self) -> Option<f64> {
+        (self.lower_bound > 0.0).then(|| self.plan.total_price() / self.lower_bound)
+    }
 }
 
 /// Plans the snapshot's pending pods with the provisioning solver.
 pub fn simulate(s: &Snapshot) -> Report {
     let start = Instant::now();
-    let plan = s.compile().solve(&SolveOptions::default());
+    let compiled = s.compile();
+    let plan = compiled.solve(&SolveOptions::default());
     let solve_millis = start.elapsed().as_secs_f64() * 1000.0;
+    let lower_bound = compiled.lower_bound(&plan);
     Report {
         plan,
         pending_pods: s.pods.len(),
         solve_millis,
+        lower_bound,
     }
 }
 

@@ -47,7 +47,12 @@ pub fn to_json(r: &Report) -> Value {
         "existingNodes": existing,
         "unschedulable": unschedulable,
         "totalPricePerHour": money(r.plan.total_price()),
-        "stats": {"pendingPods": r.pending_pods, "solveMillis": (r.solve_millis * 100.0).round() / 100.0},
+        "stats": {
+            "pendingPods": r.pending_pods,
+            "solveMillis": (r.solve_millis * 100.0).round() / 100.0,
+            "lowerBoundPerHour": money(r.lower_bound),
+            "costToBound": r.cost_to_bound().map(|x| (x * 1e4).round() / 1e4),
+        },
     })
 }
 
@@ -98,9 +103,12 @@ pub fn to_table(r: &Report) -> String {
     let placed: usize = r.plan.node_claims.iter().map(|c| c.pods.len()).sum::<usize>()
         + r.plan.existing.iter().map(|e| e.pods.len()).sum::<usize>();
     out.push_str(&format!(
-        "{} new node(s), ${:.4}/hour; {} pending pod(s): {} placed, {} unschedulable; solved in {:.2} ms\n",
+        "{} new node(s), ${:.4}/hour{}; {} pending pod(s): {} placed, {} unschedulable; solved in {:.2} ms\n",
         r.plan.node_claims.len(),
         money(r.plan.total_price()),
+        r.cost_to_bound()
+            .map(|x| format!(" ({x:.3}× the lower bound)"))
+            .unwrap_or_default(),
         r.pending_pods,
         placed,
         r.plan.unschedulable.len(),
