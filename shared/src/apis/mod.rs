@@ -60,6 +60,22 @@ impl Taint {
         }
     }
 
+    /// A Node's taint in this form (`None` for an unknown effect).
+    pub fn from_k8s(t: &k8s_openapi::api::core::v1::Taint) -> Option<Taint> {
+        let effect = match t.effect.as_str() {
+            "NoSchedule" => TaintEffect::NoSchedule,
+            "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+            "NoExecute" => TaintEffect::NoExecute,
+            _ => return None,
+        };
+        Some(Taint {
+            key: t.key.clone(),
+            value: t.value.clone(),
+            effect,
+            time_added: None,
+        })
+    }
+
     fn validate(&self, errs: &mut Errors, p: &Path) {
         if self.key.is_empty() {
             errs.push(p.field("key"), "is required");

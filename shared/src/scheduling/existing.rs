@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::dense::{ResourceTable, Vector};
-use super::pod::{HostPort, quantity, taint_from_k8s, tolerates_all};
+use super::pod::{HostPort, quantity, tolerates_all};
 use super::topology::NodeFilter;
 use super::{ExistingNode, TargetKind};
 use crate::apis::{Taint, labels};
@@ -66,7 +66,7 @@ impl Existing {
             .and_then(|s| s.taints.as_ref())
             .into_iter()
             .flatten()
-            .filter_map(taint_from_k8s)
+            .filter_map(crate::apis::Taint::from_k8s)
             .collect();
         let status = n.node.status.as_ref();
         let alloc = resources_of(status.and_then(|s| s.allocatable.as_ref()));

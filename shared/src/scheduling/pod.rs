@@ -648,19 +648,3 @@ impl PodModel {
         })
     }
 }
-
-/// Converts a Kubernetes taint.
-pub fn taint_from_k8s(t: &k8s_openapi::api::core::v1::Taint) -> Option<Taint> {
-    let effect = match t.effect.as_str() {
-        "NoSchedule" => TaintEffect::NoSchedule,
-        "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
-        "NoExecute" => TaintEffect::NoExecute,
-        _ => return None,
-    };
-    Some(Taint {
-        key: t.key.clone(),
-        value: t.value.clone(),
-        effect,
-        time_added: None,
-    })
-}

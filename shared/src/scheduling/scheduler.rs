@@ -217,7 +217,7 @@ impl<'m> Run<'m> {
     pub fn schedule(mut self) -> Assignment {
         let n = self.m.pods.len();
         let mut placed = 0usize;
-        let queue = if self.strategy.balanced {
+        let mut queue = if self.strategy.balanced {
             // One balanced pass; what fails is retried as usual after it.
             let mut failed = VecDeque::new();
             let mut picker = Picker::new(self.m);
@@ -232,7 +232,6 @@ impl<'m> Run<'m> {
         } else {
             (0..n).map(|i| (i, Relaxation::default())).collect()
         };
-        let mut queue = queue;
         let mut last_fail: Vec<Option<usize>> = vec![None; n];
         let mut unschedulable = Vec::new();
         while let Some((i, mut rel)) = queue.pop_front() {

@@ -15,7 +15,7 @@ use crate::apis::manifest::{Document, ManifestError, Object, Warning};
 use crate::catalog::Catalog;
 use crate::scheduling::ExistingNode;
 use crate::scheduling::daemonset::daemon_pod;
-use crate::scheduling::pod::{PodModel, taint_from_k8s, tolerates_all};
+use crate::scheduling::pod::{PodModel, tolerates_all};
 
 fn pods_from_template(meta: &ObjectMeta, template: &PodTemplateSpec, count: i32) -> Vec<Pod> {
     let name = meta.name.clone().unwrap_or_default();
@@ -231,7 +231,7 @@ impl Snapshot {
                     .and_then(|s| s.taints.as_ref())
                     .into_iter()
                     .flatten()
-                    .filter_map(taint_from_k8s)
+                    .filter_map(crate::apis::Taint::from_k8s)
                     .collect();
                 let runs = n.pods.iter().any(|p| {
                     p.metadata

@@ -130,28 +130,8 @@ fn existing_node(n: &nodesmith::scheduling::ExistingNode) -> PlannedNode {
 }
 
 fn node_taints(n: &nodesmith::scheduling::ExistingNode) -> Vec<Taint> {
-    n.node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .map(|ts| {
-            ts.iter()
-                .filter_map(|t| {
-                    let effect = match t.effect.as_str() {
-                        "NoSchedule" => TaintEffect::NoSchedule,
-                        "NoExecute" => TaintEffect::NoExecute,
-                        _ => return None,
-                    };
-                    Some(Taint {
-                        key: t.key.clone(),
-                        value: t.value.clone(),
-                        effect,
-                        time_added: None,
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    let taints = n.node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    taints.into_iter().flatten().filter_map(Taint::from_k8s).collect()
 }
 
 // ---------------------------------------------------------------------------
