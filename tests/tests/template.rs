@@ -188,7 +188,7 @@ fn only_the_interruption_rules_may_send_to_the_queue() {
         .collect();
     rules.sort();
     assert_eq!(rules.len(), 5, "{rules:?}");
-    for s in statements {
+    for s in statements.iter().filter(|s| s["Effect"].as_str() == Some("Allow")) {
         assert_eq!(strings(&s["Principal"]), ["Service", "events.amazonaws.com"]);
         let mut allowed = strings(&s["Condition"]["ArnEquals"]["aws:SourceArn"]);
         allowed.sort();
@@ -282,5 +282,99 @@ fn the_sweep_may_resolve_node_classes_for_drift() {
             policies.iter().any(|p| p == action),
             "the sweep cannot resolve EC2NodeClasses without {action}: {policies:?}"
         );
+    }
+}
+
+/// The resources of one type, by name.
+fn resources_of<'a>(t: &'a Value, kind: &str) -> Vec<(String, &'a Value)> {
+    t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some(kind))
+        .map(|(k, r)| (k.as_str().unwrap().to_string(), r))
+        .collect()
+}
+
+/// The target of a `!Ref` or `!GetAtt`, if `v` is one.
+fn reference(v: &Value) -> Option<String> {
+    match v {
+        Value::Tagged(t) if t.tag == "Ref" || t.tag == "GetAtt" => t.value.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_queue_is_encrypted_refuses_plain_http_and_dead_letters() {
+    let t = template();
+    let queues = resources_of(&t, "AWS::SQS::Queue");
+    assert_eq!(queues.len(), 6);
+    let dead_letter_targets: Vec<String> = queues
+        .iter()
+        .filter_map(|(_, q)| reference(&q["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]))
+        .collect();
+    // Queues under a policy that denies every request without TLS.
+    let tls_only: Vec<String> = resources_of(&t, "AWS::SQS::QueuePolicy")
+        .into_iter()
+        .filter(|(_, p)| {
+            p["Properties"]["PolicyDocument"]["Statement"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|s| {
+                    s["Effect"].as_str() == Some("Deny")
+                        && s["Principal"].as_str() == Some("*")
+                        && s["Condition"]["Bool"]["aws:SecureTransport"].as_str() == Some("false")
+                })
+        })
+        .flat_map(|(_, p)| p["Properties"]["Queues"].as_sequence().unwrap().iter().filter_map(reference))
+        .collect();
+    for (name, q) in &queues {
+        let p = &q["Properties"];
+        assert_eq!(p["SqsManagedSseEnabled"].as_bool(), Some(true), "{name} is not encrypted");
+        assert!(tls_only.contains(name), "{name} accepts requests without TLS");
+        let is_dead_letter_queue = dead_letter_targets.contains(&format!("{name}.Arn"));
+        let has_one = reference(&p["RedrivePolicy"]["deadLetterTargetArn"]).is_some();
+        assert!(
+            is_dead_letter_queue != has_one,
+            "{name}: every queue has a dead-letter queue or is one"
+        );
+    }
+}
+
+#[test]
+fn every_function_logs_json_to_a_group_with_retention() {
+    let t = template();
+    let functions = resources_of(&t, "AWS::Serverless::Function");
+    assert_eq!(functions.len(), 4);
+    for (name, f) in functions {
+        let logging = &f["Properties"]["LoggingConfig"];
+        assert_eq!(logging["LogFormat"].as_str(), Some("JSON"), "{name}");
+        let group = reference(&logging["LogGroup"]).unwrap_or_else(|| panic!("{name} has no log group"));
+        let g = resource(&t, &group);
+        assert_eq!(g["Type"].as_str(), Some("AWS::Logs::LogGroup"));
+        assert!(
+            !g["Properties"]["RetentionInDays"].is_null(),
+            "{group} keeps logs forever"
+        );
+    }
+}
+
+#[test]
+fn sqs_batches_above_ten_wait_at_least_a_second() {
+    // SQS refuses an event source mapping with BatchSize > 10 and no window.
+    let t = template();
+    for (name, f) in resources_of(&t, "AWS::Serverless::Function") {
+        for (_, e) in f["Properties"]["Events"].as_mapping().unwrap() {
+            if e["Type"].as_str() != Some("SQS") || int(&e["Properties"]["BatchSize"]) <= 10 {
+                continue;
+            }
+            let window = &e["Properties"]["MaximumBatchingWindowInSeconds"];
+            let least = match reference(window) {
+                Some(param) => int(&t["Parameters"][param.as_str()]["MinValue"]),
+                None => int(window),
+            };
+            assert!(least >= 1, "{name}: batch window may be {least} s");
+        }
     }
 }
