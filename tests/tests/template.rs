@@ -327,11 +327,21 @@ fn every_queue_is_encrypted_refuses_plain_http_and_dead_letters() {
                         && s["Condition"]["Bool"]["aws:SecureTransport"].as_str() == Some("false")
                 })
         })
-        .flat_map(|(_, p)| p["Properties"]["Queues"].as_sequence().unwrap().iter().filter_map(reference))
+        .flat_map(|(_, p)| {
+            p["Properties"]["Queues"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .filter_map(reference)
+        })
         .collect();
     for (name, q) in &queues {
         let p = &q["Properties"];
-        assert_eq!(p["SqsManagedSseEnabled"].as_bool(), Some(true), "{name} is not encrypted");
+        assert_eq!(
+            p["SqsManagedSseEnabled"].as_bool(),
+            Some(true),
+            "{name} is not encrypted"
+        );
         assert!(tls_only.contains(name), "{name} accepts requests without TLS");
         let is_dead_letter_queue = dead_letter_targets.contains(&format!("{name}.Arn"));
         let has_one = reference(&p["RedrivePolicy"]["deadLetterTargetArn"]).is_some();
@@ -376,5 +386,125 @@ fn sqs_batches_above_ten_wait_at_least_a_second() {
             };
             assert!(least >= 1, "{name}: batch window may be {least} s");
         }
+    }
+}
+
+/// The IAM actions of the AWS calls in `shared/src` (EC2, EKS, SSM, IAM):
+/// every `.operation()` called on a client (`ec2`, `eks`, `ssm`, `iam`,
+/// `client`) in a file that uses one of those SDKs, with its service told by
+/// the operation's name.
+fn actions_the_code_calls() -> Vec<(String, String)> {
+    fn files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    let verbs = [
+        "describe_",
+        "create_",
+        "delete_",
+        "terminate_",
+        "run_",
+        "list_",
+        "add_",
+        "remove_",
+        "tag_",
+        "get_parameter",
+        "get_instance_profile",
+    ];
+    let mut out = Vec::new();
+    for f in all {
+        let text = std::fs::read_to_string(&f).unwrap();
+        if !["aws_sdk_ec2", "aws_sdk_eks", "aws_sdk_ssm", "aws_sdk_iam"]
+            .iter()
+            .any(|c| text.contains(c))
+        {
+            continue;
+        }
+        let b = text.as_bytes();
+        for (i, _) in text.match_indices('.') {
+            let mut j = i + 1;
+            while j < b.len() && b[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            let start = j;
+            while j < b.len() && (b[j].is_ascii_lowercase() || b[j] == b'_') {
+                j += 1;
+            }
+            let op = &text[start..j];
+            if !text[j..].starts_with("()") || !verbs.iter().any(|v| op.starts_with(v)) {
+                continue;
+            }
+            // An SDK operation is called on a client; getters and
+            // nodesmith's own methods are called on other things.
+            let before = text[..i].trim_end();
+            let receiver: String = before
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if !["ec2", "eks", "ssm", "iam", "client"].contains(&receiver.as_str()) {
+                continue;
+            }
+            let service = if op == "describe_cluster" {
+                "eks"
+            } else if op.starts_with("get_parameter") {
+                "ssm"
+            } else if op.contains("instance_profile") {
+                "iam"
+            } else {
+                "ec2"
+            };
+            let pascal: String = op
+                .split('_')
+                .map(|w| {
+                    let mut c = w.chars();
+                    c.next()
+                        .map(|h| h.to_ascii_uppercase().to_string() + c.as_str())
+                        .unwrap_or_default()
+                })
+                .collect();
+            let file = f.strip_prefix(&root).unwrap().display().to_string();
+            out.push((format!("{service}:{pascal}"), file));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn every_aws_call_the_code_makes_is_allowed_to_some_function() {
+    let t = template();
+    let granted: Vec<String> = resources_of(&t, "AWS::Serverless::Function")
+        .into_iter()
+        .flat_map(|(_, f)| strings(&f["Properties"]["Policies"]))
+        .collect();
+    let calls = actions_the_code_calls();
+    // The scan must find the calls it exists for.
+    for known in [
+        "ec2:CreateFleet",
+        "ec2:DescribeInstanceTypes",
+        "eks:DescribeCluster",
+        "iam:CreateInstanceProfile",
+    ] {
+        assert!(calls.iter().any(|(a, _)| a == known), "scan missed {known}: {calls:?}");
+    }
+    for (action, file) in calls {
+        assert!(
+            granted.contains(&action),
+            "{file} calls {action}, which no function may"
+        );
     }
 }
