@@ -508,3 +508,124 @@ fn every_aws_call_the_code_makes_is_allowed_to_some_function() {
         );
     }
 }
+
+/// Every IAM policy statement of a function, with the function's name.
+fn statements(t: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for (name, f) in resources_of(t, "AWS::Serverless::Function") {
+        for p in f["Properties"]["Policies"].as_sequence().unwrap() {
+            for s in p["Statement"].as_sequence().into_iter().flatten() {
+                out.push((name.clone(), s.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn launch_passes_only_the_node_roles_the_stack_knows_and_only_to_ec2() {
+    let t = template();
+    let pass: Vec<(String, Value)> = statements(&t)
+        .into_iter()
+        .filter(|(_, s)| strings(&s["Action"]).contains(&"iam:PassRole".to_string()))
+        .collect();
+    assert_eq!(pass.len(), 1, "{pass:?}");
+    let (name, s) = &pass[0];
+    assert_eq!(name, "LaunchFunction");
+    let resources = strings(&s["Resource"]);
+    assert!(
+        !resources.contains(&"*".to_string()),
+        "PassRole on any role: {resources:?}"
+    );
+    assert!(resources.contains(&"NodeRole.Arn".to_string()), "{resources:?}");
+    assert_eq!(
+        s["Condition"]["StringEquals"]["iam:PassedToService"].as_str(),
+        Some("ec2.amazonaws.com")
+    );
+    // The node role is an EKS worker's and joins through an EC2_LINUX access entry.
+    let policies = strings(&resource(&t, "NodeRole")["Properties"]["ManagedPolicyArns"]).join(" ");
+    for p in [
+        "AmazonEKSWorkerNodePolicy",
+        "AmazonEKS_CNI_Policy",
+        "AmazonEC2ContainerRegistryReadOnly",
+        "AmazonSSMManagedInstanceCore",
+    ] {
+        assert!(policies.contains(p), "node role lacks {p}");
+    }
+    let entries = resources_of(&t, "AWS::EKS::AccessEntry");
+    assert!(entries.iter().any(|(_, e)| {
+        reference(&e["Properties"]["PrincipalArn"]).as_deref() == Some("NodeRole.Arn")
+            && e["Properties"]["Type"].as_str() == Some("EC2_LINUX")
+    }));
+}
+
+#[test]
+fn every_function_role_enters_the_cluster_as_the_group_the_rbac_binds_and_nothing_more() {
+    let t = template();
+    let rbac = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../infra/k8s/lambda-rbac.yaml"))
+        .unwrap();
+    let binding = serde_yaml_ng::Deserializer::from_str(&rbac)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"].as_str() == Some("ClusterRoleBinding"))
+        .expect("lambda-rbac.yaml binds its ClusterRole");
+    let group = binding["subjects"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"].as_str() == Some("Group"))
+        .and_then(|s| s["name"].as_str())
+        .expect("the binding names a group")
+        .to_string();
+    let entries = resources_of(&t, "AWS::EKS::AccessEntry");
+    for (name, _) in resources_of(&t, "AWS::Serverless::Function") {
+        let role = format!("{name}Role.Arn");
+        let entry = entries
+            .iter()
+            .find(|(_, e)| reference(&e["Properties"]["PrincipalArn"]).as_deref() == Some(role.as_str()))
+            .unwrap_or_else(|| panic!("{name} has no access entry"));
+        let p = &entry.1["Properties"];
+        assert_eq!(p["Type"].as_str(), Some("STANDARD"));
+        assert_eq!(strings(&p["KubernetesGroups"]), [group.clone()], "{name}");
+    }
+    for (name, e) in entries {
+        let p = &e["Properties"];
+        assert!(
+            p["AccessPolicies"].is_null(),
+            "{name} gets an access policy beyond the RBAC"
+        );
+        assert!(
+            !strings(&p["KubernetesGroups"]).iter().any(|g| g.starts_with("system:")),
+            "{name} maps to a system group"
+        );
+    }
+}
+
+#[test]
+fn terminate_and_delete_touch_only_what_nodesmith_tagged_for_this_cluster() {
+    let t = template();
+    let key = format!("aws:ResourceTag/{}", nodesmith::ec2::instances::CLUSTER_NAME_TAG);
+    let mut who = Vec::new();
+    for (name, s) in statements(&t) {
+        let actions = strings(&s["Action"]);
+        if !actions
+            .iter()
+            .any(|a| a == "ec2:TerminateInstances" || a == "ec2:DeleteLaunchTemplate")
+        {
+            continue;
+        }
+        let scoped = reference(&s["Condition"]["StringEquals"][key.as_str()]);
+        assert_eq!(scoped.as_deref(), Some("ClusterName"), "{name}: {actions:?} unscoped");
+        who.extend(actions.into_iter().map(|a| (name.clone(), a)));
+    }
+    // The sweep collects and disrupts; launch ends a claim's second launches.
+    for want in [
+        ("SweepFunction", "ec2:TerminateInstances"),
+        ("SweepFunction", "ec2:DeleteLaunchTemplate"),
+        ("LaunchFunction", "ec2:TerminateInstances"),
+    ] {
+        assert!(
+            who.iter().any(|(n, a)| n == want.0 && a == want.1),
+            "{want:?} missing: {who:?}"
+        );
+    }
+}
