@@ -585,7 +585,7 @@ fn every_function_role_enters_the_cluster_as_the_group_the_rbac_binds_and_nothin
             .unwrap_or_else(|| panic!("{name} has no access entry"));
         let p = &entry.1["Properties"];
         assert_eq!(p["Type"].as_str(), Some("STANDARD"));
-        assert_eq!(strings(&p["KubernetesGroups"]), [group.clone()], "{name}");
+        assert_eq!(strings(&p["KubernetesGroups"]), std::slice::from_ref(&group), "{name}");
     }
     for (name, e) in entries {
         let p = &e["Properties"];
