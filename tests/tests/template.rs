@@ -629,3 +629,74 @@ fn terminate_and_delete_touch_only_what_nodesmith_tagged_for_this_cluster() {
         );
     }
 }
+
+#[test]
+fn each_queue_has_one_policy_and_only_the_three_askers_may_send_launches() {
+    let t = template();
+    let mut seen: Vec<String> = Vec::new();
+    for (name, p) in resources_of(&t, "AWS::SQS::QueuePolicy") {
+        for q in p["Properties"]["Queues"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(reference)
+        {
+            // A later policy on the same queue would replace the earlier one.
+            assert!(!seen.contains(&q), "{q} is under two policies ({name})");
+            seen.push(q);
+        }
+    }
+    let statements = resource(&t, "LaunchQueuePolicy")["Properties"]["PolicyDocument"]["Statement"]
+        .as_sequence()
+        .unwrap()
+        .clone();
+    let deny = statements
+        .iter()
+        .find(|s| s["Effect"].as_str() == Some("Deny") && s["Action"].as_str() == Some("sqs:SendMessage"))
+        .expect("the launch queue denies other senders");
+    let mut allowed: Vec<String> = deny["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(reference)
+        .collect();
+    allowed.sort();
+    // Exactly the functions whose policies may send to the launch queue.
+    let mut senders: Vec<String> = resources_of(&t, "AWS::Serverless::Function")
+        .into_iter()
+        .filter(|(_, f)| strings(&f["Properties"]["Policies"]).contains(&"LaunchQueue.QueueName".to_string()))
+        .map(|(n, _)| format!("{n}Role.Arn"))
+        .collect();
+    senders.sort();
+    assert_eq!(allowed, senders);
+    assert_eq!(senders.len(), 3);
+}
+
+#[test]
+fn the_forwarder_may_only_send_pending_pods_through_its_service_account() {
+    let t = template();
+    let manifest =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../infra/k8s/forwarder.yaml")).unwrap();
+    let sa = serde_yaml_ng::Deserializer::from_str(&manifest)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"].as_str() == Some("ServiceAccount"))
+        .expect("forwarder.yaml has a service account");
+    let assoc = &resource(&t, "ForwarderPodIdentity")["Properties"];
+    assert_eq!(assoc["ServiceAccount"], sa["metadata"]["name"]);
+    assert_eq!(assoc["Namespace"], sa["metadata"]["namespace"]);
+    assert_eq!(reference(&assoc["RoleArn"]).as_deref(), Some("ForwarderRole.Arn"));
+    let role = &resource(&t, "ForwarderRole")["Properties"];
+    assert!(strings(&role["AssumeRolePolicyDocument"]).contains(&"pods.eks.amazonaws.com".to_string()));
+    let grants: Vec<&Value> = role["Policies"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["PolicyDocument"]["Statement"].as_sequence().unwrap().iter())
+        .collect();
+    assert_eq!(grants.len(), 1);
+    assert_eq!(grants[0]["Action"].as_str(), Some("sqs:SendMessage"));
+    assert_eq!(
+        reference(&grants[0]["Resource"]).as_deref(),
+        Some("PendingPodsQueue.Arn")
+    );
+}
