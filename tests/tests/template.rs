@@ -117,13 +117,9 @@ fn int(v: &Value) -> i64 {
 
 /// The rules that feed the interruption queue, by resource name.
 fn interruption_rules(t: &Value) -> Vec<(String, &Value)> {
-    t["Resources"]
-        .as_mapping()
-        .unwrap()
-        .iter()
-        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Events::Rule"))
+    resources_of(t, "AWS::Events::Rule")
+        .into_iter()
         .filter(|(_, r)| strings(&r["Properties"]["Targets"]).contains(&"InterruptionQueue.Arn".to_string()))
-        .map(|(k, r)| (k.as_str().unwrap().to_string(), r))
         .collect()
 }
 

@@ -164,6 +164,8 @@ pub struct Pool {
     pub error: Option<String>,
     /// Its offerings' zones and capacity types, interned.
     pub offer_keys: OfferKeys,
+    /// The zones where some type of it is sold as spot.
+    pub spot_zones: BTreeSet<String>,
 }
 
 /// Pending pods grouped by shape: pods with identical constraints (replicas
@@ -509,6 +511,12 @@ impl Compiled {
                     })
                     .collect();
             }
+            let spot_zones = types
+                .iter()
+                .flat_map(|t| t.offerings.iter())
+                .filter(|o| o.capacity_type == labels::CAPACITY_SPOT)
+                .map(|o| o.zone.clone())
+                .collect();
             // Ports of every daemon that may land on the pool's nodes (even one limited to
             // some of its types: a pod refused a port waits, a pod planned onto a taken one never runs).
             let daemon_ports: Vec<HostPort> = overhead_daemons
@@ -544,6 +552,7 @@ impl Compiled {
                 node_limit,
                 error,
                 offer_keys,
+                spot_zones,
             });
         }
 

@@ -152,8 +152,6 @@ pub struct Run<'m> {
     claims: Vec<Claim>,
     /// Per claim, whether it holds a pod that could run on spot.
     holds_spot_capable: Vec<bool>,
-    /// Per pool, the zones where some type of it is sold as spot.
-    spot_zones: Vec<BTreeSet<String>>,
     /// Per pod class, the claims `spot_first` turned it away from for good.
     refused: HashMap<u32, Vec<bool>>,
     /// Per pool and pod shape, the empty claims a pod may open ([`Run::empty_claims`]).
@@ -189,22 +187,6 @@ impl<'m> Run<'m> {
             ex_pods: vec![Vec::new(); m.existing.len()],
             claims: Vec::new(),
             holds_spot_capable: Vec::new(),
-            spot_zones: if strategy.spot_first {
-                m.pools
-                    .iter()
-                    .map(|p| {
-                        let wanted = OfferingRequirements::of(&p.reqs);
-                        p.types
-                            .iter()
-                            .flat_map(|t| t.offerings.iter())
-                            .filter(|o| o.available && o.capacity_type == labels::CAPACITY_SPOT && wanted.allow(o))
-                            .map(|o| o.zone.clone())
-                            .collect()
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            },
             refused: HashMap::new(),
             claim_templates: HashMap::new(),
             pool_reserved: vec![m.res.zero(); m.pools.len()],
@@ -359,7 +341,7 @@ impl<'m> Run<'m> {
         if !(pins || spot_capable && grows) {
             return false;
         }
-        let spot_zones = &self.spot_zones[c.pool];
+        let spot_zones = &self.m.pools[c.pool].spot_zones;
         let spot_possible = |reqs: &crate::requirements::Requirements| {
             reqs.get(labels::CAPACITY_TYPE)
                 .is_none_or(|r| r.has(labels::CAPACITY_SPOT))
