@@ -107,6 +107,25 @@ async fn al2023_launch_creates_a_tagged_instance_from_a_hashed_template() {
     ] {
         assert_eq!(tags.get(k).map(String::as_str), Some(v), "tag {k} in {tags:?}");
     }
+    // The fleet request carries the cluster's and the pool's tags too: the
+    // stack's IAM policy lets launch create a fleet only so tagged.
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let fleets = ec2.describe_fleets().send().await.unwrap();
+    assert!(!fleets.fleets().is_empty());
+    for f in fleets.fleets() {
+        let ft: BTreeMap<String, String> = f
+            .tags()
+            .iter()
+            .map(|t| (t.key().unwrap_or("").to_string(), t.value().unwrap_or("").to_string()))
+            .collect();
+        for k in [
+            "kubernetes.io/cluster/demo",
+            "eks:eks-cluster-name",
+            "karpenter.sh/nodepool",
+        ] {
+            assert_eq!(ft.get(k), tags.get(k), "fleet tag {k} in {ft:?}");
+        }
+    }
 
     let lts = template_user_data(&m).await;
     // One template per capacity type the claim allows: the node's capacity-type label differs.

@@ -2,6 +2,7 @@
 //! workspace binary, the state table has the keys, index and TTL the state
 //! store uses, and each function gets the environment its code reads.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_yaml_ng::Value;
@@ -90,11 +91,10 @@ fn functions_get_the_environment_their_code_reads() {
         assert!(globals.contains(&var.to_string()), "{var} is not set for the functions");
     }
     // Whoever asks for solves may send to the pending-pods queue.
-    for f in ["LaunchFunction", "SweepFunction"] {
-        let policies = strings(&resource(&t, f)["Properties"]["Policies"]);
+    for f in ["LaunchFunction", "SweepFunction", "InterruptFunction"] {
         assert!(
-            policies.iter().any(|p| p == "PendingPodsQueue.QueueName"),
-            "{f} cannot send to the pending-pods queue: {policies:?}"
+            may_send(&t, f, "PendingPodsQueue"),
+            "{f} cannot send to the pending-pods queue"
         );
     }
     let provision = strings(&resource(&t, "ProvisionFunction")["Properties"]["Environment"]);
@@ -190,95 +190,9 @@ fn only_the_interruption_rules_may_send_to_the_queue() {
         allowed.sort();
         assert_eq!(allowed, rules);
     }
-    // interrupt asks provision for solves and reads its rebalance mode.
+    // interrupt reads its rebalance mode.
     let f = &resource(&t, "InterruptFunction")["Properties"];
-    assert!(strings(&f["Policies"]).contains(&"PendingPodsQueue.QueueName".to_string()));
     assert!(strings(&f["Environment"]).contains(&"NODESMITH_REBALANCE".to_string()));
-}
-
-#[test]
-fn instance_profiles_are_managed_under_the_nodesmith_path_and_tag_only() {
-    let t = template();
-    let statements = |f: &str| -> Vec<Value> {
-        resource(&t, f)["Properties"]["Policies"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p.get("Statement"))
-            .flat_map(|s| s.as_sequence().cloned().unwrap_or_default())
-            .collect()
-    };
-    let allowing = |f: &str, action: &str| -> Vec<Value> {
-        statements(f)
-            .into_iter()
-            .filter(|s| strings(&s["Action"]).iter().any(|a| a == action))
-            .collect()
-    };
-    let path = nodesmith::launch::profile::PROFILE_PATH.trim_matches('/');
-    for (f, action, tagged) in [
-        (
-            "LaunchFunction",
-            "iam:CreateInstanceProfile",
-            "aws:RequestTag/eks:eks-cluster-name",
-        ),
-        (
-            "LaunchFunction",
-            "iam:AddRoleToInstanceProfile",
-            "aws:ResourceTag/eks:eks-cluster-name",
-        ),
-        ("LaunchFunction", "iam:GetInstanceProfile", ""),
-        ("SweepFunction", "iam:ListInstanceProfiles", ""),
-        ("SweepFunction", "iam:GetInstanceProfile", ""),
-        (
-            "SweepFunction",
-            "iam:RemoveRoleFromInstanceProfile",
-            "aws:ResourceTag/eks:eks-cluster-name",
-        ),
-        (
-            "SweepFunction",
-            "iam:DeleteInstanceProfile",
-            "aws:ResourceTag/eks:eks-cluster-name",
-        ),
-    ] {
-        let found = allowing(f, action);
-        assert_eq!(found.len(), 1, "{f} is allowed {action} once: {found:?}");
-        let resource = strings(&found[0]["Resource"]).join(" ");
-        assert!(
-            resource.contains(":instance-profile/"),
-            "{f} {action} on instance profiles only: {resource}"
-        );
-        if action != "iam:GetInstanceProfile" || f == "SweepFunction" {
-            assert!(
-                resource.contains(&format!("instance-profile/{path}/")),
-                "{f} {action} under the nodesmith path: {resource}"
-            );
-        }
-        if !tagged.is_empty() {
-            let condition = strings(&found[0]["Condition"]);
-            assert!(
-                condition.iter().any(|c| c == tagged) && condition.iter().any(|c| c == "ClusterName"),
-                "{f} {action} needs {tagged}=<cluster>: {condition:?}"
-            );
-        }
-    }
-}
-
-#[test]
-fn the_sweep_may_resolve_node_classes_for_drift() {
-    let t = template();
-    let policies = strings(&resource(&t, "SweepFunction")["Properties"]["Policies"]);
-    for action in [
-        "eks:DescribeCluster",
-        "ssm:GetParameter",
-        "ec2:DescribeImages",
-        "ec2:DescribeSubnets",
-        "ec2:DescribeSecurityGroups",
-    ] {
-        assert!(
-            policies.iter().any(|p| p == action),
-            "the sweep cannot resolve EC2NodeClasses without {action}: {policies:?}"
-        );
-    }
 }
 
 /// The resources of one type, by name.
@@ -415,14 +329,33 @@ fn actions_the_code_calls() -> Vec<(String, String)> {
         "tag_",
         "get_parameter",
         "get_instance_profile",
+        "put_item",
+        "get_item",
+        "update_item",
+        "query",
+        "batch_write_item",
+        "transact_write_items",
+        "scan",
+        "send_message",
+    ];
+    const DYNAMODB: &[&str] = &[
+        "put_item",
+        "get_item",
+        "update_item",
+        "delete_item",
+        "query",
+        "batch_write_item",
+        "transact_write_items",
+        "scan",
+        "create_table",
     ];
     let mut out = Vec::new();
     for f in all {
         let text = std::fs::read_to_string(&f).unwrap();
-        if !["aws_sdk_ec2", "aws_sdk_eks", "aws_sdk_ssm", "aws_sdk_iam"]
-            .iter()
-            .any(|c| text.contains(c))
-        {
+        // The state store's files call DynamoDB through `self.client`
+        // without naming the SDK.
+        let in_state = f.strip_prefix(&root).unwrap().starts_with("state");
+        if !in_state && !text.contains("aws_sdk_") {
             continue;
         }
         let b = text.as_bytes();
@@ -450,10 +383,16 @@ fn actions_the_code_calls() -> Vec<(String, String)> {
                 .into_iter()
                 .rev()
                 .collect();
-            if !["ec2", "eks", "ssm", "iam", "client"].contains(&receiver.as_str()) {
+            if !["ec2", "eks", "ssm", "iam", "client", "sqs"].contains(&receiver.as_str()) {
                 continue;
             }
-            let service = if op == "describe_cluster" {
+            // SendMessageBatch is authorized as SendMessage.
+            let op = if op == "send_message_batch" { "send_message" } else { op };
+            let service = if DYNAMODB.contains(&op) {
+                "dynamodb"
+            } else if op == "send_message" {
+                "sqs"
+            } else if op == "describe_cluster" {
                 "eks"
             } else if op.starts_with("get_parameter") {
                 "ssm"
@@ -480,64 +419,29 @@ fn actions_the_code_calls() -> Vec<(String, String)> {
     out
 }
 
-#[test]
-fn every_aws_call_the_code_makes_is_allowed_to_some_function() {
-    let t = template();
-    let granted: Vec<String> = resources_of(&t, "AWS::Serverless::Function")
-        .into_iter()
-        .flat_map(|(_, f)| strings(&f["Properties"]["Policies"]))
-        .collect();
-    let calls = actions_the_code_calls();
-    // The scan must find the calls it exists for.
-    for known in [
-        "ec2:CreateFleet",
-        "ec2:DescribeInstanceTypes",
-        "eks:DescribeCluster",
-        "iam:CreateInstanceProfile",
-    ] {
-        assert!(calls.iter().any(|(a, _)| a == known), "scan missed {known}: {calls:?}");
-    }
-    for (action, file) in calls {
-        assert!(
-            granted.contains(&action),
-            "{file} calls {action}, which no function may"
-        );
-    }
-}
-
-/// Every IAM policy statement of a function, with the function's name.
-fn statements(t: &Value) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    for (name, f) in resources_of(t, "AWS::Serverless::Function") {
-        for p in f["Properties"]["Policies"].as_sequence().unwrap() {
-            for s in p["Statement"].as_sequence().into_iter().flatten() {
-                out.push((name.clone(), s.clone()));
-            }
-        }
-    }
-    out
+/// Whether a function's role may send to one of the stack's queues.
+fn may_send(t: &Value, function: &str, queue: &str) -> bool {
+    let arn = format!("arn:aws:sqs:{}:{}:{queue}", iam::REGION, iam::ACCOUNT);
+    iam::allows(
+        &iam::statements(t, function),
+        &iam::Request::new("sqs:SendMessage", arn),
+    )
 }
 
 #[test]
 fn launch_passes_only_the_node_roles_the_stack_knows_and_only_to_ec2() {
     let t = template();
-    let pass: Vec<(String, Value)> = statements(&t)
-        .into_iter()
-        .filter(|(_, s)| strings(&s["Action"]).contains(&"iam:PassRole".to_string()))
-        .collect();
-    assert_eq!(pass.len(), 1, "{pass:?}");
-    let (name, s) = &pass[0];
-    assert_eq!(name, "LaunchFunction");
-    let resources = strings(&s["Resource"]);
-    assert!(
-        !resources.contains(&"*".to_string()),
-        "PassRole on any role: {resources:?}"
-    );
-    assert!(resources.contains(&"NodeRole.Arn".to_string()), "{resources:?}");
-    assert_eq!(
-        s["Condition"]["StringEquals"]["iam:PassedToService"].as_str(),
-        Some("ec2.amazonaws.com")
-    );
+    let node_role = format!("arn:aws:iam::{}:role/NodeRole", iam::ACCOUNT);
+    for (name, _) in resources_of(&t, "AWS::Serverless::Function") {
+        let s = iam::statements(&t, &name);
+        let pass =
+            iam::Request::new("iam:PassRole", node_role.as_str()).key("iam:PassedToService", "ec2.amazonaws.com");
+        assert_eq!(
+            iam::allows(&s, &pass),
+            name == "LaunchFunction",
+            "{name} passes the node role"
+        );
+    }
     // The node role is an EKS worker's and joins through an EC2_LINUX access entry.
     let policies = strings(&resource(&t, "NodeRole")["Properties"]["ManagedPolicyArns"]).join(" ");
     for p in [
@@ -597,36 +501,6 @@ fn every_function_role_enters_the_cluster_as_the_group_the_rbac_binds_and_nothin
 }
 
 #[test]
-fn terminate_and_delete_touch_only_what_nodesmith_tagged_for_this_cluster() {
-    let t = template();
-    let key = format!("aws:ResourceTag/{}", nodesmith::ec2::instances::CLUSTER_NAME_TAG);
-    let mut who = Vec::new();
-    for (name, s) in statements(&t) {
-        let actions = strings(&s["Action"]);
-        if !actions
-            .iter()
-            .any(|a| a == "ec2:TerminateInstances" || a == "ec2:DeleteLaunchTemplate")
-        {
-            continue;
-        }
-        let scoped = reference(&s["Condition"]["StringEquals"][key.as_str()]);
-        assert_eq!(scoped.as_deref(), Some("ClusterName"), "{name}: {actions:?} unscoped");
-        who.extend(actions.into_iter().map(|a| (name.clone(), a)));
-    }
-    // The sweep collects and disrupts; launch ends a claim's second launches.
-    for want in [
-        ("SweepFunction", "ec2:TerminateInstances"),
-        ("SweepFunction", "ec2:DeleteLaunchTemplate"),
-        ("LaunchFunction", "ec2:TerminateInstances"),
-    ] {
-        assert!(
-            who.iter().any(|(n, a)| n == want.0 && a == want.1),
-            "{want:?} missing: {who:?}"
-        );
-    }
-}
-
-#[test]
 fn each_queue_has_one_policy_and_only_the_three_askers_may_send_launches() {
     let t = template();
     let mut seen: Vec<String> = Vec::new();
@@ -660,7 +534,7 @@ fn each_queue_has_one_policy_and_only_the_three_askers_may_send_launches() {
     // Exactly the functions whose policies may send to the launch queue.
     let mut senders: Vec<String> = resources_of(&t, "AWS::Serverless::Function")
         .into_iter()
-        .filter(|(_, f)| strings(&f["Properties"]["Policies"]).contains(&"LaunchQueue.QueueName".to_string()))
+        .filter(|(n, _)| may_send(&t, n, "LaunchQueue"))
         .map(|(n, _)| format!("{n}Role.Arn"))
         .collect();
     senders.sort();
@@ -682,7 +556,42 @@ fn the_forwarder_may_only_send_pending_pods_through_its_service_account() {
     assert_eq!(assoc["Namespace"], sa["metadata"]["namespace"]);
     assert_eq!(reference(&assoc["RoleArn"]).as_deref(), Some("ForwarderRole.Arn"));
     let role = &resource(&t, "ForwarderRole")["Properties"];
-    assert!(strings(&role["AssumeRolePolicyDocument"]).contains(&"pods.eks.amazonaws.com".to_string()));
+    let Value::Tagged(trust) = &role["AssumeRolePolicyDocument"] else {
+        panic!("the forwarder's trust depends on ForwarderUsesIrsa")
+    };
+    // Pod Identity always; IRSA, when asked for, for exactly the forwarder's ServiceAccount.
+    let pod_identity = iam::resolve(&t, &trust.value[2]);
+    assert_eq!(
+        pod_identity["Statement"][0]["Principal"]["Service"],
+        "pods.eks.amazonaws.com"
+    );
+    let irsa = iam::resolve(&t, &trust.value[1]);
+    let irsa: serde_json::Value = serde_json::from_str(irsa.as_str().unwrap()).unwrap();
+    let host = "ForwarderOidcProvider-value";
+    assert_eq!(irsa["Statement"][0], pod_identity["Statement"][0]);
+    let web = &irsa["Statement"][1];
+    assert_eq!(web["Action"], "sts:AssumeRoleWithWebIdentity");
+    assert!(
+        web["Principal"]["Federated"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(":oidc-provider/{host}"))
+    );
+    assert_eq!(
+        web["Condition"]["StringEquals"][format!("{host}:sub")].as_str(),
+        Some(
+            format!(
+                "system:serviceaccount:{}:{}",
+                sa["metadata"]["namespace"].as_str().unwrap(),
+                sa["metadata"]["name"].as_str().unwrap()
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        web["Condition"]["StringEquals"][format!("{host}:aud")],
+        "sts.amazonaws.com"
+    );
     let grants: Vec<&Value> = role["Policies"]
         .as_sequence()
         .unwrap()
@@ -695,4 +604,698 @@ fn the_forwarder_may_only_send_pending_pods_through_its_service_account() {
         reference(&grants[0]["Resource"]).as_deref(),
         Some("PendingPodsQueue.Arn")
     );
+}
+
+/// A small IAM policy evaluator over the template's policies, with the
+/// template's intrinsics resolved for a stack in account 111122223333,
+/// us-east-1, cluster `demo`, every optional parameter left empty.
+mod iam {
+    use std::collections::BTreeMap;
+
+    use serde_json::{Value as J, json};
+    use serde_yaml_ng::Value;
+
+    pub const CLUSTER: &str = "demo";
+    pub const ACCOUNT: &str = "111122223333";
+    pub const REGION: &str = "us-east-1";
+
+    /// What a resource's `!GetAtt X.Arn` is in the evaluated stack.
+    fn arn_of(t: &Value, name: &str) -> String {
+        let kind = t["Resources"][name]["Type"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no resource {name}"));
+        match kind {
+            "AWS::IAM::Role" => format!("arn:aws:iam::{ACCOUNT}:role/{name}"),
+            "AWS::SQS::Queue" => format!("arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"),
+            "AWS::Events::Rule" => format!("arn:aws:events:{REGION}:{ACCOUNT}:rule/{name}"),
+            "AWS::IAM::ManagedPolicy" => format!("arn:aws:iam::{ACCOUNT}:policy/{name}"),
+            _ => format!("arn:aws:{kind}:{name}"),
+        }
+    }
+
+    fn lookup(t: &Value, name: &str) -> J {
+        match name {
+            "AWS::Partition" => json!("aws"),
+            "AWS::Region" => json!(REGION),
+            "AWS::AccountId" => json!(ACCOUNT),
+            "AWS::StackName" => json!("nodesmith"),
+            "AWS::NoValue" => J::Null,
+            "ClusterName" => json!(CLUSTER),
+            _ if t["Parameters"].get(name).is_some() => match t["Parameters"][name]["Type"].as_str() {
+                Some("CommaDelimitedList") => json!([]),
+                _ => json!(format!("{name}-value")),
+            },
+            _ if name.ends_with(".Arn") => json!(arn_of(t, name.trim_end_matches(".Arn"))),
+            _ if name.contains('.') => json!(name.split('.').next().unwrap()),
+            _ => match t["Resources"][name]["Type"].as_str() {
+                Some("AWS::IAM::ManagedPolicy" | "AWS::IAM::Role") => json!(arn_of(t, name)),
+                Some(_) => json!(name),
+                None => panic!("template refers to unknown {name}"),
+            },
+        }
+    }
+
+    /// `v` with `!Sub`, `!Ref`, `!GetAtt`, `!If` (every condition false),
+    /// `!Join` and `!Split` worked out.
+    pub fn resolve(t: &Value, v: &Value) -> J {
+        match v {
+            Value::Null => J::Null,
+            Value::Bool(b) => json!(b),
+            Value::Number(n) => serde_json::to_value(n).unwrap(),
+            Value::String(s) => json!(s),
+            Value::Sequence(s) => J::Array(s.iter().map(|x| resolve(t, x)).filter(|x| !x.is_null()).collect()),
+            Value::Mapping(m) => J::Object(
+                m.iter()
+                    .map(|(k, v)| (k.as_str().unwrap().to_string(), resolve(t, v)))
+                    .filter(|(_, v)| !v.is_null())
+                    .collect(),
+            ),
+            Value::Tagged(tag) => {
+                let arg = &tag.value;
+                match tag.tag.to_string().trim_start_matches('!') {
+                    "Ref" | "GetAtt" => lookup(t, arg.as_str().unwrap()),
+                    "Sub" => {
+                        let text = arg.as_str().expect("!Sub with a string");
+                        let mut out = String::new();
+                        let mut rest = text;
+                        while let Some(i) = rest.find("${") {
+                            out.push_str(&rest[..i]);
+                            let end = rest[i..].find('}').unwrap() + i;
+                            let name = &rest[i + 2..end];
+                            out.push_str(
+                                lookup(t, name)
+                                    .as_str()
+                                    .unwrap_or_else(|| panic!("${{{name}}} is no string")),
+                            );
+                            rest = &rest[end + 1..];
+                        }
+                        out.push_str(rest);
+                        json!(out)
+                    }
+                    // No condition holds with the optional parameters empty.
+                    "If" => resolve(t, &arg[2]),
+                    "Join" => {
+                        let sep = arg[0].as_str().unwrap().to_string();
+                        let parts: Vec<String> = flat(&resolve(t, &arg[1]));
+                        json!(parts.join(&sep))
+                    }
+                    "Split" => {
+                        let sep = arg[0].as_str().unwrap();
+                        let s = resolve(t, &arg[1]);
+                        json!(s.as_str().unwrap().split(sep).collect::<Vec<_>>())
+                    }
+                    other => panic!("the evaluator does not know !{other}"),
+                }
+            }
+        }
+    }
+
+    fn flat(v: &J) -> Vec<String> {
+        match v {
+            J::String(s) => vec![s.clone()],
+            J::Array(a) => a.iter().flat_map(flat).collect(),
+            J::Null => vec![],
+            other => panic!("not a string or list: {other}"),
+        }
+    }
+
+    /// The role resource a function runs as.
+    pub fn role_of<'a>(t: &'a Value, function: &str) -> &'a Value {
+        let Value::Tagged(tag) = &t["Resources"][function]["Properties"]["Role"] else {
+            panic!("{function} names no role of the stack's")
+        };
+        let name = tag.value.as_str().unwrap().trim_end_matches(".Arn");
+        &t["Resources"][name]
+    }
+
+    fn document(t: &Value, v: &Value, what: &str) -> Vec<J> {
+        let doc = match resolve(t, v) {
+            J::String(s) => serde_json::from_str(&s).unwrap_or_else(|e| panic!("{what}'s policy is not JSON: {e}")),
+            d => d,
+        };
+        doc["Statement"].as_array().unwrap().clone()
+    }
+
+    /// Every IAM statement a function's role holds: its inline policies and
+    /// the stack's managed policies it attaches. AWS-managed policies are
+    /// refused but for the VPC one, which only a function in a VPC gets.
+    pub fn statements(t: &Value, function: &str) -> Vec<J> {
+        let role = &role_of(t, function)["Properties"];
+        let mut out = Vec::new();
+        for p in role["Policies"].as_sequence().into_iter().flatten() {
+            out.extend(document(t, &p["PolicyDocument"], function));
+        }
+        for arn in role["ManagedPolicyArns"].as_sequence().into_iter().flatten() {
+            if let Value::Tagged(tag) = arn
+                && tag.tag.to_string().trim_start_matches('!') == "If"
+            {
+                assert_eq!(tag.value[0].as_str(), Some("InVpc"), "{function}: {arn:?}");
+                let vpc = resolve(t, &tag.value[1]);
+                assert!(
+                    vpc.as_str()
+                        .unwrap()
+                        .ends_with(":policy/service-role/AWSLambdaVPCAccessExecutionRole")
+                );
+                continue;
+            }
+            let Some(Value::Tagged(tag)) = Some(arn).filter(|a| matches!(a, Value::Tagged(_))) else {
+                panic!("{function} attaches a policy not of this stack: {arn:?}")
+            };
+            let name = tag.value.as_str().unwrap();
+            let policy = &t["Resources"][name];
+            assert_eq!(
+                policy["Type"].as_str(),
+                Some("AWS::IAM::ManagedPolicy"),
+                "{function}: {name}"
+            );
+            out.extend(document(t, &policy["Properties"]["PolicyDocument"], name));
+        }
+        out
+    }
+
+    /// One authorization IAM makes: an action on a resource, with the request's context keys.
+    #[derive(Clone, Debug)]
+    pub struct Request {
+        pub action: String,
+        pub resource: String,
+        pub context: BTreeMap<String, Vec<String>>,
+    }
+
+    impl Request {
+        pub fn new(action: &str, resource: impl Into<String>) -> Self {
+            Request {
+                action: action.into(),
+                resource: resource.into(),
+                context: BTreeMap::new(),
+            }
+        }
+        /// With `aws:<prefix>/<key>` for every tag, and `aws:TagKeys` for request tags.
+        pub fn tags(mut self, prefix: &str, tags: &BTreeMap<String, String>) -> Self {
+            for (k, v) in tags {
+                self.context.insert(format!("aws:{prefix}/{k}"), vec![v.clone()]);
+            }
+            if prefix == "RequestTag" {
+                self.context
+                    .insert("aws:TagKeys".into(), tags.keys().cloned().collect());
+            }
+            self
+        }
+        pub fn key(mut self, k: &str, v: &str) -> Self {
+            self.context.insert(k.into(), vec![v.into()]);
+            self
+        }
+    }
+
+    /// IAM's wildcard match: `*` any run of characters, `?` one.
+    fn glob(pattern: &str, s: &str) -> bool {
+        fn go(p: &[u8], s: &[u8]) -> bool {
+            match p.split_first() {
+                None => s.is_empty(),
+                Some((b'*', rest)) => (0..=s.len()).any(|i| go(rest, &s[i..])),
+                Some((b'?', rest)) => !s.is_empty() && go(rest, &s[1..]),
+                Some((c, rest)) => s.first() == Some(c) && go(rest, &s[1..]),
+            }
+        }
+        go(pattern.as_bytes(), s.as_bytes())
+    }
+
+    fn condition_holds(op: &str, key: &str, wanted: &[String], r: &Request) -> bool {
+        let have = r.context.get(key);
+        match op {
+            "StringEquals" | "ArnEquals" => have.is_some_and(|h| h.iter().any(|v| wanted.contains(v))),
+            "StringLike" | "ArnLike" => have.is_some_and(|h| h.iter().any(|v| wanted.iter().any(|w| glob(w, v)))),
+            "ArnNotEquals" | "StringNotEquals" => have.is_none_or(|h| h.iter().all(|v| !wanted.contains(v))),
+            "Bool" => have.is_some_and(|h| h.iter().any(|v| wanted.contains(v))),
+            "Null" => wanted.iter().all(|w| (w == "true") == have.is_none()),
+            other => panic!("the evaluator does not know the condition operator {other}"),
+        }
+    }
+
+    fn matches(s: &J, r: &Request) -> bool {
+        let action = flat(&s["Action"])
+            .iter()
+            .any(|a| glob(&a.to_lowercase(), &r.action.to_lowercase()));
+        let resource = flat(&s["Resource"]).iter().any(|p| glob(p, &r.resource));
+        let conditions = s["Condition"].as_object().into_iter().flatten().all(|(op, keys)| {
+            keys.as_object()
+                .unwrap()
+                .iter()
+                .all(|(k, v)| condition_holds(op, k, &flat(v), r))
+        });
+        action && resource && conditions
+    }
+
+    /// Whether the statements allow the request: some Allow matches and no Deny does.
+    pub fn allows(statements: &[J], r: &Request) -> bool {
+        let any = |effect: &str| statements.iter().any(|s| s["Effect"] == effect && matches(s, r));
+        any("Allow") && !any("Deny")
+    }
+
+    /// Every action some statement names.
+    pub fn actions(statements: &[J]) -> Vec<String> {
+        let mut out: Vec<String> = statements.iter().flat_map(|s| flat(&s["Action"])).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+fn ec2_arn(kind: &str, id: &str) -> String {
+    if kind == "image" || kind == "snapshot" {
+        format!("arn:aws:ec2:{}::{kind}/{id}", iam::REGION)
+    } else {
+        format!("arn:aws:ec2:{}:{}:{kind}/{id}", iam::REGION, iam::ACCOUNT)
+    }
+}
+
+/// The tags launch puts on what it creates for a claim of pool `default` in `cluster`:
+/// (instance and fleet, launch template and its volumes and network interfaces).
+fn launch_tags(cluster: &str) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let class = nodesmith::apis::ec2nodeclass::EC2NodeClass::new("default", Default::default());
+    let claim = nodesmith::nodeclaim::NodeClaim::pending("default-x1y2z", "default", "default");
+    (
+        nodesmith::launch::instance_tags(cluster, &claim, &class),
+        nodesmith::launch::template_tags(cluster, &claim, &class),
+    )
+}
+
+/// The authorizations one launch needs from IAM: CreateLaunchTemplate, then
+/// CreateFleet, which EC2 also authorizes as RunInstances and, for the tags,
+/// CreateTags, resource by resource.
+fn launch_requests(instance: &BTreeMap<String, String>, template: &BTreeMap<String, String>) -> Vec<iam::Request> {
+    use iam::Request;
+    let mut out = vec![
+        Request::new("ec2:CreateLaunchTemplate", ec2_arn("launch-template", "*")).tags("RequestTag", template),
+        Request::new("ec2:CreateTags", ec2_arn("launch-template", "lt-1"))
+            .tags("RequestTag", template)
+            .key("ec2:CreateAction", "CreateLaunchTemplate"),
+    ];
+    for action in ["ec2:CreateFleet", "ec2:RunInstances"] {
+        for (kind, id) in [("image", "ami-1"), ("subnet", "subnet-1"), ("security-group", "sg-1")] {
+            out.push(Request::new(action, ec2_arn(kind, id)));
+        }
+        out.push(Request::new(action, ec2_arn("launch-template", "lt-1")).tags("ResourceTag", template));
+        for (kind, tags) in [
+            ("fleet", instance),
+            ("instance", instance),
+            ("volume", template),
+            ("network-interface", template),
+        ] {
+            out.push(Request::new(action, ec2_arn(kind, "*")).tags("RequestTag", tags));
+            out.push(
+                Request::new("ec2:CreateTags", ec2_arn(kind, "x-1"))
+                    .tags("RequestTag", tags)
+                    .key("ec2:CreateAction", action.trim_start_matches("ec2:")),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn launch_may_create_only_what_it_tags_for_this_cluster_and_a_pool() {
+    let t = template();
+    let launch = iam::statements(&t, "LaunchFunction");
+    let (instance, lt) = launch_tags(iam::CLUSTER);
+    for r in launch_requests(&instance, &lt) {
+        assert!(iam::allows(&launch, &r), "launch's own request is refused: {r:?}");
+    }
+    // Another cluster's tags, or none for the pool: refused, request by request.
+    let (other_i, other_t) = launch_tags("other");
+    let mut untagged = (instance.clone(), lt.clone());
+    untagged.0.remove(nodesmith::apis::labels::NODEPOOL);
+    untagged.1.remove(nodesmith::apis::labels::NODEPOOL);
+    for (what, (i, l)) in [("another cluster's", (other_i, other_t)), ("pool-less", untagged)] {
+        for r in launch_requests(&i, &l).into_iter().filter(|r| !r.context.is_empty()) {
+            assert!(!iam::allows(&launch, &r), "{what} tags are allowed: {r:?}");
+        }
+    }
+    // Tags only at creation; an untagged fleet is refused (so launch tags the fleet too).
+    let after = iam::Request::new("ec2:CreateTags", ec2_arn("instance", "i-1")).tags("RequestTag", &instance);
+    assert!(!iam::allows(&launch, &after), "CreateTags after creation is allowed");
+    let bare_fleet = iam::Request::new("ec2:CreateFleet", ec2_arn("fleet", "*"));
+    assert!(!iam::allows(&launch, &bare_fleet), "an untagged fleet is allowed");
+    // Terminate: a claim's own second instance, never someone else's.
+    let mine = iam::Request::new("ec2:TerminateInstances", ec2_arn("instance", "i-1")).tags("ResourceTag", &instance);
+    assert!(iam::allows(&launch, &mine));
+    let (theirs, _) = launch_tags("other");
+    let theirs = iam::Request::new("ec2:TerminateInstances", ec2_arn("instance", "i-2")).tags("ResourceTag", &theirs);
+    assert!(!iam::allows(&launch, &theirs));
+    assert!(!iam::allows(
+        &launch,
+        &iam::Request::new("ec2:TerminateInstances", ec2_arn("instance", "i-3"))
+    ));
+}
+
+#[test]
+fn the_sweep_deletes_only_what_nodesmith_tagged_for_this_cluster() {
+    let t = template();
+    let sweep = iam::statements(&t, "SweepFunction");
+    let (instance, lt) = launch_tags(iam::CLUSTER);
+    let (other_i, other_t) = launch_tags("other");
+    for (action, kind, mine, theirs) in [
+        ("ec2:TerminateInstances", "instance", &instance, &other_i),
+        ("ec2:DeleteLaunchTemplate", "launch-template", &lt, &other_t),
+    ] {
+        let r =
+            |tags: &BTreeMap<String, String>| iam::Request::new(action, ec2_arn(kind, "x-1")).tags("ResourceTag", tags);
+        assert!(iam::allows(&sweep, &r(mine)), "{action} on this cluster's {kind}");
+        assert!(!iam::allows(&sweep, &r(theirs)), "{action} on another cluster's {kind}");
+        assert!(
+            !iam::allows(&sweep, &r(&BTreeMap::new())),
+            "{action} on an untagged {kind}"
+        );
+    }
+    for f in ["ProvisionFunction", "InterruptFunction"] {
+        let s = iam::statements(&t, f);
+        let acts: Vec<String> = iam::actions(&s).into_iter().filter(|a| a.starts_with("ec2:")).collect();
+        assert!(
+            !acts
+                .iter()
+                .any(|a| a.contains("Terminate") || a.contains("Delete") || a.contains("Create")),
+            "{f} may write EC2: {acts:?}"
+        );
+    }
+}
+
+#[test]
+fn instance_profiles_and_roles_are_touched_only_under_the_nodesmith_path_and_tag() {
+    use nodesmith::launch::profile;
+    let t = template();
+    let launch = iam::statements(&t, "LaunchFunction");
+    let sweep = iam::statements(&t, "SweepFunction");
+    let arn = |name: &str, path: &str| format!("arn:aws:iam::{}:instance-profile{path}{name}", iam::ACCOUNT);
+    let mine = arn(
+        &profile::profile_name(iam::CLUSTER, "default", "NodeRole"),
+        profile::PROFILE_PATH,
+    );
+    let tags = profile::profile_tags(iam::CLUSTER, "default");
+    let others = profile::profile_tags("other", "default");
+    let req = |a: &str, res: &str| iam::Request::new(a, res);
+    // What ensure() and collect_profiles() call.
+    assert!(iam::allows(&launch, &req("iam:GetInstanceProfile", &mine)));
+    assert!(iam::allows(
+        &launch,
+        &req("iam:CreateInstanceProfile", &mine).tags("RequestTag", &tags)
+    ));
+    assert!(!iam::allows(
+        &launch,
+        &req("iam:CreateInstanceProfile", &mine).tags("RequestTag", &others)
+    ));
+    assert!(!iam::allows(
+        &launch,
+        &req("iam:CreateInstanceProfile", &arn("p", "/")).tags("RequestTag", &tags)
+    ));
+    for a in ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile"] {
+        assert!(iam::allows(&launch, &req(a, &mine).tags("ResourceTag", &tags)), "{a}");
+        assert!(
+            !iam::allows(&launch, &req(a, &mine).tags("ResourceTag", &others)),
+            "{a}"
+        );
+    }
+    assert!(iam::allows(
+        &sweep,
+        &req("iam:ListInstanceProfiles", &arn("", profile::PROFILE_PATH))
+    ));
+    for a in ["iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"] {
+        assert!(iam::allows(&sweep, &req(a, &mine).tags("ResourceTag", &tags)), "{a}");
+        assert!(!iam::allows(&sweep, &req(a, &mine).tags("ResourceTag", &others)), "{a}");
+        assert!(!iam::allows(&sweep, &req(a, &arn("theirs", "/"))), "{a}");
+    }
+    // The sweep checks a class's own named profile, wherever it lives.
+    assert!(iam::allows(
+        &sweep,
+        &req("iam:GetInstanceProfile", &arn("theirs", "/team/"))
+    ));
+    // PassRole: the stack's node role, to EC2 only.
+    let node_role = format!("arn:aws:iam::{}:role/NodeRole", iam::ACCOUNT);
+    let pass = |role: &str, to: &str| req("iam:PassRole", role).key("iam:PassedToService", to);
+    assert!(iam::allows(&launch, &pass(&node_role, "ec2.amazonaws.com")));
+    assert!(!iam::allows(&launch, &pass(&node_role, "lambda.amazonaws.com")));
+    assert!(!iam::allows(
+        &launch,
+        &pass(
+            &format!("arn:aws:iam::{}:role/Admin", iam::ACCOUNT),
+            "ec2.amazonaws.com"
+        )
+    ));
+}
+
+#[test]
+fn cluster_and_parameter_reads_are_scoped() {
+    let t = template();
+    let cluster = |name: &str| format!("arn:aws:eks:{}:{}:cluster/{name}", iam::REGION, iam::ACCOUNT);
+    let parameter = |name: &str| format!("arn:aws:ssm:{}::parameter{name}", iam::REGION);
+    let ami = "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id";
+    for f in [
+        "ProvisionFunction",
+        "LaunchFunction",
+        "InterruptFunction",
+        "SweepFunction",
+    ] {
+        let s = iam::statements(&t, f);
+        let describe = |c: &str| iam::Request::new("eks:DescribeCluster", cluster(c));
+        assert!(iam::allows(&s, &describe(iam::CLUSTER)), "{f}");
+        assert!(!iam::allows(&s, &describe("other")), "{f} may describe other clusters");
+        let get = |p: &str| iam::Request::new("ssm:GetParameter", parameter(p));
+        let resolves = f == "LaunchFunction" || f == "SweepFunction";
+        assert_eq!(iam::allows(&s, &get(ami)), resolves, "{f} reads AMI parameters");
+        assert!(
+            !iam::allows(&s, &get("/team/db-password")),
+            "{f} may read any parameter"
+        );
+    }
+}
+
+const ALL: &[&str] = &[
+    "ProvisionFunction",
+    "LaunchFunction",
+    "InterruptFunction",
+    "SweepFunction",
+];
+/// Who asks for launches, and who asks provision for a solve.
+const LAUNCH_ASKERS: &[&str] = &["ProvisionFunction", "InterruptFunction", "SweepFunction"];
+const SOLVE_ASKERS: &[&str] = &["LaunchFunction", "InterruptFunction", "SweepFunction"];
+
+/// Which function runs the code in each file that calls AWS, action by action.
+/// A new call, or a file a function starts to use, must be added here; the
+/// test below then holds each role to exactly these actions.
+const CALLERS: &[(&str, &str, &[&str])] = &[
+    // The state store, which every function uses.
+    ("state/catalog.rs", "dynamodb:DeleteItem", ALL),
+    ("state/catalog.rs", "dynamodb:GetItem", ALL),
+    ("state/catalog.rs", "dynamodb:PutItem", ALL),
+    ("state/disruptions.rs", "dynamodb:PutItem", ALL),
+    ("state/drains.rs", "dynamodb:DeleteItem", ALL),
+    ("state/drains.rs", "dynamodb:PutItem", ALL),
+    ("state/idempotency.rs", "dynamodb:DeleteItem", ALL),
+    ("state/idempotency.rs", "dynamodb:PutItem", ALL),
+    ("state/leases.rs", "dynamodb:DeleteItem", ALL),
+    ("state/leases.rs", "dynamodb:GetItem", ALL),
+    ("state/leases.rs", "dynamodb:UpdateItem", ALL),
+    ("state/markers.rs", "dynamodb:GetItem", ALL),
+    ("state/markers.rs", "dynamodb:PutItem", ALL),
+    ("state/mod.rs", "dynamodb:DeleteItem", ALL),
+    ("state/mod.rs", "dynamodb:PutItem", ALL),
+    ("state/mod.rs", "dynamodb:Query", ALL),
+    ("state/nodeclaims.rs", "dynamodb:GetItem", ALL),
+    ("state/nodeclaims.rs", "dynamodb:PutItem", ALL),
+    ("state/nodeclaims.rs", "dynamodb:Query", ALL),
+    ("state/nodeclaims.rs", "dynamodb:TransactWriteItems", ALL),
+    ("state/offerings.rs", "dynamodb:BatchWriteItem", ALL),
+    // Only scripts/dev-stack and tests make the table; the stack makes it in AWS.
+    ("state/table.rs", "dynamodb:CreateTable", &[]),
+    ("launch/request.rs", "sqs:SendMessage", LAUNCH_ASKERS),
+    ("provisioning/trigger.rs", "sqs:SendMessage", SOLVE_ASKERS),
+    // Pending pods that cannot be read go to the dead-letter queue.
+    ("provisioning/mod.rs", "sqs:SendMessage", &["ProvisionFunction"]),
+    (
+        "kubernetes/auth.rs",
+        "eks:DescribeCluster",
+        &[
+            "ProvisionFunction",
+            "LaunchFunction",
+            "InterruptFunction",
+            "SweepFunction",
+        ],
+    ),
+    (
+        "catalog/ec2.rs",
+        "ec2:DescribeInstanceTypes",
+        &["ProvisionFunction", "SweepFunction"],
+    ),
+    (
+        "catalog/ec2.rs",
+        "ec2:DescribeInstanceTypeOfferings",
+        &["ProvisionFunction", "SweepFunction"],
+    ),
+    (
+        "catalog/ec2.rs",
+        "ec2:DescribeSpotPriceHistory",
+        &["ProvisionFunction", "SweepFunction"],
+    ),
+    (
+        "ec2/instances.rs",
+        "ec2:DescribeInstances",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    (
+        "ec2/instances.rs",
+        "ec2:TerminateInstances",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    (
+        "launch/cluster.rs",
+        "eks:DescribeCluster",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    ("launch/fleet.rs", "ec2:CreateFleet", &["LaunchFunction"]),
+    (
+        "launch/launchtemplate.rs",
+        "ec2:CreateLaunchTemplate",
+        &["LaunchFunction"],
+    ),
+    (
+        "launch/ami.rs",
+        "ec2:DescribeImages",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    (
+        "launch/ami.rs",
+        "ssm:GetParameter",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    (
+        "launch/subnet.rs",
+        "ec2:DescribeSubnets",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    (
+        "launch/securitygroup.rs",
+        "ec2:DescribeSecurityGroups",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    (
+        "launch/capacityreservation.rs",
+        "ec2:DescribeCapacityReservations",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    ("launch/gc.rs", "ec2:DescribeLaunchTemplates", &["SweepFunction"]),
+    ("launch/gc.rs", "ec2:DeleteLaunchTemplate", &["SweepFunction"]),
+    // ensure() (launch) and exists() (the sweep's class status).
+    (
+        "launch/profile.rs",
+        "iam:GetInstanceProfile",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    ("launch/profile.rs", "iam:CreateInstanceProfile", &["LaunchFunction"]),
+    ("launch/profile.rs", "iam:AddRoleToInstanceProfile", &["LaunchFunction"]),
+    (
+        "launch/profile.rs",
+        "iam:RemoveRoleFromInstanceProfile",
+        &["LaunchFunction", "SweepFunction"],
+    ),
+    ("launch/profile.rs", "iam:ListInstanceProfiles", &["SweepFunction"]),
+    ("launch/profile.rs", "iam:DeleteInstanceProfile", &["SweepFunction"]),
+];
+
+/// Calls IAM authorizes as more than their own action: CreateFleet also as
+/// RunInstances and CreateTags and, launching with an instance profile,
+/// PassRole; a tagged CreateInstanceProfile also as TagInstanceProfile; a
+/// transaction as its items' actions (and TransactWriteItems is no action).
+const AUTHORIZED_AS: &[(&str, &[&str])] = &[
+    (
+        "ec2:CreateFleet",
+        &["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"],
+    ),
+    (
+        "iam:CreateInstanceProfile",
+        &["iam:CreateInstanceProfile", "iam:TagInstanceProfile"],
+    ),
+    (
+        "dynamodb:TransactWriteItems",
+        &["dynamodb:ConditionCheckItem", "dynamodb:PutItem"],
+    ),
+];
+
+/// What a role needs that no code calls: every function writes its logs, and
+/// an SQS event source reads and deletes messages as the function.
+fn implied(function: &str) -> Vec<&'static str> {
+    let mut out = vec!["logs:CreateLogStream", "logs:PutLogEvents"];
+    if function != "SweepFunction" {
+        out.extend(["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"]);
+    }
+    out
+}
+
+#[test]
+fn each_function_may_call_exactly_what_its_code_calls() {
+    let t = template();
+    let calls = actions_the_code_calls();
+    // The scan must find the calls it exists for.
+    for known in [
+        "ec2:CreateFleet",
+        "ec2:DescribeInstanceTypes",
+        "eks:DescribeCluster",
+        "iam:CreateInstanceProfile",
+    ] {
+        assert!(calls.iter().any(|(a, _)| a == known), "scan missed {known}: {calls:?}");
+    }
+    for (action, file) in &calls {
+        assert!(
+            CALLERS.iter().any(|(f, a, _)| f == file && a == action),
+            "{file} calls {action}: add to CALLERS which functions run it"
+        );
+    }
+    for (file, action, _) in CALLERS {
+        assert!(
+            calls.iter().any(|(a, f)| f == file && a == action),
+            "CALLERS lists {action} in {file}, which the code no longer calls"
+        );
+    }
+    for (name, _) in resources_of(&t, "AWS::Serverless::Function") {
+        let mut needed: Vec<String> = CALLERS
+            .iter()
+            .filter(|(_, _, fs)| fs.contains(&name.as_str()))
+            .flat_map(|(_, a, _)| match AUTHORIZED_AS.iter().find(|(x, _)| x == a) {
+                Some((_, all)) => all.iter().map(|s| s.to_string()).collect(),
+                None => vec![a.to_string()],
+            })
+            .chain(implied(&name).into_iter().map(str::to_string))
+            .collect();
+        needed.sort();
+        needed.dedup();
+        let granted = iam::actions(&iam::statements(&t, &name));
+        assert_eq!(granted, needed, "{name}'s role against what its code calls");
+    }
+}
+
+#[test]
+fn no_role_may_write_to_every_resource_without_a_condition() {
+    let t = template();
+    let read = |a: &str| {
+        let op = a.split(':').nth(1).unwrap_or("");
+        ["Describe", "Get", "List"].iter().any(|p| op.starts_with(p))
+    };
+    let mut checked = 0;
+    for (name, _) in resources_of(&t, "AWS::Serverless::Function") {
+        for s in iam::statements(&t, &name) {
+            let everything = match &s["Resource"] {
+                serde_json::Value::String(r) => r == "*",
+                serde_json::Value::Array(rs) => rs.iter().any(|r| r == "*"),
+                _ => false,
+            };
+            if !everything || s.get("Condition").is_some() {
+                continue;
+            }
+            checked += 1;
+            let actions: Vec<String> = serde_json::from_value::<Vec<String>>(s["Action"].clone())
+                .or_else(|_| serde_json::from_value::<String>(s["Action"].clone()).map(|a| vec![a]))
+                .unwrap();
+            for a in actions {
+                assert!(read(&a), "{name} may {a} on every resource without a condition");
+            }
+        }
+    }
+    assert!(checked > 0, "no statement on every resource was looked at");
 }

@@ -384,7 +384,9 @@ pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
     Decision::Retry(mark)
 }
 
-/// Calls CreateFleet for a plan; `tags` go on the instance.
+/// Calls CreateFleet for a plan; `tags` go on the instance and on the fleet
+/// request itself (IAM may allow creating either only when tagged for the
+/// cluster).
 pub async fn create(
     ec2: &aws_sdk_ec2::Client,
     plan: &FleetPlan,
@@ -407,16 +409,21 @@ pub async fn create(
                 .default_target_capacity_type(target)
                 .build(),
         )
-        .tag_specifications(
-            TagSpecification::builder()
-                .resource_type(ResourceType::Instance)
-                .set_tags(Some(
-                    tags.iter()
-                        .map(|(k, v)| Tag::builder().key(k).value(v).build())
-                        .collect(),
-                ))
-                .build(),
-        );
+        .set_tag_specifications(Some(
+            [ResourceType::Instance, ResourceType::Fleet]
+                .into_iter()
+                .map(|rt| {
+                    TagSpecification::builder()
+                        .resource_type(rt)
+                        .set_tags(Some(
+                            tags.iter()
+                                .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                                .collect(),
+                        ))
+                        .build()
+                })
+                .collect(),
+        ));
     req = if spot {
         req.spot_options(
             SpotOptionsRequest::builder()

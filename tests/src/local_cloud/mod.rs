@@ -52,7 +52,7 @@ pub enum QueueName {
 pub const FUNCTIONS: [FunctionDef; 4] = [
     FunctionDef {
         binary: "provision",
-        memory_mb: 1024,
+        memory_mb: 2048,
         timeout_secs: 60,
         queue: Some((QueueName::Pending, 1000, true)),
     },
@@ -70,8 +70,8 @@ pub const FUNCTIONS: [FunctionDef; 4] = [
     },
     FunctionDef {
         binary: "sweep",
-        memory_mb: 512,
-        timeout_secs: 300,
+        memory_mb: 2048,
+        timeout_secs: 120,
         queue: None,
     },
 ];
