@@ -23,6 +23,10 @@ pub const DEFAULT_PAGE_SIZE: i32 = 1000;
 pub const NOT_FOUND_CODE: &str = "InvalidInstanceID.NotFound";
 /// Tag naming the EKS cluster on every instance nodesmith launches.
 pub const CLUSTER_NAME_TAG: &str = "eks:eks-cluster-name";
+/// Tag naming the cluster whose nodesmith launched an instance. Karpenter tags
+/// its instances as nodesmith does otherwise, so without it a cluster moving
+/// from Karpenter would see Karpenter's nodes as leaked.
+pub const LAUNCHED_BY_TAG: &str = "nodesmith/launched-by";
 /// States of an instance that still exists or may come back (everything but terminated).
 pub const LIVE_STATES: &[&str] = &["pending", "running", "stopping", "stopped", "shutting-down"];
 
@@ -207,6 +211,12 @@ impl Instance {
     /// The NodePool it was launched for (`karpenter.sh/nodepool` tag).
     pub fn node_pool(&self) -> Option<&str> {
         self.tags.get(labels::NODEPOOL).map(String::as_str)
+    }
+
+    /// Whether nodesmith launched it (the [`LAUNCHED_BY_TAG`] tag), not
+    /// another autoscaler such as the Karpenter it replaced.
+    pub fn launched_by_nodesmith(&self) -> bool {
+        self.tags.contains_key(LAUNCHED_BY_TAG)
     }
 }
 

@@ -272,6 +272,7 @@ pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> 
     let mut t = class.spec.tags.clone();
     t.insert(crate::ec2::instances::owned_tag_key(cluster), "owned".into());
     t.insert(crate::ec2::instances::CLUSTER_NAME_TAG.into(), cluster.into());
+    t.insert(crate::ec2::instances::LAUNCHED_BY_TAG.into(), cluster.into());
     t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
     t.insert(labels::NODECLAIM.into(), claim.name.clone());
     t.insert(labels::EC2NODECLASS.into(), class.name().into());

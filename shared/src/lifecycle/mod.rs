@@ -290,7 +290,9 @@ fn collect(seen: &Observed<'_>, instances: &BTreeMap<&str, &Instance>, config: &
             .node_claim()
             .and_then(|n| by_name.get(n))
             .is_some_and(|c| c.instance_id.as_deref().is_none_or(|id| id == i.id));
-        if i.node_pool().is_none() || named || claimed.contains(i.id.as_str()) {
+        // Another autoscaler's instances (Karpenter's, left running by a
+        // migration) are not nodesmith's to collect.
+        if i.node_pool().is_none() || !i.launched_by_nodesmith() || named || claimed.contains(i.id.as_str()) {
             continue;
         }
         if !older_than(i.launch_time, seen.now, config.leak_window) || i.state == InstanceState::ShuttingDown {

@@ -88,6 +88,7 @@ fn instance(id: &str, claim: Option<&str>, state: InstanceState, launched: Times
     let mut tags = BTreeMap::from([
         ("kubernetes.io/cluster/demo".to_string(), "owned".to_string()),
         (labels::NODEPOOL.to_string(), "default".to_string()),
+        (crate::ec2::instances::LAUNCHED_BY_TAG.to_string(), "demo".to_string()),
     ]);
     if let Some(c) = claim {
         tags.insert(labels::NODECLAIM.to_string(), c.to_string());
@@ -340,6 +341,16 @@ fn garbage_collection_spares_live_launches_and_collects_leaks() {
         instance("i-6", Some("gone"), InstanceState::ShuttingDown, mins_ago(10)),
         // Leaked and stopped: terminate it.
         instance("i-7", None, InstanceState::Stopped, mins_ago(10)),
+        // Karpenter's (tagged as nodesmith tags, but not launched by it), left
+        // running by a migration: never ours to collect.
+        Instance {
+            tags: {
+                let mut t = instance("i-12", Some("karpenter-made"), InstanceState::Running, mins_ago(10)).tags;
+                t.remove(crate::ec2::instances::LAUNCHED_BY_TAG);
+                t
+            },
+            ..instance("i-12", Some("karpenter-made"), InstanceState::Running, mins_ago(10))
+        },
     ];
     let pool = [(labels::NODEPOOL, "default")];
     let nodes = vec![
