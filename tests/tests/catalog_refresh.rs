@@ -262,7 +262,7 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
     let kube = KubeServer::start().await;
     let launcher = Launcher::new(
         &conf,
-        KubeCluster::from_client(kube.client()),
+        KubeCluster::from_client(kube.lambda_client()),
         LaunchConfig {
             table: TABLE.into(),
             cluster_name: CLUSTER.into(),

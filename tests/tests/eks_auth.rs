@@ -53,6 +53,10 @@ async fn requests_carry_a_minted_token_bound_to_the_cluster() {
         .collect();
     assert_eq!(auths.len(), 2);
     assert_eq!(auths[0], auths[1], "a fresh token is reused");
+    // An EKS token is the functions' identity, held to their ClusterRole.
+    let used: Vec<(String, String, String)> = server.lambda_permissions_used().into_iter().collect();
+    let want = |r: &str| (String::new(), r.to_string(), "list".to_string());
+    assert_eq!(used, [want("nodes"), want("pods")]);
     let token = auths[0].strip_prefix("Bearer ").unwrap();
     let b64 = token.strip_prefix(auth::TOKEN_PREFIX).unwrap();
     let url = String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(b64).unwrap()).unwrap();
@@ -80,7 +84,12 @@ async fn functions_pick_the_cluster_from_their_environment() {
     let env: std::collections::HashMap<&str, String> = server.env().into_iter().collect();
     let cluster = KubeCluster::from_lookup(conf.clone(), |k| env.get(k).cloned()).unwrap();
     assert!(cluster.nodes().await.unwrap().is_empty());
-    assert_eq!(server.requests()[0].authorization, None);
+    assert_eq!(
+        server.requests()[0].authorization.as_deref(),
+        Some("Bearer nodesmith-lambda"),
+        "the functions call the test server as themselves"
+    );
+    assert_eq!(server.lambda_permissions_used().len(), 1);
     let err = KubeCluster::from_lookup(conf.clone(), |_| None).err().unwrap();
     assert!(err.to_string().contains("NODESMITH_CLUSTER_NAME"), "{err}");
     // With a cluster name the adapter goes to EKS: moto knows no such cluster.

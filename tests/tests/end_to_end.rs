@@ -94,7 +94,7 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
             json!({"namespace": "default", "name": n, "uid": format!("uid-{n}"), "resourceVersion": "1"}).to_string(),
         )
     }));
-    let cluster = KubeCluster::from_client(kube.client()).with_retry(RetryPolicy {
+    let cluster = KubeCluster::from_client(kube.lambda_client()).with_retry(RetryPolicy {
         attempts: 3,
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),
@@ -191,7 +191,7 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
     // The sweep registers the nodes, the kubelets report Ready, the sweep
     // initializes them, and the scheduler binds every pod.
     let sweeper = Sweeper::new(
-        KubeCluster::from_client(kube.client()),
+        KubeCluster::from_client(kube.lambda_client()),
         store(&m).await,
         Instances::new(ec2.clone(), CLUSTER),
         sqs.clone(),
@@ -216,7 +216,7 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
         unbound.is_empty(),
         "pods left pending after the nodes joined: {unbound:?}"
     );
-    let cluster = KubeCluster::from_client(kube.client());
+    let cluster = KubeCluster::from_client(kube.lambda_client());
     let pool: NodePool = cluster.node_pools().await.unwrap().remove(0);
     let class: EC2NodeClass = cluster.node_classes().await.unwrap().remove(0);
     for n in &kube.nodes() {
@@ -258,4 +258,9 @@ async fn pending_pods_end_up_running_on_launched_nodes() {
     let again = provisioner.handle(&refs).await;
     assert!(again.failed.is_empty() && again.created.is_empty(), "{again:?}");
     assert_eq!(again.gone, names.len());
+    assert!(
+        kube.denials().is_empty(),
+        "the functions' RBAC refused calls: {:#?}",
+        kube.denials()
+    );
 }

@@ -22,7 +22,7 @@ fn fast_retry() -> RetryPolicy {
 }
 
 fn adapter(server: &KubeServer) -> KubeCluster {
-    KubeCluster::from_client(server.client()).with_retry(fast_retry())
+    KubeCluster::from_client(server.lambda_client()).with_retry(fast_retry())
 }
 
 fn pod(name: &str, labels: Value, annotations: Value, extra_meta: Value) -> Value {

@@ -332,9 +332,12 @@ async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
         })
         .collect();
     let nodes = cloud.kube.nodes();
+    let denials = cloud.kube.denials();
     cloud.stop().await;
     let summary = summary.unwrap();
     assert!(summary.ok, "{summary:?}\n{text}");
+    // The function binaries ran the whole story within their ClusterRole.
+    assert!(denials.is_empty(), "the functions' RBAC refused calls: {denials:#?}");
     assert_eq!(summary.pods_scheduled, 100, "{text}");
     assert_eq!(summary.pods_pending, 0);
     assert_eq!(summary.leaked_instances, 0, "{summary:?}");

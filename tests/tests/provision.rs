@@ -28,6 +28,17 @@ struct Stack {
     dlq: String,
 }
 
+impl Drop for Stack {
+    /// The provisioner runs as the functions: a call their ClusterRole does
+    /// not grant fails the test, even if the code shrugged it off.
+    fn drop(&mut self) {
+        let denials = self.kube.denials();
+        if !std::thread::panicking() && !denials.is_empty() {
+            panic!("the functions' RBAC refused calls: {denials:#?}");
+        }
+    }
+}
+
 fn pool(cpu_limit: Option<&str>) -> Value {
     let mut spec = json!({
         "template": {"spec": {
@@ -86,7 +97,7 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
 
 impl Stack {
     fn provisioner(&self, holder: &str, dead_letter: bool) -> Provisioner<KubeCluster> {
-        let cluster = KubeCluster::from_client(self.kube.client()).with_retry(RetryPolicy {
+        let cluster = KubeCluster::from_client(self.kube.lambda_client()).with_retry(RetryPolicy {
             attempts: 3,
             base_delay: Duration::from_millis(1),
             max_delay: Duration::from_millis(5),
@@ -276,7 +287,7 @@ async fn a_pod_recreated_under_its_old_name_does_not_stop_provisioning() {
     // A StatefulSet's db-0 ran before; its claim is still stored (being
     // terminated) under the name a solve would derive from the pool and pod.
     let s = stack(None, &[("db-0", "1")]).await;
-    let cluster = KubeCluster::from_client(s.kube.client());
+    let cluster = KubeCluster::from_client(s.kube.lambda_client());
     let snapshot = nodesmith::snapshot::live::read(&cluster, &s.store, jiff::Timestamp::now())
         .await
         .unwrap();

@@ -19,7 +19,7 @@ use nodesmith::registration::registration_update;
 use nodesmith_tests::kube_server::{Fault, KubeServer, NodeRegistration};
 
 fn adapter(server: &KubeServer) -> KubeCluster {
-    KubeCluster::from_client(server.client()).with_retry(RetryPolicy {
+    KubeCluster::from_client(server.lambda_client()).with_retry(RetryPolicy {
         attempts: 3,
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(2),

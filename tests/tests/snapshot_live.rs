@@ -103,7 +103,7 @@ async fn reads_pods_nodes_claims_objects_and_live_offerings_as_of_now() {
         .await
         .unwrap();
 
-    let cluster = KubeCluster::from_client(kube.client());
+    let cluster = KubeCluster::from_client(kube.lambda_client());
     let s = live::read(&cluster, &store, now).await.unwrap();
 
     assert_eq!(s.now, now);

@@ -22,6 +22,9 @@ use crate::apis::{EC2NodeClass, NodePool};
 pub const CLUSTER_NAME_ENV: &str = "NODESMITH_CLUSTER_NAME";
 /// Overrides the cluster with a plain API server URL (local tests).
 pub const KUBE_URL_ENV: &str = "NODESMITH_KUBE_URL";
+/// The bearer token sent to [`KUBE_URL_ENV`]'s server, if any (the local test
+/// server takes `nodesmith-lambda` as the functions' RBAC identity).
+pub const KUBE_TOKEN_ENV: &str = "NODESMITH_KUBE_TOKEN";
 
 /// The Kubernetes adapter used by the functions.
 pub struct KubeCluster {
@@ -59,8 +62,9 @@ impl KubeCluster {
     }
 
     /// The adapter a function builds at start-up: a plain URL from
-    /// `NODESMITH_KUBE_URL` when set (local runs against the test server, no
-    /// auth), else the EKS cluster named by `NODESMITH_CLUSTER_NAME`.
+    /// `NODESMITH_KUBE_URL` when set (local runs against the test server),
+    /// with the bearer token in `NODESMITH_KUBE_TOKEN` if that is set, else
+    /// the EKS cluster named by `NODESMITH_CLUSTER_NAME`.
     pub fn from_env(config: aws_config::SdkConfig) -> Result<Self, super::client::ClientError> {
         Self::from_lookup(config, |k| std::env::var(k).ok())
     }
@@ -71,7 +75,12 @@ impl KubeCluster {
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, super::client::ClientError> {
         if let Some(url) = get(KUBE_URL_ENV).filter(|u| !u.is_empty()) {
-            return Ok(Self::from_client(super::client::client_for(&url, None, None)?));
+            let token = get(KUBE_TOKEN_ENV).filter(|t| !t.is_empty());
+            return Ok(Self::from_client(super::client::client_for(
+                &url,
+                None,
+                token.as_deref(),
+            )?));
         }
         match get(CLUSTER_NAME_ENV).filter(|n| !n.is_empty()) {
             Some(name) => Ok(Self::for_eks(config, &name)),

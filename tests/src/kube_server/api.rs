@@ -123,6 +123,10 @@ pub async fn handle(
 ) -> Response {
     let path = uri.path().to_string();
     shared.record_request(&method, &uri, &headers);
+    let identity = super::rbac::identify(&headers);
+    // Injected faults stand for what comes before authorization (a rejected
+    // token, throttling, an unavailable server); nothing below runs unless
+    // the caller may make the request.
     if let Some(code) = shared.take_fault(&method, &path) {
         let reason = match code {
             401 => "Unauthorized",
@@ -133,6 +137,9 @@ pub async fn handle(
             _ => "Unknown",
         };
         return status(code, reason, &format!("injected fault {code}"), None);
+    }
+    if let Err(refused) = shared.authorize(identity, &method, &uri, &q) {
+        return refused;
     }
     if path == "/version" {
         return ok_json(

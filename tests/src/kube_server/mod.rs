@@ -35,11 +35,22 @@
 //! can change its status; objects are not validated beyond being JSON with a name; a PDB's
 //! expected pods are the pods its selector matches; binding a pod also makes
 //! it Running and Ready; see [`workloads`] for the controllers' own.
+//!
+//! Authentication and RBAC as on EKS, for nodesmith's functions only (see
+//! [`rbac`]): a request whose bearer token is an EKS token (`k8s-aws-v1.…`)
+//! or `nodesmith-lambda` is the functions' group `nodesmith:lambda`, held to
+//! the ClusterRole of `infra/k8s/lambda-rbac.yaml` (403 `Forbidden` beyond
+//! it, recorded in [`KubeServer::denials`]); any other request, with no token
+//! or the kubeconfig's `nodesmith-test`, is the test's cluster admin and may
+//! do anything. [`KubeServer::client`] is the admin, for seeding and
+//! inspecting; [`KubeServer::lambda_client`] and [`KubeServer::env`] are the
+//! functions.
 
 pub mod api;
 pub mod discovery;
 pub mod disruption;
 pub mod kubelet;
+pub mod rbac;
 pub mod resources;
 pub mod scheduler;
 pub mod selectors;
@@ -47,6 +58,7 @@ pub mod store;
 pub mod table;
 pub mod workloads;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -123,6 +135,10 @@ pub struct Shared {
     requests: Mutex<Vec<RequestRecord>>,
     touch_after_get: Mutex<Vec<(String, usize)>>,
     watch_breaker: tokio::sync::watch::Sender<u64>,
+    /// The functions' rules (from `infra/k8s/lambda-rbac.yaml`).
+    lambda_policy: rbac::Policy,
+    denials: Mutex<Vec<String>>,
+    lambda_used: Mutex<BTreeSet<(String, String, String)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -146,6 +162,39 @@ impl Shared {
             uri: uri.to_string(),
             authorization,
         });
+    }
+
+    /// Authorizes a request before anything is read or written: the admin
+    /// and non-resource paths always pass; the functions pass what their
+    /// ClusterRole grants, and a refusal is recorded and answered with a
+    /// 403 `Forbidden` Status.
+    #[allow(clippy::result_large_err)] // the error is the response to send
+    fn authorize(
+        &self,
+        identity: rbac::Identity,
+        method: &Method,
+        uri: &Uri,
+        query: &std::collections::HashMap<String, String>,
+    ) -> Result<(), axum::response::Response> {
+        if identity == rbac::Identity::Admin {
+            return Ok(());
+        }
+        let rbac::Attributes::Resource(r) = rbac::attributes(method, uri.path(), query) else {
+            return Ok(());
+        };
+        if self.lambda_policy.allows(&r) {
+            lock(&self.lambda_used).insert((r.group.clone(), r.resource_path(), r.verb.clone()));
+            return Ok(());
+        }
+        let message = rbac::forbidden_message(rbac::LAMBDA_USER, &r);
+        lock(&self.denials).push(format!("{method} {uri}: {message}"));
+        tracing::warn!(%method, %uri, "kubernetes test server: {message}");
+        Err(api::status(
+            403,
+            "Forbidden",
+            &message,
+            Some(json!({"name": r.name, "group": r.group, "kind": r.resource})),
+        ))
     }
 
     /// Whether a GET of `path` should be followed by a concurrent write.
@@ -233,15 +282,18 @@ fn namespace_json(name: &str) -> Value {
 impl KubeServer {
     /// Starts a server on a free loopback port.
     ///
-    /// Panics when no loopback port can be bound: nothing a test could do about it.
+    /// Panics when no loopback port can be bound or the functions' RBAC
+    /// manifest is broken: nothing a test could do about either.
     pub async fn start() -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], 0));
         Self::start_on(addr)
             .await
-            .expect("bind a loopback port for the Kubernetes test server")
+            .unwrap_or_else(|e| panic!("starting the Kubernetes test server: {e}"))
     }
 
-    /// Starts a server on `addr` (port 0 picks a free one).
+    /// Starts a server on `addr` (port 0 picks a free one). Fails when the
+    /// port cannot be bound or `infra/k8s/lambda-rbac.yaml` does not give the
+    /// functions' group its ClusterRole.
     pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -250,7 +302,11 @@ impl KubeServer {
             // A fresh store holds nothing, so this cannot collide.
             let _ = store.create(NAMESPACES, "", namespace_json(ns));
         }
+        let lambda_policy = rbac::Policy::lambda().map_err(std::io::Error::other)?;
         let shared = Arc::new(Shared {
+            lambda_policy,
+            denials: Mutex::new(Vec::new()),
+            lambda_used: Mutex::new(BTreeSet::new()),
             store: Mutex::new(store),
             faults: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
@@ -271,8 +327,8 @@ impl KubeServer {
     }
 
     /// Writes a kubeconfig for this server to `path`: one cluster, context and
-    /// token user named `nodesmith-test`, namespace `default` (the server
-    /// accepts any token).
+    /// token user named `nodesmith-test`, namespace `default`. The token
+    /// `nodesmith-test` is the cluster admin (any token but the functions' is).
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         let config = json!({
             "apiVersion": "v1",
@@ -300,16 +356,45 @@ impl KubeServer {
         c
     }
 
-    /// A kube client talking to this server.
+    /// A kube client talking to this server as the test's cluster admin (no
+    /// token): for seeding and inspecting cluster state, never restricted.
     pub fn client(&self) -> kube::Client {
         nodesmith::kubernetes::client::install_crypto_provider();
         kube::Client::try_from(self.config()).expect("a kube client for a plain-HTTP URL")
     }
 
+    /// A kube client with the functions' identity (token
+    /// [`rbac::LAMBDA_TOKEN`]), held to their ClusterRole: what nodesmith's
+    /// adapter must use in tests (`KubeCluster::from_client(server.lambda_client())`).
+    pub fn lambda_client(&self) -> kube::Client {
+        nodesmith::kubernetes::client::install_crypto_provider();
+        let mut config = self.config();
+        config.auth_info.token = Some(rbac::LAMBDA_TOKEN.to_string().into());
+        kube::Client::try_from(config).expect("a kube client for a plain-HTTP URL")
+    }
+
     /// Environment for a child process (a function binary) to use this server
-    /// through `KubeCluster::from_env`.
+    /// through `KubeCluster::from_env`, with the functions' identity (the URL
+    /// and the token [`rbac::LAMBDA_TOKEN`]).
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![(nodesmith::kubernetes::kube_cluster::KUBE_URL_ENV, self.url.clone())]
+        use nodesmith::kubernetes::kube_cluster::{KUBE_TOKEN_ENV, KUBE_URL_ENV};
+        vec![
+            (KUBE_URL_ENV, self.url.clone()),
+            (KUBE_TOKEN_ENV, rbac::LAMBDA_TOKEN.to_string()),
+        ]
+    }
+
+    /// Every request of the functions' identity refused so far, as
+    /// `METHOD path?query: message` (a test of code that runs as the
+    /// functions should end with none).
+    pub fn denials(&self) -> Vec<String> {
+        lock(&self.shared.denials).clone()
+    }
+
+    /// The (API group, resource[/subresource], verb) the functions' identity
+    /// was allowed so far.
+    pub fn lambda_permissions_used(&self) -> BTreeSet<(String, String, String)> {
+        lock(&self.shared.lambda_used).clone()
     }
 
     /// The shared state (for handlers and advanced tests).

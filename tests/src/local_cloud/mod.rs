@@ -189,7 +189,7 @@ pub enum StartError {
     /// Making the AWS resources failed.
     #[error(transparent)]
     World(#[from] aws::WorldError),
-    /// The cluster's objects could not be written.
+    /// The Kubernetes API test server did not start, or the cluster's objects could not be written.
     #[error("the Kubernetes API test server: {0}")]
     Kube(String),
     /// A file could not be written.
@@ -291,7 +291,7 @@ impl LocalCloud {
 
         let kube = KubeServer::start_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
             .await
-            .map_err(|e| StartError::Kube(format!("cannot listen on loopback: {e}")))?;
+            .map_err(|e| StartError::Kube(format!("cannot start: {e}")))?;
         for obj in default_objects(&settings.cluster, &world.node_role) {
             kube.apply(&obj).map_err(StartError::Kube)?;
         }

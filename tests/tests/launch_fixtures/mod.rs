@@ -137,7 +137,7 @@ pub async fn launcher(m: &Moto, endpoint: &str, kube: &KubeServer) -> Launcher {
 /// A launcher that asks for solves on `pending_queue_url` when it gives a claim up.
 pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_queue_url: Option<String>) -> Launcher {
     let conf = fast_retries(m.sdk_config_at(endpoint).await);
-    let cluster = KubeCluster::from_client(kube.client()).with_retry(RetryPolicy {
+    let cluster = KubeCluster::from_client(kube.lambda_client()).with_retry(RetryPolicy {
         attempts: 3,
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),

@@ -51,6 +51,17 @@ pub struct Stack {
     pub kubelets: Kubelets,
 }
 
+impl Drop for Stack {
+    /// Every test on the stack runs nodesmith as the functions: a call their
+    /// ClusterRole does not grant fails the test, even if the code shrugged it off.
+    fn drop(&mut self) {
+        let denials = self.kube.denials();
+        if !std::thread::panicking() && !denials.is_empty() {
+            panic!("the functions' RBAC refused calls: {denials:#?}");
+        }
+    }
+}
+
 /// An SQS event of these bodies (message ids `m0`, `m1`, ...).
 pub fn event(bodies: Vec<String>) -> SqsEvent {
     sqs::event(bodies.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)))
@@ -117,7 +128,7 @@ impl Stack {
     }
 
     pub fn cluster(&self) -> KubeCluster {
-        KubeCluster::from_client(self.kube.client()).with_retry(RetryPolicy {
+        KubeCluster::from_client(self.kube.lambda_client()).with_retry(RetryPolicy {
             attempts: 3,
             base_delay: Duration::from_millis(1),
             max_delay: Duration::from_millis(5),

@@ -1,0 +1,681 @@
+//! RBAC for nodesmith's functions. The Kubernetes API test server holds their
+//! identity (an EKS token, or the token `nodesmith-lambda`) to the ClusterRole
+//! of `infra/k8s/lambda-rbac.yaml`, as EKS does once the stack's access
+//! entries put their roles in the group `nodesmith:lambda`; the test's admin
+//! is not restricted. And statically: the ClusterRole grants exactly the
+//! calls the adapter (`shared/src/kubernetes/kube_cluster.rs`) makes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
+use nodesmith::apis::{EC2NodeClass, NodePool};
+use nodesmith::kubernetes::events::{EventSpec, node_name_ref};
+use nodesmith::kubernetes::{Cluster, EvictionOutcome, KubeCluster, NodeUpdate};
+use nodesmith_tests::kube_server::{KubeServer, NodeRegistration};
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A (API group, resource[/subresource], verb) triple.
+type Permission = (String, String, String);
+
+fn perm(group: &str, resource: &str, verb: &str) -> Permission {
+    (group.to_string(), resource.to_string(), verb.to_string())
+}
+
+fn pod_json(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "100m"}}}]}})
+}
+
+fn class_json() -> Value {
+    json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+        "role": "NodeRole", "amiSelectorTerms": [{"alias": "al2023@latest"}],
+        "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}],
+        "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "demo"}}]}})
+}
+
+/// A server with node `n1` running pod `web-1`, namespace `team-a` and
+/// EC2NodeClass `default`.
+async fn seeded() -> KubeServer {
+    let server = KubeServer::start().await;
+    server
+        .register_node(&NodeRegistration {
+            name: "n1".into(),
+            instance_id: "i-n1".into(),
+            instance_type: "m5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: "on-demand".into(),
+            capacity: BTreeMap::from([
+                ("cpu".into(), "4".into()),
+                ("memory".into(), "16Gi".into()),
+                ("pods".into(), "58".into()),
+            ]),
+            ..Default::default()
+        })
+        .unwrap();
+    server.apply(&pod_json("web-1")).unwrap();
+    server
+        .apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
+        .unwrap();
+    server.apply(&class_json()).unwrap();
+    assert_eq!(server.schedule().bound.len(), 1);
+    server
+}
+
+/// The error is a 403 Forbidden Status with exactly this message.
+fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>, message: &str) {
+    match r {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{s:?}");
+            assert_eq!(s.message, message);
+        }
+        other => panic!("expected 403 Forbidden ({message}), got {other:?}"),
+    }
+}
+
+/// What the functions may not do, each refused with kube-apiserver's message.
+async fn refused_calls(client: kube::Client) -> Vec<Result<(), kube::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let p: Pod = serde_json::from_value(pod_json("intruder")).unwrap();
+    let created = pods.create(&PostParams::default(), &p).await.map(drop);
+    let classes: Api<EC2NodeClass> = Api::all(client.clone());
+    let patched = classes
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"role": "AdminRole"}})),
+        )
+        .await
+        .map(drop);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let deleted = namespaces.delete("team-a", &DeleteParams::default()).await.map(drop);
+    vec![created, patched, deleted]
+}
+
+const USER: &str = "User \"nodesmith-lambda\"";
+
+#[tokio::test]
+async fn the_functions_are_refused_what_their_cluster_role_does_not_grant() {
+    let server = seeded().await;
+    let [created, patched, deleted]: [_; 3] = refused_calls(server.lambda_client()).await.try_into().unwrap();
+    forbidden(
+        created,
+        &format!(
+            "pods is forbidden: {USER} cannot create resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    forbidden(
+        patched,
+        &format!(
+            "ec2nodeclasses.karpenter.k8s.aws \"default\" is forbidden: {USER} cannot patch resource \"ec2nodeclasses\" in API group \"karpenter.k8s.aws\" at the cluster scope"
+        ),
+    );
+    forbidden(
+        deleted,
+        // As kube-apiserver words it: a Namespace is in its own namespace.
+        &format!(
+            "namespaces \"team-a\" is forbidden: {USER} cannot delete resource \"namespaces\" in API group \"\" in the namespace \"team-a\""
+        ),
+    );
+    // Refused before anything was read or written.
+    assert!(server.pod("default", "intruder").is_none());
+    let classes: Api<EC2NodeClass> = Api::all(server.client());
+    assert_eq!(
+        classes.get("default").await.unwrap().spec.role.as_deref(),
+        Some("NodeRole")
+    );
+    let namespaces: Api<Namespace> = Api::all(server.client());
+    assert!(namespaces.get_opt("team-a").await.unwrap().is_some());
+
+    let denials = server.denials();
+    assert_eq!(denials.len(), 3, "{denials:#?}");
+    assert!(
+        denials[0].starts_with("POST /api/v1/namespaces/default/pods"),
+        "{denials:#?}"
+    );
+    assert!(
+        denials[1].contains("cannot patch resource \"ec2nodeclasses\""),
+        "{denials:#?}"
+    );
+    assert!(
+        denials[2].contains("cannot delete resource \"namespaces\""),
+        "{denials:#?}"
+    );
+    assert!(server.lambda_permissions_used().is_empty());
+}
+
+#[tokio::test]
+async fn verbs_follow_kube_apiserver_and_authorization_comes_before_routing() {
+    let server = seeded().await;
+    let lambda = server.lambda_client();
+    let nodes: Api<Node> = Api::all(lambda.clone());
+    forbidden(
+        nodes.watch(&WatchParams::default(), "0").await.map(drop),
+        &format!("nodes is forbidden: {USER} cannot watch resource \"nodes\" in API group \"\" at the cluster scope"),
+    );
+    let pods: Api<Pod> = Api::namespaced(lambda.clone(), "default");
+    forbidden(
+        pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .map(drop),
+        &format!(
+            "pods is forbidden: {USER} cannot deletecollection resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    // The pod's status is not the pod.
+    forbidden(
+        pods.patch_status(
+            "web-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+        .map(drop),
+        &format!(
+            "pods \"web-1\" is forbidden: {USER} cannot patch resource \"pods/status\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    // A resource the server does not even serve is refused, not missing.
+    let secret = http::Request::get("/api/v1/namespaces/default/secrets/token")
+        .body(Vec::new())
+        .unwrap();
+    forbidden(
+        lambda.request::<Value>(secret).await,
+        &format!(
+            "secrets \"token\" is forbidden: {USER} cannot get resource \"secrets\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    assert_eq!(server.denials().len(), 4, "{:#?}", server.denials());
+    assert_eq!(server.pods().len(), 1);
+    // Discovery and the version are open to every identity.
+    assert_eq!(lambda.apiserver_version().await.unwrap().major, "1");
+    assert!(!lambda.list_api_groups().await.unwrap().groups.is_empty());
+    assert!(!lambda.list_core_api_versions().await.unwrap().versions.is_empty());
+    assert_eq!(server.denials().len(), 4);
+}
+
+#[tokio::test]
+async fn eks_tokens_are_the_functions_and_other_tokens_the_admin() {
+    let server = seeded().await;
+    let eks =
+        nodesmith::kubernetes::client::client_for(server.url(), None, Some("k8s-aws-v1.aHR0cHM6Ly9zdHM")).unwrap();
+    for r in refused_calls(eks).await {
+        match r {
+            Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{s:?}"),
+            other => panic!("expected 403 Forbidden, got {other:?}"),
+        }
+    }
+    assert_eq!(server.denials().len(), 3);
+    // The kubeconfig's token is the admin's, as is no token at all.
+    let kubeconfig = nodesmith::kubernetes::client::client_for(server.url(), None, Some("nodesmith-test")).unwrap();
+    let pods: Api<Pod> = Api::namespaced(kubeconfig, "default");
+    let p: Pod = serde_json::from_value(pod_json("by-kubeconfig")).unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    assert_eq!(server.denials().len(), 3);
+}
+
+#[tokio::test]
+async fn the_admin_is_not_restricted() {
+    let server = seeded().await;
+    for r in refused_calls(server.client()).await {
+        r.unwrap();
+    }
+    assert!(server.pod("default", "intruder").is_some());
+    let classes: Api<EC2NodeClass> = Api::all(server.client());
+    assert_eq!(
+        classes.get("default").await.unwrap().spec.role.as_deref(),
+        Some("AdminRole")
+    );
+    let namespaces: Api<Namespace> = Api::all(server.client());
+    assert!(namespaces.get_opt("team-a").await.unwrap().is_none());
+    assert!(server.denials().is_empty());
+    assert!(
+        server.lambda_permissions_used().is_empty(),
+        "the admin is not the functions"
+    );
+}
+
+#[tokio::test]
+async fn the_adapter_as_the_functions_may_do_everything_it_does() {
+    let server = seeded().await;
+    let cluster = KubeCluster::from_client(server.lambda_client());
+    // Every read.
+    assert_eq!(cluster.pods().await.unwrap().len(), 1);
+    assert!(cluster.pending_pods().await.unwrap().is_empty());
+    assert_eq!(cluster.pods_on_node("n1").await.unwrap().len(), 1);
+    assert!(cluster.pod("default", "web-1").await.unwrap().is_some());
+    assert_eq!(cluster.nodes().await.unwrap().len(), 1);
+    assert!(cluster.daemon_sets().await.unwrap().is_empty());
+    assert!(cluster.pod_disruption_budgets().await.unwrap().is_empty());
+    assert!(cluster.persistent_volumes().await.unwrap().is_empty());
+    assert!(cluster.persistent_volume_claims().await.unwrap().is_empty());
+    assert!(cluster.storage_classes().await.unwrap().is_empty());
+    assert_eq!(cluster.namespaces().await.unwrap().len(), 5);
+    assert!(cluster.node_pools().await.unwrap().is_empty());
+    assert_eq!(cluster.node_classes().await.unwrap().len(), 1);
+    // Every write.
+    let mut class = cluster.node_class("default").await.unwrap().unwrap();
+    class.status = Some(serde_json::from_value(json!({"instanceProfile": "p"})).unwrap());
+    assert!(cluster.replace_node_class_status(&class).await.unwrap());
+    let update = NodeUpdate {
+        labels: BTreeMap::from([("team".into(), "web".into())]),
+        ..Default::default()
+    };
+    assert!(cluster.update_node("n1", &update).await.unwrap());
+    assert!(cluster.taint_disrupted("n1").await.unwrap());
+    assert!(cluster.untaint_disrupted("n1").await.unwrap());
+    cluster
+        .emit_event(&EventSpec::disrupting(node_name_ref("n1"), "Underutilized"))
+        .await
+        .unwrap();
+    let web = server.pod("default", "web-1").unwrap();
+    assert_eq!(cluster.evict(&web).await.unwrap(), EvictionOutcome::Evicted);
+    server.apply(&pod_json("web-2")).unwrap();
+    let web2 = server.pod("default", "web-2").unwrap();
+    assert!(cluster.delete_pod(&web2).await.unwrap());
+    assert!(cluster.delete_node("n1").await.unwrap());
+
+    assert!(server.denials().is_empty(), "{:#?}", server.denials());
+    // Every grant was exercised: the role holds nothing this adapter does not use.
+    assert_eq!(server.lambda_permissions_used(), cluster_role_grants());
+}
+
+// ---- The static check: the ClusterRole is exactly what the adapter calls. ----
+
+/// One Kubernetes call the scan found: the fn it is in, the object type, the kube-rs method.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Call {
+    in_fn: String,
+    kind: String,
+    method: String,
+}
+
+/// A type's (API group, plural), from its `kube::Resource` impl.
+fn gr<K: kube::Resource<DynamicType = ()>>() -> (String, String) {
+    (K::group(&()).to_string(), K::plural(&()).to_string())
+}
+
+/// The object types the adapter may name, by the name it uses.
+fn kinds() -> BTreeMap<&'static str, (String, String)> {
+    BTreeMap::from([
+        ("Pod", gr::<Pod>()),
+        ("Node", gr::<Node>()),
+        ("Event", gr::<Event>()),
+        ("DaemonSet", gr::<DaemonSet>()),
+        ("PodDisruptionBudget", gr::<PodDisruptionBudget>()),
+        ("PersistentVolume", gr::<PersistentVolume>()),
+        ("PersistentVolumeClaim", gr::<PersistentVolumeClaim>()),
+        ("StorageClass", gr::<StorageClass>()),
+        ("Namespace", gr::<Namespace>()),
+        ("NodePool", gr::<NodePool>()),
+        ("EC2NodeClass", gr::<EC2NodeClass>()),
+    ])
+}
+
+/// kube-rs `Api` methods: (subresource, verb).
+fn verb_of(method: &str) -> Option<(Option<&'static str>, &'static str)> {
+    Some(match method {
+        "get" | "get_opt" => (None, "get"),
+        "list" => (None, "list"),
+        "watch" => (None, "watch"),
+        "create" => (None, "create"),
+        "replace" => (None, "update"),
+        "patch" => (None, "patch"),
+        "delete" => (None, "delete"),
+        "delete_collection" => (None, "deletecollection"),
+        "evict" => (Some("eviction"), "create"),
+        "get_status" => (Some("status"), "get"),
+        "replace_status" => (Some("status"), "update"),
+        "patch_status" => (Some("status"), "patch"),
+        _ => return None,
+    })
+}
+
+/// 1-based line of a byte offset.
+fn line_of(src: &str, at: usize) -> usize {
+    src[..at].matches('\n').count() + 1
+}
+
+/// The identifier at the start of `s`.
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Where the parenthesis opened at `open` closes.
+fn closing(src: &str, open: usize) -> Option<usize> {
+    let mut depth = 0;
+    for (i, c) in src[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A fn of the source: name, generic parameters, the element type of a
+/// `Vec<T>` it returns, and its byte range.
+struct Func {
+    name: String,
+    generics: Vec<String>,
+    returns_vec_of: Option<String>,
+    start: usize,
+    end: usize,
+}
+
+fn functions(src: &str) -> Vec<Func> {
+    let starts: Vec<usize> = src
+        .match_indices("fn ")
+        .map(|(i, _)| i)
+        .filter(|&i| i == 0 || src[..i].ends_with(|c: char| c.is_whitespace()))
+        .collect();
+    let mut out = Vec::new();
+    for (k, &start) in starts.iter().enumerate() {
+        let end = starts.get(k + 1).copied().unwrap_or(src.len());
+        let name = ident(&src[start + 3..]).to_string();
+        let after = &src[start + 3 + name.len()..end];
+        let generics = match after.strip_prefix('<') {
+            Some(g) => g[..g.find('>').unwrap_or(0)]
+                .split(',')
+                .map(|p| ident(p.trim()).to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+            None => Vec::new(),
+        };
+        let signature = &after[..after.find('{').unwrap_or(after.len())];
+        let returns_vec_of = signature
+            .split_once("->")
+            .and_then(|(_, ret)| ret.split_once("Vec<"))
+            .map(|(_, t)| ident(t).to_string());
+        out.push(Func {
+            name,
+            generics,
+            returns_vec_of,
+            start,
+            end,
+        });
+    }
+    out
+}
+
+/// Every Kubernetes call in `src`: `Api::<T>::all(..)` or
+/// `Api::<T>::namespaced(..)` followed by `.method(`, and calls of generic
+/// helpers (`self.list_all(..)`) with the element type of the enclosing fn's
+/// `Vec<T>` (or a turbofish). Anything else touching the API is an error, so
+/// a call the scan does not understand cannot pass unseen.
+fn scan(src: &str) -> Result<Vec<Call>, String> {
+    let fns = functions(src);
+    let fn_at = |at: usize| fns.iter().find(|f| f.start <= at && at < f.end);
+    for pat in [
+        "Api<",
+        ".request(",
+        ".request_text(",
+        ".request_events(",
+        "Api::all(",
+        "Api::namespaced(",
+    ] {
+        if let Some(at) = src.find(pat) {
+            return Err(format!(
+                "line {}: `{pat}` is a Kubernetes call the scan does not understand; write it as `Api::<T>::all(c).method(..)`",
+                line_of(src, at)
+            ));
+        }
+    }
+    let mut calls = Vec::new();
+    // Generic helpers: fn name → the methods they call on their type parameter.
+    let mut helpers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (at, _) in src.match_indices("Api::") {
+        let rest = &src[at + "Api::".len()..];
+        let Some(t) = rest.strip_prefix("<") else {
+            return Err(format!("line {}: `Api::` without a type", line_of(src, at)));
+        };
+        let kind = ident(t).to_string();
+        let Some(open) = t[kind.len()..]
+            .strip_prefix(">::")
+            .and_then(|c| {
+                ["all(", "namespaced("]
+                    .iter()
+                    .find(|p| c.starts_with(**p))
+                    .map(|p| p.len() - 1)
+            })
+            .map(|n| at + "Api::<".len() + kind.len() + ">::".len() + n)
+        else {
+            return Err(format!(
+                "line {}: `Api::<{kind}>` not followed by ::all( or ::namespaced(",
+                line_of(src, at)
+            ));
+        };
+        let close = closing(src, open).ok_or_else(|| format!("line {}: unclosed call", line_of(src, at)))?;
+        let after = src[close + 1..].trim_start();
+        let method = after.strip_prefix('.').map(ident).unwrap_or("");
+        if method.is_empty() {
+            return Err(format!(
+                "line {}: `Api::<{kind}>` not followed by a method call",
+                line_of(src, at)
+            ));
+        }
+        let Some(f) = fn_at(at) else {
+            return Err(format!("line {}: a call outside any fn", line_of(src, at)));
+        };
+        if f.generics.contains(&kind) {
+            helpers.entry(f.name.clone()).or_default().push(method.to_string());
+        } else {
+            calls.push(Call {
+                in_fn: f.name.clone(),
+                kind,
+                method: method.to_string(),
+            });
+        }
+    }
+    for (helper, methods) in &helpers {
+        let pat = format!("self.{helper}");
+        for (at, _) in src.match_indices(&pat) {
+            let rest = &src[at + pat.len()..];
+            let turbofish = rest.strip_prefix("::<").map(|t| ident(t).to_string());
+            let f = fn_at(at).ok_or_else(|| format!("line {}: a call outside any fn", line_of(src, at)))?;
+            let kind = turbofish.or_else(|| f.returns_vec_of.clone()).ok_or_else(|| {
+                format!(
+                    "line {}: cannot tell which type `{helper}` lists in fn {}: return `Vec<T>` or write `{helper}::<T>`",
+                    line_of(src, at),
+                    f.name
+                )
+            })?;
+            for m in methods {
+                calls.push(Call {
+                    in_fn: f.name.clone(),
+                    kind: kind.clone(),
+                    method: m.clone(),
+                });
+            }
+        }
+    }
+    Ok(calls)
+}
+
+/// The permissions `calls` need; unknown types and methods are errors naming them.
+fn permissions(calls: &[Call]) -> Result<BTreeSet<Permission>, String> {
+    let kinds = kinds();
+    let mut out = BTreeSet::new();
+    for c in calls {
+        let (group, plural) = kinds.get(c.kind.as_str()).ok_or_else(|| {
+            format!(
+                "fn {} calls the API for the type {}, which the scan does not know: add it to the table in kinds()",
+                c.in_fn, c.kind
+            )
+        })?;
+        let (sub, verb) = verb_of(&c.method).ok_or_else(|| {
+            format!(
+                "fn {} calls Api::<{}>::{}, a method the scan does not know: add it to the table in verb_of()",
+                c.in_fn, c.kind, c.method
+            )
+        })?;
+        let resource = match sub {
+            Some(s) => format!("{plural}/{s}"),
+            None => plural.clone(),
+        };
+        out.insert(perm(group, &resource, verb));
+    }
+    Ok(out)
+}
+
+fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+fn lambda_rbac() -> Vec<Value> {
+    yaml_documents(&repo().join("infra/k8s/lambda-rbac.yaml"))
+}
+
+/// What the ClusterRole `nodesmith-lambda` grants, with no wildcard anywhere.
+fn cluster_role_grants() -> BTreeSet<Permission> {
+    let doc = lambda_rbac()
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "nodesmith-lambda")
+        .expect("lambda-rbac.yaml defines the ClusterRole nodesmith-lambda");
+    let role: ClusterRole = serde_json::from_value(doc).unwrap();
+    let mut out = BTreeSet::new();
+    for rule in role.rules.unwrap_or_default() {
+        assert!(rule.non_resource_urls.is_none(), "no non-resource rules: {rule:?}");
+        assert!(
+            rule.resource_names.is_none(),
+            "the code names no fixed objects: {rule:?}"
+        );
+        for g in rule.api_groups.iter().flatten() {
+            for r in rule.resources.iter().flatten() {
+                for v in &rule.verbs {
+                    for x in [g, r, v] {
+                        assert!(!x.contains('*'), "a wildcard in {rule:?}");
+                    }
+                    out.insert(perm(g, r, v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn kube_cluster_source() -> String {
+    let path = repo().join("shared/src/kubernetes/kube_cluster.rs");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn kubernetes_permissions_the_code_uses_are_the_cluster_role_exactly() {
+    let calls = scan(&kube_cluster_source()).unwrap_or_else(|e| panic!("kube_cluster.rs: {e}"));
+    let used = permissions(&calls).unwrap_or_else(|e| panic!("kube_cluster.rs: {e}"));
+    // The scan sees the calls it must, so it cannot pass by finding nothing.
+    for known in [
+        perm("", "nodes", "patch"),
+        perm("", "nodes", "delete"),
+        perm("", "pods", "list"),
+        perm("", "pods/eviction", "create"),
+        perm("", "events", "create"),
+        perm("karpenter.sh", "nodepools", "list"),
+        perm("karpenter.k8s.aws", "ec2nodeclasses", "get"),
+        perm("karpenter.k8s.aws", "ec2nodeclasses/status", "update"),
+    ] {
+        assert!(used.contains(&known), "the scan missed {known:?}; it found {calls:#?}");
+    }
+    let granted = cluster_role_grants();
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "infra/k8s/lambda-rbac.yaml must grant exactly what kube_cluster.rs calls.\n\
+         called but not granted: {missing:?}\ngranted but never called: {extra:?}"
+    );
+}
+
+#[test]
+fn the_functions_group_is_bound_to_their_role_and_nothing_binds_cluster_admin() {
+    let binding = lambda_rbac()
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRoleBinding")
+        .expect("lambda-rbac.yaml binds its ClusterRole");
+    let b: ClusterRoleBinding = serde_json::from_value(binding).unwrap();
+    assert_eq!(
+        (b.role_ref.kind.as_str(), b.role_ref.name.as_str()),
+        ("ClusterRole", "nodesmith-lambda")
+    );
+    let subjects: Vec<(String, String)> = b
+        .subjects
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.kind, s.name))
+        .collect();
+    assert_eq!(subjects, [("Group".to_string(), "nodesmith:lambda".to_string())]);
+    let dir = repo().join("infra/k8s");
+    let mut bindings = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        for d in yaml_documents(&path) {
+            if !d["kind"].as_str().is_some_and(|k| k.ends_with("RoleBinding")) {
+                continue;
+            }
+            bindings += 1;
+            let role = d["roleRef"]["name"].as_str().unwrap_or("");
+            assert!(
+                role != "cluster-admin" && !role.starts_with("system:"),
+                "{} binds {role}",
+                path.display()
+            );
+            for s in d["subjects"].as_array().into_iter().flatten() {
+                let name = s["name"].as_str().unwrap_or("");
+                assert!(!name.starts_with("system:"), "{} binds {name}", path.display());
+            }
+        }
+    }
+    assert!(bindings >= 2, "expected the functions' and the forwarder's bindings");
+}
+
+#[test]
+fn the_scan_names_what_it_does_not_know() {
+    let e = permissions(&scan("fn f() { Api::<Secret>::all(c).get(n) }").unwrap()).unwrap_err();
+    assert!(e.contains("type Secret") && e.contains("add it to the table"), "{e}");
+    let e = permissions(&scan("fn f() { Api::<Pod>::namespaced(c, &ns).patch_metadata(n) }").unwrap()).unwrap_err();
+    assert!(e.contains("patch_metadata") && e.contains("add it to the table"), "{e}");
+    let e = scan("fn f() {\n let pods: Api<Pod> = Api::all(c);\n}").unwrap_err();
+    assert!(e.contains("line 2") && e.contains("does not understand"), "{e}");
+    let e = scan("fn h<K>() { Api::<K>::all(c).list(&lp) }\nfn g() -> usize { self.h(x) }").unwrap_err();
+    assert!(e.contains("cannot tell which type `h` lists in fn g"), "{e}");
+    // Helpers take the element type of their caller's Vec<T>, or a turbofish.
+    let calls = scan(
+        "fn h<K>() { Api::<K>::all(c).list(&lp) }\n\
+         fn g() -> Result<Vec<Node>, E> { self.h(x) }\n\
+         fn t() -> usize { self.h::<Pod>(x); Api::<Pod>::namespaced(c, &ns)\n  .evict(n) }",
+    )
+    .unwrap();
+    let used = permissions(&calls).unwrap();
+    assert_eq!(
+        used,
+        BTreeSet::from([
+            perm("", "nodes", "list"),
+            perm("", "pods", "list"),
+            perm("", "pods/eviction", "create")
+        ])
+    );
+}
