@@ -321,5 +321,35 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
     };
     let g2 = st.put_catalog(&small).await.unwrap();
     assert_ne!(g1, g2);
+    assert_eq!(st.get_catalog().await.unwrap(), Some(small.clone()));
+
+    // A warm store reads only the head again: with the parts gone, the store
+    // that read them still answers, and a fresh one (a cold container) says
+    // the table is damaged.
+    let client = aws_sdk_dynamodb::Client::new(&m.sdk_config().await);
+    let parts = client
+        .scan()
+        .table_name("nodesmith")
+        .send()
+        .await
+        .unwrap()
+        .items()
+        .iter()
+        .filter(|it| it["sk"].as_s().is_ok_and(|s| s.starts_with(&format!("PART#{g2}#"))))
+        .map(|it| (it["pk"].clone(), it["sk"].clone()))
+        .collect::<Vec<_>>();
+    assert!(!parts.is_empty());
+    for (pk, sk) in parts {
+        client
+            .delete_item()
+            .table_name("nodesmith")
+            .key("pk", pk)
+            .key("sk", sk)
+            .send()
+            .await
+            .unwrap();
+    }
     assert_eq!(st.get_catalog().await.unwrap(), Some(small));
+    let cold = StateStore::new(client, "nodesmith");
+    assert!(matches!(cold.get_catalog().await, Err(StateError::Corrupt { .. })));
 }

@@ -104,11 +104,17 @@ impl StateStore {
         )))
     }
 
-    /// The stored catalog, if any.
+    /// The stored catalog, if any. The parts are read only when the head
+    /// names a generation this store has not read yet.
     pub async fn get_catalog(&self) -> Result<Option<Catalog>, StateError> {
         let Some((generation, count)) = self.catalog_head().await? else {
             return Ok(None);
         };
+        if let Some((g, c)) = self.catalog.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+            && *g == generation
+        {
+            return Ok(Some(c.clone()));
+        }
         let mut parts: Vec<(String, Vec<u8>)> = Vec::with_capacity(count);
         for it in &self
             .query_partition(PK_CATALOG, Some(&format!("PART#{generation}#")))
@@ -130,13 +136,13 @@ impl StateStore {
         parts.sort_by(|a, b| a.0.cmp(&b.0));
         let bytes: Vec<Vec<u8>> = parts.into_iter().map(|(_, b)| b).collect();
         let json = join(&generation, &bytes)?;
-        serde_json::from_slice(&json)
-            .map(Some)
-            .map_err(|e| StateError::Corrupt {
-                what: "catalog",
-                key: generation,
-                reason: format!("not a Catalog: {e}"),
-            })
+        let catalog: Catalog = serde_json::from_slice(&json).map_err(|e| StateError::Corrupt {
+            what: "catalog",
+            key: generation.clone(),
+            reason: format!("not a Catalog: {e}"),
+        })?;
+        *self.catalog.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, catalog.clone()));
+        Ok(Some(catalog))
     }
 }
 
