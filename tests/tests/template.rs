@@ -758,7 +758,7 @@ mod iam {
                 );
                 continue;
             }
-            let Some(Value::Tagged(tag)) = Some(arn).filter(|a| matches!(a, Value::Tagged(_))) else {
+            let Value::Tagged(tag) = arn else {
                 panic!("{function} attaches a policy not of this stack: {arn:?}")
             };
             let name = tag.value.as_str().unwrap();
