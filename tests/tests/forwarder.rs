@@ -1,4 +1,5 @@
-//! The in-cluster forwarder against the Kubernetes API test server and moto's SQS.
+//! The in-cluster forwarder against the Kubernetes API test server and moto's SQS,
+//! as its ServiceAccount: held to the RBAC of `infra/k8s/forwarder.yaml`.
 //!
 //! No sleeps decide anything: a sentinel pod made unschedulable last is
 //! forwarded after every earlier watch event was handled (the watch is
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use nodesmith::messages::PendingPodRef;
 use nodesmith_forwarder::{Config, Health, SqsSink, Stats, run};
-use nodesmith_tests::kube_server::{KubeServer, NodeRegistration};
+use nodesmith_tests::kube_server::{Identity, KubeServer, NodeRegistration};
 use nodesmith_tests::moto::moto;
 use serde_json::json;
 
@@ -42,7 +43,8 @@ fn start(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Run
 fn start_with(server: &KubeServer, sqs: &aws_sdk_sqs::Client, queue_url: &str, cfg: Config) -> Running {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let health = Health::default();
-    let (client, sink, h) = (server.client(), SqsSink::new(sqs.clone(), queue_url), health.clone());
+    let client = server.client_as(Identity::Forwarder);
+    let (sink, h) = (SqsSink::new(sqs.clone(), queue_url), health.clone());
     let task = tokio::spawn(async move {
         run(client, sink, &cfg, h, async {
             let _ = stopped.await;
@@ -218,6 +220,20 @@ async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() 
         "the re-list saw the three earlier pending pods again: {stats:?} {watches:#?}"
     );
     assert!(fw.health.is_ready());
+    // Lists (the first and after 410) and watches (the first, the resumed
+    // one, the one after the re-list), all within its ClusterRole.
+    assert_within_its_role(&server);
+}
+
+/// The forwarder ran as its ServiceAccount and was refused nothing; it
+/// listed and watched pods, and used nothing else.
+fn assert_within_its_role(server: &KubeServer) {
+    assert!(server.denials().is_empty(), "refused: {:#?}", server.denials());
+    let pods = |verb: &str| (String::new(), "pods".to_string(), verb.to_string());
+    assert_eq!(
+        server.permissions_used(Identity::Forwarder),
+        [pods("list"), pods("watch")].into(),
+    );
 }
 
 #[tokio::test]
@@ -274,6 +290,7 @@ async fn a_pod_that_changes_while_pending_is_sent_again_and_bound_pods_never() {
     let _ = fw.stop.send(());
     let stats = fw.task.await.unwrap();
     assert_eq!(stats.sent, 3);
+    assert_within_its_role(&server);
 }
 
 #[tokio::test]
@@ -357,6 +374,7 @@ async fn a_pod_left_pending_is_sent_again_every_period_until_bound_or_deleted() 
     let rest = drain_queue(&sqs, &queue_url).await;
     assert_eq!(count(&rest, "stuck") + count(&rest, "doomed"), 0, "{rest:?}");
     assert!(stats.resent >= 6, "{stats:?}");
+    assert_within_its_role(&server);
 }
 
 #[tokio::test]

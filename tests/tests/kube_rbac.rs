@@ -1,9 +1,12 @@
-//! RBAC for nodesmith's functions. The Kubernetes API test server holds their
-//! identity (an EKS token, or the token `nodesmith-lambda`) to the ClusterRole
-//! of `infra/k8s/lambda-rbac.yaml`, as EKS does once the stack's access
-//! entries put their roles in the group `nodesmith:lambda`; the test's admin
-//! is not restricted. And statically: the ClusterRole grants exactly the
-//! calls the adapter (`shared/src/kubernetes/kube_cluster.rs`) makes.
+//! RBAC for nodesmith's functions and its forwarder. The Kubernetes API test
+//! server holds the functions' identity (an EKS token, or the token
+//! `nodesmith-lambda`) to the ClusterRole of `infra/k8s/lambda-rbac.yaml`, as
+//! EKS does once the stack's access entries put their roles in the group
+//! `nodesmith:lambda`, and the forwarder's ServiceAccount (the token
+//! `nodesmith-forwarder`) to what `infra/k8s/forwarder.yaml` binds to it; the
+//! test's admin is not restricted. And statically: each ClusterRole grants
+//! exactly the calls its code makes (the adapter,
+//! `shared/src/kubernetes/kube_cluster.rs`; the forwarder, `infra/forwarder/src`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,7 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, W
 use nodesmith::apis::{EC2NodeClass, NodePool};
 use nodesmith::kubernetes::events::{EventSpec, node_name_ref};
 use nodesmith::kubernetes::{Cluster, EvictionOutcome, KubeCluster, NodeUpdate};
-use nodesmith_tests::kube_server::{KubeServer, NodeRegistration};
+use nodesmith_tests::kube_server::{Identity, KubeServer, NodeRegistration};
 use serde_json::{Value, json};
 
 fn repo() -> PathBuf {
@@ -286,7 +289,116 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
 
     assert!(server.denials().is_empty(), "{:#?}", server.denials());
     // Every grant was exercised: the role holds nothing this adapter does not use.
-    assert_eq!(server.lambda_permissions_used(), cluster_role_grants());
+    assert_eq!(
+        server.lambda_permissions_used(),
+        cluster_role_grants("lambda-rbac.yaml", "nodesmith-lambda")
+    );
+}
+
+const FORWARDER: &str = "User \"system:serviceaccount:nodesmith:nodesmith-forwarder\"";
+
+#[tokio::test]
+async fn the_forwarder_may_list_and_watch_pods_and_is_refused_everything_else() {
+    let server = seeded().await;
+    let fw = server.client_as(Identity::Forwarder);
+    // What it does: list and watch pods, everywhere or in a namespace.
+    let pods: Api<Pod> = Api::all(fw.clone());
+    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    drop(pods.watch(&WatchParams::default(), "0").await.unwrap());
+    let in_default: Api<Pod> = Api::namespaced(fw.clone(), "default");
+    assert_eq!(in_default.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert!(server.denials().is_empty(), "{:#?}", server.denials());
+
+    let nodes: Api<Node> = Api::all(fw.clone());
+    forbidden(
+        nodes.list(&ListParams::default()).await.map(drop),
+        &format!(
+            "nodes is forbidden: {FORWARDER} cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+        ),
+    );
+    let p: Pod = serde_json::from_value(pod_json("intruder")).unwrap();
+    forbidden(
+        in_default.create(&PostParams::default(), &p).await.map(drop),
+        &format!(
+            "pods is forbidden: {FORWARDER} cannot create resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    // Reading one pod by name is not listing them: its role has no `get`.
+    forbidden(
+        in_default.get("web-1").await.map(drop),
+        &format!(
+            "pods \"web-1\" is forbidden: {FORWARDER} cannot get resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    forbidden(
+        in_default.delete("web-1", &DeleteParams::default()).await.map(drop),
+        &format!(
+            "pods \"web-1\" is forbidden: {FORWARDER} cannot delete resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+    );
+    let secret = http::Request::get("/api/v1/namespaces/nodesmith/secrets/token")
+        .body(Vec::new())
+        .unwrap();
+    forbidden(
+        fw.request::<Value>(secret).await,
+        &format!(
+            "secrets \"token\" is forbidden: {FORWARDER} cannot get resource \"secrets\" in API group \"\" in the namespace \"nodesmith\""
+        ),
+    );
+    assert!(server.pod("default", "intruder").is_none());
+    assert!(server.pod("default", "web-1").is_some());
+
+    // Recorded as the forwarder's, not the functions'.
+    let denials = server.denials_of(Identity::Forwarder);
+    assert_eq!(denials.len(), 5, "{denials:#?}");
+    assert!(denials.iter().all(|d| d.contains(FORWARDER)), "{denials:#?}");
+    assert_eq!(server.denials(), denials);
+    assert!(server.denials_of(Identity::Lambda).is_empty());
+    let pods = |verb: &str| perm("", "pods", verb);
+    assert_eq!(
+        server.permissions_used(Identity::Forwarder),
+        BTreeSet::from([pods("list"), pods("watch")])
+    );
+    assert!(server.lambda_permissions_used().is_empty());
+}
+
+#[tokio::test]
+async fn the_forwarder_kubeconfig_is_the_forwarder_and_the_functions_token_is_not() {
+    let server = seeded().await;
+    let dir = std::env::temp_dir().join(format!("nodesmith-kube-rbac-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("forwarder.kubeconfig");
+    server.write_kubeconfig_as(&path, Identity::Forwarder).unwrap();
+    // As the forwarder binary builds its client from KUBECONFIG.
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    nodesmith::kubernetes::client::install_crypto_provider();
+    let fw = kube::Client::try_from(config).unwrap();
+    let pods: Api<Pod> = Api::all(fw.clone());
+    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    let nodes: Api<Node> = Api::all(fw);
+    forbidden(
+        nodes.list(&ListParams::default()).await.map(drop),
+        &format!(
+            "nodes is forbidden: {FORWARDER} cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+        ),
+    );
+    // The functions may list nodes, and their grants are theirs alone.
+    let nodes: Api<Node> = Api::all(server.lambda_client());
+    assert_eq!(nodes.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(server.denials_of(Identity::Forwarder).len(), 1);
+    assert!(server.denials_of(Identity::Lambda).is_empty());
+    assert_eq!(
+        server.permissions_used(Identity::Forwarder),
+        BTreeSet::from([perm("", "pods", "list")])
+    );
+    assert_eq!(
+        server.lambda_permissions_used(),
+        BTreeSet::from([perm("", "nodes", "list")])
+    );
 }
 
 // ---- The static check: the ClusterRole is exactly what the adapter calls. ----
@@ -547,12 +659,12 @@ fn lambda_rbac() -> Vec<Value> {
     yaml_documents(&repo().join("infra/k8s/lambda-rbac.yaml"))
 }
 
-/// What the ClusterRole `nodesmith-lambda` grants, with no wildcard anywhere.
-fn cluster_role_grants() -> BTreeSet<Permission> {
-    let doc = lambda_rbac()
+/// What the ClusterRole `name` of `infra/k8s/<file>` grants, with no wildcard anywhere.
+fn cluster_role_grants(file: &str, name: &str) -> BTreeSet<Permission> {
+    let doc = yaml_documents(&repo().join("infra/k8s").join(file))
         .into_iter()
-        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "nodesmith-lambda")
-        .expect("lambda-rbac.yaml defines the ClusterRole nodesmith-lambda");
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{file} defines the ClusterRole {name}"));
     let role: ClusterRole = serde_json::from_value(doc).unwrap();
     let mut out = BTreeSet::new();
     for rule in role.rules.unwrap_or_default() {
@@ -597,7 +709,7 @@ fn kubernetes_permissions_the_code_uses_are_the_cluster_role_exactly() {
     ] {
         assert!(used.contains(&known), "the scan missed {known:?}; it found {calls:#?}");
     }
-    let granted = cluster_role_grants();
+    let granted = cluster_role_grants("lambda-rbac.yaml", "nodesmith-lambda");
     let missing: Vec<_> = used.difference(&granted).collect();
     let extra: Vec<_> = granted.difference(&used).collect();
     assert!(
@@ -678,4 +790,211 @@ fn the_scan_names_what_it_does_not_know() {
             perm("", "pods/eviction", "create")
         ])
     );
+}
+
+// ---- The same for the forwarder: its ClusterRole is exactly what its code calls. ----
+
+/// Byte offsets where `name` occurs in `src` as a whole identifier.
+fn word_at(src: &str, name: &str) -> Vec<usize> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    src.match_indices(name)
+        .map(|(i, _)| i)
+        .filter(|&i| !src[..i].ends_with(is_ident) && !src[i + name.len()..].starts_with(is_ident))
+        .collect()
+}
+
+/// The forwarder's Kubernetes calls in `src`. Its idiom: a binding
+/// `let x: Api<T> = Api::all(..);` then `watcher(x, ..)` (kube-rs' watcher
+/// lists, then watches, and lists again after a 410) or `x.method(..)`.
+/// Anything else touching the API is an error, so a call the scan does not
+/// understand cannot pass unseen.
+fn scan_forwarder(src: &str) -> Result<Vec<Call>, String> {
+    let fns = functions(src);
+    let fn_at = |at: usize| fns.iter().find(|f| f.start <= at && at < f.end);
+    // kube::Client's raw requests, with or without a turbofish.
+    for (at, _) in src.match_indices(".request") {
+        let rest = &src[at + ".request".len()..];
+        if ["(", "::<", "_text", "_events", "_status", "_stream"]
+            .iter()
+            .any(|p| rest.starts_with(p))
+        {
+            return Err(format!(
+                "line {}: `.request…` is a Kubernetes call the scan does not understand",
+                line_of(src, at)
+            ));
+        }
+    }
+    for pat in [
+        "reflector(",
+        "metadata_watcher(",
+        "watch_object(",
+        "Controller::",
+        "Discovery::",
+    ] {
+        if let Some(at) = src.find(pat) {
+            return Err(format!(
+                "line {}: `{pat}` is a Kubernetes call the scan does not understand",
+                line_of(src, at)
+            ));
+        }
+    }
+    let mut calls = Vec::new();
+    let mut watched = 0;
+    // The `Api::` of each binding's right-hand side: every other one is an error.
+    let mut understood = BTreeSet::new();
+    for at in word_at(src, "Api")
+        .into_iter()
+        .filter(|&at| src[at..].starts_with("Api<"))
+    {
+        let unknown = || {
+            format!(
+                "line {}: an `Api<..>` the scan does not understand; write `let x: Api<T> = Api::all(client);`",
+                line_of(src, at)
+            )
+        };
+        // Before: `let [mut ]x: `.
+        let before = src[..at].trim_end().strip_suffix(':').ok_or_else(unknown)?.trim_end();
+        let name_start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let name = &before[name_start..];
+        let head = before[..name_start].trim_end();
+        if name.is_empty() || !(head.ends_with("let") || head.ends_with("let mut")) {
+            return Err(unknown());
+        }
+        // After: `T> = Api::all(`.
+        let kind = ident(&src[at + "Api<".len()..]);
+        let after = src[at + "Api<".len() + kind.len()..]
+            .strip_prefix('>')
+            .ok_or_else(unknown)?;
+        let rhs = after.trim_start().strip_prefix('=').ok_or_else(unknown)?.trim_start();
+        if !rhs.starts_with("Api::all(") {
+            return Err(unknown());
+        }
+        understood.insert(src.len() - rhs.len());
+        let f = fn_at(at).ok_or_else(|| format!("line {}: a binding outside any fn", line_of(src, at)))?;
+        let statement_end = at + src[at..].find(';').ok_or_else(unknown)?;
+        for use_at in word_at(&src[..f.end], name).into_iter().filter(|&u| u > statement_end) {
+            let call = |method: &str| Call {
+                in_fn: f.name.clone(),
+                kind: kind.to_string(),
+                method: method.to_string(),
+            };
+            if src[..use_at].ends_with("watcher(") && !src[..use_at].ends_with("_watcher(") {
+                calls.extend([call("list"), call("watch")]);
+                watched += 1;
+            } else if let Some(m) = src[use_at + name.len()..].strip_prefix('.').map(ident)
+                && src[use_at + name.len() + 1 + m.len()..].starts_with('(')
+            {
+                calls.push(call(m));
+            } else {
+                return Err(format!(
+                    "line {}: `{name}` (an Api<{kind}>) used in a way the scan does not understand",
+                    line_of(src, use_at)
+                ));
+            }
+        }
+    }
+    for (at, _) in src.match_indices("Api::") {
+        if !understood.contains(&at) {
+            return Err(format!(
+                "line {}: an `Api::` the scan does not understand; write `let x: Api<T> = Api::all(client);`",
+                line_of(src, at)
+            ));
+        }
+    }
+    // A watcher of anything but such a binding is not understood either.
+    let watchers = word_at(src, "watcher")
+        .into_iter()
+        .filter(|&at| src[at..].starts_with("watcher("))
+        .count();
+    if watchers != watched {
+        return Err(format!(
+            "{watchers} `watcher(` calls, {watched} of an `Api` binding: the scan does not understand the others"
+        ));
+    }
+    Ok(calls)
+}
+
+fn forwarder_sources() -> Vec<(PathBuf, String)> {
+    let dir = repo().join("infra/forwarder/src");
+    let mut out: Vec<(PathBuf, String)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            assert!(
+                p.extension().is_some_and(|e| e == "rs"),
+                "{}: the scan reads only .rs files directly in {}",
+                p.display(),
+                dir.display()
+            );
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p, text)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_forwarder_cluster_role_is_exactly_what_its_code_calls() {
+    let mut calls = Vec::new();
+    for (path, src) in forwarder_sources() {
+        calls.extend(scan_forwarder(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+    }
+    let used = permissions(&calls).unwrap_or_else(|e| panic!("infra/forwarder/src: {e}"));
+    // The scan sees the pod watch, so it cannot pass by finding nothing.
+    assert!(
+        used.contains(&perm("", "pods", "watch")),
+        "the scan missed the pod watch; it found {calls:#?}"
+    );
+    let granted = cluster_role_grants("forwarder.yaml", "nodesmith-forwarder");
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "infra/k8s/forwarder.yaml must grant exactly what infra/forwarder/src calls.\n\
+         called but not granted: {missing:?}\ngranted but never called: {extra:?}"
+    );
+}
+
+#[test]
+fn the_forwarder_scan_names_what_it_does_not_know() {
+    let scan = |src: &str| scan_forwarder(src).and_then(|c| permissions(&c));
+    assert_eq!(
+        scan("fn run(c: Client) {\n let api: Api<Pod> = Api::all(c);\n let s = watcher(api, cfg).backoff();\n}")
+            .unwrap(),
+        BTreeSet::from([perm("", "pods", "list"), perm("", "pods", "watch")])
+    );
+    assert_eq!(
+        scan("fn f(c: Client) { let mut nodes: Api<Node> = Api::all(c); nodes.get(\"n\"); nodes.patch(\"n\", p) }")
+            .unwrap(),
+        BTreeSet::from([perm("", "nodes", "get"), perm("", "nodes", "patch")])
+    );
+    for (src, says) in [
+        (
+            "fn f(c: Client) {\n let p: Api<Pod> = Api::namespaced(c, \"x\");\n}",
+            "line 2: an `Api<..>`",
+        ),
+        ("fn f(api: Api<Pod>) { api.get(\"x\") }", "an `Api<..>`"),
+        (
+            "fn f(c: Client) { let api: Api<Pod> = Api::all(c); helper(api) }",
+            "`api` (an Api<Pod>)",
+        ),
+        (
+            "fn f(c: Client) { let s = watcher(Api::<Pod>::all(c), cfg); }",
+            "an `Api::`",
+        ),
+        ("fn f(c: Client) { c.request::<Value>(r) }", "`.request…`"),
+        ("fn f(c: Client) { c.request_text(r) }", "`.request…`"),
+        (
+            "fn f(c: Client) { let a: Api<Pod> = Api::all(c); let s = watcher(a, x); let t = watcher(b, x); }",
+            "2 `watcher(` calls, 1 of",
+        ),
+    ] {
+        let e = scan(src).unwrap_err();
+        assert!(e.contains(says), "{src}: {e}");
+    }
+    let e = scan("fn f(c: Client) { let a: Api<Secret> = Api::all(c); a.list(&lp) }").unwrap_err();
+    assert!(e.contains("type Secret"), "{e}");
 }

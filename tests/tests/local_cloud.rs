@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::Filter;
+use nodesmith_tests::kube_server::Identity;
 use nodesmith_tests::kubectl::Kubectl;
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{FUNCTIONS, LocalCloud, QueueName, Settings};
@@ -333,11 +334,16 @@ async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
         .collect();
     let nodes = cloud.kube.nodes();
     let denials = cloud.kube.denials();
+    let forwarder_used = cloud.kube.permissions_used(Identity::Forwarder);
     cloud.stop().await;
     let summary = summary.unwrap();
     assert!(summary.ok, "{summary:?}\n{text}");
-    // The function binaries ran the whole story within their ClusterRole.
-    assert!(denials.is_empty(), "the functions' RBAC refused calls: {denials:#?}");
+    // The function binaries and the forwarder ran the whole story within their ClusterRoles.
+    assert!(denials.is_empty(), "RBAC refused calls: {denials:#?}");
+    // The forwarder ran as its ServiceAccount (the admin's calls are not
+    // recorded), listing and watching pods and nothing else.
+    let pods = |verb: &str| (String::new(), "pods".to_string(), verb.to_string());
+    assert_eq!(forwarder_used, [pods("list"), pods("watch")].into());
     assert_eq!(summary.pods_scheduled, 100, "{text}");
     assert_eq!(summary.pods_pending, 0);
     assert_eq!(summary.leaked_instances, 0, "{summary:?}");

@@ -36,15 +36,19 @@
 //! expected pods are the pods its selector matches; binding a pod also makes
 //! it Running and Ready; see [`workloads`] for the controllers' own.
 //!
-//! Authentication and RBAC as on EKS, for nodesmith's functions only (see
-//! [`rbac`]): a request whose bearer token is an EKS token (`k8s-aws-v1.…`)
-//! or `nodesmith-lambda` is the functions' group `nodesmith:lambda`, held to
-//! the ClusterRole of `infra/k8s/lambda-rbac.yaml` (403 `Forbidden` beyond
-//! it, recorded in [`KubeServer::denials`]); any other request, with no token
-//! or the kubeconfig's `nodesmith-test`, is the test's cluster admin and may
-//! do anything. [`KubeServer::client`] is the admin, for seeding and
+//! Authentication and RBAC as on EKS, for nodesmith's functions and its
+//! forwarder (see [`rbac`]): a request whose bearer token is an EKS token
+//! (`k8s-aws-v1.…`) or `nodesmith-lambda` is the functions' group
+//! `nodesmith:lambda`, held to the ClusterRole of
+//! `infra/k8s/lambda-rbac.yaml`; the token `nodesmith-forwarder` is the
+//! ServiceAccount `system:serviceaccount:nodesmith:nodesmith-forwarder`, held
+//! to what `infra/k8s/forwarder.yaml` binds to it (403 `Forbidden` beyond
+//! either, recorded in [`KubeServer::denials`]); any other request, with no
+//! token or the kubeconfig's `nodesmith-test`, is the test's cluster admin
+//! and may do anything. [`KubeServer::client`] is the admin, for seeding and
 //! inspecting; [`KubeServer::lambda_client`] and [`KubeServer::env`] are the
-//! functions.
+//! functions; [`KubeServer::client_as`] and [`KubeServer::write_kubeconfig_as`]
+//! with [`Identity::Forwarder`] are the forwarder.
 
 pub mod api;
 pub mod discovery;
@@ -58,7 +62,7 @@ pub mod store;
 pub mod table;
 pub mod workloads;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,6 +79,7 @@ pub use kubelet::{
     KubeletLoop, KubeletReport, KubeletTiming, KubeletUserData, Kubelets, NodeRegistration, Refusal,
     kubelet_flags_from_user_data,
 };
+pub use rbac::{Identity, Permission};
 use resources::{NAMESPACES, NODES, PODS};
 pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
@@ -135,10 +140,10 @@ pub struct Shared {
     requests: Mutex<Vec<RequestRecord>>,
     touch_after_get: Mutex<Vec<(String, usize)>>,
     watch_breaker: tokio::sync::watch::Sender<u64>,
-    /// The functions' rules (from `infra/k8s/lambda-rbac.yaml`).
-    lambda_policy: rbac::Policy,
-    denials: Mutex<Vec<String>>,
-    lambda_used: Mutex<BTreeSet<(String, String, String)>>,
+    /// Each restricted identity's rules (from its manifest).
+    policies: BTreeMap<rbac::Identity, rbac::Policy>,
+    denials: Mutex<Vec<(rbac::Identity, String)>>,
+    used: Mutex<BTreeMap<rbac::Identity, BTreeSet<Permission>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -165,9 +170,9 @@ impl Shared {
     }
 
     /// Authorizes a request before anything is read or written: the admin
-    /// and non-resource paths always pass; the functions pass what their
-    /// ClusterRole grants, and a refusal is recorded and answered with a
-    /// 403 `Forbidden` Status.
+    /// and non-resource paths always pass; the functions and the forwarder
+    /// pass what their manifests' roles grant, and a refusal is recorded and
+    /// answered with a 403 `Forbidden` Status naming the user.
     #[allow(clippy::result_large_err)] // the error is the response to send
     fn authorize(
         &self,
@@ -176,18 +181,21 @@ impl Shared {
         uri: &Uri,
         query: &std::collections::HashMap<String, String>,
     ) -> Result<(), axum::response::Response> {
-        if identity == rbac::Identity::Admin {
+        let Some(policy) = self.policies.get(&identity) else {
             return Ok(());
-        }
+        };
         let rbac::Attributes::Resource(r) = rbac::attributes(method, uri.path(), query) else {
             return Ok(());
         };
-        if self.lambda_policy.allows(&r) {
-            lock(&self.lambda_used).insert((r.group.clone(), r.resource_path(), r.verb.clone()));
+        if policy.allows(&r) {
+            lock(&self.used)
+                .entry(identity)
+                .or_default()
+                .insert((r.group.clone(), r.resource_path(), r.verb.clone()));
             return Ok(());
         }
-        let message = rbac::forbidden_message(rbac::LAMBDA_USER, &r);
-        lock(&self.denials).push(format!("{method} {uri}: {message}"));
+        let message = rbac::forbidden_message(&identity.user().name, &r);
+        lock(&self.denials).push((identity, format!("{method} {uri}: {message}")));
         tracing::warn!(%method, %uri, "kubernetes test server: {message}");
         Err(api::status(
             403,
@@ -292,8 +300,9 @@ impl KubeServer {
     }
 
     /// Starts a server on `addr` (port 0 picks a free one). Fails when the
-    /// port cannot be bound or `infra/k8s/lambda-rbac.yaml` does not give the
-    /// functions' group its ClusterRole.
+    /// port cannot be bound, `infra/k8s/lambda-rbac.yaml` does not give the
+    /// functions' group its ClusterRole, or `infra/k8s/forwarder.yaml` binds
+    /// nothing to the forwarder's ServiceAccount.
     pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -302,11 +311,16 @@ impl KubeServer {
             // A fresh store holds nothing, so this cannot collide.
             let _ = store.create(NAMESPACES, "", namespace_json(ns));
         }
-        let lambda_policy = rbac::Policy::lambda().map_err(std::io::Error::other)?;
+        let mut policies = BTreeMap::new();
+        for identity in rbac::Identity::RESTRICTED {
+            if let Some(p) = rbac::Policy::of(identity).map_err(std::io::Error::other)? {
+                policies.insert(identity, p);
+            }
+        }
         let shared = Arc::new(Shared {
-            lambda_policy,
+            policies,
             denials: Mutex::new(Vec::new()),
-            lambda_used: Mutex::new(BTreeSet::new()),
+            used: Mutex::new(BTreeMap::new()),
             store: Mutex::new(store),
             faults: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
@@ -328,15 +342,24 @@ impl KubeServer {
 
     /// Writes a kubeconfig for this server to `path`: one cluster, context and
     /// token user named `nodesmith-test`, namespace `default`. The token
-    /// `nodesmith-test` is the cluster admin (any token but the functions' is).
+    /// [`rbac::ADMIN_TOKEN`] is the cluster admin (any token but the
+    /// restricted identities' is).
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        self.write_kubeconfig_as(path, rbac::Identity::Admin)
+    }
+
+    /// Writes a kubeconfig like [`KubeServer::write_kubeconfig`] whose user is
+    /// `identity` (its user name and token), e.g. for the forwarder binary,
+    /// which reads `KUBECONFIG`.
+    pub fn write_kubeconfig_as(&self, path: &Path, identity: rbac::Identity) -> std::io::Result<()> {
+        let user = identity.user().name;
         let config = json!({
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "nodesmith-test", "cluster": {"server": self.url}}],
-            "users": [{"name": "nodesmith-test", "user": {"token": "nodesmith-test"}}],
+            "users": [{"name": user, "user": {"token": identity.token()}}],
             "contexts": [{"name": "nodesmith-test",
-                "context": {"cluster": "nodesmith-test", "user": "nodesmith-test", "namespace": "default"}}],
+                "context": {"cluster": "nodesmith-test", "user": user, "namespace": "default"}}],
             "current-context": "nodesmith-test",
         });
         let yaml = serde_yaml_ng::to_string(&config).map_err(std::io::Error::other)?;
@@ -367,9 +390,15 @@ impl KubeServer {
     /// [`rbac::LAMBDA_TOKEN`]), held to their ClusterRole: what nodesmith's
     /// adapter must use in tests (`KubeCluster::from_client(server.lambda_client())`).
     pub fn lambda_client(&self) -> kube::Client {
+        self.client_as(rbac::Identity::Lambda)
+    }
+
+    /// A kube client with `identity`'s token, held to its rules (the
+    /// forwarder's: `server.client_as(Identity::Forwarder)`).
+    pub fn client_as(&self, identity: rbac::Identity) -> kube::Client {
         nodesmith::kubernetes::client::install_crypto_provider();
         let mut config = self.config();
-        config.auth_info.token = Some(rbac::LAMBDA_TOKEN.to_string().into());
+        config.auth_info.token = Some(identity.token().to_string().into());
         kube::Client::try_from(config).expect("a kube client for a plain-HTTP URL")
     }
 
@@ -384,17 +413,33 @@ impl KubeServer {
         ]
     }
 
-    /// Every request of the functions' identity refused so far, as
-    /// `METHOD path?query: message` (a test of code that runs as the
-    /// functions should end with none).
+    /// Every request of a restricted identity refused so far, in order, as
+    /// `METHOD path?query: message`; the message names whose (`User "…"
+    /// cannot …`). A test of code that runs as the functions or the
+    /// forwarder should end with none.
     pub fn denials(&self) -> Vec<String> {
-        lock(&self.shared.denials).clone()
+        lock(&self.shared.denials).iter().map(|(_, d)| d.clone()).collect()
     }
 
-    /// The (API group, resource[/subresource], verb) the functions' identity
-    /// was allowed so far.
-    pub fn lambda_permissions_used(&self) -> BTreeSet<(String, String, String)> {
-        lock(&self.shared.lambda_used).clone()
+    /// The requests of `identity` refused so far, as [`KubeServer::denials`] writes them.
+    pub fn denials_of(&self, identity: rbac::Identity) -> Vec<String> {
+        let denials = lock(&self.shared.denials);
+        denials
+            .iter()
+            .filter(|(i, _)| *i == identity)
+            .map(|(_, d)| d.clone())
+            .collect()
+    }
+
+    /// The (API group, resource[/subresource], verb) `identity` was allowed
+    /// so far (always none for the admin, who is not authorized).
+    pub fn permissions_used(&self, identity: rbac::Identity) -> BTreeSet<Permission> {
+        lock(&self.shared.used).get(&identity).cloned().unwrap_or_default()
+    }
+
+    /// [`KubeServer::permissions_used`] of the functions.
+    pub fn lambda_permissions_used(&self) -> BTreeSet<Permission> {
+        self.permissions_used(rbac::Identity::Lambda)
     }
 
     /// The shared state (for handlers and advanced tests).

@@ -1,28 +1,36 @@
-//! Who is calling, and what they may do, as an EKS API server decides it for
-//! nodesmith's functions.
+//! Who is calling, and what they may do, as an API server decides it for
+//! nodesmith's functions and its forwarder.
 //!
 //! In a real cluster the stack's access entries map the functions' IAM roles
 //! to the group `nodesmith:lambda`, which `infra/k8s/lambda-rbac.yaml` binds to
-//! the ClusterRole `nodesmith-lambda`. Here the bearer token says who calls
-//! ([`identify`]): an EKS token (`k8s-aws-v1.…`, what
-//! `nodesmith::kubernetes::auth` mints) or the literal [`LAMBDA_TOKEN`] is
-//! that group; anything else, no token included, is the test's cluster admin
-//! (the harness, `kubectl` with the server's kubeconfig, the kubelet
-//! emulator), which is never restricted. The functions' requests are
-//! authorized against the rules of the real manifest ([`Policy::lambda`]),
-//! mapped to (API group, resource[/subresource], verb) as kube-apiserver maps
-//! them ([`attributes`]); non-resource paths (`/version`, discovery, OpenAPI)
-//! are open to everyone, as `system:discovery` makes them.
+//! the ClusterRole `nodesmith-lambda`; the forwarder runs as the
+//! ServiceAccount `nodesmith/nodesmith-forwarder`, which
+//! `infra/k8s/forwarder.yaml` binds to its own ClusterRole. Here the bearer
+//! token says who calls ([`identify`]): an EKS token (`k8s-aws-v1.…`, what
+//! `nodesmith::kubernetes::auth` mints) or the literal [`LAMBDA_TOKEN`] is the
+//! functions, [`FORWARDER_TOKEN`] is the forwarder's ServiceAccount; anything
+//! else, no token included, is the test's cluster admin (the harness,
+//! `kubectl` with the server's kubeconfig, the kubelet emulator), which is
+//! never restricted. Each restricted identity is authorized against the
+//! rules its real manifest binds to it ([`Policy::of`]), matched as RBAC
+//! matches binding subjects to a user ([`User`]), with requests mapped to
+//! (API group, resource[/subresource], verb) as kube-apiserver maps them
+//! ([`attributes`]); non-resource paths (`/version`, discovery, OpenAPI) are
+//! open to everyone, as `system:discovery` makes them.
 
 use std::collections::HashMap;
 
 use axum::http::{HeaderMap, Method};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 /// Where the functions' RBAC lives (compiled in, so the server needs no source tree).
 pub const LAMBDA_RBAC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/k8s/lambda-rbac.yaml");
 const LAMBDA_RBAC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/k8s/lambda-rbac.yaml"));
+/// Where the forwarder's ServiceAccount and RBAC live (compiled in too).
+pub const FORWARDER_RBAC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/k8s/forwarder.yaml");
+const FORWARDER_RBAC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/k8s/forwarder.yaml"));
 
 /// The Kubernetes group the stack's access entries give the functions' roles.
 pub const LAMBDA_GROUP: &str = "nodesmith:lambda";
@@ -34,19 +42,96 @@ pub const LAMBDA_TOKEN: &str = "nodesmith-lambda";
 pub const LAMBDA_USER: &str = "nodesmith-lambda";
 /// The prefix of EKS bearer tokens (as `nodesmith::kubernetes::auth` mints them).
 pub const EKS_TOKEN_PREFIX: &str = "k8s-aws-v1.";
+/// The forwarder's ServiceAccount namespace (its Deployment's).
+pub const FORWARDER_NAMESPACE: &str = "nodesmith";
+/// The forwarder's ServiceAccount.
+pub const FORWARDER_SERVICE_ACCOUNT: &str = "nodesmith-forwarder";
+/// The user name kube-apiserver gives that ServiceAccount's token.
+pub const FORWARDER_USER: &str = "system:serviceaccount:nodesmith:nodesmith-forwarder";
+/// A bearer token that stands for the forwarder's ServiceAccount token.
+pub const FORWARDER_TOKEN: &str = "nodesmith-forwarder";
+/// The admin's token in the server's kubeconfig (any unknown token is the admin).
+pub const ADMIN_TOKEN: &str = "nodesmith-test";
+
+/// A permission: (API group, resource[/subresource], verb).
+pub type Permission = (String, String, String);
 
 /// Who sent a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Identity {
     /// The test's cluster admin: no restriction.
     Admin,
     /// nodesmith's functions: a member of [`LAMBDA_GROUP`].
     Lambda,
+    /// The forwarder: the ServiceAccount [`FORWARDER_USER`].
+    Forwarder,
+}
+
+impl Identity {
+    /// The identities held to RBAC.
+    pub const RESTRICTED: [Identity; 2] = [Identity::Lambda, Identity::Forwarder];
+
+    /// The bearer token that makes a request this identity's.
+    pub fn token(self) -> &'static str {
+        match self {
+            Identity::Admin => ADMIN_TOKEN,
+            Identity::Lambda => LAMBDA_TOKEN,
+            Identity::Forwarder => FORWARDER_TOKEN,
+        }
+    }
+
+    /// The user (name and groups) RBAC sees, as the authenticator would
+    /// report it: EKS maps the functions' role to [`LAMBDA_GROUP`]; a
+    /// ServiceAccount token is `system:serviceaccount:<ns>:<name>` in the
+    /// groups `system:serviceaccounts` and `system:serviceaccounts:<ns>`.
+    pub fn user(self) -> User {
+        let (name, groups): (&str, &[&str]) = match self {
+            Identity::Admin => (ADMIN_TOKEN, &["system:masters"]),
+            Identity::Lambda => (LAMBDA_USER, &[LAMBDA_GROUP]),
+            Identity::Forwarder => (
+                FORWARDER_USER,
+                &["system:serviceaccounts", "system:serviceaccounts:nodesmith"],
+            ),
+        };
+        let groups = groups.iter().chain(&["system:authenticated"]).map(|g| g.to_string());
+        User {
+            name: name.to_string(),
+            groups: groups.collect(),
+        }
+    }
+}
+
+/// An authenticated user, as RBAC matches binding subjects against it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    /// The user name (`system:serviceaccount:<ns>:<name>` for a ServiceAccount).
+    pub name: String,
+    /// The groups the user is in.
+    pub groups: Vec<String>,
+}
+
+impl User {
+    /// Whether a binding's subject names this user, as RBAC's
+    /// `appliesToUser` decides (a ServiceAccount subject without a namespace
+    /// takes the RoleBinding's). Subjects with an apiGroup their kind may not
+    /// have are ones kube-apiserver would not have stored, and match nobody.
+    pub fn is(&self, s: &Subject, binding_namespace: Option<&str>) -> bool {
+        const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+        match (s.kind.as_str(), s.api_group.as_deref().unwrap_or("")) {
+            ("User", RBAC_GROUP) => s.name == self.name,
+            ("Group", RBAC_GROUP) => self.groups.contains(&s.name),
+            ("ServiceAccount", "") => {
+                let namespace = s.namespace.as_deref().filter(|n| !n.is_empty()).or(binding_namespace);
+                namespace.is_some_and(|ns| self.name == format!("system:serviceaccount:{ns}:{}", s.name))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Who sent a request, from its `Authorization: Bearer` token: an EKS token
-/// or [`LAMBDA_TOKEN`] is [`Identity::Lambda`]; anything else, or none, is
-/// [`Identity::Admin`].
+/// or [`LAMBDA_TOKEN`] is [`Identity::Lambda`], [`FORWARDER_TOKEN`]
+/// [`Identity::Forwarder`]; anything else, or none, is [`Identity::Admin`].
 pub fn identify(headers: &HeaderMap) -> Identity {
     let token = headers
         .get("authorization")
@@ -55,6 +140,7 @@ pub fn identify(headers: &HeaderMap) -> Identity {
         .map(str::trim);
     match token {
         Some(t) if t == LAMBDA_TOKEN || t.starts_with(EKS_TOKEN_PREFIX) => Identity::Lambda,
+        Some(FORWARDER_TOKEN) => Identity::Forwarder,
         _ => Identity::Admin,
     }
 }
@@ -146,20 +232,41 @@ pub fn attributes(method: &Method, path: &str, query: &HashMap<String, String>) 
     })
 }
 
-/// The rules one group holds through the ClusterRoleBindings of a manifest.
+/// A rule and where it applies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grant {
+    /// `None` everywhere (a ClusterRoleBinding's); `Some(ns)` only for
+    /// requests in `ns` (a RoleBinding's).
+    pub namespace: Option<String>,
+    /// The rule.
+    pub rule: PolicyRule,
+}
+
+/// The rules one user holds through the bindings of a manifest.
 #[derive(Clone, Debug, Default)]
 pub struct Policy {
-    rules: Vec<PolicyRule>,
+    grants: Vec<Grant>,
 }
 
 impl Policy {
+    /// The rules of a restricted identity, from its manifest; `None` for the
+    /// admin, who is not restricted. Errors name the file and what is wrong.
+    pub fn of(identity: Identity) -> Result<Option<Policy>, String> {
+        match identity {
+            Identity::Admin => Ok(None),
+            Identity::Lambda => Policy::lambda().map(Some),
+            Identity::Forwarder => Policy::forwarder().map(Some),
+        }
+    }
+
     /// The rules `infra/k8s/lambda-rbac.yaml` gives [`LAMBDA_GROUP`]. Errors
     /// name the file and what is wrong with it, including a binding that does
     /// not bind the group to [`LAMBDA_ROLE`].
     pub fn lambda() -> Result<Policy, String> {
-        Policy::parse(LAMBDA_RBAC, LAMBDA_GROUP)
+        Policy::bound(LAMBDA_RBAC, Identity::Lambda)
             .and_then(|p| {
-                if p.bound_roles.iter().any(|r| r == LAMBDA_ROLE) {
+                let to_role = |r: &BoundRole| r.kind == "ClusterRole" && r.name == LAMBDA_ROLE && r.namespace.is_none();
+                if p.bound_roles.iter().any(to_role) {
                     Ok(p.policy)
                 } else {
                     Err(format!(
@@ -171,63 +278,163 @@ impl Policy {
             .map_err(|e| format!("{LAMBDA_RBAC_PATH}: {e}"))
     }
 
-    /// The rules of every ClusterRole that a ClusterRoleBinding in the
-    /// multi-document `yaml` binds to `group`.
-    pub fn parse(yaml: &str, group: &str) -> Result<Bound, String> {
-        let mut roles: HashMap<String, Vec<PolicyRule>> = HashMap::new();
-        let mut bindings: Vec<ClusterRoleBinding> = Vec::new();
+    /// The rules `infra/k8s/forwarder.yaml` gives the forwarder's
+    /// ServiceAccount. Errors name the file and what is wrong with it,
+    /// including that no binding binds the ServiceAccount.
+    pub fn forwarder() -> Result<Policy, String> {
+        Policy::bound(FORWARDER_RBAC, Identity::Forwarder)
+            .map(|b| b.policy)
+            .map_err(|e| format!("{FORWARDER_RBAC_PATH}: {e}"))
+    }
+
+    /// What `yaml` binds to `identity`, which must be something: a manifest
+    /// meant to give an identity its rules and binding nothing to it is broken.
+    pub fn bound(yaml: &str, identity: Identity) -> Result<Bound, String> {
+        let user = identity.user();
+        let b = Policy::parse(yaml, &user)?;
+        if b.bound_roles.is_empty() {
+            return Err(format!(
+                "no ClusterRoleBinding or RoleBinding binds the user {:?} or one of its groups {:?}",
+                user.name, user.groups
+            ));
+        }
+        Ok(b)
+    }
+
+    /// The rules of every role that a binding in the multi-document `yaml`
+    /// binds to `user`: a ClusterRoleBinding's ClusterRole everywhere; a
+    /// RoleBinding's Role or ClusterRole in the RoleBinding's namespace.
+    pub fn parse(yaml: &str, user: &User) -> Result<Bound, String> {
+        let mut cluster_roles: HashMap<String, Vec<PolicyRule>> = HashMap::new();
+        let mut roles: HashMap<(String, String), Vec<PolicyRule>> = HashMap::new();
+        let mut cluster_bindings: Vec<ClusterRoleBinding> = Vec::new();
+        let mut bindings: Vec<(String, RoleBinding)> = Vec::new();
+        // Namespaced objects must say where they go: the file is applied as is.
+        let namespace = |kind: &str, m: &ObjectMeta| {
+            m.namespace.clone().filter(|n| !n.is_empty()).ok_or_else(|| {
+                format!(
+                    "the {kind} {:?} has no namespace",
+                    m.name.as_deref().unwrap_or_default()
+                )
+            })
+        };
         for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
             let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| format!("not YAML: {e}"))?;
             match v.get("kind").and_then(Value::as_str) {
                 Some("ClusterRole") => {
                     let r: ClusterRole = serde_json::from_value(v).map_err(|e| format!("a ClusterRole: {e}"))?;
                     let name = r.metadata.name.clone().unwrap_or_default();
-                    roles.insert(name, r.rules.unwrap_or_default());
+                    cluster_roles.insert(name, r.rules.unwrap_or_default());
+                }
+                Some("Role") => {
+                    let r: Role = serde_json::from_value(v).map_err(|e| format!("a Role: {e}"))?;
+                    let ns = namespace("Role", &r.metadata)?;
+                    let name = r.metadata.name.clone().unwrap_or_default();
+                    roles.insert((ns, name), r.rules.unwrap_or_default());
                 }
                 Some("ClusterRoleBinding") => {
-                    bindings.push(serde_json::from_value(v).map_err(|e| format!("a ClusterRoleBinding: {e}"))?);
+                    cluster_bindings.push(serde_json::from_value(v).map_err(|e| format!("a ClusterRoleBinding: {e}"))?);
+                }
+                Some("RoleBinding") => {
+                    let b: RoleBinding = serde_json::from_value(v).map_err(|e| format!("a RoleBinding: {e}"))?;
+                    bindings.push((namespace("RoleBinding", &b.metadata)?, b));
                 }
                 _ => {}
             }
         }
         let mut bound = Bound::default();
-        for b in bindings {
-            let binds_group = b.subjects.iter().flatten().any(|s| {
-                s.kind == "Group" && s.name == group && s.api_group.as_deref() == Some("rbac.authorization.k8s.io")
-            });
-            if !binds_group || b.role_ref.kind != "ClusterRole" {
+        let mut grant = |rules: &[PolicyRule], role: BoundRole| {
+            bound.policy.grants.extend(rules.iter().map(|rule| Grant {
+                namespace: role.namespace.clone(),
+                rule: rule.clone(),
+            }));
+            bound.bound_roles.push(role);
+        };
+        let missing = |binding: &str, kind: &str, name: &str| {
+            format!(
+                "the {binding} binds {:?} to the {kind} {name:?}, which the file does not define",
+                user.name
+            )
+        };
+        for b in cluster_bindings {
+            if !b.subjects.iter().flatten().any(|s| user.is(s, None)) {
                 continue;
             }
-            let rules = roles.get(&b.role_ref.name).ok_or_else(|| {
-                format!(
-                    "the ClusterRoleBinding binds {group:?} to the ClusterRole {:?}, which the file does not define",
-                    b.role_ref.name
-                )
-            })?;
-            bound.policy.rules.extend(rules.iter().cloned());
-            bound.bound_roles.push(b.role_ref.name.clone());
+            let name = &b.role_ref.name;
+            if b.role_ref.kind != "ClusterRole" {
+                return Err(format!(
+                    "the ClusterRoleBinding {:?} refers to a {} (only ClusterRoles apply cluster-wide)",
+                    b.metadata.name.as_deref().unwrap_or_default(),
+                    b.role_ref.kind
+                ));
+            }
+            let rules = cluster_roles
+                .get(name)
+                .ok_or_else(|| missing("ClusterRoleBinding", "ClusterRole", name))?;
+            grant(
+                rules,
+                BoundRole {
+                    kind: "ClusterRole".into(),
+                    name: name.clone(),
+                    namespace: None,
+                },
+            );
+        }
+        for (ns, b) in bindings {
+            if !b.subjects.iter().flatten().any(|s| user.is(s, Some(&ns))) {
+                continue;
+            }
+            let (kind, name) = (b.role_ref.kind.as_str(), &b.role_ref.name);
+            let rules = match kind {
+                "ClusterRole" => cluster_roles.get(name),
+                "Role" => roles.get(&(ns.clone(), name.clone())),
+                other => return Err(format!("a RoleBinding refers to a {other}")),
+            }
+            .ok_or_else(|| missing("RoleBinding", kind, name))?;
+            grant(
+                rules,
+                BoundRole {
+                    kind: kind.to_string(),
+                    name: name.clone(),
+                    namespace: Some(ns),
+                },
+            );
         }
         Ok(bound)
     }
 
-    /// The rules.
-    pub fn rules(&self) -> &[PolicyRule] {
-        &self.rules
+    /// The rules, each with where it applies.
+    pub fn grants(&self) -> &[Grant] {
+        &self.grants
     }
 
-    /// Whether some rule allows the request (RBAC only adds, never denies).
+    /// Whether some rule allows the request where it is made (RBAC only
+    /// adds, never denies).
     pub fn allows(&self, r: &ResourceRequest) -> bool {
-        self.rules.iter().any(|rule| rule_allows(rule, r))
+        self.grants
+            .iter()
+            .any(|g| g.namespace.as_ref().is_none_or(|ns| *ns == r.namespace) && rule_allows(&g.rule, r))
     }
 }
 
-/// What [`Policy::parse`] found for a group.
+/// A role a binding gives a user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundRole {
+    /// `ClusterRole` or `Role`.
+    pub kind: String,
+    /// The role's name.
+    pub name: String,
+    /// The RoleBinding's namespace; `None` for a ClusterRoleBinding.
+    pub namespace: Option<String>,
+}
+
+/// What [`Policy::parse`] found for a user.
 #[derive(Clone, Debug, Default)]
 pub struct Bound {
-    /// The group's rules.
+    /// The user's rules.
     pub policy: Policy,
-    /// The ClusterRoles bound to the group.
-    pub bound_roles: Vec<String>,
+    /// The roles bound to the user (or its groups), in binding order.
+    pub bound_roles: Vec<BoundRole>,
 }
 
 fn has(list: Option<&Vec<String>>, want: &str) -> bool {
@@ -386,6 +593,7 @@ mod tests {
         };
         assert_eq!(with(Some("Bearer nodesmith-lambda")), Identity::Lambda);
         assert_eq!(with(Some("Bearer k8s-aws-v1.aHR0cHM6Ly9zdHM")), Identity::Lambda);
+        assert_eq!(with(Some("Bearer nodesmith-forwarder")), Identity::Forwarder);
         assert_eq!(with(Some("Bearer nodesmith-test")), Identity::Admin);
         assert_eq!(with(Some("Basic bm9kZXNtaXRoLWxhbWJkYQ==")), Identity::Admin);
         assert_eq!(with(None), Identity::Admin);
@@ -401,11 +609,14 @@ mod tests {
             non_resource_urls: None,
         };
         let policy = Policy {
-            rules: vec![
+            grants: [
                 rule(&[""], &["pods"], &["get", "list"], &[]),
                 rule(&["apps"], &["*/scale"], &["patch"], &[]),
                 rule(&["karpenter.sh"], &["nodepools"], &["get"], &["only"]),
-            ],
+            ]
+            .into_iter()
+            .map(|rule| Grant { namespace: None, rule })
+            .collect(),
         };
         let allowed = |m: Method, p: &str| policy.allows(&res(m, p, &[]));
         assert!(allowed(Method::GET, "/api/v1/namespaces/ns/pods/p"));
@@ -436,17 +647,139 @@ mod tests {
             "{LAMBDA_RBAC}\n---\n{}",
             LAMBDA_RBAC.replace("nodesmith:lambda", "someone:else")
         );
-        let other = Policy::parse(&yaml, "someone:else").unwrap();
-        assert_eq!(other.bound_roles, [LAMBDA_ROLE]);
-        let none = Policy::parse(LAMBDA_RBAC, "someone:else").unwrap();
-        assert!(none.bound_roles.is_empty() && none.policy.rules().is_empty());
+        let someone = User {
+            name: "someone".into(),
+            groups: vec!["someone:else".into()],
+        };
+        let other = Policy::parse(&yaml, &someone).unwrap();
+        assert_eq!(names(&other.bound_roles), [LAMBDA_ROLE]);
+        let none = Policy::parse(LAMBDA_RBAC, &someone).unwrap();
+        assert!(none.bound_roles.is_empty() && none.policy.grants().is_empty());
         // A binding to a role the file lacks is an error naming it.
         let dangling = LAMBDA_RBAC.replace(
             "  kind: ClusterRole\n  name: nodesmith-lambda",
             "  kind: ClusterRole\n  name: gone",
         );
-        let e = Policy::parse(&dangling, LAMBDA_GROUP).unwrap_err();
+        let e = Policy::parse(&dangling, &Identity::Lambda.user()).unwrap_err();
         assert!(e.contains("\"gone\""), "{e}");
+    }
+
+    fn names(roles: &[BoundRole]) -> Vec<&str> {
+        roles.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_forwarder_policy_comes_from_its_manifest_and_its_service_account_binding() {
+        let p = Policy::forwarder().unwrap();
+        assert!(p.allows(&res(Method::GET, "/api/v1/pods", &[("watch", "true")])));
+        assert!(p.allows(&res(Method::GET, "/api/v1/pods", &[])));
+        for (m, path) in [
+            (Method::GET, "/api/v1/nodes"),
+            (Method::POST, "/api/v1/namespaces/ns/pods"),
+            (Method::GET, "/api/v1/namespaces/ns/secrets/s"),
+            (Method::POST, "/api/v1/namespaces/ns/pods/p/eviction"),
+        ] {
+            assert!(!p.allows(&res(m.clone(), path, &[])), "{m} {path}");
+        }
+        let sa = Identity::Forwarder.user();
+        assert_eq!(sa.name, FORWARDER_USER);
+        assert_eq!(
+            sa.name,
+            format!("system:serviceaccount:{FORWARDER_NAMESPACE}:{FORWARDER_SERVICE_ACCOUNT}")
+        );
+        // The same ServiceAccount name in another namespace is someone else.
+        let elsewhere = FORWARDER_RBAC.replace("    namespace: nodesmith\n", "    namespace: other\n");
+        let e = Policy::bound(&elsewhere, Identity::Forwarder).unwrap_err();
+        assert!(e.contains(FORWARDER_USER) && e.contains("no ClusterRoleBinding"), "{e}");
+        // Its user name, or a group every ServiceAccount of the namespace is in, binds it too.
+        let by_user = FORWARDER_RBAC.replace(
+            "  - kind: ServiceAccount\n    name: nodesmith-forwarder\n    namespace: nodesmith\n",
+            &format!("  - kind: User\n    apiGroup: rbac.authorization.k8s.io\n    name: {FORWARDER_USER}\n"),
+        );
+        let by_group = by_user.replace(
+            &format!("kind: User\n    apiGroup: rbac.authorization.k8s.io\n    name: {FORWARDER_USER}"),
+            "kind: Group\n    apiGroup: rbac.authorization.k8s.io\n    name: system:serviceaccounts:nodesmith",
+        );
+        for yaml in [&by_user, &by_group] {
+            assert_ne!(yaml.as_str(), FORWARDER_RBAC);
+            let b = Policy::bound(yaml, Identity::Forwarder).unwrap();
+            assert_eq!(names(&b.bound_roles), ["nodesmith-forwarder"], "{yaml}");
+        }
+        // The functions are not bound by it, nor the forwarder by theirs.
+        assert!(
+            Policy::parse(FORWARDER_RBAC, &Identity::Lambda.user())
+                .unwrap()
+                .bound_roles
+                .is_empty()
+        );
+        assert!(Policy::bound(LAMBDA_RBAC, Identity::Forwarder).is_err());
+    }
+
+    #[test]
+    fn role_bindings_grant_only_in_their_namespace() {
+        let yaml = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: leases, namespace: nodesmith}
+rules: [{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, update]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: pod-reader}
+rules: [{apiGroups: [""], resources: [pods], verbs: [get]}]
+---
+# A ServiceAccount subject without a namespace is the RoleBinding's.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: leases, namespace: nodesmith}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: leases}
+subjects: [{kind: ServiceAccount, name: nodesmith-forwarder}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: pods, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: pod-reader}
+subjects: [{kind: ServiceAccount, name: nodesmith-forwarder, namespace: nodesmith}]
+---
+# Unbound here: the subject is team-a's ServiceAccount of that name.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: elsewhere, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: leases}
+subjects: [{kind: ServiceAccount, name: nodesmith-forwarder}]
+"#;
+        let b = Policy::bound(yaml, Identity::Forwarder).unwrap();
+        assert_eq!(names(&b.bound_roles), ["leases", "pod-reader"]);
+        let allowed = |m: Method, p: &str| b.policy.allows(&res(m, p, &[]));
+        assert!(allowed(
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/nodesmith/leases/l"
+        ));
+        assert!(allowed(
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/nodesmith/leases/l"
+        ));
+        assert!(!allowed(
+            Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/team-a/leases/l"
+        ));
+        assert!(allowed(Method::GET, "/api/v1/namespaces/team-a/pods/p"));
+        assert!(!allowed(Method::GET, "/api/v1/namespaces/nodesmith/pods/p"));
+        // A namespaced grant never reaches the cluster scope.
+        assert!(!allowed(Method::GET, "/api/v1/pods/p"));
+        // A RoleBinding to a Role the file lacks, or a namespaced object with no namespace, is an error.
+        let e = Policy::parse(
+            &yaml.replace("name: leases}\nsubjects", "name: gone}\nsubjects"),
+            &Identity::Forwarder.user(),
+        )
+        .unwrap_err();
+        assert!(e.contains("the Role \"gone\""), "{e}");
+        let e = Policy::parse(
+            &yaml.replace("{name: pods, namespace: team-a}", "{name: pods}"),
+            &Identity::Forwarder.user(),
+        )
+        .unwrap_err();
+        assert!(e.contains("the RoleBinding \"pods\" has no namespace"), "{e}");
     }
 
     #[test]
@@ -460,6 +793,11 @@ mod tests {
         assert_eq!(
             forbidden_message("u", &r),
             "ec2nodeclasses.karpenter.k8s.aws \"c\" is forbidden: User \"u\" cannot patch resource \"ec2nodeclasses\" in API group \"karpenter.k8s.aws\" at the cluster scope"
+        );
+        let r = res(Method::GET, "/api/v1/nodes", &[]);
+        assert_eq!(
+            forbidden_message(FORWARDER_USER, &r),
+            "nodes is forbidden: User \"system:serviceaccount:nodesmith:nodesmith-forwarder\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"
         );
         let r = res(Method::GET, "/api/v1/nodes", &[("watch", "true")]);
         assert_eq!(

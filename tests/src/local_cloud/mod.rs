@@ -3,7 +3,8 @@
 //! the Kubernetes API test server plays the cluster, with its scheduler,
 //! workload controllers and kubelets; the four real function binaries run
 //! warm under a local Lambda Runtime API, fed by SQS event source mappings
-//! and the sweep's schedule; the real forwarder watches the test server.
+//! and the sweep's schedule; the real forwarder watches the test server as
+//! its ServiceAccount.
 //! `scripts/dev-stack` runs it until interrupted; `scripts/demo` plays a story on it.
 
 pub mod aws;
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::kube_server::{ControllerLoop, KubeServer, KubeletLoop, KubeletTiming, Kubelets, SchedulerLoop};
+use crate::kube_server::{ControllerLoop, Identity, KubeServer, KubeletLoop, KubeletTiming, Kubelets, SchedulerLoop};
 use crate::moto::{MotoServer, child_env, sdk_config};
 use mapping::{Activity, MappingSpec, run_mapping, run_schedule};
 use runtime::{Function, FunctionSpec};
@@ -298,6 +299,10 @@ impl LocalCloud {
         let kubeconfig_path = state_dir.join("kubeconfig");
         kube.write_kubeconfig(&kubeconfig_path)
             .map_err(io_error(&kubeconfig_path))?;
+        // The forwarder runs as its ServiceAccount, held to forwarder.yaml's RBAC as in a cluster.
+        let forwarder_kubeconfig = state_dir.join("forwarder.kubeconfig");
+        kube.write_kubeconfig_as(&forwarder_kubeconfig, Identity::Forwarder)
+            .map_err(io_error(&forwarder_kubeconfig))?;
         let scheduler = kube.spawn_scheduler(Duration::from_millis(200));
         let controllers = kube.spawn_controllers(Duration::from_millis(200));
         let kubelets = Kubelets::new(KubeletTiming {
@@ -395,7 +400,7 @@ impl LocalCloud {
         let log2 = log.try_clone().map_err(io_error(&forwarder_log))?;
         let forwarder = tokio::process::Command::new(settings.bin_dir.join(FORWARDER))
             .envs(child_env(moto.endpoint()))
-            .env("KUBECONFIG", &kubeconfig_path)
+            .env("KUBECONFIG", &forwarder_kubeconfig)
             .env("QUEUE_URL", &world.pending.url)
             .env("HEALTH_ADDR", "127.0.0.1:0")
             .env("RESEND_AFTER_SECS", "30")
