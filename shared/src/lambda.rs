@@ -1,5 +1,17 @@
 //! The one Lambda shell the function binaries share: logging, configuration
-//! from the environment, and the AWS SDK configuration with retries.
+//! from the environment, the AWS SDK configuration with retries, and the
+//! meter every handler runs in.
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::metering::{Invocation, Metered};
+use crate::state::{CostEntry, StateStore};
+
+/// When this process began its init phase (the first call of [`start`]).
+static INIT_STARTED: OnceLock<Instant> = OnceLock::new();
 
 /// A required environment variable is missing or empty.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +37,7 @@ pub fn required_env(name: &str) -> Result<String, MissingEnv> {
 /// environment: throttling and 5xx are retried by the SDK with exponential
 /// backoff and jitter, up to 5 attempts.
 pub async fn start() -> aws_config::SdkConfig {
+    INIT_STARTED.get_or_init(Instant::now);
     crate::telemetry::init();
     aws_config::defaults(aws_config::BehaviorVersion::latest())
         .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5))
@@ -32,9 +45,97 @@ pub async fn start() -> aws_config::SdkConfig {
         .await
 }
 
+/// Meters every invocation of one function: its price (billed duration, the
+/// init phase on the first invocation of the process, memory), and the fleet
+/// $/h its work added or removed. Each is logged as one JSON line, published
+/// as EMF metrics (namespace `nodesmith`, dimension `Function`) and added to
+/// the day's cost counter in DynamoDB.
+///
+/// The meter's own write happens inside the invocation, after the duration
+/// was taken: Lambda bills those few milliseconds, the counter does not see
+/// them. A failed write is logged and never fails the invocation.
+#[derive(Debug)]
+pub struct Meter {
+    function: &'static str,
+    memory_mb: u32,
+    store: Option<StateStore>,
+    /// The init phase: from [`start`] to the meter's creation, the last step
+    /// of `main` before the runtime polls for events (time spent waiting for
+    /// the first event is not billed, so it must not count).
+    init: std::time::Duration,
+    warm: AtomicBool,
+}
+
+impl Meter {
+    /// A meter for `function` (`provision`, `launch`, `interrupt`, `sweep`),
+    /// with the memory from `AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; counters go
+    /// to `store` when given. Create it last in `main`: it ends the init phase.
+    pub fn new(function: &'static str, store: Option<StateStore>) -> Self {
+        Meter {
+            function,
+            memory_mb: crate::metering::memory_mb(std::env::var("AWS_LAMBDA_FUNCTION_MEMORY_SIZE").ok().as_deref()),
+            store,
+            init: INIT_STARTED.get_or_init(Instant::now).elapsed(),
+            warm: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs one invocation's `work`, which yields the response and the fleet
+    /// $/h it changed, and meters it whatever the response.
+    pub async fn run<T>(&self, work: impl Future<Output = (T, f64)>) -> T {
+        let started = Instant::now();
+        let init = (!self.warm.swap(true, Ordering::Relaxed)).then_some(self.init);
+        let (response, fleet_delta) = work.await;
+        let metered = Metered::new(
+            &Invocation {
+                duration: started.elapsed(),
+                init,
+                memory_mb: self.memory_mb,
+            },
+            fleet_delta,
+        );
+        self.record(&metered, jiff::Timestamp::now()).await;
+        response
+    }
+
+    /// Logs, publishes and counts one metered invocation.
+    async fn record(&self, m: &Metered, now: jiff::Timestamp) {
+        tracing::info!(
+            function = self.function,
+            invocation_cost_usd = m.cost_usd,
+            fleet_delta_usd_per_hour = m.fleet_delta_usd_per_hour,
+            billed_ms = m.billed_ms,
+            cold_start = m.cold_start,
+            memory_mb = self.memory_mb,
+            "invocation metered"
+        );
+        let dimensions = std::collections::BTreeMap::from([("Function", self.function.to_string())]);
+        crate::telemetry::publish(&dimensions, &m.metrics());
+        let Some(store) = &self.store else { return };
+        let entry = CostEntry {
+            function: self.function.to_string(),
+            day: now.to_zoned(jiff::tz::TimeZone::UTC).date(),
+            nano_usd: crate::metering::to_nano_usd(m.cost_usd),
+            fleet_delta_nano_usd_per_hour: crate::metering::to_nano_usd(m.fleet_delta_usd_per_hour),
+        };
+        if let Err(e) = store.add_cost(&entry).await {
+            tracing::warn!(error = %e, function = self.function, "cost counter not updated");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_first_invocation_is_the_cold_one_and_the_response_passes_through() {
+        let meter = Meter::new("sweep", None);
+        assert!(!meter.warm.load(Ordering::Relaxed));
+        assert_eq!(meter.run(async { ("first", 0.5) }).await, "first");
+        assert!(meter.warm.load(Ordering::Relaxed));
+        assert_eq!(meter.run(async { (7, -0.5) }).await, 7);
+    }
 
     #[test]
     fn a_missing_variable_is_named() {

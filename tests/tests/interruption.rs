@@ -88,6 +88,10 @@ async fn spot_interruption_taints_replaces_first_honours_pdbs_then_forces_at_the
         pods_on(&s.kube, &node)
     );
 
+    // moto's offerings carry no spot price: give the claim one for the meter.
+    let mut priced = s.store.get_node_claim(&claim.name).await.unwrap().unwrap();
+    priced.price = Some(0.0416);
+    s.store.update_node_claim(&priced).await.unwrap();
     // The instance terminates: Node and claim go, a solve is requested; no second replacement.
     let gone = ec2_event(
         "state-1",
@@ -97,6 +101,8 @@ async fn spot_interruption_taints_replaces_first_honours_pdbs_then_forces_at_the
     );
     let out = h.handle(&event(vec![gone])).await;
     assert_eq!(out.removed, vec![claim.name.clone()], "{out:?}");
+    // What the fleet no longer pays for, for the meter.
+    assert_eq!(out.removed_usd_per_hour, 0.0416, "{out:?}");
     assert!(out.replacements.is_empty());
     assert!(s.cluster().node(&node).await.unwrap().is_none());
     assert!(s.store.get_node_claim(&claim.name).await.unwrap().is_none());

@@ -353,3 +353,105 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
     let cold = StateStore::new(client, "nodesmith");
     assert!(matches!(cold.get_catalog().await, Err(StateError::Corrupt { .. })));
 }
+
+#[tokio::test]
+async fn cost_counters_add_up_per_day_and_function_and_read_back_by_range() {
+    use jiff::civil::date;
+    use nodesmith::state::{COST_TTL_DAYS, CostEntry, FunctionCost};
+    let m = moto().await;
+    let st = store(&m).await;
+    let entry = |function: &str, day, nano_usd, fleet| CostEntry {
+        function: function.into(),
+        day,
+        nano_usd,
+        fleet_delta_nano_usd_per_hour: fleet,
+    };
+    let (nov30, dec1, dec2) = (date(2026, 11, 30), date(2026, 12, 1), date(2026, 12, 2));
+    // Concurrent invocations of one day add to one item without losing any.
+    let adds: Vec<CostEntry> = (0..10).map(|_| entry("sweep", dec1, 867, 0)).collect();
+    futures::future::try_join_all(adds.iter().map(|e| st.add_cost(e)))
+        .await
+        .unwrap();
+    st.add_cost(&entry("launch", dec1, 2_000, 96_000_000)).await.unwrap();
+    st.add_cost(&entry("launch", dec1, 1_000, -41_600_000)).await.unwrap();
+    st.add_cost(&entry("sweep", nov30, 5, 0)).await.unwrap();
+    st.add_cost(&entry("sweep", dec2, 7, 0)).await.unwrap();
+
+    let days = st.costs(dec1, dec1).await.unwrap();
+    assert_eq!(days.len(), 1);
+    assert_eq!(days[0].day, dec1);
+    assert_eq!(
+        days[0].functions["sweep"],
+        FunctionCost {
+            nano_usd: 8_670,
+            invocations: 10,
+            fleet_delta_nano_usd_per_hour: 0
+        }
+    );
+    assert_eq!(
+        days[0].functions["launch"],
+        FunctionCost {
+            nano_usd: 3_000,
+            invocations: 2,
+            fleet_delta_nano_usd_per_hour: 54_400_000
+        }
+    );
+    assert_eq!(days[0].nano_usd(), 11_670);
+    // Both ends of the range are included; days outside it are not read.
+    let all: Vec<_> = st.costs(nov30, dec2).await.unwrap().iter().map(|d| d.day).collect();
+    assert_eq!(all, [nov30, dec1, dec2]);
+    let tail: Vec<_> = st
+        .costs(dec2, date(2026, 12, 31))
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.day)
+        .collect();
+    assert_eq!(tail, [dec2]);
+
+    // The counter expires with the table's TTL, 400 days after its day began.
+    let item = st
+        .client()
+        .get_item()
+        .table_name(st.table())
+        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S("COST".into()))
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S("DAY#2026-12-01".into()),
+        )
+        .send()
+        .await
+        .unwrap();
+    let day_start = dec1.to_zoned(jiff::tz::TimeZone::UTC).unwrap().timestamp().as_second();
+    assert_eq!(
+        item.item().unwrap()[state::TTL_ATTRIBUTE].as_n().unwrap(),
+        &(day_start + COST_TTL_DAYS * 86_400).to_string()
+    );
+    // A name that would make odd attribute names is refused before any call.
+    assert!(st.add_cost(&entry("Sweep-2", dec1, 1, 0)).await.is_err());
+}
+
+#[tokio::test]
+async fn the_lambda_meter_counts_each_invocation_in_the_table() {
+    let m = moto().await;
+    let st = store(&m).await;
+    let meter = nodesmith::lambda::Meter::new("launch", Some(st.clone()));
+    assert_eq!(meter.run(async { ("launched", 0.096) }).await, "launched");
+    assert_eq!(meter.run(async { ("again", 0.0) }).await, "again");
+    let today = jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC).date();
+    let days = st.costs(today.yesterday().unwrap(), today).await.unwrap();
+    let launch = days
+        .iter()
+        .filter_map(|d| d.functions.get("launch"))
+        .fold((0, 0, 0), |a, f| {
+            (
+                a.0 + f.invocations,
+                a.1 + f.nano_usd,
+                a.2 + f.fleet_delta_nano_usd_per_hour,
+            )
+        });
+    assert_eq!(launch.0, 2);
+    // Two requests at least; the first also paid for its init phase.
+    assert!(launch.1 >= 400, "{launch:?}");
+    assert_eq!(launch.2, 96_000_000);
+}

@@ -1,8 +1,10 @@
 //! The `launch` Lambda: SQS launch requests → EC2 instances, one per NodeClaim.
+//! Metered with the price of every instance it launched as the fleet's change.
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::kubernetes::KubeCluster;
+use nodesmith::lambda::Meter;
 use nodesmith::launch::{LaunchConfig, Launcher, batch};
 
 #[tokio::main]
@@ -12,10 +14,17 @@ async fn main() -> Result<(), Error> {
     // EC2NodeClasses are read from the cluster, never taken from a message.
     let kube = KubeCluster::from_env(sdk.clone())?;
     let launcher = Launcher::new(&sdk, kube, config);
-    let launcher = &launcher;
+    // Last before polling: the meter ends the init phase.
+    let meter = Meter::new("launch", Some(launcher.store().clone()));
+    let (launcher, meter) = (&launcher, &meter);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        let (response, _) = batch::handle(launcher, &event.payload).await;
-        Ok::<SqsBatchResponse, Error>(response)
+        meter
+            .run(async {
+                let (response, results) = batch::handle(launcher, &event.payload).await;
+                let added = batch::fleet_delta_usd_per_hour(&results);
+                (Ok::<SqsBatchResponse, Error>(response), added)
+            })
+            .await
     }))
     .await
 }

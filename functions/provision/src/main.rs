@@ -1,10 +1,12 @@
 //! The `provision` Lambda: a batch of pending-pod references from SQS → one
 //! solve → NodeClaims in DynamoDB and launch requests on the launch queue.
+//! Metered with no change to the fleet's price: a planned claim is not
+//! capacity yet, and launch reports the price of the offering EC2 gave it.
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::kubernetes::KubeCluster;
-use nodesmith::lambda;
+use nodesmith::lambda::{self, Meter};
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
 use nodesmith::state::StateStore;
 
@@ -17,19 +19,25 @@ async fn main() -> Result<(), Error> {
         lambda::required_env("NODESMITH_TABLE")?,
     );
     let config = ProvisionConfig::from_env()?;
-    let provisioner = Provisioner::new(cluster, store, aws_sdk_sqs::Client::new(&sdk), config)
+    let provisioner = Provisioner::new(cluster, store.clone(), aws_sdk_sqs::Client::new(&sdk), config)
         .with_ec2(aws_sdk_ec2::Client::new(&sdk));
-    let provisioner = &provisioner;
+    // Last before polling: the meter ends the init phase.
+    let meter = Meter::new("provision", Some(store));
+    let (provisioner, meter) = (&provisioner, &meter);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        let outcome = provisioner.handle(&event.payload).await;
-        tracing::info!(
-            created = outcome.created.len(),
-            placed_on_existing = outcome.placed_on_existing,
-            unschedulable = outcome.unschedulable.len(),
-            failed = outcome.failed.len(),
-            "batch done"
-        );
-        Ok::<SqsBatchResponse, Error>(outcome.response())
+        meter
+            .run(async {
+                let outcome = provisioner.handle(&event.payload).await;
+                tracing::info!(
+                    created = outcome.created.len(),
+                    placed_on_existing = outcome.placed_on_existing,
+                    unschedulable = outcome.unschedulable.len(),
+                    failed = outcome.failed.len(),
+                    "batch done"
+                );
+                (Ok::<SqsBatchResponse, Error>(outcome.response()), 0.0)
+            })
+            .await
     }))
     .await
 }

@@ -2,14 +2,16 @@
 //! the node lifecycle under the sweep lease (registration, initialization,
 //! timeouts, liveness, garbage collection, the pending-pod safety net) and
 //! disruption (expiry, drift, emptiness: `docs/disruption.md`). The
-//! scheduler's event carries nothing the sweep needs.
+//! scheduler's event carries nothing the sweep needs. Metered with the
+//! fleet's change: minus the price of every claim it removed or whose
+//! disruption it finished.
 
 use std::collections::BTreeMap;
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::KubeCluster;
-use nodesmith::lambda;
+use nodesmith::lambda::{self, Meter};
 use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
 use serde_json::{Value, json};
@@ -27,31 +29,53 @@ async fn main() -> Result<(), Error> {
         lambda::required_env("NODESMITH_CLUSTER_NAME")?,
     );
     let config = SweepConfig::from_env()?;
-    let sweeper = Sweeper::new(cluster, store, instances, aws_sdk_sqs::Client::new(&sdk), config)
-        .with_iam(aws_sdk_iam::Client::new(&sdk))
-        .with_resolution(aws_sdk_ssm::Client::new(&sdk), aws_sdk_eks::Client::new(&sdk));
-    let sweeper = &sweeper;
+    let sweeper = Sweeper::new(
+        cluster,
+        store.clone(),
+        instances,
+        aws_sdk_sqs::Client::new(&sdk),
+        config,
+    )
+    .with_iam(aws_sdk_iam::Client::new(&sdk))
+    .with_resolution(aws_sdk_ssm::Client::new(&sdk), aws_sdk_eks::Client::new(&sdk));
+    // Last before polling: the meter ends the init phase.
+    let meter = Meter::new("sweep", Some(store));
+    let (sweeper, meter) = (&sweeper, &meter);
     run(service_fn(move |_: LambdaEvent<Value>| async move {
-        let report = sweeper.run().await?;
-        let dimensions = BTreeMap::from([("Function", "sweep".to_string())]);
-        nodesmith::telemetry::publish(&dimensions, &report.metrics());
-        Ok::<Value, Error>(json!({
-            "skipped": report.skipped,
-            "done": report.done.len(),
-            "failed": report.failed.len(),
-            "deferred": report.deferred.len(),
-            "solveRequested": report.solve_requested.map(|r| r.reason),
-            "nodeClassStatusesWritten": report.classes.written,
-            "disruption": {
-                "started": report.disruption.started.iter().map(|(n, r)| json!({"node": n, "reason": r.to_string()})).collect::<Vec<_>>(),
-                "launched": report.disruption.launched,
-                "draining": report.disruption.draining,
-                "terminated": report.disruption.terminated,
-                "abandoned": report.disruption.abandoned.iter().map(|(n, w)| json!({"node": n, "why": w})).collect::<Vec<_>>(),
-                "blocked": report.disruption.blocked.iter().map(|(n, w)| json!({"node": n, "why": w})).collect::<Vec<_>>(),
-                "failed": report.disruption.failed.iter().map(|(n, e)| json!({"node": n, "error": e.to_string()})).collect::<Vec<_>>(),
-            },
-        }))
+        meter
+            .run(async {
+                match sweep(sweeper).await {
+                    Ok((response, removed)) => (Ok(response), 0.0 - removed),
+                    Err(e) => (Err(e), 0.0),
+                }
+            })
+            .await
     }))
     .await
+}
+
+/// One sweep, its metrics published: its report as the response, and the
+/// $/h of the capacity it gave up.
+async fn sweep(sweeper: &Sweeper<KubeCluster>) -> Result<(Value, f64), Error> {
+    let report = sweeper.run().await?;
+    let dimensions = BTreeMap::from([("Function", "sweep".to_string())]);
+    nodesmith::telemetry::publish(&dimensions, &report.metrics());
+    let response = json!({
+        "skipped": report.skipped,
+        "done": report.done.len(),
+        "failed": report.failed.len(),
+        "deferred": report.deferred.len(),
+        "solveRequested": report.solve_requested.map(|r| r.reason),
+        "nodeClassStatusesWritten": report.classes.written,
+        "disruption": {
+            "started": report.disruption.started.iter().map(|(n, r)| json!({"node": n, "reason": r.to_string()})).collect::<Vec<_>>(),
+            "launched": report.disruption.launched,
+            "draining": report.disruption.draining,
+            "terminated": report.disruption.terminated,
+            "abandoned": report.disruption.abandoned.iter().map(|(n, w)| json!({"node": n, "why": w})).collect::<Vec<_>>(),
+            "blocked": report.disruption.blocked.iter().map(|(n, w)| json!({"node": n, "why": w})).collect::<Vec<_>>(),
+            "failed": report.disruption.failed.iter().map(|(n, e)| json!({"node": n, "error": e.to_string()})).collect::<Vec<_>>(),
+        },
+    });
+    Ok((response, report.removed_usd_per_hour))
 }

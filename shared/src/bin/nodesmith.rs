@@ -2,6 +2,7 @@
 //! provision function would launch for a set of manifests; with
 //! `--disruption`, what one sweep pass would disrupt in a running cluster.
 //! `nodesmith event` classifies EventBridge events as the `interrupt` function does.
+//! `nodesmith status` shows what nodesmith is doing in a cluster and what it costs.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -46,6 +47,23 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Show NodeClaims, pending pods and why, disruptions in progress, the
+    /// fleet's $/h and what the autoscaler cost today and this month.
+    ///
+    /// Reads the state table with the AWS SDK's usual configuration, and the
+    /// cluster at NODESMITH_KUBE_URL (with NODESMITH_KUBE_TOKEN) when set, else
+    /// through the kubeconfig or the in-cluster service account.
+    Status {
+        /// The state table (default: NODESMITH_TABLE).
+        #[arg(long)]
+        table: Option<String>,
+        /// Output format (json when stdout is not a terminal, else table).
+        #[arg(long, value_enum)]
+        output: Option<Output>,
+        /// The moment the report describes, RFC 3339 (default: now).
+        #[arg(long)]
+        now: Option<jiff::Timestamp>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -58,6 +76,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Event { rebalance, files } => event(rebalance, &files),
+        Command::Status { table, output, now } => status(table, output, now),
         Command::Simulate {
             catalog,
             output,
@@ -66,11 +85,7 @@ fn main() -> ExitCode {
             paths,
         } => {
             let now = now.unwrap_or_else(jiff::Timestamp::now);
-            let output = output.unwrap_or(if std::io::stdout().is_terminal() {
-                Output::Table
-            } else {
-                Output::Json
-            });
+            let output = output_or_default(output);
             if disruption {
                 return match nodesmith::simulate::run_disruption(&paths, catalog.as_deref(), now) {
                     Ok((report, warnings)) => {
@@ -103,6 +118,88 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The format asked for, else a table on a terminal and JSON elsewhere.
+fn output_or_default(output: Option<Output>) -> Output {
+    output.unwrap_or(if std::io::stdout().is_terminal() {
+        Output::Table
+    } else {
+        Output::Json
+    })
+}
+
+/// `nodesmith status` (`docs/status-format.md`): exit 2 when the table is not
+/// named, 1 when the table or the cluster cannot be read.
+fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Timestamp>) -> ExitCode {
+    let Some(table) = table
+        .or_else(|| std::env::var("NODESMITH_TABLE").ok())
+        .filter(|t| !t.trim().is_empty())
+    else {
+        return bad_input(&"no state table: pass --table or set NODESMITH_TABLE");
+    };
+    let output = output_or_default(output);
+    let now = now.unwrap_or_else(jiff::Timestamp::now);
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let gathered = runtime.block_on(async {
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+        let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
+        let cluster = cluster(sdk).await?;
+        nodesmith::status::gather(&store, &cluster, now)
+            .await
+            .map_err(|e| error_chain(&e))
+    });
+    match gathered {
+        Ok(input) => {
+            let report = nodesmith::status::report(&input);
+            emit(
+                output,
+                || nodesmith::status::to_json(&report),
+                || nodesmith::status::to_table(&report),
+            )
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The cluster `status` reads: NODESMITH_KUBE_URL when set, else the
+/// kubeconfig or the in-cluster service account.
+async fn cluster(sdk: aws_config::SdkConfig) -> Result<nodesmith::kubernetes::KubeCluster, String> {
+    use nodesmith::kubernetes::KubeCluster;
+    use nodesmith::kubernetes::kube_cluster::KUBE_URL_ENV;
+    if std::env::var(KUBE_URL_ENV).is_ok_and(|u| !u.is_empty()) {
+        return KubeCluster::from_env(sdk).map_err(|e| format!("{KUBE_URL_ENV}: {}", error_chain(&e)));
+    }
+    nodesmith::kubernetes::client::install_crypto_provider();
+    kube::Client::try_default()
+        .await
+        .map(KubeCluster::from_client)
+        .map_err(|e| {
+            format!(
+                "no cluster: set {KUBE_URL_ENV}, or a kubeconfig (KUBECONFIG, ~/.kube/config): {}",
+                error_chain(&e)
+            )
+        })
+}
+
+/// An error and its causes, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    out
 }
 
 /// Input that cannot be simulated: the error on stderr, exit 2.

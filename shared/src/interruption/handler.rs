@@ -139,6 +139,8 @@ pub struct Outcome {
     pub replacements: Vec<NodeClaim>,
     /// Claims removed because their capacity is gone.
     pub removed: Vec<String>,
+    /// The $/h of those claims' offerings: what the fleet no longer costs.
+    pub removed_usd_per_hour: f64,
     /// Events not acted on (foreign instances, ignored kinds, duplicates).
     pub ignored: usize,
     /// Unknown or malformed events.
@@ -366,6 +368,7 @@ impl<C: Cluster> Interrupter<C> {
         )
         .await?;
         outcome.removed.push(claim.name.clone());
+        outcome.removed_usd_per_hour += claim.price.unwrap_or(0.0);
         tracing::info!(claim = %claim.name, node = ?s.node, "capacity gone: node and claim removed, solve requested");
         Ok(())
     }

@@ -32,6 +32,20 @@ pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
     resp
 }
 
+/// The $/h of capacity the batch added, for the meter: the price of every
+/// instance it launched, or recovered after a launch that crashed before
+/// recording it (that launch was never metered). A redelivery of a claim
+/// launched before adds nothing (pure).
+pub fn fleet_delta_usd_per_hour(results: &[RecordResult]) -> f64 {
+    results
+        .iter()
+        .filter_map(|r| match &r.result {
+            Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) => c.price,
+            _ => None,
+        })
+        .sum()
+}
+
 async fn handle_record<C: Cluster>(
     launcher: &Launcher<C>,
     msg: &SqsMessage,
@@ -108,6 +122,28 @@ pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (Sq
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_new_instances_add_to_the_fleet_price() {
+        let claim = |price: Option<f64>| crate::nodeclaim::NodeClaim {
+            price,
+            ..crate::nodeclaim::NodeClaim::pending("default-a", "default", "default")
+        };
+        let rec = |result| RecordResult {
+            message_id: None,
+            result,
+        };
+        let results = [
+            rec(Ok(LaunchOutcome::Launched(claim(Some(0.096))))),
+            rec(Ok(LaunchOutcome::Recovered(claim(Some(0.0416))))),
+            rec(Ok(LaunchOutcome::Launched(claim(None)))),
+            rec(Ok(LaunchOutcome::AlreadyLaunched(claim(Some(1.0))))),
+            rec(Ok(LaunchOutcome::Gone("x".into()))),
+            rec(Err(LaunchError::Request(RequestError::Invalid("x".into())))),
+        ];
+        assert!((fleet_delta_usd_per_hour(&results) - 0.1376).abs() < 1e-12);
+        assert_eq!(fleet_delta_usd_per_hour(&[]), 0.0);
+    }
 
     #[test]
     fn only_failed_records_are_reported() {

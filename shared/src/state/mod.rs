@@ -16,6 +16,7 @@
 //! | processed message | `PROCESSED` | idempotency key | `expiresAt` (N, epoch s) |
 //! | drain in progress | `DRAIN` | claim name | `node` (S), `reason` (S), `startedAt` (N, epoch ms), `deadline`, `forceFrom` (N, epoch ms, optional), `expiresAt` (N, epoch s) |
 //! | marker | `MARKER` | marker name (`last-solve`) | `at` (N, epoch ms; only moves forward) |
+//! | cost counter | `COST` | `DAY#<yyyy-mm-dd>` (UTC) | per function: `<fn>NanoUsd`, `<fn>Invocations`, `<fn>FleetNanoUsdPerHour` (N, added to atomically); `expiresAt` (N, epoch s, the day + 400 days) |
 //!
 //! - GSI `byInstanceId`: partition key `instanceId` (S), projection ALL. Only
 //!   launched NodeClaims carry the attribute, so the index is sparse.
@@ -28,6 +29,7 @@
 //!   sees a half-written generation.
 
 mod catalog;
+mod costs;
 mod disruptions;
 mod drains;
 mod idempotency;
@@ -39,6 +41,7 @@ mod offerings;
 mod table;
 
 pub use catalog::PART_BYTES;
+pub use costs::{COST_TTL_DAYS, CostEntry, DayCost, FunctionCost, day_key};
 pub use disruptions::{DisruptionRecord, DisruptionStep};
 pub use drains::DrainRecord;
 pub use leases::Lease;
@@ -66,6 +69,8 @@ pub const PK_DRAIN: &str = "DRAIN";
 pub const PK_DISRUPTION: &str = "DISRUPTION";
 /// Partition of markers (when something last happened).
 pub const PK_MARKER: &str = "MARKER";
+/// Partition of the per-day cost counters.
+pub const PK_COST: &str = "COST";
 /// The GSI on instance id.
 pub const INSTANCE_INDEX: &str = "byInstanceId";
 
@@ -127,6 +132,15 @@ pub enum StateError {
     },
 }
 
+/// Which sort keys of a partition a Query reads.
+#[derive(Clone, Copy)]
+enum SortKeys<'a> {
+    /// Those that begin with this.
+    Prefix(&'a str),
+    /// Those from the first to the second, both included.
+    Between(&'a str, &'a str),
+}
+
 /// The state store: a DynamoDB client and the table name.
 #[derive(Debug, Clone)]
 pub struct StateStore {
@@ -160,6 +174,16 @@ impl StateStore {
     /// Every item of one partition (optionally only sort keys with a prefix),
     /// following Query pagination to the end.
     async fn query_partition(&self, pk: &str, sk_prefix: Option<&str>) -> Result<Vec<item::Item>, StateError> {
+        self.query_pages(pk, sk_prefix.map(SortKeys::Prefix)).await
+    }
+
+    /// Every item of one partition whose sort key lies in `from..=to`.
+    async fn query_range(&self, pk: &str, from: &str, to: &str) -> Result<Vec<item::Item>, StateError> {
+        self.query_pages(pk, Some(SortKeys::Between(from, to))).await
+    }
+
+    /// One partition's items, optionally narrowed by sort key, across pages.
+    async fn query_pages(&self, pk: &str, sort_keys: Option<SortKeys<'_>>) -> Result<Vec<item::Item>, StateError> {
         let mut items = Vec::new();
         let mut start: Option<item::Item> = None;
         loop {
@@ -170,10 +194,14 @@ impl StateStore {
                 .expression_attribute_values(":pk", item::s(pk))
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take());
-            q = match sk_prefix {
-                Some(prefix) => q
+            q = match sort_keys {
+                Some(SortKeys::Prefix(prefix)) => q
                     .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
                     .expression_attribute_values(":prefix", item::s(prefix)),
+                Some(SortKeys::Between(from, to)) => q
+                    .key_condition_expression("pk = :pk AND sk BETWEEN :from AND :to")
+                    .expression_attribute_values(":from", item::s(from))
+                    .expression_attribute_values(":to", item::s(to)),
                 None => q.key_condition_expression("pk = :pk"),
             };
             let page = q.send().await.map_err(|e| self.dynamo("Query", e))?;

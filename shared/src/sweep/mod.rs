@@ -183,6 +183,21 @@ pub struct SweepReport {
     pub disruption: disrupt::DisruptionReport,
     /// EC2NodeClass statuses written and classes not resolved.
     pub classes: classes::ClassReport,
+    /// The $/h of the capacity this run gave up, for the meter.
+    pub removed_usd_per_hour: f64,
+}
+
+/// The $/h of the capacity a run gave up: claims it removed, and claims whose
+/// Node it terminated at the end of a disruption; claims never launched have
+/// no price and add nothing (pure).
+pub fn removed_usd_per_hour(claims: &[NodeClaim], removed: &[&str], terminated_nodes: &[String]) -> f64 {
+    claims
+        .iter()
+        .filter(|c| {
+            removed.contains(&c.name.as_str()) || c.node_name.as_ref().is_some_and(|n| terminated_nodes.contains(n))
+        })
+        .filter_map(|c| c.price)
+        .sum()
 }
 
 impl SweepReport {
@@ -347,6 +362,8 @@ impl<C: Cluster> Sweeper<C> {
         // then the disruptions whose drain just finished are terminated.
         let drained = crate::interruption::sweep_drains(&self.cluster, &self.store).await;
         self.finish_drained(&drained, &mut report.disruption).await;
+        let removed_claims: Vec<&str> = removed.iter().map(|(_, c)| c.as_str()).collect();
+        report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated);
         report.solve_requested = self.ask_for_solve(&removed, now).await;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(
@@ -485,6 +502,25 @@ impl<C: Cluster> Sweeper<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capacity_given_up_is_priced_once_per_claim() {
+        let claim = |name: &str, node: Option<&str>, price: Option<f64>| NodeClaim {
+            node_name: node.map(String::from),
+            price,
+            ..NodeClaim::pending(name, "default", "default")
+        };
+        let claims = [
+            claim("a", Some("n-a"), Some(0.1)),
+            claim("b", Some("n-b"), Some(0.02)),
+            claim("c", None, None),
+            claim("d", Some("n-d"), Some(5.0)),
+        ];
+        // "a" removed and its node terminated: counted once; "c" never launched.
+        let got = removed_usd_per_hour(&claims, &["a", "c"], &["n-a".to_string(), "n-b".to_string()]);
+        assert!((got - 0.12).abs() < 1e-12, "{got}");
+        assert_eq!(removed_usd_per_hour(&claims, &[], &[]), 0.0);
+    }
 
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

@@ -15,10 +15,6 @@ use super::LocalCloud;
 use super::mapping::Invocation;
 use crate::eventbridge;
 
-/// Lambda's price per GB-second on arm64, and per request (us-east-1).
-const LAMBDA_GB_SECOND_USD: f64 = 0.000_013_333_4;
-const LAMBDA_REQUEST_USD: f64 = 0.000_000_2;
-
 /// How the demo runs.
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -366,14 +362,18 @@ fn round6(x: f64) -> f64 {
     (x * 1_000_000.0).round() / 1_000_000.0
 }
 
-/// What the invocations would cost on Lambda (compute and requests; SQS,
-/// DynamoDB and EventBridge requests are not counted).
+/// What the invocations would cost on Lambda, priced as the functions meter
+/// themselves (`nodesmith::metering`: compute and requests; SQS, DynamoDB
+/// and EventBridge requests are not counted).
 pub fn lambda_cost(invocations: &[Invocation]) -> f64 {
     invocations
         .iter()
         .map(|i| {
-            let billed = i.answer.duration.as_secs_f64() + i.answer.cold_start.map_or(0.0, |c| c.as_secs_f64());
-            billed * (i.memory_mb as f64 / 1024.0) * LAMBDA_GB_SECOND_USD + LAMBDA_REQUEST_USD
+            nodesmith::metering::invocation_cost_usd(&nodesmith::metering::Invocation {
+                duration: i.answer.duration,
+                init: i.answer.cold_start,
+                memory_mb: u32::try_from(i.memory_mb).unwrap_or(u32::MAX),
+            })
         })
         .sum()
 }
