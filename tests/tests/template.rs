@@ -1273,6 +1273,25 @@ fn each_function_may_call_exactly_what_its_code_calls() {
 }
 
 #[test]
+fn the_sweep_runs_every_minute_on_a_schedule_named_for_its_stack() {
+    let t = template();
+    let events = &resource(&t, "SweepFunction")["Properties"]["Events"];
+    let schedule = events
+        .as_mapping()
+        .unwrap()
+        .values()
+        .find(|e| e["Type"].as_str() == Some("ScheduleV2"))
+        .expect("the sweep has an EventBridge Scheduler schedule");
+    let p = &schedule["Properties"];
+    assert_eq!(p["ScheduleExpression"].as_str(), Some("rate(1 minute)"));
+    // Two clusters' stacks in one account must not collide on the name.
+    let name = iam::resolve(&t, &p["Name"]);
+    assert!(name.as_str().is_some_and(|n| n.starts_with("nodesmith-")), "{name}");
+    // A run that could not start is skipped, not piled up behind the running one.
+    assert_eq!(p["RetryPolicy"]["MaximumRetryAttempts"].as_u64(), Some(0));
+}
+
+#[test]
 fn no_role_may_write_to_every_resource_without_a_condition() {
     let t = template();
     let read = |a: &str| {
