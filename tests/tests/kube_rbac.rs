@@ -539,6 +539,7 @@ fn scan(src: &str) -> Result<Vec<Call>, String> {
     for pat in [
         "Api<",
         ".request(",
+        ".request::<",
         ".request_text(",
         ".request_events(",
         "Api::all(",
