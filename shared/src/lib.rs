@@ -27,4 +27,5 @@ pub mod snapshot;
 pub mod state;
 pub mod status;
 pub mod sweep;
+pub mod table;
 pub mod telemetry;

@@ -265,20 +265,6 @@ pub fn human_age(seconds: i64) -> String {
     }
 }
 
-/// Columns padded to their widest cell, two spaces apart.
-fn columns(rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}", w = *w)).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 /// The report as text tables for a terminal.
 pub fn to_table(report: &StatusReport) -> String {
     let dash = || "-".to_string();
@@ -308,7 +294,7 @@ pub fn to_table(report: &StatusReport) -> String {
                 c.price_per_hour.map(|p| format!("{p:.4}")).unwrap_or_else(dash),
             ]);
         }
-        out.push_str(&columns(&rows));
+        out.push_str(&crate::table::columns(&rows));
     }
     out.push_str("\nPENDING PODS\n");
     if report.pending_pods.is_empty() {
@@ -318,7 +304,7 @@ pub fn to_table(report: &StatusReport) -> String {
         for p in &report.pending_pods {
             rows.push(vec![format!("{}/{}", p.namespace, p.name), p.reason.clone()]);
         }
-        out.push_str(&columns(&rows));
+        out.push_str(&crate::table::columns(&rows));
     }
     out.push_str("\nDISRUPTIONS\n");
     if report.disruptions.is_empty() {
@@ -343,7 +329,7 @@ pub fn to_table(report: &StatusReport) -> String {
                 },
             ]);
         }
-        out.push_str(&columns(&rows));
+        out.push_str(&crate::table::columns(&rows));
     }
     let c = &report.autoscaler_cost;
     out.push_str(&format!(

@@ -82,15 +82,7 @@ pub fn to_table(r: &Report) -> String {
             c.pods.len().to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..7)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = crate::table::columns(&rows);
     for e in &r.plan.existing {
         out.push_str(&format!("existing {}: {} pod(s)\n", e.name, e.pods.len()));
     }
