@@ -39,10 +39,16 @@ pub fn required_env(name: &str) -> Result<String, MissingEnv> {
 pub async fn start() -> aws_config::SdkConfig {
     INIT_STARTED.get_or_init(Instant::now);
     crate::telemetry::init();
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5))
-        .load()
-        .await
+    let loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5));
+    // Crash tests: every AWS call passes the crash hook (debug builds only).
+    #[cfg(debug_assertions)]
+    let loader = if crate::crash::enabled() {
+        loader.http_client(crate::crash::aws::default_client())
+    } else {
+        loader
+    };
+    loader.load().await
 }
 
 /// Meters every invocation of one function: its price (billed duration, the
@@ -84,6 +90,7 @@ impl Meter {
     /// $/h it changed, and meters it whatever the response.
     pub async fn run<T>(&self, work: impl Future<Output = (T, f64)>) -> T {
         let started = Instant::now();
+        crate::crash::begin_invocation();
         let init = (!self.warm.swap(true, Ordering::Relaxed)).then_some(self.init);
         let (response, fleet_delta) = work.await;
         let metered = Metered::new(

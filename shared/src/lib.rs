@@ -6,6 +6,7 @@
 
 pub mod apis;
 pub mod catalog;
+pub mod crash;
 pub mod disruption;
 pub mod ec2;
 pub mod interruption;

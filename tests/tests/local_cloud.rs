@@ -402,6 +402,8 @@ fn the_functions_run_as_the_template_declares_them() {
         let memory = props["MemorySize"].as_u64().or(globals["MemorySize"].as_u64()).unwrap();
         let timeout = props["Timeout"].as_u64().or(globals["Timeout"].as_u64()).unwrap();
         assert_eq!((def.memory_mb, def.timeout_secs), (memory, timeout), "{binary}");
+        let concurrency = props["ReservedConcurrentExecutions"].as_u64().unwrap();
+        assert_eq!(def.concurrency as u64, concurrency, "{binary}");
         let sqs: Vec<&serde_yaml_ng::Value> = props["Events"]
             .as_mapping()
             .map(|m| m.values().filter(|e| e["Type"].as_str() == Some("SQS")).collect())

@@ -43,7 +43,7 @@ pub struct InterruptConfig {
     pub rebalance: RebalanceMode,
     /// Who we are, for the provision lease.
     pub holder: String,
-    /// How long a replacement solve may hold the provision lease.
+    /// How long the provision lease outlives a replacement solve that died.
     pub lease_ttl: Duration,
     /// How long to wait for another solve before giving the message back.
     pub lease_wait: Duration,
@@ -62,7 +62,7 @@ impl InterruptConfig {
             pending_queue_url: pending_queue_url.into(),
             rebalance: RebalanceMode::default(),
             holder: format!("interrupt-{}", crate::state::now_ms()),
-            lease_ttl: Duration::from_secs(60),
+            lease_ttl: crate::provisioning::LEASE_TTL,
             lease_wait: Duration::from_secs(20),
             drain_budget: Duration::from_secs(100),
             drain_interval: Duration::from_secs(5),
@@ -87,6 +87,7 @@ impl InterruptConfig {
             &need("NODESMITH_LAUNCH_QUEUE_URL")?,
             &need("NODESMITH_PENDING_QUEUE_URL")?,
         );
+        c.lease_ttl = crate::provisioning::lease_ttl(&get).map_err(InterruptError::Config)?;
         c.rebalance = get("NODESMITH_REBALANCE")
             .unwrap_or_default()
             .parse()
@@ -376,21 +377,13 @@ impl<C: Cluster> Interrupter<C> {
     /// A what-if solve with `nodes` removed, its new claims written fenced by
     /// the provision lease, their launches queued.
     async fn replace(&self, nodes: &[String], now: Timestamp) -> Result<Vec<NodeClaim>, InterruptError> {
-        let lease = self
-            .store
-            .acquire_lease_within(
-                LEASE,
-                &self.config.holder,
-                self.config.lease_ttl,
-                self.config.lease_wait,
-            )
+        let c = &self.config;
+        self.store
+            .with_lease(LEASE, &c.holder, c.lease_ttl, c.lease_wait, |lease| async move {
+                self.replace_under(&lease, nodes, now).await
+            })
             .await?
-            .ok_or(InterruptError::Busy)?;
-        let result = self.replace_under(&lease, nodes, now).await;
-        if let Err(e) = self.store.release_lease(&lease, crate::state::now_ms()).await {
-            tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");
-        }
-        result
+            .ok_or(InterruptError::Busy)?
     }
 
     async fn replace_under(

@@ -59,7 +59,13 @@ pub fn client_for(
     if let Some(t) = token {
         config.auth_info.token = Some(t.to_string().into());
     }
-    kube::Client::try_from(config).map_err(ClientError::Kube)
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(ClientError::Kube)?;
+    // Crash tests: every Kubernetes call passes the crash hook (debug builds only).
+    #[cfg(debug_assertions)]
+    if crate::crash::enabled() {
+        return Ok(builder.with_layer(&crate::crash::kube::Layer).build());
+    }
+    Ok(builder.build())
 }
 
 /// Where clients come from.

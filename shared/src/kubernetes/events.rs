@@ -27,6 +27,12 @@ pub mod reasons {
     pub const SPOT_INTERRUPTED: &str = "SpotInterrupted";
     /// No NodePool could satisfy a pod.
     pub const FAILED_SCHEDULING: &str = "FailedScheduling";
+    /// A NodeClaim's instance was launched.
+    pub const LAUNCHED: &str = "Launched";
+    /// A NodeClaim's Node registered and was linked to it.
+    pub const REGISTERED: &str = "Registered";
+    /// A node is Ready with its startup taints gone.
+    pub const INITIALIZED: &str = "Initialized";
 }
 
 /// The component name events are reported under.
@@ -99,7 +105,50 @@ pub fn node_name_ref(name: &str) -> ObjectReference {
     }
 }
 
+/// A reference to a NodeClaim by name. nodesmith keeps NodeClaims in its
+/// state table, not in the API server; events about a claim before it has a
+/// Node (its launch) name it as Karpenter's API would, so `kubectl get
+/// events` shows them beside the node's later ones.
+pub fn nodeclaim_ref(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("karpenter.sh/v1".into()),
+        kind: Some("NodeClaim".into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
 impl EventSpec {
+    /// `Launched`, on the NodeClaim: its instance is running in EC2.
+    pub fn launched(claim: &str, instance_id: &str, instance_type: &str, zone: &str, capacity_type: &str) -> Self {
+        EventSpec {
+            object: nodeclaim_ref(claim),
+            type_: EventType::Normal,
+            reason: reasons::LAUNCHED.into(),
+            message: format!("Launched instance {instance_id} ({instance_type}, {zone}, {capacity_type})"),
+        }
+    }
+
+    /// `Registered`, on the node: it joined and is linked to its NodeClaim.
+    pub fn registered(node: &str, claim: &str) -> Self {
+        EventSpec {
+            object: node_name_ref(node),
+            type_: EventType::Normal,
+            reason: reasons::REGISTERED.into(),
+            message: format!("Node joined the cluster for nodeclaim/{claim}"),
+        }
+    }
+
+    /// `Initialized`, on the node: Ready, startup taints gone, pods may land.
+    pub fn initialized(node: &str, claim: &str) -> Self {
+        EventSpec {
+            object: node_name_ref(node),
+            type_: EventType::Normal,
+            reason: reasons::INITIALIZED.into(),
+            message: format!("Node is ready for pods (nodeclaim/{claim} initialized)"),
+        }
+    }
+
     /// `Nominated`: the pod should schedule on the NodeClaim being launched.
     pub fn nominated(pod: &Pod, nodeclaim: &str) -> Self {
         EventSpec {

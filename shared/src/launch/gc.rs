@@ -20,8 +20,8 @@ use crate::apis::labels;
 use crate::kubernetes::Cluster;
 
 /// A template younger than this is never collected: a launch may have made it
-/// for a class the sweep has not seen yet (as long as a launch holds its lease).
-pub const TEMPLATE_GRACE: Duration = Duration::from_millis(super::LAUNCH_LEASE_MS as u64);
+/// for a class the sweep has not seen yet (far longer than any launch runs).
+pub const TEMPLATE_GRACE: Duration = Duration::from_secs(10 * 60);
 
 /// EC2's largest DescribeLaunchTemplates page.
 const PAGE: i32 = 200;

@@ -51,14 +51,17 @@ use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
-use crate::kubernetes::{Cluster, KubeCluster};
+use crate::kubernetes::{Cluster, EventSpec, KubeCluster};
 use crate::messages::SolveRequest;
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::provisioning::trigger::request_solve;
 use crate::state::{self, OfferingKey, StateStore};
 
-/// How long one launch may hold its NodeClaim's lease.
-pub const LAUNCH_LEASE_MS: i64 = 10 * 60 * 1000;
+/// How long a launch's lease on its NodeClaim outlives its last renewal by
+/// default (renewed every third of that while the launch runs): a launch that
+/// died frees its claim that soon, and the sweep sends the claim's request
+/// again (`NODESMITH_LAUNCH_LEASE`).
+pub const LAUNCH_LEASE_MS: i64 = 15 * 1000;
 /// How long the lease of a claim whose instance was launched but not recorded is
 /// still held: past EC2's read lag, so the next holder finds the instance by its tag.
 pub const LAUNCH_HOLD_MS: i64 = 60 * 1000;
@@ -119,11 +122,14 @@ pub struct LaunchConfig {
     /// solve there, so its pods are placed again at once (none: they wait for
     /// the sweep's safety net).
     pub pending_queue_url: Option<String>,
+    /// How long a launch's lease outlives its last renewal (ms).
+    pub lease_ms: i64,
 }
 
 impl LaunchConfig {
     /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing, and
-    /// the optional `NODESMITH_PENDING_QUEUE_URL`.
+    /// the optional `NODESMITH_PENDING_QUEUE_URL` and `NODESMITH_LAUNCH_LEASE`
+    /// (a Go duration, default [`LAUNCH_LEASE_MS`]).
     pub fn from_env() -> Result<Self, LaunchError> {
         let get = |k: &str| {
             std::env::var(k)
@@ -135,6 +141,12 @@ impl LaunchConfig {
             table: get("NODESMITH_TABLE")?,
             cluster_name: get("NODESMITH_CLUSTER_NAME")?,
             pending_queue_url: get("NODESMITH_PENDING_QUEUE_URL").ok(),
+            lease_ms: match get("NODESMITH_LAUNCH_LEASE") {
+                Err(_) => LAUNCH_LEASE_MS,
+                Ok(v) => crate::apis::duration::parse_go_duration(v.trim())
+                    .map_err(|e| LaunchError::Config(format!("NODESMITH_LAUNCH_LEASE: {e}")))?
+                    .as_millis() as i64,
+            },
         })
     }
 }
@@ -325,6 +337,12 @@ pub fn record(
     Ok(c)
 }
 
+/// The lease a launch of `claim` holds while it runs (the sweep reads it
+/// before sending a stale claim's launch request again).
+pub fn lease_name(claim: &str) -> String {
+    format!("launch/{claim}")
+}
+
 fn lease_holder() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
@@ -378,15 +396,16 @@ impl<C: Cluster> Launcher<C> {
             Some(c) if c.phase != Phase::Pending => return Ok(LaunchOutcome::AlreadyLaunched(c)),
             Some(_) => {}
         }
-        let lease_name = format!("launch/{name}");
+        let lease_name = lease_name(name);
         let Some(lease) = self
             .store
-            .acquire_lease(&lease_name, &lease_holder(), LAUNCH_LEASE_MS, state::now_ms())
+            .acquire_lease(&lease_name, &lease_holder(), self.config.lease_ms, state::now_ms())
             .await?
         else {
             return Err(LaunchError::Busy(name.clone()));
         };
-        let result = self.launch_leased(req).await;
+        let ttl = std::time::Duration::from_millis(self.config.lease_ms.max(1) as u64);
+        let result = self.store.while_holding(&lease, ttl, self.launch_leased(req)).await;
         // Done with the claim: the lease item goes. Failed before an instance existed:
         // released for the redelivery. An instance launched but not recorded: the lease
         // is held (shortened to LAUNCH_HOLD_MS), never released, so no one launches for
@@ -403,7 +422,24 @@ impl<C: Cluster> Launcher<C> {
         if let Err(e) = freed {
             tracing::warn!(node_claim = %name, error = %e, "cannot free launch lease");
         }
+        if let Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) = &result {
+            self.launched_event(c).await;
+        }
         result
+    }
+
+    /// Records `Launched` on the claim; a failure is logged, never fatal.
+    async fn launched_event(&self, c: &NodeClaim) {
+        let event = EventSpec::launched(
+            &c.name,
+            c.instance_id.as_deref().unwrap_or_default(),
+            c.instance_type.as_deref().unwrap_or_default(),
+            c.zone.as_deref().unwrap_or_default(),
+            c.capacity_type.as_deref().unwrap_or_default(),
+        );
+        if let Err(e) = self.kube.emit_event(&event).await {
+            tracing::warn!(node_claim = %c.name, error = %e, "could not record the Launched event");
+        }
     }
 
     async fn launch_leased(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {

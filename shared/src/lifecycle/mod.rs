@@ -33,6 +33,9 @@ pub struct LifecycleConfig {
     pub launch_timeout: Duration,
     /// A launched claim with no Node this long after launch is given up.
     pub registration_timeout: Duration,
+    /// A claim still Pending this long after it was written has its launch
+    /// request sent again (a crash lost it, or the launch that took it died).
+    pub relaunch_after: Duration,
     /// An owned instance without a claim is collected once this old (Karpenter's leak window).
     pub leak_window: Duration,
     /// An instance missing from DescribeInstances counts as gone only this long after
@@ -49,6 +52,7 @@ impl Default for LifecycleConfig {
         LifecycleConfig {
             launch_timeout: Duration::from_secs(5 * 60),
             registration_timeout: Duration::from_secs(15 * 60),
+            relaunch_after: Duration::from_secs(60),
             leak_window: Duration::from_secs(30),
             liveness_grace: Duration::from_secs(60),
             batch_window: Duration::from_secs(10),
@@ -96,6 +100,12 @@ pub enum Action {
         node: String,
         /// The write to the Node.
         update: NodeUpdate,
+    },
+    /// Send the Pending claim's launch request again, unless a launch holds it
+    /// (launch is idempotent: a second request for a launched claim does nothing).
+    Relaunch {
+        /// The claim.
+        claim: String,
     },
     /// Mark the Node initialized, then move the claim to Initialized.
     Initialize {
@@ -211,8 +221,12 @@ fn claim_action(
         node: node.map(node_name),
     };
     match claim.phase {
-        Phase::Pending => older_than(claim.timestamps.created, now, config.launch_timeout)
-            .then(|| remove(Removal::LaunchTimeout, None)),
+        Phase::Pending if older_than(claim.timestamps.created, now, config.launch_timeout) => {
+            Some(remove(Removal::LaunchTimeout, None))
+        }
+        Phase::Pending => older_than(claim.timestamps.created, now, config.relaunch_after).then(|| Action::Relaunch {
+            claim: claim.name.clone(),
+        }),
         Phase::Launched | Phase::Registered | Phase::Initialized => {
             let id = claim.instance_id.as_deref()?;
             let node = nodes_by_instance.get(id).copied();

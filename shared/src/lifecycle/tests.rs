@@ -141,6 +141,7 @@ fn short(a: &Action) -> String {
             format!("collect-instance {instance} node={}", node.as_deref().unwrap_or("-"))
         }
         Action::CollectNode { node } => format!("collect-node {node}"),
+        Action::Relaunch { claim } => format!("relaunch {claim}"),
     }
 }
 
@@ -166,6 +167,20 @@ fn each_claim_phase_and_what_the_world_says() {
             vec![],
             vec![],
             vec![],
+        ),
+        (
+            "pending for two minutes (its launch request lost, or its launch died): ask again",
+            vec![claim("c", Phase::Pending, None, mins_ago(2))],
+            vec![],
+            vec![],
+            vec!["relaunch c"],
+        ),
+        (
+            "pending for two minutes with a tagged instance (crash after CreateFleet): ask again, launch adopts it",
+            vec![claim("c", Phase::Pending, None, mins_ago(2))],
+            vec![],
+            vec![running("i-9", "c")],
+            vec!["relaunch c"],
         ),
         (
             "pending past the launch timeout, nothing launched",

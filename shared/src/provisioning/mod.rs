@@ -10,24 +10,38 @@
 pub mod batch;
 pub mod trigger;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
 
-use crate::kubernetes::Cluster;
+use crate::kubernetes::{Cluster, EventSpec};
 use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
-use crate::nodeclaim::{NodeClaim, Phase, generate_name};
-use crate::scheduling::{Plan, SolveOptions};
+use crate::nodeclaim::{NodeClaim, generate_name};
+use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
 use batch::{PodState, Record};
 
-/// The lease that serialises solves.
+/// The lease that serialises solves (and every other writer of new claims).
 pub const LEASE: &str = "provision";
+
+/// How long the provision lease outlives its holder's last renewal, from
+/// `NODESMITH_PROVISION_LEASE` through `get` (a Go duration; default 15s):
+/// how long a writer of claims that died blocks the next.
+pub fn lease_ttl(get: impl Fn(&str) -> Option<String>) -> Result<Duration, String> {
+    match get("NODESMITH_PROVISION_LEASE").filter(|v| !v.trim().is_empty()) {
+        None => Ok(LEASE_TTL),
+        Some(v) => crate::apis::duration::parse_go_duration(v.trim()).map_err(|e| format!("NODESMITH_PROVISION_LEASE: {e}")),
+    }
+}
+
+/// The provision lease's default time to live.
+pub const LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// Settings of the provision function.
 #[derive(Debug, Clone)]
@@ -37,18 +51,18 @@ pub struct ProvisionConfig {
     /// Where malformed messages are sent (when unset they are reported as
     /// failures and reach the dead-letter queue through the redrive policy).
     pub dead_letter_queue_url: Option<String>,
-    /// How long one solve may hold the lease.
+    /// How long the lease outlives its last renewal (renewed every third of
+    /// that while the solve runs): how long a solve that died blocks the next.
     pub lease_ttl: Duration,
     /// How long to wait for another invocation's solve before giving the batch back.
     pub lease_wait: Duration,
     /// Who we are (the Lambda request id), for the lease.
     pub holder: String,
-    /// A Pending claim older than this without an instance gets its launch request again.
-    pub relaunch_after: Duration,
 }
 
 impl ProvisionConfig {
-    /// Reads `NODESMITH_LAUNCH_QUEUE_URL` and optionally `NODESMITH_PENDING_DLQ_URL`.
+    /// Reads `NODESMITH_LAUNCH_QUEUE_URL` and optionally `NODESMITH_PENDING_DLQ_URL`
+    /// and `NODESMITH_PROVISION_LEASE` (a Go duration, default 15s).
     pub fn from_env() -> Result<Self, ProvisionError> {
         let launch_queue_url = std::env::var("NODESMITH_LAUNCH_QUEUE_URL")
             .map_err(|_| ProvisionError::Config("NODESMITH_LAUNCH_QUEUE_URL is not set".into()))?;
@@ -57,6 +71,7 @@ impl ProvisionConfig {
             dead_letter_queue_url: std::env::var("NODESMITH_PENDING_DLQ_URL")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            lease_ttl: lease_ttl(|k| std::env::var(k).ok()).map_err(ProvisionError::Config)?,
             ..ProvisionConfig::new("")
         })
     }
@@ -66,10 +81,9 @@ impl ProvisionConfig {
         ProvisionConfig {
             launch_queue_url: launch_queue_url.into(),
             dead_letter_queue_url: None,
-            lease_ttl: Duration::from_secs(60),
+            lease_ttl: LEASE_TTL,
             lease_wait: Duration::from_secs(20),
             holder: format!("provision-{}", now_ms()),
-            relaunch_after: Duration::from_secs(120),
         }
     }
 }
@@ -232,30 +246,19 @@ impl<C: Cluster> Provisioner<C> {
         }
     }
 
-    async fn acquire(&self) -> Result<Lease, ProvisionError> {
-        self.store
-            .acquire_lease_within(
-                LEASE,
-                &self.config.holder,
-                self.config.lease_ttl,
-                self.config.lease_wait,
-            )
-            .await?
-            .ok_or(ProvisionError::Busy)
-    }
-
     async fn solve_and_record(
         &self,
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut Outcome,
         now: Timestamp,
     ) -> Result<(), ProvisionError> {
-        let lease = self.acquire().await?;
-        let result = self.solve_under(&lease, refs, outcome, now).await;
-        if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
-            tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");
-        }
-        result
+        let c = &self.config;
+        self.store
+            .with_lease(LEASE, &c.holder, c.lease_ttl, c.lease_wait, |lease| async move {
+                self.solve_under(&lease, refs, outcome, now).await
+            })
+            .await?
+            .ok_or(ProvisionError::Busy)?
     }
 
     async fn solve_under(
@@ -278,8 +281,6 @@ impl<C: Cluster> Provisioner<C> {
                 tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), "pod is no longer pending");
             }
         }
-        self.relaunch(stale_pending(&snapshot.node_claims, now, self.config.relaunch_after))
-            .await?;
         let started = std::time::Instant::now();
         let plan: Plan = snapshot.compile().solve(&SolveOptions::default());
         tracing::info!(
@@ -324,25 +325,54 @@ impl<C: Cluster> Provisioner<C> {
         let requests = launch_requests(&created);
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         outcome.created = created;
+        let names: Vec<String> = new_claims.iter().map(|c| c.name.clone()).collect();
+        self.record_events(plan_events(&plan, &names, &snapshot.pods)).await;
         Ok(())
     }
 
-    /// A crash between writing a claim and queueing its launch leaves a
-    /// Pending claim nobody launches: queue it again (the launch path finds an
-    /// instance already tagged for the claim, so a second launch adds nothing).
-    async fn relaunch(&self, stale: Vec<&NodeClaim>) -> Result<(), ProvisionError> {
-        if stale.is_empty() {
-            return Ok(());
+    /// Records events a few at a time; a failure is logged, never fatal.
+    async fn record_events(&self, events: Vec<EventSpec>) {
+        use futures::StreamExt;
+        let failed = futures::stream::iter(events)
+            .map(|e| async move { self.cluster.emit_event(&e).await.is_err() })
+            .buffer_unordered(EVENT_CONCURRENCY)
+            .filter(|failed| std::future::ready(*failed))
+            .count()
+            .await;
+        if failed > 0 {
+            tracing::warn!(failed, "could not record some events");
         }
-        let stale: Vec<NodeClaim> = stale.into_iter().cloned().collect();
-        let requests = launch_requests(&stale);
-        tracing::warn!(
-            claims = requests.len(),
-            "re-queueing launches of stale Pending NodeClaims"
-        );
-        enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
-        Ok(())
     }
+}
+
+/// How many events are recorded at once (thousands of pods make thousands of events).
+const EVENT_CONCURRENCY: usize = 16;
+
+/// The events a solve records, as Karpenter's provisioner does: `Nominated`
+/// on every pod placed on a new NodeClaim (`claim_names[i]` names
+/// `plan.node_claims[i]`) or an in-flight one, and `FailedScheduling` with the
+/// reason on every pod no NodePool can take. Pods not in `pods` get none (pure).
+pub fn plan_events(plan: &Plan, claim_names: &[String], pods: &[Pod]) -> Vec<EventSpec> {
+    let by_ref: BTreeMap<PodRef, &Pod> = pods.iter().map(|p| (PodRef::of(p), p)).collect();
+    let new = plan
+        .node_claims
+        .iter()
+        .zip(claim_names)
+        .flat_map(|(c, name)| c.pods.iter().map(move |p| (p, name.as_str())));
+    let in_flight = plan
+        .existing
+        .iter()
+        .filter(|e| e.kind == TargetKind::NodeClaim)
+        .flat_map(|e| e.pods.iter().map(move |p| (p, e.name.as_str())));
+    let nominated = new
+        .chain(in_flight)
+        .filter_map(|(p, claim)| by_ref.get(p).map(|pod| EventSpec::nominated(pod, claim)));
+    let failed = plan.unschedulable.iter().filter_map(|u| {
+        by_ref
+            .get(&u.pod)
+            .map(|pod| EventSpec::failed_scheduling(pod, &format!("No NodePool can take this pod: {}", u.reason)))
+    });
+    nominated.chain(failed).collect()
 }
 
 /// Launch requests for claims: their names only (`launch` reads the class
@@ -351,41 +381,60 @@ fn launch_requests(claims: &[NodeClaim]) -> Vec<LaunchRequest> {
     claims.iter().map(|c| LaunchRequest::new(&c.name)).collect()
 }
 
-/// Pending claims older than `after` at `now`: their launch request was
-/// probably lost (pure).
-pub fn stale_pending(claims: &[NodeClaim], now: Timestamp, after: Duration) -> Vec<&NodeClaim> {
-    let after = jiff::SignedDuration::try_from(after).unwrap_or(jiff::SignedDuration::MAX);
-    claims
-        .iter()
-        .filter(|c| c.phase == Phase::Pending && c.timestamps.created.is_some() && c.age(now) > after)
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduling::fixtures;
+    use crate::scheduling::{ExistingPlacement, Reason, Unschedulable};
 
     #[test]
-    fn only_pending_claims_past_the_delay_are_stale() {
-        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
-        let claim = |name: &str, phase: Phase, created: Option<&str>| NodeClaim {
-            phase,
-            timestamps: crate::nodeclaim::Timestamps {
-                created: created.map(|c| c.parse().unwrap()),
-                ..Default::default()
-            },
-            ..NodeClaim::pending(name, "default", "default")
+    fn a_solve_nominates_pods_on_new_and_in_flight_claims_and_says_why_the_rest_wait() {
+        let pod = |name: &str| fixtures::pod(name, "1", "1Gi", serde_json::json!({}));
+        let pods = vec![pod("a"), pod("b"), pod("c"), pod("d")];
+        let r = |name: &str| PodRef::of(&pod(name));
+        let plan = Plan {
+            node_claims: vec![crate::scheduling::NewNodeClaim {
+                pods: vec![r("a")],
+                ..fixtures::new_claim()
+            }],
+            existing: vec![
+                ExistingPlacement {
+                    name: "default-inflight".into(),
+                    kind: TargetKind::NodeClaim,
+                    pods: vec![r("b")],
+                },
+                ExistingPlacement {
+                    name: "ip-10-0-0-1".into(),
+                    kind: TargetKind::Node,
+                    pods: vec![r("c")],
+                },
+            ],
+            unschedulable: vec![
+                Unschedulable {
+                    pod: r("d"),
+                    reason: Reason::NoNodePool,
+                },
+                Unschedulable {
+                    pod: r("gone"),
+                    reason: Reason::NoNodePool,
+                },
+            ],
+            warnings: vec![],
         };
-        let claims = vec![
-            claim("old", Phase::Pending, Some("2026-01-01T00:07:00Z")),
-            claim("young", Phase::Pending, Some("2026-01-01T00:09:00Z")),
-            claim("launched", Phase::Launched, Some("2026-01-01T00:00:00Z")),
-            claim("undated", Phase::Pending, None),
-        ];
-        let stale: Vec<&str> = stale_pending(&claims, now, Duration::from_secs(120))
+        let events: Vec<(String, String, String)> = plan_events(&plan, &["default-new".into()], &pods)
             .into_iter()
-            .map(|c| c.name.as_str())
+            .map(|e| (e.object.name.unwrap_or_default(), e.reason, e.message))
             .collect();
-        assert_eq!(stale, ["old"]);
+        assert_eq!(events.len(), 3, "{events:#?}");
+        assert_eq!(
+            events[0],
+            ("a".into(), "Nominated".into(), "Pod should schedule on: nodeclaim/default-new".into())
+        );
+        assert_eq!(
+            events[1],
+            ("b".into(), "Nominated".into(), "Pod should schedule on: nodeclaim/default-inflight".into())
+        );
+        assert_eq!((events[2].0.as_str(), events[2].1.as_str()), ("d", "FailedScheduling"));
+        assert!(events[2].2.starts_with("No NodePool can take this pod: "), "{}", events[2].2);
     }
 }

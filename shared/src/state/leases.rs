@@ -1,6 +1,8 @@
 //! Leases: mutual exclusion with expiry, and a fencing token that grows on
 //! every acquisition so a stale holder's fenced writes fail.
 
+use std::future::Future;
+
 use super::item::{self, get_i64, get_s, n, s};
 use super::{PK_LEASE, StateError, StateStore};
 
@@ -88,6 +90,52 @@ impl StateStore {
             until_ms: until,
             ..lease.clone()
         })
+    }
+
+    /// Takes the lease `name` (waiting up to `wait` while another holds it),
+    /// runs `work` with it while renewing it, then releases it. `Ok(None)`:
+    /// another held it all along.
+    pub async fn with_lease<T, Fut: Future<Output = T>>(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+        wait: std::time::Duration,
+        work: impl FnOnce(Lease) -> Fut,
+    ) -> Result<Option<T>, StateError> {
+        let Some(lease) = self.acquire_lease_within(name, holder, ttl, wait).await? else {
+            return Ok(None);
+        };
+        let out = self.while_holding(&lease, ttl, work(lease.clone())).await;
+        if let Err(e) = self.release_lease(&lease, super::now_ms()).await {
+            tracing::warn!(lease = %name, error = %e, "could not release the lease; it expires by itself");
+        }
+        Ok(Some(out))
+    }
+
+    /// Runs `work` while renewing `lease` every third of `ttl`: a holder that
+    /// dies frees the lease within `ttl`, a live one keeps it for as long as it
+    /// works. A renewal that fails stops renewing (writes fenced by the lease
+    /// then fail), it never stops `work`.
+    pub async fn while_holding<T>(&self, lease: &Lease, ttl: std::time::Duration, work: impl Future<Output = T>) -> T {
+        tokio::select! {
+            t = work => t,
+            never = self.keep(lease, ttl) => match never {},
+        }
+    }
+
+    async fn keep(&self, lease: &Lease, ttl: std::time::Duration) -> std::convert::Infallible {
+        let mut current = lease.clone();
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            match self.renew_lease(&current, ttl.as_millis() as i64, super::now_ms()).await {
+                Ok(l) => current = l,
+                Err(e) => {
+                    tracing::warn!(lease = %lease.name, error = %e, "cannot renew the lease; it expires by itself");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
     }
 
     /// Gives a held lease up at once (the token stays, so the next holder gets a higher one).

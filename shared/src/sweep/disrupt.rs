@@ -38,8 +38,6 @@ const BLOCKED_EVENTS_PER_RUN: usize = 20;
 const STEPS_PER_RUN: usize = 6;
 /// How long the sweep waits for `provision` to release its lease before leaving the launch to the next run.
 const PROVISION_LEASE_WAIT: Duration = Duration::from_secs(10);
-/// How long the provision lease is held for a replacement launch.
-const PROVISION_LEASE_TTL: Duration = Duration::from_secs(60);
 /// How long the what-if solves of one pass may search for cheaper packings.
 const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -543,26 +541,26 @@ impl<C: Cluster> Sweeper<C> {
             tracing::warn!("replacements are due but NODESMITH_LAUNCH_QUEUE_URL is not set");
             return Ok(());
         };
-        let Some(lease) = self
+        let launched = self
             .store
-            .acquire_lease_within(
+            .with_lease(
                 crate::provisioning::LEASE,
                 &self.config.holder,
-                PROVISION_LEASE_TTL,
+                self.config.provision_lease,
                 PROVISION_LEASE_WAIT,
+                |lease| async move {
+                    self.launch_under(&lease, snapshot, records, which, removed, &url, report)
+                        .await
+                },
             )
-            .await?
-        else {
-            tracing::info!("provision holds its lease; replacements wait for the next sweep");
-            return Ok(());
-        };
-        let result = self
-            .launch_under(&lease, snapshot, records, which, removed, &url, report)
-            .await;
-        if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
-            tracing::warn!(error = %e, "could not release the provision lease; it expires by itself");
+            .await?;
+        match launched {
+            Some(result) => result,
+            None => {
+                tracing::info!("provision holds its lease; replacements wait for the next sweep");
+                Ok(())
+            }
         }
-        result
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -645,7 +643,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Records an event; a failure is logged, never fatal.
-    async fn event(&self, e: EventSpec) {
+    pub(super) async fn event(&self, e: EventSpec) {
         if let Err(err) = self.cluster.emit_event(&e).await {
             tracing::warn!(reason = %e.reason, error = %err, "could not record an event");
         }

@@ -20,7 +20,7 @@ use crate::apis::duration::parse_go_duration;
 use crate::catalog;
 use crate::disruption::consolidation::ConsolidationOptions;
 use crate::ec2::{Instances, InstancesError};
-use crate::kubernetes::{Cluster, ClusterError};
+use crate::kubernetes::{Cluster, ClusterError, EventSpec};
 use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
 use crate::messages::SolveRequest;
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
@@ -44,6 +44,11 @@ pub struct SweepConfig {
     pub lifecycle: LifecycleConfig,
     /// Work stops once a run has taken this long; the rest waits for the next run.
     pub budget: Duration,
+    /// How long the sweep lease outlives its last renewal (renewed every
+    /// third of that while a run works): how long a sweep that died blocks the next.
+    pub lease: Duration,
+    /// The same for the provision lease, which disruption replacements take.
+    pub provision_lease: Duration,
     /// Who we are, for the lease.
     pub holder: String,
     /// Consolidation's minimum saving and churn cooldown.
@@ -63,10 +68,10 @@ pub struct ConfigError {
 impl SweepConfig {
     /// Reads settings through `get` (the environment in the function):
     /// `NODESMITH_PENDING_QUEUE_URL`, `NODESMITH_LAUNCH_QUEUE_URL`, and durations in Go notation (`30s`, `5m`, `500ms`):
-    /// `NODESMITH_LAUNCH_TIMEOUT` (5m), `NODESMITH_REGISTRATION_TIMEOUT` (15m),
+    /// `NODESMITH_LAUNCH_TIMEOUT` (5m), `NODESMITH_REGISTRATION_TIMEOUT` (15m), `NODESMITH_RELAUNCH_AFTER` (60s),
     /// `NODESMITH_LEAK_WINDOW` (30s), `NODESMITH_LIVENESS_GRACE` (60s),
     /// `NODESMITH_BATCH_WINDOW` (10s), `NODESMITH_RESOLVE_EVERY` (60s),
-    /// `NODESMITH_SWEEP_BUDGET` (60s), `NODESMITH_REPLACEMENT_COOLDOWN` (15m); and
+    /// `NODESMITH_SWEEP_BUDGET` (60s), `NODESMITH_SWEEP_LEASE` (15s), `NODESMITH_REPLACEMENT_COOLDOWN` (15m); and
     /// consolidation's minimum saving, `NODESMITH_CONSOLIDATION_MIN_SAVING`
     /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
@@ -87,12 +92,15 @@ impl SweepConfig {
             lifecycle: LifecycleConfig {
                 launch_timeout: dur("NODESMITH_LAUNCH_TIMEOUT", d.launch_timeout)?,
                 registration_timeout: dur("NODESMITH_REGISTRATION_TIMEOUT", d.registration_timeout)?,
+                relaunch_after: dur("NODESMITH_RELAUNCH_AFTER", d.relaunch_after)?,
                 leak_window: dur("NODESMITH_LEAK_WINDOW", d.leak_window)?,
                 liveness_grace: dur("NODESMITH_LIVENESS_GRACE", d.liveness_grace)?,
                 batch_window: dur("NODESMITH_BATCH_WINDOW", d.batch_window)?,
                 resolve_every: dur("NODESMITH_RESOLVE_EVERY", d.resolve_every)?,
             },
             budget: dur("NODESMITH_SWEEP_BUDGET", Duration::from_secs(60))?,
+            lease: dur("NODESMITH_SWEEP_LEASE", Duration::from_secs(15))?,
+            provision_lease: dur("NODESMITH_PROVISION_LEASE", crate::provisioning::LEASE_TTL)?,
             holder: format!("sweep-{}-{}", std::process::id(), now_ms()),
             consolidation: ConsolidationOptions {
                 min_saving_per_hour: number(&get, "NODESMITH_CONSOLIDATION_MIN_SAVING", c.min_saving_per_hour)?,
@@ -218,6 +226,7 @@ impl SweepReport {
                 done(|a| matches!(a, Action::CollectInstance { .. })),
             ),
             count("NodesCollected", done(|a| matches!(a, Action::CollectNode { .. }))),
+            count("LaunchesRequeued", done(|a| matches!(a, Action::Relaunch { .. }))),
             count("SweepStepsFailed", self.failed.len()),
             count("SweepStepsDeferred", self.deferred.len()),
             count("SolvesRequested", usize::from(self.solve_requested.is_some())),
@@ -289,9 +298,7 @@ impl<C: Cluster> Sweeper<C> {
     /// One run at the current time.
     pub async fn run(&self) -> Result<SweepReport, SweepError> {
         let started = Instant::now();
-        // Twice the budget: the last step started inside the budget may run past it;
-        // a sweep that died holds the lease no longer than that.
-        let ttl = (self.config.budget * 2).max(Duration::from_secs(1)).as_millis() as i64;
+        let ttl = self.config.lease.as_millis() as i64;
         let Some(lease) = self
             .store
             .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
@@ -303,7 +310,10 @@ impl<C: Cluster> Sweeper<C> {
                 ..SweepReport::default()
             });
         };
-        let result = self.run_leased(started).await;
+        let result = self
+            .store
+            .while_holding(&lease, self.config.lease, self.run_leased(started))
+            .await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
             tracing::warn!(error = %e, "could not release the sweep lease; it expires by itself");
         }
@@ -427,8 +437,13 @@ impl<C: Cluster> Sweeper<C> {
                 if !self.cluster.update_node(node, update).await? {
                     return Ok(());
                 }
-                self.advance(claim, Phase::Launched, |c| c.registered(node, Timestamp::now()))
-                    .await
+                if self
+                    .advance(claim, Phase::Launched, |c| c.registered(node, Timestamp::now()))
+                    .await?
+                {
+                    self.event(EventSpec::registered(node, claim)).await;
+                }
+                Ok(())
             }
             Action::Initialize { claim, node } => {
                 if !self
@@ -438,10 +453,15 @@ impl<C: Cluster> Sweeper<C> {
                 {
                     return Ok(());
                 }
-                self.advance(claim, Phase::Registered, |c| {
-                    c.advance(Phase::Initialized, Timestamp::now())
-                })
-                .await
+                if self
+                    .advance(claim, Phase::Registered, |c| {
+                        c.advance(Phase::Initialized, Timestamp::now())
+                    })
+                    .await?
+                {
+                    self.event(EventSpec::initialized(node, claim)).await;
+                }
+                Ok(())
             }
             Action::Remove {
                 claim, instance, node, ..
@@ -468,6 +488,20 @@ impl<C: Cluster> Sweeper<C> {
                 self.cluster.delete_node(node).await?;
                 Ok(())
             }
+            Action::Relaunch { claim } => {
+                let lease = self.store.read_lease(&crate::launch::lease_name(claim)).await?;
+                if lease.is_some_and(|l| l.until_ms > now_ms()) {
+                    return Ok(());
+                }
+                let Some(url) = &self.config.launch_queue_url else {
+                    tracing::warn!(node_claim = %claim, "a launch is due again but NODESMITH_LAUNCH_QUEUE_URL is not set");
+                    return Ok(());
+                };
+                tracing::warn!(node_claim = %claim, "claim still Pending with no launch under way: its launch request is sent again");
+                crate::launch::request::enqueue(&self.sqs, url, &[crate::launch::request::LaunchRequest::new(claim)])
+                    .await?;
+                Ok(())
+            }
         }
     }
 
@@ -486,16 +520,16 @@ impl<C: Cluster> Sweeper<C> {
         name: &str,
         from: Phase,
         step: impl FnOnce(&mut NodeClaim) -> Result<(), InvalidTransition>,
-    ) -> Result<(), StepError> {
+    ) -> Result<bool, StepError> {
         let Some(mut c) = self.store.get_node_claim(name).await? else {
-            return Ok(());
+            return Ok(false);
         };
         if c.phase != from {
-            return Ok(());
+            return Ok(false);
         }
         step(&mut c)?;
         self.store.update_node_claim(&c).await?;
-        Ok(())
+        Ok(true)
     }
 }
 

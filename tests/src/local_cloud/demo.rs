@@ -5,13 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use aws_sdk_ec2::types::Filter;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use nodesmith::nodeclaim::NodeClaim;
+use k8s_openapi::api::core::v1::Pod;
 use nodesmith::state::StateStore;
 use serde_json::{Value, json};
 
 use super::LocalCloud;
+use super::census::{self, InstanceView, Ledger, World, has_taint};
 use super::mapping::Invocation;
 use crate::eventbridge;
 
@@ -106,102 +105,6 @@ fn aws_err(what: &str) -> impl Fn(String) -> DemoError + '_ {
         what: what.to_string(),
         message,
     }
-}
-
-/// An instance EC2 has for the cluster.
-#[derive(Clone, Debug)]
-struct InstanceView {
-    id: String,
-    state: String,
-    claim: Option<String>,
-    /// Price per hour of its offering (type, zone, capacity type) in the catalog moto was seeded from.
-    price: f64,
-}
-
-impl InstanceView {
-    fn live(&self) -> bool {
-        self.state == "running" || self.state == "pending"
-    }
-}
-
-/// The catalog price of an offering (0 when the catalog has none).
-fn offering_price(instance_type: &str, zone: &str, capacity_type: &str) -> f64 {
-    nodesmith::catalog::builtin()
-        .ok()
-        .and_then(|c| c.instance_types.iter().find(|t| t.name == instance_type))
-        .and_then(|t| {
-            t.offerings
-                .iter()
-                .find(|o| o.zone == zone && o.capacity_type == capacity_type)
-        })
-        .map_or(0.0, |o| o.price)
-}
-
-/// What the demo sees at one moment.
-#[derive(Clone, Debug, Default)]
-struct World {
-    pods: Vec<Pod>,
-    nodes: Vec<Node>,
-    claims: Vec<NodeClaim>,
-    instances: Vec<InstanceView>,
-}
-
-impl World {
-    fn running(&self) -> usize {
-        self.pods.iter().filter(|p| pod_running(p)).count()
-    }
-
-    fn claim_names(&self) -> BTreeSet<String> {
-        self.claims.iter().map(|c| c.name.clone()).collect()
-    }
-
-    /// No disruption in flight: no node tainted `karpenter.sh/disrupted`, every claim has a Ready node.
-    fn settled(&self) -> bool {
-        !self.nodes.iter().any(|n| has_taint(n, "karpenter.sh/disrupted"))
-            && self.nodes.len() == self.claims.len()
-            && self.nodes.iter().all(node_ready)
-    }
-
-    /// Nodes no inflate pod is bound to.
-    fn empty_nodes(&self) -> Vec<String> {
-        let used: BTreeSet<&str> = self
-            .pods
-            .iter()
-            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()))
-            .collect();
-        self.nodes
-            .iter()
-            .filter_map(|n| n.metadata.name.clone())
-            .filter(|n| !used.contains(n.as_str()))
-            .collect()
-    }
-
-    fn ready_nodes(&self) -> usize {
-        self.nodes.iter().filter(|n| node_ready(n)).count()
-    }
-
-    fn cost_per_hour(&self) -> f64 {
-        self.instances.iter().filter(|i| i.live()).map(|i| i.price).sum()
-    }
-}
-
-fn pod_running(p: &Pod) -> bool {
-    p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
-        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-}
-
-fn node_ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn has_taint(n: &Node, key: &str) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == key))
 }
 
 /// The `inflate` Deployment.
@@ -314,17 +217,10 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
     let end = demo.observe().await?;
     let events = cloud.kube.events();
     let invocations = cloud.activity.all();
-    let mut by_claim: BTreeMap<&str, usize> = BTreeMap::new();
-    for i in &demo.every_instance {
-        if let Some(c) = i.1.as_deref() {
-            *by_claim.entry(c).or_default() += 1;
-        }
-    }
-    let claim_names: BTreeSet<&str> = end.claims.iter().map(|c| c.name.as_str()).collect();
     let summary = Summary {
         pods_scheduled: demo.peak_running,
         pods_pending: end.pods.len() - end.running(),
-        nodes_launched: demo.every_instance.len(),
+        nodes_launched: demo.ledger.launched(),
         nodes_terminated: end
             .instances
             .iter()
@@ -334,13 +230,8 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
         nodes_consolidated: terminated_for(&events, "Empty") + terminated_for(&events, "Underutilized"),
         nodes_drifted: terminated_for(&events, "Drifted"),
         nodes_expired: terminated_for(&events, "Expired"),
-        leaked_instances: end
-            .instances
-            .iter()
-            .filter(|i| i.live())
-            .filter(|i| !i.claim.as_deref().is_some_and(|c| claim_names.contains(c)))
-            .count(),
-        double_launches: by_claim.values().filter(|n| **n > 1).count(),
+        leaked_instances: end.leaked().len(),
+        double_launches: demo.ledger.double_launches().len(),
         fleet_cost_per_hour_peak: round4(demo.peak_cost.max(end.cost_per_hour())),
         fleet_cost_per_hour_end: round4(end.cost_per_hour()),
         autoscaler_cost_usd: round6(lambda_cost(&invocations)),
@@ -398,8 +289,8 @@ struct Demo<'a> {
     first_pending: BTreeMap<String, jiff::Timestamp>,
     /// The node each pod last ran on.
     pod_node: BTreeMap<String, String>,
-    /// Every instance ever seen: id → claim tag.
-    every_instance: BTreeMap<String, Option<String>>,
+    /// Every instance ever seen.
+    ledger: Ledger,
     /// Launch time of each claim ever seen.
     claim_launched: BTreeMap<String, jiff::Timestamp>,
     peak_cost: f64,
@@ -419,7 +310,7 @@ impl<'a> Demo<'a> {
             ec2: aws_sdk_ec2::Client::new(&cloud.sdk),
             first_pending: BTreeMap::new(),
             pod_node: BTreeMap::new(),
-            every_instance: BTreeMap::new(),
+            ledger: Ledger::default(),
             claim_launched: BTreeMap::new(),
             peak_cost: 0.0,
             peak_running: 0,
@@ -474,62 +365,22 @@ impl<'a> Demo<'a> {
             }
         }
         let instances = self.instances().await?;
-        for i in &instances {
-            self.every_instance
-                .entry(i.id.clone())
-                .or_insert_with(|| i.claim.clone());
-        }
         let world = World {
             pods,
             nodes: self.cloud.kube.nodes(),
             claims,
             instances,
         };
+        self.ledger.note(&world);
         self.peak_cost = self.peak_cost.max(world.cost_per_hour());
         self.peak_running = self.peak_running.max(world.running());
         Ok(world)
     }
 
     async fn instances(&self) -> Result<Vec<InstanceView>, DemoError> {
-        let out = self
-            .ec2
-            .describe_instances()
-            .filters(
-                Filter::builder()
-                    .name(format!("tag:kubernetes.io/cluster/{}", self.cloud.settings.cluster))
-                    .values("owned")
-                    .build(),
-            )
-            .send()
+        census::instances(&self.ec2, &self.cloud.settings.cluster)
             .await
-            .map_err(|e| aws_err("DescribeInstances")(format!("{e:?}")))?;
-        Ok(out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .map(|i| InstanceView {
-                price: offering_price(
-                    i.instance_type().map(|t| t.as_str()).unwrap_or_default(),
-                    i.placement().and_then(|p| p.availability_zone()).unwrap_or_default(),
-                    if i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot") {
-                        "spot"
-                    } else {
-                        "on-demand"
-                    },
-                ),
-                id: i.instance_id().unwrap_or_default().to_string(),
-                state: i
-                    .state()
-                    .and_then(|s| s.name())
-                    .map(|n| n.as_str().to_string())
-                    .unwrap_or_default(),
-                claim: i
-                    .tags()
-                    .iter()
-                    .find(|t| t.key() == Some("karpenter.sh/nodeclaim"))
-                    .and_then(|t| t.value().map(str::to_string)),
-            })
-            .collect())
+            .map_err(aws_err("DescribeInstances"))
     }
 
     /// Observes and redraws until `goal` holds (true) or the chapter times out (false).

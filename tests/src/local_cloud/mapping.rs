@@ -12,7 +12,7 @@ use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemA
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::runtime::{Answer, Function};
+use super::runtime::{Answer, Function, InvokeError};
 use crate::moto::REGION;
 
 /// One invocation, as the demo shows it.
@@ -148,6 +148,8 @@ pub struct MappingSpec {
     pub batch_size: usize,
     /// `MaximumBatchingWindowInSeconds`.
     pub window: Duration,
+    /// Deliver every batch two or three times (SQS delivers at least once).
+    pub duplicates: bool,
 }
 
 fn sqs_record(m: &Message, spec: &MappingSpec) -> Value {
@@ -196,27 +198,114 @@ pub fn failed_ids(answer: &Result<String, String>, ids: &[String]) -> Vec<String
     failed
 }
 
-/// Polls the queue and invokes the function with batches, forever.
-pub async fn run_mapping(sqs: aws_sdk_sqs::Client, spec: MappingSpec, function: Arc<Function>, activity: Activity) {
+/// A function's sandboxes: as many processes as its reserved concurrency
+/// (capped locally), each taking one invocation at a time; an invocation
+/// goes to whichever is free, as Lambda places it.
+pub struct Pool {
+    processes: Vec<Arc<Function>>,
+    free: Mutex<Vec<usize>>,
+    permits: tokio::sync::Semaphore,
+}
+
+impl Pool {
+    /// A pool of started functions (at least one).
+    pub fn new(processes: Vec<Arc<Function>>) -> Pool {
+        let n = processes.len();
+        Pool {
+            free: Mutex::new((0..n).rev().collect()),
+            permits: tokio::sync::Semaphore::new(n),
+            processes,
+        }
+    }
+
+    /// The function's name.
+    pub fn name(&self) -> &str {
+        self.processes.first().map_or("", |f| f.name())
+    }
+
+    /// Its memory size in MiB.
+    pub fn memory_mb(&self) -> u64 {
+        self.processes.first().map_or(0, |f| f.memory_mb())
+    }
+
+    /// How many invocations may run at once.
+    pub fn concurrency(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// Process ids of the processes now running.
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().filter_map(|f| f.pid()).collect()
+    }
+
+    /// Hands `event` to a free process (waiting for one) and waits for its answer.
+    pub async fn invoke(&self, event: &Value) -> Result<Answer, InvokeError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| InvokeError::Stopped(self.name().to_string()))?;
+        let i = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .ok_or_else(|| InvokeError::Stopped(self.name().to_string()))?;
+        let answer = self.processes[i].invoke(event).await;
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+        answer
+    }
+
+    /// Stops every process.
+    pub async fn stop(&self) {
+        self.permits.close();
+        for f in &self.processes {
+            f.stop().await;
+        }
+    }
+}
+
+/// How many times a batch is delivered: once, or (testing SQS's at-least-once
+/// delivery) twice and three times in turn.
+fn deliveries(duplicates: bool, batch_number: u64) -> usize {
+    if duplicates { 2 + (batch_number % 2) as usize } else { 1 }
+}
+
+/// One poller of an event source mapping: polls the queue and invokes the
+/// function with batches, forever (a mapping runs one poller per sandbox).
+pub async fn run_mapping(sqs: aws_sdk_sqs::Client, spec: MappingSpec, pool: Arc<Pool>, activity: Activity) {
+    let mut batch_number = 0u64;
     loop {
         let batch = collect(&sqs, &spec).await;
         if batch.is_empty() {
             continue;
         }
+        batch_number += 1;
         let event = json!({"Records": batch.iter().map(|m| sqs_record(m, &spec)).collect::<Vec<_>>()});
         let ids: Vec<String> = batch
             .iter()
             .filter_map(|m| m.message_id().map(str::to_string))
             .collect();
         let at = jiff::Timestamp::now();
-        let answer = match function.invoke(&event).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::info!(error = %e, "event source mapping stops");
-                return;
+        // Duplicate deliveries run at once where the pool has room, as two
+        // pollers that received the same message would run them.
+        let copies = (0..deliveries(spec.duplicates, batch_number)).map(|_| pool.invoke(&event));
+        let mut answers = Vec::new();
+        for answer in futures::future::join_all(copies).await {
+            match answer {
+                Ok(a) => answers.push(a),
+                Err(e) => {
+                    tracing::info!(error = %e, "event source mapping stops");
+                    return;
+                }
             }
-        };
-        let failed = failed_ids(&answer.result, &ids);
+        }
+        // A message is done once any delivery of it succeeded.
+        let failed: Vec<String> = ids
+            .iter()
+            .filter(|id| answers.iter().all(|a| failed_ids(&a.result, &ids).contains(id)))
+            .cloned()
+            .collect();
         let done: Vec<&Message> = batch
             .iter()
             .filter(|m| !m.message_id().is_some_and(|id| failed.iter().any(|f| f == id)))
@@ -243,14 +332,17 @@ pub async fn run_mapping(sqs: aws_sdk_sqs::Client, spec: MappingSpec, function: 
                 tracing::warn!(error = %e, queue = %spec.queue_url, "cannot delete handled messages; they will be delivered again");
             }
         }
-        activity.record(Invocation {
-            function: function.name().to_string(),
-            trigger: format!("{} messages", batch.len()),
-            at,
-            memory_mb: function.memory_mb(),
-            answer,
-            failed_messages: failed.len(),
-        });
+        for answer in answers {
+            let failed_messages = failed_ids(&answer.result, &ids).len();
+            activity.record(Invocation {
+                function: pool.name().to_string(),
+                trigger: format!("{} messages", batch.len()),
+                at,
+                memory_mb: pool.memory_mb(),
+                answer,
+                failed_messages,
+            });
+        }
     }
 }
 
@@ -301,34 +393,40 @@ async fn collect(sqs: &aws_sdk_sqs::Client, spec: &MappingSpec) -> Vec<Message> 
     }
 }
 
+/// The event EventBridge Scheduler sends the sweep.
+fn schedule_event(at: jiff::Timestamp) -> Value {
+    json!({"version": "0", "id": format!("schedule-{}", at.as_millisecond()), "detail-type": "Scheduled Event",
+        "source": "aws.scheduler", "account": "123456789012", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "region": REGION, "resources": ["arn:aws:scheduler:us-east-1:123456789012:schedule/default/nodesmith-sweep"], "detail": "{}"})
+}
+
+/// Invokes the sweep once, as its schedule does, and records the invocation.
+pub async fn invoke_scheduled(pool: &Pool, activity: &Activity) -> Result<Answer, InvokeError> {
+    let at = jiff::Timestamp::now();
+    let answer = pool.invoke(&schedule_event(at)).await?;
+    activity.record(Invocation {
+        function: pool.name().to_string(),
+        trigger: "schedule".into(),
+        at,
+        memory_mb: pool.memory_mb(),
+        answer: answer.clone(),
+        failed_messages: usize::from(answer.result.is_err()),
+    });
+    Ok(answer)
+}
+
 /// Invokes the sweep every `period` as EventBridge Scheduler would (an
 /// invocation still running when the next is due makes that one wait: the
 /// sweep's reserved concurrency is 1).
-pub async fn run_schedule(period: Duration, function: Arc<Function>, activity: Activity) {
+pub async fn run_schedule(period: Duration, pool: Arc<Pool>, activity: Activity) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let at = jiff::Timestamp::now();
-        let event = json!({"version": "0", "id": format!("schedule-{}", at.as_millisecond()), "detail-type": "Scheduled Event",
-            "source": "aws.scheduler", "account": "123456789012", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
-            "region": REGION, "resources": ["arn:aws:scheduler:us-east-1:123456789012:schedule/default/nodesmith-sweep"], "detail": "{}"});
-        let answer = match function.invoke(&event).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::info!(error = %e, "schedule stops");
-                return;
-            }
-        };
-        let failed = usize::from(answer.result.is_err());
-        activity.record(Invocation {
-            function: function.name().to_string(),
-            trigger: "schedule".into(),
-            at,
-            memory_mb: function.memory_mb(),
-            answer,
-            failed_messages: failed,
-        });
+        if let Err(e) = invoke_scheduled(&pool, &activity).await {
+            tracing::info!(error = %e, "schedule stops");
+            return;
+        }
     }
 }
 
@@ -365,6 +463,12 @@ mod tests {
         for (answer, want) in cases {
             assert_eq!(failed_ids(answer, &ids()), *want, "{answer:?}");
         }
+    }
+
+    #[test]
+    fn duplicates_deliver_each_batch_two_or_three_times() {
+        assert_eq!((1..=4).map(|n| deliveries(false, n)).collect::<Vec<_>>(), [1, 1, 1, 1]);
+        assert_eq!((1..=4).map(|n| deliveries(true, n)).collect::<Vec<_>>(), [3, 2, 3, 2]);
     }
 
     #[test]

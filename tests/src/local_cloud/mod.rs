@@ -8,6 +8,7 @@
 //! `scripts/dev-stack` runs it until interrupted; `scripts/demo` plays a story on it.
 
 pub mod aws;
+pub mod census;
 pub mod demo;
 pub mod mapping;
 pub mod runtime;
@@ -21,8 +22,9 @@ use serde_json::{Value, json};
 
 use crate::kube_server::{ControllerLoop, Identity, KubeServer, KubeletLoop, KubeletTiming, Kubelets, SchedulerLoop};
 use crate::moto::{MotoServer, child_env, sdk_config};
-use mapping::{Activity, MappingSpec, run_mapping, run_schedule};
-use runtime::{Function, FunctionSpec};
+use crate::fault_proxy::FaultProxy;
+use mapping::{Activity, MappingSpec, Pool, invoke_scheduled, run_mapping, run_schedule};
+use runtime::{Answer, Function, FunctionSpec, InvokeError};
 
 /// A function as `template.yaml` declares it, and the queue that feeds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +38,20 @@ pub struct FunctionDef {
     /// `(queue, BatchSize, windowed)` of its SQS event, if any: a windowed
     /// mapping uses the batching window setting.
     pub queue: Option<(QueueName, usize, bool)>,
+    /// `ReservedConcurrentExecutions`: the local cloud runs at most
+    /// [`LOCAL_CONCURRENCY`] processes of it.
+    pub concurrency: usize,
+}
+
+/// The most processes of one function the local cloud runs: enough for two
+/// invocations at once (what races look like), not a process per sandbox.
+pub const LOCAL_CONCURRENCY: usize = 2;
+
+impl FunctionDef {
+    /// How many processes of it the local cloud runs.
+    pub fn local_concurrency(&self) -> usize {
+        self.concurrency.clamp(1, LOCAL_CONCURRENCY)
+    }
 }
 
 /// The three queues.
@@ -56,24 +72,28 @@ pub const FUNCTIONS: [FunctionDef; 4] = [
         memory_mb: 2048,
         timeout_secs: 60,
         queue: Some((QueueName::Pending, 1000, true)),
+        concurrency: 2,
     },
     FunctionDef {
         binary: "launch",
         memory_mb: 512,
         timeout_secs: 60,
         queue: Some((QueueName::Launch, 10, false)),
+        concurrency: 10,
     },
     FunctionDef {
         binary: "interrupt",
         memory_mb: 512,
         timeout_secs: 300,
         queue: Some((QueueName::Interruption, 10, false)),
+        concurrency: 20,
     },
     FunctionDef {
         binary: "sweep",
         memory_mb: 2048,
         timeout_secs: 120,
         queue: None,
+        concurrency: 1,
     },
 ];
 
@@ -101,6 +121,23 @@ pub struct Settings {
     pub kubelet_ready: Duration,
     /// The queues' visibility timeout (how soon a failed message comes back).
     pub visibility_timeout: Duration,
+    /// The sweep's time budget (`NODESMITH_SWEEP_BUDGET`; its lease lasts twice that).
+    pub sweep_budget: Duration,
+    /// How long the provision, launch and sweep leases outlive their holder's
+    /// last renewal (`NODESMITH_PROVISION_LEASE`, `NODESMITH_LAUNCH_LEASE`,
+    /// `NODESMITH_SWEEP_LEASE`): a function that died frees its work that soon.
+    pub lease: Duration,
+    /// After how long the sweep sends a still-Pending claim's launch request
+    /// again (`NODESMITH_RELAUNCH_AFTER`).
+    pub relaunch_after: Duration,
+    /// No sweep schedule: the sweep runs only when [`LocalCloud::sweep`] is called (tests).
+    pub manual_sweep: bool,
+    /// Deliver every SQS batch two or three times (tests of at-least-once delivery).
+    pub duplicate_deliveries: bool,
+    /// Arm the functions' crash hook (`nodesmith::crash`, debug builds): each
+    /// function's crash file is `<dir>/<function>.point` and its call log
+    /// `<dir>/<function>.calls`.
+    pub crash_dir: Option<PathBuf>,
     /// Where the kubeconfig and function logs go (kept when given; otherwise a
     /// temporary directory removed at stop).
     pub state_dir: Option<PathBuf>,
@@ -170,6 +207,12 @@ impl Settings {
             kubelet_join: d[5],
             kubelet_ready: d[6],
             visibility_timeout: d[7],
+            sweep_budget: Duration::from_secs(30),
+            lease: Duration::from_secs(3),
+            relaunch_after: Duration::from_secs(5),
+            manual_sweep: false,
+            duplicate_deliveries: false,
+            crash_dir: None,
             state_dir: get("NODESMITH_DEV_STATE_DIR")
                 .filter(|v| !v.trim().is_empty())
                 .map(PathBuf::from),
@@ -223,7 +266,8 @@ pub struct LocalCloud {
     /// SDK configuration for moto.
     pub sdk: aws_config::SdkConfig,
     moto: MotoServer,
-    functions: Vec<Arc<Function>>,
+    proxy: FaultProxy,
+    pools: Vec<Arc<Pool>>,
     forwarder: Option<tokio::process::Child>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _scheduler: SchedulerLoop,
@@ -286,6 +330,9 @@ impl LocalCloud {
             .map_err(|e| StartError::Moto(e.to_string()))?
             .map_err(StartError::Moto)?;
         let sdk = sdk_config(moto.endpoint()).await;
+        // The functions reach moto through the fault proxy: it keeps EC2's
+        // ClientToken promise (moto ignores it) and can inject EC2's faults.
+        let proxy = FaultProxy::start(moto.endpoint()).await;
         let catalog = nodesmith::catalog::builtin().map_err(|e| StartError::Moto(e.to_string()))?;
         aws::seed_spot_prices(&mut moto, catalog)?;
         let world = aws::create(&sdk, &settings.cluster, settings.visibility_timeout.as_secs()).await?;
@@ -317,7 +364,7 @@ impl LocalCloud {
         );
 
         let secs = |d: Duration| format!("{}ms", d.as_millis());
-        let mut common: BTreeMap<String, String> = child_env(moto.endpoint())
+        let mut common: BTreeMap<String, String> = child_env(proxy.endpoint())
             .into_iter()
             .chain(kube.env())
             .map(|(k, v)| (k.to_string(), v))
@@ -334,11 +381,19 @@ impl LocalCloud {
         let extra: BTreeMap<&str, Vec<(&str, String)>> = BTreeMap::from([
             (
                 "provision",
-                vec![("NODESMITH_PENDING_DLQ_URL", world.pending.dlq_url.clone())],
+                vec![
+                    ("NODESMITH_PENDING_DLQ_URL", world.pending.dlq_url.clone()),
+                    ("NODESMITH_PROVISION_LEASE", secs(settings.lease)),
+                ],
+            ),
+            (
+                "launch",
+                vec![("NODESMITH_LAUNCH_LEASE", secs(settings.lease))],
             ),
             (
                 "interrupt",
                 vec![
+                    ("NODESMITH_PROVISION_LEASE", secs(settings.lease)),
                     ("NODESMITH_REBALANCE", "replace".to_string()),
                     ("NODESMITH_INTERRUPT_DRAIN_BUDGET", "20".to_string()),
                 ],
@@ -350,28 +405,44 @@ impl LocalCloud {
                     ("NODESMITH_REGISTRATION_TIMEOUT", secs(settings.registration_timeout)),
                     ("NODESMITH_LEAK_WINDOW", secs(settings.leak_grace)),
                     ("NODESMITH_BATCH_WINDOW", secs(settings.batch_window)),
-                    ("NODESMITH_SWEEP_BUDGET", "30s".to_string()),
+                    ("NODESMITH_SWEEP_BUDGET", secs(settings.sweep_budget)),
+                    ("NODESMITH_RELAUNCH_AFTER", secs(settings.relaunch_after)),
+                    ("NODESMITH_SWEEP_LEASE", secs(settings.lease)),
+                    ("NODESMITH_PROVISION_LEASE", secs(settings.lease)),
                 ],
             ),
         ]);
         let sqs = aws_sdk_sqs::Client::new(&sdk);
         let activity = Activity::default();
-        let mut functions = Vec::new();
+        let mut pools = Vec::new();
         let mut tasks = Vec::new();
+        if let Some(dir) = &settings.crash_dir {
+            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        }
         for def in FUNCTIONS {
             let mut env = common.clone();
             for (k, v) in extra.get(def.binary).into_iter().flatten() {
                 env.insert(k.to_string(), v.clone());
             }
-            let f = Arc::new(Function::start(FunctionSpec {
-                name: def.binary.to_string(),
-                binary: settings.bin_dir.join(def.binary),
-                env,
-                memory_mb: def.memory_mb,
-                timeout: Duration::from_secs(def.timeout_secs),
-                log_file: Some(state_dir.join("logs").join(format!("{}.log", def.binary))),
-            }));
-            let task = match def.queue {
+            if let Some(dir) = &settings.crash_dir {
+                let file = |ext: &str| dir.join(format!("{}.{ext}", def.binary)).display().to_string();
+                env.insert(nodesmith::crash::CRASH_FILE_ENV.into(), file("point"));
+                env.insert(nodesmith::crash::CALL_LOG_ENV.into(), file("calls"));
+            }
+            let processes = (0..def.local_concurrency())
+                .map(|_| {
+                    Arc::new(Function::start(FunctionSpec {
+                        name: def.binary.to_string(),
+                        binary: settings.bin_dir.join(def.binary),
+                        env: env.clone(),
+                        memory_mb: def.memory_mb,
+                        timeout: Duration::from_secs(def.timeout_secs),
+                        log_file: Some(state_dir.join("logs").join(format!("{}.log", def.binary))),
+                    }))
+                })
+                .collect();
+            let pool = Arc::new(Pool::new(processes));
+            match def.queue {
                 Some((queue, batch_size, windowed)) => {
                     let q = match queue {
                         QueueName::Pending => &world.pending,
@@ -387,13 +458,22 @@ impl LocalCloud {
                         } else {
                             Duration::ZERO
                         },
+                        duplicates: settings.duplicate_deliveries,
                     };
-                    tokio::spawn(run_mapping(sqs.clone(), spec, f.clone(), activity.clone()))
+                    // Lambda's pollers scale with the function's concurrency.
+                    for _ in 0..pool.concurrency() {
+                        let poller = run_mapping(sqs.clone(), spec.clone(), pool.clone(), activity.clone());
+                        tasks.push(tokio::spawn(poller));
+                    }
                 }
-                None => tokio::spawn(run_schedule(settings.sweep_period, f.clone(), activity.clone())),
-            };
-            functions.push(f);
-            tasks.push(task);
+                None if settings.manual_sweep => {}
+                None => tasks.push(tokio::spawn(run_schedule(
+                    settings.sweep_period,
+                    pool.clone(),
+                    activity.clone(),
+                ))),
+            }
+            pools.push(pool);
         }
         let forwarder_log = state_dir.join("logs").join("forwarder.log");
         let log = std::fs::File::create(&forwarder_log).map_err(io_error(&forwarder_log))?;
@@ -419,7 +499,8 @@ impl LocalCloud {
             world,
             sdk,
             moto,
-            functions,
+            proxy,
+            pools,
             forwarder: Some(forwarder),
             tasks,
             _scheduler: scheduler,
@@ -429,6 +510,21 @@ impl LocalCloud {
             temporary_state,
             kubeconfig: kubeconfig_path,
         })
+    }
+
+    /// The fault-injecting proxy between the functions and moto.
+    pub fn faults(&self) -> &FaultProxy {
+        &self.proxy
+    }
+
+    /// Runs the sweep once now, as its schedule would, and waits for its answer.
+    pub async fn sweep(&self) -> Result<Answer, InvokeError> {
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.name() == "sweep")
+            .ok_or_else(|| InvokeError::Stopped("sweep".into()))?;
+        invoke_scheduled(pool, &self.activity).await
     }
 
     /// The kubeconfig file for `kubectl`.
@@ -460,7 +556,7 @@ impl LocalCloud {
     /// Process ids of every child process now running (moto, functions, forwarder).
     pub fn child_pids(&self) -> Vec<u32> {
         let mut pids = vec![self.moto.pid()];
-        pids.extend(self.functions.iter().filter_map(|f| f.pid()));
+        pids.extend(self.pools.iter().flat_map(|p| p.pids()));
         pids.extend(self.forwarder.as_ref().and_then(|f| f.id()));
         pids
     }
@@ -481,8 +577,8 @@ impl LocalCloud {
                 let _ = fwd.kill().await;
             }
         }
-        for f in &self.functions {
-            f.stop().await;
+        for p in &self.pools {
+            p.stop().await;
         }
         if self.temporary_state {
             let _ = std::fs::remove_dir_all(&self.state_dir);

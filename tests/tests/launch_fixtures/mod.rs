@@ -149,6 +149,7 @@ pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_
             table: TABLE.into(),
             cluster_name: CLUSTER.into(),
             pending_queue_url,
+            lease_ms: nodesmith::launch::LAUNCH_LEASE_MS,
         },
     )
 }

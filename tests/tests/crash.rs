@@ -1,0 +1,524 @@
+//! Crash at every step: each function is made to die right after each of its
+//! external writes (`nodesmith::crash`, debug builds), on the local cloud,
+//! and the system must converge again within two sweeps more than the same
+//! step takes without a crash: every pod running, no leaked instance, no
+//! NodeClaim with two instances, nothing dead-lettered.
+//!
+//! The crash points are not listed by hand: a first run of each phase of the
+//! story (provision, interruption, consolidation, drift, garbage collection)
+//! logs every external call each function makes, and every write it logged
+//! becomes a point (the call, and its occurrence within the invocation).
+//! Dying after a read leaves what dying after the write before it leaves, so
+//! only writes are distinct points. A static check holds the writes the
+//! code can make (`nodesmith_tests::calls`) to those the runs reached.
+//!
+//! The sweep runs only when the test says (one run = one sweep), so "within
+//! two sweeps" is counted, not timed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+use aws_sdk_sqs::types::QueueAttributeName;
+use k8s_openapi::api::core::v1::Pod;
+use nodesmith::crash::{Logged, Point};
+use nodesmith::state::StateStore;
+use nodesmith_tests::eventbridge;
+use nodesmith_tests::local_cloud::census::{self, Ledger, World, has_taint, pod_running};
+use nodesmith_tests::local_cloud::demo::inflate;
+use nodesmith_tests::local_cloud::{LocalCloud, Settings, aws, default_objects};
+use serde_json::json;
+
+fn bin_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_nodesmith-local"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The functions, as their crash files name them.
+const FUNCTIONS: [&str; 4] = ["provision", "launch", "interrupt", "sweep"];
+
+/// One step of the story a crash can cut short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    /// Two more replicas: provision, launch, registration.
+    Provision,
+    /// A spot interruption warning for the busiest node, then EC2 takes it.
+    Interrupt,
+    /// Four replicas fewer: empty and underused nodes are consolidated.
+    Consolidate,
+    /// The EC2NodeClass changes: every node drifts and is replaced.
+    Drift,
+    /// Two instances tagged for the cluster that no NodeClaim names are collected.
+    Collect,
+}
+
+/// The local cloud with the crash hook armed and the sweep run by hand.
+struct Harness {
+    cloud: LocalCloud,
+    dir: PathBuf,
+    ledger: Ledger,
+    ec2: aws_sdk_ec2::Client,
+    sqs: aws_sdk_sqs::Client,
+    store: StateStore,
+    replicas: usize,
+    drift: usize,
+    ghosts: usize,
+    /// The busiest node of the last interruption, and its instance.
+    victim: Option<(String, String)>,
+    /// What the last look saw.
+    last: World,
+}
+
+/// Why a step did not converge.
+type Problems = Vec<String>;
+
+impl Harness {
+    async fn start(name: &str) -> Harness {
+        let dir = std::env::temp_dir().join(format!("nodesmith-crash-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
+        settings.manual_sweep = true;
+        settings.crash_dir = Some(dir.clone());
+        settings.visibility_timeout = Duration::from_secs(4);
+        settings.kubelet_join = Duration::from_millis(300);
+        settings.kubelet_ready = Duration::from_millis(300);
+        settings.leak_grace = Duration::from_secs(3);
+        // A sweep that dies holds its lease twice the budget: shorter than the gap between sweeps here.
+        settings.sweep_budget = Duration::from_secs(3);
+        settings.state_dir = Some(dir.join("state"));
+        let cloud = LocalCloud::start(settings).await.unwrap();
+        // Consolidation only where it is the phase's own work (at once there),
+        // so the other phases take the same sweeps every time.
+        let mut pool = default_objects(&cloud.settings.cluster, &cloud.world.node_role)[0].clone();
+        let after = if name == "consolidate" { "0s" } else { "Never" };
+        pool["spec"]["disruption"]["consolidateAfter"] = json!(after);
+        cloud.kube.apply(&pool).unwrap();
+        Harness {
+            ec2: aws_sdk_ec2::Client::new(&cloud.sdk),
+            sqs: aws_sdk_sqs::Client::new(&cloud.sdk),
+            store: StateStore::new(aws_sdk_dynamodb::Client::new(&cloud.sdk), aws::TABLE),
+            cloud,
+            dir,
+            ledger: Ledger::default(),
+            replicas: 0,
+            drift: 0,
+            ghosts: 0,
+            victim: None,
+            last: World::default(),
+        }
+    }
+
+    async fn world(&mut self) -> World {
+        let pods: Vec<Pod> = self
+            .cloud
+            .kube
+            .pods()
+            .into_iter()
+            .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get("app")).is_some_and(|a| a == "inflate"))
+            .collect();
+        let world = World {
+            pods,
+            nodes: self.cloud.kube.nodes(),
+            claims: self.store.list_node_claims().await.unwrap(),
+            instances: census::instances(&self.ec2, &self.cloud.settings.cluster).await.unwrap(),
+        };
+        self.ledger.note(&world);
+        self.last = world.clone();
+        world
+    }
+
+    /// Messages visible and in flight in a queue.
+    async fn queued(&self, url: &str) -> usize {
+        let a = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        a.attributes()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter_map(|v| v.parse::<usize>().ok())
+            .sum()
+    }
+
+    /// Waits until no queue holds a message (handled or redelivered after a
+    /// crash) for a while, then for the kubelets and the scheduler to act.
+    async fn quiet(&self) {
+        let w = &self.cloud.world;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut calm = 0;
+        while calm < 2 && Instant::now() < deadline {
+            let mut n = 0;
+            for url in [&w.pending.url, &w.launch.url, &w.interruption.url] {
+                n += self.queued(url).await;
+            }
+            calm = if n == 0 { calm + 1 } else { 0 };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tokio::time::sleep(self.cloud.settings.kubelet_join + self.cloud.settings.kubelet_ready + Duration::from_millis(500)).await;
+    }
+
+    /// What keeps the cloud from having converged (none: it has).
+    async fn problems(&mut self, except_tainted: Option<&str>) -> Problems {
+        let w = self.world().await;
+        let mut p = Vec::new();
+        let running = w.pods.iter().filter(|p| pod_running(p)).count();
+        if w.pods.len() != self.replicas || running != self.replicas {
+            p.push(format!("{running} of {} pods running ({} pods)", self.replicas, w.pods.len()));
+        }
+        let leaked = w.leaked();
+        if !leaked.is_empty() {
+            p.push(format!("leaked instances {leaked:?}"));
+        }
+        let doubles = self.ledger.double_launches();
+        if !doubles.is_empty() {
+            p.push(format!("NodeClaims with two instances {doubles:?}"));
+        }
+        for n in &w.nodes {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            if has_taint(n, "karpenter.sh/disrupted") && Some(name) != except_tainted {
+                p.push(format!("node {name} is still tainted karpenter.sh/disrupted"));
+            }
+            if !census::node_ready(n) {
+                p.push(format!("node {name} is not Ready"));
+            }
+        }
+        let bound: BTreeSet<&str> = w.claims.iter().filter_map(|c| c.node_name.as_deref()).collect();
+        for c in &w.claims {
+            if c.node_name.is_none() {
+                p.push(format!("claim {} ({:?}, instance {:?}) has no node", c.name, c.phase, c.instance_id));
+            }
+        }
+        for n in &w.nodes {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            if !bound.contains(name) {
+                let provider = n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or_default();
+                p.push(format!("node {name} ({provider}) belongs to no claim"));
+            }
+        }
+        let cloud = &self.cloud.world;
+        for dlq in [&cloud.pending.dlq_url, &cloud.launch.dlq_url, &cloud.interruption.dlq_url] {
+            let n = self.queued(dlq).await;
+            if n > 0 {
+                p.push(format!("{n} messages dead-lettered in {dlq}"));
+            }
+        }
+        p
+    }
+
+    /// Sweeps until converged and `goal` holds (it names what is missing);
+    /// how many sweeps it took, or what was still wrong after `limit`.
+    async fn settle_for(
+        &mut self,
+        limit: usize,
+        except_tainted: Option<&str>,
+        goal: impl Fn(&World) -> Option<String>,
+    ) -> Result<usize, (usize, Problems)> {
+        let mut sweeps = 0;
+        loop {
+            self.quiet().await;
+            let mut problems = self.problems(except_tainted).await;
+            problems.extend(goal(&self.last));
+            if problems.is_empty() {
+                return Ok(sweeps);
+            }
+            if sweeps >= limit {
+                return Err((sweeps, problems));
+            }
+            if let Err(e) = self.cloud.sweep().await.map(|a| a.result) {
+                eprintln!("the sweep could not be invoked: {e}");
+            }
+            sweeps += 1;
+        }
+    }
+
+    async fn settle(&mut self, limit: usize, except_tainted: Option<&str>) -> Result<usize, (usize, Problems)> {
+        self.settle_for(limit, except_tainted, |_| None).await
+    }
+
+    fn file(&self, function: &str, ext: &str) -> PathBuf {
+        self.dir.join(format!("{function}.{ext}"))
+    }
+
+    fn arm(&self, function: &str, point: &Point) {
+        std::fs::write(self.file(function, "point"), serde_json::to_string(point).unwrap()).unwrap();
+    }
+
+    /// Disarms every function; the point that fired, if one did.
+    fn disarm(&self) -> Option<(String, Logged)> {
+        let mut fired = None;
+        for f in FUNCTIONS {
+            let _ = std::fs::remove_file(self.file(f, "point"));
+            if let Ok(text) = std::fs::read_to_string(self.file(f, "fired")) {
+                let _ = std::fs::remove_file(self.file(f, "fired"));
+                fired = serde_json::from_str(&text).ok().map(|l| (f.to_string(), l));
+            }
+        }
+        fired
+    }
+
+    /// Every call logged since the last take, per function.
+    fn take_calls(&self) -> BTreeMap<String, Vec<Logged>> {
+        let mut all = BTreeMap::new();
+        for f in FUNCTIONS {
+            let path = self.file(f, "calls");
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let _ = std::fs::write(&path, "");
+            let calls: Vec<Logged> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+            all.insert(f.to_string(), calls);
+        }
+        all
+    }
+
+    async fn scale(&mut self, replicas: usize) {
+        self.replicas = replicas;
+        self.cloud.kube.apply(&inflate(replicas)).unwrap();
+    }
+
+    /// Gets the phase's starting state ready (nothing armed yet).
+    async fn setup(&mut self, phase: Phase) {
+        match phase {
+            Phase::Consolidate => {
+                self.scale(self.replicas + 4).await;
+                self.settle(8, None).await.unwrap_or_else(|e| panic!("setup of {phase:?}: {e:?}"));
+            }
+            Phase::Interrupt => {
+                // The busiest spot node with at least two pods (so a crash can land mid-drain).
+                let w = self.world().await;
+                let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+                for p in &w.pods {
+                    if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                        *per_node.entry(n).or_default() += 1;
+                    }
+                }
+                let victim = w
+                    .claims
+                    .iter()
+                    .filter(|c| c.node_name.is_some() && c.instance_id.is_some())
+                    .max_by_key(|c| per_node.get(c.node_name.as_deref().unwrap_or_default()).copied().unwrap_or(0))
+                    .map(|c| (c.node_name.clone().unwrap(), c.instance_id.clone().unwrap()));
+                self.victim = victim;
+            }
+            _ => {}
+        }
+    }
+
+    /// Plays the phase and settles it; the sweeps it took.
+    async fn play(&mut self, phase: Phase, extra: usize, baseline: usize) -> Result<usize, (usize, Problems)> {
+        let limit = baseline + extra;
+        match phase {
+            Phase::Provision => {
+                self.scale(self.replicas + 2).await;
+                self.settle(limit, None).await
+            }
+            Phase::Consolidate => {
+                self.scale(self.replicas - 4).await;
+                self.settle_for(limit, None, |w| {
+                    let empty = w.empty_nodes();
+                    (!empty.is_empty()).then(|| format!("empty nodes {empty:?} not consolidated"))
+                })
+                .await
+            }
+            Phase::Drift => {
+                let before = self.world().await.claim_names();
+                self.drift += 1;
+                let mut class = default_objects(&self.cloud.settings.cluster, &self.cloud.world.node_role)[1].clone();
+                class["spec"]["tags"] = json!({"nodesmith.dev/crash": self.drift.to_string()});
+                self.cloud.kube.apply(&class).unwrap();
+                self.settle_for(limit, None, |w| {
+                    let left: Vec<String> = w.claim_names().intersection(&before).cloned().collect();
+                    (!left.is_empty()).then(|| format!("drifted claims {left:?} not replaced"))
+                })
+                .await
+            }
+            Phase::Interrupt => {
+                let (node, instance) = self.victim.clone().expect("a node to interrupt");
+                let eb = aws_sdk_eventbridge::Client::new(&self.cloud.sdk);
+                eventbridge::put_event(
+                    &eb,
+                    "aws.ec2",
+                    "EC2 Spot Instance Interruption Warning",
+                    &json!({"instance-id": instance, "instance-action": "terminate"}),
+                    jiff::Timestamp::now(),
+                )
+                .await
+                .unwrap();
+                // Until EC2 takes it, the warned node keeps its taint; its pods must have moved.
+                let first = self.settle(limit, Some(&node)).await?;
+                let w = self.world().await;
+                let left = w
+                    .pods
+                    .iter()
+                    .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()))
+                    .count();
+                if left > 0 {
+                    return Err((first, vec![format!("{left} pods still on the interrupted node {node}")]));
+                }
+                self.ec2.terminate_instances().instance_ids(&instance).send().await.unwrap();
+                let second = self.settle(limit.saturating_sub(first), None).await.map_err(|(n, p)| (first + n, p))?;
+                Ok(first + second)
+            }
+            Phase::Collect => {
+                for _ in 0..2 {
+                    self.ghosts += 1;
+                    self.leak(&format!("default-ghost{}", self.ghosts)).await;
+                }
+                self.settle(limit, None).await
+            }
+        }
+    }
+
+    /// An instance tagged as nodesmith launches them, for a NodeClaim that does not exist.
+    async fn leak(&self, claim: &str) {
+        let cluster = &self.cloud.settings.cluster;
+        let tags = [
+            (format!("kubernetes.io/cluster/{cluster}"), "owned".to_string()),
+            ("nodesmith/launched-by".to_string(), cluster.clone()),
+            ("karpenter.sh/nodepool".to_string(), "default".to_string()),
+            ("karpenter.sh/nodeclaim".to_string(), claim.to_string()),
+        ];
+        let spec = tags.iter().fold(TagSpecification::builder().resource_type(ResourceType::Instance), |b, (k, v)| {
+            b.tags(Tag::builder().key(k).value(v).build())
+        });
+        self.ec2
+            .run_instances()
+            .image_id("ami-12c6146b")
+            .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+            .min_count(1)
+            .max_count(1)
+            .tag_specifications(spec.build())
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// Crash points past the second occurrence of a call in one invocation
+/// repeat the second's state on another item; they are not played.
+const MAX_OCCURRENCE: u32 = 2;
+
+/// How many sweeps more than without a crash a phase may take.
+const EXTRA_SWEEPS: usize = 2;
+
+/// The writes each function logged, as crash points. `provision` and
+/// `launch` do the same whatever the phase, so they are played in the
+/// phases where their work is the phase's own (provisioning, interruption
+/// replacements); the sweep in every phase.
+fn points(phase: Phase, calls: &BTreeMap<String, Vec<Logged>>) -> BTreeSet<(String, Point)> {
+    let played = |f: &str| match f {
+        "provision" | "launch" => phase == Phase::Provision,
+        "interrupt" => phase == Phase::Interrupt,
+        _ => true,
+    };
+    calls
+        .iter()
+        .filter(|(f, _)| played(f))
+        .flat_map(|(f, logged)| {
+            logged
+                .iter()
+                .filter(|l| l.write && l.occurrence <= MAX_OCCURRENCE)
+                .map(move |l| {
+                    (
+                        f.clone(),
+                        Point {
+                            call: l.call.clone(),
+                            occurrence: l.occurrence,
+                        },
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Plays `phase` once without a crash, then once per crash point it reached,
+/// crashing there; every play must converge within [`EXTRA_SWEEPS`] sweeps
+/// more than the crash-free one took. Returns the (function, call) pairs
+/// crashed after.
+async fn crash_through(phase: Phase) -> BTreeSet<(String, String)> {
+    let mut h = Harness::start(&format!("{phase:?}").to_lowercase()).await;
+    h.scale(3).await;
+    h.settle(8, None).await.unwrap_or_else(|e| panic!("the first pods: {e:?}"));
+    h.setup(phase).await;
+    h.take_calls();
+    // Twice: the sweeps a phase takes may differ by one from play to play.
+    let mut baseline = 0;
+    let mut reached = BTreeSet::new();
+    for _ in 0..2 {
+        let sweeps = h
+            .play(phase, 0, 8)
+            .await
+            .unwrap_or_else(|e| panic!("{phase:?} without a crash: {e:?}"));
+        baseline = baseline.max(sweeps);
+        reached.extend(points(phase, &h.take_calls()));
+        h.setup(phase).await;
+        h.take_calls();
+    }
+    eprintln!("{phase:?}: {baseline} sweeps without a crash, {} crash points", reached.len());
+    let mut crashed = BTreeSet::new();
+    let mut missed = Vec::new();
+    for (function, point) in &reached {
+        h.disarm();
+        h.arm(function, point);
+        let started = Instant::now();
+        let result = h.play(phase, EXTRA_SWEEPS, baseline).await;
+        let fired = h.disarm();
+        let what = format!("{phase:?}, {function} crashing after {} #{}", point.call, point.occurrence);
+        match &result {
+            Ok(sweeps) => eprintln!("{what}: fired {}, converged after {sweeps} sweeps in {:.1} s", fired.is_some(), started.elapsed().as_secs_f64()),
+            Err((sweeps, problems)) => panic!(
+                "{what}: not converged after {sweeps} sweeps (crash-free: {baseline}); fired: {fired:?}\n{problems:#?}\nlogs: {}",
+                h.cloud.log_dir().display()
+            ),
+        }
+        match fired {
+            Some((f, _)) if &f == function => {
+                crashed.insert((function.clone(), point.call.clone()));
+            }
+            _ => missed.push(what),
+        }
+        h.setup(phase).await;
+    }
+    // A point the crash-free run reached but the armed one did not (the calls
+    // came in another order) is tolerated once in a while, not as a habit.
+    assert!(
+        missed.len() * 5 <= reached.len(),
+        "{} of {} crash points never fired: {missed:#?}",
+        missed.len(),
+        reached.len()
+    );
+    h.cloud.stop().await;
+    let _ = std::fs::remove_dir_all(&h.dir);
+    crashed
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashes_while_provisioning_converge() {
+    crash_through(Phase::Provision).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashes_while_answering_an_interruption_converge() {
+    crash_through(Phase::Interrupt).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashes_while_consolidating_converge() {
+    crash_through(Phase::Consolidate).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashes_while_replacing_drifted_nodes_converge() {
+    crash_through(Phase::Drift).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashes_while_collecting_leaked_instances_converge() {
+    crash_through(Phase::Collect).await;
+}
