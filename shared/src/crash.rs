@@ -159,11 +159,7 @@ mod hook {
     fn setup() -> &'static Setup {
         static SETUP: OnceLock<Setup> = OnceLock::new();
         SETUP.get_or_init(|| {
-            let path = |name: &str| {
-                std::env::var_os(name)
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            };
+            let path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
             Setup {
                 crash_file: path(super::CRASH_FILE_ENV),
                 call_log: path(super::CALL_LOG_ENV),
@@ -266,8 +262,7 @@ pub fn enabled() -> bool {
 #[cfg(debug_assertions)]
 pub mod aws {
     use aws_smithy_runtime_api::client::http::{
-        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
-        SharedHttpConnector,
+        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
     };
     use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
     use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
@@ -280,7 +275,11 @@ pub mod aws {
     struct Connector(SharedHttpConnector);
 
     impl HttpClient for Client {
-        fn http_connector(&self, settings: &HttpConnectorSettings, components: &RuntimeComponents) -> SharedHttpConnector {
+        fn http_connector(
+            &self,
+            settings: &HttpConnectorSettings,
+            components: &RuntimeComponents,
+        ) -> SharedHttpConnector {
             SharedHttpConnector::new(Connector(self.0.http_connector(settings, components)))
         }
     }
@@ -369,7 +368,12 @@ mod tests {
     fn kubernetes_calls_are_named_by_their_rbac_verb_and_resource() {
         let table = [
             ("GET", "/api/v1/pods", "kube:list pods", false),
-            ("GET", "/api/v1/namespaces/default/pods?labelSelector=x", "kube:list pods", false),
+            (
+                "GET",
+                "/api/v1/namespaces/default/pods?labelSelector=x",
+                "kube:list pods",
+                false,
+            ),
             ("GET", "/api/v1/nodes/ip-10-0-1-1", "kube:get nodes", false),
             ("PATCH", "/api/v1/nodes/ip-10-0-1-1", "kube:patch nodes", true),
             ("DELETE", "/api/v1/nodes/ip-10-0-1-1", "kube:delete nodes", true),
@@ -379,7 +383,12 @@ mod tests {
                 "kube:create pods/eviction",
                 true,
             ),
-            ("DELETE", "/api/v1/namespaces/default/pods/web-1", "kube:delete pods", true),
+            (
+                "DELETE",
+                "/api/v1/namespaces/default/pods/web-1",
+                "kube:delete pods",
+                true,
+            ),
             ("POST", "/api/v1/namespaces/default/events", "kube:create events", true),
             (
                 "PATCH",
@@ -403,7 +412,8 @@ mod tests {
 
     #[test]
     fn aws_calls_are_named_by_service_and_operation() {
-        let auth = "AWS4-HMAC-SHA256 Credential=AKID/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=x";
+        let auth =
+            "AWS4-HMAC-SHA256 Credential=AKID/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=x";
         let form = b"Action=CreateFleet&Version=2016-11-15&ClientToken=abc";
         let c = aws_call_of_request(&[("Authorization", auth)], Some(form), "POST", "/");
         assert_eq!((c.name.as_str(), c.write), ("ec2:CreateFleet", true));
@@ -413,11 +423,20 @@ mod tests {
 
         let auth = "AWS4-HMAC-SHA256 Credential=AKID/20260101/us-east-1/dynamodb/aws4_request";
         for (target, name, write) in [
-            ("DynamoDB_20120810.TransactWriteItems", "dynamodb:TransactWriteItems", true),
+            (
+                "DynamoDB_20120810.TransactWriteItems",
+                "dynamodb:TransactWriteItems",
+                true,
+            ),
             ("DynamoDB_20120810.Query", "dynamodb:Query", false),
             ("DynamoDB_20120810.GetItem", "dynamodb:GetItem", false),
         ] {
-            let c = aws_call_of_request(&[("Authorization", auth), ("X-Amz-Target", target)], Some(b"{}"), "POST", "/");
+            let c = aws_call_of_request(
+                &[("Authorization", auth), ("X-Amz-Target", target)],
+                Some(b"{}"),
+                "POST",
+                "/",
+            );
             assert_eq!((c.name.as_str(), c.write), (name, write));
         }
         let auth = "AWS4-HMAC-SHA256 Credential=AKID/20260101/us-east-1/eks/aws4_request";

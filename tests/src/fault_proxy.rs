@@ -115,6 +115,7 @@ struct Rules {
     forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
     throttled: HashMap<String, usize>,
+    failed: HashMap<String, usize>,
     fleets: Vec<SeenFleet>,
 }
 
@@ -257,6 +258,11 @@ impl FaultProxy {
         self.rules().throttled.get(action).copied().unwrap_or(0)
     }
 
+    /// How many calls of `action` were answered with an injected error ([`FaultProxy::fail_next`]).
+    pub fn failed(&self, action: &str) -> usize {
+        self.rules().failed.get(action).copied().unwrap_or(0)
+    }
+
     /// Every CreateFleet call that was forwarded or answered, in order.
     pub fn fleets(&self) -> Vec<SeenFleet> {
         self.rules().fleets.clone()
@@ -363,7 +369,9 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         }
         if let Some(e) = r.errors.get_mut(&act).filter(|e| e.times > 0) {
             e.times -= 1;
-            return ec2_error_response(e.status, &e.code, &e.message);
+            let answer = ec2_error_response(e.status, &e.code, &e.message);
+            *r.failed.entry(act.clone()).or_default() += 1;
+            return answer;
         }
         if act == "DescribeInstances" && r.hide_instances > 0 {
             r.hide_instances -= 1;

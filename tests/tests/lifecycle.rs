@@ -40,6 +40,7 @@ fn short(report: &SweepReport) -> Vec<String> {
             Action::Remove { reason, .. } => format!("remove {}", reason.as_str()),
             Action::CollectInstance { .. } => "collect-instance".to_string(),
             Action::CollectNode { .. } => "collect-node".to_string(),
+            Action::Relaunch { .. } => "relaunch".to_string(),
         })
         .collect()
 }

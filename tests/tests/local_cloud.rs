@@ -6,7 +6,7 @@
 //! The function and forwarder binaries must sit next to `nodesmith-local`:
 //! `scripts/test` builds them (`cargo build --workspace --bins`) first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::Filter;
 use nodesmith_tests::kube_server::Identity;
 use nodesmith_tests::kubectl::Kubectl;
+use nodesmith_tests::local_cloud::burst::{self, BurstOptions};
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{FUNCTIONS, LocalCloud, QueueName, Settings};
 
@@ -335,9 +336,28 @@ async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
     let nodes = cloud.kube.nodes();
     let denials = cloud.kube.denials();
     let forwarder_used = cloud.kube.permissions_used(Identity::Forwarder);
+    let events = cloud.kube.events();
     cloud.stop().await;
     let summary = summary.unwrap();
     assert!(summary.ok, "{summary:?}\n{text}");
+    // The story is told in Kubernetes Events too, on the objects Karpenter's are on.
+    let on = |reason: &str| -> BTreeSet<String> {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.involved_object.kind.clone())
+            .collect()
+    };
+    for (reason, kind) in [
+        ("Nominated", "Pod"),
+        ("Launched", "NodeClaim"),
+        ("Registered", "Node"),
+        ("Initialized", "Node"),
+        ("Disrupting", "Node"),
+        ("DisruptionTerminating", "Node"),
+    ] {
+        assert_eq!(on(reason), BTreeSet::from([kind.to_string()]), "{reason} events");
+    }
     // The function binaries and the forwarder ran the whole story within their ClusterRoles.
     assert!(denials.is_empty(), "RBAC refused calls: {denials:#?}");
     // The forwarder ran as its ServiceAccount (the admin's calls are not
@@ -428,4 +448,60 @@ fn the_functions_run_as_the_template_declares_them() {
         seen.push(binary);
     }
     assert_eq!(seen.len(), FUNCTIONS.len(), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_story_survives_ec2_faults() {
+    let settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
+    let cloud = LocalCloud::start(settings).await.unwrap();
+    let mut out = Vec::new();
+    let options = DemoOptions {
+        live: false,
+        replicas: 40,
+        faults: true,
+        ..DemoOptions::default()
+    };
+    let summary = demo::run(&cloud, &options, &mut out).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let refused: usize = cloud.faults().fleets().iter().map(|f| f.failed).sum();
+    let throttled = cloud.faults().throttled("CreateFleet");
+    let failed = cloud.faults().failed("CreateFleet");
+    cloud.stop().await;
+    let summary = summary.unwrap();
+    assert!(summary.ok, "{summary:?}\n{text}");
+    assert_eq!(summary.pods_pending, 0, "{text}");
+    assert_eq!(summary.leaked_instances, 0, "{summary:?}");
+    assert_eq!(summary.double_launches, 0, "{summary:?}");
+    // The faults were met, not dodged.
+    assert!(refused > 0, "no CreateFleet override was refused for capacity");
+    assert!(throttled > 0 && failed > 0, "throttled {throttled}, failed {failed}");
+    assert!(
+        summary.ec2_faults_injected >= refused + throttled + failed,
+        "{summary:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_across_many_deployments_runs_every_pod_launching_each_claim_once() {
+    let settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
+    let cloud = LocalCloud::start(settings).await.unwrap();
+    let options = BurstOptions {
+        pods: 600,
+        deployments: 12,
+        timeout: Duration::from_secs(240),
+    };
+    let mut out = Vec::new();
+    let report = burst::run(&cloud, &options, &mut out).await;
+    cloud.stop().await;
+    let report = report.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    assert_eq!(report.pods_running, 600, "{report:?}\n{text}");
+    assert!(report.seconds_to_all_running.is_some(), "{report:?}");
+    assert_eq!(report.double_launches, 0, "{report:?}");
+    assert_eq!(report.leaked_instances, 0, "{report:?}");
+    // One CreateFleet a claim, give or take capacity retries: never one per pod.
+    assert!(
+        report.create_fleet_calls >= 1 && report.create_fleet_calls <= 2 * report.nodes_launched,
+        "{report:?}"
+    );
 }

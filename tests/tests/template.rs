@@ -299,123 +299,6 @@ fn sqs_batches_above_ten_wait_at_least_a_second() {
     }
 }
 
-/// The IAM actions of the AWS calls in `shared/src` (EC2, EKS, SSM, IAM):
-/// every `.operation()` called on a client (`ec2`, `eks`, `ssm`, `iam`,
-/// `client`) in a file that uses one of those SDKs, with its service told by
-/// the operation's name.
-fn actions_the_code_calls() -> Vec<(String, String)> {
-    fn files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                files(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
-    let mut all = Vec::new();
-    files(&root, &mut all);
-    const DYNAMODB: &[&str] = &[
-        "put_item",
-        "get_item",
-        "update_item",
-        "delete_item",
-        "query",
-        "batch_write_item",
-        "transact_write_items",
-        "scan",
-        "create_table",
-    ];
-    // Operation names by prefix: EC2/EKS/SSM/IAM verbs, DynamoDB's, SQS's sends.
-    let verbs: Vec<&str> = [
-        "describe_",
-        "create_",
-        "delete_",
-        "terminate_",
-        "run_",
-        "list_",
-        "add_",
-        "remove_",
-        "tag_",
-        "get_parameter",
-        "get_instance_profile",
-        "send_message",
-    ]
-    .into_iter()
-    .chain(DYNAMODB.iter().copied())
-    .collect();
-    let mut out = Vec::new();
-    for f in all {
-        let text = std::fs::read_to_string(&f).unwrap();
-        // The state store's files call DynamoDB through `self.client`
-        // without naming the SDK.
-        let in_state = f.strip_prefix(&root).unwrap().starts_with("state");
-        if !in_state && !text.contains("aws_sdk_") {
-            continue;
-        }
-        let b = text.as_bytes();
-        for (i, _) in text.match_indices('.') {
-            let mut j = i + 1;
-            while j < b.len() && b[j].is_ascii_whitespace() {
-                j += 1;
-            }
-            let start = j;
-            while j < b.len() && (b[j].is_ascii_lowercase() || b[j] == b'_') {
-                j += 1;
-            }
-            let op = &text[start..j];
-            if !text[j..].starts_with("()") || !verbs.iter().any(|v| op.starts_with(v)) {
-                continue;
-            }
-            // An SDK operation is called on a client; getters and
-            // nodesmith's own methods are called on other things.
-            let before = text[..i].trim_end();
-            let receiver: String = before
-                .chars()
-                .rev()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            if !["ec2", "eks", "ssm", "iam", "client", "sqs"].contains(&receiver.as_str()) {
-                continue;
-            }
-            // SendMessageBatch is authorized as SendMessage.
-            let op = if op == "send_message_batch" { "send_message" } else { op };
-            let service = if DYNAMODB.contains(&op) {
-                "dynamodb"
-            } else if op == "send_message" {
-                "sqs"
-            } else if op == "describe_cluster" {
-                "eks"
-            } else if op.starts_with("get_parameter") {
-                "ssm"
-            } else if op.contains("instance_profile") {
-                "iam"
-            } else {
-                "ec2"
-            };
-            let pascal: String = op
-                .split('_')
-                .map(|w| {
-                    let mut c = w.chars();
-                    c.next()
-                        .map(|h| h.to_ascii_uppercase().to_string() + c.as_str())
-                        .unwrap_or_default()
-                })
-                .collect();
-            let file = f.strip_prefix(&root).unwrap().display().to_string();
-            out.push((format!("{service}:{pascal}"), file));
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
 /// Whether a function's role may send to one of the stack's queues.
 fn may_send(t: &Value, function: &str, queue: &str) -> bool {
     let arn = format!("arn:aws:sqs:{}:{}:{queue}", iam::REGION, iam::ACCOUNT);
@@ -1085,7 +968,7 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/disruptions.rs", "dynamodb:PutItem", ALL),
     ("state/drains.rs", "dynamodb:DeleteItem", ALL),
     ("state/drains.rs", "dynamodb:PutItem", ALL),
-    ("state/idempotency.rs", "dynamodb:DeleteItem", ALL),
+    ("state/idempotency.rs", "dynamodb:GetItem", ALL),
     ("state/idempotency.rs", "dynamodb:PutItem", ALL),
     ("state/leases.rs", "dynamodb:DeleteItem", ALL),
     ("state/leases.rs", "dynamodb:GetItem", ALL),
@@ -1104,7 +987,7 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/offerings.rs", "dynamodb:BatchWriteItem", ALL),
     // Only scripts/dev-stack and tests make the table; the stack makes it in AWS.
     ("state/table.rs", "dynamodb:CreateTable", &[]),
-    ("launch/request.rs", "sqs:SendMessage", LAUNCH_ASKERS),
+    ("launch/request.rs", "sqs:SendMessageBatch", LAUNCH_ASKERS),
     ("provisioning/trigger.rs", "sqs:SendMessage", SOLVE_ASKERS),
     // Pending pods that cannot be read go to the dead-letter queue.
     ("provisioning/mod.rs", "sqs:SendMessage", &["ProvisionFunction"]),
@@ -1215,6 +1098,7 @@ const AUTHORIZED_AS: &[(&str, &[&str])] = &[
         "dynamodb:TransactWriteItems",
         &["dynamodb:ConditionCheckItem", "dynamodb:PutItem"],
     ),
+    ("sqs:SendMessageBatch", &["sqs:SendMessage"]),
 ];
 
 /// What a role needs that no code calls: every function writes its logs, and
@@ -1230,7 +1114,7 @@ fn implied(function: &str) -> Vec<&'static str> {
 #[test]
 fn each_function_may_call_exactly_what_its_code_calls() {
     let t = template();
-    let calls = actions_the_code_calls();
+    let calls = nodesmith_tests::calls::sdk_calls();
     // The scan must find the calls it exists for.
     for known in [
         "ec2:CreateFleet",

@@ -4,9 +4,9 @@
 //! capacity that is already gone. The decisions are [`super::decide`]'s.
 //!
 //! Every message is acknowledged unless acting on it failed: unknown and
-//! foreign events are logged and dropped, never retried. Each event acts once
-//! (an idempotency record keyed by its id); a failure forgets the record so
-//! the retry acts. Drains are recorded in DynamoDB ([`DrainRecord`]) and
+//! foreign events are logged and dropped, never retried. An event is recorded
+//! as handled (keyed by its id) once acted on, and a handled event's
+//! redeliveries are dropped; one that failed or died midway is acted on again. Drains are recorded in DynamoDB ([`DrainRecord`]) and
 //! continued by every invocation and by the sweep ([`continue_drains`]).
 
 use std::collections::BTreeSet;
@@ -213,15 +213,20 @@ impl<C: Cluster> Interrupter<C> {
             let now = Timestamp::now();
             let key = idempotency_key(&event, body);
             let secs = now.as_second();
-            match self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs).await {
-                Ok(true) => {}
-                Ok(false) => {
+            // Recorded only once acted on: an invocation that dies midway leaves
+            // the event to its redelivery. Acting twice (a duplicate delivered
+            // while the first is at work) is harmless: every step is idempotent,
+            // and replacements are solved under the provision lease with the
+            // first one's claims in flight.
+            match self.store.is_processed(&key, secs).await {
+                Ok(false) => {}
+                Ok(true) => {
                     outcome.ignored += 1;
                     tracing::info!(%message_id, %key, "event already handled; acknowledging the duplicate");
                     continue;
                 }
                 Err(e) => {
-                    tracing::error!(%message_id, error = %e, "cannot record the event; it will be retried");
+                    tracing::error!(%message_id, error = %e, "cannot read the event's record; it will be retried");
                     outcome.failed.push(message_id);
                     continue;
                 }
@@ -229,10 +234,11 @@ impl<C: Cluster> Interrupter<C> {
             tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
             if let Err(e) = self.act(&event, now, &mut outcome).await {
                 tracing::error!(%message_id, error = %e, "acting on the event failed; it will be retried");
-                if let Err(e) = self.store.forget_processed(&key).await {
-                    tracing::warn!(error = %e, "cannot forget the idempotency record; the retry will be taken for a duplicate");
-                }
                 outcome.failed.push(message_id);
+                continue;
+            }
+            if let Err(e) = self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs).await {
+                tracing::warn!(%message_id, error = %e, "cannot record the event as handled; a redelivery acts on it again, harmlessly");
             }
         }
         if let Err(e) = self.continue_drains(&mut outcome).await {

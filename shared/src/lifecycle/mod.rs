@@ -52,7 +52,7 @@ impl Default for LifecycleConfig {
         LifecycleConfig {
             launch_timeout: Duration::from_secs(5 * 60),
             registration_timeout: Duration::from_secs(15 * 60),
-            relaunch_after: Duration::from_secs(60),
+            relaunch_after: Duration::from_secs(30),
             leak_window: Duration::from_secs(30),
             liveness_grace: Duration::from_secs(60),
             batch_window: Duration::from_secs(10),

@@ -163,7 +163,7 @@ fn each_claim_phase_and_what_the_world_says() {
     let cases: Vec<Case> = vec![
         (
             "young pending claim: wait for launch",
-            vec![claim("c", Phase::Pending, None, mins_ago(1))],
+            vec![claim("c", Phase::Pending, None, secs_ago(20))],
             vec![],
             vec![],
             vec![],

@@ -36,7 +36,9 @@ pub const LEASE: &str = "provision";
 pub fn lease_ttl(get: impl Fn(&str) -> Option<String>) -> Result<Duration, String> {
     match get("NODESMITH_PROVISION_LEASE").filter(|v| !v.trim().is_empty()) {
         None => Ok(LEASE_TTL),
-        Some(v) => crate::apis::duration::parse_go_duration(v.trim()).map_err(|e| format!("NODESMITH_PROVISION_LEASE: {e}")),
+        Some(v) => {
+            crate::apis::duration::parse_go_duration(v.trim()).map_err(|e| format!("NODESMITH_PROVISION_LEASE: {e}"))
+        }
     }
 }
 
@@ -291,6 +293,9 @@ impl<C: Cluster> Provisioner<C> {
             "solved"
         );
         outcome.placed_on_existing = plan.existing.iter().map(|e| e.pods.len()).sum();
+        for e in &plan.existing {
+            tracing::info!(target_name = %e.name, kind = ?e.kind, pods = e.pods.len(), "pods placed on existing capacity");
+        }
         outcome.unschedulable = plan
             .unschedulable
             .iter()
@@ -428,13 +433,25 @@ mod tests {
         assert_eq!(events.len(), 3, "{events:#?}");
         assert_eq!(
             events[0],
-            ("a".into(), "Nominated".into(), "Pod should schedule on: nodeclaim/default-new".into())
+            (
+                "a".into(),
+                "Nominated".into(),
+                "Pod should schedule on: nodeclaim/default-new".into()
+            )
         );
         assert_eq!(
             events[1],
-            ("b".into(), "Nominated".into(), "Pod should schedule on: nodeclaim/default-inflight".into())
+            (
+                "b".into(),
+                "Nominated".into(),
+                "Pod should schedule on: nodeclaim/default-inflight".into()
+            )
         );
         assert_eq!((events[2].0.as_str(), events[2].1.as_str()), ("d", "FailedScheduling"));
-        assert!(events[2].2.starts_with("No NodePool can take this pod: "), "{}", events[2].2);
+        assert!(
+            events[2].2.starts_with("No NodePool can take this pod: "),
+            "{}",
+            events[2].2
+        );
     }
 }

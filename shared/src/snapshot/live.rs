@@ -165,7 +165,11 @@ fn to_k8s_taint(t: &Taint) -> K8sTaint {
 }
 
 /// NodeClaims whose capacity is not yet a node: a claim that registered
-/// (its provider id or node name matches a node) is counted as that node.
+/// (its provider id or node name matches a node) is counted as that node. Only
+/// a claim not registered yet (Pending, Launched) can still become a node: one
+/// that registered, or is draining, and has no node any more is capacity that
+/// is gone (its instance was taken), not capacity on its way, and pods placed
+/// on it would wait for nothing until the sweep removed it.
 pub fn in_flight(claims: Vec<NodeClaim>, nodes: &[ExistingNode]) -> Vec<NodeClaim> {
     let provider_ids: BTreeSet<&str> = nodes
         .iter()
@@ -174,7 +178,7 @@ pub fn in_flight(claims: Vec<NodeClaim>, nodes: &[ExistingNode]) -> Vec<NodeClai
     let names: BTreeSet<&str> = nodes.iter().filter_map(|n| n.node.metadata.name.as_deref()).collect();
     claims
         .into_iter()
-        .filter(|c| c.phase.holds_capacity())
+        .filter(|c| matches!(c.phase, Phase::Pending | Phase::Launched))
         .filter(|c| !c.provider_id.as_deref().is_some_and(|p| provider_ids.contains(p)))
         .filter(|c| !c.node_name.as_deref().is_some_and(|n| names.contains(n)))
         .collect()
@@ -212,6 +216,10 @@ mod tests {
             claim("b", Phase::Launched, Some("aws:///us-east-1a/i-1")),
             claim("c", Phase::Launched, Some("aws:///us-east-1b/i-2")),
             claim("d", Phase::Terminating, Some("aws:///us-east-1b/i-3")),
+            // Their nodes went with their instances: nothing is on its way.
+            claim("e", Phase::Draining, Some("aws:///us-east-1b/i-4")),
+            claim("f", Phase::Initialized, Some("aws:///us-east-1b/i-5")),
+            claim("g", Phase::Registered, Some("aws:///us-east-1b/i-6")),
         ];
         let names: Vec<String> = in_flight(claims, &nodes).into_iter().map(|c| c.name).collect();
         assert_eq!(names, vec!["a", "c"]);

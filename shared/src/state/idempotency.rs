@@ -25,15 +25,22 @@ impl StateStore {
         }
     }
 
-    /// Forgets a processed record (when handling failed after recording it).
-    pub async fn forget_processed(&self, key: &str) -> Result<(), StateError> {
-        self.client
-            .delete_item()
+    /// Whether `key` is recorded as processed and not expired at `now_secs`.
+    pub async fn is_processed(&self, key: &str, now_secs: i64) -> Result<bool, StateError> {
+        let out = self
+            .client
+            .get_item()
             .table_name(&self.table)
             .set_key(Some(item::key(PK_PROCESSED, key)))
+            .consistent_read(true)
             .send()
             .await
-            .map_err(|e| self.dynamo("DeleteItem", e))?;
-        Ok(())
+            .map_err(|e| self.dynamo("GetItem", e))?;
+        Ok(out
+            .item()
+            .and_then(|it| it.get("expiresAt"))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .is_some_and(|expires| expires > now_secs))
     }
 }

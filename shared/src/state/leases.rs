@@ -128,7 +128,10 @@ impl StateStore {
         let mut current = lease.clone();
         loop {
             tokio::time::sleep(ttl / 3).await;
-            match self.renew_lease(&current, ttl.as_millis() as i64, super::now_ms()).await {
+            match self
+                .renew_lease(&current, ttl.as_millis() as i64, super::now_ms())
+                .await
+            {
                 Ok(l) => current = l,
                 Err(e) => {
                     tracing::warn!(lease = %lease.name, error = %e, "cannot renew the lease; it expires by itself");

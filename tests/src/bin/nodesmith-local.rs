@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! nodesmith-local stack [--env-file PATH]   run until SIGINT/SIGTERM; print (and write) the exports
-//! nodesmith-local demo [--json] [--replicas N]
+//! nodesmith-local demo [--json] [--replicas N] [--faults]
+//! nodesmith-local burst [--json] [--pods N] [--deployments N]
 //! ```
 //!
 //! The function and forwarder binaries are expected next to this one.
@@ -10,10 +11,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use nodesmith_tests::local_cloud::burst::{self, BurstOptions};
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{LocalCloud, Settings, write_atomically};
 
-const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N]";
+const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N]";
 
 fn settings() -> Result<Settings, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
@@ -58,7 +60,7 @@ async fn stack(env_file: Option<PathBuf>) -> Result<(), String> {
     Ok(())
 }
 
-async fn run_demo(json: bool, replicas: usize) -> Result<bool, String> {
+async fn run_demo(json: bool, replicas: usize, faults: bool) -> Result<bool, String> {
     let mut out = std::io::stdout();
     println!("starting the local cloud (moto, the Kubernetes API test server, the four functions, the forwarder)");
     let started = std::time::Instant::now();
@@ -66,6 +68,7 @@ async fn run_demo(json: bool, replicas: usize) -> Result<bool, String> {
     println!("ready in {:.1} s", started.elapsed().as_secs_f64());
     let options = DemoOptions {
         replicas,
+        faults,
         ..DemoOptions::default()
     };
     let result = tokio::select! {
@@ -77,8 +80,14 @@ async fn run_demo(json: bool, replicas: usize) -> Result<bool, String> {
         return Err("interrupted".into());
     };
     let summary = result.map_err(|e| e.to_string())?;
-    println!("\n== summary");
-    let v = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+    print_report("summary", &summary, json)?;
+    Ok(summary.ok)
+}
+
+/// Prints a report as a table, and with `json` as one JSON line last.
+fn print_report(title: &str, report: &impl serde::Serialize, json: bool) -> Result<(), String> {
+    println!("\n== {title}");
+    let v = serde_json::to_value(report).map_err(|e| e.to_string())?;
     if let Some(m) = v.as_object() {
         for (k, val) in m {
             println!("   {k:<32} {val}");
@@ -87,7 +96,57 @@ async fn run_demo(json: bool, replicas: usize) -> Result<bool, String> {
     if json {
         println!("{v}");
     }
-    Ok(summary.ok)
+    Ok(())
+}
+
+/// The options of `demo` and `burst`.
+#[derive(Default)]
+struct Flags {
+    json: bool,
+    faults: bool,
+    replicas: Option<usize>,
+    pods: Option<usize>,
+    deployments: Option<usize>,
+}
+
+impl Flags {
+    fn parse(args: &[&str]) -> Result<Flags, String> {
+        let mut f = Flags::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut number = |name: &str| {
+                it.next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .ok_or_else(|| format!("{name} needs a number"))
+            };
+            match *a {
+                "--json" => f.json = true,
+                "--faults" => f.faults = true,
+                "--replicas" => f.replicas = Some(number("--replicas")?),
+                "--pods" => f.pods = Some(number("--pods")?),
+                "--deployments" => f.deployments = Some(number("--deployments")?),
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(f)
+    }
+}
+
+async fn run_burst(json: bool, options: BurstOptions) -> Result<bool, String> {
+    let mut out = std::io::stdout();
+    println!(
+        "starting the local cloud; then {} pods across {} Deployments go pending at once",
+        options.pods, options.deployments
+    );
+    let cloud = LocalCloud::start(settings()?).await.map_err(|e| e.to_string())?;
+    let result = tokio::select! {
+        r = burst::run(&cloud, &options, &mut out) => Some(r),
+        _ = stop_signal() => None,
+    };
+    cloud.stop().await;
+    let report = result.ok_or("interrupted")??;
+    print_report("burst", &report, json)?;
+    Ok(report.seconds_to_all_running.is_some() && report.double_launches == 0 && report.leaked_instances == 0)
 }
 
 fn main() -> ExitCode {
@@ -115,26 +174,22 @@ fn main() -> ExitCode {
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["stack"] => runtime.block_on(stack(None)).map(|_| true),
         ["stack", "--env-file", path] => runtime.block_on(stack(Some(PathBuf::from(path)))).map(|_| true),
-        ["demo", rest @ ..] => {
-            let mut json = false;
-            let mut replicas = 100;
-            let mut it = rest.iter();
-            let mut bad = None;
-            while let Some(a) = it.next() {
-                match *a {
-                    "--json" => json = true,
-                    "--replicas" => match it.next().and_then(|n| n.parse().ok()) {
-                        Some(n) => replicas = n,
-                        None => bad = Some("--replicas needs a number".to_string()),
-                    },
-                    other => bad = Some(format!("unknown argument {other:?}")),
-                }
+        [command @ ("demo" | "burst"), rest @ ..] => match Flags::parse(rest) {
+            Err(b) => Err(format!("{b}\n{USAGE}")),
+            Ok(f) if *command == "demo" && f.pods.is_none() && f.deployments.is_none() => {
+                runtime.block_on(run_demo(f.json, f.replicas.unwrap_or(100), f.faults))
             }
-            match bad {
-                Some(b) => Err(format!("{b}\n{USAGE}")),
-                None => runtime.block_on(run_demo(json, replicas)),
+            Ok(f) if *command == "burst" && f.replicas.is_none() && !f.faults => {
+                let defaults = BurstOptions::default();
+                let options = BurstOptions {
+                    pods: f.pods.unwrap_or(defaults.pods),
+                    deployments: f.deployments.unwrap_or(defaults.deployments),
+                    ..defaults
+                };
+                runtime.block_on(run_burst(f.json, options))
             }
-        }
+            Ok(_) => Err(format!("an option that {command} does not take\n{USAGE}")),
+        },
         _ => Err(USAGE.to_string()),
     };
     // Lingering tasks (watch streams) must not keep the process alive.

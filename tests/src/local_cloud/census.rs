@@ -14,6 +14,8 @@ use nodesmith::nodeclaim::NodeClaim;
 pub struct InstanceView {
     /// The instance id.
     pub id: String,
+    /// Its type.
+    pub instance_type: String,
     /// Its state (`pending`, `running`, `shutting-down`, `terminated`…).
     pub state: String,
     /// Its `karpenter.sh/nodeclaim` tag.
@@ -23,6 +25,16 @@ pub struct InstanceView {
 }
 
 impl InstanceView {
+    /// Its vCPUs (0 for a type the built-in catalog does not know).
+    pub fn cpu(&self) -> u64 {
+        nodesmith::catalog::builtin()
+            .ok()
+            .and_then(|c| c.instance_types.iter().find(|t| t.name == self.instance_type))
+            .and_then(|t| t.labels.get("karpenter.k8s.aws/instance-cpu"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Pending or running.
     pub fn live(&self) -> bool {
         self.state == "running" || self.state == "pending"
@@ -133,7 +145,7 @@ pub fn has_taint(n: &Node, key: &str) -> bool {
 
 /// Every instance tagged for `cluster` (any state).
 pub async fn instances(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result<Vec<InstanceView>, String> {
-let out = ec2
+    let out = ec2
         .describe_instances()
         .filters(
             Filter::builder()
@@ -159,6 +171,7 @@ let out = ec2
                 },
             ),
             id: i.instance_id().unwrap_or_default().to_string(),
+            instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
             state: i
                 .state()
                 .and_then(|s| s.name())
@@ -172,7 +185,6 @@ let out = ec2
         })
         .collect())
 }
-
 
 /// Every instance ever seen, with the NodeClaim it was tagged for.
 #[derive(Clone, Debug, Default)]

@@ -23,6 +23,10 @@ pub struct DemoOptions {
     pub chapter_timeout: Duration,
     /// Redraw a live table (a terminal) or print a line now and then.
     pub live: bool,
+    /// Play EC2's bad days through the fault proxy: no spot capacity in the
+    /// cheapest offerings all story long, and at every chapter's start a burst
+    /// of throttling and of 5xx answers.
+    pub faults: bool,
 }
 
 impl Default for DemoOptions {
@@ -31,6 +35,7 @@ impl Default for DemoOptions {
             replicas: 100,
             chapter_timeout: Duration::from_secs(180),
             live: std::io::stdout().is_terminal(),
+            faults: false,
         }
     }
 }
@@ -73,6 +78,11 @@ pub struct Summary {
     pub interruption_to_taint_millis: Option<u64>,
     /// Function invocations, all told.
     pub invocations: usize,
+    /// CreateFleet calls that reached EC2 (the fault proxy counts them).
+    pub create_fleet_calls: usize,
+    /// EC2 faults injected (`--faults`): throttled calls, 5xx answers and
+    /// offerings refused for want of capacity.
+    pub ec2_faults_injected: usize,
     /// Seconds the story took.
     pub seconds: f64,
     /// Whether every chapter that ran reached its goal.
@@ -109,13 +119,18 @@ fn aws_err(what: &str) -> impl Fn(String) -> DemoError + '_ {
 
 /// The `inflate` Deployment.
 pub fn inflate(replicas: usize) -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "inflate", "namespace": "default"}, "spec": {
+    deployment("inflate", replicas, "1", "1536Mi")
+}
+
+/// A Deployment of pause pods labelled `app: <name>`, each requesting `cpu` and `memory`.
+pub fn deployment(name: &str, replicas: usize, cpu: &str, memory: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"}, "spec": {
         "replicas": replicas,
-        "selector": {"matchLabels": {"app": "inflate"}},
-        "template": {"metadata": {"labels": {"app": "inflate"}}, "spec": {
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}}, "spec": {
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "inflate", "image": "public.ecr.aws/eks-distro/kubernetes/pause:3.7",
-                "resources": {"requests": {"cpu": "1", "memory": "1536Mi"}}}]
+            "containers": [{"name": "app", "image": "public.ecr.aws/eks-distro/kubernetes/pause:3.7",
+                "resources": {"requests": {"cpu": cpu, "memory": memory}}}]
         }}
     }})
 }
@@ -239,6 +254,8 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
         pending_to_launch_millis_p95: percentile(&latencies, 95),
         interruption_to_taint_millis: to_taint,
         invocations: invocations.len(),
+        create_fleet_calls: cloud.faults().calls("CreateFleet"),
+        ec2_faults_injected: demo.faults_injected(),
         seconds: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
         ok: ok && end.running() == 10,
     };
@@ -322,6 +339,16 @@ impl<'a> Demo<'a> {
     }
 
     fn chapter(&mut self, out: &mut dyn Write, n: &str, what: &str) {
+        if self.options.faults {
+            let first = self.chapter.is_empty();
+            let offerings = inject_faults(self.cloud, first);
+            if first {
+                let _ = writeln!(
+                    out,
+                    "   EC2 faults: no spot capacity in {offerings} offerings; throttling and 5xx bursts at each chapter"
+                );
+            }
+        }
         self.drawn_lines = 0;
         self.chapter = format!("chapter {n}: {what}");
         self.chapter_started = Instant::now();
@@ -472,6 +499,16 @@ impl<'a> Demo<'a> {
         let _ = out.flush();
     }
 
+    /// Faults the proxy injected: throttled and failed calls, refused offerings.
+    fn faults_injected(&self) -> usize {
+        let f = self.cloud.faults();
+        let calls: usize = FAULT_BURSTS
+            .iter()
+            .map(|(action, _, _)| f.throttled(action) + f.failed(action))
+            .sum();
+        calls + f.fleets().iter().map(|fl| fl.failed).sum::<usize>()
+    }
+
     /// Per pod now running: from first seen pending to the launch of its node's claim.
     fn pending_to_launch(&self) -> Vec<u64> {
         let claim_of_node: BTreeMap<String, String> = self
@@ -582,6 +619,60 @@ impl<'a> Demo<'a> {
             .await?;
         Ok((drained && gone, Some(ms)))
     }
+}
+
+/// The EC2 calls whose bursts of faults the demo plays: (action, throttled, 5xx).
+const FAULT_BURSTS: [(&str, usize, usize); 3] = [
+    ("CreateFleet", 2, 1),
+    ("DescribeInstances", 2, 1),
+    ("TerminateInstances", 1, 1),
+];
+
+/// The `n` cheapest spot offerings (type, zone) per vCPU of the default
+/// pool's instance categories in the built-in catalog, among types of two
+/// vCPUs or more: what the solver picks first for the story's pods.
+fn cheapest_spot_offerings(n: usize) -> Vec<(String, String)> {
+    let Ok(catalog) = nodesmith::catalog::builtin() else {
+        return Vec::new();
+    };
+    let mut offers: Vec<(f64, String, String)> = catalog
+        .instance_types
+        .iter()
+        .filter(|t| {
+            t.labels
+                .get("karpenter.k8s.aws/instance-category")
+                .is_some_and(|c| ["c", "m", "r"].contains(&c.as_str()))
+        })
+        .filter_map(|t| {
+            let cpu: f64 = t.labels.get("karpenter.k8s.aws/instance-cpu")?.parse().ok()?;
+            (cpu >= 2.0).then_some((t, cpu))
+        })
+        .flat_map(|(t, cpu)| {
+            t.offerings
+                .iter()
+                .filter(|o| o.capacity_type == "spot")
+                .map(move |o| (o.price / cpu, t.name.clone(), o.zone.clone()))
+        })
+        .collect();
+    offers.sort_by(|a, b| a.0.total_cmp(&b.0));
+    offers.into_iter().take(n).map(|(_, t, z)| (t, z)).collect()
+}
+
+/// Arms the fault proxy (see [`DemoOptions::faults`]); the offerings refused.
+fn inject_faults(cloud: &LocalCloud, first: bool) -> usize {
+    let f = cloud.faults();
+    let mut refused = 0;
+    if first {
+        for (t, z) in cheapest_spot_offerings(10) {
+            f.no_capacity(&t, &z, Some("spot"));
+            refused += 1;
+        }
+    }
+    for (action, throttled, failed) in FAULT_BURSTS {
+        f.throttle(action, throttled);
+        f.fail_next(action, failed, 500, "InternalError", "An internal error has occurred.");
+    }
+    refused
 }
 
 /// Nodes terminated by a disruption for `reason` (its `DisruptionTerminating` events).

@@ -8,6 +8,7 @@
 //! `scripts/dev-stack` runs it until interrupted; `scripts/demo` plays a story on it.
 
 pub mod aws;
+pub mod burst;
 pub mod census;
 pub mod demo;
 pub mod mapping;
@@ -20,9 +21,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::fault_proxy::FaultProxy;
 use crate::kube_server::{ControllerLoop, Identity, KubeServer, KubeletLoop, KubeletTiming, Kubelets, SchedulerLoop};
 use crate::moto::{MotoServer, child_env, sdk_config};
-use crate::fault_proxy::FaultProxy;
 use mapping::{Activity, MappingSpec, Pool, invoke_scheduled, run_mapping, run_schedule};
 use runtime::{Answer, Function, FunctionSpec, InvokeError};
 
@@ -386,10 +387,7 @@ impl LocalCloud {
                     ("NODESMITH_PROVISION_LEASE", secs(settings.lease)),
                 ],
             ),
-            (
-                "launch",
-                vec![("NODESMITH_LAUNCH_LEASE", secs(settings.lease))],
-            ),
+            ("launch", vec![("NODESMITH_LAUNCH_LEASE", secs(settings.lease))]),
             (
                 "interrupt",
                 vec![

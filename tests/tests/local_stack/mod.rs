@@ -33,6 +33,7 @@ pub fn fast() -> LifecycleConfig {
     LifecycleConfig {
         launch_timeout: Duration::from_secs(60),
         registration_timeout: Duration::from_secs(60),
+        relaunch_after: Duration::from_secs(60),
         leak_window: Duration::from_secs(60),
         liveness_grace: Duration::ZERO,
         batch_window: Duration::ZERO,

@@ -1,0 +1,144 @@
+//! A burst: thousands of pods across many Deployments go pending at once and
+//! run through the whole loop (forwarder, provision, launch, the kubelets,
+//! the sweep's registration). It measures what a platform team asks of an
+//! autoscaler under load: how long until every pod runs, how many CreateFleet
+//! calls and nodes that took, and that nothing launched twice or leaked.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use nodesmith::state::StateStore;
+
+use super::LocalCloud;
+use super::census::{self, Ledger, World};
+use super::demo::deployment;
+
+/// What the burst asks for.
+#[derive(Clone, Debug)]
+pub struct BurstOptions {
+    /// Pods in all.
+    pub pods: usize,
+    /// Deployments they are spread over.
+    pub deployments: usize,
+    /// How long to wait for every pod to run.
+    pub timeout: Duration,
+}
+
+impl Default for BurstOptions {
+    fn default() -> Self {
+        BurstOptions {
+            pods: 5000,
+            deployments: 50,
+            timeout: Duration::from_secs(900),
+        }
+    }
+}
+
+/// What the burst measured.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BurstReport {
+    /// Pods created.
+    pub pods: usize,
+    /// Deployments.
+    pub deployments: usize,
+    /// Pods running at the end.
+    pub pods_running: usize,
+    /// From the Deployments' creation to the first CreateFleet.
+    pub seconds_to_first_launch: Option<f64>,
+    /// From the Deployments' creation to every pod running.
+    pub seconds_to_all_running: Option<f64>,
+    /// CreateFleet calls that reached EC2.
+    pub create_fleet_calls: usize,
+    /// Instances launched.
+    pub nodes_launched: usize,
+    /// NodeClaims that ever had more than one instance.
+    pub double_launches: usize,
+    /// Live instances no NodeClaim names at the end.
+    pub leaked_instances: usize,
+    /// `provision` invocations.
+    pub provision_invocations: usize,
+    /// `launch` invocations.
+    pub launch_invocations: usize,
+    /// The fleet's price per hour at the end (USD).
+    pub fleet_cost_per_hour: f64,
+}
+
+/// The label every burst pod carries (`app` is its Deployment's name).
+const PREFIX: &str = "burst-";
+
+/// Plays the burst on `cloud`, printing progress to `out` now and then.
+pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write) -> Result<BurstReport, String> {
+    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&cloud.sdk), super::aws::TABLE);
+    let ec2 = aws_sdk_ec2::Client::new(&cloud.sdk);
+    let deployments = options.deployments.max(1);
+    let started = Instant::now();
+    for d in 0..deployments {
+        // The pods shared out as evenly as they go.
+        let replicas = options.pods / deployments + usize::from(d < options.pods % deployments);
+        cloud
+            .kube
+            .apply(&deployment(&format!("{PREFIX}{d}"), replicas, "250m", "512Mi"))
+            .map_err(|e| format!("the Deployment {PREFIX}{d}: {e}"))?;
+    }
+    let mut ledger = Ledger::default();
+    let mut first_launch = None;
+    let mut all_running = None;
+    let mut last_print = Instant::now();
+    let mut world = World::default();
+    while started.elapsed() < options.timeout {
+        if first_launch.is_none() && cloud.faults().calls("CreateFleet") > 0 {
+            first_launch = Some(started.elapsed().as_secs_f64());
+        }
+        let pods: Vec<_> = cloud
+            .kube
+            .pods()
+            .into_iter()
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app"))
+                    .is_some_and(|a| a.starts_with(PREFIX))
+            })
+            .collect();
+        let running = pods.iter().filter(|p| census::pod_running(p)).count();
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            let _ = writeln!(
+                out,
+                "   t={:>6.1}s  {running}/{} pods running · {} CreateFleet calls",
+                started.elapsed().as_secs_f64(),
+                options.pods,
+                cloud.faults().calls("CreateFleet")
+            );
+            last_print = Instant::now();
+        }
+        let done = pods.len() == options.pods && running == options.pods;
+        world.pods = pods;
+        if done {
+            all_running = Some(started.elapsed().as_secs_f64());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    world.claims = store.list_node_claims().await.map_err(|e| e.to_string())?;
+    world.instances = census::instances(&ec2, &cloud.settings.cluster).await?;
+    world.nodes = cloud.kube.nodes();
+    ledger.note(&world);
+    let invocations = cloud.activity.all();
+    let count = |f: &str| invocations.iter().filter(|i| i.function == f).count();
+    Ok(BurstReport {
+        pods: options.pods,
+        deployments,
+        pods_running: world.pods.iter().filter(|p| census::pod_running(p)).count(),
+        seconds_to_first_launch: first_launch,
+        seconds_to_all_running: all_running,
+        create_fleet_calls: cloud.faults().calls("CreateFleet"),
+        nodes_launched: ledger.launched(),
+        double_launches: ledger.double_launches().len(),
+        leaked_instances: world.leaked().len(),
+        provision_invocations: count("provision"),
+        launch_invocations: count("launch"),
+        fleet_cost_per_hour: (world.cost_per_hour() * 10_000.0).round() / 10_000.0,
+    })
+}
