@@ -7,11 +7,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nodesmith::state::StateStore;
 use nodesmith_tests::local_cloud::census::{self, Ledger, World, pod_running};
 use nodesmith_tests::local_cloud::demo::deployment;
 use nodesmith_tests::local_cloud::mapping::Invocation;
-use nodesmith_tests::local_cloud::{LocalCloud, Settings, aws, default_objects};
+use nodesmith_tests::local_cloud::{LocalCloud, Settings, default_objects};
 use serde_json::json;
 
 fn bin_dir() -> PathBuf {
@@ -24,27 +23,8 @@ fn bin_dir() -> PathBuf {
 const APPS: [&str; 4] = ["web", "api", "batch", "cache"];
 const LIMIT_CPU: u64 = 24;
 
-async fn world(cloud: &LocalCloud, store: &StateStore, ledger: &mut Ledger) -> World {
-    let pods = cloud
-        .kube
-        .pods()
-        .into_iter()
-        .filter(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("app"))
-                .is_some_and(|a| APPS.contains(&a.as_str()))
-        })
-        .collect();
-    let w = World {
-        pods,
-        nodes: cloud.kube.nodes(),
-        claims: store.list_node_claims().await.unwrap(),
-        instances: census::instances(&aws_sdk_ec2::Client::new(&cloud.sdk), &cloud.settings.cluster)
-            .await
-            .unwrap(),
-    };
+async fn world(cloud: &LocalCloud, ledger: &mut Ledger) -> World {
+    let w = census::observe(cloud, |a| APPS.contains(&a)).await.unwrap();
     ledger.note(&w);
     w
 }
@@ -70,7 +50,6 @@ async fn duplicated_deliveries_and_concurrent_invocations_launch_once_within_the
     let mut settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
     settings.duplicate_deliveries = true;
     let cloud = LocalCloud::start(settings).await.unwrap();
-    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&cloud.sdk), aws::TABLE);
     let mut pool = default_objects(&cloud.settings.cluster, &cloud.world.node_role)[0].clone();
     pool["spec"]["limits"] = json!({"cpu": LIMIT_CPU.to_string()});
     pool["spec"]["disruption"]["consolidateAfter"] = json!("Never");
@@ -87,7 +66,7 @@ async fn duplicated_deliveries_and_concurrent_invocations_launch_once_within_the
     // Until nothing changed for 15 s: the limit allows no more.
     while stable_since.elapsed() < Duration::from_secs(15) {
         assert!(Instant::now() < deadline, "still changing after 120 s");
-        let w = world(&cloud, &store, &mut ledger).await;
+        let w = world(&cloud, &mut ledger).await;
         let cpu: u64 = w.instances.iter().filter(|i| i.live()).map(|i| i.cpu()).sum();
         peak_cpu = peak_cpu.max(cpu);
         assert!(cpu <= LIMIT_CPU, "{cpu} vCPU running against a limit of {LIMIT_CPU}");
@@ -98,7 +77,7 @@ async fn duplicated_deliveries_and_concurrent_invocations_launch_once_within_the
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let limited = world(&cloud, &store, &mut ledger).await;
+    let limited = world(&cloud, &mut ledger).await;
     assert!(
         limited.running() >= 12,
         "only {} pods run within the limit",
@@ -114,7 +93,7 @@ async fn duplicated_deliveries_and_concurrent_invocations_launch_once_within_the
     cloud.kube.apply(&pool).unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let end = loop {
-        let w = world(&cloud, &store, &mut ledger).await;
+        let w = world(&cloud, &mut ledger).await;
         if w.pods.len() == 32 && w.pods.iter().all(pod_running) && w.settled() {
             break w;
         }

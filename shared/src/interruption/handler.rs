@@ -6,8 +6,9 @@
 //! Every message is acknowledged unless acting on it failed: unknown and
 //! foreign events are logged and dropped, never retried. An event is recorded
 //! as handled (keyed by its id) once acted on, and a handled event's
-//! redeliveries are dropped; one that failed or died midway is acted on again. Drains are recorded in DynamoDB ([`DrainRecord`]) and
-//! continued by every invocation and by the sweep ([`continue_drains`]).
+//! redeliveries are dropped; one that failed or died midway is acted on
+//! again. Drains are recorded in DynamoDB ([`DrainRecord`]) and continued by
+//! every invocation and by the sweep ([`continue_drains`]).
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -7,8 +7,6 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use nodesmith::state::StateStore;
-
 use super::LocalCloud;
 use super::census::{self, Ledger, World};
 use super::demo::deployment;
@@ -69,8 +67,6 @@ const PREFIX: &str = "burst-";
 
 /// Plays the burst on `cloud`, printing progress to `out` now and then.
 pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write) -> Result<BurstReport, String> {
-    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&cloud.sdk), super::aws::TABLE);
-    let ec2 = aws_sdk_ec2::Client::new(&cloud.sdk);
     let deployments = options.deployments.max(1);
     let started = Instant::now();
     for d in 0..deployments {
@@ -85,25 +81,16 @@ pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write
     let mut first_launch = None;
     let mut all_running = None;
     let mut last_print = Instant::now();
-    let mut world = World::default();
+    let mut pods_seen = Vec::new();
     while started.elapsed() < options.timeout {
         if first_launch.is_none() && cloud.faults().calls("CreateFleet") > 0 {
             first_launch = Some(started.elapsed().as_secs_f64());
         }
-        let pods: Vec<_> = cloud
-            .kube
-            .pods()
-            .into_iter()
-            .filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("app"))
-                    .is_some_and(|a| a.starts_with(PREFIX))
-            })
-            .collect();
+        let pods = census::observe_pods(cloud, |a| a.starts_with(PREFIX));
         let running = pods.iter().filter(|p| census::pod_running(p)).count();
         if last_print.elapsed() >= Duration::from_secs(5) {
+            // Every instance is noted as it comes, so a second one for a claim is seen.
+            ledger.note(&census::observe(cloud, |_| false).await?);
             let _ = writeln!(
                 out,
                 "   t={:>6.1}s  {running}/{} pods running · {} CreateFleet calls",
@@ -114,16 +101,17 @@ pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write
             last_print = Instant::now();
         }
         let done = pods.len() == options.pods && running == options.pods;
-        world.pods = pods;
+        pods_seen = pods;
         if done {
             all_running = Some(started.elapsed().as_secs_f64());
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    world.claims = store.list_node_claims().await.map_err(|e| e.to_string())?;
-    world.instances = census::instances(&ec2, &cloud.settings.cluster).await?;
-    world.nodes = cloud.kube.nodes();
+    let world = World {
+        pods: pods_seen,
+        ..census::observe(cloud, |_| false).await?
+    };
     ledger.note(&world);
     let invocations = cloud.activity.all();
     let count = |f: &str| invocations.iter().filter(|i| i.function == f).count();

@@ -186,6 +186,41 @@ pub async fn instances(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result<Vec<I
         .collect())
 }
 
+/// The pods whose `app` label `app` accepts.
+pub fn observe_pods(cloud: &super::LocalCloud, app: impl Fn(&str) -> bool) -> Vec<Pod> {
+    cloud
+        .kube
+        .pods()
+        .into_iter()
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .is_some_and(|a| app(a))
+        })
+        .collect()
+}
+
+/// What the cloud holds now, counting only the pods whose `app` label `app` accepts.
+pub async fn observe(cloud: &super::LocalCloud, app: impl Fn(&str) -> bool) -> Result<World, String> {
+    let pods = observe_pods(cloud, app);
+    let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&cloud.sdk), super::aws::TABLE);
+    let claims = store
+        .list_node_claims()
+        .await
+        .map_err(|e| format!("listing NodeClaims: {e}"))?;
+    let instances = instances(&aws_sdk_ec2::Client::new(&cloud.sdk), &cloud.settings.cluster)
+        .await
+        .map_err(|e| format!("DescribeInstances: {e}"))?;
+    Ok(World {
+        pods,
+        nodes: cloud.kube.nodes(),
+        claims,
+        instances,
+    })
+}
+
 /// Every instance ever seen, with the NodeClaim it was tagged for.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger(BTreeMap<String, Option<String>>);

@@ -5,12 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
-use nodesmith::state::StateStore;
 use serde_json::{Value, json};
 
 use super::LocalCloud;
-use super::census::{self, InstanceView, Ledger, World, has_taint};
+use super::census::{self, Ledger, World, has_taint};
 use super::mapping::Invocation;
 use crate::eventbridge;
 
@@ -300,7 +298,6 @@ pub fn percentile(values: &[u64], p: u64) -> Option<u64> {
 struct Demo<'a> {
     cloud: &'a LocalCloud,
     options: &'a DemoOptions,
-    store: StateStore,
     ec2: aws_sdk_ec2::Client,
     /// When each pod (by uid) was first seen pending.
     first_pending: BTreeMap<String, jiff::Timestamp>,
@@ -323,7 +320,6 @@ impl<'a> Demo<'a> {
         Demo {
             cloud,
             options,
-            store: StateStore::new(aws_sdk_dynamodb::Client::new(&cloud.sdk), super::aws::TABLE),
             ec2: aws_sdk_ec2::Client::new(&cloud.sdk),
             first_pending: BTreeMap::new(),
             pod_node: BTreeMap::new(),
@@ -357,20 +353,10 @@ impl<'a> Demo<'a> {
 
     async fn observe(&mut self) -> Result<World, DemoError> {
         let now = jiff::Timestamp::now();
-        let pods: Vec<Pod> = self
-            .cloud
-            .kube
-            .pods()
-            .into_iter()
-            .filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("app"))
-                    .is_some_and(|a| a == "inflate")
-            })
-            .collect();
-        for p in &pods {
+        let world = census::observe(self.cloud, |a| a == "inflate")
+            .await
+            .map_err(aws_err("observing the cloud"))?;
+        for p in &world.pods {
             let uid = p.metadata.uid.clone().unwrap_or_default();
             match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
                 Some(node) => {
@@ -381,33 +367,15 @@ impl<'a> Demo<'a> {
                 }
             }
         }
-        let claims = self
-            .store
-            .list_node_claims()
-            .await
-            .map_err(|e| aws_err("list NodeClaims")(e.to_string()))?;
-        for c in &claims {
+        for c in &world.claims {
             if let Some(t) = c.timestamps.launched {
                 self.claim_launched.entry(c.name.clone()).or_insert(t);
             }
         }
-        let instances = self.instances().await?;
-        let world = World {
-            pods,
-            nodes: self.cloud.kube.nodes(),
-            claims,
-            instances,
-        };
         self.ledger.note(&world);
         self.peak_cost = self.peak_cost.max(world.cost_per_hour());
         self.peak_running = self.peak_running.max(world.running());
         Ok(world)
-    }
-
-    async fn instances(&self) -> Result<Vec<InstanceView>, DemoError> {
-        census::instances(&self.ec2, &self.cloud.settings.cluster)
-            .await
-            .map_err(aws_err("DescribeInstances"))
     }
 
     /// Observes and redraws until `goal` holds (true) or the chapter times out (false).

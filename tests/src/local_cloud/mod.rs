@@ -131,6 +131,9 @@ pub struct Settings {
     /// After how long the sweep sends a still-Pending claim's launch request
     /// again (`NODESMITH_RELAUNCH_AFTER`).
     pub relaunch_after: Duration,
+    /// How long one `interrupt` invocation keeps draining before leaving the
+    /// rest to the sweep (`NODESMITH_INTERRUPT_DRAIN_BUDGET`; 0: one pass).
+    pub interrupt_drain_budget: Duration,
     /// No sweep schedule: the sweep runs only when [`LocalCloud::sweep`] is called (tests).
     pub manual_sweep: bool,
     /// Deliver every SQS batch two or three times (tests of at-least-once delivery).
@@ -211,6 +214,7 @@ impl Settings {
             sweep_budget: Duration::from_secs(30),
             lease: Duration::from_secs(3),
             relaunch_after: Duration::from_secs(5),
+            interrupt_drain_budget: Duration::from_secs(20),
             manual_sweep: false,
             duplicate_deliveries: false,
             crash_dir: None,
@@ -393,7 +397,10 @@ impl LocalCloud {
                 vec![
                     ("NODESMITH_PROVISION_LEASE", secs(settings.lease)),
                     ("NODESMITH_REBALANCE", "replace".to_string()),
-                    ("NODESMITH_INTERRUPT_DRAIN_BUDGET", "20".to_string()),
+                    (
+                        "NODESMITH_INTERRUPT_DRAIN_BUDGET",
+                        settings.interrupt_drain_budget.as_secs().to_string(),
+                    ),
                 ],
             ),
             (
