@@ -212,7 +212,7 @@ impl Settings {
             kubelet_ready: d[6],
             visibility_timeout: d[7],
             sweep_budget: Duration::from_secs(30),
-            lease: Duration::from_secs(3),
+            lease: Duration::from_secs(10),
             relaunch_after: Duration::from_secs(5),
             interrupt_drain_budget: Duration::from_secs(20),
             manual_sweep: false,
