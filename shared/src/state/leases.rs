@@ -118,6 +118,8 @@ impl StateStore {
     /// works. A renewal that fails stops renewing (writes fenced by the lease
     /// then fail), it never stops `work`.
     pub async fn while_holding<T>(&self, lease: &Lease, ttl: std::time::Duration, work: impl Future<Output = T>) -> T {
+        // On the heap: a solve's future is large, and a debug build's stack is not.
+        let work = Box::pin(work);
         tokio::select! {
             t = work => t,
             never = self.keep(lease, ttl) => match never {},
