@@ -335,7 +335,8 @@ fn registered_node_carrying_every_registration_label_is_left_alone_once_initiali
 fn garbage_collection_spares_live_launches_and_collects_leaks() {
     let claims = vec![
         claim("c", Phase::Launched, Some("i-1"), mins_ago(2)),
-        claim("p", Phase::Pending, None, mins_ago(1)),
+        // Its launch in flight (i-11 carries its tag), younger than the relaunch delay.
+        claim("p", Phase::Pending, None, secs_ago(20)),
     ];
     let instances = vec![
         instance("i-1", Some("c"), InstanceState::Running, mins_ago(2)),

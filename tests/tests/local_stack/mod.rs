@@ -148,6 +148,8 @@ impl Stack {
         config.pending_queue_url = Some(self.pending_queue.clone());
         config.launch_queue_url = Some(self.launch_queue.clone());
         config.budget = Duration::from_secs(2);
+        // A sweep that died frees the lease within a second here.
+        config.lease = Duration::from_secs(1);
         Sweeper::new(
             self.cluster(),
             self.store.clone(),
