@@ -33,6 +33,8 @@ pub(crate) struct Candidate<'a> {
     pub price: Option<f64>,
     /// Tainted `karpenter.sh/disrupted`: already being disrupted.
     pub disrupting: bool,
+    /// The node being disrupted whose pods are to move onto this one, its replacement.
+    pub receiving_from: Option<String>,
     /// Karpenter's disruption cost: its evicted pods' eviction costs times
     /// the share of its lifetime left (consolidation takes cheap ones first).
     pub disruption_cost: f64,
@@ -93,8 +95,9 @@ pub(crate) fn price(catalog: &Catalog, labels: &BTreeMap<String, String>) -> Opt
         .map(|o| o.price)
 }
 
-/// Every managed node of the snapshot whose pool exists, by name.
-pub(crate) fn collect(s: &Snapshot) -> Vec<Candidate<'_>> {
+/// Every managed node of the snapshot whose pool exists, by name;
+/// `receiving`: replacement nodes of disruptions in progress, with the node each replaces.
+pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>) -> Vec<Candidate<'a>> {
     let pools: BTreeMap<&str, &NodePool> = s.node_pools.iter().map(|p| (p.name(), p)).collect();
     let mut out: Vec<Candidate> = s
         .nodes
@@ -122,8 +125,10 @@ pub(crate) fn collect(s: &Snapshot) -> Vec<Candidate<'_>> {
                 .map(super::consolidation::eviction_cost)
                 .sum::<f64>()
                 * super::consolidation::lifetime_remaining(created, expire_after, s.now);
+            let name = n.node.metadata.name.clone().unwrap_or_default();
             Some(Candidate {
-                name: n.node.metadata.name.clone().unwrap_or_default(),
+                receiving_from: receiving.get(&name).cloned(),
+                name,
                 node: n,
                 pool,
                 price: price(&s.catalog, &labels),

@@ -151,6 +151,12 @@ pub enum Held {
         /// Seconds until it may be consolidated.
         remaining_secs: u64,
     },
+    /// It replaces a node still being disrupted, whose pods are yet to move
+    /// onto it: empty now, it is where they are going.
+    Receiving {
+        /// The node it replaces.
+        from: String,
+    },
     /// No consolidation of it is worth doing, and why (Karpenter's `Unconsolidatable`).
     Unconsolidatable(String),
     /// A pod of it cannot be placed anywhere with it gone.
@@ -182,6 +188,7 @@ impl fmt::Display for Held {
             Held::RecentReplacement { remaining_secs } => {
                 write!(f, "replacement node, not consolidated for another {remaining_secs}s")
             }
+            Held::Receiving { from } => write!(f, "replacement for node {from}, whose pods have not moved yet"),
             Held::Unconsolidatable(why) => write!(f, "cannot consolidate: {why}"),
             Held::CannotPlace { pod, why } => write!(f, "pod {pod} cannot be placed elsewhere: {why}"),
         }
@@ -219,6 +226,10 @@ pub struct DecideOptions {
     /// security groups no longer selected), with why: the pure core cannot
     /// resolve those, so the sweep hands them in.
     pub resolved_drift: BTreeMap<String, String>,
+    /// Replacement nodes of disruptions in progress, with the node each
+    /// replaces: no voluntary method takes them until that node's
+    /// disruption ends (Karpenter does not disrupt nodes nominated for pods).
+    pub receiving: BTreeMap<String, String>,
     /// When the solver's cheaper-packing search, and consolidation's search, must stop
     /// (see [`SolveOptions::deadline`]).
     pub deadline: Option<Instant>,
@@ -274,7 +285,7 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
         snapshot,
         options,
     };
-    let candidates = candidate::collect(snapshot);
+    let candidates = candidate::collect(snapshot, &options.receiving);
     let mut pool_counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for c in &candidates {
         let e = pool_counts.entry(c.pool.name()).or_default();
@@ -402,6 +413,9 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
 /// candidate holds its share of the budget and of the PDBs.
 fn admit(m: &dyn Method, c: &Candidate, ledger: &mut Ledger, pdbs: &mut PdbLedger) -> Result<(), Held> {
     if !m.forceful() {
+        if let Some(from) = &c.receiving_from {
+            return Err(Held::Receiving { from: from.clone() });
+        }
         if c.do_not_disrupt() {
             return Err(Held::DoNotDisruptNode);
         }

@@ -390,6 +390,48 @@ fn emptiness_table() {
 }
 
 #[test]
+fn a_replacement_waiting_for_its_pods_is_not_taken_for_empty() {
+    // `r` replaces `old`, which is tainted and draining: `r` is empty only
+    // because the drain has not evicted `old`'s pods yet.
+    let s = snapshot(
+        budget_pool("[{nodes: \"100%\"}]"),
+        vec![
+            (
+                node(
+                    "old",
+                    5.0,
+                    json!({"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}),
+                ),
+                vec![web("w", "old", "web", 5.0)],
+            ),
+            (node("r", 0.01, json!({})), vec![daemon("r")]),
+            (node("idle", 5.0, json!({})), vec![]),
+        ],
+    );
+    let options = DecideOptions {
+        receiving: BTreeMap::from([("r".to_string(), "old".to_string())]),
+        ..DecideOptions::default()
+    };
+    let d = decide(&s, &options);
+    assert_eq!(decided(&d), [(Reason::Empty, "idle".to_string())], "{d:#?}");
+    assert_eq!(held(&d, "r"), Some(Held::Receiving { from: "old".into() }));
+    // Once the disruption is over, an empty replacement is empty like any node.
+    assert_eq!(
+        decided(&run(&s)),
+        [(Reason::Empty, "idle".to_string()), (Reason::Empty, "r".to_string())]
+    );
+    // Expiry is forceful: it does not wait.
+    let expiring = snapshot(
+        pool_with("    expireAfter: 1h\n"),
+        vec![(node("r", 2.0, json!({})), vec![])],
+    );
+    assert_eq!(
+        decided(&decide(&expiring, &options)),
+        [(Reason::Expired, "r".to_string())]
+    );
+}
+
+#[test]
 fn empty_node_without_a_price_saves_nothing() {
     let s = snapshot(
         pool_with(""),

@@ -71,8 +71,28 @@ fn worth_an_event(h: &Held) -> bool {
             | Held::ConsolidationDisabled
             | Held::NoSaving
             | Held::RecentReplacement { .. }
+            | Held::Receiving { .. }
             | Held::Unconsolidatable(_)
     )
+}
+
+/// The nodes of replacements that disruptions in progress launched, with the
+/// node each replaces (pure): until that node is gone they are where its pods
+/// go, so no pass may take them for empty.
+fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<String, String> {
+    let nodes: BTreeMap<&str, &str> = claims
+        .iter()
+        .filter_map(|c| Some((c.name.as_str(), c.node_name.as_deref()?)))
+        .collect();
+    records
+        .iter()
+        .flat_map(|r| {
+            r.replacements
+                .iter()
+                .filter_map(|claim| nodes.get(claim.as_str()))
+                .map(|node| (node.to_string(), r.node.clone()))
+        })
+        .collect()
 }
 
 /// The pods a graceful drain still has to move, and the first do-not-disrupt pod (pure).
@@ -232,8 +252,10 @@ impl<C: Cluster> Sweeper<C> {
         started: Instant,
         report: &mut DisruptionReport,
     ) -> Result<(), StepError> {
+        let claims = self.store.list_node_claims().await?;
         let options = DecideOptions {
             resolved_drift: self.resolved_drift(snapshot, classes).await,
+            receiving: receiving(records, &claims),
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             consolidation: self.config.consolidation.clone(),
         };
@@ -252,7 +274,6 @@ impl<C: Cluster> Sweeper<C> {
                 .await;
             report.blocked.push((b.node.clone(), why));
         }
-        let claims = self.store.list_node_claims().await?;
         let by_node: BTreeMap<&str, &NodeClaim> = claims
             .iter()
             .filter_map(|c| Some((c.node_name.as_deref()?, c)))
@@ -751,11 +772,47 @@ mod tests {
     }
 
     #[test]
+    fn replacements_with_a_node_receive_the_pods_of_their_record_s_node() {
+        let claim = |name: &str, node: Option<&str>| NodeClaim {
+            node_name: node.map(str::to_string),
+            ..NodeClaim::pending(name, "default", "default")
+        };
+        let record = |claim: &str, node: &str, replacements: &[&str]| DisruptionRecord {
+            claim: claim.into(),
+            node: node.into(),
+            reason: "Underutilized".into(),
+            detail: String::new(),
+            step: DisruptionStep::Draining,
+            replacements: replacements.iter().map(|r| r.to_string()).collect(),
+            grace_ms: None,
+            force_from_ms: None,
+            started_ms: 0,
+            version: 1,
+        };
+        let claims = [
+            claim("old", Some("n-old")),
+            claim("new-a", Some("n-a")),
+            claim("new-b", None),
+            claim("other", Some("n-other")),
+        ];
+        let records = [
+            record("old", "n-old", &["new-a", "new-b", "gone"]),
+            record("other", "n-other", &[]),
+        ];
+        assert_eq!(
+            receiving(&records, &claims),
+            BTreeMap::from([("n-a".to_string(), "n-old".to_string())])
+        );
+        assert!(receiving(&[], &claims).is_empty());
+    }
+
+    #[test]
     fn only_protections_and_budgets_are_worth_an_event() {
         assert!(worth_an_event(&Held::DoNotDisruptNode));
         assert!(!worth_an_event(&Held::ConsolidateAfter { remaining_secs: 3 }));
         assert!(!worth_an_event(&Held::NoSaving));
         assert!(!worth_an_event(&Held::Unconsolidatable("no cheaper place".into())));
         assert!(!worth_an_event(&Held::RecentReplacement { remaining_secs: 60 }));
+        assert!(!worth_an_event(&Held::Receiving { from: "n".into() }));
     }
 }
