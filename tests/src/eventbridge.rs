@@ -113,3 +113,15 @@ pub async fn put_event(
         None => Err("PutEvents answered no entry".into()),
     }
 }
+
+/// Puts EC2's two-minute spot interruption warning for `instance`, dated now.
+pub async fn put_spot_warning(client: &Client, instance: &str) -> Result<String, String> {
+    put_event(
+        client,
+        "aws.ec2",
+        "EC2 Spot Instance Interruption Warning",
+        &serde_json::json!({"instance-id": instance, "instance-action": "terminate"}),
+        jiff::Timestamp::now(),
+    )
+    .await
+}

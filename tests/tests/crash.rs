@@ -398,15 +398,7 @@ impl Harness {
             Phase::Interrupt => {
                 let (node, instance) = self.victim.clone().expect("a node to interrupt");
                 let eb = aws_sdk_eventbridge::Client::new(&self.cloud.sdk);
-                eventbridge::put_event(
-                    &eb,
-                    "aws.ec2",
-                    "EC2 Spot Instance Interruption Warning",
-                    &json!({"instance-id": instance, "instance-action": "terminate"}),
-                    jiff::Timestamp::now(),
-                )
-                .await
-                .unwrap();
+                eventbridge::put_spot_warning(&eb, &instance).await.unwrap();
                 // Until EC2 takes it, the warned node keeps its taint; its pods must have moved.
                 let first = self.settle(limit, Some(&node)).await?;
                 let w = self.world().await;

@@ -189,6 +189,72 @@ async fn scheduler_binds_what_fits_and_marks_the_rest_unschedulable() {
     );
 }
 
+/// Polls `check` every 20 ms for up to 5 s.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    for _ in 0..250 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test]
+async fn the_scheduler_and_controller_loops_answer_every_kind_of_change() {
+    // The loops skip a pass when nothing they read has moved; each kind of
+    // change they read must still wake them.
+    let server = KubeServer::start().await;
+    let period = std::time::Duration::from_millis(10);
+    let (_scheduler, _controllers) = (server.spawn_scheduler(period), server.spawn_controllers(period));
+    let deployment = nodesmith_tests::local_cloud::demo::deployment("web", 3, "600m", "64Mi");
+    server.apply(&deployment).unwrap();
+    let running = |n: usize| {
+        let pods = server.pods();
+        pods.len() == n && pods.iter().all(|p| p.spec.as_ref().unwrap().node_name.is_some())
+    };
+    // A Deployment: its pods are made, then marked unschedulable (no node yet).
+    eventually("three pods, all unschedulable", || {
+        let pods = server.pods();
+        pods.len() == 3
+            && pods.iter().all(|p| {
+                p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+                })
+            })
+    })
+    .await;
+    // A node: the pods that fit are bound.
+    server.register_node(&node_reg("n1", "4")).unwrap();
+    eventually("three pods bound to n1", || running(3)).await;
+    // A Deployment scaled: a pod more, bound.
+    let mut scaled = deployment.clone();
+    scaled["spec"]["replicas"] = json!(4);
+    server.apply(&scaled).unwrap();
+    eventually("four pods bound", || running(4)).await;
+    // A pod deleted: the ReplicaSet replaces it.
+    let gone = server.pods()[0].metadata.name.clone().unwrap();
+    server.delete("v1", "Pod", "default", &gone).unwrap();
+    eventually("the deleted pod replaced", || {
+        running(4)
+            && server
+                .pods()
+                .iter()
+                .all(|p| p.metadata.name.as_deref() != Some(gone.as_str()))
+    })
+    .await;
+    // The node gone: its pods are collected and recreated pending.
+    server.delete("v1", "Node", "", "n1").unwrap();
+    eventually("four pods again, none bound", || {
+        let pods = server.pods();
+        pods.len() == 4 && pods.iter().all(|p| p.spec.as_ref().unwrap().node_name.is_none())
+    })
+    .await;
+    server.register_node(&node_reg("n2", "4")).unwrap();
+    eventually("four pods bound to n2", || running(4)).await;
+}
+
 #[tokio::test]
 async fn eviction_enforces_disruption_budgets() {
     let server = KubeServer::start().await;

@@ -80,7 +80,7 @@ pub use kubelet::{
     kubelet_flags_from_user_data,
 };
 pub use rbac::{Identity, Permission};
-use resources::{NAMESPACES, NODES, PODS};
+use resources::{DEPLOYMENTS, NAMESPACES, NODES, PODS, REPLICASETS, Resource};
 pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
 pub use workloads::ReconcileReport;
@@ -624,8 +624,17 @@ impl KubeServer {
     pub fn spawn_controllers(&self, period: Duration) -> ControllerLoop {
         let shared = self.shared.clone();
         ControllerLoop(tokio::spawn(async move {
+            let mut seen = None;
             loop {
-                workloads::reconcile(&mut shared.lock_store());
+                // A pass only when something the controllers read has moved:
+                // with thousands of pods a pass is costly, and it holds the store.
+                {
+                    let mut store = shared.lock_store();
+                    if seen != Some(fingerprint(&store, WORKLOAD_INPUTS)) {
+                        workloads::reconcile(&mut store);
+                        seen = Some(fingerprint(&store, WORKLOAD_INPUTS));
+                    }
+                }
                 tokio::time::sleep(period).await;
             }
         }))
@@ -635,53 +644,73 @@ impl KubeServer {
     pub fn spawn_scheduler(&self, period: Duration) -> SchedulerLoop {
         let shared = self.shared.clone();
         SchedulerLoop(tokio::spawn(async move {
+            let mut seen = None;
             loop {
-                schedule(&shared);
+                // As kube-scheduler: pods are retried when pods or nodes change, not on a clock.
+                {
+                    let mut store = shared.lock_store();
+                    if seen != Some(fingerprint(&store, SCHEDULER_INPUTS)) {
+                        schedule_in(&mut store);
+                        seen = Some(fingerprint(&store, SCHEDULER_INPUTS));
+                    }
+                }
                 tokio::time::sleep(period).await;
             }
         }))
     }
 }
 
+/// What the scheduler reads.
+const SCHEDULER_INPUTS: &[&Resource] = &[PODS, NODES];
+/// What the workload controllers and garbage collectors read.
+const WORKLOAD_INPUTS: &[&Resource] = &[PODS, NODES, DEPLOYMENTS, REPLICASETS];
+
+/// When each of `inputs` last changed.
+fn fingerprint(store: &Store, inputs: &[&Resource]) -> Vec<u64> {
+    inputs.iter().map(|r| store.changed_at(r)).collect()
+}
+
 /// One scheduling pass: bind what fits, mark the rest unschedulable.
 fn schedule(shared: &Shared) -> ScheduleReport {
-    {
-        let mut store = shared.lock_store();
-        let pod_values = store.list(PODS, None);
-        let pods: Vec<Pod> = pod_values
-            .iter()
-            .filter_map(|v| serde_json::from_value(v.clone()).ok())
-            .collect();
-        let nodes: Vec<Node> = store
-            .list(NODES, None)
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect();
-        let mut report = ScheduleReport::default();
-        for (i, outcome) in scheduler::plan(&pods, &nodes) {
-            let pod = &pods[i];
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let Some(mut v) = store.get(PODS, &ns, &name).cloned() else {
-                continue;
-            };
-            match outcome {
-                Ok(node) => {
-                    bind_json(&mut v, &node);
-                    if store.update(PODS, &ns, &name, v).is_ok() {
-                        report.bound.push((format!("{ns}/{name}"), node));
-                    }
+    schedule_in(&mut shared.lock_store())
+}
+
+/// [`schedule`] on a store already locked.
+fn schedule_in(store: &mut Store) -> ScheduleReport {
+    let pod_values = store.list(PODS, None);
+    let pods: Vec<Pod> = pod_values
+        .iter()
+        .filter_map(|v| serde_json::from_value(v.clone()).ok())
+        .collect();
+    let nodes: Vec<Node> = store
+        .list(NODES, None)
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
+    let mut report = ScheduleReport::default();
+    for (i, outcome) in scheduler::plan(&pods, &nodes) {
+        let pod = &pods[i];
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let Some(mut v) = store.get(PODS, &ns, &name).cloned() else {
+            continue;
+        };
+        match outcome {
+            Ok(node) => {
+                bind_json(&mut v, &node);
+                if store.update(PODS, &ns, &name, v).is_ok() {
+                    report.bound.push((format!("{ns}/{name}"), node));
                 }
-                Err(message) => {
-                    mark_unschedulable(&mut v, &message);
-                    if store.update(PODS, &ns, &name, v).is_ok() {
-                        report.unschedulable.push(format!("{ns}/{name}"));
-                    }
+            }
+            Err(message) => {
+                mark_unschedulable(&mut v, &message);
+                if store.update(PODS, &ns, &name, v).is_ok() {
+                    report.unschedulable.push(format!("{ns}/{name}"));
                 }
             }
         }
-        report
     }
+    report
 }
 
 /// Sets `PodScheduled=False, reason=Unschedulable`; leaves the pod unchanged

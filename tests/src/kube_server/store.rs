@@ -67,6 +67,9 @@ pub struct Store {
     rv: u64,
     uid: u64,
     log: Vec<Recorded>,
+    /// The resourceVersion of each resource's latest change, so a controller
+    /// can tell that nothing it reads has moved since its last pass.
+    changed: BTreeMap<(&'static str, &'static str), u64>,
     /// How many recorded changes are older than the log (watches from before get 410).
     compacted_below: u64,
     tx: broadcast::Sender<Recorded>,
@@ -79,6 +82,7 @@ impl Default for Store {
             rv: 1,
             uid: 0,
             log: Vec::new(),
+            changed: BTreeMap::new(),
             compacted_below: 0,
             tx: broadcast::channel(4096).0,
         }
@@ -107,6 +111,11 @@ impl Store {
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.rv
+    }
+
+    /// The resourceVersion of the latest change to any object of `res` (0: none yet).
+    pub fn changed_at(&self, res: &Resource) -> u64 {
+        self.changed.get(&res.id()).copied().unwrap_or(0)
     }
 
     /// Subscribes to changes made from now on.
@@ -157,6 +166,7 @@ impl Store {
     }
 
     fn record(&mut self, resource: Resource, change: Change, object: Value, old: Option<Value>) {
+        self.changed.insert(resource.id(), self.rv);
         let r = Recorded {
             rv: self.rv,
             resource,

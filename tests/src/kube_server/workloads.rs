@@ -11,6 +11,7 @@
 //! Deployment and ReplicaSet owners are garbage collected.
 
 use std::cmp::Reverse;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value, json};
 
@@ -250,14 +251,10 @@ fn deletion_rank(pod: &Value) -> (bool, bool, bool, Reverse<String>, Reverse<Str
 }
 
 /// One ReplicaSet: creates or deletes pods to match `spec.replicas`, then writes its status.
-fn reconcile_replica_set(store: &mut Store, rs: &Value, report: &mut ReconcileReport) {
+/// `pods` are the live pods it controls.
+fn reconcile_replica_set(store: &mut Store, rs: &Value, mut pods: Vec<Value>, report: &mut ReconcileReport) {
     let (ns, name) = (namespace_of(rs).to_string(), name_of(rs).to_string());
     let want = usize::try_from(replicas_of(rs)).unwrap_or(0);
-    let mut pods: Vec<Value> = store
-        .list(PODS, Some(&ns))
-        .into_iter()
-        .filter(|p| controller_uid(p, "ReplicaSet") == Some(uid_of(rs)) && !is_terminal(p))
-        .collect();
     while pods.len() < want {
         match store.create(PODS, &ns, pod_from(rs)) {
             Ok(p) => {
@@ -364,12 +361,18 @@ fn write_status(store: &mut Store, res: &Resource, obj: &Value, status: Value) {
 
 /// Deletes objects of `res` whose controlling owner of `owner_kind` no longer exists.
 fn collect_orphans(store: &mut Store, res: &Resource, owner: &Resource, report: &mut ReconcileReport) {
+    // Owners looked up once: a list per object is quadratic in a burst of thousands of pods.
+    let owners: HashSet<(String, String)> = store
+        .list(owner, None)
+        .iter()
+        .map(|o| (namespace_of(o).to_string(), uid_of(o).to_string()))
+        .collect();
     for obj in store.list(res, None) {
         let Some(uid) = controller_uid(&obj, owner.kind) else {
             continue;
         };
         let ns = namespace_of(&obj).to_string();
-        if store.list(owner, Some(&ns)).iter().any(|o| uid_of(o) == uid) {
+        if owners.contains(&(ns.clone(), uid.to_string())) {
             continue;
         }
         if store.delete(res, &ns, name_of(&obj)).is_ok() {
@@ -399,8 +402,19 @@ pub fn reconcile(store: &mut Store) -> ReconcileReport {
     for d in store.list(DEPLOYMENTS, None) {
         reconcile_deployment(store, &d, &mut report);
     }
+    // Each ReplicaSet's live pods, grouped in one walk over the pods.
+    let mut owned: HashMap<String, Vec<Value>> = HashMap::new();
+    for pod in store.list(PODS, None) {
+        let key = controller_uid(&pod, "ReplicaSet").map(|uid| format!("{}/{uid}", namespace_of(&pod)));
+        if let Some(key) = key.filter(|_| !is_terminal(&pod)) {
+            owned.entry(key).or_default().push(pod);
+        }
+    }
     for rs in store.list(REPLICASETS, None) {
-        reconcile_replica_set(store, &rs, &mut report);
+        let pods = owned
+            .remove(&format!("{}/{}", namespace_of(&rs), uid_of(&rs)))
+            .unwrap_or_default();
+        reconcile_replica_set(store, &rs, pods, &mut report);
     }
     for d in store.list(DEPLOYMENTS, None) {
         deployment_status(store, &d);

@@ -531,15 +531,9 @@ impl<'a> Demo<'a> {
         );
         let eb = aws_sdk_eventbridge::Client::new(&self.cloud.sdk);
         let sent = Instant::now();
-        eventbridge::put_event(
-            &eb,
-            "aws.ec2",
-            "EC2 Spot Instance Interruption Warning",
-            &json!({"instance-id": instance, "instance-action": "terminate"}),
-            jiff::Timestamp::now(),
-        )
-        .await
-        .map_err(aws_err("PutEvents"))?;
+        eventbridge::put_spot_warning(&eb, &instance)
+            .await
+            .map_err(aws_err("PutEvents"))?;
         let mut to_taint = None;
         while sent.elapsed() < self.options.chapter_timeout {
             if self

@@ -122,6 +122,10 @@ impl Activity {
     fn record(&self, inv: Invocation) {
         tracing::info!(function = %inv.function, trigger = %inv.trigger, millis = inv.answer.duration.as_millis() as u64,
             ok = inv.answer.result.is_ok(), decision = %inv.decision(), "invocation");
+        // The function's own lines, for a slow or failed invocation looked into with RUST_LOG.
+        for line in &inv.answer.logs {
+            tracing::debug!(function = %inv.function, %line, "invocation log");
+        }
         self.all.lock().unwrap_or_else(|e| e.into_inner()).push(inv.clone());
         let _ = self.feed.send(inv);
     }
