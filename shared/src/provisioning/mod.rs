@@ -255,21 +255,26 @@ impl<C: Cluster> Provisioner<C> {
         now: Timestamp,
     ) -> Result<(), ProvisionError> {
         let c = &self.config;
-        self.store
+        let events = self
+            .store
             .with_lease(LEASE, &c.holder, c.lease_ttl, c.lease_wait, |lease| async move {
                 self.solve_under(&lease, refs, outcome, now).await
             })
             .await?
-            .ok_or(ProvisionError::Busy)?
+            .ok_or(ProvisionError::Busy)??;
+        // After the lease: the next solve need not wait on a burst's thousands of events.
+        self.record_events(events).await;
+        Ok(())
     }
 
+    /// Solves and writes the claims under the lease; the events the solve calls for.
     async fn solve_under(
         &self,
         lease: &Lease,
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut Outcome,
         now: Timestamp,
-    ) -> Result<(), ProvisionError> {
+    ) -> Result<Vec<EventSpec>, ProvisionError> {
         if let Some(ec2) = &self.ec2 {
             let prices =
                 crate::catalog::ec2::PriceTable::bundled().map_err(crate::catalog::refresh::RefreshError::from)?;
@@ -331,8 +336,7 @@ impl<C: Cluster> Provisioner<C> {
         enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         outcome.created = created;
         let names: Vec<String> = new_claims.iter().map(|c| c.name.clone()).collect();
-        self.record_events(plan_events(&plan, &names, &snapshot.pods)).await;
-        Ok(())
+        Ok(plan_events(&plan, &names, &snapshot.pods))
     }
 
     /// Records events a few at a time; a failure is logged, never fatal.
