@@ -303,12 +303,8 @@ pub mod aws {
         }
     }
 
-    /// The SDK's default HTTPS client, wrapped.
-    pub fn default_client() -> SharedHttpClient {
-        use aws_smithy_http_client::tls;
-        let inner = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
-            .build_https();
+    /// `inner` with every call passing the hook.
+    pub fn wrap(inner: SharedHttpClient) -> SharedHttpClient {
         SharedHttpClient::new(Client(inner))
     }
 }

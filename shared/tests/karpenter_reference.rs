@@ -4,7 +4,7 @@
 //! and several pools, every plan keeps every rule, and nodesmith's never
 //! schedules fewer pods or costs more.
 
-mod reference;
+use crate::reference;
 
 use std::collections::BTreeMap;
 

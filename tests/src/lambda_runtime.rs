@@ -135,3 +135,24 @@ pub async fn invoke(
     let (path, body, init) = result??;
     Ok(Invocation { path, body, init, logs })
 }
+
+/// Starts a function binary with `env` changed (`None`: removed), expects it
+/// to fail before serving any invocation, and returns all it printed.
+pub async fn failed_start(binary: &Path, env: &[(&str, Option<&str>)]) -> String {
+    let mut command = tokio::process::Command::new(binary);
+    // A Runtime API nobody serves: a binary that got past its configuration would fail here instead.
+    command.env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9");
+    for (name, value) in env {
+        match value {
+            Some(v) => command.env(name, v),
+            None => command.env_remove(name),
+        };
+    }
+    let out = command.output().await.expect("the binary runs");
+    assert!(!out.status.success(), "{} started with {env:?}", binary.display());
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

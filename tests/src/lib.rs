@@ -12,3 +12,40 @@ pub mod lambda_runtime;
 pub mod local_cloud;
 pub mod moto;
 pub mod sqs;
+
+use std::path::PathBuf;
+
+/// Where the workspace's binaries are: the directory above this test
+/// executable's `deps/` (`cargo build --workspace --bins` puts them there;
+/// `scripts/test` builds them before any test runs).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let dir = exe.parent().expect("the executable's directory");
+    if dir.ends_with("deps") {
+        dir.parent().expect("the profile directory").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// The workspace binary `name`, which must have been built.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace's binaries first (`cargo build --workspace --bins`; scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// The variable `scripts/test --full` sets to `full`: every crash point, both
+/// local-cloud stories, the large burst. Unset (the default level, what CI
+/// runs), each of those tests plays a smaller set that still covers every
+/// behaviour it asserts.
+pub const LEVEL_ENV: &str = "NODESMITH_TEST_LEVEL";
+
+/// Whether this run is at the full level ([`LEVEL_ENV`] is `full`).
+pub fn full_level() -> bool {
+    std::env::var(LEVEL_ENV).is_ok_and(|v| v.trim() == "full")
+}

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
-use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_config::{Region, SdkConfig};
 use aws_credential_types::Credentials;
 
 /// The region every test uses.
@@ -213,7 +213,7 @@ impl Moto {
 /// SDK configuration pointing every client at `endpoint` (moto, or a proxy in
 /// front of it) in [`REGION`], with test credentials.
 pub async fn sdk_config(endpoint: &str) -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
+    nodesmith::lambda::sdk_defaults()
         .region(Region::new(REGION))
         .credentials_provider(Credentials::new("testing", "testing", None, None, "nodesmith-tests"))
         .endpoint_url(endpoint)

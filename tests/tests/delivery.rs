@@ -4,7 +4,7 @@
 //! still no NodeClaim gets a second instance, no instance leaks, and a pool's
 //! limit holds at every moment.
 
-use std::path::PathBuf;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use nodesmith_tests::local_cloud::census::{self, Ledger, World, pod_running};
@@ -12,13 +12,6 @@ use nodesmith_tests::local_cloud::demo::deployment;
 use nodesmith_tests::local_cloud::mapping::Invocation;
 use nodesmith_tests::local_cloud::{LocalCloud, Settings, default_objects};
 use serde_json::json;
-
-fn bin_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_nodesmith-local"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 const APPS: [&str; 4] = ["web", "api", "batch", "cache"];
 const LIMIT_CPU: u64 = 24;
@@ -45,9 +38,22 @@ fn overlapped(all: &[Invocation], function: &str) -> bool {
         .any(|(n, a)| spans[n + 1..].iter().any(|b| a.0 < b.1 && b.0 < a.1))
 }
 
+/// Pods a `FailedScheduling` event says the pool's limit kept out.
+fn refused_for_the_limit(cloud: &LocalCloud) -> BTreeSet<String> {
+    cloud
+        .kube
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter(|e| e.message.as_deref().is_some_and(|m| m.contains("limit")))
+        .filter(|e| e.involved_object.kind.as_deref() == Some("Pod"))
+        .filter_map(|e| e.involved_object.name)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn duplicated_deliveries_and_concurrent_invocations_launch_once_within_the_limit() {
-    let mut settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
+    let mut settings = Settings::from_lookup(|_| None, nodesmith_tests::bin_dir()).unwrap();
     settings.duplicate_deliveries = true;
     let cloud = LocalCloud::start(settings).await.unwrap();
     let mut pool = default_objects(&cloud.settings.cluster, &cloud.world.node_role)[0].clone();
@@ -60,21 +66,30 @@ async fn duplicated_deliveries_and_concurrent_invocations_launch_once_within_the
     }
     let mut ledger = Ledger::default();
     let mut peak_cpu = 0;
-    let mut stable_since = Instant::now();
-    let mut last = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(120);
-    // Until nothing changed for 15 s: the limit allows no more.
-    while stable_since.elapsed() < Duration::from_secs(15) {
-        assert!(Instant::now() < deadline, "still changing after 120 s");
+    // Until the limit allows no more: nothing in flight, and every pod not
+    // running was refused for the limit (a decision the functions made, not a
+    // quiet spell on the clock).
+    loop {
         let w = world(&cloud, &mut ledger).await;
         let cpu: u64 = w.instances.iter().filter(|i| i.live()).map(|i| i.cpu()).sum();
         peak_cpu = peak_cpu.max(cpu);
         assert!(cpu <= LIMIT_CPU, "{cpu} vCPU running against a limit of {LIMIT_CPU}");
-        let now = (w.running(), ledger.launched());
-        if now != last {
-            last = now;
-            stable_since = Instant::now();
+        let refused = refused_for_the_limit(&cloud);
+        let waiting: Vec<&str> = w
+            .pods
+            .iter()
+            .filter(|p| !pod_running(p))
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect();
+        if w.pods.len() == 32 && w.settled() && !waiting.is_empty() && waiting.iter().all(|p| refused.contains(*p)) {
+            break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "after 120 s: {} running, waiting {waiting:?}, refused for the limit {refused:?}",
+            w.running()
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let limited = world(&cloud, &mut ledger).await;

@@ -4,12 +4,10 @@
 //! kubelets join (late, not ready, tainted) → the sweep registers and
 //! initializes the nodes → the scheduler binds every pod.
 
-mod launch_fixtures;
-
 use std::time::Duration;
 
+use crate::launch_fixtures::{CLUSTER, DISCOVERY, launcher, store, world};
 use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
-use launch_fixtures::{CLUSTER, DISCOVERY, launcher, store, world};
 use nodesmith::apis::{EC2NodeClass, NodePool, labels};
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::retry::RetryPolicy;

@@ -3,10 +3,9 @@
 //! registered and filled by provision → launch → kubelets → sweep, then
 //! interruption events arrive as SQS records.
 
-mod launch_fixtures;
-mod local_stack;
+use crate::local_stack;
 
-use local_stack::{Stack, ec2_event, event, pods_on, taint_keys};
+use crate::local_stack::{Stack, ec2_event, event, pods_on, taint_keys};
 use nodesmith::kubernetes::Cluster;
 use nodesmith::nodeclaim::Phase;
 use serde_json::json;

@@ -2,16 +2,14 @@
 //! instances join late, not ready and uninitialized, with only what a real
 //! node gets; reserved labels stop a kubelet; readiness keeps what others wrote.
 
-mod launch_fixtures;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::launch_fixtures::*;
 use base64::Engine;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use launch_fixtures::*;
 use nodesmith::apis::labels;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith_tests::kube_server::kubelet::{NOT_READY_TAINT, UNINITIALIZED_TAINT};

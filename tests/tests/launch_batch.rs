@@ -2,10 +2,8 @@
 //! (fenced NodeClaim writes + SendMessageBatch), partial batch failures,
 //! malformed and oversized messages, the dead-letter queue.
 
-mod launch_fixtures;
-
+use crate::launch_fixtures::*;
 use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
-use launch_fixtures::*;
 use nodesmith::launch::request::{self, LaunchRequest, MAX_BODY_BYTES};
 use nodesmith::launch::{LaunchError, LaunchOutcome, batch};
 use nodesmith::state;

@@ -4,11 +4,9 @@
 //! the claim was written is the one launched with; a claim whose class was
 //! deleted is given up with its reason, not retried.
 
-mod launch_fixtures;
-
 use std::collections::BTreeMap;
 
-use launch_fixtures::*;
+use crate::launch_fixtures::*;
 use nodesmith::apis::EC2NodeClass;
 use nodesmith::apis::ec2nodeclass::EC2NodeClassSpec;
 use nodesmith::launch::request::RequestError;

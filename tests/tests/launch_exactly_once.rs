@@ -4,10 +4,8 @@
 //! with the claim's tag. The fault proxy makes moto honour ClientToken as EC2
 //! does (same token within the hour → the first call's fleet).
 
-mod launch_fixtures;
-
+use crate::launch_fixtures::*;
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
-use launch_fixtures::*;
 use nodesmith::launch::{LaunchError, LaunchOutcome};
 use nodesmith::state;
 use nodesmith_tests::fault_proxy::FaultProxy;

@@ -2,10 +2,8 @@
 //! real SDK: fallback over offerings, spot → on-demand, unavailable offerings
 //! recorded, backoff and retry.
 
-mod launch_fixtures;
-
+use crate::launch_fixtures::*;
 use base64::Engine;
-use launch_fixtures::*;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::state::{self, OfferingKey};
 use nodesmith_tests::fault_proxy::FaultProxy;

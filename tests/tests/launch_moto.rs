@@ -1,12 +1,10 @@
 //! The launch path against moto with the real SDK: instances, tags, launch
 //! templates, user data, idempotency.
 
-mod launch_fixtures;
-
 use std::collections::BTreeMap;
 
+use crate::launch_fixtures::*;
 use base64::Engine;
-use launch_fixtures::*;
 use nodesmith::apis::labels;
 use nodesmith::launch::userdata::{NODECONFIG_TYPE, parse_mime};
 use nodesmith::launch::{LaunchError, LaunchOutcome};

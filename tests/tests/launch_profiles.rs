@@ -4,9 +4,7 @@
 //! CreateFleet as strict as EC2 (moto launches with any profile): a profile IAM
 //! does not have is refused, and a new one is refused for its first calls.
 
-mod launch_fixtures;
-
-use launch_fixtures::*;
+use crate::launch_fixtures::*;
 use nodesmith::apis::EC2NodeClass;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::launch::profile::{self, PROFILE_PATH};

@@ -5,11 +5,9 @@
 //! has no capacity reservations: `tests/moto/server.py` adds them, and
 //! refuses a launch into a full or mismatched reservation as EC2 does.
 
-mod launch_fixtures;
-
 use std::collections::BTreeMap;
 
-use launch_fixtures::*;
+use crate::launch_fixtures::*;
 use nodesmith::apis::ec2nodeclass::{EC2NodeClassSpec, SelectorTerm};
 use nodesmith::launch::LaunchOutcome;
 use nodesmith::nodeclaim::{NodeClaim, ReservationRef};

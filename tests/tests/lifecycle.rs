@@ -6,14 +6,11 @@
 //! pending when capacity is taken away; plus the timeouts, liveness, garbage
 //! collection, and sweeps that crash or run at once.
 
-mod launch_fixtures;
-mod local_stack;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::local_stack::{Stack, fast, taint_keys};
 use k8s_openapi::api::core::v1::Node;
-use local_stack::{Stack, fast, taint_keys};
 use nodesmith::apis::labels;
 use nodesmith::kubernetes::Cluster;
 use nodesmith::lifecycle::{Action, LifecycleConfig};

@@ -18,13 +18,6 @@ use nodesmith_tests::local_cloud::burst::{self, BurstOptions};
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{FUNCTIONS, LocalCloud, QueueName, Settings};
 
-fn bin_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_nodesmith-local"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nodesmith-local-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -132,6 +125,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_stack_serves_kubectl_and_the_aws_sdk_and_stops_on_sigterm_leaving_no_process() {
+    let _alone = nodesmith_tests::local_cloud::alone().await;
     let dir = scratch("stack");
     let env_file = dir.join("env");
     let mut stack = Command::new(env!("CARGO_BIN_EXE_nodesmith-local"))
@@ -308,15 +302,11 @@ async fn the_stack_serves_kubectl_and_the_aws_sdk_and_stops_on_sigterm_leaving_n
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
-    let settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
+/// Plays the demo's story on a local cloud of its own and asserts its outcome.
+async fn play_story(options: DemoOptions) {
+    let settings = Settings::from_lookup(|_| None, nodesmith_tests::bin_dir()).unwrap();
     let cloud = LocalCloud::start(settings).await.unwrap();
     let mut out = Vec::new();
-    let options = DemoOptions {
-        live: false,
-        ..DemoOptions::default()
-    };
     let summary = demo::run(&cloud, &options, &mut out).await;
     let text = String::from_utf8_lossy(&out).into_owned();
     // Nodes are labelled from the instances EC2 launched.
@@ -337,9 +327,21 @@ async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
     let denials = cloud.kube.denials();
     let forwarder_used = cloud.kube.permissions_used(Identity::Forwarder);
     let events = cloud.kube.events();
+    let refused: usize = cloud.faults().fleets().iter().map(|f| f.failed).sum();
+    let throttled = cloud.faults().throttled("CreateFleet");
+    let failed = cloud.faults().failed("CreateFleet");
     cloud.stop().await;
     let summary = summary.unwrap();
     assert!(summary.ok, "{summary:?}\n{text}");
+    if options.faults {
+        // The faults were met, not dodged.
+        assert!(refused > 0, "no CreateFleet override was refused for capacity");
+        assert!(throttled > 0 && failed > 0, "throttled {throttled}, failed {failed}");
+        assert!(
+            summary.ec2_faults_injected >= refused + throttled + failed,
+            "{summary:?}"
+        );
+    }
     // The story is told in Kubernetes Events too, on the objects Karpenter's are on.
     let on = |reason: &str| -> BTreeSet<String> {
         events
@@ -364,7 +366,7 @@ async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
     // recorded), listing and watching pods and nothing else.
     let pods = |verb: &str| (String::new(), "pods".to_string(), verb.to_string());
     assert_eq!(forwarder_used, [pods("list"), pods("watch")].into());
-    assert_eq!(summary.pods_scheduled, 100, "{text}");
+    assert_eq!(summary.pods_scheduled, options.replicas, "{text}");
     assert_eq!(summary.pods_pending, 0);
     assert_eq!(summary.leaked_instances, 0, "{summary:?}");
     assert_eq!(summary.double_launches, 0, "{summary:?}");
@@ -400,6 +402,29 @@ async fn the_demo_story_runs_every_pod_with_no_leak_and_no_double_launch() {
         let labels = n.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["node.kubernetes.io/instance-type"], types[id], "{labels:?}");
     }
+}
+
+/// The demo's story (pods pending and running, a spot interruption,
+/// consolidation, drift, expiry). By default one run plays it with EC2's bad
+/// days (no spot capacity in the cheapest offerings, throttling and 5xx
+/// bursts) at 40 replicas; the full level plays the 100-replica story and the
+/// faulted one separately.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_story_runs_every_pod_with_no_leak_and_no_double_launch() {
+    let faulted = DemoOptions {
+        live: false,
+        replicas: 40,
+        faults: true,
+        ..DemoOptions::default()
+    };
+    if nodesmith_tests::full_level() {
+        play_story(DemoOptions {
+            live: false,
+            ..DemoOptions::default()
+        })
+        .await;
+    }
+    play_story(faulted).await;
 }
 
 #[test]
@@ -451,43 +476,19 @@ fn the_functions_run_as_the_template_declares_them() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_story_survives_ec2_faults() {
-    let settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
-    let cloud = LocalCloud::start(settings).await.unwrap();
-    let mut out = Vec::new();
-    let options = DemoOptions {
-        live: false,
-        replicas: 40,
-        faults: true,
-        ..DemoOptions::default()
-    };
-    let summary = demo::run(&cloud, &options, &mut out).await;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let refused: usize = cloud.faults().fleets().iter().map(|f| f.failed).sum();
-    let throttled = cloud.faults().throttled("CreateFleet");
-    let failed = cloud.faults().failed("CreateFleet");
-    cloud.stop().await;
-    let summary = summary.unwrap();
-    assert!(summary.ok, "{summary:?}\n{text}");
-    assert_eq!(summary.pods_pending, 0, "{text}");
-    assert_eq!(summary.leaked_instances, 0, "{summary:?}");
-    assert_eq!(summary.double_launches, 0, "{summary:?}");
-    // The faults were met, not dodged.
-    assert!(refused > 0, "no CreateFleet override was refused for capacity");
-    assert!(throttled > 0 && failed > 0, "throttled {throttled}, failed {failed}");
-    assert!(
-        summary.ec2_faults_injected >= refused + throttled + failed,
-        "{summary:?}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn a_burst_across_many_deployments_runs_every_pod_launching_each_claim_once() {
-    let settings = Settings::from_lookup(|_| None, bin_dir()).unwrap();
+    let settings = Settings::from_lookup(|_| None, nodesmith_tests::bin_dir()).unwrap();
     let cloud = LocalCloud::start(settings).await.unwrap();
+    // Large enough for several claims per solve (so one CreateFleet per
+    // claim shows); the full level plays the 600-pod burst.
+    let (pods, deployments) = if nodesmith_tests::full_level() {
+        (600, 12)
+    } else {
+        (300, 6)
+    };
     let options = BurstOptions {
-        pods: 600,
-        deployments: 12,
+        pods,
+        deployments,
         timeout: Duration::from_secs(240),
     };
     let mut out = Vec::new();
@@ -495,11 +496,15 @@ async fn a_burst_across_many_deployments_runs_every_pod_launching_each_claim_onc
     cloud.stop().await;
     let report = report.unwrap();
     let text = String::from_utf8_lossy(&out).into_owned();
-    assert_eq!(report.pods_running, 600, "{report:?}\n{text}");
+    assert_eq!(report.pods_running, pods, "{report:?}\n{text}");
     assert!(report.seconds_to_all_running.is_some(), "{report:?}");
     assert_eq!(report.double_launches, 0, "{report:?}");
     assert_eq!(report.leaked_instances, 0, "{report:?}");
     // One CreateFleet a claim, give or take capacity retries: never one per pod.
+    assert!(
+        report.nodes_launched >= 2,
+        "one node shows nothing per claim: {report:?}"
+    );
     assert!(
         report.create_fleet_calls >= 1 && report.create_fleet_calls <= 2 * report.nodes_launched,
         "{report:?}"

@@ -2,7 +2,6 @@
 //! disruptions and cost counters from moto's DynamoDB and pods from the
 //! Kubernetes API test server, and prints the report as JSON.
 
-use std::path::PathBuf;
 use std::process::Output;
 
 use jiff::civil::date;
@@ -15,24 +14,9 @@ use serde_json::{Value, json};
 const TABLE: &str = "nodesmith-status";
 const NOW: &str = "2026-11-24T12:30:00Z";
 
-/// The workspace's `nodesmith` binary, beside this package's own binaries
-/// (`cargo build --workspace --bins` builds it).
-fn nodesmith_bin() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_nodesmith-local"))
-        .parent()
-        .unwrap()
-        .join("nodesmith");
-    assert!(
-        bin.exists(),
-        "{} is missing: run cargo build --workspace --bins",
-        bin.display()
-    );
-    bin
-}
-
 async fn run(args: &[&str], env: &[(&'static str, String)]) -> Output {
     // tokio's Command: the test server answers on this test's runtime meanwhile.
-    tokio::process::Command::new(nodesmith_bin())
+    tokio::process::Command::new(nodesmith_tests::binary("nodesmith"))
         .args(args)
         .env_remove("NODESMITH_TABLE")
         .env_remove("KUBECONFIG")

@@ -148,7 +148,7 @@ fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Times
         }
     };
     let gathered = runtime.block_on(async {
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+        let sdk = nodesmith::lambda::sdk_defaults().load().await;
         let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
         let cluster = cluster(sdk).await?;
         nodesmith::status::gather(&store, &cluster, now)

@@ -8,8 +8,9 @@ use tokio::sync::Mutex;
 
 use super::auth::{self, AuthError, ClusterEndpoint, Token};
 
-/// Picks ring as rustls' process-wide crypto provider. Both ring (kube) and
-/// aws-lc-rs (the AWS SDK) are linked, so rustls cannot choose by itself.
+/// Installs ring as rustls' process-wide crypto provider, the one stack both
+/// kube and the AWS SDK's client use (`lambda::https_client`), so no TLS
+/// connection depends on which client happened to start first.
 pub fn install_crypto_provider() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

@@ -536,6 +536,17 @@ impl KubeServer {
             .map_err(|e| format!("{e:?}"))
     }
 
+    /// Makes a node `by` older (its `creationTimestamp` moves back): the
+    /// test server's clock for ages, so expiry is reached without sleeping.
+    pub fn age_node(&self, name: &str, by: Duration) -> Result<Node, String> {
+        let v = self
+            .shared
+            .lock_store()
+            .backdate(NODES, "", name, by)
+            .map_err(|e| format!("{e:?}"))?;
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
     /// Fails matching requests (see [`Fault`]).
     pub fn inject(&self, fault: Fault) {
         lock(&self.shared.faults).push(fault);

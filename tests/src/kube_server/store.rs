@@ -319,6 +319,43 @@ impl Store {
         Ok(new)
     }
 
+    /// Moves an object's `creationTimestamp` back by `by`, as if it had been
+    /// made that long ago: how tests reach an age (expiry) without waiting.
+    /// Watchers see the change like any other.
+    pub fn backdate(
+        &mut self,
+        res: &Resource,
+        ns: &str,
+        name: &str,
+        by: std::time::Duration,
+    ) -> Result<Value, StoreError> {
+        let key = (ns.to_string(), name.to_string());
+        let Some(old) = self.objects.get(&res.id()).and_then(|m| m.get(&key)).cloned() else {
+            return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
+        };
+        let created = old
+            .pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .ok_or_else(|| StoreError::Invalid(format!("{} \"{}\" has no creationTimestamp", res.plural, name)))?;
+        let span = jiff::SignedDuration::try_from(by).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let earlier = created
+            .checked_sub(span)
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let mut new = old.clone();
+        let rv = self.bump();
+        if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert(
+                "creationTimestamp".into(),
+                json!(earlier.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            );
+            meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        }
+        self.objects.entry(res.id()).or_default().insert(key, new.clone());
+        self.record(*res, Change::Modified, new.clone(), Some(old));
+        Ok(new)
+    }
+
     /// Removes an object and returns it.
     pub fn delete(&mut self, res: &Resource, ns: &str, name: &str) -> Result<Value, StoreError> {
         let key = (ns.to_string(), name.to_string());
@@ -344,4 +381,37 @@ fn has_generation(res: &Resource) -> bool {
 /// The current time as Kubernetes writes timestamps.
 pub fn now_rfc3339() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube_server::resources::NODES;
+
+    #[test]
+    fn backdating_moves_creation_back_and_is_seen_as_a_change() {
+        let mut store = Store::default();
+        let made = store
+            .create(
+                NODES,
+                "",
+                json!({"metadata": {"name": "n1", "creationTimestamp": "2026-11-27T10:00:00Z"}}),
+            )
+            .unwrap();
+        let aged = store
+            .backdate(NODES, "", "n1", std::time::Duration::from_secs(721 * 3600))
+            .unwrap();
+        assert_eq!(aged["metadata"]["creationTimestamp"], "2026-10-28T09:00:00Z");
+        assert!(rv_of(&aged) > rv_of(&made), "watchers must see the change");
+        assert_eq!(store.get(NODES, "", "n1"), Some(&aged));
+        // An update cannot move it back: creationTimestamp stays the server's.
+        let mut sent = aged.clone();
+        sent["metadata"]["creationTimestamp"] = json!("2026-11-27T10:00:00Z");
+        let updated = store.update(NODES, "", "n1", sent).unwrap();
+        assert_eq!(updated["metadata"]["creationTimestamp"], "2026-10-28T09:00:00Z");
+        assert!(matches!(
+            store.backdate(NODES, "", "gone", std::time::Duration::from_secs(1)),
+            Err(StoreError::NotFound(_))
+        ));
+    }
 }

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName,
+};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -154,6 +156,10 @@ pub struct MappingSpec {
     pub window: Duration,
     /// Deliver every batch two or three times (SQS delivers at least once).
     pub duplicates: bool,
+    /// When an invocation's process dies, make its batch visible again at
+    /// once instead of after the visibility timeout (crash tests: a crash is
+    /// then followed by the redelivery it causes, not by a wait).
+    pub redeliver_on_crash: bool,
 }
 
 fn sqs_record(m: &Message, spec: &MappingSpec) -> Value {
@@ -314,6 +320,13 @@ pub async fn run_mapping(sqs: aws_sdk_sqs::Client, spec: MappingSpec, pool: Arc<
             .iter()
             .filter(|m| !m.message_id().is_some_and(|id| failed.iter().any(|f| f == id)))
             .collect();
+        if spec.redeliver_on_crash && answers.iter().any(|a| a.process_ended) {
+            let crashed: Vec<&Message> = batch
+                .iter()
+                .filter(|m| m.message_id().is_some_and(|id| failed.iter().any(|f| f == id)))
+                .collect();
+            redeliver_now(&sqs, &spec.queue_url, &crashed).await;
+        }
         for chunk in done.chunks(10) {
             let entries: Vec<DeleteMessageBatchRequestEntry> = chunk
                 .iter()
@@ -346,6 +359,33 @@ pub async fn run_mapping(sqs: aws_sdk_sqs::Client, spec: MappingSpec, pool: Arc<
                 answer,
                 failed_messages,
             });
+        }
+    }
+}
+
+/// Makes `messages` visible again now (their visibility timeout set to 0).
+async fn redeliver_now(sqs: &aws_sdk_sqs::Client, queue_url: &str, messages: &[&Message]) {
+    for chunk in messages.chunks(10) {
+        let entries: Vec<ChangeMessageVisibilityBatchRequestEntry> = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .visibility_timeout(0)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if let Err(e) = sqs
+            .change_message_visibility_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            tracing::warn!(error = %e, queue = %queue_url, "cannot make a crashed batch visible; it returns after its visibility timeout");
         }
     }
 }

@@ -138,6 +138,13 @@ pub struct Settings {
     pub manual_sweep: bool,
     /// Deliver every SQS batch two or three times (tests of at-least-once delivery).
     pub duplicate_deliveries: bool,
+    /// One process per function, whatever its reserved concurrency (crash
+    /// tests: a crash point then fires in the one invocation that reaches it).
+    pub single_process: bool,
+    /// Run alone: wait until no other local cloud of this process runs
+    /// ([`alone`]). Clouds whose goals are timed need the machine to
+    /// themselves; the crash tests, which count sweeps, run two at a time.
+    pub alone: bool,
     /// Arm the functions' crash hook (`nodesmith::crash`, debug builds): each
     /// function's crash file is `<dir>/<function>.point` and its call log
     /// `<dir>/<function>.calls`.
@@ -217,6 +224,8 @@ impl Settings {
             interrupt_drain_budget: Duration::from_secs(20),
             manual_sweep: false,
             duplicate_deliveries: false,
+            single_process: false,
+            alone: true,
             crash_dir: None,
             state_dir: get("NODESMITH_DEV_STATE_DIR")
                 .filter(|v| !v.trim().is_empty())
@@ -281,6 +290,17 @@ pub struct LocalCloud {
     state_dir: PathBuf,
     temporary_state: bool,
     kubeconfig: PathBuf,
+    _alone: Option<tokio::sync::MutexGuard<'static, ()>>,
+}
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until no other local cloud of this process runs, and keeps others
+/// out while the guard lives. A [`LocalCloud`] holds it unless its settings
+/// say otherwise: a cloud's kubelets, leases and schedules run on the wall
+/// clock, and two clouds on two cores slow each other past what a story allows.
+pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
 }
 
 /// The NodePool and EC2NodeClass the local cloud starts with (the contract's).
@@ -316,6 +336,10 @@ pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 impl LocalCloud {
     /// Starts everything and applies the default NodePool and EC2NodeClass.
     pub async fn start(settings: Settings) -> Result<LocalCloud, StartError> {
+        let alone = match settings.alone {
+            true => Some(alone().await),
+            false => None,
+        };
         for name in FUNCTIONS.iter().map(|f| f.binary).chain([FORWARDER]) {
             let p = settings.bin_dir.join(name);
             if !p.is_file() {
@@ -434,7 +458,12 @@ impl LocalCloud {
                 env.insert(nodesmith::crash::CRASH_FILE_ENV.into(), file("point"));
                 env.insert(nodesmith::crash::CALL_LOG_ENV.into(), file("calls"));
             }
-            let processes = (0..def.local_concurrency())
+            let concurrency = if settings.single_process {
+                1
+            } else {
+                def.local_concurrency()
+            };
+            let processes = (0..concurrency)
                 .map(|_| {
                     Arc::new(Function::start(FunctionSpec {
                         name: def.binary.to_string(),
@@ -464,6 +493,8 @@ impl LocalCloud {
                             Duration::ZERO
                         },
                         duplicates: settings.duplicate_deliveries,
+                        // A crashed invocation's batch comes back at once, as the crash tests count sweeps.
+                        redeliver_on_crash: settings.crash_dir.is_some(),
                     };
                     // Lambda's pollers scale with the function's concurrency.
                     for _ in 0..pool.concurrency() {
@@ -514,6 +545,7 @@ impl LocalCloud {
             state_dir,
             temporary_state,
             kubeconfig: kubeconfig_path,
+            _alone: alone,
         })
     }
 

@@ -48,6 +48,8 @@ pub struct Answer {
     pub cold_start: Option<Duration>,
     /// The lines the function printed while it ran (JSON when it logs as in Lambda).
     pub logs: Vec<String>,
+    /// The process died during the invocation (a crash, or killed at its timeout).
+    pub process_ended: bool,
 }
 
 struct Job {
@@ -78,13 +80,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Generation {
-    fn finish(&self, result: Result<String, String>) {
+    fn finish(&self, result: Result<String, String>, process_ended: bool) {
         if let Some(c) = lock(&self.current).take() {
             let _ = c.reply.send(Answer {
                 result,
                 duration: c.started.elapsed(),
                 cold_start: c.cold_start,
                 logs: c.logs,
+                process_ended,
             });
         }
     }
@@ -147,7 +150,7 @@ async fn respond(
     // The function printed its last lines before answering; give the pipe
     // readers a moment so they land with this invocation, not the next.
     tokio::time::sleep(Duration::from_millis(25)).await;
-    g.finish(if kind == "response" { Ok(body) } else { Err(body) });
+    g.finish(if kind == "response" { Ok(body) } else { Err(body) }, false);
     StatusCode::ACCEPTED
 }
 
@@ -242,6 +245,7 @@ impl Function {
                     duration: started.elapsed(),
                     cold_start: None,
                     logs: Vec::new(),
+                    process_ended: true,
                 })
             }
         }
@@ -372,7 +376,7 @@ async fn supervise(
         };
         *lock(&pids) = None;
         server.abort();
-        g.finish(Err(format!("Runtime exited: {exit}")));
+        g.finish(Err(format!("Runtime exited: {exit}")), true);
         if !*stop.borrow() {
             tracing::warn!(function = %spec.name, why = %exit, "function process ended; starting it again");
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -2,7 +2,7 @@
 //! security group, an EKS cluster, the state table and a Pending NodeClaim;
 //! its EC2NodeClass is in a Kubernetes API test server, where `launch` reads it.
 
-// Compiled into each launch test binary, and each uses only some of these.
+// Compiled into three test executables (aws, kube, stack); each uses only some of these.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;

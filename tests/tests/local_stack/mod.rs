@@ -1,10 +1,9 @@
 //! The local stack the lifecycle and interruption tests share: moto (DynamoDB,
 //! SQS, EC2) and the Kubernetes API test server with strict kubelets, driven
-//! through provision → launch → kubelets → sweep. Used by `tests/lifecycle.rs`,
-//! `tests/interruption.rs` and the `interrupt` binary's tests (which include
-//! this file and `launch_fixtures` by path).
+//! through provision → launch → kubelets → sweep. Used by the `stack` test
+//! executable (`tests/stack.rs`): lifecycle, interruption and the binaries' tests.
 
-// Compiled into more than one test binary, and each uses only some of it.
+// Shared by several test modules, and not every item is used by each set of them.
 #![allow(dead_code)]
 
 use std::time::Duration;

@@ -6,17 +6,13 @@
 //! strict kubelets. What the binary does not fail is deleted from the queue,
 //! as Lambda's SQS poller does.
 
-#[path = "../../../tests/tests/launch_fixtures/mod.rs"]
-mod launch_fixtures;
-#[path = "../../../tests/tests/local_stack/mod.rs"]
-mod local_stack;
+use crate::launch_fixtures;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use launch_fixtures::TABLE;
-use local_stack::{Stack, pods_on, taint_keys};
+use crate::launch_fixtures::TABLE;
+use crate::local_stack::{Stack, pods_on, taint_keys};
 use nodesmith::nodeclaim::Phase;
 use nodesmith::state::OfferingKey;
 use nodesmith_tests::eventbridge::{self, put_event};
@@ -128,7 +124,7 @@ impl Bus {
             })
             .collect();
         let run = invoke(
-            Path::new(env!("CARGO_BIN_EXE_interrupt")),
+            nodesmith_tests::binary("interrupt").as_path(),
             "interrupt",
             &self.env(extra),
             &json!({"Records": records}),

@@ -4,7 +4,6 @@
 //! with partial batch failures; without configuration it names what is missing.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::lambda_runtime::invoke;
@@ -58,9 +57,14 @@ async fn binary_handles_a_pending_pod_batch() {
         .collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
     env.insert("NODESMITH_LAUNCH_QUEUE_URL".into(), queue.clone());
-    let done = invoke(Path::new(env!("CARGO_BIN_EXE_provision")), "provision", &env, &event)
-        .await
-        .unwrap();
+    let done = invoke(
+        nodesmith_tests::binary("provision").as_path(),
+        "provision",
+        &env,
+        &event,
+    )
+    .await
+    .unwrap();
     eprintln!(
         "provision init (spawn → first poll of the Runtime API): {:?}",
         done.init
@@ -80,20 +84,15 @@ async fn binary_handles_a_pending_pod_batch() {
 
 #[tokio::test]
 async fn binary_without_configuration_says_what_is_missing() {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .env("NODESMITH_KUBE_URL", "http://127.0.0.1:9")
-        .env("NODESMITH_TABLE", "nodesmith")
-        .env_remove("NODESMITH_LAUNCH_QUEUE_URL")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9")
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = nodesmith_tests::lambda_runtime::failed_start(
+        &nodesmith_tests::binary("provision"),
+        &[
+            ("NODESMITH_KUBE_URL", Some("http://127.0.0.1:9")),
+            ("NODESMITH_TABLE", Some("nodesmith")),
+            ("NODESMITH_LAUNCH_QUEUE_URL", None),
+            ("AWS_REGION", Some("us-east-1")),
+        ],
+    )
+    .await;
     assert!(text.contains("NODESMITH_LAUNCH_QUEUE_URL is not set"), "{text}");
 }

@@ -4,7 +4,6 @@
 //! configuration it stops with a clear message.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use nodesmith_tests::lambda_runtime::{Invocation, invoke};
 use nodesmith_tests::moto::moto;
@@ -28,9 +27,10 @@ async fn binary_handles_an_sqs_event_against_moto() {
     let mut env: BTreeMap<String, String> = m.env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
     env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
-    let Invocation { path, body, init, .. } = invoke(Path::new(env!("CARGO_BIN_EXE_launch")), "launch", &env, &event)
-        .await
-        .unwrap();
+    let Invocation { path, body, init, .. } =
+        invoke(nodesmith_tests::binary("launch").as_path(), "launch", &env, &event)
+            .await
+            .unwrap();
     // Reported, not asserted: timing depends on the machine.
     eprintln!("launch init (spawn → first poll of the Runtime API): {init:?}");
     assert_eq!(path, "req-1/response");
@@ -43,19 +43,11 @@ async fn binary_handles_an_sqs_event_against_moto() {
 
 #[tokio::test]
 async fn binary_without_configuration_says_what_is_missing() {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_launch"))
-        .env_remove("NODESMITH_TABLE")
-        .env("NODESMITH_CLUSTER_NAME", "demo")
-        .env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9")
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = nodesmith_tests::lambda_runtime::failed_start(
+        &nodesmith_tests::binary("launch"),
+        &[("NODESMITH_TABLE", None), ("NODESMITH_CLUSTER_NAME", Some("demo"))],
+    )
+    .await;
     assert!(
         text.contains("environment variable NODESMITH_TABLE is not set"),
         "{text}"

@@ -4,7 +4,6 @@
 //! for), and answers with what it did; without configuration it names what is missing.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::state::StateStore;
@@ -45,7 +44,7 @@ async fn binary_sweeps_once_under_the_runtime_api() {
     env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
     env.insert("NODESMITH_PENDING_QUEUE_URL".into(), pending.clone());
     let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
-    let done = invoke(Path::new(env!("CARGO_BIN_EXE_sweep")), "sweep", &env, &event)
+    let done = invoke(nodesmith_tests::binary("sweep").as_path(), "sweep", &env, &event)
         .await
         .unwrap();
     assert_eq!(done.path, "req-1/response", "{}", done.body);
@@ -62,20 +61,15 @@ async fn binary_sweeps_once_under_the_runtime_api() {
 
 #[tokio::test]
 async fn binary_without_configuration_says_what_is_missing() {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
-        .env("NODESMITH_KUBE_URL", "http://127.0.0.1:9")
-        .env("NODESMITH_TABLE", "nodesmith")
-        .env_remove("NODESMITH_CLUSTER_NAME")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9")
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = nodesmith_tests::lambda_runtime::failed_start(
+        &nodesmith_tests::binary("sweep"),
+        &[
+            ("NODESMITH_KUBE_URL", Some("http://127.0.0.1:9")),
+            ("NODESMITH_TABLE", Some("nodesmith")),
+            ("NODESMITH_CLUSTER_NAME", None),
+            ("AWS_REGION", Some("us-east-1")),
+        ],
+    )
+    .await;
     assert!(text.contains("NODESMITH_CLUSTER_NAME is not set"), "{text}");
 }

@@ -4,13 +4,10 @@
 //! turns `Ready=False`, a claim launched for it fails at once with that reason
 //! (deleted, not redelivered), and provisioning stops using its pool.
 
-#[path = "../../../tests/tests/launch_fixtures/mod.rs"]
-mod launch_fixtures;
-#[path = "../../../tests/tests/local_stack/mod.rs"]
-mod local_stack;
+use crate::launch_fixtures;
 
-use launch_fixtures::{CLUSTER, DISCOVERY, launcher_with};
-use local_stack::{Stack, event, fast};
+use crate::launch_fixtures::{CLUSTER, DISCOVERY, launcher_with};
+use crate::local_stack::{Stack, event, fast};
 use nodesmith::apis::EC2NodeClass;
 use nodesmith::apis::ec2nodeclass::Condition;
 use nodesmith::kubernetes::Cluster;

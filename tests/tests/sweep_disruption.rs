@@ -5,16 +5,12 @@
 //! every step resumed from DynamoDB. Most passes run the `Sweeper` in-process;
 //! the real `sweep` binary runs the expiry walk and the interrupted run.
 
-#[path = "../../../tests/tests/launch_fixtures/mod.rs"]
-mod launch_fixtures;
-#[path = "../../../tests/tests/local_stack/mod.rs"]
-mod local_stack;
+use crate::launch_fixtures;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use launch_fixtures::{CLUSTER, DISCOVERY, TABLE};
-use local_stack::{Stack, fast, pods_on, taint_keys};
+use crate::launch_fixtures::{CLUSTER, DISCOVERY, TABLE};
+use crate::local_stack::{Stack, fast, pods_on, taint_keys};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::state::{DisruptionRecord, DisruptionStep};
 use nodesmith_tests::kube_server::Fault;
@@ -265,9 +261,14 @@ fn env(s: &Stack, budget: &str) -> BTreeMap<String, String> {
 /// One run of the real binary; its answer.
 async fn binary(s: &Stack, budget: &str) -> Value {
     let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
-    let run = invoke(Path::new(env!("CARGO_BIN_EXE_sweep")), "sweep", &env(s, budget), &event)
-        .await
-        .unwrap();
+    let run = invoke(
+        nodesmith_tests::binary("sweep").as_path(),
+        "sweep",
+        &env(s, budget),
+        &event,
+    )
+    .await
+    .unwrap();
     assert_eq!(run.path, "req-1/response", "{}\n{}", run.body, run.logs);
     serde_json::from_str(&run.body).unwrap()
 }

@@ -1,0 +1,17 @@
+//! The functions on the local stack (moto, the Kubernetes API test server,
+//! strict kubelets): provision, launch, interrupt and sweep as handlers and
+//! as binaries under a local Lambda Runtime API, and the whole provisioning loop.
+
+mod launch_fixtures;
+mod local_stack;
+
+mod end_to_end;
+mod interrupt_eventbridge;
+mod interruption;
+mod launch_runtime;
+mod lifecycle;
+mod provision;
+mod provision_runtime;
+mod sweep_disruption;
+mod sweep_node_class_status;
+mod sweep_runtime;
