@@ -22,7 +22,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
-use aws_sdk_sqs::types::QueueAttributeName;
 use nodesmith::crash::{Logged, Point};
 use nodesmith_tests::eventbridge;
 use nodesmith_tests::local_cloud::census::{self, Ledger, World, has_taint, pod_running};
@@ -54,7 +53,6 @@ struct Harness {
     dir: PathBuf,
     ledger: Ledger,
     ec2: aws_sdk_ec2::Client,
-    sqs: aws_sdk_sqs::Client,
     replicas: usize,
     drift: usize,
     ghosts: usize,
@@ -104,7 +102,6 @@ impl Harness {
         cloud.kube.apply(&pool).unwrap();
         Harness {
             ec2: aws_sdk_ec2::Client::new(&cloud.sdk),
-            sqs: aws_sdk_sqs::Client::new(&cloud.sdk),
             cloud,
             dir,
             ledger: Ledger::default(),
@@ -121,44 +118,6 @@ impl Harness {
         self.ledger.note(&world);
         self.last = world.clone();
         world
-    }
-
-    /// Messages visible and in flight in a queue.
-    async fn queued(&self, url: &str) -> usize {
-        let a = self
-            .sqs
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .send()
-            .await
-            .unwrap();
-        a.attributes()
-            .into_iter()
-            .flat_map(|m| m.values())
-            .filter_map(|v| v.parse::<usize>().ok())
-            .sum()
-    }
-
-    /// Waits until no queue holds a message (handled or redelivered after a
-    /// crash) for a while, then for the kubelets and the scheduler to act.
-    async fn quiet(&self) {
-        let w = &self.cloud.world;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut calm = 0;
-        while calm < 2 && Instant::now() < deadline {
-            let mut n = 0;
-            for url in [&w.pending.url, &w.launch.url, &w.interruption.url] {
-                n += self.queued(url).await;
-            }
-            calm = if n == 0 { calm + 1 } else { 0 };
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        tokio::time::sleep(
-            self.cloud.settings.kubelet_join + self.cloud.settings.kubelet_ready + Duration::from_millis(500),
-        )
-        .await;
     }
 
     /// What keeps the cloud from having converged (none: it has).
@@ -221,7 +180,7 @@ impl Harness {
             &cloud.launch.dlq_url,
             &cloud.interruption.dlq_url,
         ] {
-            let n = self.queued(dlq).await;
+            let n = self.cloud.queued(dlq).await;
             if n > 0 {
                 p.push(format!("{n} messages dead-lettered in {dlq}"));
             }
@@ -239,7 +198,7 @@ impl Harness {
     ) -> Result<usize, (usize, Problems)> {
         let mut sweeps = 0;
         loop {
-            self.quiet().await;
+            self.cloud.quiet(Duration::from_secs(90)).await;
             let mut problems = self.problems(except_tainted).await;
             problems.extend(goal(&self.last));
             if problems.is_empty() {
@@ -656,38 +615,28 @@ async fn crash_through(phase: Phase) -> BTreeSet<(String, String)> {
             "{phase:?}, {function} crashing after {} #{} ({SEED_ENV}={seed})",
             point.call, point.occurrence
         );
-        // A second play when the armed one did not reach the point: each
-        // play starts where the last left the cloud, so a call's count in
-        // one invocation can differ once. The point must fire.
-        let mut fired_here = None;
-        for _ in 0..2 {
-            h.disarm();
-            h.arm(function, point);
-            let started = Instant::now();
-            let result = h.play(phase, EXTRA_SWEEPS, baseline).await;
-            let fired = h.disarm();
-            match &result {
-                Ok(sweeps) => eprintln!(
-                    "{what}: fired {}, converged after {sweeps} sweeps in {:.1} s",
-                    fired.is_some(),
-                    started.elapsed().as_secs_f64()
-                ),
-                Err((sweeps, problems)) => panic!(
-                    "{what}: not converged after {sweeps} sweeps (crash-free: {baseline}); fired: {fired:?}\n{problems:#?}\n{}\nlogs: {}",
-                    h.describe(),
-                    h.cloud.log_dir().display()
-                ),
-            }
-            h.setup(phase).await;
-            fired_here = fired;
-            if fired_here.as_ref().is_some_and(|(f, _)| f == function) {
-                break;
-            }
+        h.arm(function, point);
+        let started = Instant::now();
+        let result = h.play(phase, EXTRA_SWEEPS, baseline).await;
+        let fired = h.disarm();
+        match &result {
+            Ok(sweeps) => eprintln!(
+                "{what}: fired {}, converged after {sweeps} sweeps in {:.1} s",
+                fired.is_some(),
+                started.elapsed().as_secs_f64()
+            ),
+            Err((sweeps, problems)) => panic!(
+                "{what}: not converged after {sweeps} sweeps (crash-free: {baseline}); fired: {fired:?}\n{problems:#?}\n{}\nlogs: {}",
+                h.describe(),
+                h.cloud.log_dir().display()
+            ),
         }
         assert!(
-            fired_here.as_ref().is_some_and(|(f, _)| f == function),
-            "{what}: the point never fired in two plays (fired: {fired_here:?})"
+            fired.as_ref().is_some_and(|(f, _)| f == function),
+            "{what}: the point never fired (fired: {fired:?}); logs: {}",
+            h.cloud.log_dir().display()
         );
+        h.setup(phase).await;
         crashed.insert((function.clone(), point.call.clone()));
     }
     for (call, _) in WRITES.iter().filter(|(_, p)| *p == Ok(phase)) {

@@ -726,26 +726,72 @@ fn schedule_in(store: &mut Store) -> ScheduleReport {
 
 /// Sets `PodScheduled=False, reason=Unschedulable`; leaves the pod unchanged
 /// when the condition already says exactly that (as the scheduler avoids
-/// needless writes), so the resourceVersion only moves on real news.
+/// needless writes), so the resourceVersion only moves on real news. A new
+/// message keeps the condition's `lastTransitionTime` while its status stays
+/// `False`, as kube-scheduler does: the time says since when the pod has been
+/// unschedulable, which the sweep compares with the last solve.
 fn mark_unschedulable(pod: &mut Value, message: &str) {
     let conds = pod
         .pointer("/status/conditions")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let same = conds.iter().any(|c| {
-        c.get("type") == Some(&json!("PodScheduled"))
-            && c.get("status") == Some(&json!("False"))
+    let scheduled = conds.iter().find(|c| c.get("type") == Some(&json!("PodScheduled")));
+    if scheduled.is_some_and(|c| {
+        c.get("status") == Some(&json!("False"))
             && c.get("reason") == Some(&json!("Unschedulable"))
             && c.get("message") == Some(&json!(message))
-    });
-    if same {
+    }) {
         return;
     }
+    let since = scheduled
+        .filter(|c| c.get("status") == Some(&json!("False")))
+        .and_then(|c| c.get("lastTransitionTime").cloned())
+        .unwrap_or_else(|| json!(now_rfc3339()));
     let mut conds: Vec<Value> = conds
         .into_iter()
         .filter(|c| c.get("type") != Some(&json!("PodScheduled")))
         .collect();
-    conds.push(json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message, "lastTransitionTime": now_rfc3339()}));
+    conds.push(json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message, "lastTransitionTime": since}));
     json_patch::merge(pod, &json!({"status": {"phase": "Pending", "conditions": conds}}));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduled(pod: &Value) -> Value {
+        pod["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "PodScheduled")
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn a_new_unschedulable_message_keeps_the_time_the_pod_became_unschedulable() {
+        let old = "2026-01-01T00:00:00Z";
+        let mut pod = json!({"status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes", "lastTransitionTime": old}
+        ]}});
+        mark_unschedulable(&mut pod, "0/4 nodes");
+        let c = scheduled(&pod);
+        assert_eq!(
+            (c["message"].as_str(), c["lastTransitionTime"].as_str()),
+            (Some("0/4 nodes"), Some(old))
+        );
+
+        // A pod that was scheduled (or never judged) becomes unschedulable now.
+        let mut pod = json!({"status": {"conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": old}
+        ]}});
+        mark_unschedulable(&mut pod, "0/4 nodes");
+        assert_ne!(scheduled(&pod)["lastTransitionTime"], json!(old));
+        let mut fresh = json!({});
+        mark_unschedulable(&mut fresh, "0/1 nodes");
+        assert_eq!(scheduled(&fresh)["status"], "False");
+        assert!(scheduled(&fresh)["lastTransitionTime"].is_string());
+    }
 }

@@ -17,8 +17,14 @@ use crate::eventbridge;
 pub struct DemoOptions {
     /// Replicas of `inflate`.
     pub replicas: usize,
-    /// How long a chapter may take before the demo gives up on it.
+    /// How long a chapter may take before the demo gives up on it (the
+    /// sweep on its schedule), and how long a wait for the functions may take.
     pub chapter_timeout: Duration,
+    /// On a cloud whose sweep runs by hand (tests): how many sweeps a chapter
+    /// may take before the demo gives up on it. The demo then waits for the
+    /// queues to empty before each sweep, so a slow machine takes longer but
+    /// never runs out of time.
+    pub chapter_sweeps: usize,
     /// Redraw a live table (a terminal) or print a line now and then.
     pub live: bool,
     /// Play EC2's bad days through the fault proxy: no spot capacity in the
@@ -32,6 +38,7 @@ impl Default for DemoOptions {
         DemoOptions {
             replicas: 100,
             chapter_timeout: Duration::from_secs(180),
+            chapter_sweeps: 30,
             live: std::io::stdout().is_terminal(),
             faults: false,
         }
@@ -307,6 +314,8 @@ struct Demo<'a> {
     drawn_lines: usize,
     last_line: Instant,
     chapter_started: Instant,
+    /// Sweeps run by hand in this chapter.
+    chapter_sweeps: usize,
     chapter: String,
 }
 
@@ -325,6 +334,7 @@ impl<'a> Demo<'a> {
             drawn_lines: 0,
             last_line: Instant::now(),
             chapter_started: Instant::now(),
+            chapter_sweeps: 0,
             chapter: String::new(),
         }
     }
@@ -343,6 +353,7 @@ impl<'a> Demo<'a> {
         self.drawn_lines = 0;
         self.chapter = format!("chapter {n}: {what}");
         self.chapter_started = Instant::now();
+        self.chapter_sweeps = 0;
         let _ = writeln!(out, "\n== {}", self.chapter);
     }
 
@@ -373,21 +384,60 @@ impl<'a> Demo<'a> {
         Ok(world)
     }
 
-    /// Observes and redraws until `goal` holds (true) or the chapter times out (false).
+    /// Observes and redraws until `goal` holds (true) or the chapter runs out
+    /// of time or, on a cloud whose sweep runs by hand, of sweeps (false).
+    /// By hand, it sweeps once the queues were empty at two looks in a row
+    /// and the kubelets had time to act, looking on meanwhile.
     async fn until(&mut self, out: &mut dyn Write, goal: impl Fn(&World) -> bool) -> Result<bool, DemoError> {
+        let by_hand = self.cloud.settings.manual_sweep;
+        let mut calm = 0;
+        let mut waiting_since = Instant::now();
         loop {
             let w = self.observe().await?;
             let done = goal(&w);
-            let timed_out = self.chapter_started.elapsed() > self.options.chapter_timeout;
-            self.draw(out, &w, done || timed_out);
+            let quiet = calm >= 2;
+            let gave_up = if by_hand {
+                quiet && self.chapter_sweeps >= self.options.chapter_sweeps
+            } else {
+                self.chapter_started.elapsed() > self.options.chapter_timeout
+            };
+            self.draw(out, &w, done || gave_up);
             if done {
+                if by_hand {
+                    let _ = writeln!(out, "   done after {} sweeps", self.chapter_sweeps);
+                }
                 return Ok(true);
             }
-            if timed_out {
-                let _ = writeln!(out, "   gave up after {} s", self.options.chapter_timeout.as_secs());
+            if gave_up {
+                let _ = match by_hand {
+                    true => writeln!(out, "   gave up after {} sweeps", self.chapter_sweeps),
+                    false => writeln!(out, "   gave up after {} s", self.options.chapter_timeout.as_secs()),
+                };
                 return Ok(false);
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            if !by_hand {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            } else if quiet {
+                // The functions are done and the kubelets had their time: sweep.
+                if let Err(e) = self.cloud.sweep().await {
+                    let _ = writeln!(out, "   the sweep could not be invoked: {e}");
+                }
+                self.chapter_sweeps += 1;
+                calm = 0;
+                waiting_since = Instant::now();
+            } else {
+                // Queues that never empty (a message failing over and over)
+                // count as quiet after the chapter's timeout: the sweep may be
+                // what they wait for.
+                let empty = self.cloud.queues_empty().await || waiting_since.elapsed() > self.options.chapter_timeout;
+                calm = if empty { calm + 1 } else { 0 };
+                let pause = if calm >= 2 {
+                    self.cloud.kubelet_time()
+                } else {
+                    Duration::from_millis(300)
+                };
+                tokio::time::sleep(pause).await;
+            }
         }
     }
 

@@ -564,6 +564,55 @@ impl LocalCloud {
         invoke_scheduled(pool, &self.activity).await
     }
 
+    /// Messages visible and in flight in the queue at `url` (0 when SQS cannot say).
+    pub async fn queued(&self, url: &str) -> usize {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let answer = aws_sdk_sqs::Client::new(&self.sdk)
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await;
+        answer
+            .ok()
+            .and_then(|a| a.attributes().cloned())
+            .into_iter()
+            .flat_map(|m| m.into_values())
+            .filter_map(|v| v.parse::<usize>().ok())
+            .sum()
+    }
+
+    /// Whether no queue holds a message (visible, or in flight: handled or
+    /// redelivered after a failure).
+    pub async fn queues_empty(&self) -> bool {
+        let w = &self.world;
+        for url in [&w.pending.url, &w.launch.url, &w.interruption.url] {
+            if self.queued(url).await > 0 {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// As long as a new instance takes to become a Ready Node here.
+    pub fn kubelet_time(&self) -> Duration {
+        self.settings.kubelet_join + self.settings.kubelet_ready + Duration::from_millis(500)
+    }
+
+    /// Waits until the functions have done what they were asked (the queues
+    /// empty at two looks in a row, at most `limit`), then [`Self::kubelet_time`].
+    /// Tests that count sweeps call it before each one.
+    pub async fn quiet(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut calm = 0;
+        while calm < 2 && tokio::time::Instant::now() < deadline {
+            calm = if self.queues_empty().await { calm + 1 } else { 0 };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tokio::time::sleep(self.kubelet_time()).await;
+    }
+
     /// The kubeconfig file for `kubectl`.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
