@@ -180,7 +180,7 @@ impl Harness {
             &cloud.launch.dlq_url,
             &cloud.interruption.dlq_url,
         ] {
-            let n = self.cloud.queued(dlq).await;
+            let n = self.cloud.queued(dlq).await.unwrap();
             if n > 0 {
                 p.push(format!("{n} messages dead-lettered in {dlq}"));
             }

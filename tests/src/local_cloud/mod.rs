@@ -564,8 +564,8 @@ impl LocalCloud {
         invoke_scheduled(pool, &self.activity).await
     }
 
-    /// Messages visible and in flight in the queue at `url` (0 when SQS cannot say).
-    pub async fn queued(&self, url: &str) -> usize {
+    /// Messages visible and in flight in the queue at `url`, or what SQS said.
+    pub async fn queued(&self, url: &str) -> Result<usize, String> {
         use aws_sdk_sqs::types::QueueAttributeName as A;
         let answer = aws_sdk_sqs::Client::new(&self.sdk)
             .get_queue_attributes()
@@ -573,22 +573,27 @@ impl LocalCloud {
             .attribute_names(A::ApproximateNumberOfMessages)
             .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
             .send()
-            .await;
-        answer
-            .ok()
-            .and_then(|a| a.attributes().cloned())
+            .await
+            .map_err(|e| {
+                format!(
+                    "GetQueueAttributes {url}: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(&e)
+                )
+            })?;
+        Ok(answer
+            .attributes()
             .into_iter()
-            .flat_map(|m| m.into_values())
+            .flat_map(|m| m.values())
             .filter_map(|v| v.parse::<usize>().ok())
-            .sum()
+            .sum())
     }
 
     /// Whether no queue holds a message (visible, or in flight: handled or
-    /// redelivered after a failure).
+    /// redelivered after a failure); a queue SQS cannot describe is not empty.
     pub async fn queues_empty(&self) -> bool {
         let w = &self.world;
         for url in [&w.pending.url, &w.launch.url, &w.interruption.url] {
-            if self.queued(url).await > 0 {
+            if self.queued(url).await != Ok(0) {
                 return false;
             }
         }
