@@ -14,8 +14,8 @@ use std::sync::Arc;
 use criterion::{Criterion, black_box, criterion_main};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use nodesmith::apis::NodePool;
+use nodesmith::capacity::plan_replacements;
 use nodesmith::interruption::decide::{Decision, RebalanceMode, decide};
-use nodesmith::interruption::handler::plan_replacement;
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::scheduling::ExistingNode;
 use nodesmith::snapshot::Snapshot;
@@ -91,7 +91,10 @@ fn react(body: &str, claims: &[NodeClaim], snapshot: &Snapshot, now: jiff::Times
             && steps.replace
             && let Some(node) = steps.node
         {
-            replacements += plan_replacement(snapshot, &[node], "bench").claims.len();
+            let options = nodesmith::scheduling::SolveOptions::without([node.clone()]);
+            replacements += plan_replacements(snapshot, &[node], &options, "bench", |_| {})
+                .new
+                .len();
         }
     }
     replacements

@@ -5,9 +5,11 @@
 //! thin and live beside them.
 
 pub mod apis;
+pub mod capacity;
 pub mod catalog;
 pub mod crash;
 pub mod disruption;
+pub mod drains;
 pub mod ec2;
 pub mod interruption;
 pub mod kubernetes;

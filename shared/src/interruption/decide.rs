@@ -5,7 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::event::{Event, Kind, NOTICE};
 use crate::catalog::OfferingKey;
-use crate::kubernetes::DrainOptions;
+use crate::drains::DrainPolicy;
 use crate::nodeclaim::{NodeClaim, Phase};
 
 /// How close to the deadline a drain stops honouring PDBs and do-not-disrupt:
@@ -35,29 +35,6 @@ impl std::str::FromStr for RebalanceMode {
             other => Err(format!(
                 "NODESMITH_REBALANCE={other:?}: expected ignore, replace or drain"
             )),
-        }
-    }
-}
-
-/// How a node is drained: gracefully until `force_from`, then by force.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DrainPolicy {
-    /// When the instance goes away (None: no deadline, graceful throughout).
-    pub deadline: Option<Timestamp>,
-    /// From this moment PDBs and do-not-disrupt no longer hold pods (None: never).
-    pub force_from: Option<Timestamp>,
-}
-
-impl DrainPolicy {
-    /// True when the drain is forced at `now`.
-    pub fn forced_at(&self, now: Timestamp) -> bool {
-        self.force_from.is_some_and(|f| now >= f)
-    }
-
-    /// The drain options at `now`.
-    pub fn options_at(&self, now: Timestamp) -> DrainOptions {
-        DrainOptions {
-            ignore_do_not_disrupt: self.forced_at(now),
         }
     }
 }

@@ -7,28 +7,26 @@
 //! foreign events are logged and dropped, never retried. An event is recorded
 //! as handled (keyed by its id) once acted on, and a handled event's
 //! redeliveries are dropped; one that failed or died midway is acted on
-//! again. Drains are recorded in DynamoDB ([`DrainRecord`]) and continued by
-//! every invocation and by the sweep ([`continue_drains`]).
+//! again. Drains are recorded in DynamoDB ([`crate::state::DrainRecord`]) and continued by
+//! every invocation and by the sweep ([`crate::drains`]).
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use jiff::Timestamp;
 use sha2::Digest;
 
-use super::decide::{Decision, DrainPolicy, RebalanceMode, Steps, decide};
+use super::decide::{Decision, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
+use crate::capacity::{self, CapacityError, Door, LEASE};
+use crate::drains::{self, DrainError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
-use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
 use crate::messages::SolveRequest;
-use crate::nodeclaim::{NodeClaim, Phase, generate_name};
-use crate::provisioning::LEASE;
+use crate::nodeclaim::{NodeClaim, Phase};
 use crate::provisioning::trigger::{TriggerError, request_solve};
-use crate::scheduling::{SolveOptions, Unschedulable};
-use crate::snapshot::Snapshot;
+use crate::scheduling::SolveOptions;
 use crate::snapshot::live::{self, SnapshotError};
-use crate::state::{DrainRecord, StateError, StateStore, UNAVAILABLE_TTL_SECS};
+use crate::state::{Removal, StateError, StateStore, UNAVAILABLE_TTL_SECS};
 
 /// How long an event id is remembered (EventBridge redelivers within hours at most).
 const PROCESSED_TTL_SECS: i64 = 24 * 3600;
@@ -119,9 +117,12 @@ pub enum InterruptError {
     /// The replacement's snapshot could not be read.
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
-    /// Launches could not be queued.
-    #[error("queueing launches: {0}")]
-    Enqueue(#[from] EnqueueError),
+    /// The replacement could not be admitted.
+    #[error("adding the replacement")]
+    Capacity(#[from] CapacityError),
+    /// Recorded drains could not be continued.
+    #[error("continuing drains")]
+    Drain(#[from] DrainError),
     /// A solve request could not be queued.
     #[error("{0}")]
     Trigger(#[from] TriggerError),
@@ -311,7 +312,7 @@ impl<C: Cluster> Interrupter<C> {
             }
             self.mark_draining(claim, now).await?;
             if let (Some(policy), Some(node)) = (s.drain, &s.node) {
-                let record = drain_record(claim, node, s.reason, policy, now);
+                let record = drains::record(&claim.name, node, s.reason, policy, now);
                 self.store.begin_drain(&record).await?;
             }
         }
@@ -320,24 +321,12 @@ impl<C: Cluster> Interrupter<C> {
 
     /// Moves a claim to Draining (version-checked, once).
     async fn mark_draining(&self, claim: &NodeClaim, now: Timestamp) -> Result<(), InterruptError> {
-        let mut current = claim.clone();
-        for _ in 0..3 {
-            if !current.phase.can_move_to(Phase::Draining) {
-                return Ok(());
-            }
-            let mut next = current.clone();
-            if next.advance(Phase::Draining, now).is_err() {
-                return Ok(());
-            }
-            match self.store.update_node_claim(&next).await {
-                Ok(_) => return Ok(()),
-                Err(StateError::Conflict { .. }) => match self.store.get_node_claim(&claim.name).await? {
-                    Some(c) => current = c,
-                    None => return Ok(()),
-                },
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.store
+            .advance_node_claim(&claim.name, |c| {
+                let mut next = c.clone();
+                next.advance(Phase::Draining, now).ok().map(|()| next)
+            })
+            .await?;
         Ok(())
     }
 
@@ -358,16 +347,7 @@ impl<C: Cluster> Interrupter<C> {
             }
             self.cluster.delete_node(node).await?;
         }
-        match self.store.delete_node_claim(&claim.name, claim.version).await {
-            Ok(()) => {}
-            Err(StateError::Conflict { found: None, .. }) => {}
-            Err(StateError::Conflict { .. }) => {
-                if let Some(c) = self.store.get_node_claim(&claim.name).await? {
-                    self.store.delete_node_claim(&c.name, c.version).await?;
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
+        self.store.remove_node_claim(claim, Removal::Regardless).await?;
         self.store.end_drain(&claim.name).await?;
         request_solve(
             &self.sqs,
@@ -381,44 +361,38 @@ impl<C: Cluster> Interrupter<C> {
         Ok(())
     }
 
-    /// A what-if solve with `nodes` removed, its new claims written fenced by
-    /// the provision lease, their launches queued.
+    /// A what-if solve with `nodes` removed, its new claims admitted through
+    /// the capacity door.
     async fn replace(&self, nodes: &[String], now: Timestamp) -> Result<Vec<NodeClaim>, InterruptError> {
         let c = &self.config;
-        self.store
-            .with_lease(LEASE, &c.holder, c.lease_ttl, c.lease_wait, |lease| async move {
-                self.replace_under(&lease, nodes, now).await
-            })
-            .await?
-            .ok_or(InterruptError::Busy)?
+        let door = Door {
+            store: &self.store,
+            sqs: &self.sqs,
+            launch_queue_url: &c.launch_queue_url,
+            holder: &c.holder,
+            lease_ttl: c.lease_ttl,
+            lease_wait: c.lease_wait,
+        };
+        let door = &door;
+        door.under_lease(|lease| async move {
+            let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+            let options = SolveOptions::without(nodes.iter().cloned());
+            let plan = capacity::plan_replacements(&snapshot, nodes, &options, &capacity::seed(&lease, now), |_| {});
+            for u in plan.unschedulable() {
+                tracing::warn!(pod = %u.pod, reason = %u.reason, "no replacement can hold this pod");
+            }
+            let created = door.admit(&lease, &plan.claims()).await?;
+            tracing::info!(replaced = ?nodes, replacements = created.len(), "replacement launched");
+            Ok(created)
+        })
+        .await?
+        .ok_or(InterruptError::Busy)?
     }
 
-    async fn replace_under(
-        &self,
-        lease: &crate::state::Lease,
-        nodes: &[String],
-        now: Timestamp,
-    ) -> Result<Vec<NodeClaim>, InterruptError> {
-        let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
-        let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
-        let Replacement { claims, unschedulable } = plan_replacement(&snapshot, nodes, &seed);
-        for u in &unschedulable {
-            tracing::warn!(pod = %u.pod, reason = %u.reason, "no replacement can hold this pod");
-        }
-        let created = self
-            .store
-            .create_node_claims_fenced(lease, &claims, crate::state::now_ms())
-            .await?;
-        let requests: Vec<LaunchRequest> = created.iter().map(|c| LaunchRequest::new(&c.name)).collect();
-        enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
-        tracing::info!(replaced = ?nodes, replacements = created.len(), "replacement launched");
-        Ok(created)
-    }
-
-    /// Continues every recorded drain ([`continue_drains`]) within this
-    /// function's drain budget.
+    /// Continues every recorded drain ([`drains::continue_drains`]) within
+    /// this function's drain budget.
     pub async fn continue_drains(&self, outcome: &mut Outcome) -> Result<(), InterruptError> {
-        let drained = continue_drains(
+        let drained = drains::continue_drains(
             &self.cluster,
             &self.store,
             self.config.drain_budget,
@@ -430,134 +404,10 @@ impl<C: Cluster> Interrupter<C> {
     }
 }
 
-/// Continues every recorded drain: passes until each node is empty, its node
-/// gone, or `budget` spent (pausing `interval` between passes; a zero budget
-/// makes one pass). Honours PDBs and do-not-disrupt until the record's force
-/// time, then deletes what evictions cannot move. Returns the nodes whose
-/// drain finished (their records are removed).
-pub async fn continue_drains(
-    cluster: &impl Cluster,
-    store: &StateStore,
-    budget: Duration,
-    interval: Duration,
-) -> Result<Vec<String>, InterruptError> {
-    let started = std::time::Instant::now();
-    let mut drained = Vec::new();
-    loop {
-        let records = store.drains().await?;
-        if records.is_empty() {
-            return Ok(drained);
-        }
-        let mut left = 0;
-        for r in &records {
-            if drain_pass(cluster, r, Timestamp::now()).await? {
-                drained.push(r.node.clone());
-                store.end_drain(&r.claim).await?;
-            } else {
-                left += 1;
-            }
-        }
-        if left == 0 || started.elapsed() + interval > budget {
-            return Ok(drained);
-        }
-        tokio::time::sleep(interval).await;
-    }
-}
-
-/// The sweep's share of interruption work: one pass over every recorded
-/// drain, so a drain outlives the invocation that began it even when no
-/// further event arrives. Failures are logged; the next sweep tries again.
-pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore) -> Vec<String> {
-    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO).await {
-        Ok(drained) => drained,
-        Err(e) => {
-            tracing::warn!(error = %e, "recorded drains not continued; the next sweep tries again");
-            Vec::new()
-        }
-    }
-}
-
-/// One pass over one drain; true when it is finished.
-async fn drain_pass(cluster: &impl Cluster, r: &DrainRecord, now: Timestamp) -> Result<bool, InterruptError> {
-    if cluster.node(&r.node).await?.is_none() {
-        tracing::info!(node = %r.node, "drained node is gone");
-        return Ok(true);
-    }
-    let policy = policy_of(r);
-    let report = drain(cluster, &r.node, policy.options_at(now)).await?;
-    if report.is_complete() {
-        tracing::info!(node = %r.node, reason = %r.reason, "drain complete");
-        return Ok(true);
-    }
-    if policy.forced_at(now) {
-        // The cloud takes the node at the deadline: what a PDB still holds goes now.
-        let pods = cluster.pods_on_node(&r.node).await?;
-        for p in pods {
-            let key = crate::kubernetes::pods::key(&p);
-            if report.blocked_by_pdb.iter().any(|(k, _)| *k == key) {
-                tracing::warn!(pod = %key, node = %r.node, "deadline near: deleting a pod its PDB still protects");
-                cluster.delete_pod(&p).await?;
-            }
-        }
-    } else if !report.blocked_by_pdb.is_empty() || !report.do_not_disrupt.is_empty() {
-        tracing::info!(node = %r.node, blocked = report.blocked_by_pdb.len(), do_not_disrupt = report.do_not_disrupt.len(),
-            force_from = ?policy.force_from, "drain waiting on PDBs or do-not-disrupt");
-    }
-    Ok(false)
-}
-
-/// The capacity that replaces some nodes.
-#[derive(Debug, Clone)]
-pub struct Replacement {
-    /// New NodeClaims to write and launch.
-    pub claims: Vec<NodeClaim>,
-    /// The nodes' pods nothing can hold.
-    pub unschedulable: Vec<Unschedulable>,
-}
-
-/// The replacement for `nodes` (pure): a what-if solve of `snapshot` with
-/// them removed, new claims named from `seed`, unique within the snapshot.
-pub fn plan_replacement(snapshot: &Snapshot, nodes: &[String], seed: &str) -> Replacement {
-    let plan = snapshot.compile().solve(&SolveOptions::without(nodes.iter().cloned()));
-    let mut taken: BTreeSet<String> = snapshot.node_claims.iter().map(|c| c.name.clone()).collect();
-    taken.extend(snapshot.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
-    let claims = plan
-        .node_claims
-        .iter()
-        .map(|c| NodeClaim {
-            name: generate_name(&c.node_pool, seed, &mut taken),
-            ..snapshot.node_claim(c)
-        })
-        .collect();
-    Replacement {
-        claims,
-        unschedulable: plan.unschedulable,
-    }
-}
-
-/// The drain record for a claim's node (pure).
-pub fn drain_record(claim: &NodeClaim, node: &str, reason: &str, policy: DrainPolicy, now: Timestamp) -> DrainRecord {
-    DrainRecord {
-        claim: claim.name.clone(),
-        node: node.to_string(),
-        reason: reason.to_string(),
-        deadline_ms: policy.deadline.map(|t| t.as_millisecond()),
-        force_from_ms: policy.force_from.map(|t| t.as_millisecond()),
-        started_ms: now.as_millisecond(),
-    }
-}
-
-/// The policy a record stands for (pure).
-pub fn policy_of(r: &DrainRecord) -> DrainPolicy {
-    DrainPolicy {
-        deadline: r.deadline_ms.and_then(|m| Timestamp::from_millisecond(m).ok()),
-        force_from: r.force_from_ms.and_then(|m| Timestamp::from_millisecond(m).ok()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drains::DrainPolicy;
 
     #[test]
     fn config_from_lookup() {
@@ -603,6 +453,6 @@ mod tests {
             force_from: None,
         };
         let c = NodeClaim::pending("c", "p", "k");
-        assert_eq!(policy_of(&drain_record(&c, "n", "r", policy, now)), policy);
+        assert_eq!(DrainPolicy::of(&drains::record(&c.name, "n", "r", policy, now)), policy);
     }
 }

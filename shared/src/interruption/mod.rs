@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 
 pub use decide::{Decision, RebalanceMode};
 pub use event::{Event, Kind, classify, parse};
-pub use handler::{continue_drains, sweep_drains};
 
 /// The events in one input: a single event, a JSON array of events, an SQS
 /// message (`Body`/`body` holding an event), or an SQS `receive-message`

@@ -1,6 +1,7 @@
-use super::decide::{Decision, DrainPolicy, FORCE_BEFORE_DEADLINE, RebalanceMode, decide};
+use super::decide::{Decision, FORCE_BEFORE_DEADLINE, RebalanceMode, decide};
 use super::event::{Kind, classify, is_instance_id, parse, parse_time};
 use super::*;
+use crate::drains::DrainPolicy;
 use crate::nodeclaim::{NodeClaim, Phase};
 use proptest::prelude::*;
 use serde_json::json;

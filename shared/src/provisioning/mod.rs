@@ -10,7 +10,7 @@
 pub mod batch;
 pub mod trigger;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
@@ -18,17 +18,16 @@ use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::capacity::{self, CapacityError, Door};
 use crate::kubernetes::{Cluster, EventSpec};
-use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
-use crate::nodeclaim::{NodeClaim, generate_name};
+use crate::nodeclaim::NodeClaim;
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
 use batch::{PodState, Record};
 
-/// The lease that serialises solves (and every other writer of new claims).
-pub const LEASE: &str = "provision";
+pub use crate::capacity::{LEASE, LEASE_TTL};
 
 /// How long the provision lease outlives its holder's last renewal, from
 /// `NODESMITH_PROVISION_LEASE` through `get` (a Go duration; default 15s):
@@ -41,9 +40,6 @@ pub fn lease_ttl(get: impl Fn(&str) -> Option<String>) -> Result<Duration, Strin
         }
     }
 }
-
-/// The provision lease's default time to live.
-pub const LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// Settings of the provision function.
 #[derive(Debug, Clone)]
@@ -102,9 +98,9 @@ pub enum ProvisionError {
     /// The state table failed.
     #[error("state: {0}")]
     State(#[from] StateError),
-    /// Launch requests could not be queued.
-    #[error("queueing launches: {0}")]
-    Enqueue(#[from] EnqueueError),
+    /// The new claims could not be admitted.
+    #[error("adding capacity")]
+    Capacity(#[from] CapacityError),
     /// No catalog of this region is stored and it could not be built.
     #[error("catalog: {0}")]
     Catalog(#[from] crate::catalog::refresh::RefreshError),
@@ -254,12 +250,9 @@ impl<C: Cluster> Provisioner<C> {
         outcome: &mut Outcome,
         now: Timestamp,
     ) -> Result<(), ProvisionError> {
-        let c = &self.config;
         let events = self
-            .store
-            .with_lease(LEASE, &c.holder, c.lease_ttl, c.lease_wait, |lease| async move {
-                self.solve_under(&lease, refs, outcome, now).await
-            })
+            .door()
+            .under_lease(|lease| async move { self.solve_under(&lease, refs, outcome, now).await })
             .await?
             .ok_or(ProvisionError::Busy)??;
         // After the lease: the next solve need not wait on a burst's thousands of events.
@@ -307,36 +300,29 @@ impl<C: Cluster> Provisioner<C> {
             .map(|u| (u.pod.to_string(), u.reason.to_string()))
             .collect();
 
-        // Names are generated, never derived from the pods: a pod recreated under
-        // its old name must not produce the name of a claim that is still stored.
         // Redelivered batches add nothing because the lease serialises solves and
         // the first solve's claims are in-flight capacity for the next.
-        let mut taken: BTreeSet<String> = snapshot.node_claims.iter().map(|c| c.name.clone()).collect();
-        taken.extend(snapshot.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
-        let seed = format!("{}/{}/{}", lease.holder, lease.version, now.as_nanosecond());
-        let new_claims: Vec<NodeClaim> = plan
-            .node_claims
-            .iter()
-            .map(|c| {
-                let name = generate_name(&c.node_pool, &seed, &mut taken);
-                NodeClaim {
-                    name,
-                    ..snapshot.node_claim(c)
-                }
-            })
-            .collect();
-        let created = self
-            .store
-            .create_node_claims_fenced(lease, &new_claims, now_ms())
-            .await?;
+        let new_claims = capacity::name_claims(&snapshot, &plan.node_claims, &capacity::seed(lease, now));
+        let created = self.door().admit(lease, &new_claims).await?;
         if let Err(e) = self.store.mark(LAST_SOLVE, now_ms()).await {
             tracing::warn!(error = %e, "cannot record the solve time; the sweep may ask for an extra solve");
         }
-        let requests = launch_requests(&created);
-        enqueue(&self.sqs, &self.config.launch_queue_url, &requests).await?;
         outcome.created = created;
         let names: Vec<String> = new_claims.iter().map(|c| c.name.clone()).collect();
         Ok(plan_events(&plan, &names, &snapshot.pods))
+    }
+
+    /// The door new claims go through.
+    fn door(&self) -> Door<'_> {
+        let c = &self.config;
+        Door {
+            store: &self.store,
+            sqs: &self.sqs,
+            launch_queue_url: &c.launch_queue_url,
+            holder: &c.holder,
+            lease_ttl: c.lease_ttl,
+            lease_wait: c.lease_wait,
+        }
     }
 
     /// Records events a few at a time; a failure is logged, never fatal.
@@ -382,12 +368,6 @@ pub fn plan_events(plan: &Plan, claim_names: &[String], pods: &[Pod]) -> Vec<Eve
             .map(|pod| EventSpec::failed_scheduling(pod, &format!("No NodePool can take this pod: {}", u.reason)))
     });
     nominated.chain(failed).collect()
-}
-
-/// Launch requests for claims: their names only (`launch` reads the class
-/// from the cluster, and gives up a claim whose class is gone).
-fn launch_requests(claims: &[NodeClaim]) -> Vec<LaunchRequest> {
-    claims.iter().map(|c| LaunchRequest::new(&c.name)).collect()
 }
 
 #[cfg(test)]

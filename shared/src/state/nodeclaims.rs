@@ -10,6 +10,41 @@ use crate::nodeclaim::NodeClaim;
 /// DynamoDB allows 100 actions per transaction; one is the lease check.
 const CLAIMS_PER_TRANSACTION: usize = 99;
 
+/// How many times a claim is read again after a conflicting write.
+const ADVANCE_TRIES: usize = 3;
+
+/// What [`StateStore::advance_node_claim`] found and did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Advance {
+    /// The claim moved on; as stored now.
+    Moved(NodeClaim),
+    /// The claim was left as it is (its step declined, or others kept
+    /// writing it); as last read.
+    Left(NodeClaim),
+    /// No such claim.
+    Gone,
+}
+
+impl Advance {
+    /// The claim as stored, unless it is gone.
+    pub fn claim(self) -> Option<NodeClaim> {
+        match self {
+            Advance::Moved(c) | Advance::Left(c) => Some(c),
+            Advance::Gone => None,
+        }
+    }
+}
+
+/// Which version of a claim [`StateStore::remove_node_claim`] may remove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Only the version the caller read: a claim written since is kept (the
+    /// caller decided on what it read).
+    IfUnchanged,
+    /// Whatever was written since (its capacity is gone whatever it says).
+    Regardless,
+}
+
 /// The item for a claim at a given version (pure).
 pub fn to_item(claim: &NodeClaim, version: u64) -> Result<Item, StateError> {
     let mut c = claim.clone();
@@ -154,6 +189,47 @@ impl StateStore {
             });
         }
         Err(self.conflict(&claim.name, claim.version).await?)
+    }
+
+    /// Moves claim `name` on, version-checked: `step` sees the claim as
+    /// stored and returns it moved on, or None to leave it. A write that
+    /// conflicts reads the claim again and asks `step` again. The one way a
+    /// stored claim changes phase outside `launch`.
+    pub async fn advance_node_claim(
+        &self,
+        name: &str,
+        step: impl Fn(&NodeClaim) -> Option<NodeClaim>,
+    ) -> Result<Advance, StateError> {
+        let mut last = None;
+        for _ in 0..ADVANCE_TRIES {
+            let Some(current) = self.get_node_claim(name).await? else {
+                return Ok(Advance::Gone);
+            };
+            let Some(next) = step(&current) else {
+                return Ok(Advance::Left(current));
+            };
+            match self.update_node_claim(&next).await {
+                Ok(stored) => return Ok(Advance::Moved(stored)),
+                Err(StateError::Conflict { .. }) => last = Some(current),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(last.map_or(Advance::Gone, Advance::Left))
+    }
+
+    /// Removes a claim, version-checked as `removal` says; a claim already
+    /// gone counts as removed.
+    pub async fn remove_node_claim(&self, claim: &NodeClaim, removal: Removal) -> Result<(), StateError> {
+        match self.delete_node_claim(&claim.name, claim.version).await {
+            Ok(()) | Err(StateError::Conflict { found: None, .. }) => Ok(()),
+            Err(StateError::Conflict { found: Some(v), .. }) if removal == Removal::Regardless => {
+                match self.delete_node_claim(&claim.name, v).await {
+                    Ok(()) | Err(StateError::Conflict { found: None, .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Deletes a NodeClaim if the table still has `version`.

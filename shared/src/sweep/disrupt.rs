@@ -11,25 +11,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
 use super::{StepError, Sweeper};
 use crate::apis::labels;
+use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
 use crate::disruption::{DecideOptions, Held, Reason, decide};
+use crate::drains::{self, DrainPolicy};
 use crate::ec2::Instance;
-use crate::kubernetes::{Cluster, EventSpec, drain, events, pods};
+use crate::kubernetes::{Cluster, EventSpec, events};
 use crate::launch;
 use crate::launch::nodeclass::ClassFacts;
-use crate::launch::request::{LaunchRequest, enqueue};
-use crate::nodeclaim::{NodeClaim, Phase, generate_name};
+use crate::nodeclaim::{NodeClaim, Phase};
 use crate::registration;
-use crate::scheduling::{NewNodeClaim, PodRef, SolveOptions, TargetKind};
+use crate::scheduling::{NewNodeClaim, SolveOptions};
 use crate::snapshot::Snapshot;
 use crate::snapshot::live;
-use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, StateError, now_ms};
+use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, Removal, now_ms};
 
 /// At most this many `DisruptionBlocked` events per run: every blocked node
 /// would otherwise get one a minute.
@@ -95,20 +95,6 @@ fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<Str
         .collect()
 }
 
-/// The pods a graceful drain still has to move, and the first do-not-disrupt pod (pure).
-fn undrained(pods_on_node: &[Pod]) -> (usize, Option<String>) {
-    let left = drain::plan(pods_on_node, Default::default())
-        .iter()
-        .filter(|a| !matches!(a, crate::kubernetes::drain::Action::Skip(_)))
-        .count();
-    let dnd = pods_on_node
-        .iter()
-        .filter(|p| !pods::is_terminal(p))
-        .find(|p| pods::has_do_not_disrupt(p))
-        .map(pods::key);
-    (left, dnd)
-}
-
 /// The pool's `terminationGracePeriod` in ms, for expiry (the forceful method).
 fn grace_ms(snapshot: &Snapshot, node: &str, reason: Reason) -> Option<i64> {
     if reason != Reason::Expired {
@@ -133,82 +119,50 @@ fn grace_ms(snapshot: &Snapshot, node: &str, reason: Reason) -> Option<i64> {
     i64::try_from(d.as_millis()).ok()
 }
 
-/// Replacements assigned to the records they serve.
-#[derive(Debug, Default)]
-struct Assignment {
-    /// New claims to write, by record index.
-    new: BTreeMap<usize, Vec<NodeClaim>>,
-    /// In-flight claims that already receive a record's pods, by record index.
-    in_flight: BTreeMap<usize, BTreeSet<String>>,
-    /// A record's pods nothing can hold.
-    stuck: BTreeMap<usize, String>,
-    /// The planned new claims, as priced by the solve.
-    planned: Vec<NewNodeClaim>,
-}
-
-/// The replacement solve for the nodes of `records` (pure): the snapshot's
-/// pending pods are left out (provisioning's business), every node being
-/// disrupted is removed, each new claim goes to the record owning its first
-/// pod and is marked a replacement. Consolidation's records (all
-/// Underutilized) solve under their [`ReplacementLimits`], and their new
-/// claims are narrowed to what was priced.
-fn assign(
+/// The replacement plan for the nodes of `chosen` (pure), through the
+/// capacity door's planner: every node being disrupted (`removed`) is gone
+/// from the what-if solve. Consolidation's records (all Underutilized)
+/// solve under their [`ReplacementLimits`], and their new claims are
+/// narrowed to what was priced. Each new claim is marked a replacement for
+/// its record's reason.
+fn replacements_for(
     snapshot: &Snapshot,
-    records: &[DisruptionRecord],
+    chosen: &[DisruptionRecord],
     removed: &BTreeSet<String>,
     seed: &str,
     limits: Option<(&ReplacementLimits, usize)>,
-) -> Assignment {
-    let mut s = snapshot.clone();
-    s.pods.clear();
+) -> Replacements {
     let options = match limits {
         Some((l, _)) => l.solve_options(removed.clone(), None),
         None => SolveOptions::without(removed.iter().cloned()),
     };
-    let mut plan = s.compile().solve(&options);
-    if let Some((l, min_types)) = limits {
-        for c in &mut plan.node_claims {
+    let nodes: Vec<String> = chosen.iter().map(|r| r.node.clone()).collect();
+    let mut plan = capacity::plan_replacements(snapshot, &nodes, &options, seed, |c| {
+        if let Some((l, min_types)) = limits {
             l.restrict(c, min_types);
         }
+    });
+    let reasons: BTreeMap<&str, String> = chosen.iter().map(|r| (r.node.as_str(), r.reason.to_string())).collect();
+    for p in &mut plan.new {
+        p.claim.replacement_for = reasons.get(p.replaces.as_str()).cloned();
     }
-    let index: BTreeMap<&str, usize> = records.iter().enumerate().map(|(i, r)| (r.node.as_str(), i)).collect();
-    let owner: BTreeMap<PodRef, usize> = s
-        .nodes
-        .iter()
-        .filter_map(|n| Some((index.get(n.node.metadata.name.as_deref()?)?, &n.pods)))
-        .flat_map(|(i, ps)| ps.iter().map(move |p| (PodRef::of(p), *i)))
-        .collect();
-    let mut taken: BTreeSet<String> = s.node_claims.iter().map(|c| c.name.clone()).collect();
-    taken.extend(s.nodes.iter().filter_map(|n| n.node.metadata.name.clone()));
-    let mut out = Assignment::default();
-    for c in &plan.node_claims {
-        let mut pods = c.pods.clone();
-        pods.sort();
-        if let Some(i) = pods.iter().find_map(|p| owner.get(p)) {
-            let claim = NodeClaim {
-                name: generate_name(&c.node_pool, seed, &mut taken),
-                replacement_for: Some(records[*i].reason.clone()),
-                ..s.node_claim(c)
-            };
-            out.new.entry(*i).or_default().push(claim);
-            out.planned.push(c.clone());
-        }
-    }
-    for e in plan.existing.iter().filter(|e| e.kind == TargetKind::NodeClaim) {
-        for p in &e.pods {
-            if let Some(i) = owner.get(p) {
-                out.in_flight.entry(*i).or_default().insert(e.name.clone());
-            }
-        }
-    }
-    for u in &plan.unschedulable {
-        if let Some(i) = owner.get(&u.pod) {
-            out.stuck
-                .entry(*i)
-                .or_insert_with(|| format!("pod {} cannot be placed: {}", u.pod, u.reason));
-        }
-    }
-    out
+    plan
+}
+
+/// Why a pod of `node` has nowhere to go, if one has not.
+fn stuck(plan: &Replacements, node: &str) -> Option<String> {
+    let u = plan.stuck.get(node)?.first()?;
+    Some(format!("pod {} cannot be placed: {}", u.pod, u.reason))
+}
+
+/// The disruptions one replacement launch serves.
+struct Batch<'r> {
+    /// Every recorded disruption of the run.
+    records: &'r mut [DisruptionRecord],
+    /// The indices of those launching now.
+    which: &'r [usize],
+    /// Every node being disrupted (gone from the what-if solve).
+    removed: &'r BTreeSet<String>,
 }
 
 impl<C: Cluster> Sweeper<C> {
@@ -239,7 +193,7 @@ impl<C: Cluster> Sweeper<C> {
             tracing::warn!(error = %e, "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
-        self.move_on(&snapshot, &mut records, started, &mut report).await;
+        self.move_on(&mut records, started, &mut report).await;
         report
     }
 
@@ -331,13 +285,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Moves every record on; replacement launches are batched into one solve.
-    async fn move_on(
-        &self,
-        snapshot: &Snapshot,
-        records: &mut [DisruptionRecord],
-        started: Instant,
-        report: &mut DisruptionReport,
-    ) {
+    async fn move_on(&self, records: &mut [DisruptionRecord], started: Instant, report: &mut DisruptionReport) {
         let mut launch: Vec<usize> = Vec::new();
         for (i, r) in records.iter_mut().enumerate() {
             if started.elapsed() >= self.config.budget {
@@ -363,7 +311,12 @@ impl<C: Cluster> Sweeper<C> {
             return;
         }
         let removed: BTreeSet<String> = records.iter().map(|r| r.node.clone()).collect();
-        match self.launch(snapshot, records, &launch, &removed, report).await {
+        let batch = Batch {
+            records: &mut *records,
+            which: &launch,
+            removed: &removed,
+        };
+        match self.launch(batch, report).await {
             Ok(()) => {
                 for i in launch {
                     // A consolidation the fresh solve refused is already rolled back.
@@ -406,7 +359,7 @@ impl<C: Cluster> Sweeper<C> {
         let claim = self.store.get_node_claim(&r.claim).await?.map(|c| c.phase);
         let node_exists = self.cluster.node(&r.node).await?.is_some();
         let (undrained, do_not_disrupt_pod) = if node_exists {
-            undrained(&self.cluster.pods_on_node(&r.node).await?)
+            drains::undrained(&self.cluster.pods_on_node(&r.node).await?)
         } else {
             (0, None)
         };
@@ -443,14 +396,12 @@ impl<C: Cluster> Sweeper<C> {
                 Next::Wait(_) | Next::Draining => return Ok(Some(next)),
                 Next::BeginDrain { force_from } => {
                     self.cluster.taint_disrupted(&r.node).await?;
-                    let drain = DrainRecord {
-                        claim: r.claim.clone(),
-                        node: r.node.clone(),
-                        reason: format!("disruption-{}", r.reason.to_lowercase()),
-                        deadline_ms: force_from.map(|t| t.as_millisecond()),
-                        force_from_ms: force_from.map(|t| t.as_millisecond()),
-                        started_ms: now_ms(),
+                    let policy = DrainPolicy {
+                        deadline: force_from,
+                        force_from,
                     };
+                    let reason = format!("disruption-{}", r.reason.to_string().to_lowercase());
+                    let drain = drains::record(&r.claim, &r.node, &reason, policy, Timestamp::now());
                     self.store.begin_drain(&drain).await?;
                     self.claim_to(&r.claim, Phase::Draining).await?;
                     let mut moved = r.clone();
@@ -516,10 +467,7 @@ impl<C: Cluster> Sweeper<C> {
         }
         self.cluster.delete_node(&r.node).await?;
         if let Some(c) = claim {
-            match self.store.delete_node_claim(&c.name, c.version).await {
-                Ok(()) | Err(StateError::Conflict { found: None, .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.store.remove_node_claim(&c, Removal::IfUnchanged).await?;
         }
         self.store.end_drain(&r.claim).await?;
         self.store.end_disruption(&r.claim, r.version).await?;
@@ -527,53 +475,38 @@ impl<C: Cluster> Sweeper<C> {
         Ok(())
     }
 
-    /// Moves a claim to `phase` when it may (version-checked; a conflict re-reads
-    /// once). Returns the claim as stored, None when it is gone.
+    /// Moves a claim to `phase` when it may (version-checked). Returns the
+    /// claim as stored, None when it is gone.
     async fn claim_to(&self, name: &str, phase: Phase) -> Result<Option<NodeClaim>, StepError> {
-        for _ in 0..2 {
-            let Some(mut c) = self.store.get_node_claim(name).await? else {
-                return Ok(None);
-            };
-            if c.phase == phase || !c.phase.can_move_to(phase) {
-                return Ok(Some(c));
-            }
-            c.advance(phase, Timestamp::now())?;
-            match self.store.update_node_claim(&c).await {
-                Ok(c) => return Ok(Some(c)),
-                Err(StateError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(self.store.get_node_claim(name).await?)
+        let advanced = self
+            .store
+            .advance_node_claim(name, |c| {
+                let mut next = c.clone();
+                (c.phase != phase && next.advance(phase, Timestamp::now()).is_ok()).then_some(next)
+            })
+            .await?;
+        Ok(advanced.claim())
     }
 
-    /// One solve for the records at `which`, under the provision lease (so
-    /// `provision` and this never plan the same pods at once); claims written
-    /// fenced and queued for `launch`, as provisioning does.
-    async fn launch(
-        &self,
-        snapshot: &Snapshot,
-        records: &mut [DisruptionRecord],
-        which: &[usize],
-        removed: &BTreeSet<String>,
-        report: &mut DisruptionReport,
-    ) -> Result<(), StepError> {
-        let Some(url) = self.config.launch_queue_url.clone() else {
+    /// One solve for the records of `batch`, under the provision lease (so
+    /// `provision` and this never plan the same pods at once); the claims
+    /// admitted through the capacity door, as provisioning does.
+    async fn launch(&self, batch: Batch<'_>, report: &mut DisruptionReport) -> Result<(), StepError> {
+        let Some(url) = self.config.launch_queue_url.as_deref() else {
             tracing::warn!("replacements are due but NODESMITH_LAUNCH_QUEUE_URL is not set");
             return Ok(());
         };
-        let launched = self
-            .store
-            .with_lease(
-                crate::provisioning::LEASE,
-                &self.config.holder,
-                self.config.provision_lease,
-                PROVISION_LEASE_WAIT,
-                |lease| async move {
-                    self.launch_under(&lease, snapshot, records, which, removed, &url, report)
-                        .await
-                },
-            )
+        let door = Door {
+            store: &self.store,
+            sqs: &self.sqs,
+            launch_queue_url: url,
+            holder: &self.config.holder,
+            lease_ttl: self.config.provision_lease,
+            lease_wait: PROVISION_LEASE_WAIT,
+        };
+        let door = &door;
+        let launched = door
+            .under_lease(|lease| async move { self.launch_under(door, &lease, batch, report).await })
             .await?;
         match launched {
             Some(result) => result,
@@ -584,22 +517,22 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn launch_under(
         &self,
+        door: &Door<'_>,
         lease: &crate::state::Lease,
-        snapshot: &Snapshot,
-        records: &mut [DisruptionRecord],
-        which: &[usize],
-        removed: &BTreeSet<String>,
-        url: &str,
+        batch: Batch<'_>,
         report: &mut DisruptionReport,
     ) -> Result<(), StepError> {
+        let Batch {
+            records,
+            which,
+            removed,
+        } = batch;
         // Re-read under the lease: claims provision wrote since count as capacity.
-        let fresh = live::read_launchable(&self.cluster, &self.store, Timestamp::now()).await?;
-        let _ = snapshot;
+        let now = Timestamp::now();
+        let fresh = live::read_launchable(&self.cluster, &self.store, now).await?;
         let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
-        let seed = format!("{}/{}/{}", lease.holder, lease.version, now_ms());
         let consolidating = chosen
             .iter()
             .all(|r| progress::reason_of(r) == Some(Reason::Underutilized));
@@ -608,44 +541,44 @@ impl<C: Cluster> Sweeper<C> {
             ReplacementLimits::of(&fresh, &nodes)
         });
         let min_types = self.config.consolidation.spot_to_spot_min_types;
-        let a = assign(&fresh, &chosen, removed, &seed, limits.as_ref().map(|l| (l, min_types)));
-        if let Some(l) = &limits
-            && let Err(why) = consolidation::revalidate(
-                l,
-                &a.planned,
-                a.stuck.values().next().map(String::as_str),
-                &self.config.consolidation,
-            )
-        {
-            // The cluster changed since the decision: roll it back, as Karpenter does.
-            let why = format!("consolidation no longer valid: {why}");
-            for i in which {
-                self.abandon(&mut records[*i], &why, report).await?;
+        let seed = capacity::seed(lease, now);
+        let plan = replacements_for(&fresh, &chosen, removed, &seed, limits.as_ref().map(|l| (l, min_types)));
+        if let Some(l) = &limits {
+            let priced: Vec<NewNodeClaim> = plan.new.iter().map(|p| p.priced.clone()).collect();
+            let first_stuck = chosen.iter().find_map(|r| stuck(&plan, &r.node));
+            if let Err(why) = consolidation::revalidate(l, &priced, first_stuck.as_deref(), &self.config.consolidation)
+            {
+                // The cluster changed since the decision: roll it back, as Karpenter does.
+                let why = format!("consolidation no longer valid: {why}");
+                for i in which {
+                    self.abandon(&mut records[*i], &why, report).await?;
+                }
+                return Ok(());
             }
-            return Ok(());
         }
-        let new: Vec<NodeClaim> = a.new.values().flatten().cloned().collect();
-        let created = self.store.create_node_claims_fenced(lease, &new, now_ms()).await?;
-        let requests: Vec<LaunchRequest> = created.iter().map(|c| LaunchRequest::new(&c.name)).collect();
-        enqueue(&self.sqs, url, &requests).await?;
-        for (k, i) in which.iter().enumerate() {
-            if let Some(why) = a.stuck.get(&k) {
-                tracing::warn!(node = %records[*i].node, %why, "a pod of a disrupted node has nowhere to go");
+        door.admit(lease, &plan.claims()).await?;
+        for i in which {
+            let node = records[*i].node.clone();
+            if let Some(why) = stuck(&plan, &node) {
+                tracing::warn!(node = %node, %why, "a pod of a disrupted node has nowhere to go");
             }
-            let mine: Vec<String> = a
+            let new: Vec<&NodeClaim> = plan
                 .new
-                .get(&k)
-                .into_iter()
-                .flatten()
+                .iter()
+                .filter(|p| p.replaces == node)
+                .map(|p| &p.claim)
+                .collect();
+            let mine: Vec<String> = new
+                .iter()
                 .map(|c| c.name.clone())
-                .chain(a.in_flight.get(&k).into_iter().flatten().cloned())
+                .chain(plan.in_flight.get(&node).into_iter().flatten().cloned())
                 .collect();
             let mut moved = records[*i].clone();
             moved.step = DisruptionStep::Launching;
             moved.replacements = mine.clone();
             records[*i] = self.store.update_disruption(&moved).await?;
-            let node_ref = || events::node_name_ref(&records[*i].node);
-            for c in a.new.get(&k).into_iter().flatten() {
+            let node_ref = || events::node_name_ref(&node);
+            for c in new {
                 self.event(EventSpec::disruption_launching(
                     node_ref(),
                     &c.name,
@@ -658,7 +591,7 @@ impl<C: Cluster> Sweeper<C> {
                 self.event(EventSpec::disruption_waiting_readiness(node_ref(), &mine))
                     .await;
             }
-            tracing::info!(node = %records[*i].node, replacements = ?mine, "replacements launched");
+            tracing::info!(node = %node, replacements = ?mine, "replacements launched");
         }
         Ok(())
     }
@@ -748,28 +681,6 @@ impl<C: Cluster> Sweeper<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn pod(v: serde_json::Value) -> Pod {
-        serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn undrained_counts_what_a_drain_must_move() {
-        let ds = pod(
-            json!({"metadata": {"name": "ds", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]}, "spec": {"containers": []}, "status": {"phase": "Running"}}),
-        );
-        let web = pod(
-            json!({"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": []}, "status": {"phase": "Running"}}),
-        );
-        let dnd = pod(
-            json!({"metadata": {"name": "db", "namespace": "default", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}, "spec": {"containers": []}, "status": {"phase": "Running"}}),
-        );
-        let done =
-            pod(json!({"metadata": {"name": "job"}, "spec": {"containers": []}, "status": {"phase": "Succeeded"}}));
-        assert_eq!(undrained(&[ds.clone(), done.clone()]), (0, None));
-        assert_eq!(undrained(&[ds, web, dnd, done]), (2, Some("default/db".into())));
-    }
 
     #[test]
     fn replacements_with_a_node_receive_the_pods_of_their_record_s_node() {

@@ -26,7 +26,7 @@ use crate::messages::SolveRequest;
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::provisioning::trigger::{TriggerError, request_solve};
 use crate::registration;
-use crate::state::{LAST_SOLVE, StateError, StateStore, now_ms};
+use crate::state::{Advance, LAST_SOLVE, Removal, StateError, StateStore, now_ms};
 use crate::telemetry::Metric;
 
 /// The lease that keeps sweeps from acting at once.
@@ -169,9 +169,12 @@ pub enum StepError {
     /// The snapshot a disruption is checked against could not be read.
     #[error("{0}")]
     Snapshot(#[from] crate::snapshot::live::SnapshotError),
-    /// Replacement launch requests could not be queued.
+    /// Launch requests could not be queued.
     #[error("{0}")]
     Enqueue(#[from] crate::launch::request::EnqueueError),
+    /// Replacements could not be admitted.
+    #[error("adding replacements")]
+    Capacity(#[from] crate::capacity::CapacityError),
 }
 
 /// What one run did.
@@ -370,7 +373,7 @@ impl<C: Cluster> Sweeper<C> {
         report.disruption = self.disrupt(started, &resolved).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
-        let drained = crate::interruption::sweep_drains(&self.cluster, &self.store).await;
+        let drained = crate::drains::sweep_drains(&self.cluster, &self.store).await;
         self.finish_drained(&drained, &mut report.disruption).await;
         let removed_claims: Vec<&str> = removed.iter().map(|(_, c)| c.as_str()).collect();
         report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated);
@@ -473,7 +476,7 @@ impl<C: Cluster> Sweeper<C> {
                     self.cluster.delete_node(n).await?;
                 }
                 if let Some(c) = claims.get(claim.as_str()) {
-                    self.store.delete_node_claim(&c.name, c.version).await?;
+                    self.store.remove_node_claim(c, Removal::IfUnchanged).await?;
                 }
                 Ok(())
             }
@@ -513,23 +516,23 @@ impl<C: Cluster> Sweeper<C> {
         Ok(())
     }
 
-    /// Re-reads the claim and, when it is still in `from`, applies `step` and writes it
-    /// (a claim that moved on meanwhile is left as it is).
+    /// Re-reads the claim and, when it is still in `from`, applies `step` and
+    /// writes it, version-checked (a claim that moved on meanwhile is left
+    /// as it is). True when this call moved it.
     async fn advance(
         &self,
         name: &str,
         from: Phase,
-        step: impl FnOnce(&mut NodeClaim) -> Result<(), InvalidTransition>,
+        step: impl Fn(&mut NodeClaim) -> Result<(), InvalidTransition>,
     ) -> Result<bool, StepError> {
-        let Some(mut c) = self.store.get_node_claim(name).await? else {
-            return Ok(false);
-        };
-        if c.phase != from {
-            return Ok(false);
-        }
-        step(&mut c)?;
-        self.store.update_node_claim(&c).await?;
-        Ok(true)
+        let advanced = self
+            .store
+            .advance_node_claim(name, |c| {
+                let mut next = c.clone();
+                (c.phase == from && step(&mut next).is_ok()).then_some(next)
+            })
+            .await?;
+        Ok(matches!(advanced, Advance::Moved(_)))
     }
 }
 
