@@ -394,7 +394,7 @@ fn launch_requests(claims: &[NodeClaim]) -> Vec<LaunchRequest> {
 mod tests {
     use super::*;
     use crate::scheduling::fixtures;
-    use crate::scheduling::{ExistingPlacement, Reason, Unschedulable};
+    use crate::scheduling::{ExistingPlacement, PlacementFailure, Unschedulable};
 
     #[test]
     fn a_solve_nominates_pods_on_new_and_in_flight_claims_and_says_why_the_rest_wait() {
@@ -421,11 +421,11 @@ mod tests {
             unschedulable: vec![
                 Unschedulable {
                     pod: r("d"),
-                    reason: Reason::NoNodePool,
+                    reason: PlacementFailure::NoNodePool,
                 },
                 Unschedulable {
                     pod: r("gone"),
-                    reason: Reason::NoNodePool,
+                    reason: PlacementFailure::NoNodePool,
                 },
             ],
             warnings: vec![],

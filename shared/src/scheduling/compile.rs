@@ -12,8 +12,8 @@ use super::SolveInput;
 use super::daemonset::{self, Daemon};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
+use super::failure::PlacementFailure;
 use super::pod::{HostPort, PodModel, PodRef, PodTerm, Spread, Toleration};
-use super::reason::Reason;
 use super::volume::{Volumes, cross};
 use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
@@ -240,7 +240,7 @@ pub struct Compiled {
     /// The snapshot's pending pods by shape, in input order.
     pub(crate) pending: Shapes,
     /// Pending pods that cannot be modelled, with the reason.
-    pub(crate) invalid: Vec<(PodRef, Reason)>,
+    pub(crate) invalid: Vec<(PodRef, PlacementFailure)>,
     /// Pods running on existing nodes.
     pub(crate) running: Vec<Running>,
     /// The distinct (namespace, labels) of running pods: a solve matches each
@@ -368,9 +368,9 @@ impl Compiled {
             match PodModel::from_pod(p) {
                 Ok(m) => match with_volumes(&m) {
                     Ok(terms) => pending.add_owned(m, terms),
-                    Err(e) => invalid.push((m.pod.clone(), Reason::Volume(e))),
+                    Err(e) => invalid.push((m.pod.clone(), PlacementFailure::Volume(e))),
                 },
-                Err(e) => invalid.push((PodRef::of(p), Reason::InvalidPod(e.to_string()))),
+                Err(e) => invalid.push((PodRef::of(p), PlacementFailure::InvalidPod(e.to_string()))),
             }
         }
         let mut running: Vec<Running> = Vec::new();

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::compile::{Compiled, Pool, accelerator_of};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
+use super::failure::PlacementFailure;
 use super::pod::{PodModel, PodRef};
-use super::reason::Reason;
 use super::topology::{Counts, Domains, GroupId, GroupKind, Groups, NodeFilter};
 use super::{SolveOptions, TargetKind};
 use crate::apis::labels;
@@ -103,7 +103,7 @@ pub(crate) struct Model<'c> {
     /// Compiled pod shapes (pods differing only in name share one).
     pub shapes: Vec<PendingPod>,
     /// Pods that cannot be modelled, with the reason.
-    pub invalid: Vec<(PodRef, Reason)>,
+    pub invalid: Vec<(PodRef, PlacementFailure)>,
     /// Pools by weight (highest first), then name.
     pub pools: &'c [Pool],
     /// Capacity each pool already holds (removed nodes excluded).
@@ -168,7 +168,7 @@ impl<'c> Model<'c> {
             for r in moved {
                 match &r.terms {
                     Ok(terms) => shapes.add(&r.model, terms),
-                    Err(e) => invalid.push((r.model.pod.clone(), Reason::Volume(e.clone()))),
+                    Err(e) => invalid.push((r.model.pod.clone(), PlacementFailure::Volume(e.clone()))),
                 }
             }
             (shapes.shapes, shapes.entries)

@@ -10,10 +10,10 @@ use sha2::{Digest, Sha256};
 use super::claim::{Claim, Ctx, Fail, cheapest, cheapest_where};
 use super::compile::{OfferMask, TypeModel};
 use super::dense::{self, Vector, fits};
+use super::failure::{Constraint, PlacementFailure, PoolRejection, Rejection, normalise};
 use super::model::Model;
 use super::pod::{PodRef, tolerates_all};
 use super::preferences::{Active, Relaxation};
-use super::reason::{Constraint, PoolRejection, Reason, Rejection, normalise};
 use super::topology::{Counts, Domains, GroupKind};
 use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
 use crate::apis::labels;
@@ -169,7 +169,7 @@ pub struct Assignment {
     /// Pending pods per existing target.
     pub existing: Vec<Vec<usize>>,
     /// Unplaceable pods with reasons.
-    pub unschedulable: Vec<(usize, Reason)>,
+    pub unschedulable: Vec<(usize, PlacementFailure)>,
     /// Hourly price of the new claims.
     pub cost: f64,
 }
@@ -589,17 +589,17 @@ impl<'m> Run<'m> {
     }
 
     /// Why pod `i` cannot be placed anywhere, pool by pool.
-    fn explain(&self, i: usize, rel: &Relaxation) -> Reason {
+    fn explain(&self, i: usize, rel: &Relaxation) -> PlacementFailure {
         let m = self.m;
         let p = m.pod(i);
         let a = rel.active(p);
         if m.pools.is_empty() {
-            return Reason::NoNodePool;
+            return PlacementFailure::NoNodePool;
         }
         // A what-if over existing capacity: that is the answer, and weighing
         // every instance type per pod would cost what-ifs at scale dearly.
         if !m.new_claims {
-            return Reason::Pools(
+            return PlacementFailure::Pools(
                 m.pools
                     .iter()
                     .map(|pool| PoolRejection {
@@ -618,7 +618,7 @@ impl<'m> Run<'m> {
                 why: self.rejection(pi, i, &a),
             })
             .collect();
-        Reason::Pools(rejections)
+        PlacementFailure::Pools(rejections)
     }
 
     /// Why pool `pi` cannot take pod `i` on a new claim.
@@ -884,7 +884,7 @@ impl Assignment {
                 for p in pods {
                     unschedulable.push(Unschedulable {
                         pod: p,
-                        reason: Reason::NoOffering,
+                        reason: PlacementFailure::NoOffering,
                     });
                 }
                 continue;
