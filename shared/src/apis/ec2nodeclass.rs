@@ -530,157 +530,229 @@ impl EC2NodeClass {
     /// Checks what Karpenter's CRD validation checks; errors name the field path.
     pub fn validate(&self) -> Result<(), Errors> {
         let mut errs = Errors::new("EC2NodeClass", self.name());
-        let spec = Path::root("spec");
-        let s = &self.spec;
         if self.name().is_empty() {
             errs.push(Path::root("metadata").field("name"), "is required");
         }
-        if let Some(f) = &s.ami_family
+        self.spec.validate(&mut errs, &Path::root("spec"));
+        errs.into_result()
+    }
+}
+
+impl EC2NodeClassSpec {
+    fn validate(&self, errs: &mut Errors, p: &Path) {
+        self.validate_ami_selection(errs, p);
+        let terms = p.field("amiSelectorTerms");
+        for (i, t) in self.ami_selector_terms.iter().enumerate() {
+            t.validate(errs, &terms.index(i));
+        }
+        let selectors = [
+            (
+                "subnetSelectorTerms",
+                &self.subnet_selector_terms,
+                "subnet-",
+                false,
+                true,
+            ),
+            (
+                "securityGroupSelectorTerms",
+                &self.security_group_selector_terms,
+                "sg-",
+                true,
+                true,
+            ),
+            (
+                "capacityReservationSelectorTerms",
+                &self.capacity_reservation_selector_terms,
+                "cr-",
+                false,
+                false,
+            ),
+        ];
+        for (field, list, id_prefix, allow_name, required) in selectors {
+            let lp = p.field(field);
+            if required && (list.is_empty() || list.len() > 30) {
+                errs.push(lp.clone(), "must have between 1 and 30 terms");
+            }
+            for (i, t) in list.iter().enumerate() {
+                t.validate(errs, &lp.index(i), id_prefix, allow_name);
+            }
+        }
+        if self.role.is_some() == self.instance_profile.is_some() {
+            errs.push(p.clone(), "must specify exactly one of ['role', 'instanceProfile']");
+        }
+        for k in self.tags.keys() {
+            if k.starts_with("kubernetes.io/cluster") || RESTRICTED_TAGS.contains(&k.as_str()) {
+                errs.push(p.field("tags").key(k), format!("tag {k:?} is restricted"));
+            }
+        }
+        self.validate_block_device_mappings(errs, &p.field("blockDeviceMappings"));
+        self.metadata_options.validate(errs, &p.field("metadataOptions"));
+        if let Some(k) = &self.kubelet {
+            k.validate(errs, &p.field("kubelet"));
+        }
+        if let Some(policy) = &self.instance_store_policy
+            && policy != INSTANCE_STORE_RAID0
+        {
+            errs.push(p.field("instanceStorePolicy"), format!("must be RAID0, got {policy:?}"));
+        }
+    }
+
+    /// The AMI family and the selector terms as a list: how many, and an
+    /// alias alone or a family beside them.
+    fn validate_ami_selection(&self, errs: &mut Errors, p: &Path) {
+        if let Some(f) = &self.ami_family
             && !AMI_FAMILIES.contains(&f.as_str())
         {
             errs.push(
-                spec.field("amiFamily"),
+                p.field("amiFamily"),
                 format!("must be one of {AMI_FAMILIES:?}, got {f:?}"),
             );
         }
-        let terms = spec.field("amiSelectorTerms");
-        if s.ami_selector_terms.is_empty() || s.ami_selector_terms.len() > 30 {
+        let terms = p.field("amiSelectorTerms");
+        let n = self.ami_selector_terms.len();
+        if n == 0 || n > 30 {
             errs.push(terms.clone(), "must have between 1 and 30 terms");
         }
-        let has_alias = s.ami_selector_terms.iter().any(|t| t.alias.is_some());
-        if has_alias && s.ami_selector_terms.len() > 1 {
+        let has_alias = self.ami_selector_terms.iter().any(|t| t.alias.is_some());
+        if has_alias && n > 1 {
             errs.push(
-                terms.clone(),
+                terms,
                 "'alias' is mutually exclusive, cannot be set with a combination of other amiSelectorTerms",
             );
         }
-        if !has_alias && s.ami_family.is_none() && !s.ami_selector_terms.is_empty() {
+        if !has_alias && self.ami_family.is_none() && n > 0 {
+            errs.push(p.field("amiFamily"), "is required when amiSelectorTerms have no alias");
+        }
+    }
+
+    /// The mappings as a list (one root volume, at most 50), then each.
+    fn validate_block_device_mappings(&self, errs: &mut Errors, p: &Path) {
+        let roots = self.block_device_mappings.iter().filter(|b| b.root_volume).count();
+        if roots > 1 {
+            errs.push(p.clone(), "must have only one blockDeviceMapping with rootVolume");
+        }
+        if self.block_device_mappings.len() > 50 {
+            errs.push(p.clone(), "may have at most 50 items");
+        }
+        for (i, b) in self.block_device_mappings.iter().enumerate() {
+            if let Some(ebs) = &b.ebs {
+                ebs.validate(errs, &p.index(i).field("ebs"));
+            }
+        }
+    }
+}
+
+impl AmiSelectorTerm {
+    fn validate(&self, errs: &mut Errors, p: &Path) {
+        let set = [
+            self.alias.is_some(),
+            self.id.is_some(),
+            self.name.is_some(),
+            self.ssm_parameter.is_some(),
+            !self.tags.is_empty(),
+        ];
+        if !set.iter().any(|x| *x) {
             errs.push(
-                spec.field("amiFamily"),
-                "is required when amiSelectorTerms have no alias",
+                p.clone(),
+                "expected at least one, got none, ['tags', 'id', 'name', 'alias', 'ssmParameter']",
             );
         }
-        for (i, t) in s.ami_selector_terms.iter().enumerate() {
-            let p = terms.index(i);
-            let set = [
-                t.alias.is_some(),
-                t.id.is_some(),
-                t.name.is_some(),
-                t.ssm_parameter.is_some(),
-                !t.tags.is_empty(),
-            ];
-            if !set.iter().any(|x| *x) {
+        if let Some(a) = &self.alias {
+            if set.iter().filter(|x| **x).count() > 1 || self.owner.is_some() {
                 errs.push(
-                    p.clone(),
-                    "expected at least one, got none, ['tags', 'id', 'name', 'alias', 'ssmParameter']",
+                    p.field("alias"),
+                    "'alias' is mutually exclusive, cannot be set with a combination of other fields",
                 );
             }
-            if let Some(a) = &t.alias {
-                if set.iter().filter(|x| **x).count() > 1 || t.owner.is_some() {
-                    errs.push(
-                        p.field("alias"),
-                        "'alias' is mutually exclusive, cannot be set with a combination of other fields",
-                    );
-                }
-                match a.split_once('@') {
-                    Some((fam, ver)) if ALIAS_FAMILIES.contains(&fam) && !ver.is_empty() => {}
-                    _ => errs.push(
-                        p.field("alias"),
-                        format!("must be family@version with family in {ALIAS_FAMILIES:?}, got {a:?}"),
-                    ),
-                }
-            }
-            if let Some(id) = &t.id {
-                if !(id.starts_with("ami-") && id.len() > 4 && id[4..].bytes().all(|c| c.is_ascii_alphanumeric())) {
-                    errs.push(p.field("id"), format!("must match ami-[0-9a-z]+, got {id:?}"));
-                }
-                if t.name.is_some() || !t.tags.is_empty() || t.ssm_parameter.is_some() {
-                    errs.push(
-                        p.field("id"),
-                        "'id' is mutually exclusive, cannot be set with a combination of other fields",
-                    );
-                }
-            }
-            validate_tags(&mut errs, &p.field("tags"), &t.tags);
-        }
-        validate_selector(
-            &mut errs,
-            &spec.field("subnetSelectorTerms"),
-            &s.subnet_selector_terms,
-            "subnet-",
-            false,
-            true,
-        );
-        validate_selector(
-            &mut errs,
-            &spec.field("securityGroupSelectorTerms"),
-            &s.security_group_selector_terms,
-            "sg-",
-            true,
-            true,
-        );
-        validate_selector(
-            &mut errs,
-            &spec.field("capacityReservationSelectorTerms"),
-            &s.capacity_reservation_selector_terms,
-            "cr-",
-            false,
-            false,
-        );
-        if s.role.is_some() == s.instance_profile.is_some() {
-            errs.push(spec.clone(), "must specify exactly one of ['role', 'instanceProfile']");
-        }
-        for k in s.tags.keys() {
-            if k.starts_with("kubernetes.io/cluster") || RESTRICTED_TAGS.contains(&k.as_str()) {
-                errs.push(spec.field("tags").key(k), format!("tag {k:?} is restricted"));
+            match a.split_once('@') {
+                Some((fam, ver)) if ALIAS_FAMILIES.contains(&fam) && !ver.is_empty() => {}
+                _ => errs.push(
+                    p.field("alias"),
+                    format!("must be family@version with family in {ALIAS_FAMILIES:?}, got {a:?}"),
+                ),
             }
         }
-        let roots = s.block_device_mappings.iter().filter(|b| b.root_volume).count();
-        if roots > 1 {
+        if let Some(id) = &self.id {
+            if !(id.starts_with("ami-") && id.len() > 4 && id[4..].bytes().all(|c| c.is_ascii_alphanumeric())) {
+                errs.push(p.field("id"), format!("must match ami-[0-9a-z]+, got {id:?}"));
+            }
+            if self.name.is_some() || !self.tags.is_empty() || self.ssm_parameter.is_some() {
+                errs.push(
+                    p.field("id"),
+                    "'id' is mutually exclusive, cannot be set with a combination of other fields",
+                );
+            }
+        }
+        validate_tags(errs, &p.field("tags"), &self.tags);
+    }
+}
+
+impl SelectorTerm {
+    /// One subnet, security group or capacity reservation term: ids start
+    /// with `id_prefix`; names only where `allow_name`.
+    fn validate(&self, errs: &mut Errors, p: &Path, id_prefix: &str, allow_name: bool) {
+        if self.tags.is_empty() && self.id.is_none() && self.name.is_none() {
             errs.push(
-                spec.field("blockDeviceMappings"),
-                "must have only one blockDeviceMapping with rootVolume",
+                p.clone(),
+                if allow_name {
+                    "expected at least one, got none, ['tags', 'id', 'name']"
+                } else {
+                    "expected at least one, got none, ['tags', 'id']"
+                },
             );
         }
-        if s.block_device_mappings.len() > 50 {
-            errs.push(spec.field("blockDeviceMappings"), "may have at most 50 items");
+        if self.name.is_some() && !allow_name {
+            errs.push(p.field("name"), "is not supported here");
         }
-        for (i, b) in s.block_device_mappings.iter().enumerate() {
-            if let Some(ebs) = &b.ebs {
-                let p = spec.field("blockDeviceMappings").index(i).field("ebs");
-                if let Some(t) = &ebs.volume_type
-                    && !["standard", "io1", "io2", "gp2", "sc1", "st1", "gp3"].contains(&t.as_str())
-                {
-                    errs.push(p.field("volumeType"), format!("unsupported volume type {t:?}"));
-                }
-                if ebs.snapshot_id.is_none() && ebs.volume_size.is_none() {
-                    errs.push(p.clone(), "must specify snapshotID or volumeSize");
-                }
+        if let Some(id) = &self.id {
+            let ok = id
+                .strip_prefix(id_prefix)
+                .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_alphanumeric()));
+            if !ok {
+                errs.push(p.field("id"), format!("must match {id_prefix}[0-9a-z]+, got {id:?}"));
+            }
+            if !self.tags.is_empty() || self.name.is_some() {
+                errs.push(
+                    p.field("id"),
+                    "'id' is mutually exclusive, cannot be set with a combination of other fields",
+                );
             }
         }
-        let mo = &s.metadata_options;
-        let mp = spec.field("metadataOptions");
+        validate_tags(errs, &p.field("tags"), &self.tags);
+    }
+}
+
+impl BlockDevice {
+    fn validate(&self, errs: &mut Errors, p: &Path) {
+        if let Some(t) = &self.volume_type
+            && !["standard", "io1", "io2", "gp2", "sc1", "st1", "gp3"].contains(&t.as_str())
+        {
+            errs.push(p.field("volumeType"), format!("unsupported volume type {t:?}"));
+        }
+        if self.snapshot_id.is_none() && self.volume_size.is_none() {
+            errs.push(p.clone(), "must specify snapshotID or volumeSize");
+        }
+    }
+}
+
+impl MetadataOptions {
+    fn validate(&self, errs: &mut Errors, p: &Path) {
         for (field, v, allowed) in [
-            ("httpEndpoint", &mo.http_endpoint, &["enabled", "disabled"][..]),
-            ("httpProtocolIPv6", &mo.http_protocol_ipv6, &["enabled", "disabled"][..]),
-            ("httpTokens", &mo.http_tokens, &["required", "optional"][..]),
+            ("httpEndpoint", &self.http_endpoint, &["enabled", "disabled"][..]),
+            (
+                "httpProtocolIPv6",
+                &self.http_protocol_ipv6,
+                &["enabled", "disabled"][..],
+            ),
+            ("httpTokens", &self.http_tokens, &["required", "optional"][..]),
         ] {
             if !allowed.contains(&v.as_str()) {
-                errs.push(mp.field(field), format!("must be one of {allowed:?}, got {v:?}"));
+                errs.push(p.field(field), format!("must be one of {allowed:?}, got {v:?}"));
             }
         }
-        if !(1..=64).contains(&mo.http_put_response_hop_limit) {
-            errs.push(mp.field("httpPutResponseHopLimit"), "must be between 1 and 64");
+        if !(1..=64).contains(&self.http_put_response_hop_limit) {
+            errs.push(p.field("httpPutResponseHopLimit"), "must be between 1 and 64");
         }
-        if let Some(k) = &s.kubelet {
-            k.validate(&mut errs, &spec.field("kubelet"));
-        }
-        if let Some(p) = &s.instance_store_policy
-            && p != INSTANCE_STORE_RAID0
-        {
-            errs.push(spec.field("instanceStorePolicy"), format!("must be RAID0, got {p:?}"));
-        }
-        errs.into_result()
     }
 }
 
@@ -689,50 +761,6 @@ fn validate_tags(errs: &mut Errors, p: &Path, tags: &std::collections::BTreeMap<
         if k.is_empty() || v.is_empty() {
             errs.push(p.key(k), "empty tag keys or values aren't supported");
         }
-    }
-}
-
-fn validate_selector(
-    errs: &mut Errors,
-    p: &Path,
-    terms: &[SelectorTerm],
-    id_prefix: &str,
-    allow_name: bool,
-    required: bool,
-) {
-    if required && (terms.is_empty() || terms.len() > 30) {
-        errs.push(p.clone(), "must have between 1 and 30 terms");
-    }
-    for (i, t) in terms.iter().enumerate() {
-        let tp = p.index(i);
-        if t.tags.is_empty() && t.id.is_none() && t.name.is_none() {
-            errs.push(
-                tp.clone(),
-                if allow_name {
-                    "expected at least one, got none, ['tags', 'id', 'name']"
-                } else {
-                    "expected at least one, got none, ['tags', 'id']"
-                },
-            );
-        }
-        if t.name.is_some() && !allow_name {
-            errs.push(tp.field("name"), "is not supported here");
-        }
-        if let Some(id) = &t.id {
-            let ok = id
-                .strip_prefix(id_prefix)
-                .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_alphanumeric()));
-            if !ok {
-                errs.push(tp.field("id"), format!("must match {id_prefix}[0-9a-z]+, got {id:?}"));
-            }
-            if !t.tags.is_empty() || t.name.is_some() {
-                errs.push(
-                    tp.field("id"),
-                    "'id' is mutually exclusive, cannot be set with a combination of other fields",
-                );
-            }
-        }
-        validate_tags(errs, &tp.field("tags"), &t.tags);
     }
 }
 

@@ -374,7 +374,7 @@ pub fn plan_events(plan: &Plan, claim_names: &[String], pods: &[Pod]) -> Vec<Eve
 mod tests {
     use super::*;
     use crate::scheduling::fixtures;
-    use crate::scheduling::{ExistingPlacement, Reason, Unschedulable};
+    use crate::scheduling::{ExistingPlacement, PlacementFailure, Unschedulable};
 
     #[test]
     fn a_solve_nominates_pods_on_new_and_in_flight_claims_and_says_why_the_rest_wait() {
@@ -401,11 +401,11 @@ mod tests {
             unschedulable: vec![
                 Unschedulable {
                     pod: r("d"),
-                    reason: Reason::NoNodePool,
+                    reason: PlacementFailure::NoNodePool,
                 },
                 Unschedulable {
                     pod: r("gone"),
-                    reason: Reason::NoNodePool,
+                    reason: PlacementFailure::NoNodePool,
                 },
             ],
             warnings: vec![],

@@ -166,9 +166,10 @@ impl Claim {
         })
     }
 
-    /// Checks whether pod `pi` (under the active constraints) can join, and how
-    /// the claim would change.
-    pub fn try_add(&self, cx: &Ctx, pi: usize, a: &Active) -> Result<Update, Fail> {
+    /// The checks a pod must pass before its node terms are tried: room,
+    /// the claim's hostname groups and their owners' anti-affinity, taints,
+    /// host ports.
+    fn admits(&self, cx: &Ctx, pi: usize, a: &Active) -> Result<(), Fail> {
         let m = cx.m;
         let p = m.pod(pi);
         let pool = &m.pools[self.pool];
@@ -203,7 +204,6 @@ impl Claim {
                 return Err(mono);
             }
         }
-        let used = dense::plus(&self.used, &p.req);
         if !pool.taints.is_empty()
             && super::pod::tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer).is_err()
         {
@@ -216,7 +216,15 @@ impl Claim {
         {
             return Err(mono);
         }
-        let mut fail = mono;
+        Ok(())
+    }
+
+    /// Checks whether pod `pi` (under the active constraints) can join, and how
+    /// the claim would change.
+    pub fn try_add(&self, cx: &Ctx, pi: usize, a: &Active) -> Result<Update, Fail> {
+        self.admits(cx, pi, a)?;
+        let used = dense::plus(&self.used, &cx.m.pod(pi).req);
+        let mut fail = Fail { monotone: true };
         for term in a.terms.iter() {
             if self.reqs.compatible(term, true).is_err() {
                 continue;
@@ -265,96 +273,12 @@ impl Claim {
         let pool = &m.pools[self.pool];
         let topo = Fail { monotone: p.monotone };
         for key in &p.pin_keys {
-            let owned: Vec<usize> = a
-                .groups
-                .iter()
-                .copied()
-                .filter(|g| &m.groups.list[*g].id.key == key)
-                .collect();
-            let inverse: Vec<usize> = p
-                .inverse
-                .iter()
-                .copied()
-                .filter(|g| &m.groups.list[*g].id.key == key)
-                .collect();
-            let allowed = |d: Option<DomainId>| {
-                owned.iter().all(|g| {
-                    cx.counts
-                        .allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), d)
-                }) && inverse.iter().all(|g| cx.counts.inverse_allows(*g, d))
-            };
-            let current = reqs.get(key);
-            if let Some(v) = single(current) {
-                // A value no group has seen yet has no pods: any unseen id works.
-                let d = cx.domains.get(v).unwrap_or(DomainId::MAX);
-                if !allowed(Some(d)) {
-                    return Err(topo);
-                }
+            let Some(choice) = self.domain_choice(cx, pi, a, key, &reqs)? else {
                 continue;
-            }
-            let pinnable = current.is_some() || labels::is_well_known(key);
-            let known: Vec<DomainId> = if pinnable {
-                m.key_domains
-                    .get(key)
-                    .into_iter()
-                    .flatten()
-                    .copied()
-                    .filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d))))
-                    .collect()
-            } else {
-                Vec::new()
             };
-            if known.is_empty() {
-                // No known value: the node gets one nobody has seen (or, for a
-                // key nothing defines, none at all).
-                if allowed(if pinnable { Some(DomainId::MAX) } else { None }) {
-                    continue;
-                }
+            let Some(r) = self.best_domain(cx, key, &choice, &reqs, changed, used) else {
                 return Err(topo);
-            }
-            let candidates: Vec<DomainId> = known.into_iter().filter(|d| allowed(Some(*d))).collect();
-            if candidates.is_empty() {
-                return Err(topo);
-            }
-            let mut best: Option<(DomainScore, Requirements, Vec<u32>)> = None;
-            for d in candidates {
-                let mut r = reqs.as_ref().clone();
-                r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
-                let mut ch = changed.clone();
-                ch.push(key.clone());
-                let opts = self.filter(pool, &r, &ch, used);
-                if opts.is_empty() {
-                    continue;
-                }
-                let spread: i64 = owned
-                    .iter()
-                    .filter(|g| matches!(m.groups.list[**g].id.kind, GroupKind::Spread { .. }))
-                    .map(|g| cx.counts.count(*g, d) as i64)
-                    .sum();
-                let aff: i64 = owned
-                    .iter()
-                    .filter(|g| m.groups.list[**g].id.kind == GroupKind::Affinity)
-                    .map(|g| cx.counts.count(*g, d) as i64)
-                    .sum();
-                let wanted = OfferingRequirements::of(&r);
-                let mask = pool.offer_keys.mask(&wanted);
-                let price = opts
-                    .iter()
-                    .map(|t| {
-                        let ty = &pool.types[*t as usize];
-                        match &mask {
-                            Some(mask) => mask.cheapest(ty),
-                            None => cheapest(&ty.offerings, &wanted),
-                        }
-                        .map_or(f64::INFINITY, |o| o.price)
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                let score = (spread, -aff, (price * 1e6) as u64, d);
-                if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
-                    best = Some((score, r, opts));
-                }
-            }
-            let Some((_, r, _)) = best else { return Err(topo) };
+            };
             reqs = Cow::Owned(r);
             changed.push(key.clone());
         }
@@ -373,6 +297,125 @@ impl Claim {
             return Err(Fail { monotone: true });
         }
         Ok((reqs, Some(opts)))
+    }
+
+    /// The domains the claim may take for topology key `key`: `None` when
+    /// nothing is to pin (its value is already single, or no known value
+    /// exists and an unseen one is allowed).
+    fn domain_choice(
+        &self,
+        cx: &Ctx,
+        pi: usize,
+        a: &Active,
+        key: &str,
+        reqs: &Requirements,
+    ) -> Result<Option<DomainChoice>, Fail> {
+        let m = cx.m;
+        let p = m.pod(pi);
+        let topo = Fail { monotone: p.monotone };
+        let owned: Vec<usize> = a
+            .groups
+            .iter()
+            .copied()
+            .filter(|g| m.groups.list[*g].id.key == key)
+            .collect();
+        let inverse: Vec<usize> = p
+            .inverse
+            .iter()
+            .copied()
+            .filter(|g| m.groups.list[*g].id.key == key)
+            .collect();
+        let allowed = |d: Option<DomainId>| {
+            owned.iter().all(|g| {
+                cx.counts
+                    .allows(&m.groups.list[*g], *g, p.counts_in.binary_search(g).is_ok(), d)
+            }) && inverse.iter().all(|g| cx.counts.inverse_allows(*g, d))
+        };
+        let current = reqs.get(key);
+        if let Some(v) = single(current) {
+            // A value no group has seen yet has no pods: any unseen id works.
+            let d = cx.domains.get(v).unwrap_or(DomainId::MAX);
+            return if allowed(Some(d)) { Ok(None) } else { Err(topo) };
+        }
+        let pinnable = current.is_some() || labels::is_well_known(key);
+        let known: Vec<DomainId> = if pinnable {
+            m.key_domains
+                .get(key)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|d| current.is_none_or(|r| r.has(cx.domains.name(*d))))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if known.is_empty() {
+            // No known value: the node gets one nobody has seen (or, for a
+            // key nothing defines, none at all).
+            if allowed(if pinnable { Some(DomainId::MAX) } else { None }) {
+                return Ok(None);
+            }
+            return Err(topo);
+        }
+        let candidates: Vec<DomainId> = known.into_iter().filter(|d| allowed(Some(*d))).collect();
+        if candidates.is_empty() {
+            return Err(topo);
+        }
+        Ok(Some(DomainChoice { owned, candidates }))
+    }
+
+    /// The requirements pinned to the best candidate domain that leaves some
+    /// option: fewest spread pods, most affinity pods, cheapest, lowest id.
+    fn best_domain(
+        &self,
+        cx: &Ctx,
+        key: &str,
+        choice: &DomainChoice,
+        reqs: &Requirements,
+        changed: &[String],
+        used: &Vector,
+    ) -> Option<Requirements> {
+        let m = cx.m;
+        let pool = &m.pools[self.pool];
+        let mut best: Option<(DomainScore, Requirements, Vec<u32>)> = None;
+        for &d in &choice.candidates {
+            let mut r = reqs.clone();
+            r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
+            let mut ch = changed.to_vec();
+            ch.push(key.to_string());
+            let opts = self.filter(pool, &r, &ch, used);
+            if opts.is_empty() {
+                continue;
+            }
+            let count = |kind: fn(&GroupKind) -> bool| -> i64 {
+                choice
+                    .owned
+                    .iter()
+                    .filter(|g| kind(&m.groups.list[**g].id.kind))
+                    .map(|g| cx.counts.count(*g, d) as i64)
+                    .sum()
+            };
+            let spread = count(|k| matches!(k, GroupKind::Spread { .. }));
+            let aff = count(|k| *k == GroupKind::Affinity);
+            let wanted = OfferingRequirements::of(&r);
+            let mask = pool.offer_keys.mask(&wanted);
+            let price = opts
+                .iter()
+                .map(|t| {
+                    let ty = &pool.types[*t as usize];
+                    match &mask {
+                        Some(mask) => mask.cheapest(ty),
+                        None => cheapest(&ty.offerings, &wanted),
+                    }
+                    .map_or(f64::INFINITY, |o| o.price)
+                })
+                .fold(f64::INFINITY, f64::min);
+            let score = (spread, -aff, (price * 1e6) as u64, d);
+            if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
+                best = Some((score, r, opts));
+            }
+        }
+        best.map(|(_, r, _)| r)
     }
 
     /// Options that fit `used` and satisfy the changed requirement keys.
@@ -402,6 +445,14 @@ impl Claim {
 /// How good a domain is for a pod, lower first: spread count, minus affinity
 /// count, price in micro-dollars, then the domain itself (a stable tie-break).
 type DomainScore = (i64, i64, u64, DomainId);
+
+/// The domains a claim may take for one topology key, with the pod's groups on that key.
+struct DomainChoice {
+    /// The pod's active groups on the key.
+    owned: Vec<usize>,
+    /// Allowed domains, in id order.
+    candidates: Vec<DomainId>,
+}
 
 /// The single value a requirement pins, if it pins one.
 pub fn single(r: Option<&Requirement>) -> Option<&str> {

@@ -12,8 +12,8 @@ use super::SolveInput;
 use super::daemonset::{self, Daemon};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
+use super::failure::PlacementFailure;
 use super::pod::{HostPort, PodModel, PodRef, PodTerm, Spread, Toleration};
-use super::reason::Reason;
 use super::volume::{Volumes, cross};
 use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
@@ -240,7 +240,7 @@ pub struct Compiled {
     /// The snapshot's pending pods by shape, in input order.
     pub(crate) pending: Shapes,
     /// Pending pods that cannot be modelled, with the reason.
-    pub(crate) invalid: Vec<(PodRef, Reason)>,
+    pub(crate) invalid: Vec<(PodRef, PlacementFailure)>,
     /// Pods running on existing nodes.
     pub(crate) running: Vec<Running>,
     /// The distinct (namespace, labels) of running pods: a solve matches each
@@ -338,6 +338,65 @@ fn movable(p: &Pod) -> bool {
     !(pods::is_daemonset_pod(p) || pods::is_mirror_pod(p) || pods::is_terminal(p))
 }
 
+/// Each node class's instance types, as its kubelet settings, instance-store
+/// policy and reservations shape them, by class name.
+type ClassTypes = Vec<(String, Vec<InstanceType>)>;
+
+/// A running pod's namespace and labels.
+type LabelClass = (String, BTreeMap<String, String>);
+
+/// Unavailable offerings as (instance type, zone, capacity type).
+type UnavailableSet<'a> = BTreeSet<(&'a str, &'a str, &'a str)>;
+
+/// The instance types resolved for `class` (none for an unknown class).
+fn types_of<'r>(resolved: &'r ClassTypes, class: &str) -> &'r [InstanceType] {
+    resolved
+        .iter()
+        .find(|(c, _)| c == class)
+        .map(|(_, t)| t.as_slice())
+        .unwrap_or(&[])
+}
+
+/// A pod's required node terms with its volumes' topology folded in.
+fn terms_with_volumes(volumes: &Volumes<'_>, m: &PodModel) -> Result<Vec<Requirements>, String> {
+    volumes.requirements(m).map(|v| {
+        if v.is_empty() {
+            m.node_terms.clone()
+        } else {
+            cross(&m.node_terms, &v)
+        }
+    })
+}
+
+/// What existing nodes and in-flight claims hold, and of which pool.
+#[derive(Default)]
+struct Holdings {
+    /// Existing nodes, then in-flight claims.
+    existing: Vec<Existing>,
+    /// The pool of each entry.
+    existing_pool: Vec<Option<usize>>,
+    /// Capacity each pool holds.
+    pool_used: Vec<Vector>,
+    /// Entries each pool holds.
+    pool_nodes: Vec<i64>,
+}
+
+impl Holdings {
+    /// Adds an entry, counting its capacity against its pool.
+    fn hold(&mut self, e: Existing, pools: &[Pool]) {
+        let pi = e
+            .pool
+            .as_ref()
+            .and_then(|name| pools.iter().position(|p| &p.name == name));
+        if let Some(pi) = pi {
+            dense::add(&mut self.pool_used[pi], &e.capacity);
+            self.pool_nodes[pi] += 1;
+        }
+        self.existing_pool.push(pi);
+        self.existing.push(e);
+    }
+}
+
 impl Compiled {
     /// Compiles a solver input once.
     pub fn new(input: &SolveInput) -> Compiled {
@@ -353,35 +412,65 @@ impl Compiled {
             input.persistent_volume_claims,
             input.storage_classes,
         );
-        let with_volumes = |m: &PodModel| {
-            volumes.requirements(m).map(|v| {
-                if v.is_empty() {
-                    m.node_terms.clone()
-                } else {
-                    cross(&m.node_terms, &v)
-                }
-            })
-        };
+        let (pending, invalid) = Self::model_pending(input, &volumes);
+        let (running, label_classes) = Self::model_running(input, &volumes, &mut warnings);
+        let resolved = Self::resolve_types(input);
+        let res = Self::resource_table(input, &pending, &resolved);
+        let pools = Self::compile_pools(input, &resolved, &daemons, &res);
+        let held = Self::hold_existing(input, &pools, &running, &resolved, &daemons, &res);
+        Compiled {
+            res,
+            pools,
+            pool_used: held.pool_used,
+            pool_nodes: held.pool_nodes,
+            existing_index: index_by_name(&held.existing),
+            existing: held.existing,
+            existing_pool: held.existing_pool,
+            pending,
+            invalid,
+            running,
+            label_classes,
+            warnings,
+            namespace_labels: input
+                .namespaces
+                .iter()
+                .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default())))
+                .collect(),
+        }
+    }
+
+    /// Models the pending pods by shape; those that cannot be modelled get their reason.
+    fn model_pending(input: &SolveInput, volumes: &Volumes<'_>) -> (Shapes, Vec<(PodRef, PlacementFailure)>) {
         let mut pending = Shapes::default();
         let mut invalid = Vec::new();
         for p in input.pods {
             match PodModel::from_pod(p) {
-                Ok(m) => match with_volumes(&m) {
+                Ok(m) => match terms_with_volumes(volumes, &m) {
                     Ok(terms) => pending.add_owned(m, terms),
-                    Err(e) => invalid.push((m.pod.clone(), Reason::Volume(e))),
+                    Err(e) => invalid.push((m.pod.clone(), PlacementFailure::Volume(e))),
                 },
-                Err(e) => invalid.push((PodRef::of(p), Reason::InvalidPod(e.to_string()))),
+                Err(e) => invalid.push((PodRef::of(p), PlacementFailure::InvalidPod(e.to_string()))),
             }
         }
+        (pending, invalid)
+    }
+
+    /// Models the pods running on existing nodes, with their distinct
+    /// (namespace, labels) classes; a pod that cannot be modelled is a warning.
+    fn model_running(
+        input: &SolveInput,
+        volumes: &Volumes<'_>,
+        warnings: &mut Vec<String>,
+    ) -> (Vec<Running>, Vec<LabelClass>) {
         let mut running: Vec<Running> = Vec::new();
-        let mut label_classes: Vec<(String, BTreeMap<String, String>)> = Vec::new();
-        let mut class_index: HashMap<(String, BTreeMap<String, String>), usize> = HashMap::new();
+        let mut label_classes: Vec<LabelClass> = Vec::new();
+        let mut class_index: HashMap<LabelClass, usize> = HashMap::new();
         for (ni, n) in input.nodes.iter().enumerate() {
             for p in &n.pods {
                 match PodModel::from_pod(p) {
                     Ok(m) => running.push(Running {
                         node: ni,
-                        terms: with_volumes(&m),
+                        terms: terms_with_volumes(volumes, &m),
                         movable: movable(p),
                         label_class: *class_index
                             .entry((m.pod.namespace.clone(), m.labels.clone()))
@@ -395,37 +484,42 @@ impl Compiled {
                 }
             }
         }
+        (running, label_classes)
+    }
 
-        let resolved: Vec<(String, Vec<InstanceType>)> = {
-            let mut classes: BTreeSet<String> = input
-                .node_pools
-                .iter()
-                .map(|p| p.spec.template.spec.node_class_ref.name.clone())
-                .collect();
-            classes.extend(input.node_claims.iter().map(|c| c.node_class.clone()));
-            classes
-                .into_iter()
-                .map(|c| {
-                    let class = input
-                        .node_classes
-                        .iter()
-                        .find(|nc| nc.metadata.name.as_deref() == Some(c.as_str()));
-                    let kubelet: Option<&KubeletConfiguration> = class.and_then(|nc| nc.spec.kubelet.as_ref());
-                    let raid0 = class.is_some_and(|nc| {
-                        nc.spec.instance_store_policy.as_deref()
-                            == Some(crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0)
-                    });
-                    let reserved = class.map(|nc| nc.reserved_capacity()).unwrap_or_default();
-                    (c, input.catalog.resolve_for(kubelet, raid0, &reserved))
-                })
-                .collect()
-        };
+    /// Resolves the instance types of every node class a pool or claim names.
+    fn resolve_types(input: &SolveInput) -> ClassTypes {
+        let mut classes: BTreeSet<String> = input
+            .node_pools
+            .iter()
+            .map(|p| p.spec.template.spec.node_class_ref.name.clone())
+            .collect();
+        classes.extend(input.node_claims.iter().map(|c| c.node_class.clone()));
+        classes
+            .into_iter()
+            .map(|c| {
+                let class = input
+                    .node_classes
+                    .iter()
+                    .find(|nc| nc.metadata.name.as_deref() == Some(c.as_str()));
+                let kubelet: Option<&KubeletConfiguration> = class.and_then(|nc| nc.spec.kubelet.as_ref());
+                let raid0 = class.is_some_and(|nc| {
+                    nc.spec.instance_store_policy.as_deref() == Some(crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0)
+                });
+                let reserved = class.map(|nc| nc.reserved_capacity()).unwrap_or_default();
+                (c, input.catalog.resolve_for(kubelet, raid0, &reserved))
+            })
+            .collect()
+    }
 
+    /// Names every resource the snapshot mentions (pod requests, types, pool
+    /// limits, node allocatable): the dimensions of the dense vectors.
+    fn resource_table(input: &SolveInput, pending: &Shapes, resolved: &ClassTypes) -> ResourceTable {
         let mut names: BTreeSet<String> = BTreeSet::new();
         for (m, _) in &pending.shapes {
             names.extend(m.requests.0.keys().cloned());
         }
-        for (_, types) in &resolved {
+        for (_, types) in resolved {
             for t in types {
                 names.extend(t.allocatable.0.keys().cloned());
                 names.extend(t.capacity.0.keys().cloned());
@@ -445,150 +539,50 @@ impl Compiled {
                     .map(|(k, _)| k.clone()),
             );
         }
-        let res = ResourceTable::new(names.iter().map(String::as_str));
+        ResourceTable::new(names.iter().map(String::as_str))
+    }
 
-        let unavailable: BTreeSet<(&str, &str, &str)> = input
+    /// Compiles the pools, highest weight first (then by name).
+    fn compile_pools(input: &SolveInput, resolved: &ClassTypes, daemons: &[Daemon], res: &ResourceTable) -> Vec<Pool> {
+        let unavailable: UnavailableSet = input
             .unavailable
             .iter()
             .map(|u| (u.instance_type.as_str(), u.zone.as_str(), u.capacity_type.as_str()))
             .collect();
-
-        // Pools, highest weight first.
         let mut pool_list: Vec<&crate::apis::NodePool> = input.node_pools.iter().collect();
         pool_list.sort_by(|a, b| b.weight().cmp(&a.weight()).then_with(|| a.name().cmp(b.name())));
-        let mut pools = Vec::new();
-        for np in pool_list {
-            let node_class = np.spec.template.spec.node_class_ref.name.clone();
-            let mut error = None;
-            let mut reqs = match np.requirements() {
-                Ok(r) => r,
-                Err(e) => {
-                    error = Some(format!("invalid requirements: {e}"));
-                    Requirements::new()
-                }
-            };
-            // A pool read from a cluster was not checked by Karpenter's CRD rules:
-            // labels it may not set would land on its nodes, so it is not used.
-            if error.is_none()
-                && let Some((k, why)) = np
-                    .spec
-                    .template
-                    .metadata
-                    .labels
-                    .keys()
-                    .find_map(|k| labels::nodepool_label_restriction(k).map(|why| (k, why)))
-            {
-                error = Some(format!("spec.template.metadata.labels[{k:?}]: {why}"));
-            }
-            reqs.add(Requirement::in_values(labels::EC2NODECLASS, &[node_class.as_str()]));
-            let types_src = resolved
-                .iter()
-                .find(|(c, _)| *c == node_class)
-                .map(|(_, t)| t.as_slice())
-                .unwrap_or(&[]);
-            let taints = np.spec.template.spec.taints.clone();
-            let overhead_daemons: Vec<&Daemon> = daemons
-                .iter()
-                .filter(|d| d.lands_on(&taints, |t| reqs.compatible(t, true).is_ok()))
-                .collect();
-            let mut types = Vec::new();
-            for it in types_src {
-                if let Some(t) = type_model(it, &reqs, &unavailable, &res, &overhead_daemons) {
-                    types.push(t);
-                }
-            }
-            types.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.name.cmp(&b.name)));
-            let mut offer_keys = OfferKeys::default();
-            for t in &mut types {
-                t.offer_keys = t
-                    .offerings
-                    .iter()
-                    .map(|o| {
-                        (
-                            OfferKeys::intern(&mut offer_keys.zones, &o.zone),
-                            OfferKeys::intern(&mut offer_keys.capacity_types, &o.capacity_type),
-                        )
-                    })
-                    .collect();
-            }
-            let spot_zones = types
-                .iter()
-                .flat_map(|t| t.offerings.iter())
-                .filter(|o| o.capacity_type == labels::CAPACITY_SPOT)
-                .map(|o| o.zone.clone())
-                .collect();
-            // Ports of every daemon that may land on the pool's nodes (even one limited to
-            // some of its types: a pod refused a port waits, a pod planned onto a taken one never runs).
-            let daemon_ports: Vec<HostPort> = overhead_daemons
-                .iter()
-                .flat_map(|d| d.host_ports().iter().cloned())
-                .collect();
-            drop(overhead_daemons);
-            let asks_accelerator = Pool::asks(&reqs);
-            let has_min_values = reqs.iter().any(|r| r.min_values.is_some());
-            let has_reserved = types
-                .iter()
-                .any(|t| t.offerings.iter().any(|o| o.reservation.is_some()));
-            let limits = np
-                .spec
-                .limits
-                .iter()
-                .filter_map(|(k, q)| res.index(k).map(|i| (i, q.milli())))
-                .collect();
-            let node_limit = np.spec.limits.get("nodes").map(|q| q.units_ceil());
-            pools.push(Pool {
-                name: np.name().to_string(),
-                node_class,
-                asks_accelerator,
-                has_min_values,
-                has_reserved,
-                daemon_ports,
-                reqs,
-                taints,
-                startup_taints: np.spec.template.spec.startup_taints.clone(),
-                labels: np.spec.template.metadata.labels.clone(),
-                types,
-                limits,
-                node_limit,
-                error,
-                offer_keys,
-                spot_zones,
-            });
-        }
+        pool_list
+            .into_iter()
+            .map(|np| Pool::compile(np, resolved, daemons, &unavailable, res))
+            .collect()
+    }
 
-        // Existing nodes and in-flight claims, and what they hold of their pools.
-        let mut pool_used = vec![res.zero(); pools.len()];
-        let mut pool_nodes = vec![0i64; pools.len()];
-        let mut existing = Vec::new();
-        let mut existing_pool = Vec::new();
-        let mut hold = |e: &Existing, pool_used: &mut Vec<Vector>| {
-            let pi = e
-                .pool
-                .as_ref()
-                .and_then(|name| pools.iter().position(|p| &p.name == name));
-            if let Some(pi) = pi {
-                dense::add(&mut pool_used[pi], &e.capacity);
-                pool_nodes[pi] += 1;
-            }
-            pi
+    /// Adds the existing nodes (with their running pods' usage) and the
+    /// in-flight claims (with their DaemonSet pods' usage), and what they hold
+    /// of their pools.
+    fn hold_existing(
+        input: &SolveInput,
+        pools: &[Pool],
+        running: &[Running],
+        resolved: &ClassTypes,
+        daemons: &[Daemon],
+        res: &ResourceTable,
+    ) -> Holdings {
+        let mut held = Holdings {
+            pool_used: vec![res.zero(); pools.len()],
+            pool_nodes: vec![0i64; pools.len()],
+            ..Holdings::default()
         };
         for n in input.nodes {
-            let e = Existing::from_node(n, &res);
-            existing_pool.push(hold(&e, &mut pool_used));
-            existing.push(e);
+            held.hold(Existing::from_node(n, res), pools);
         }
-        for r in &running {
-            let e = &mut existing[r.node];
+        for r in running {
+            let e = &mut held.existing[r.node];
             dense::add(&mut e.used, &res.vector(&r.model.requests));
             e.ports.extend(r.model.host_ports.iter().cloned());
         }
         for c in input.node_claims.iter().filter(|c| c.phase.holds_capacity()) {
-            let types = resolved
-                .iter()
-                .find(|(n, _)| *n == c.node_class)
-                .map(|(_, t)| t.as_slice())
-                .unwrap_or(&[]);
-            let mut e = Existing::from_claim(c, types, &res);
+            let mut e = Existing::from_claim(c, types_of(resolved, &c.node_class), res);
             // An in-flight claim's pods are still pending and this solve packs
             // them again (onto it first); only its DaemonSet pods are spoken for.
             e.used = res.zero();
@@ -600,33 +594,183 @@ impl Compiled {
                 dense::add(&mut e.used, &res.vector(d.requests()));
                 e.ports.extend(d.host_ports().iter().cloned());
             }
-            existing_pool.push(hold(&e, &mut pool_used));
-            existing.push(e);
+            held.hold(e, pools);
         }
-        Compiled {
+        held
+    }
+}
+
+impl Pool {
+    /// Compiles one NodePool: its requirements (or why it is unusable), its
+    /// usable types with the overhead of the DaemonSets that land on them,
+    /// and its limits.
+    fn compile(
+        np: &crate::apis::NodePool,
+        resolved: &ClassTypes,
+        daemons: &[Daemon],
+        unavailable: &UnavailableSet,
+        res: &ResourceTable,
+    ) -> Pool {
+        let node_class = np.spec.template.spec.node_class_ref.name.clone();
+        let (reqs, error) = Self::requirements_of(np, &node_class);
+        let taints = np.spec.template.spec.taints.clone();
+        let overhead_daemons: Vec<&Daemon> = daemons
+            .iter()
+            .filter(|d| d.lands_on(&taints, |t| reqs.compatible(t, true).is_ok()))
+            .collect();
+        let (types, offer_keys) = Self::usable_types(
+            types_of(resolved, &node_class),
+            &reqs,
+            unavailable,
             res,
-            pools,
-            pool_used,
-            pool_nodes,
-            existing_index: index_by_name(&existing),
-            existing,
-            existing_pool,
-            pending,
-            invalid,
-            running,
-            label_classes,
-            warnings,
-            namespace_labels: input
-                .namespaces
-                .iter()
-                .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default())))
-                .collect(),
+            &overhead_daemons,
+        );
+        let spot_zones = types
+            .iter()
+            .flat_map(|t| t.offerings.iter())
+            .filter(|o| o.capacity_type == labels::CAPACITY_SPOT)
+            .map(|o| o.zone.clone())
+            .collect();
+        // Ports of every daemon that may land on the pool's nodes (even one limited to
+        // some of its types: a pod refused a port waits, a pod planned onto a taken one never runs).
+        let daemon_ports: Vec<HostPort> = overhead_daemons
+            .iter()
+            .flat_map(|d| d.host_ports().iter().cloned())
+            .collect();
+        drop(overhead_daemons);
+        let asks_accelerator = Pool::asks(&reqs);
+        let has_min_values = reqs.iter().any(|r| r.min_values.is_some());
+        let has_reserved = types
+            .iter()
+            .any(|t| t.offerings.iter().any(|o| o.reservation.is_some()));
+        let limits = np
+            .spec
+            .limits
+            .iter()
+            .filter_map(|(k, q)| res.index(k).map(|i| (i, q.milli())))
+            .collect();
+        let node_limit = np.spec.limits.get("nodes").map(|q| q.units_ceil());
+        Pool {
+            name: np.name().to_string(),
+            node_class,
+            asks_accelerator,
+            has_min_values,
+            has_reserved,
+            daemon_ports,
+            reqs,
+            taints,
+            startup_taints: np.spec.template.spec.startup_taints.clone(),
+            labels: np.spec.template.metadata.labels.clone(),
+            types,
+            limits,
+            node_limit,
+            error,
+            offer_keys,
+            spot_zones,
         }
     }
 
+    /// The pool's requirements with its node class, and why the pool is
+    /// unusable, if it is.
+    fn requirements_of(np: &crate::apis::NodePool, node_class: &str) -> (Requirements, Option<String>) {
+        let mut error = None;
+        let mut reqs = match np.requirements() {
+            Ok(r) => r,
+            Err(e) => {
+                error = Some(format!("invalid requirements: {e}"));
+                Requirements::new()
+            }
+        };
+        // A pool read from a cluster was not checked by Karpenter's CRD rules:
+        // labels it may not set would land on its nodes, so it is not used.
+        if error.is_none()
+            && let Some((k, why)) = np
+                .spec
+                .template
+                .metadata
+                .labels
+                .keys()
+                .find_map(|k| labels::nodepool_label_restriction(k).map(|why| (k, why)))
+        {
+            error = Some(format!("spec.template.metadata.labels[{k:?}]: {why}"));
+        }
+        reqs.add(Requirement::in_values(labels::EC2NODECLASS, &[node_class]));
+        (reqs, error)
+    }
+
+    /// The types the pool can use, cheapest first, with their offerings'
+    /// zones and capacity types interned.
+    fn usable_types(
+        types_src: &[InstanceType],
+        reqs: &Requirements,
+        unavailable: &UnavailableSet,
+        res: &ResourceTable,
+        overhead_daemons: &[&Daemon],
+    ) -> (Vec<TypeModel>, OfferKeys) {
+        let mut types = Vec::new();
+        for it in types_src {
+            if let Some(t) = type_model(it, reqs, unavailable, res, overhead_daemons) {
+                types.push(t);
+            }
+        }
+        types.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.name.cmp(&b.name)));
+        let mut offer_keys = OfferKeys::default();
+        for t in &mut types {
+            t.offer_keys = t
+                .offerings
+                .iter()
+                .map(|o| {
+                    (
+                        OfferKeys::intern(&mut offer_keys.zones, &o.zone),
+                        OfferKeys::intern(&mut offer_keys.capacity_types, &o.capacity_type),
+                    )
+                })
+                .collect();
+        }
+        (types, offer_keys)
+    }
+}
+
+impl Compiled {
     /// Names of the existing nodes and in-flight claims, in solve order.
     pub fn existing_names(&self) -> impl Iterator<Item = &str> {
         self.existing.iter().map(|e| e.name.as_str())
+    }
+
+    /// A committed new claim as an in-flight entry: the room of its smallest
+    /// option, the capacity of its largest, its pods' requests used.
+    fn in_flight_entry(&self, pi: usize, c: &super::NewNodeClaim) -> Existing {
+        let options: Vec<&TypeModel> = self.pools[pi]
+            .types
+            .iter()
+            .filter(|t| c.instance_type_options.contains(&t.name))
+            .collect();
+        let mut avail: Option<Vector> = None;
+        let mut capacity = self.res.zero();
+        for t in &options {
+            let a = self.res.vector(&t.allocatable);
+            avail = Some(match avail {
+                None => a,
+                Some(cur) => cur.iter().zip(&a).map(|(x, y)| *x.min(y)).collect(),
+            });
+            dense::max_into(&mut capacity, &t.capacity);
+        }
+        let mut labels = c.labels.clone();
+        labels.insert(labels::HOSTNAME.to_string(), c.name.clone());
+        labels.insert("metadata.name".to_string(), c.name.clone());
+        Existing {
+            name: c.name.clone(),
+            kind: super::TargetKind::NodeClaim,
+            hostname: c.name.clone(),
+            labels,
+            taints: c.taints.clone(),
+            avail: avail.unwrap_or_else(|| self.res.vector(&c.allocatable)),
+            capacity,
+            used: self.res.vector(&c.requests),
+            ports: Vec::new(),
+            cordoned: false,
+            pool: Some(c.node_pool.clone()),
+        }
     }
 
     /// Makes a what-if's placements permanent, so later solves start from
@@ -655,38 +799,8 @@ impl Compiled {
             let Some(pi) = self.pools.iter().position(|p| p.name == c.node_pool) else {
                 continue;
             };
-            let options: Vec<&TypeModel> = self.pools[pi]
-                .types
-                .iter()
-                .filter(|t| c.instance_type_options.contains(&t.name))
-                .collect();
-            let mut avail: Option<Vector> = None;
-            let mut capacity = self.res.zero();
-            for t in &options {
-                let a = self.res.vector(&t.allocatable);
-                avail = Some(match avail {
-                    None => a,
-                    Some(cur) => cur.iter().zip(&a).map(|(x, y)| *x.min(y)).collect(),
-                });
-                dense::max_into(&mut capacity, &t.capacity);
-            }
-            let mut labels = c.labels.clone();
-            labels.insert(labels::HOSTNAME.to_string(), c.name.clone());
-            labels.insert("metadata.name".to_string(), c.name.clone());
-            let e = Existing {
-                name: c.name.clone(),
-                kind: super::TargetKind::NodeClaim,
-                hostname: c.name.clone(),
-                labels,
-                taints: c.taints.clone(),
-                avail: avail.unwrap_or_else(|| self.res.vector(&c.allocatable)),
-                capacity: capacity.clone(),
-                used: self.res.vector(&c.requests),
-                ports: Vec::new(),
-                cordoned: false,
-                pool: Some(c.node_pool.clone()),
-            };
-            dense::add(&mut self.pool_used[pi], &capacity);
+            let e = self.in_flight_entry(pi, c);
+            dense::add(&mut self.pool_used[pi], &e.capacity);
             self.pool_nodes[pi] += 1;
             self.existing_index
                 .entry(c.name.clone())

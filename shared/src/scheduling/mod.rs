@@ -19,13 +19,13 @@ pub(crate) mod compile;
 pub(crate) mod daemonset;
 pub(crate) mod dense;
 pub(crate) mod existing;
+pub mod failure;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub(crate) mod model;
 pub(crate) mod packing;
 pub(crate) mod pod;
 pub(crate) mod preferences;
-pub mod reason;
 pub(crate) mod scheduler;
 pub(crate) mod topology;
 pub(crate) mod volume;
@@ -45,8 +45,8 @@ use crate::requirements::Requirements;
 use crate::resources::Resources;
 
 pub use compile::Compiled;
+pub use failure::{Constraint, PlacementFailure, PoolRejection, Rejection};
 pub use pod::PodRef;
-pub use reason::{Constraint, PoolRejection, Reason, Rejection};
 
 /// A node that exists, with the pods running on it (DaemonSet pods included).
 #[derive(Debug, Clone)]
@@ -283,7 +283,7 @@ pub struct Unschedulable {
     /// The pod.
     pub pod: PodRef,
     /// Why, as data (rendered to text at the edge).
-    pub reason: Reason,
+    pub reason: PlacementFailure,
 }
 
 /// Solves once: compiles the input and runs one solve with `options`.

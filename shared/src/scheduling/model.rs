@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::compile::{Compiled, Pool, accelerator_of};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
+use super::failure::PlacementFailure;
 use super::pod::{PodModel, PodRef};
-use super::reason::Reason;
 use super::topology::{Counts, Domains, GroupId, GroupKind, Groups, NodeFilter};
 use super::{SolveOptions, TargetKind};
 use crate::apis::labels;
@@ -103,7 +103,7 @@ pub(crate) struct Model<'c> {
     /// Compiled pod shapes (pods differing only in name share one).
     pub shapes: Vec<PendingPod>,
     /// Pods that cannot be modelled, with the reason.
-    pub invalid: Vec<(PodRef, Reason)>,
+    pub invalid: Vec<(PodRef, PlacementFailure)>,
     /// Pools by weight (highest first), then name.
     pub pools: &'c [Pool],
     /// Capacity each pool already holds (removed nodes excluded).
@@ -130,9 +130,78 @@ pub(crate) struct Model<'c> {
     pub exclude_types: std::collections::BTreeSet<String>,
 }
 
+/// A pending shape's compiled model and its required node terms.
+type Shape = (PodModel, Vec<Requirements>);
+
+/// Pods that cannot be modelled, with the reason.
+type Invalid = Vec<(PodRef, PlacementFailure)>;
+
+/// The topology groups a pending shape owns, by kind.
+struct Owned {
+    required: Vec<GroupId>,
+    pref_affinity: Vec<GroupId>,
+    pref_anti: Vec<GroupId>,
+    soft_spread: Vec<GroupId>,
+}
+
+/// The existing entries a solve keeps and what their pools still hold.
+struct Remaining<'c> {
+    /// Per compiled entry: taken away by the solve.
+    removed: Vec<bool>,
+    /// Per compiled entry: its index among the kept ones.
+    index: Vec<Option<usize>>,
+    /// The kept entries.
+    existing: Vec<SolveExisting<'c>>,
+    /// Capacity each pool holds through kept entries.
+    pool_used: Vec<Vector>,
+    /// Kept entries each pool holds.
+    pool_nodes: Vec<i64>,
+}
+
 impl<'c> Model<'c> {
     /// The compiled snapshot as one solve sees it.
     pub fn new(c: &'c Compiled, options: &SolveOptions) -> Model<'c> {
+        let Remaining {
+            removed,
+            index,
+            mut existing,
+            pool_used,
+            pool_nodes,
+        } = Self::remaining(c, options);
+        let (pending, entries, invalid) = Self::pending(c, &removed);
+        let running: Vec<(usize, &super::compile::Running)> = c
+            .running
+            .iter()
+            .filter_map(|r| index[r.node].map(|ni| (ni, r)))
+            .collect();
+        let pools = c.pools.as_slice();
+        let (mut groups, owned, running_owned) = Self::topology_groups(&pending, &running);
+        let (domains, key_domains) = Self::intern_domains(&mut groups, pools, &mut existing);
+        let counts = Self::count_running(c, &groups, &existing, &running, &running_owned);
+        let shapes = Self::compile_shapes(c, &groups, pending, owned);
+        let pods = Self::first_fit_decreasing(entries, &shapes);
+        Model {
+            res: &c.res,
+            pods,
+            shapes,
+            invalid,
+            pools,
+            pool_used,
+            pool_nodes,
+            existing,
+            groups,
+            domains,
+            key_domains,
+            counts,
+            warnings: c.warnings.clone(),
+            new_claims: options.new_claims,
+            price_below: options.price_below,
+            exclude_types: options.exclude_types.clone(),
+        }
+    }
+
+    /// Takes the removed entries away, with what they held of their pools.
+    fn remaining(c: &'c Compiled, options: &SolveOptions) -> Remaining<'c> {
         let mut removed = vec![false; c.existing.len()];
         for i in options.removed.iter().filter_map(|n| c.existing_index.get(n)).flatten() {
             removed[*i] = true;
@@ -156,8 +225,18 @@ impl<'c> Model<'c> {
                 domains: BTreeMap::new(),
             });
         }
+        Remaining {
+            removed,
+            index,
+            existing,
+            pool_used,
+            pool_nodes,
+        }
+    }
 
-        // Pending: the snapshot's pending pods, then the movable pods of removed nodes.
+    /// Pending: the snapshot's pending pods, then the movable pods of removed
+    /// nodes; shapes, each pod with its shape, and the pods that cannot be modelled.
+    fn pending(c: &Compiled, removed: &[bool]) -> (Vec<Shape>, Vec<(PodRef, usize)>, Invalid) {
         let mut invalid = c.invalid.clone();
         let moved: Vec<_> = c.running.iter().filter(|r| removed[r.node] && r.movable).collect();
         // The shape index is needed only to add moved pods: provisioning solves skip copying it.
@@ -168,28 +247,22 @@ impl<'c> Model<'c> {
             for r in moved {
                 match &r.terms {
                     Ok(terms) => shapes.add(&r.model, terms),
-                    Err(e) => invalid.push((r.model.pod.clone(), Reason::Volume(e.clone()))),
+                    Err(e) => invalid.push((r.model.pod.clone(), PlacementFailure::Volume(e.clone()))),
                 }
             }
             (shapes.shapes, shapes.entries)
         };
-        let running: Vec<(usize, &super::compile::Running)> = c
-            .running
-            .iter()
-            .filter_map(|r| index[r.node].map(|ni| (ni, r)))
-            .collect();
-        let pools = c.pools.as_slice();
-        let res = &c.res;
-        // Topology groups of pending pods and of running pods' anti-affinity.
+        (pending, entries, invalid)
+    }
+
+    /// Topology groups of pending pods (by shape) and of running pods' anti-affinity.
+    fn topology_groups(
+        pending: &[Shape],
+        running: &[(usize, &super::compile::Running)],
+    ) -> (Groups, Vec<Owned>, Vec<Vec<GroupId>>) {
         let mut groups = Groups::default();
-        struct Owned {
-            required: Vec<GroupId>,
-            pref_affinity: Vec<GroupId>,
-            pref_anti: Vec<GroupId>,
-            soft_spread: Vec<GroupId>,
-        }
         let mut owned = Vec::new();
-        for (m, terms) in &pending {
+        for (m, terms) in pending {
             let mut o = Owned {
                 required: vec![],
                 pref_affinity: vec![],
@@ -221,7 +294,7 @@ impl<'c> Model<'c> {
             owned.push(o);
         }
         let mut running_owned = Vec::new();
-        for (_, r) in &running {
+        for (_, r) in running {
             running_owned.push(
                 r.model
                     .anti_affinity
@@ -230,8 +303,16 @@ impl<'c> Model<'c> {
                     .collect::<Vec<_>>(),
             );
         }
+        (groups, owned, running_owned)
+    }
 
-        // Domains: every value a topology key can take.
+    /// Domains: every value a topology key can take, interned; each kept
+    /// entry's domains; each spread group's universe.
+    fn intern_domains(
+        groups: &mut Groups,
+        pools: &[Pool],
+        existing: &mut [SolveExisting],
+    ) -> (Domains, HashMap<String, Vec<super::topology::DomainId>>) {
         let mut domains = Domains::default();
         let mut key_domains: HashMap<String, Vec<super::topology::DomainId>> = HashMap::new();
         let keys: BTreeSet<String> = groups
@@ -241,7 +322,7 @@ impl<'c> Model<'c> {
             .map(|g| g.id.key.clone())
             .collect();
         for key in &keys {
-            let vals = domain_values(key, pools, &existing, &NodeFilter::default());
+            let vals = domain_values(key, pools, existing, &NodeFilter::default());
             key_domains.insert(key.clone(), vals.iter().map(|v| domains.intern(v)).collect());
         }
         for e in existing.iter_mut() {
@@ -256,7 +337,7 @@ impl<'c> Model<'c> {
             if group.hostname || !matches!(group.id.kind, GroupKind::Spread { .. }) {
                 continue;
             }
-            let vals = domain_values(&group.id.key, pools, &existing, &group.id.filter);
+            let vals = domain_values(&group.id.key, pools, existing, &group.id.filter);
             let universe = vals
                 .iter()
                 .filter(|v| {
@@ -271,12 +352,21 @@ impl<'c> Model<'c> {
                 .collect();
             groups.list[g].universe = universe;
         }
+        (domains, key_domains)
+    }
 
-        // Counts from running pods.
+    /// Counts from running pods: the groups that count them, and the
+    /// required anti-affinity they own.
+    fn count_running(
+        c: &Compiled,
+        groups: &Groups,
+        existing: &[SolveExisting],
+        running: &[(usize, &super::compile::Running)],
+        running_owned: &[Vec<GroupId>],
+    ) -> Counts {
         let mut counts = Counts::new(groups.list.len());
-        let mut match_cache: HashMap<(String, BTreeMap<String, String>), Vec<GroupId>> = HashMap::new();
         let mut class_groups: Vec<Option<Vec<GroupId>>> = vec![None; c.label_classes.len()];
-        for ((ni, r), anti) in running.iter().zip(&running_owned) {
+        for ((ni, r), anti) in running.iter().zip(running_owned) {
             let e = &existing[*ni];
             let matching = class_groups[r.label_class].get_or_insert_with(|| {
                 let (ns, labels) = &c.label_classes[r.label_class];
@@ -296,8 +386,12 @@ impl<'c> Model<'c> {
                 }
             }
         }
+        counts
+    }
 
-        // Pending shapes compiled; pods sorted first-fit-decreasing.
+    /// Compiles each pending shape against the topology groups.
+    fn compile_shapes(c: &Compiled, groups: &Groups, pending: Vec<Shape>, owned: Vec<Owned>) -> Vec<PendingPod> {
+        let mut match_cache: HashMap<(String, BTreeMap<String, String>), Vec<GroupId>> = HashMap::new();
         let mut shapes = Vec::new();
         for (si, ((m, terms), o)) in pending.into_iter().zip(owned).enumerate() {
             let counts_in = match_cache
@@ -306,46 +400,14 @@ impl<'c> Model<'c> {
                     groups.matching(&m.pod.namespace, c.namespace_labels.get(&m.pod.namespace), &m.labels)
                 })
                 .clone();
-            let inverse: Vec<GroupId> = counts_in
-                .iter()
-                .copied()
-                .filter(|g| groups.list[*g].id.kind == GroupKind::AntiAffinity { required: true })
-                .collect();
-            let all_owned = o
-                .required
-                .iter()
-                .chain(&o.pref_affinity)
-                .chain(&o.pref_anti)
-                .chain(&o.soft_spread);
-            let pin_keys: BTreeSet<String> = all_owned
-                .clone()
-                .chain(&counts_in)
-                .filter(|g| !groups.list[**g].hostname)
-                .map(|g| groups.list[*g].id.key.clone())
-                .collect();
-            let monotone = all_owned
-                .clone()
-                .all(|g| matches!(groups.list[*g].id.kind, GroupKind::AntiAffinity { .. }));
-            let req = res.vector(&m.requests);
-            let accelerator = accelerator_of(&m.requests);
-            let preferred_node: Vec<Requirements> = m.preferred_node.iter().map(|(_, r)| r.clone()).collect();
-            shapes.push(PendingPod {
-                req,
-                terms,
-                preferred_node,
-                required: o.required,
-                pref_affinity: o.pref_affinity,
-                pref_anti: o.pref_anti,
-                soft_spread: o.soft_spread,
-                counts_in,
-                inverse,
-                pin_keys: pin_keys.into_iter().collect(),
-                accelerator,
-                class: si as u32,
-                monotone,
-                model: m,
-            });
+            shapes.push(PendingPod::compile(&c.res, groups, m, terms, o, counts_in, si as u32));
         }
+        shapes
+    }
+
+    /// The pending pods sorted first-fit-decreasing: largest cpu, then
+    /// memory, first; ties by pod.
+    fn first_fit_decreasing(entries: Vec<(PodRef, usize)>, shapes: &[PendingPod]) -> Vec<PodEntry> {
         let mut pods: Vec<PodEntry> = entries
             .into_iter()
             .map(|(pod, shape)| PodEntry {
@@ -361,24 +423,60 @@ impl<'c> Model<'c> {
                 .then_with(|| y[mem].cmp(&x[mem]))
                 .then_with(|| a.pod.cmp(&b.pod))
         });
+        pods
+    }
+}
 
-        Model {
-            res,
-            pods,
-            shapes,
-            invalid,
-            pools,
-            pool_used,
-            pool_nodes,
-            existing,
-            groups,
-            domains,
-            key_domains,
-            counts,
-            warnings: c.warnings.clone(),
-            new_claims: options.new_claims,
-            price_below: options.price_below,
-            exclude_types: options.exclude_types.clone(),
+impl PendingPod {
+    /// One shape's compiled constraints: the groups it owns and counts in,
+    /// the anti-affinity it must stay away from, its pin keys.
+    fn compile(
+        res: &ResourceTable,
+        groups: &Groups,
+        m: PodModel,
+        terms: Vec<Requirements>,
+        o: Owned,
+        counts_in: Vec<GroupId>,
+        class: u32,
+    ) -> PendingPod {
+        let inverse: Vec<GroupId> = counts_in
+            .iter()
+            .copied()
+            .filter(|g| groups.list[*g].id.kind == GroupKind::AntiAffinity { required: true })
+            .collect();
+        let all_owned = o
+            .required
+            .iter()
+            .chain(&o.pref_affinity)
+            .chain(&o.pref_anti)
+            .chain(&o.soft_spread);
+        let pin_keys: BTreeSet<String> = all_owned
+            .clone()
+            .chain(&counts_in)
+            .filter(|g| !groups.list[**g].hostname)
+            .map(|g| groups.list[*g].id.key.clone())
+            .collect();
+        let monotone = all_owned
+            .clone()
+            .all(|g| matches!(groups.list[*g].id.kind, GroupKind::AntiAffinity { .. }));
+        let req = res.vector(&m.requests);
+        let accelerator = accelerator_of(&m.requests);
+        let preferred_node: Vec<Requirements> = m.preferred_node.iter().map(|(_, r)| r.clone()).collect();
+        PendingPod {
+            req,
+            terms,
+            preferred_node,
+            required: o.required,
+            pref_affinity: o.pref_affinity,
+            pref_anti: o.pref_anti,
+            soft_spread: o.soft_spread,
+            counts_in,
+            inverse,
+            pin_keys: pin_keys.into_iter().collect(),
+            accelerator,
+            class,
+            monotone,
+            model: m,
         }
     }
 }

@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration as K8sToleration};
+use k8s_openapi::api::core::v1::{
+    Container, NodeAffinity, NodeSelectorTerm, Pod, PodAffinityTerm, PodSpec, Toleration as K8sToleration,
+    TopologySpreadConstraint, WeightedPodAffinityTerm,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -443,7 +446,8 @@ fn pod_term(
 }
 
 impl PodModel {
-    /// Builds the model of a pod; errors name the field.
+    /// Builds the model of a pod; errors name the field (the first invalid
+    /// one, in the order the phases below read them).
     pub fn from_pod(pod: &Pod) -> Result<Self, PodError> {
         let pod_ref = PodRef::of(pod);
         let labels = pod.metadata.labels.clone().unwrap_or_default();
@@ -451,185 +455,39 @@ impl PodModel {
             return Err(perr("spec", "is required"));
         };
         let requests = effective_requests(spec, "spec")?;
-
-        let mut selector_reqs = Requirements::new();
-        for (k, v) in spec.node_selector.iter().flatten() {
-            selector_reqs.add(Requirement::in_values(k, &[v]));
-        }
         let na = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
-        let mut node_terms = Vec::new();
-        if let Some(req) = na.and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref()) {
-            for (i, t) in req.node_selector_terms.iter().enumerate() {
-                let p = format!(
-                    "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]"
-                );
-                let mut r = selector_reqs.clone();
-                r.add_all(&term_requirements(t, &p)?);
-                node_terms.push(r);
-            }
-        }
-        if node_terms.is_empty() {
-            node_terms.push(selector_reqs);
-        }
-        let mut preferred_node = Vec::new();
-        for (i, t) in na
-            .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let p =
-                format!("spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference");
-            preferred_node.push((t.weight, term_requirements(&t.preference, &p)?));
-        }
-        preferred_node.sort_by_key(|t| std::cmp::Reverse(t.0));
-
+        let node_terms = required_node_terms(spec, na)?;
+        let preferred_node = preferred_node_terms(na)?;
         let mut tolerations = Vec::new();
         for (i, t) in spec.tolerations.iter().flatten().enumerate() {
             tolerations.push(Toleration::from_k8s(t, &format!("spec.tolerations[{i}]"))?);
         }
-
         let mut spreads = Vec::new();
         for (i, c) in spec.topology_spread_constraints.iter().flatten().enumerate() {
-            let p = format!("spec.topologySpreadConstraints[{i}]");
-            if c.max_skew < 1 {
-                return Err(perr(
-                    format!("{p}.maxSkew"),
-                    format!("must be at least 1, got {}", c.max_skew),
-                ));
-            }
-            let required = match c.when_unsatisfiable.as_str() {
-                "DoNotSchedule" => true,
-                "ScheduleAnyway" => false,
-                o => {
-                    return Err(perr(
-                        format!("{p}.whenUnsatisfiable"),
-                        format!("must be DoNotSchedule or ScheduleAnyway, got {o:?}"),
-                    ));
-                }
-            };
-            if c.topology_key.is_empty() {
-                return Err(perr(format!("{p}.topologyKey"), "is required"));
-            }
-            let mut selector = Selector::from_k8s(c.label_selector.as_ref(), &format!("{p}.labelSelector"))?;
-            for k in c.match_label_keys.iter().flatten() {
-                if let Some(v) = labels.get(k) {
-                    selector = selector.with_label(k, v);
-                }
-            }
-            let policy = |v: &Option<String>, default: bool, field: &str| match v.as_deref() {
-                None => Ok(default),
-                Some("Honor") => Ok(true),
-                Some("Ignore") => Ok(false),
-                Some(o) => Err(perr(
-                    format!("{p}.{field}"),
-                    format!("must be Honor or Ignore, got {o:?}"),
-                )),
-            };
-            spreads.push(Spread {
-                key: crate::apis::labels::normalize(&c.topology_key).to_string(),
-                max_skew: c.max_skew,
-                min_domains: c.min_domains,
-                required,
-                honor_affinity: policy(&c.node_affinity_policy, true, "nodeAffinityPolicy")?,
-                honor_taints: policy(&c.node_taints_policy, false, "nodeTaintsPolicy")?,
-                selector,
-            });
+            spreads.push(spread(c, &format!("spec.topologySpreadConstraints[{i}]"), &labels)?);
         }
-
         let ns = pod_ref.namespace.clone();
         let pa = spec.affinity.as_ref().and_then(|a| a.pod_affinity.as_ref());
         let paa = spec.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref());
-        let mut affinity = Vec::new();
-        for (i, t) in pa
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            affinity.push(pod_term(
-                t,
-                &ns,
-                &labels,
-                &format!("spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}]"),
-            )?);
-        }
-        let mut anti_affinity = Vec::new();
-        for (i, t) in paa
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            anti_affinity.push(pod_term(
-                t,
-                &ns,
-                &labels,
-                &format!("spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}]"),
-            )?);
-        }
-        let mut preferred_affinity = Vec::new();
-        for (i, t) in pa
-            .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let p = format!(
-                "spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm"
-            );
-            preferred_affinity.push((t.weight, pod_term(&t.pod_affinity_term, &ns, &labels, &p)?));
-        }
-        preferred_affinity.sort_by_key(|t| std::cmp::Reverse(t.0));
-        let mut preferred_anti_affinity = Vec::new();
-        for (i, t) in paa
-            .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref())
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let p = format!(
-                "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm"
-            );
-            preferred_anti_affinity.push((t.weight, pod_term(&t.pod_affinity_term, &ns, &labels, &p)?));
-        }
-        preferred_anti_affinity.sort_by_key(|t| std::cmp::Reverse(t.0));
-
-        let mut host_ports = Vec::new();
-        let all = spec.containers.iter().chain(
-            spec.init_containers
-                .iter()
-                .flatten()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always")),
-        );
-        for c in all {
-            for p in c.ports.iter().flatten() {
-                if let Some(port) = p.host_port.filter(|p| *p > 0) {
-                    host_ports.push(HostPort {
-                        protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                        ip: p.host_ip.clone().unwrap_or_default(),
-                        port,
-                    });
-                }
-            }
-        }
-        host_ports.sort();
-
-        let mut claims = Vec::new();
-        let mut ephemeral_classes = Vec::new();
-        for v in spec.volumes.iter().flatten() {
-            if let Some(c) = &v.persistent_volume_claim {
-                claims.push(c.claim_name.clone());
-            }
-            if let Some(e) = &v.ephemeral {
-                ephemeral_classes.push(
-                    e.volume_claim_template
-                        .as_ref()
-                        .and_then(|t| t.spec.storage_class_name.clone()),
-                );
-            }
-        }
-
+        let required = |list, kind| required_pod_terms(list, kind, &ns, &labels);
+        let affinity = required(
+            pa.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
+            "podAffinity",
+        )?;
+        let anti_affinity = required(
+            paa.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
+            "podAntiAffinity",
+        )?;
+        let preferred = |list, kind| preferred_pod_terms(list, kind, &ns, &labels);
+        let preferred_affinity = preferred(
+            pa.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+            "podAffinity",
+        )?;
+        let preferred_anti_affinity = preferred(
+            paa.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+            "podAntiAffinity",
+        )?;
+        let (claims, ephemeral_classes) = volume_claims(spec);
         Ok(PodModel {
             pod: pod_ref,
             labels,
@@ -642,9 +500,170 @@ impl PodModel {
             anti_affinity,
             preferred_affinity,
             preferred_anti_affinity,
-            host_ports,
+            host_ports: host_ports(spec),
             claims,
             ephemeral_classes,
         })
     }
+}
+
+/// The required node terms (OR): each required node-affinity term with the
+/// nodeSelector added, or the nodeSelector alone.
+fn required_node_terms(spec: &PodSpec, na: Option<&NodeAffinity>) -> Result<Vec<Requirements>, PodError> {
+    let mut selector_reqs = Requirements::new();
+    for (k, v) in spec.node_selector.iter().flatten() {
+        selector_reqs.add(Requirement::in_values(k, &[v]));
+    }
+    let mut node_terms = Vec::new();
+    if let Some(req) = na.and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref()) {
+        for (i, t) in req.node_selector_terms.iter().enumerate() {
+            let p = format!(
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]"
+            );
+            let mut r = selector_reqs.clone();
+            r.add_all(&term_requirements(t, &p)?);
+            node_terms.push(r);
+        }
+    }
+    if node_terms.is_empty() {
+        node_terms.push(selector_reqs);
+    }
+    Ok(node_terms)
+}
+
+/// The preferred node-affinity terms, heaviest first.
+fn preferred_node_terms(na: Option<&NodeAffinity>) -> Result<Vec<(i32, Requirements)>, PodError> {
+    let mut preferred_node = Vec::new();
+    for (i, t) in na
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let p = format!("spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference");
+        preferred_node.push((t.weight, term_requirements(&t.preference, &p)?));
+    }
+    preferred_node.sort_by_key(|t| std::cmp::Reverse(t.0));
+    Ok(preferred_node)
+}
+
+/// One topology spread constraint, at path `p`.
+fn spread(c: &TopologySpreadConstraint, p: &str, labels: &BTreeMap<String, String>) -> Result<Spread, PodError> {
+    if c.max_skew < 1 {
+        return Err(perr(
+            format!("{p}.maxSkew"),
+            format!("must be at least 1, got {}", c.max_skew),
+        ));
+    }
+    let required = match c.when_unsatisfiable.as_str() {
+        "DoNotSchedule" => true,
+        "ScheduleAnyway" => false,
+        o => {
+            return Err(perr(
+                format!("{p}.whenUnsatisfiable"),
+                format!("must be DoNotSchedule or ScheduleAnyway, got {o:?}"),
+            ));
+        }
+    };
+    if c.topology_key.is_empty() {
+        return Err(perr(format!("{p}.topologyKey"), "is required"));
+    }
+    let mut selector = Selector::from_k8s(c.label_selector.as_ref(), &format!("{p}.labelSelector"))?;
+    for k in c.match_label_keys.iter().flatten() {
+        if let Some(v) = labels.get(k) {
+            selector = selector.with_label(k, v);
+        }
+    }
+    let policy = |v: &Option<String>, default: bool, field: &str| match v.as_deref() {
+        None => Ok(default),
+        Some("Honor") => Ok(true),
+        Some("Ignore") => Ok(false),
+        Some(o) => Err(perr(
+            format!("{p}.{field}"),
+            format!("must be Honor or Ignore, got {o:?}"),
+        )),
+    };
+    Ok(Spread {
+        key: crate::apis::labels::normalize(&c.topology_key).to_string(),
+        max_skew: c.max_skew,
+        min_domains: c.min_domains,
+        required,
+        honor_affinity: policy(&c.node_affinity_policy, true, "nodeAffinityPolicy")?,
+        honor_taints: policy(&c.node_taints_policy, false, "nodeTaintsPolicy")?,
+        selector,
+    })
+}
+
+/// The required terms of `spec.affinity.<kind>` (podAffinity or podAntiAffinity).
+fn required_pod_terms(
+    list: Option<&Vec<PodAffinityTerm>>,
+    kind: &str,
+    ns: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Vec<PodTerm>, PodError> {
+    let mut out = Vec::new();
+    for (i, t) in list.into_iter().flatten().enumerate() {
+        let p = format!("spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution[{i}]");
+        out.push(pod_term(t, ns, labels, &p)?);
+    }
+    Ok(out)
+}
+
+/// The preferred terms of `spec.affinity.<kind>` (podAffinity or podAntiAffinity), heaviest first.
+fn preferred_pod_terms(
+    list: Option<&Vec<WeightedPodAffinityTerm>>,
+    kind: &str,
+    ns: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Vec<(i32, PodTerm)>, PodError> {
+    let mut out = Vec::new();
+    for (i, t) in list.into_iter().flatten().enumerate() {
+        let p = format!("spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm");
+        out.push((t.weight, pod_term(&t.pod_affinity_term, ns, labels, &p)?));
+    }
+    out.sort_by_key(|t| std::cmp::Reverse(t.0));
+    Ok(out)
+}
+
+/// The host ports of its containers and sidecars (restartable init containers), sorted.
+fn host_ports(spec: &PodSpec) -> Vec<HostPort> {
+    let mut host_ports = Vec::new();
+    let all = spec.containers.iter().chain(
+        spec.init_containers
+            .iter()
+            .flatten()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always")),
+    );
+    for c in all {
+        for p in c.ports.iter().flatten() {
+            if let Some(port) = p.host_port.filter(|p| *p > 0) {
+                host_ports.push(HostPort {
+                    protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                    ip: p.host_ip.clone().unwrap_or_default(),
+                    port,
+                });
+            }
+        }
+    }
+    host_ports.sort();
+    host_ports
+}
+
+/// The claims its volumes name, and the storage class of each ephemeral volume.
+fn volume_claims(spec: &PodSpec) -> (Vec<String>, Vec<Option<String>>) {
+    let mut claims = Vec::new();
+    let mut ephemeral_classes = Vec::new();
+    for v in spec.volumes.iter().flatten() {
+        if let Some(c) = &v.persistent_volume_claim {
+            claims.push(c.claim_name.clone());
+        }
+        if let Some(e) = &v.ephemeral {
+            ephemeral_classes.push(
+                e.volume_claim_template
+                    .as_ref()
+                    .and_then(|t| t.spec.storage_class_name.clone()),
+            );
+        }
+    }
+    (claims, ephemeral_classes)
 }

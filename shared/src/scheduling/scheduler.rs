@@ -8,17 +8,17 @@ use std::rc::Rc;
 use sha2::{Digest, Sha256};
 
 use super::claim::{Claim, Ctx, Fail, cheapest, cheapest_where};
-use super::compile::{OfferMask, TypeModel};
+use super::compile::{OfferMask, Pool, TypeModel};
 use super::dense::{self, Vector, fits};
-use super::model::Model;
+use super::failure::{Constraint, PlacementFailure, PoolRejection, Rejection, normalise};
+use super::model::{Model, PendingPod};
 use super::pod::{PodRef, tolerates_all};
 use super::preferences::{Active, Relaxation};
-use super::reason::{Constraint, PoolRejection, Reason, Rejection, normalise};
 use super::topology::{Counts, Domains, GroupKind};
 use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
 use crate::apis::labels;
 use crate::catalog::{Offering, OfferingRequirements};
-use crate::requirements::Requirement;
+use crate::requirements::{Requirement, Requirements};
 
 /// How a pass packs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -169,7 +169,7 @@ pub struct Assignment {
     /// Pending pods per existing target.
     pub existing: Vec<Vec<usize>>,
     /// Unplaceable pods with reasons.
-    pub unschedulable: Vec<(usize, Reason)>,
+    pub unschedulable: Vec<(usize, PlacementFailure)>,
     /// Hourly price of the new claims.
     pub cost: f64,
 }
@@ -256,7 +256,23 @@ impl<'m> Run<'m> {
         if self.strategy.fewest_pods {
             return self.place_fewest_pods(i, &a);
         }
-        let use_cursor = rel.is_strict();
+        if self.place_on_claims(i, &a, rel.is_strict()) {
+            return true;
+        }
+        for pi in 0..m.pools.len() {
+            if self.new_claim(pi, i, &a) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// First fit over the claims opened so far, from the pod class's cursor
+    /// when the constraints are strict; claims that refuse a class for good
+    /// move the cursor past them.
+    fn place_on_claims(&mut self, i: usize, a: &Active, use_cursor: bool) -> bool {
+        let m = self.m;
+        let p = m.pod(i);
         let start = if use_cursor {
             self.cursors.get(&p.class).copied().unwrap_or(0)
         } else {
@@ -265,7 +281,7 @@ impl<'m> Run<'m> {
         let mut cursor = start;
         let mut contiguous = true;
         let spot_first = self.strategy.spot_first;
-        let spot_capable = spot_first && spot_capable(p, &a);
+        let spot_capable = spot_first && spot_capable(p, a);
         // Taken out for the scan, so that looking it up costs nothing per claim.
         let mut refused = if spot_first {
             self.refused.remove(&p.class).unwrap_or_default()
@@ -284,7 +300,7 @@ impl<'m> Run<'m> {
                 counts: &self.counts,
                 domains: &self.domains,
             };
-            match self.claims[ci].try_add(&cx, i, &a) {
+            match self.claims[ci].try_add(&cx, i, a) {
                 // The claim only fills and narrows, so it stays refused to
                 // the class (as good as always: a spread may later choose
                 // another zone; skipping it then costs packing, not rules).
@@ -297,7 +313,7 @@ impl<'m> Run<'m> {
                 }
                 Ok(u) => {
                     self.holds_spot_capable[ci] |= spot_capable;
-                    self.commit_claim(ci, i, &a, u);
+                    self.commit_claim(ci, i, a, u);
                     if use_cursor {
                         self.cursors.insert(p.class, if contiguous { ci } else { cursor });
                     }
@@ -320,11 +336,6 @@ impl<'m> Run<'m> {
         }
         if !refused.is_empty() {
             self.refused.insert(p.class, refused);
-        }
-        for pi in 0..m.pools.len() {
-            if self.new_claim(pi, i, &a) {
-                return true;
-            }
         }
         false
     }
@@ -589,17 +600,17 @@ impl<'m> Run<'m> {
     }
 
     /// Why pod `i` cannot be placed anywhere, pool by pool.
-    fn explain(&self, i: usize, rel: &Relaxation) -> Reason {
+    fn explain(&self, i: usize, rel: &Relaxation) -> PlacementFailure {
         let m = self.m;
         let p = m.pod(i);
         let a = rel.active(p);
         if m.pools.is_empty() {
-            return Reason::NoNodePool;
+            return PlacementFailure::NoNodePool;
         }
         // A what-if over existing capacity: that is the answer, and weighing
         // every instance type per pod would cost what-ifs at scale dearly.
         if !m.new_claims {
-            return Reason::Pools(
+            return PlacementFailure::Pools(
                 m.pools
                     .iter()
                     .map(|pool| PoolRejection {
@@ -618,7 +629,7 @@ impl<'m> Run<'m> {
                 why: self.rejection(pi, i, &a),
             })
             .collect();
-        Reason::Pools(rejections)
+        PlacementFailure::Pools(rejections)
     }
 
     /// Why pool `pi` cannot take pod `i` on a new claim.
@@ -632,6 +643,29 @@ impl<'m> Run<'m> {
         if let Err(t) = tolerates_all(&p.model.tolerations, &pool.taints, a.tolerate_prefer) {
             return Rejection::Untolerated(t);
         }
+        let fitting = match self.fitting_types(pi, i, a) {
+            Ok(fitting) => fitting,
+            Err(why) => return why,
+        };
+        if !m.new_claims {
+            return Rejection::NewClaimsForbidden;
+        }
+        let within = self.options_within_limits(pi, i);
+        if !fitting.iter().any(|t| within.contains(&(*t as u32))) {
+            return Rejection::Limits;
+        }
+        if !within.iter().any(|t| self.under_ceiling(pi, *t)) {
+            return Rejection::PriceCeiling;
+        }
+        Rejection::Constraints(unmet_constraints(m, p, a))
+    }
+
+    /// The pool's types that pod `i` fits on under its node terms (before
+    /// limits and prices), or why there are none.
+    fn fitting_types(&self, pi: usize, i: usize, a: &Active) -> Result<Vec<usize>, Rejection> {
+        let m = self.m;
+        let p = m.pod(i);
+        let pool = &m.pools[pi];
         let compatible: Vec<_> = a
             .terms
             .iter()
@@ -644,7 +678,7 @@ impl<'m> Run<'m> {
                 .find_map(|t| pool.reqs.compatible(t, true).err())
                 .map(|e| e.to_string())
                 .unwrap_or_default();
-            return Rejection::Requirements(err);
+            return Err(Rejection::Requirements(err));
         }
         let accel_ok = p.accelerator || pool.asks_accelerator;
         let merged: Vec<crate::requirements::Requirements> = compatible
@@ -664,9 +698,9 @@ impl<'m> Run<'m> {
             .filter(|t| accel_ok || !pool.types[*t].accelerator)
             .collect();
         if usable.is_empty() {
-            return Rejection::NoInstanceType {
+            return Err(Rejection::NoInstanceType {
                 accelerators_only: !matching.is_empty(),
-            };
+            });
         }
         let fitting: Vec<usize> = usable
             .iter()
@@ -688,36 +722,32 @@ impl<'m> Run<'m> {
                 }
                 None => "the pod's requests".into(),
             };
-            return Rejection::TooLarge { what };
+            return Err(Rejection::TooLarge { what });
         }
-        if !m.new_claims {
-            return Rejection::NewClaimsForbidden;
-        }
-        let within = self.options_within_limits(pi, i);
-        if !fitting.iter().any(|t| within.contains(&(*t as u32))) {
-            return Rejection::Limits;
-        }
-        if !within.iter().any(|t| self.under_ceiling(pi, *t)) {
-            return Rejection::PriceCeiling;
-        }
-        let mut constraints = Vec::new();
-        for g in a.groups.iter().chain(&p.inverse) {
-            let group = &m.groups.list[*g];
-            let key = group.id.key.clone();
-            constraints.push(match group.id.kind {
-                GroupKind::Spread { max_skew, .. } => Constraint::TopologySpread { max_skew, key },
-                GroupKind::Affinity => Constraint::PodAffinity { key },
-                GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => {
-                    Constraint::OthersAntiAffinity { key }
-                }
-                GroupKind::AntiAffinity { .. } => Constraint::PodAntiAffinity { key },
-            });
-        }
-        if !p.model.host_ports.is_empty() {
-            constraints.push(Constraint::HostPorts);
-        }
-        Rejection::Constraints(normalise(constraints))
+        Ok(fitting)
     }
+}
+
+/// The scheduling constraints a pod brings to a new claim: its groups (as
+/// owner, or as the target of others' anti-affinity) and its host ports.
+fn unmet_constraints(m: &Model<'_>, p: &PendingPod, a: &Active) -> Vec<Constraint> {
+    let mut constraints = Vec::new();
+    for g in a.groups.iter().chain(&p.inverse) {
+        let group = &m.groups.list[*g];
+        let key = group.id.key.clone();
+        constraints.push(match group.id.kind {
+            GroupKind::Spread { max_skew, .. } => Constraint::TopologySpread { max_skew, key },
+            GroupKind::Affinity => Constraint::PodAffinity { key },
+            GroupKind::AntiAffinity { .. } if p.inverse.contains(g) && !a.groups.contains(g) => {
+                Constraint::OthersAntiAffinity { key }
+            }
+            GroupKind::AntiAffinity { .. } => Constraint::PodAntiAffinity { key },
+        });
+    }
+    if !p.model.host_ports.is_empty() {
+        constraints.push(Constraint::HostPorts);
+    }
+    normalise(constraints)
 }
 
 /// The launch a claim would get: its options cheapest first and the chosen offering.
@@ -740,68 +770,12 @@ fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>, sorted: bool) 
             .as_ref()
             .is_none_or(|r| taken.get(&r.id).copied().unwrap_or(0) < r.available)
     };
-    // Without reservations every offering has room, and interned masks
-    // answer the offering checks (the common case, and the hot one).
-    fn cheapest_of<'t>(
-        ty: &'t TypeModel,
-        wanted: &OfferingRequirements,
-        mask: Option<&OfferMask>,
-        room: &dyn Fn(&Offering) -> bool,
-    ) -> Option<&'t Offering> {
-        match mask {
-            Some(mask) => mask.cheapest(ty),
-            None => cheapest_where(&ty.offerings, wanted, room),
-        }
-    }
-    let masked = |wanted: &OfferingRequirements| {
-        if pool.has_reserved {
-            None
-        } else {
-            pool.offer_keys.mask(wanted)
-        }
-    };
-    let mut reqs = c.reqs.clone();
-    let order: &[&str] = if pool.has_reserved {
-        &[
-            labels::CAPACITY_RESERVED,
-            labels::CAPACITY_SPOT,
-            labels::CAPACITY_ON_DEMAND,
-        ]
-    } else {
-        &[labels::CAPACITY_SPOT, labels::CAPACITY_ON_DEMAND]
-    };
-    for ct in order {
-        let mut r = c.reqs.clone();
-        r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[ct]));
-        let wanted = OfferingRequirements::of(&r);
-        let mask = masked(&wanted);
-        if c.options
-            .iter()
-            .any(|t| cheapest_of(&pool.types[*t as usize], &wanted, mask.as_ref(), &room).is_some())
-        {
-            reqs = r;
-            break;
-        }
-    }
+    let reqs = buying_requirements(pool, c, &room);
     let (wanted, any) = (OfferingRequirements::of(&reqs), OfferingRequirements::of(&c.reqs));
-    let (mask, any_mask) = (masked(&wanted), masked(&any));
-    if !sorted {
-        // Only the chosen offering is wanted (a pass's cost): one scan, no list.
-        let mut best: Option<(f64, &str, u32, &Offering)> = None;
-        for t in &c.options {
-            let ty = &pool.types[*t as usize];
-            if let Some(o) = cheapest_of(ty, &wanted, mask.as_ref(), &room)
-                && best.is_none_or(|(p, n, _, _)| (o.price, ty.name.as_str()) < (p, n))
-            {
-                best = Some((o.price, ty.name.as_str(), *t, o));
-            }
-        }
-        if let Some((_, _, t, o)) = best {
-            return Some(Priced {
-                options: vec![t],
-                offering: o.clone(),
-            });
-        }
+    let (mask, any_mask) = (mask_for(pool, &wanted), mask_for(pool, &any));
+    // Only the chosen offering is wanted (a pass's cost): one scan, no list.
+    if !sorted && let Some(p) = cheapest_option(pool, c, &wanted, mask.as_ref(), &room) {
+        return Some(p);
     }
     let mut priced: Vec<(f64, &str, u32, Option<&Offering>)> = c
         .options
@@ -819,6 +793,82 @@ fn price(m: &Model<'_>, c: &Claim, taken: &BTreeMap<String, u32>, sorted: bool) 
     Some(Priced {
         options: priced.iter().map(|p| p.2).collect(),
         offering,
+    })
+}
+
+/// A type's cheapest offering that `wanted` allows and that has `room`.
+/// Without reservations every offering has room, and interned masks answer
+/// the offering checks (the common case, and the hot one).
+fn cheapest_of<'t>(
+    ty: &'t TypeModel,
+    wanted: &OfferingRequirements,
+    mask: Option<&OfferMask>,
+    room: &dyn Fn(&Offering) -> bool,
+) -> Option<&'t Offering> {
+    match mask {
+        Some(mask) => mask.cheapest(ty),
+        None => cheapest_where(&ty.offerings, wanted, room),
+    }
+}
+
+/// The pool's interned offering mask for `wanted`, unless it has reservations
+/// (whose room the mask does not know).
+fn mask_for(pool: &Pool, wanted: &OfferingRequirements) -> Option<OfferMask> {
+    if pool.has_reserved {
+        None
+    } else {
+        pool.offer_keys.mask(wanted)
+    }
+}
+
+/// The claim's requirements narrowed to the first capacity type (reserved,
+/// spot, on-demand) some option can buy; unchanged when none can.
+fn buying_requirements(pool: &Pool, c: &Claim, room: &dyn Fn(&Offering) -> bool) -> Requirements {
+    let order: &[&str] = if pool.has_reserved {
+        &[
+            labels::CAPACITY_RESERVED,
+            labels::CAPACITY_SPOT,
+            labels::CAPACITY_ON_DEMAND,
+        ]
+    } else {
+        &[labels::CAPACITY_SPOT, labels::CAPACITY_ON_DEMAND]
+    };
+    for ct in order {
+        let mut r = c.reqs.clone();
+        r.add(Requirement::in_values(labels::CAPACITY_TYPE, &[ct]));
+        let wanted = OfferingRequirements::of(&r);
+        let mask = mask_for(pool, &wanted);
+        if c.options
+            .iter()
+            .any(|t| cheapest_of(&pool.types[*t as usize], &wanted, mask.as_ref(), room).is_some())
+        {
+            return r;
+        }
+    }
+    c.reqs.clone()
+}
+
+/// The option with the cheapest offering (ties by type name), alone; `None`
+/// when no option has one.
+fn cheapest_option(
+    pool: &Pool,
+    c: &Claim,
+    wanted: &OfferingRequirements,
+    mask: Option<&OfferMask>,
+    room: &dyn Fn(&Offering) -> bool,
+) -> Option<Priced> {
+    let mut best: Option<(f64, &str, u32, &Offering)> = None;
+    for t in &c.options {
+        let ty = &pool.types[*t as usize];
+        if let Some(o) = cheapest_of(ty, wanted, mask, room)
+            && best.is_none_or(|(p, n, _, _)| (o.price, ty.name.as_str()) < (p, n))
+        {
+            best = Some((o.price, ty.name.as_str(), *t, o));
+        }
+    }
+    best.map(|(_, _, t, o)| Priced {
+        options: vec![t],
+        offering: o.clone(),
     })
 }
 
@@ -857,6 +907,66 @@ fn claim_name(pool: &str, pods: &[PodRef], salt: u32) -> String {
     format!("{pool}-{suffix}")
 }
 
+/// A name no existing node or earlier claim has: `<pool>-<hash>`, salted
+/// until unique; the name is taken.
+fn unique_claim_name(pool: &str, pods: &[PodRef], taken: &mut BTreeSet<String>) -> String {
+    let mut salt = 0;
+    let mut name = claim_name(pool, pods, salt);
+    while taken.contains(&name) {
+        salt += 1;
+        name = claim_name(pool, pods, salt);
+    }
+    taken.insert(name.clone());
+    name
+}
+
+/// The plan's NodeClaim for a priced claim: its options by name, the chosen
+/// offering, its labels and requests (DaemonSet overhead included).
+fn new_node_claim(m: &Model<'_>, c: &Claim, priced: &Priced, name: String, pods: Vec<PodRef>) -> NewNodeClaim {
+    let pool = &m.pools[c.pool];
+    let ty = &pool.types[priced.options[0] as usize];
+    let option_names: Vec<String> = priced
+        .options
+        .iter()
+        .map(|t| pool.types[*t as usize].name.clone())
+        .collect();
+    let requirements = c.reqs.clone();
+    let mut labels_map: BTreeMap<String, String> = ty.labels.clone();
+    labels_map.extend(pool.labels.clone());
+    labels_map.extend(c.reqs.single_valued_labels());
+    labels_map.insert(labels::INSTANCE_TYPE.into(), ty.name.clone());
+    labels_map.insert(labels::ZONE.into(), priced.offering.zone.clone());
+    labels_map.insert(labels::CAPACITY_TYPE.into(), priced.offering.capacity_type.clone());
+    if let Some(r) = &priced.offering.reservation {
+        labels_map.insert(labels::aws::CAPACITY_RESERVATION_ID.into(), r.id.clone());
+        labels_map.insert(
+            labels::aws::CAPACITY_RESERVATION_TYPE.into(),
+            r.reservation_type.clone(),
+        );
+    }
+    labels_map.insert(labels::NODEPOOL.into(), pool.name.clone());
+    labels_map.insert(labels::HOSTNAME.into(), name.clone());
+    let requests = m.res.resources(&dense::plus(&c.used, &ty.overhead));
+    NewNodeClaim {
+        name,
+        node_pool: pool.name.clone(),
+        node_class: pool.node_class.clone(),
+        requirements,
+        instance_type_options: option_names,
+        instance_type: ty.name.clone(),
+        zone: priced.offering.zone.clone(),
+        capacity_type: priced.offering.capacity_type.clone(),
+        price: priced.offering.price,
+        allocatable: ty.allocatable.clone(),
+        labels: labels_map,
+        template_labels: pool.labels.clone(),
+        taints: pool.taints.clone(),
+        startup_taints: pool.startup_taints.clone(),
+        pods,
+        requests,
+    }
+}
+
 impl Assignment {
     /// Turns a pass into a plan: names, cheapest offerings, labels.
     pub fn finish(self, m: &Model<'_>) -> Plan {
@@ -884,60 +994,30 @@ impl Assignment {
                 for p in pods {
                     unschedulable.push(Unschedulable {
                         pod: p,
-                        reason: Reason::NoOffering,
+                        reason: PlacementFailure::NoOffering,
                     });
                 }
                 continue;
             };
-            let mut salt = 0;
-            let mut name = claim_name(&pool.name, &pods, salt);
-            while taken.contains(&name) {
-                salt += 1;
-                name = claim_name(&pool.name, &pods, salt);
-            }
-            taken.insert(name.clone());
-            let ty = &pool.types[priced.options[0] as usize];
-            let option_names: Vec<String> = priced
-                .options
-                .iter()
-                .map(|t| pool.types[*t as usize].name.clone())
-                .collect();
-            let requirements = c.reqs.clone();
-            let mut labels_map: BTreeMap<String, String> = ty.labels.clone();
-            labels_map.extend(pool.labels.clone());
-            labels_map.extend(c.reqs.single_valued_labels());
-            labels_map.insert(labels::INSTANCE_TYPE.into(), ty.name.clone());
-            labels_map.insert(labels::ZONE.into(), priced.offering.zone.clone());
-            labels_map.insert(labels::CAPACITY_TYPE.into(), priced.offering.capacity_type.clone());
-            if let Some(r) = &priced.offering.reservation {
-                labels_map.insert(labels::aws::CAPACITY_RESERVATION_ID.into(), r.id.clone());
-                labels_map.insert(
-                    labels::aws::CAPACITY_RESERVATION_TYPE.into(),
-                    r.reservation_type.clone(),
-                );
-            }
-            labels_map.insert(labels::NODEPOOL.into(), pool.name.clone());
-            labels_map.insert(labels::HOSTNAME.into(), name.clone());
-            let requests = m.res.resources(&dense::plus(&c.used, &ty.overhead));
-            node_claims.push(NewNodeClaim {
-                name,
-                node_pool: pool.name.clone(),
-                node_class: pool.node_class.clone(),
-                requirements,
-                instance_type_options: option_names,
-                instance_type: ty.name.clone(),
-                zone: priced.offering.zone.clone(),
-                capacity_type: priced.offering.capacity_type.clone(),
-                price: priced.offering.price,
-                allocatable: ty.allocatable.clone(),
-                labels: labels_map,
-                template_labels: pool.labels.clone(),
-                taints: pool.taints.clone(),
-                startup_taints: pool.startup_taints.clone(),
-                pods,
-                requests,
-            });
+            let name = unique_claim_name(&pool.name, &pods, &mut taken);
+            node_claims.push(new_node_claim(m, c, &priced, name, pods));
         }
+        let existing = self.existing_placements(m);
+        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable {
+            pod: m.pods[*i].pod.clone(),
+            reason: r.clone(),
+        }));
+        unschedulable.sort_by(|a, b| a.pod.cmp(&b.pod));
+        Plan {
+            node_claims,
+            existing,
+            unschedulable,
+            warnings: m.warnings.clone(),
+        }
+    }
+
+    /// The pods placed on existing nodes and in-flight claims, by target name.
+    fn existing_placements(&self, m: &Model<'_>) -> Vec<ExistingPlacement> {
         let mut existing: Vec<ExistingPlacement> = self
             .existing
             .iter()
@@ -954,16 +1034,6 @@ impl Assignment {
             })
             .collect();
         existing.sort_by(|a, b| a.name.cmp(&b.name));
-        unschedulable.extend(self.unschedulable.iter().map(|(i, r)| Unschedulable {
-            pod: m.pods[*i].pod.clone(),
-            reason: r.clone(),
-        }));
-        unschedulable.sort_by(|a, b| a.pod.cmp(&b.pod));
-        Plan {
-            node_claims,
-            existing,
-            unschedulable,
-            warnings: m.warnings.clone(),
-        }
+        existing
     }
 }

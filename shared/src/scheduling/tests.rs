@@ -1448,7 +1448,7 @@ fn a_pool_with_restricted_template_labels_is_not_used() {
     );
     let plan = Case::new(pods("p", 1, "1", "1Gi", json!({}))).pools(vec![bad]).solve();
     assert!(plan.node_claims.is_empty(), "{plan:?}");
-    let Reason::Pools(r) = &plan.unschedulable[0].reason else {
+    let PlacementFailure::Pools(r) = &plan.unschedulable[0].reason else {
         panic!("{plan:?}")
     };
     assert_eq!(

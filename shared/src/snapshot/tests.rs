@@ -9,7 +9,7 @@ use serde_json::json;
 use super::*;
 use crate::scheduling::compile::COMPILATIONS;
 use crate::scheduling::fixtures::{self, catalog, default_pool, merge, pod};
-use crate::scheduling::{Plan, Reason, Rejection, SolveOptions, TargetKind};
+use crate::scheduling::{PlacementFailure, Plan, Rejection, SolveOptions, TargetKind};
 
 fn now() -> Timestamp {
     "2026-03-01T12:00:00Z".parse().unwrap()
@@ -135,7 +135,7 @@ fn what_if_two_nodes_are_removed_places_their_pods_on_the_rest_without_recompili
     for u in &plan.unschedulable {
         assert!(u.reason.needs_new_capacity(), "{}", u.reason);
         assert!(
-            matches!(&u.reason, Reason::Pools(r) if r[0].why == Rejection::NewClaimsForbidden),
+            matches!(&u.reason, PlacementFailure::Pools(r) if r[0].why == Rejection::NewClaimsForbidden),
             "{:?}",
             u.reason
         );
@@ -160,12 +160,9 @@ fn what_if_with_new_capacity_respects_the_price_ceiling() {
         ..SolveOptions::without(removed)
     });
     assert_eq!(capped.unschedulable.len(), 4, "{capped:#?}");
-    assert!(
-        capped
-            .unschedulable
-            .iter()
-            .all(|u| { matches!(&u.reason, Reason::Pools(r) if r.iter().all(|p| p.why == Rejection::PriceCeiling)) })
-    );
+    assert!(capped.unschedulable.iter().all(|u| {
+        matches!(&u.reason, PlacementFailure::Pools(r) if r.iter().all(|p| p.why == Rejection::PriceCeiling))
+    }));
     // A ceiling between types keeps only the cheaper ones.
     let mid = compiled.solve(&SolveOptions {
         price_below: Some(0.1),
@@ -198,7 +195,7 @@ fn removed_nodes_free_their_pools_limits() {
     let compiled = s.compile();
     let plan = compiled.solve(&SolveOptions::default());
     assert_eq!(plan.unschedulable.len(), 1);
-    assert!(matches!(&plan.unschedulable[0].reason, Reason::Pools(r) if r[0].why == Rejection::Limits));
+    assert!(matches!(&plan.unschedulable[0].reason, PlacementFailure::Pools(r) if r[0].why == Rejection::Limits));
     // ...until one node is taken away in a what-if.
     let plan = compiled.solve(&SolveOptions::without(["n4"]));
     assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);

@@ -9,7 +9,7 @@ use crate::apis::{Taint, TaintEffect};
 
 /// Why a pod cannot be placed.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Reason {
+pub enum PlacementFailure {
     /// The pod spec cannot be modelled (the message names the field).
     InvalidPod(String),
     /// Its volumes' topology cannot be read or satisfied.
@@ -91,12 +91,12 @@ pub enum Constraint {
     HostPorts,
 }
 
-impl Reason {
+impl PlacementFailure {
     /// True when no pool could take the pod only because new claims are
     /// forbidden or priced out: it would fit with new capacity.
     pub fn needs_new_capacity(&self) -> bool {
         match self {
-            Reason::Pools(list) => {
+            PlacementFailure::Pools(list) => {
                 !list.is_empty()
                     && list
                         .iter()
@@ -162,14 +162,14 @@ impl fmt::Display for PoolRejection {
     }
 }
 
-impl fmt::Display for Reason {
+impl fmt::Display for PlacementFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Reason::InvalidPod(e) => write!(f, "invalid pod: {e}"),
-            Reason::Volume(e) => f.write_str(e),
-            Reason::NoNodePool => f.write_str("no NodePool"),
-            Reason::NoOffering => f.write_str("no offering left for its node"),
-            Reason::Pools(list) => {
+            PlacementFailure::InvalidPod(e) => write!(f, "invalid pod: {e}"),
+            PlacementFailure::Volume(e) => f.write_str(e),
+            PlacementFailure::NoNodePool => f.write_str("no NodePool"),
+            PlacementFailure::NoOffering => f.write_str("no offering left for its node"),
+            PlacementFailure::Pools(list) => {
                 for (i, r) in list.iter().enumerate() {
                     if i > 0 {
                         f.write_str("; ")?;
@@ -182,7 +182,7 @@ impl fmt::Display for Reason {
     }
 }
 
-impl Serialize for Reason {
+impl Serialize for PlacementFailure {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn renders_as_the_simulate_contract_text() {
-        let r = Reason::Pools(vec![
+        let r = PlacementFailure::Pools(vec![
             PoolRejection {
                 pool: "gpu".into(),
                 why: Rejection::Untolerated(Taint {
@@ -238,14 +238,14 @@ mod tests {
 
     #[test]
     fn what_if_refusals_say_new_capacity_would_help() {
-        let forbidden = Reason::Pools(vec![PoolRejection {
+        let forbidden = PlacementFailure::Pools(vec![PoolRejection {
             pool: "default".into(),
             why: Rejection::NewClaimsForbidden,
         }]);
         assert!(forbidden.needs_new_capacity());
-        assert!(!Reason::NoNodePool.needs_new_capacity());
+        assert!(!PlacementFailure::NoNodePool.needs_new_capacity());
         assert!(
-            !Reason::Pools(vec![PoolRejection {
+            !PlacementFailure::Pools(vec![PoolRejection {
                 pool: "default".into(),
                 why: Rejection::Limits
             }])
