@@ -754,8 +754,8 @@ fn launch_tags(cluster: &str) -> (BTreeMap<String, String>, BTreeMap<String, Str
     let class = nodesmith::apis::ec2nodeclass::EC2NodeClass::new("default", Default::default());
     let claim = nodesmith::nodeclaim::NodeClaim::pending("default-x1y2z", "default", "default");
     (
-        nodesmith::launch::instance_tags(cluster, &claim, &class),
-        nodesmith::launch::template_tags(cluster, &claim, &class),
+        nodesmith::nodeclass::template::instance_tags(cluster, &claim, &class),
+        nodesmith::nodeclass::template::template_tags(cluster, &claim, &class),
     )
 }
 
@@ -860,7 +860,7 @@ fn the_sweep_deletes_only_what_nodesmith_tagged_for_this_cluster() {
 
 #[test]
 fn instance_profiles_and_roles_are_touched_only_under_the_nodesmith_path_and_tag() {
-    use nodesmith::launch::profile;
+    use nodesmith::nodeclass::profile;
     let t = template();
     let launch = iam::statements(&t, "LaunchFunction");
     let sweep = iam::statements(&t, "SweepFunction");

@@ -21,10 +21,9 @@ use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
 use crate::disruption::{DecideOptions, Held, Reason, decide};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, drain, events, pods};
-use crate::launch;
-use crate::launch::nodeclass::ClassFacts;
 use crate::launch::request::{LaunchRequest, enqueue};
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
+use crate::nodeclass::ResolvedClass;
 use crate::registration;
 use crate::scheduling::{NewNodeClaim, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::Snapshot;
@@ -214,7 +213,11 @@ fn assign(
 impl<C: Cluster> Sweeper<C> {
     /// The disruption part of a run: new decisions, then every recorded
     /// disruption moved on as far as it goes now.
-    pub(super) async fn disrupt(&self, started: Instant, classes: &BTreeMap<String, ClassFacts>) -> DisruptionReport {
+    pub(super) async fn disrupt(
+        &self,
+        started: Instant,
+        classes: &BTreeMap<String, ResolvedClass>,
+    ) -> DisruptionReport {
         let mut report = DisruptionReport::default();
         let now = Timestamp::now();
         let snapshot = match live::read(&self.cluster, &self.store, now).await {
@@ -247,7 +250,7 @@ impl<C: Cluster> Sweeper<C> {
     async fn begin_new(
         &self,
         snapshot: &Snapshot,
-        classes: &BTreeMap<String, ClassFacts>,
+        classes: &BTreeMap<String, ResolvedClass>,
         records: &mut Vec<DisruptionRecord>,
         started: Instant,
         report: &mut DisruptionReport,
@@ -677,7 +680,7 @@ impl<C: Cluster> Sweeper<C> {
     async fn resolved_drift(
         &self,
         snapshot: &Snapshot,
-        classes: &BTreeMap<String, ClassFacts>,
+        classes: &BTreeMap<String, ResolvedClass>,
     ) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         // Nodes of a NodePool, by class, with their instance ids.
@@ -724,7 +727,7 @@ impl<C: Cluster> Sweeper<C> {
                 .into_iter()
                 .filter_map(|(node, id)| Some((node, instances.get(&id)?)))
             {
-                let key = launch::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
+                let key = crate::nodeclass::ami::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
                 let now = ClassResolution {
                     amis: facts.amis.get(&key).cloned().into_iter().collect(),
                     subnets: subnets.clone(),
