@@ -290,4 +290,193 @@ mod tests {
         let keys: Vec<String> = node_taints(&tainted).into_iter().map(|t| t.key).collect();
         assert_eq!(keys, vec!["dedicated", labels::UNREGISTERED_TAINT_KEY]);
     }
+
+    fn alias_class(alias: &str) -> EC2NodeClass {
+        let mut class = EC2NodeClass::new("default", Default::default());
+        class.spec.ami_selector_terms = vec![serde_json::from_value(serde_json::json!({ "alias": alias })).unwrap()];
+        class.spec.role = Some("nodes".into());
+        class
+    }
+
+    fn resolved_for(class: &EC2NodeClass) -> ResolvedClass {
+        ResolvedClass {
+            security_groups: vec![
+                crate::nodeclass::securitygroup::SecurityGroup {
+                    id: "sg-a".into(),
+                    name: "a".into(),
+                },
+                crate::nodeclass::securitygroup::SecurityGroup {
+                    id: "sg-b".into(),
+                    name: "b".into(),
+                },
+            ],
+            instance_profile: crate::nodeclass::profile::choose("demo", class).map(|p| p.name().to_string()),
+            ..Default::default()
+        }
+    }
+
+    fn cluster_info() -> ClusterInfo {
+        ClusterInfo {
+            name: "demo".into(),
+            endpoint: "https://example".into(),
+            certificate_authority: "Q0E=".into(),
+            service_cidr: "10.100.0.0/16".into(),
+            version: "1.33".into(),
+        }
+    }
+
+    fn reservation() -> CapacityReservationStatus {
+        serde_json::from_value(serde_json::json!({
+            "id": "cr-1",
+            "instanceType": "m5.large",
+            "availabilityZone": "us-east-1a",
+            "reservationType": "default",
+            "availableInstanceCount": 2
+        }))
+        .unwrap()
+    }
+
+    /// Each row: a class edit, the image, and what the spec must show.
+    #[test]
+    fn the_template_is_a_function_of_class_claim_and_image() {
+        type Edit = fn(&mut EC2NodeClass);
+        type Check = fn(&TemplateSpec, &EC2NodeClass);
+        let r = reservation();
+        let cases: Vec<(&str, &str, Edit, Image<'_>, Check)> = vec![
+            (
+                "al2023 on-demand: the class's groups, profile, default root volume, image tag",
+                "al2023@latest",
+                |_| {},
+                Image {
+                    capacity_type: "on-demand",
+                    id: "ami-1",
+                    reservation: None,
+                },
+                |t, class| {
+                    assert_eq!(t.cluster, "demo");
+                    assert_eq!(t.image_id, "ami-1");
+                    assert_eq!(t.security_groups, vec!["sg-a", "sg-b"]);
+                    assert_eq!(
+                        t.instance_profile.as_deref(),
+                        crate::nodeclass::profile::choose("demo", class)
+                            .as_ref()
+                            .map(|p| p.name())
+                    );
+                    assert_eq!(t.block_devices.len(), 1);
+                    assert_eq!(t.block_devices[0].size_gib, Some(20));
+                    assert_eq!(t.tags[IMAGE_TAG], "ami-1");
+                    assert_eq!(t.tags[labels::EC2NODECLASS_HASH_ANNOTATION], class.hash());
+                    assert!(!t.tags.contains_key(RESERVATION_TAG));
+                    assert!(!t.tags.contains_key(labels::NODECLAIM), "shared by the pool");
+                    assert_eq!(t.capacity_reservation, None);
+                    assert!(!t.monitoring);
+                    assert_eq!(t.associate_public_ip, None);
+                    assert!(
+                        t.user_data.contains("karpenter.sh/capacity-type=on-demand"),
+                        "{}",
+                        t.user_data
+                    );
+                },
+            ),
+            (
+                "spot: the capacity type reaches user data only",
+                "al2023@latest",
+                |_| {},
+                Image {
+                    capacity_type: "spot",
+                    id: "ami-1",
+                    reservation: None,
+                },
+                |t, _| {
+                    assert!(
+                        t.user_data.contains("karpenter.sh/capacity-type=spot"),
+                        "{}",
+                        t.user_data
+                    )
+                },
+            ),
+            (
+                "reserved: the reservation is targeted and tagged",
+                "al2023@latest",
+                |_| {},
+                Image {
+                    capacity_type: "reserved",
+                    id: "ami-1",
+                    reservation: Some(&r),
+                },
+                |t, _| {
+                    assert_eq!(t.tags[RESERVATION_TAG], "cr-1");
+                    assert_eq!(t.capacity_reservation.as_ref().map(|c| c.id.as_str()), Some("cr-1"));
+                },
+            ),
+            (
+                "bottlerocket: its OS and data volumes, TOML user data",
+                "bottlerocket@latest",
+                |_| {},
+                Image {
+                    capacity_type: "on-demand",
+                    id: "ami-br",
+                    reservation: None,
+                },
+                |t, _| {
+                    let names: Vec<&str> = t.block_devices.iter().map(|b| b.device_name.as_str()).collect();
+                    assert_eq!(names, vec!["/dev/xvda", "/dev/xvdb"]);
+                    assert!(t.user_data.contains("[settings.kubernetes]"), "{}", t.user_data);
+                },
+            ),
+            (
+                "the class's tags, IMDS, monitoring and public IP choice",
+                "al2023@latest",
+                |c| {
+                    c.spec.tags.insert("cost-center".into(), "42".into());
+                    c.spec.metadata_options.http_put_response_hop_limit = 2;
+                    c.spec.detailed_monitoring = Some(true);
+                    c.spec.associate_public_ip_address = Some(false);
+                },
+                Image {
+                    capacity_type: "on-demand",
+                    id: "ami-1",
+                    reservation: None,
+                },
+                |t, _| {
+                    assert_eq!(t.tags["cost-center"], "42");
+                    assert_eq!(t.metadata.http_put_response_hop_limit, 2);
+                    assert!(t.monitoring);
+                    assert_eq!(t.associate_public_ip, Some(false));
+                },
+            ),
+        ];
+        for (name, alias, edit, image, check) in cases {
+            let mut class = alias_class(alias);
+            edit(&mut class);
+            let resolved = resolved_for(&class);
+            let spec = template_spec(&class, &resolved, &cluster_info(), &claim(vec![]), &image)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            check(&spec, &class);
+            let other = NodeClaim {
+                name: "default-y".into(),
+                ..claim(vec![])
+            };
+            assert_eq!(
+                template_spec(&class, &resolved, &cluster_info(), &other, &image).unwrap(),
+                spec,
+                "{name}: two claims of one pool share the template"
+            );
+        }
+    }
+
+    #[test]
+    fn a_class_without_an_ami_family_maps_to_no_template() {
+        let class = EC2NodeClass::new("default", Default::default());
+        let image = Image {
+            capacity_type: "on-demand",
+            id: "ami-1",
+            reservation: None,
+        };
+        let err = template_spec(&class, &resolved_for(&class), &cluster_info(), &claim(vec![]), &image).unwrap_err();
+        assert!(
+            matches!(&err, NodeClassError::Unusable { what } if what == "AMIFamilyNotSet: EC2NodeClass has no AMI family"),
+            "{err:?}"
+        );
+    }
 }
