@@ -26,7 +26,7 @@ pub enum NodeClassError {
     #[error("configuration: {0}")]
     Cluster(String),
     /// User data could not be built.
-    #[error("user data")]
+    #[error("user data could not be built")]
     UserData(#[from] UserDataError),
 }
 

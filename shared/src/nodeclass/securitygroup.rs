@@ -32,11 +32,6 @@ pub struct SecurityGroup {
     pub name: String,
 }
 
-/// The ids of every security group the terms select, sorted.
-pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Result<Vec<String>, NodeClassError> {
-    Ok(resolve_groups(ec2, terms).await?.into_iter().map(|g| g.id).collect())
-}
-
 /// Every security group the terms select, with its name, sorted by id.
 pub async fn resolve_groups(
     ec2: &aws_sdk_ec2::Client,
