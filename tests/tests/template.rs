@@ -1071,7 +1071,11 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
         &["LaunchFunction", "SweepFunction"],
     ),
     ("nodeclass/profile.rs", "iam:CreateInstanceProfile", &["LaunchFunction"]),
-    ("nodeclass/profile.rs", "iam:AddRoleToInstanceProfile", &["LaunchFunction"]),
+    (
+        "nodeclass/profile.rs",
+        "iam:AddRoleToInstanceProfile",
+        &["LaunchFunction"],
+    ),
     (
         "nodeclass/profile.rs",
         "iam:RemoveRoleFromInstanceProfile",

@@ -417,14 +417,14 @@ impl<C: Cluster> Launcher<C> {
                         .await?;
                 }
             }
-            let decision = fleet::decide(&plan, &answer);
-            if !matches!(decision, Ruling::Launched(_))
+            let ruling = fleet::decide(&plan, &answer);
+            if !matches!(ruling, Ruling::Launched(_))
                 && let Some(a) = claim.launch_attempt.as_mut()
             {
                 // Answered without an instance: the next request is a new attempt.
                 a.concluded = true;
             }
-            match decision {
+            match ruling {
                 Ruling::Launched(mut l) => {
                     let chosen = plan.candidates().find(|c| {
                         c.offering.instance_type == l.instance_type
