@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use criterion::{Criterion, black_box, criterion_main};
 use nodesmith::apis::{KubeletConfiguration, Taint, TaintEffect};
 use nodesmith::launch::fleet::{self, Scope};
-use nodesmith::launch::subnet::Subnet;
-use nodesmith::launch::userdata::{self, ClusterInfo, NodeSettings};
 use nodesmith::nodeclaim::NodeClaim;
+use nodesmith::nodeclass::subnet::Subnet;
+use nodesmith::nodeclass::userdata::{self, ClusterInfo, NodeSettings};
 use nodesmith::state::{self, OfferingKey};
 
 fn cluster() -> ClusterInfo {

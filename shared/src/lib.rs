@@ -19,6 +19,7 @@ pub mod lifecycle;
 pub mod messages;
 pub mod metering;
 pub mod nodeclaim;
+pub mod nodeclass;
 pub mod provisioning;
 pub mod quantity;
 pub mod registration;

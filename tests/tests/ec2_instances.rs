@@ -8,8 +8,8 @@ use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
 use nodesmith::apis::EC2NodeClass;
 use nodesmith::ec2::instances::{NOT_FOUND_CODE, TERMINATE_BATCH};
 use nodesmith::ec2::{InstanceState, Instances, InstancesError, Termination};
-use nodesmith::launch::instance_tags;
 use nodesmith::nodeclaim::NodeClaim;
+use nodesmith::nodeclass::template::instance_tags;
 use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::moto::{Moto, moto};
 

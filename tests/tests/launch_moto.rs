@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use crate::launch_fixtures::*;
 use base64::Engine;
 use nodesmith::apis::labels;
-use nodesmith::launch::userdata::{NODECONFIG_TYPE, parse_mime};
 use nodesmith::launch::{LaunchError, LaunchOutcome};
 use nodesmith::nodeclaim::Phase;
+use nodesmith::nodeclass::userdata::{NODECONFIG_TYPE, parse_mime};
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::moto;
 

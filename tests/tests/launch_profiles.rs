@@ -7,7 +7,7 @@
 use crate::launch_fixtures::*;
 use nodesmith::apis::EC2NodeClass;
 use nodesmith::launch::LaunchOutcome;
-use nodesmith::launch::profile::{self, PROFILE_PATH};
+use nodesmith::nodeclass::profile::{self, PROFILE_PATH};
 use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};

@@ -11,7 +11,8 @@ use crate::local_stack::{Stack, event, fast};
 use nodesmith::apis::EC2NodeClass;
 use nodesmith::apis::ec2nodeclass::Condition;
 use nodesmith::kubernetes::Cluster;
-use nodesmith::launch::{LaunchOutcome, batch, profile};
+use nodesmith::launch::{LaunchOutcome, batch};
+use nodesmith::nodeclass::profile;
 use nodesmith::sweep::Sweeper;
 use nodesmith_tests::kubectl::Kubectl;
 

@@ -754,8 +754,8 @@ fn launch_tags(cluster: &str) -> (BTreeMap<String, String>, BTreeMap<String, Str
     let class = nodesmith::apis::ec2nodeclass::EC2NodeClass::new("default", Default::default());
     let claim = nodesmith::nodeclaim::NodeClaim::pending("default-x1y2z", "default", "default");
     (
-        nodesmith::launch::instance_tags(cluster, &claim, &class),
-        nodesmith::launch::template_tags(cluster, &claim, &class),
+        nodesmith::nodeclass::template::instance_tags(cluster, &claim, &class),
+        nodesmith::nodeclass::template::template_tags(cluster, &claim, &class),
     )
 }
 
@@ -860,7 +860,7 @@ fn the_sweep_deletes_only_what_nodesmith_tagged_for_this_cluster() {
 
 #[test]
 fn instance_profiles_and_roles_are_touched_only_under_the_nodesmith_path_and_tag() {
-    use nodesmith::launch::profile;
+    use nodesmith::nodeclass::profile;
     let t = template();
     let launch = iam::statements(&t, "LaunchFunction");
     let sweep = iam::statements(&t, "SweepFunction");
@@ -1027,38 +1027,38 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
         &["LaunchFunction", "SweepFunction"],
     ),
     (
-        "launch/cluster.rs",
+        "nodeclass/cluster.rs",
         "eks:DescribeCluster",
         &["LaunchFunction", "SweepFunction"],
     ),
     ("launch/fleet.rs", "ec2:CreateFleet", &["LaunchFunction"]),
     (
-        "launch/launchtemplate.rs",
+        "nodeclass/launchtemplate.rs",
         "ec2:CreateLaunchTemplate",
         &["LaunchFunction"],
     ),
     (
-        "launch/ami.rs",
+        "nodeclass/ami.rs",
         "ec2:DescribeImages",
         &["LaunchFunction", "SweepFunction"],
     ),
     (
-        "launch/ami.rs",
+        "nodeclass/ami.rs",
         "ssm:GetParameter",
         &["LaunchFunction", "SweepFunction"],
     ),
     (
-        "launch/subnet.rs",
+        "nodeclass/subnet.rs",
         "ec2:DescribeSubnets",
         &["LaunchFunction", "SweepFunction"],
     ),
     (
-        "launch/securitygroup.rs",
+        "nodeclass/securitygroup.rs",
         "ec2:DescribeSecurityGroups",
         &["LaunchFunction", "SweepFunction"],
     ),
     (
-        "launch/capacityreservation.rs",
+        "nodeclass/capacityreservation.rs",
         "ec2:DescribeCapacityReservations",
         &["LaunchFunction", "SweepFunction"],
     ),
@@ -1066,19 +1066,23 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("launch/gc.rs", "ec2:DeleteLaunchTemplate", &["SweepFunction"]),
     // ensure() (launch) and exists() (the sweep's class status).
     (
-        "launch/profile.rs",
+        "nodeclass/profile.rs",
         "iam:GetInstanceProfile",
         &["LaunchFunction", "SweepFunction"],
     ),
-    ("launch/profile.rs", "iam:CreateInstanceProfile", &["LaunchFunction"]),
-    ("launch/profile.rs", "iam:AddRoleToInstanceProfile", &["LaunchFunction"]),
+    ("nodeclass/profile.rs", "iam:CreateInstanceProfile", &["LaunchFunction"]),
     (
-        "launch/profile.rs",
+        "nodeclass/profile.rs",
+        "iam:AddRoleToInstanceProfile",
+        &["LaunchFunction"],
+    ),
+    (
+        "nodeclass/profile.rs",
         "iam:RemoveRoleFromInstanceProfile",
         &["LaunchFunction", "SweepFunction"],
     ),
-    ("launch/profile.rs", "iam:ListInstanceProfiles", &["SweepFunction"]),
-    ("launch/profile.rs", "iam:DeleteInstanceProfile", &["SweepFunction"]),
+    ("nodeclass/profile.rs", "iam:ListInstanceProfiles", &["SweepFunction"]),
+    ("nodeclass/profile.rs", "iam:DeleteInstanceProfile", &["SweepFunction"]),
 ];
 
 /// Calls IAM authorizes as more than their own action: CreateFleet also as

@@ -2,7 +2,7 @@
 //! instance of one NodeClaim, every instance the cluster owns, and idempotent
 //! termination.
 //!
-//! Ownership is by tag, as [`crate::launch::instance_tags`] sets them:
+//! Ownership is by tag, as [`crate::nodeclass::template::instance_tags`] sets them:
 //! `kubernetes.io/cluster/<cluster>=owned` for listing, `eks:eks-cluster-name`
 //! plus `karpenter.sh/nodeclaim` for finding a claim's instance.
 

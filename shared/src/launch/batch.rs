@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use super::request::{LaunchRequest, RequestError};
 use super::{LaunchError, LaunchOutcome, Launcher};
 use crate::kubernetes::Cluster;
+use crate::nodeclass::RunClasses;
 
 /// What happened to one record.
 #[derive(Debug)]
@@ -48,6 +49,7 @@ pub fn fleet_delta_usd_per_hour(results: &[RecordResult]) -> f64 {
 
 async fn handle_record<C: Cluster>(
     launcher: &Launcher<C>,
+    run: &RunClasses,
     msg: &SqsMessage,
     parsed: Result<LaunchRequest, RequestError>,
 ) -> RecordResult {
@@ -59,7 +61,7 @@ async fn handle_record<C: Cluster>(
             Err(LaunchError::Request(e))
         }
         Ok(req) => {
-            let r = launcher.launch(&req).await;
+            let r = launcher.launch_in(&req, run).await;
             match &r {
                 Ok(o) => {
                     tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled")
@@ -91,7 +93,8 @@ type Parsed = (usize, Result<LaunchRequest, RequestError>);
 
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
-/// instead of its lease). Results are in record order.
+/// instead of its lease). Results are in record order. The batch is one run:
+/// each EC2NodeClass its claims name is resolved once.
 pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
     let mut groups: BTreeMap<String, Vec<Parsed>> = BTreeMap::new();
     for (i, m) in event.records.iter().enumerate() {
@@ -103,10 +106,12 @@ pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (Sq
         };
         groups.entry(key).or_default().push((i, parsed));
     }
+    let classes = RunClasses::default();
+    let classes = &classes;
     let runs = groups.into_values().map(|group| async move {
         let mut out = Vec::with_capacity(group.len());
         for (i, parsed) in group {
-            out.push((i, handle_record(launcher, &event.records[i], parsed).await));
+            out.push((i, handle_record(launcher, classes, &event.records[i], parsed).await));
         }
         out
     });

@@ -3,9 +3,10 @@
 use aws_smithy_types::error::display::DisplayErrorContext;
 
 use super::request::RequestError;
-use super::userdata::UserDataError;
 use crate::kubernetes::ClusterError;
 use crate::nodeclaim::InvalidTransition;
+use crate::nodeclass::NodeClassError;
+use crate::nodeclass::userdata::UserDataError;
 use crate::state::StateError;
 
 /// A launch that did not happen.
@@ -30,6 +31,10 @@ pub enum LaunchError {
         /// Why.
         source: UserDataError,
     },
+    /// Resolving the claim's EC2NodeClass, or ensuring what it names (launch
+    /// template, instance profile), failed.
+    #[error(transparent)]
+    NodeClass(#[from] NodeClassError),
     /// An AWS call failed (after the SDK's own retries for throttling and 5xx).
     #[error("{op}: {message}")]
     Aws {

@@ -13,10 +13,10 @@ use aws_sdk_ec2::types::{
 use sha2::{Digest, Sha256};
 
 use super::errors::LaunchError;
-use super::subnet::Subnet;
 use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_RESERVED, CAPACITY_SPOT};
 use crate::catalog::Catalog;
 use crate::nodeclaim::{AttemptOverride, LaunchAttempt, NodeClaim, ReservationRef};
+use crate::nodeclass::subnet::Subnet;
 use crate::state::OfferingKey;
 
 /// Karpenter sends at most this many instance types to one CreateFleet.
@@ -24,7 +24,7 @@ pub const MAX_INSTANCE_TYPES: usize = 60;
 
 /// One override: an offering, the subnet in its zone and the template for its AMI.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
+pub struct Override {
     /// Instance type, zone, capacity type.
     pub offering: OfferingKey,
     /// The subnet used in that zone.
@@ -55,7 +55,7 @@ pub struct Scope<'a> {
 }
 
 /// Every offering that may be tried, minus the unavailable ones (pure).
-pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Candidate> {
+pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Override> {
     let mut out = Vec::new();
     for t in scope.instance_types.iter().take(MAX_INSTANCE_TYPES) {
         let info = scope
@@ -87,7 +87,7 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
                     },
                     None => None,
                 };
-                out.push(Candidate {
+                out.push(Override {
                     offering: key,
                     subnet_id: subnet.id.clone(),
                     template: template.clone(),
@@ -102,7 +102,7 @@ pub fn candidates(scope: &Scope, unavailable: &BTreeSet<OfferingKey>) -> Vec<Can
 
 /// The capacity type to ask for: reserved capacity first (it is paid for
 /// already), then spot, then on-demand, as allowed and possible (pure).
-pub fn capacity_type(cands: &[Candidate]) -> Option<&'static str> {
+pub fn capacity_type(cands: &[Override]) -> Option<&'static str> {
     [CAPACITY_RESERVED, CAPACITY_SPOT, CAPACITY_ON_DEMAND]
         .into_iter()
         .find(|ct| cands.iter().any(|c| c.offering.capacity_type == *ct))
@@ -116,7 +116,7 @@ pub struct FleetPlan {
     /// Reserved capacity bought as a capacity block (EC2 takes one market per call).
     pub capacity_block: bool,
     /// Overrides by launch template, in candidate order.
-    pub overrides: BTreeMap<String, Vec<Candidate>>,
+    pub overrides: BTreeMap<String, Vec<Override>>,
     /// Idempotency token ([`client_token`]): a retry of the same attempt sends
     /// the same request with the same token, and EC2 answers with the first
     /// call's fleet instead of launching again.
@@ -144,11 +144,11 @@ pub fn client_token(claim: &NodeClaim, attempt: u32) -> String {
 /// The call for `capacity_type` over `cands`, carrying `client_token` (pure).
 /// Reserved capacity goes to ODCRs first, capacity blocks only when no ODCR
 /// is a candidate, since one call buys in one market.
-pub fn plan(client_token: String, cands: &[Candidate], capacity_type: &'static str) -> FleetPlan {
+pub fn plan(client_token: String, cands: &[Override], capacity_type: &'static str) -> FleetPlan {
     let of_type = || cands.iter().filter(move |c| c.offering.capacity_type == capacity_type);
     let capacity_block = capacity_type == CAPACITY_RESERVED
         && of_type().all(|c| c.reservation.as_ref().is_some_and(ReservationRef::capacity_block));
-    let mut overrides: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+    let mut overrides: BTreeMap<String, Vec<Override>> = BTreeMap::new();
     for c in of_type().filter(|c| {
         c.reservation
             .as_ref()
@@ -208,10 +208,10 @@ impl FleetPlan {
     /// The very plan a stored attempt sent (pure).
     pub fn from_attempt(a: &LaunchAttempt) -> FleetPlan {
         let ct = static_capacity_type(&a.capacity_type);
-        let cands: Vec<Candidate> = a
+        let cands: Vec<Override> = a
             .overrides
             .iter()
-            .map(|o| Candidate {
+            .map(|o| Override {
                 offering: OfferingKey::new(&o.instance_type, &o.zone, ct),
                 subnet_id: o.subnet_id.clone(),
                 template: o.template.clone(),
@@ -233,7 +233,7 @@ impl FleetPlan {
     }
 
     /// Every override, in the order sent.
-    pub fn candidates(&self) -> impl Iterator<Item = &Candidate> {
+    pub fn candidates(&self) -> impl Iterator<Item = &Override> {
         self.overrides.values().flatten()
     }
 }
@@ -316,9 +316,9 @@ pub struct FleetAnswer {
     pub errors: Vec<FleetError>,
 }
 
-/// What to do after an answer.
+/// The ruling on one CreateFleet answer: what the launch does next.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum Ruling {
     /// Done.
     Launched(Launched),
     /// Mark these unavailable (with the EC2 code) and try again with the rest.
@@ -333,7 +333,7 @@ pub enum Decision {
 /// Real EC2 may launch from one override and report others as failed in the
 /// same answer, so this is read whether or not an instance came back.
 pub fn capacity_failures(plan: &FleetPlan, answer: &FleetAnswer) -> Vec<(OfferingKey, String)> {
-    let all: Vec<&Candidate> = plan.overrides.values().flatten().collect();
+    let all: Vec<&Override> = plan.overrides.values().flatten().collect();
     let zone_of = |e: &FleetError| {
         e.zone.clone().or_else(|| {
             e.subnet_id
@@ -366,22 +366,22 @@ pub fn capacity_failures(plan: &FleetPlan, answer: &FleetAnswer) -> Vec<(Offerin
 }
 
 /// Decides what an answer means for a plan (pure).
-pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Decision {
+pub fn decide(plan: &FleetPlan, answer: &FleetAnswer) -> Ruling {
     if let Some(i) = answer.instances.first() {
-        return Decision::Launched(i.clone());
+        return Ruling::Launched(i.clone());
     }
     for e in &answer.errors {
         match classify(&e.code) {
-            ErrorClass::Transient => return Decision::Transient(format!("{}: {}", e.code, e.message)),
-            ErrorClass::Fatal => return Decision::Fatal(e.code.clone(), e.message.clone()),
+            ErrorClass::Transient => return Ruling::Transient(format!("{}: {}", e.code, e.message)),
+            ErrorClass::Fatal => return Ruling::Fatal(e.code.clone(), e.message.clone()),
             ErrorClass::Capacity | ErrorClass::SpotLimit => {}
         }
     }
     let mark = capacity_failures(plan, answer);
     if mark.is_empty() {
-        return Decision::Transient("CreateFleet returned neither an instance nor an error".into());
+        return Ruling::Transient("CreateFleet returned neither an instance nor an error".into());
     }
-    Decision::Retry(mark)
+    Ruling::Retry(mark)
 }
 
 /// Calls CreateFleet for a plan; `tags` go on the instance and on the fleet
@@ -459,7 +459,7 @@ pub async fn create(
         Ok(out) => out,
         Err(e) => {
             let (code, message) = (e.code().unwrap_or_default(), e.message().unwrap_or_default());
-            if super::profile::is_profile_refusal(code, message) {
+            if crate::nodeclass::profile::is_profile_refusal(code, message) {
                 return Err(LaunchError::ProfileNotReady(format!("{code}: {message}")));
             }
             return Err(LaunchError::aws("ec2:CreateFleet", e));
@@ -523,7 +523,7 @@ mod tests {
             .collect()
     }
 
-    fn keys(c: &[Candidate]) -> Vec<String> {
+    fn keys(c: &[Override]) -> Vec<String> {
         c.iter().map(|c| c.offering.sort_key()).collect()
     }
 
@@ -608,8 +608,8 @@ mod tests {
         );
     }
 
-    fn cand(t: &str, z: &str, ct: &str) -> Candidate {
-        Candidate {
+    fn cand(t: &str, z: &str, ct: &str) -> Override {
+        Override {
             offering: OfferingKey::new(t, z, ct),
             subnet_id: format!("subnet-{z}"),
             template: "lt".into(),
@@ -618,8 +618,8 @@ mod tests {
         }
     }
 
-    fn reserved(t: &str, z: &str, id: &str, capacity_block: bool) -> Candidate {
-        Candidate {
+    fn reserved(t: &str, z: &str, id: &str, capacity_block: bool) -> Override {
+        Override {
             template: format!("lt-{id}"),
             reservation: Some(ReservationRef {
                 id: id.into(),
@@ -660,7 +660,7 @@ mod tests {
         };
         assert_eq!(
             decide(&p, &answer),
-            Decision::Retry(vec![(
+            Ruling::Retry(vec![(
                 OfferingKey::new("m5.large", "a", CAPACITY_RESERVED),
                 "ReservationCapacityExceeded".into()
             )])
@@ -779,13 +779,13 @@ mod tests {
             subnet_id: None,
             capacity_reservation: None,
         };
-        let cases: Vec<(FleetAnswer, Decision)> = vec![
+        let cases: Vec<(FleetAnswer, Ruling)> = vec![
             (
                 FleetAnswer {
                     instances: vec![launched.clone()],
                     errors: vec![err(Some("c5.large"), Some("b"), None, ice)],
                 },
-                Decision::Launched(launched),
+                Ruling::Launched(launched),
             ),
             (
                 FleetAnswer {
@@ -795,7 +795,7 @@ mod tests {
                         err(Some("c5.large"), None, Some("subnet-b"), ice),
                     ],
                 },
-                Decision::Retry(vec![
+                Ruling::Retry(vec![
                     (OfferingKey::new("c5.large", "b", "spot"), ice.into()),
                     (OfferingKey::new("m5.large", "a", "spot"), ice.into()),
                 ]),
@@ -805,7 +805,7 @@ mod tests {
                     instances: vec![],
                     errors: vec![err(None, None, None, "MaxSpotInstanceCountExceeded")],
                 },
-                Decision::Retry(vec![
+                Ruling::Retry(vec![
                     (
                         OfferingKey::new("c5.large", "b", "spot"),
                         "MaxSpotInstanceCountExceeded".into(),
@@ -821,7 +821,7 @@ mod tests {
                     instances: vec![],
                     errors: vec![err(None, None, None, "UnfulfillableCapacity")],
                 },
-                Decision::Retry(vec![
+                Ruling::Retry(vec![
                     (
                         OfferingKey::new("c5.large", "b", "spot"),
                         "UnfulfillableCapacity".into(),
@@ -837,18 +837,18 @@ mod tests {
                     instances: vec![],
                     errors: vec![err(None, None, None, "InvalidParameterValue")],
                 },
-                Decision::Fatal("InvalidParameterValue".into(), "m".into()),
+                Ruling::Fatal("InvalidParameterValue".into(), "m".into()),
             ),
             (
                 FleetAnswer {
                     instances: vec![],
                     errors: vec![err(None, None, None, "InternalError")],
                 },
-                Decision::Transient("InternalError: m".into()),
+                Ruling::Transient("InternalError: m".into()),
             ),
             (
                 FleetAnswer::default(),
-                Decision::Transient("CreateFleet returned neither an instance nor an error".into()),
+                Ruling::Transient("CreateFleet returned neither an instance nor an error".into()),
             ),
         ];
         for (answer, want) in cases {

@@ -18,6 +18,7 @@ use super::errors::LaunchError;
 use crate::apis::EC2NodeClass;
 use crate::apis::labels;
 use crate::kubernetes::Cluster;
+use crate::nodeclass::launchtemplate::{IMAGE_TAG, RESERVATION_TAG};
 
 /// A template younger than this is never collected: a launch may have made it
 /// for a class the sweep has not seen yet (far longer than any launch runs).
@@ -25,11 +26,6 @@ pub const TEMPLATE_GRACE: Duration = Duration::from_secs(10 * 60);
 
 /// EC2's largest DescribeLaunchTemplates page.
 const PAGE: i32 = 200;
-
-/// The tag naming a template's AMI.
-pub const IMAGE_TAG: &str = "nodesmith/image-id";
-/// The tag naming the capacity reservation a template targets.
-pub const RESERVATION_TAG: &str = "nodesmith/capacity-reservation-id";
 
 /// A launch template the cluster owns, as the sweep sees it.
 #[derive(Debug, Clone, PartialEq)]

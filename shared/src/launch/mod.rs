@@ -1,7 +1,7 @@
 //! The launch path for one NodeClaim: read the claim from DynamoDB and its
 //! EC2NodeClass from the cluster (never from the request: see
-//! [`request`]), resolve subnets, security groups and the AMI, build user
-//! data, ensure a launch template, CreateFleet with fallback over offerings,
+//! [`request`]), resolve the class ([`crate::nodeclass`], once per class a
+//! run), ensure the launch templates its mapping calls for, CreateFleet with fallback over offerings,
 //! and record the instance on the NodeClaim. A claim whose class no longer
 //! exists is deleted (its pods are solved again), not retried.
 //!
@@ -17,21 +17,11 @@
 //! is never released after a CreateFleet launched an instance that is not
 //! recorded yet (see [`LaunchError::Unrecorded`]).
 
-pub mod ami;
 pub mod batch;
-pub mod capacityreservation;
-pub mod cluster;
 pub mod errors;
 pub mod fleet;
 pub mod gc;
-pub mod launchtemplate;
-pub mod nodeclass;
-pub mod profile;
 pub mod request;
-pub mod securitygroup;
-pub mod status;
-pub mod subnet;
-pub mod userdata;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,17 +33,20 @@ use tokio::sync::OnceCell;
 pub use errors::LaunchError;
 pub use request::LaunchRequest;
 
-use self::fleet::{Candidate, Decision, Launched, Scope};
-use self::launchtemplate::TemplateSpec;
-use self::userdata::{ClusterInfo, NodeSettings};
-use crate::apis::ec2nodeclass::INSTANCE_STORE_RAID0;
+use self::fleet::{Launched, Override, Ruling, Scope};
+use crate::apis::EC2NodeClass;
 use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
-use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, EventSpec, KubeCluster};
 use crate::messages::SolveRequest;
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
+use crate::nodeclass::ami::{AmiKey, ami_key_of};
+use crate::nodeclass::resolved::{AMI_FAMILY_NOT_SET, NO_AMI_FAMILY};
+use crate::nodeclass::subnet::{self, Subnet};
+use crate::nodeclass::template::{Image, instance_tags, template_spec};
+use crate::nodeclass::userdata::ClusterInfo;
+use crate::nodeclass::{self, NodeClassError, RunClasses, capacityreservation, cluster, launchtemplate, profile};
 use crate::provisioning::trigger::request_solve;
 use crate::state::{self, OfferingKey, StateStore};
 
@@ -165,50 +158,6 @@ pub struct Launcher<C = KubeCluster> {
     cluster: OnceCell<ClusterInfo>,
 }
 
-/// The Kubernetes architecture of an instance type: the catalog's label, else
-/// the naming rule (a `g` after the generation digit means Graviton) (pure).
-pub fn arch_of(instance_type: &str, catalog: Option<&Catalog>) -> String {
-    if let Some(a) = catalog
-        .and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type))
-        .and_then(|i| i.labels.get(labels::ARCH))
-    {
-        return a.clone();
-    }
-    let family = instance_type.split('.').next().unwrap_or_default();
-    let after_digit = family
-        .trim_start_matches(|c: char| c.is_ascii_alphabetic())
-        .trim_start_matches(|c: char| c.is_ascii_digit());
-    if after_digit.starts_with('g') {
-        "arm64".into()
-    } else {
-        "amd64".into()
-    }
-}
-
-/// Whether an instance type has NVIDIA GPUs: the catalog's label, else the
-/// naming rule (g and p families, but not the AMD-GPU g4ad) (pure).
-pub fn has_nvidia_gpu(instance_type: &str, catalog: Option<&Catalog>) -> bool {
-    if let Some(info) = catalog.and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type)) {
-        return info
-            .labels
-            .get(labels::aws::GPU_MANUFACTURER)
-            .is_some_and(|m| m == "nvidia");
-    }
-    let family = instance_type.split('.').next().unwrap_or_default();
-    let mut chars = family.chars();
-    matches!(chars.next(), Some('g' | 'p'))
-        && chars.next().is_some_and(|c| c.is_ascii_digit())
-        && !family.starts_with("g4ad")
-}
-
-/// The AMI an instance type needs (pure).
-pub fn ami_key_of(instance_type: &str, catalog: Option<&Catalog>) -> ami::AmiKey {
-    ami::AmiKey {
-        arch: arch_of(instance_type, catalog),
-        nvidia: has_nvidia_gpu(instance_type, catalog),
-    }
-}
-
 /// The claim's requirements as an algebra value (unknown operators are skipped, as they cannot narrow).
 /// Capacity types the claim allows, reserved first, then spot; on-demand
 /// when it says nothing (pure).
@@ -229,77 +178,6 @@ pub fn allowed_zones(claim: &NodeClaim, known: impl IntoIterator<Item = String>)
     let r = claim.requirements();
     r.get(labels::ZONE)
         .map(|req| known.into_iter().filter(|z| req.has(z)).collect())
-}
-
-/// The kubelet's `--node-labels`: the claim's labels a kubelet may set
-/// ([`labels::kubelet_may_set`]; nodesmith applies the others at registration),
-/// plus the pool and the class. A label the launched instance decides
-/// ([`labels::set_from_instance`]) is left out unless the claim's requirements
-/// pin it to that value, so a prediction never reaches a node. The claim's name
-/// is not there: user data is shared by every claim of a pool (one launch
-/// template for them all); the node gets `karpenter.sh/nodeclaim` at
-/// registration, from the instance's tag of that name (pure).
-pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
-    let pinned = claim.requirements().single_valued_labels();
-    let mut l: BTreeMap<String, String> = claim
-        .labels
-        .iter()
-        .filter(|(k, _)| labels::kubelet_may_set(k))
-        .filter(|(k, v)| !labels::set_from_instance(k) || pinned.get(*k) == Some(*v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    l.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
-    l.insert(labels::EC2NODECLASS.into(), claim.node_class.clone());
-    l
-}
-
-/// The taints a node registers with: the claim's taints and startup taints,
-/// and `karpenter.sh/unregistered:NoExecute`, which nodesmith removes when it
-/// registers the node (pure).
-pub fn node_taints(claim: &NodeClaim) -> Vec<Taint> {
-    let mut t: Vec<Taint> = claim.taints.iter().chain(&claim.startup_taints).cloned().collect();
-    if !t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT_KEY) {
-        t.push(Taint::new(labels::UNREGISTERED_TAINT_KEY, None, TaintEffect::NoExecute));
-    }
-    t
-}
-
-/// What the node's user data tells its kubelet when launched as `capacity_type`:
-/// [`node_labels`] with that capacity type, [`node_taints`], and the class's
-/// kubelet settings and userData (pure).
-pub fn node_settings(claim: &NodeClaim, class: &EC2NodeClass, capacity_type: &str) -> NodeSettings {
-    let mut l = node_labels(claim);
-    l.insert(labels::CAPACITY_TYPE.into(), capacity_type.to_string());
-    NodeSettings {
-        labels: l,
-        taints: node_taints(claim),
-        kubelet: class.spec.kubelet.clone(),
-        user_data: class.spec.user_data.clone(),
-        instance_store_raid0: class.spec.instance_store_policy.as_deref() == Some(INSTANCE_STORE_RAID0),
-    }
-}
-
-/// Instance tags: the class's, then the ones nodesmith owns (pure).
-pub fn instance_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
-    let mut t = class.spec.tags.clone();
-    t.insert(crate::ec2::instances::owned_tag_key(cluster), "owned".into());
-    t.insert(crate::ec2::instances::CLUSTER_NAME_TAG.into(), cluster.into());
-    t.insert(crate::ec2::instances::LAUNCHED_BY_TAG.into(), cluster.into());
-    t.insert(labels::NODEPOOL.into(), claim.node_pool.clone());
-    t.insert(labels::NODECLAIM.into(), claim.name.clone());
-    t.insert(labels::EC2NODECLASS.into(), class.name().into());
-    t
-}
-
-/// Tags of a launch template (and of the volumes and network interfaces it
-/// makes): the instance tags without the claim's name, so every claim of a pool
-/// shares one template, plus the class's drift hash, which the sweep compares
-/// to find templates no class uses any more (pure).
-pub fn template_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
-    let mut t = instance_tags(cluster, claim, class);
-    t.remove(labels::NODECLAIM);
-    t.insert(labels::EC2NODECLASS_HASH_ANNOTATION.into(), class.hash());
-    t
 }
 
 /// What an instance found by its claim tag says about the launch (pure).
@@ -383,13 +261,20 @@ impl<C: Cluster> Launcher<C> {
     }
 
     async fn cluster(&self) -> Result<&ClusterInfo, LaunchError> {
-        self.cluster
+        Ok(self
+            .cluster
             .get_or_try_init(|| cluster::describe(&self.eks, &self.config.cluster_name))
-            .await
+            .await?)
     }
 
-    /// Handles one launch request, idempotently.
+    /// Handles one launch request, idempotently, as a run of its own.
     pub async fn launch(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
+        self.launch_in(req, &RunClasses::default()).await
+    }
+
+    /// Handles one launch request of a run (one batch): a class the run
+    /// resolved for another claim is not resolved again.
+    pub async fn launch_in(&self, req: &LaunchRequest, run: &RunClasses) -> Result<LaunchOutcome, LaunchError> {
         let name = &req.node_claim;
         match self.store.get_node_claim(name).await? {
             None => return Ok(LaunchOutcome::Gone(name.clone())),
@@ -405,7 +290,10 @@ impl<C: Cluster> Launcher<C> {
             return Err(LaunchError::Busy(name.clone()));
         };
         let ttl = std::time::Duration::from_millis(self.config.lease_ms.max(1) as u64);
-        let result = self.store.while_holding(&lease, ttl, self.launch_leased(req)).await;
+        let result = self
+            .store
+            .while_holding(&lease, ttl, self.launch_leased(req, run))
+            .await;
         // Done with the claim: the lease item goes. Failed before an instance existed:
         // released for the redelivery. An instance launched but not recorded: the lease
         // is held (shortened to LAUNCH_HOLD_MS), never released, so no one launches for
@@ -442,7 +330,7 @@ impl<C: Cluster> Launcher<C> {
         }
     }
 
-    async fn launch_leased(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
+    async fn launch_leased(&self, req: &LaunchRequest, run: &RunClasses) -> Result<LaunchOutcome, LaunchError> {
         let name = &req.node_claim;
         // Re-read under the lease: the previous holder may have finished.
         let mut claim = match self.store.get_node_claim(name).await? {
@@ -461,7 +349,7 @@ impl<C: Cluster> Launcher<C> {
             .into_iter()
             .map(|u| u.key)
             .collect();
-        let mut resolved: Option<Resolved> = None;
+        let mut resolved: Option<LaunchInputs> = None;
         let mut tried = Vec::new();
         let mut refusals = 0u32;
         for round in 0..MAX_FLEET_ROUNDS {
@@ -485,7 +373,7 @@ impl<C: Cluster> Launcher<C> {
                         };
                         // The node is launched from the class as it is now: its drift hash too.
                         claim.nodeclass_hash = Some(class.hash());
-                        match self.resolve(&claim, &class).await {
+                        match self.resolve(&claim, &class, run).await {
                             Ok(r) => resolved = Some(r),
                             // No instance exists (none adopted, no attempt open): the claim goes.
                             Err(LaunchError::Resolve { what, .. }) => return self.give_up(&claim, what).await,
@@ -529,15 +417,15 @@ impl<C: Cluster> Launcher<C> {
                         .await?;
                 }
             }
-            let decision = fleet::decide(&plan, &answer);
-            if !matches!(decision, Decision::Launched(_))
+            let ruling = fleet::decide(&plan, &answer);
+            if !matches!(ruling, Ruling::Launched(_))
                 && let Some(a) = claim.launch_attempt.as_mut()
             {
                 // Answered without an instance: the next request is a new attempt.
                 a.concluded = true;
             }
-            match decision {
-                Decision::Launched(mut l) => {
+            match ruling {
+                Ruling::Launched(mut l) => {
                     let chosen = plan.candidates().find(|c| {
                         c.offering.instance_type == l.instance_type
                             && c.offering.capacity_type == l.capacity_type
@@ -564,8 +452,8 @@ impl<C: Cluster> Launcher<C> {
                     return Ok(LaunchOutcome::Launched(c));
                 }
                 // Already marked above; the next round tries the rest.
-                Decision::Retry(_) => {}
-                Decision::Transient(why) => {
+                Ruling::Retry(_) => {}
+                Ruling::Transient(why) => {
                     self.conclude(&claim).await;
                     return Err(LaunchError::Aws {
                         op: "ec2:CreateFleet",
@@ -573,13 +461,13 @@ impl<C: Cluster> Launcher<C> {
                     });
                 }
                 // Refused inside the answer (which EC2 keeps under the token): a new attempt.
-                Decision::Fatal(code, message)
+                Ruling::Fatal(code, message)
                     if profile::is_profile_refusal(&code, &message) && refusals < PROFILE_RETRIES =>
                 {
                     refusals += 1;
                     wait_for_profile(name, refusals, &message).await;
                 }
-                Decision::Fatal(code, message) => {
+                Ruling::Fatal(code, message) => {
                     self.conclude(&claim).await;
                     return Err(LaunchError::Fleet {
                         node_claim: name.clone(),
@@ -694,75 +582,57 @@ impl<C: Cluster> Launcher<C> {
         Ok(Some(c))
     }
 
-    /// What a new CreateFleet request is built from: subnets, security groups,
-    /// AMIs, launch templates (ensured), the catalog, the instance tags.
-    async fn resolve(&self, claim: &NodeClaim, class: &EC2NodeClass) -> Result<Resolved, LaunchError> {
+    /// What a new CreateFleet request is built from: the class resolved (once
+    /// this run), the templates its mapping calls for (ensured), the catalog and
+    /// the instance tags. I/O glue around [`nodeclass::template::template_spec`].
+    async fn resolve(
+        &self,
+        claim: &NodeClaim,
+        class: &EC2NodeClass,
+        run: &RunClasses,
+    ) -> Result<LaunchInputs, LaunchError> {
         let name = &claim.name;
-        let resolve = |what: String| LaunchError::Resolve {
+        let unusable = |what: String| LaunchError::Resolve {
             node_claim: name.clone(),
             what,
         };
-        let family = class.ami_family().ok_or_else(|| {
-            resolve(format!(
-                "{}: {}",
-                nodeclass::AMI_FAMILY_NOT_SET,
-                nodeclass::NO_AMI_FAMILY
-            ))
-        })?;
+        if class.ami_family().is_none() {
+            return Err(unusable(format!("{AMI_FAMILY_NOT_SET}: {NO_AMI_FAMILY}")));
+        }
         let cluster = self.cluster().await?.clone();
         let catalog = self.store.get_catalog().await?;
-
-        let all_subnets = subnet::resolve(&self.ec2, &class.spec.subnet_selector_terms).await?;
-        let subnets = subnet::per_zone(&all_subnets);
-        if subnets.is_empty() {
-            return Err(resolve(format!(
-                "{}: {}",
-                status::SUBNETS_NOT_FOUND,
-                status::NO_SUBNETS
-            )));
-        }
-        let security_groups = securitygroup::resolve(&self.ec2, &class.spec.security_group_selector_terms).await?;
-        if security_groups.is_empty() {
-            return Err(resolve(format!(
-                "{}: {}",
-                status::SECURITY_GROUPS_NOT_FOUND,
-                status::NO_SECURITY_GROUPS
-            )));
-        }
-        let key_by_type: BTreeMap<String, ami::AmiKey> = claim
+        let facts = match run.get(class) {
+            Some(facts) => facts,
+            None => {
+                let facts = nodeclass::resolve(&self.ec2, &self.ssm, &cluster.name, &cluster.version, class).await?;
+                run.put(class, facts)
+            }
+        };
+        let key_by_type: BTreeMap<String, AmiKey> = claim
             .instance_type_options
             .iter()
             .map(|t| (t.clone(), ami_key_of(t, catalog.as_ref())))
             .collect();
-        let keys: BTreeSet<ami::AmiKey> = key_by_type.values().cloned().collect();
-        let amis = ami::resolve(
-            &self.ec2,
-            &self.ssm,
-            &class.spec.ami_selector_terms,
-            &cluster.version,
-            &keys,
-        )
-        .await
-        .map_err(|e| match e {
-            LaunchError::Resolve { what, .. } => resolve(what),
-            other => other,
-        })?;
-        if amis.is_empty() {
-            return Err(resolve(format!(
-                "{}: {} for {keys:?}",
-                status::AMI_NOT_FOUND,
-                status::NO_AMIS
-            )));
+        let keys: BTreeSet<AmiKey> = key_by_type.values().cloned().collect();
+        if let Some(why) = facts.unusable_for(&keys) {
+            return Err(unusable(why));
         }
+        let amis = facts.amis_for(&keys);
+        let subnets = subnet::per_zone(&facts.subnets);
 
-        let instance_profile = match profile::ensure(&self.iam, &cluster.name, class).await? {
-            Some((p, fresh)) => {
-                if fresh {
-                    tracing::info!(node_claim = %name, profile = %p, "instance profile made ready just now; EC2 may not see it for a few seconds");
-                }
-                Some(p)
-            }
-            None => None,
+        // Made ready before any template names it; the name is the one resolved.
+        if let Some((p, true)) = profile::ensure(&self.iam, &cluster.name, class).await? {
+            tracing::info!(node_claim = %name, profile = %p, "instance profile made ready just now; EC2 may not see it for a few seconds");
+        }
+        let spec = |image: Image<'_>| {
+            template_spec(class, &facts, &cluster, claim, &image).map_err(|e| match e {
+                NodeClassError::UserData(source) => LaunchError::UserData {
+                    node_claim: name.clone(),
+                    source,
+                },
+                NodeClassError::Unusable { what } => unusable(what),
+                other => other.into(),
+            })
         };
         let tags = instance_tags(&cluster.name, claim, class);
         let capacity_types = allowed_capacity_types(claim);
@@ -773,33 +643,8 @@ impl<C: Cluster> Launcher<C> {
         let zones = allowed_zones(claim, subnets.keys().cloned());
         let mut reserved = Vec::new();
         for ct in &capacity_types {
-            let settings = node_settings(claim, class, ct);
-            let user_data = userdata::render(&family, &cluster, &settings).map_err(|source| LaunchError::UserData {
-                node_claim: name.clone(),
-                source,
-            })?;
-            let template = |image: &String| TemplateSpec {
-                cluster: cluster.name.clone(),
-                image_id: image.clone(),
-                user_data: user_data.clone(),
-                security_groups: security_groups.clone(),
-                instance_profile: instance_profile.clone(),
-                block_devices: launchtemplate::block_devices(&family, &class.spec.block_device_mappings),
-                metadata: class.spec.metadata_options.clone(),
-                monitoring: class.spec.detailed_monitoring.unwrap_or(false),
-                associate_public_ip: class.spec.associate_public_ip_address,
-                tags: {
-                    let mut t = template_tags(&cluster.name, claim, class);
-                    t.insert(gc::IMAGE_TAG.into(), image.clone());
-                    t
-                },
-                capacity_reservation: None,
-            };
-            // Reserved offerings: one template per reservation (EC2 reads the target there).
             if ct == labels::CAPACITY_RESERVED {
-                let reservations =
-                    capacityreservation::resolve(&self.ec2, &class.spec.capacity_reservation_selector_terms).await?;
-                for r in reservations.iter().filter(|r| {
+                for r in facts.capacity_reservations.iter().flatten().filter(|r| {
                     r.available_instance_count.is_some_and(|n| n > 0)
                         && claim.instance_type_options.contains(&r.instance_type)
                         && zones.as_ref().is_none_or(|z| z.contains(&r.availability_zone))
@@ -811,13 +656,15 @@ impl<C: Cluster> Launcher<C> {
                     ) else {
                         continue;
                     };
-                    let mut spec = template(image);
-                    spec.tags.insert(gc::RESERVATION_TAG.into(), r.id.clone());
-                    spec.capacity_reservation = Some(capacityreservation::target(r));
-                    reserved.push(Candidate {
+                    let template = spec(Image {
+                        capacity_type: ct,
+                        id: image,
+                        reservation: Some(r),
+                    })?;
+                    reserved.push(Override {
                         offering: OfferingKey::new(&r.instance_type, zone, labels::CAPACITY_RESERVED),
                         subnet_id: subnet.id.clone(),
-                        template: launchtemplate::ensure(&self.ec2, &spec).await?,
+                        template: launchtemplate::ensure(&self.ec2, &template).await?,
                         price: catalog
                             .as_ref()
                             .and_then(|c| c.instance_types.iter().find(|i| i.name == r.instance_type))
@@ -828,7 +675,12 @@ impl<C: Cluster> Launcher<C> {
                 continue;
             }
             for (key, image) in &amis {
-                let lt = launchtemplate::ensure(&self.ec2, &template(image)).await?;
+                let template = spec(Image {
+                    capacity_type: ct,
+                    id: image,
+                    reservation: None,
+                })?;
+                let lt = launchtemplate::ensure(&self.ec2, &template).await?;
                 for (t, k) in &key_by_type {
                     if k == key {
                         templates.insert((t.clone(), ct.clone()), lt.clone());
@@ -836,7 +688,7 @@ impl<C: Cluster> Launcher<C> {
                 }
             }
         }
-        Ok(Resolved {
+        Ok(LaunchInputs {
             instance_types: claim.instance_type_options.clone(),
             zones,
             capacity_types,
@@ -863,14 +715,14 @@ async fn wait_for_profile(node_claim: &str, refusals: u32, why: &str) {
     tokio::time::sleep(wait).await;
 }
 
-/// What [`Launcher::resolve`] found for one claim.
-struct Resolved {
+/// What [`Launcher::resolve`] found for one claim: what its CreateFleet requests are built from.
+struct LaunchInputs {
     instance_types: Vec<String>,
     zones: Option<BTreeSet<String>>,
     capacity_types: Vec<String>,
     /// Reserved offerings with room, each with its reservation's template.
-    reserved: Vec<Candidate>,
-    subnets: BTreeMap<String, subnet::Subnet>,
+    reserved: Vec<Override>,
+    subnets: BTreeMap<String, Subnet>,
     templates: BTreeMap<(String, String), String>,
     catalog: Option<Catalog>,
     tags: BTreeMap<String, String>,
@@ -878,10 +730,10 @@ struct Resolved {
     context: Option<String>,
 }
 
-impl Resolved {
+impl LaunchInputs {
     /// Every offering that may be tried now: reserved ones first.
-    fn candidates(&self, unavailable: &BTreeSet<OfferingKey>) -> Vec<Candidate> {
-        let mut out: Vec<Candidate> = self
+    fn candidates(&self, unavailable: &BTreeSet<OfferingKey>) -> Vec<Override> {
+        let mut out: Vec<Override> = self
             .reserved
             .iter()
             .filter(|c| !unavailable.contains(&c.offering))
@@ -907,7 +759,6 @@ impl Resolved {
 mod tests {
     use super::*;
     use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
-    use crate::resources::Resources;
 
     fn claim(reqs: Vec<(&str, &[&str])>) -> NodeClaim {
         NodeClaim {
@@ -944,206 +795,6 @@ mod tests {
             allowed_zones(&claim(vec![(labels::ZONE, &["us-east-1b"])]), known()),
             Some(BTreeSet::from(["us-east-1b".to_string()]))
         );
-    }
-
-    #[test]
-    fn architecture_from_catalog_or_name() {
-        for (t, want) in [
-            ("m5.large", "amd64"),
-            ("m6g.large", "arm64"),
-            ("c7gd.xlarge", "arm64"),
-            ("g5.xlarge", "amd64"),
-            ("t4g.micro", "arm64"),
-            ("m7i.large", "amd64"),
-        ] {
-            assert_eq!(arch_of(t, None), want, "{t}");
-        }
-    }
-
-    #[test]
-    fn nvidia_gpus_from_catalog_or_name() {
-        for (t, want) in [
-            ("g5.xlarge", true),
-            ("p4d.24xlarge", true),
-            ("g5g.xlarge", true),
-            ("g4ad.xlarge", false),
-            ("m5.large", false),
-            ("c7gd.large", false),
-        ] {
-            assert_eq!(has_nvidia_gpu(t, None), want, "{t}");
-        }
-        let info = crate::catalog::InstanceTypeInfo {
-            name: "x1.large".into(),
-            labels: BTreeMap::from([
-                (labels::aws::GPU_MANUFACTURER.to_string(), "nvidia".to_string()),
-                (labels::ARCH.to_string(), "arm64".to_string()),
-            ]),
-            capacity: Resources::new(),
-            allocatable: None,
-            vcpus: 2,
-            eni_max_pods: 29,
-            offerings: vec![],
-        };
-        let catalog = Catalog {
-            region: "r".into(),
-            instance_types: vec![info],
-        };
-        assert_eq!(
-            ami_key_of("x1.large", Some(&catalog)),
-            ami::AmiKey {
-                arch: "arm64".into(),
-                nvidia: true
-            }
-        );
-        assert_eq!(
-            ami_key_of("g5.xlarge", Some(&catalog)),
-            ami::AmiKey {
-                arch: "amd64".into(),
-                nvidia: true
-            },
-            "unknown to the catalog: the name decides"
-        );
-        assert_eq!(
-            ami_key_of("g5g.xlarge", None),
-            ami::AmiKey {
-                arch: "arm64".into(),
-                nvidia: true
-            }
-        );
-    }
-
-    #[test]
-    fn labels_and_tags_carry_pool_class_and_claim() {
-        let c = claim(vec![]);
-        let l = node_labels(&c);
-        assert_eq!(l["karpenter.sh/nodepool"], "default");
-        assert!(
-            !l.contains_key(labels::NODECLAIM),
-            "the claim's name stays out of user data: {l:?}"
-        );
-        assert_eq!(l["team"], "a");
-        let mut class = EC2NodeClass::new("default", Default::default());
-        class.spec.tags.insert("cost-center".into(), "42".into());
-        let t = instance_tags("demo", &c, &class);
-        assert_eq!(t["kubernetes.io/cluster/demo"], "owned");
-        assert_eq!(t["eks:eks-cluster-name"], "demo");
-        assert_eq!(t["karpenter.sh/nodepool"], "default");
-        assert_eq!(t["karpenter.sh/nodeclaim"], "default-x");
-        assert_eq!(t["karpenter.k8s.aws/ec2nodeclass"], "default");
-        assert_eq!(t["cost-center"], "42");
-        let lt = template_tags("demo", &c, &class);
-        assert!(!lt.contains_key(labels::NODECLAIM), "{lt:?}");
-        assert_eq!(lt[labels::EC2NODECLASS_HASH_ANNOTATION], class.hash());
-        let other = NodeClaim {
-            name: "default-y".into(),
-            ..c.clone()
-        };
-        assert_eq!(
-            node_settings(&c, &class, "spot"),
-            node_settings(&other, &class, "spot"),
-            "two claims of one pool: the same user data"
-        );
-        assert_eq!(template_tags("demo", &other, &class), lt);
-    }
-
-    /// A claim as the solver recorded it before labels were limited to what is
-    /// known before launch: every prediction among its labels.
-    fn predicted_claim() -> NodeClaim {
-        let mut c = claim(vec![
-            (labels::REGION, &["us-east-1"]),
-            (labels::INSTANCE_TYPE, &["m5.large", "m5.xlarge"]),
-        ]);
-        c.instance_type_options = vec!["m5.large".into(), "m5.xlarge".into()];
-        for (k, v) in [
-            (labels::INSTANCE_TYPE, "m5.large"),
-            ("beta.kubernetes.io/instance-type", "m5.large"),
-            (labels::ZONE, "us-east-1a"),
-            (labels::REGION, "us-east-1"),
-            (labels::HOSTNAME, "default-x"),
-            (labels::ARCH, "amd64"),
-            (labels::aws::FAMILY, "m5"),
-            (labels::aws::CPU, "2"),
-            (labels::CAPACITY_TYPE, "spot"),
-            ("node-restriction.kubernetes.io/team", "a"),
-            ("node.kubernetes.io/lifecycle", "normal"),
-            ("kops.k8s.io/instancegroup", "nodes"),
-        ] {
-            c.labels.insert(k.into(), v.into());
-        }
-        c
-    }
-
-    #[test]
-    fn kubelet_labels_are_known_and_allowed_ones_only() {
-        let l = node_labels(&predicted_claim());
-        let want: BTreeMap<String, String> = [
-            ("team", "a"),
-            (labels::REGION, "us-east-1"),
-            ("node.kubernetes.io/lifecycle", "normal"),
-            (labels::NODEPOOL, "default"),
-            (labels::EC2NODECLASS, "default"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        assert_eq!(
-            l, want,
-            "pinned region kept; predictions and kubelet-refused labels left out"
-        );
-        assert!(l.keys().all(|k| labels::kubelet_may_set(k)));
-    }
-
-    #[test]
-    fn user_data_registers_unregistered_and_names_no_prediction() {
-        let c = predicted_claim();
-        let class = EC2NodeClass::new("default", Default::default());
-        let s = node_settings(&c, &class, "spot");
-        assert_eq!(s.labels[labels::CAPACITY_TYPE], "spot");
-        assert_eq!(
-            s.taints.last(),
-            Some(&Taint::new(
-                labels::UNREGISTERED_TAINT_KEY,
-                None,
-                TaintEffect::NoExecute
-            ))
-        );
-        let cluster = userdata::ClusterInfo {
-            name: "demo".into(),
-            endpoint: "https://example".into(),
-            certificate_authority: "Q0E=".into(),
-            service_cidr: "10.100.0.0/16".into(),
-            version: "1.33".into(),
-        };
-        let ud = userdata::al2023(&cluster, &s).unwrap();
-        let nc: serde_json::Value =
-            serde_yaml_ng::from_str(&userdata::parse_mime(&ud).unwrap().last().unwrap().body).unwrap();
-        let flag = nc["spec"]["kubelet"]["flags"][0].as_str().unwrap();
-        let given: Vec<&str> = flag
-            .strip_prefix("--node-labels=")
-            .unwrap()
-            .split(',')
-            .map(|kv| kv.split_once('=').unwrap().0)
-            .collect();
-        for k in &given {
-            assert!(labels::kubelet_may_set(k), "{k} in {flag}");
-            assert!(!k.starts_with("karpenter.k8s.aws/instance-"), "{flag}");
-        }
-        for k in [labels::INSTANCE_TYPE, labels::ZONE, labels::HOSTNAME] {
-            assert!(!given.contains(&k), "{k} in {flag}");
-        }
-        let taints = nc["spec"]["kubelet"]["config"]["registerWithTaints"]
-            .as_array()
-            .unwrap();
-        assert!(
-            taints.contains(&serde_json::json!({"key": "karpenter.sh/unregistered", "effect": "NoExecute"})),
-            "{taints:?}"
-        );
-        // The claim's own taints stay; the unregistered taint is never doubled.
-        let mut tainted = c.clone();
-        tainted.taints = vec![Taint::new("dedicated", Some("web"), TaintEffect::NoSchedule)];
-        tainted.startup_taints = vec![Taint::new(labels::UNREGISTERED_TAINT_KEY, None, TaintEffect::NoExecute)];
-        let keys: Vec<String> = node_taints(&tainted).into_iter().map(|t| t.key).collect();
-        assert_eq!(keys, vec!["dedicated", labels::UNREGISTERED_TAINT_KEY]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Each EC2NodeClass resolved once a run (through the launch resolvers,
-//! [`crate::launch::nodeclass`]) and its status written back through the
+//! Each EC2NodeClass resolved once a run ([`crate::nodeclass::resolve`], as
+//! launch resolves it) and its status written back through the
 //! status subresource when it changed, as Karpenter's EC2NodeClass
 //! controller does; the same resolution feeds drift ([`super::disrupt`]).
 
@@ -10,8 +10,7 @@ use jiff::Timestamp;
 use super::Sweeper;
 use crate::apis::EC2NodeClass;
 use crate::kubernetes::Cluster;
-use crate::launch::nodeclass::{self, ClassFacts};
-use crate::launch::status;
+use crate::nodeclass::{self, ResolvedClass, status};
 
 /// What the class part of one run did.
 #[derive(Debug, Default)]
@@ -40,7 +39,7 @@ pub fn with_status(
 impl<C: Cluster> Sweeper<C> {
     /// Resolves every class and writes the statuses that changed; returns what
     /// each resolved class's selectors match (empty when resolution is not wired).
-    pub(super) async fn classes(&self, now: Timestamp, report: &mut ClassReport) -> BTreeMap<String, ClassFacts> {
+    pub(super) async fn classes(&self, now: Timestamp, report: &mut ClassReport) -> BTreeMap<String, ResolvedClass> {
         let mut out = BTreeMap::new();
         let Some(r) = &self.resolution else {
             return out;
@@ -77,7 +76,7 @@ impl<C: Cluster> Sweeper<C> {
             };
             // A named profile is used as is: say so when IAM does not have it.
             if let (Some(iam), Some(name)) = (&self.iam, &class.spec.instance_profile) {
-                match crate::launch::profile::exists(iam, name).await {
+                match nodeclass::profile::exists(iam, name).await {
                     Ok(true) => {}
                     Ok(false) => facts.missing_profile = Some(name.clone()),
                     Err(e) => {

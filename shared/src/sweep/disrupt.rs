@@ -22,9 +22,8 @@ use crate::disruption::{DecideOptions, Held, Reason, decide};
 use crate::drains::{self, DrainPolicy};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, events};
-use crate::launch;
-use crate::launch::nodeclass::ClassFacts;
 use crate::nodeclaim::{NodeClaim, Phase};
+use crate::nodeclass::ResolvedClass;
 use crate::registration;
 use crate::scheduling::{NewNodeClaim, SolveOptions};
 use crate::snapshot::Snapshot;
@@ -168,7 +167,11 @@ struct Batch<'r> {
 impl<C: Cluster> Sweeper<C> {
     /// The disruption part of a run: new decisions, then every recorded
     /// disruption moved on as far as it goes now.
-    pub(super) async fn disrupt(&self, started: Instant, classes: &BTreeMap<String, ClassFacts>) -> DisruptionReport {
+    pub(super) async fn disrupt(
+        &self,
+        started: Instant,
+        classes: &BTreeMap<String, ResolvedClass>,
+    ) -> DisruptionReport {
         let mut report = DisruptionReport::default();
         let now = Timestamp::now();
         let snapshot = match live::read(&self.cluster, &self.store, now).await {
@@ -201,7 +204,7 @@ impl<C: Cluster> Sweeper<C> {
     async fn begin_new(
         &self,
         snapshot: &Snapshot,
-        classes: &BTreeMap<String, ClassFacts>,
+        classes: &BTreeMap<String, ResolvedClass>,
         records: &mut Vec<DisruptionRecord>,
         started: Instant,
         report: &mut DisruptionReport,
@@ -610,7 +613,7 @@ impl<C: Cluster> Sweeper<C> {
     async fn resolved_drift(
         &self,
         snapshot: &Snapshot,
-        classes: &BTreeMap<String, ClassFacts>,
+        classes: &BTreeMap<String, ResolvedClass>,
     ) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         // Nodes of a NodePool, by class, with their instance ids.
@@ -657,7 +660,7 @@ impl<C: Cluster> Sweeper<C> {
                 .into_iter()
                 .filter_map(|(node, id)| Some((node, instances.get(&id)?)))
             {
-                let key = launch::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
+                let key = crate::nodeclass::ami::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
                 let now = ClassResolution {
                     amis: facts.amis.get(&key).cloned().into_iter().collect(),
                     subnets: subnets.clone(),

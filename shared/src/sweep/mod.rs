@@ -284,7 +284,7 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
-    /// Also collects the instance profiles no EC2NodeClass uses (`launch::profile`).
+    /// Also collects the instance profiles no EC2NodeClass uses (`nodeclass::profile`).
     pub fn with_iam(mut self, iam: aws_sdk_iam::Client) -> Self {
         self.iam = Some(iam);
         self

@@ -66,7 +66,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nodesmith::apis::KubeletConfiguration;
 use nodesmith::apis::labels;
 use nodesmith::catalog::Catalog;
-use nodesmith::launch::userdata::{NODECONFIG_TYPE, parse_mime};
+use nodesmith::nodeclass::userdata::{NODECONFIG_TYPE, parse_mime};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -1085,7 +1085,7 @@ impl Kubelets {
 mod tests {
     use super::*;
     use nodesmith::apis::{Taint, TaintEffect};
-    use nodesmith::launch::userdata::{ClusterInfo, NodeSettings, al2023, bottlerocket as render_bottlerocket};
+    use nodesmith::nodeclass::userdata::{ClusterInfo, NodeSettings, al2023, bottlerocket as render_bottlerocket};
 
     fn cluster() -> ClusterInfo {
         ClusterInfo {

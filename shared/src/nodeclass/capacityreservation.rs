@@ -8,7 +8,7 @@ use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::Filter;
 
 use super::ami::tag_filter;
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use crate::apis::ec2nodeclass::{CapacityReservationStatus, RESERVATION_DEFAULT, SelectorTerm};
 use crate::nodeclaim::ReservationRef;
 
@@ -72,7 +72,7 @@ fn from_sdk(r: &aws_sdk_ec2::types::CapacityReservation) -> Option<CapacityReser
 pub async fn resolve(
     ec2: &aws_sdk_ec2::Client,
     terms: &[SelectorTerm],
-) -> Result<Vec<CapacityReservationStatus>, LaunchError> {
+) -> Result<Vec<CapacityReservationStatus>, NodeClassError> {
     let mut found: BTreeMap<String, CapacityReservationStatus> = BTreeMap::new();
     for term in terms {
         if term.id.is_none() && term.tags.is_empty() {
@@ -88,7 +88,7 @@ pub async fn resolve(
             let page = match page {
                 Ok(p) => p,
                 Err(e) if e.code() == Some(NOT_FOUND) => break,
-                Err(e) => return Err(LaunchError::aws("ec2:DescribeCapacityReservations", e)),
+                Err(e) => return Err(NodeClassError::aws("ec2:DescribeCapacityReservations", e)),
             };
             for r in page.capacity_reservations().iter().filter_map(from_sdk) {
                 found.insert(r.id.clone(), r);

@@ -1,20 +1,20 @@
 //! The cluster's endpoint, CA, service CIDR and version, from `eks:DescribeCluster`.
 
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use super::userdata::ClusterInfo;
 
 /// Describes the cluster.
-pub async fn describe(eks: &aws_sdk_eks::Client, name: &str) -> Result<ClusterInfo, LaunchError> {
+pub async fn describe(eks: &aws_sdk_eks::Client, name: &str) -> Result<ClusterInfo, NodeClassError> {
     let out = eks
         .describe_cluster()
         .name(name)
         .send()
         .await
-        .map_err(|e| LaunchError::aws("eks:DescribeCluster", e))?;
+        .map_err(|e| NodeClassError::aws("eks:DescribeCluster", e))?;
     let c = out
         .cluster()
-        .ok_or_else(|| LaunchError::Config(format!("eks:DescribeCluster {name} returned no cluster")))?;
-    let missing = |what: &str| LaunchError::Config(format!("cluster {name} has no {what}"));
+        .ok_or_else(|| NodeClassError::Cluster(format!("eks:DescribeCluster {name} returned no cluster")))?;
+    let missing = |what: &str| NodeClassError::Cluster(format!("cluster {name} has no {what}"));
     Ok(ClusterInfo {
         name: name.to_string(),
         endpoint: c.endpoint().ok_or_else(|| missing("endpoint"))?.to_string(),

@@ -18,9 +18,14 @@ use base64::Engine;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
 use crate::nodeclaim::ReservationRef;
+
+/// The tag naming a template's AMI.
+pub const IMAGE_TAG: &str = "nodesmith/image-id";
+/// The tag naming the capacity reservation a template targets.
+pub const RESERVATION_TAG: &str = "nodesmith/capacity-reservation-id";
 
 /// Everything a launch template holds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -221,7 +226,7 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
 }
 
 /// Creates the template unless it exists; returns its name.
-pub async fn ensure(ec2: &aws_sdk_ec2::Client, spec: &TemplateSpec) -> Result<String, LaunchError> {
+pub async fn ensure(ec2: &aws_sdk_ec2::Client, spec: &TemplateSpec) -> Result<String, NodeClassError> {
     let name = name(spec);
     let res = ec2
         .create_launch_template()
@@ -239,7 +244,7 @@ pub async fn ensure(ec2: &aws_sdk_ec2::Client, spec: &TemplateSpec) -> Result<St
         Ok(_) => Ok(name),
         // Same name means same content: a concurrent launch made it first.
         Err(e) if e.code() == Some("InvalidLaunchTemplateName.AlreadyExistsException") => Ok(name),
-        Err(e) => Err(LaunchError::aws("ec2:CreateLaunchTemplate", e)),
+        Err(e) => Err(NodeClassError::aws("ec2:CreateLaunchTemplate", e)),
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 
 use super::ami::AmiKey;
-use super::nodeclass::ClassFacts;
+use super::resolved::ResolvedClass;
 use crate::apis::ec2nodeclass::condition_types::{
     AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, READY, SECURITY_GROUPS_READY, SUBNETS_READY,
 };
@@ -44,7 +44,7 @@ type Outcome = Result<(), (String, String)>;
 /// The status `facts` call for, given the class's `previous` status and
 /// `generation`, at `now` (pure).
 pub fn compute(
-    facts: &ClassFacts,
+    facts: &ResolvedClass,
     previous: Option<&EC2NodeClassStatus>,
     generation: Option<i64>,
     now: Timestamp,
@@ -211,8 +211,8 @@ fn amis(by_key: &BTreeMap<AmiKey, String>, names: &BTreeMap<String, String>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::securitygroup::SecurityGroup;
-    use crate::launch::subnet::Subnet;
+    use crate::nodeclass::securitygroup::SecurityGroup;
+    use crate::nodeclass::subnet::Subnet;
 
     fn key(arch: &str, nvidia: bool) -> AmiKey {
         AmiKey {
@@ -221,8 +221,8 @@ mod tests {
         }
     }
 
-    fn ready_facts() -> ClassFacts {
-        ClassFacts {
+    fn ready_facts() -> ResolvedClass {
+        ResolvedClass {
             subnets: vec![
                 Subnet {
                     id: "subnet-b".into(),
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_named_profile_iam_does_not_have_is_not_ready() {
-        let facts = ClassFacts {
+        let facts = ResolvedClass {
             missing_profile: Some("nodes".into()),
             ..ready_facts()
         };
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_class_that_fails_validation_is_not_ready_whatever_it_resolves_to() {
-        let facts = ClassFacts {
+        let facts = ResolvedClass {
             invalid: Some("EC2NodeClass default: spec: must specify exactly one of ['role', 'instanceProfile']".into()),
             ..ready_facts()
         };
@@ -303,7 +303,7 @@ mod tests {
             available_instance_count: Some(3),
             ..Default::default()
         };
-        let facts = ClassFacts {
+        let facts = ResolvedClass {
             capacity_reservations: Some(vec![r("cr-2"), r("cr-1")]),
             ..ready_facts()
         };
@@ -402,7 +402,7 @@ mod tests {
     /// A table row: name, how the facts differ from ready ones, the conditions, Ready's message.
     type Case = (
         &'static str,
-        Box<dyn Fn(&mut ClassFacts)>,
+        Box<dyn Fn(&mut ResolvedClass)>,
         Vec<(String, String, String)>,
         &'static str,
     );

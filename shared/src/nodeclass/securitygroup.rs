@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use aws_sdk_ec2::types::Filter;
 
 use super::ami::tag_filter;
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use crate::apis::ec2nodeclass::SelectorTerm;
 
 /// DescribeSecurityGroups filters for one term (pure).
@@ -32,16 +32,11 @@ pub struct SecurityGroup {
     pub name: String,
 }
 
-/// The ids of every security group the terms select, sorted.
-pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Result<Vec<String>, LaunchError> {
-    Ok(resolve_groups(ec2, terms).await?.into_iter().map(|g| g.id).collect())
-}
-
 /// Every security group the terms select, with its name, sorted by id.
 pub async fn resolve_groups(
     ec2: &aws_sdk_ec2::Client,
     terms: &[SelectorTerm],
-) -> Result<Vec<SecurityGroup>, LaunchError> {
+) -> Result<Vec<SecurityGroup>, NodeClassError> {
     let mut found = BTreeSet::new();
     for term in terms {
         let f = filters(term);
@@ -54,7 +49,7 @@ pub async fn resolve_groups(
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| LaunchError::aws("ec2:DescribeSecurityGroups", e))?;
+            let page = page.map_err(|e| NodeClassError::aws("ec2:DescribeSecurityGroups", e))?;
             found.extend(page.security_groups().iter().filter_map(|g| {
                 Some(SecurityGroup {
                     id: g.group_id()?.to_string(),

@@ -13,7 +13,7 @@ use aws_sdk_iam::error::ProvideErrorMetadata;
 use aws_sdk_iam::types::Tag;
 use sha2::{Digest, Sha256};
 
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use crate::apis::EC2NodeClass;
 use crate::apis::labels;
 
@@ -90,16 +90,16 @@ pub fn is_profile_refusal(code: &str, message: &str) -> bool {
     code == "InvalidParameterValue" && message.to_ascii_lowercase().contains("instance profile")
 }
 
-fn iam_err<E>(op: &'static str, e: aws_sdk_iam::error::SdkError<E>) -> LaunchError
+fn iam_err<E>(op: &'static str, e: aws_sdk_iam::error::SdkError<E>) -> NodeClassError
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    LaunchError::aws(op, e)
+    NodeClassError::aws(op, e)
 }
 
 /// Whether IAM has an instance profile of this name (a class's named
 /// `instanceProfile`, which nodesmith uses as is and never makes).
-pub async fn exists(iam: &aws_sdk_iam::Client, name: &str) -> Result<bool, LaunchError> {
+pub async fn exists(iam: &aws_sdk_iam::Client, name: &str) -> Result<bool, NodeClassError> {
     match iam.get_instance_profile().instance_profile_name(name).send().await {
         Ok(_) => Ok(true),
         Err(e) if e.code() == Some("NoSuchEntity") => Ok(false),
@@ -114,7 +114,7 @@ pub async fn ensure(
     iam: &aws_sdk_iam::Client,
     cluster: &str,
     class: &EC2NodeClass,
-) -> Result<Option<(String, bool)>, LaunchError> {
+) -> Result<Option<(String, bool)>, NodeClassError> {
     let Some(choice) = choose(cluster, class) else {
         return Ok(None);
     };
@@ -195,7 +195,7 @@ pub async fn collect_profiles(
     iam: &aws_sdk_iam::Client,
     cluster: &str,
     classes: &[EC2NodeClass],
-) -> Result<Vec<String>, LaunchError> {
+) -> Result<Vec<String>, NodeClassError> {
     let mut pages = iam
         .list_instance_profiles()
         .path_prefix(PROFILE_PATH)

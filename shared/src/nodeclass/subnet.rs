@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use aws_sdk_ec2::types::Filter;
 
 use super::ami::tag_filter;
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use crate::apis::ec2nodeclass::SelectorTerm;
 
 /// A subnet the node may use.
@@ -48,7 +48,7 @@ pub fn per_zone(subnets: &[Subnet]) -> BTreeMap<String, Subnet> {
 }
 
 /// All subnets the terms select (deduplicated).
-pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Result<Vec<Subnet>, LaunchError> {
+pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Result<Vec<Subnet>, NodeClassError> {
     let mut found: BTreeMap<String, Subnet> = BTreeMap::new();
     for term in terms {
         let f = filters(term);
@@ -57,7 +57,7 @@ pub async fn resolve(ec2: &aws_sdk_ec2::Client, terms: &[SelectorTerm]) -> Resul
         }
         let mut pages = ec2.describe_subnets().set_filters(Some(f)).into_paginator().send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| LaunchError::aws("ec2:DescribeSubnets", e))?;
+            let page = page.map_err(|e| NodeClassError::aws("ec2:DescribeSubnets", e))?;
             for s in page.subnets() {
                 if let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) {
                     found.insert(

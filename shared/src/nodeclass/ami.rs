@@ -6,8 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_ec2::types::Filter;
 
-use super::errors::LaunchError;
+use super::error::NodeClassError;
 use crate::apis::ec2nodeclass::AmiSelectorTerm;
+use crate::apis::labels;
+use crate::catalog::Catalog;
 
 /// An AMI that may be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,14 +124,11 @@ pub async fn resolve(
     terms: &[AmiSelectorTerm],
     k8s_version: &str,
     keys: &BTreeSet<AmiKey>,
-) -> Result<BTreeMap<AmiKey, String>, LaunchError> {
+) -> Result<BTreeMap<AmiKey, String>, NodeClassError> {
     if let Some(alias) = terms.iter().find_map(|t| t.alias.as_deref()) {
         let mut out = BTreeMap::new();
         for key in keys {
-            let name = alias_parameter(alias, k8s_version, key).map_err(|what| LaunchError::Resolve {
-                node_claim: String::new(),
-                what,
-            })?;
+            let name = alias_parameter(alias, k8s_version, key).map_err(NodeClassError::unusable)?;
             if let Some(id) = parameter(ssm, &name).await? {
                 out.insert(key.clone(), id);
             }
@@ -156,7 +155,7 @@ pub async fn resolve(
         let out = req
             .send()
             .await
-            .map_err(|e| LaunchError::aws("ec2:DescribeImages", e))?;
+            .map_err(|e| NodeClassError::aws("ec2:DescribeImages", e))?;
         for img in out.images() {
             let (Some(id), Some(arch)) = (img.image_id(), img.architecture().and_then(|a| k8s_arch(a.as_str()))) else {
                 continue;
@@ -189,7 +188,10 @@ pub fn all_keys() -> BTreeSet<AmiKey> {
 }
 
 /// The names of these images, by id (DescribeImages).
-pub async fn names(ec2: &aws_sdk_ec2::Client, ids: &BTreeSet<String>) -> Result<BTreeMap<String, String>, LaunchError> {
+pub async fn names(
+    ec2: &aws_sdk_ec2::Client,
+    ids: &BTreeSet<String>,
+) -> Result<BTreeMap<String, String>, NodeClassError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -198,7 +200,7 @@ pub async fn names(ec2: &aws_sdk_ec2::Client, ids: &BTreeSet<String>) -> Result<
         .set_image_ids(Some(ids.iter().cloned().collect()))
         .send()
         .await
-        .map_err(|e| LaunchError::aws("ec2:DescribeImages", e))?;
+        .map_err(|e| NodeClassError::aws("ec2:DescribeImages", e))?;
     Ok(out
         .images()
         .iter()
@@ -207,24 +209,66 @@ pub async fn names(ec2: &aws_sdk_ec2::Client, ids: &BTreeSet<String>) -> Result<
 }
 
 /// The value of an SSM parameter; None when it does not exist.
-async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<Option<String>, LaunchError> {
+async fn parameter(ssm: &aws_sdk_ssm::Client, name: &str) -> Result<Option<String>, NodeClassError> {
     let out = match ssm.get_parameter().name(name).send().await {
         Ok(out) => out,
         Err(e) if e.as_service_error().is_some_and(|s| s.is_parameter_not_found()) => return Ok(None),
-        Err(e) => return Err(LaunchError::aws("ssm:GetParameter", e)),
+        Err(e) => return Err(NodeClassError::aws("ssm:GetParameter", e)),
     };
     out.parameter()
         .and_then(|p| p.value())
         .map(|v| Some(v.to_string()))
-        .ok_or_else(|| LaunchError::Resolve {
-            node_claim: String::new(),
-            what: format!("SSM parameter {name} has no value"),
-        })
+        .ok_or_else(|| NodeClassError::unusable(format!("SSM parameter {name} has no value")))
+}
+
+/// The Kubernetes architecture of an instance type: the catalog's label, else
+/// the naming rule (a `g` after the generation digit means Graviton) (pure).
+pub fn arch_of(instance_type: &str, catalog: Option<&Catalog>) -> String {
+    if let Some(a) = catalog
+        .and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type))
+        .and_then(|i| i.labels.get(labels::ARCH))
+    {
+        return a.clone();
+    }
+    let family = instance_type.split('.').next().unwrap_or_default();
+    let after_digit = family
+        .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+        .trim_start_matches(|c: char| c.is_ascii_digit());
+    if after_digit.starts_with('g') {
+        "arm64".into()
+    } else {
+        "amd64".into()
+    }
+}
+
+/// Whether an instance type has NVIDIA GPUs: the catalog's label, else the
+/// naming rule (g and p families, but not the AMD-GPU g4ad) (pure).
+pub fn has_nvidia_gpu(instance_type: &str, catalog: Option<&Catalog>) -> bool {
+    if let Some(info) = catalog.and_then(|c| c.instance_types.iter().find(|i| i.name == instance_type)) {
+        return info
+            .labels
+            .get(labels::aws::GPU_MANUFACTURER)
+            .is_some_and(|m| m == "nvidia");
+    }
+    let family = instance_type.split('.').next().unwrap_or_default();
+    let mut chars = family.chars();
+    matches!(chars.next(), Some('g' | 'p'))
+        && chars.next().is_some_and(|c| c.is_ascii_digit())
+        && !family.starts_with("g4ad")
+}
+
+/// The AMI an instance type needs (pure).
+pub fn ami_key_of(instance_type: &str, catalog: Option<&Catalog>) -> AmiKey {
+    AmiKey {
+        arch: arch_of(instance_type, catalog),
+        nvidia: has_nvidia_gpu(instance_type, catalog),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::Resources;
 
     #[test]
     fn alias_parameters_follow_the_public_names() {
@@ -328,6 +372,72 @@ mod tests {
                 ("tag:env".into(), vec!["prod".into()]),
                 ("tag-key".into(), vec!["team".into()]),
             ]
+        );
+    }
+
+    #[test]
+    fn architecture_from_catalog_or_name() {
+        for (t, want) in [
+            ("m5.large", "amd64"),
+            ("m6g.large", "arm64"),
+            ("c7gd.xlarge", "arm64"),
+            ("g5.xlarge", "amd64"),
+            ("t4g.micro", "arm64"),
+            ("m7i.large", "amd64"),
+        ] {
+            assert_eq!(arch_of(t, None), want, "{t}");
+        }
+    }
+
+    #[test]
+    fn nvidia_gpus_from_catalog_or_name() {
+        for (t, want) in [
+            ("g5.xlarge", true),
+            ("p4d.24xlarge", true),
+            ("g5g.xlarge", true),
+            ("g4ad.xlarge", false),
+            ("m5.large", false),
+            ("c7gd.large", false),
+        ] {
+            assert_eq!(has_nvidia_gpu(t, None), want, "{t}");
+        }
+        let info = crate::catalog::InstanceTypeInfo {
+            name: "x1.large".into(),
+            labels: BTreeMap::from([
+                (labels::aws::GPU_MANUFACTURER.to_string(), "nvidia".to_string()),
+                (labels::ARCH.to_string(), "arm64".to_string()),
+            ]),
+            capacity: Resources::new(),
+            allocatable: None,
+            vcpus: 2,
+            eni_max_pods: 29,
+            offerings: vec![],
+        };
+        let catalog = Catalog {
+            region: "r".into(),
+            instance_types: vec![info],
+        };
+        assert_eq!(
+            ami_key_of("x1.large", Some(&catalog)),
+            AmiKey {
+                arch: "arm64".into(),
+                nvidia: true
+            }
+        );
+        assert_eq!(
+            ami_key_of("g5.xlarge", Some(&catalog)),
+            AmiKey {
+                arch: "amd64".into(),
+                nvidia: true
+            },
+            "unknown to the catalog: the name decides"
+        );
+        assert_eq!(
+            ami_key_of("g5g.xlarge", None),
+            AmiKey {
+                arch: "arm64".into(),
+                nvidia: true
+            }
         );
     }
 }
