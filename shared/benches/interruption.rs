@@ -15,7 +15,7 @@ use criterion::{Criterion, black_box, criterion_main};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use nodesmith::apis::NodePool;
 use nodesmith::capacity::plan_replacements;
-use nodesmith::interruption::decide::{Decision, RebalanceMode, decide};
+use nodesmith::interruption::decide::{Reaction, RebalanceMode, decide};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::scheduling::ExistingNode;
 use nodesmith::snapshot::Snapshot;
@@ -87,7 +87,7 @@ fn react(body: &str, claims: &[NodeClaim], snapshot: &Snapshot, now: jiff::Times
     let mut replacements = 0;
     for id in &event.instance_ids {
         let claim = claims.iter().find(|c| c.instance_id.as_deref() == Some(id.as_str()));
-        if let Decision::Act(steps) = decide(&event, claim, RebalanceMode::Replace, now)
+        if let Reaction::Act(steps) = decide(&event, claim, RebalanceMode::Replace, now)
             && steps.replace
             && let Some(node) = steps.node
         {

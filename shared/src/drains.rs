@@ -70,7 +70,7 @@ pub fn record(claim: &str, node: &str, reason: &str, policy: DrainPolicy, now: T
 pub fn undrained(pods_on_node: &[Pod]) -> (usize, Option<String>) {
     let left = drain::plan(pods_on_node, Default::default())
         .iter()
-        .filter(|a| !matches!(a, drain::Action::Skip(_)))
+        .filter(|a| !matches!(a, drain::PodAction::Skip(_)))
         .count();
     let dnd = pods_on_node
         .iter()

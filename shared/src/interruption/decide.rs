@@ -62,7 +62,7 @@ pub struct Steps {
 
 /// What to do about one instance.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Decision {
+pub enum Reaction {
     /// Nothing (acknowledge the message).
     Ignore {
         /// Why.
@@ -73,9 +73,9 @@ pub enum Decision {
 }
 
 /// Decides for one instance of `event` (pure).
-pub fn decide(event: &Event, claim: Option<&NodeClaim>, rebalance: RebalanceMode, now: Timestamp) -> Decision {
+pub fn decide(event: &Event, claim: Option<&NodeClaim>, rebalance: RebalanceMode, now: Timestamp) -> Reaction {
     let Some(claim) = claim else {
-        return Decision::Ignore {
+        return Reaction::Ignore {
             why: "no NodeClaim owns the instance (not nodesmith's)".into(),
         };
     };
@@ -117,7 +117,7 @@ pub fn decide(event: &Event, claim: Option<&NodeClaim>, rebalance: RebalanceMode
         },
         Kind::RebalanceRecommendation => match rebalance {
             RebalanceMode::Ignore => {
-                return Decision::Ignore {
+                return Reaction::Ignore {
                     why: "rebalance recommendations are ignored (NODESMITH_REBALANCE=ignore)".into(),
                 };
             }
@@ -150,13 +150,13 @@ pub fn decide(event: &Event, claim: Option<&NodeClaim>, rebalance: RebalanceMode
             ..base
         },
         Kind::StateChange { state } => {
-            return Decision::Ignore {
+            return Reaction::Ignore {
                 why: format!("the instance is {state}"),
             };
         }
         Kind::Unknown { error } => {
-            return Decision::Ignore { why: error.clone() };
+            return Reaction::Ignore { why: error.clone() };
         }
     };
-    Decision::Act(steps)
+    Reaction::Act(steps)
 }

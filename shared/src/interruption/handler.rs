@@ -16,7 +16,7 @@ use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use jiff::Timestamp;
 use sha2::Digest;
 
-use super::decide::{Decision, RebalanceMode, Steps, decide};
+use super::decide::{Reaction, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
 use crate::capacity::{self, CapacityError, Door, LEASE};
 use crate::drains::{self, DrainError};
@@ -256,11 +256,11 @@ impl<C: Cluster> Interrupter<C> {
         for id in &ev.instance_ids {
             let claim = self.store.node_claim_by_instance(id).await?;
             match decide(ev, claim.as_ref(), self.config.rebalance, now) {
-                Decision::Ignore { why } => {
+                Reaction::Ignore { why } => {
                     outcome.ignored += 1;
                     tracing::info!(instance = %id, %why, "not acting");
                 }
-                Decision::Act(steps) => {
+                Reaction::Act(steps) => {
                     if let Some(c) = claim {
                         plans.push((c, steps));
                     }

@@ -12,7 +12,7 @@ pub mod handler;
 
 use serde_json::{Value, json};
 
-pub use decide::{Decision, RebalanceMode};
+pub use decide::{Reaction, RebalanceMode};
 pub use event::{Event, Kind, classify, parse};
 
 /// The events in one input: a single event, a JSON array of events, an SQS

@@ -1,4 +1,4 @@
-use super::decide::{Decision, FORCE_BEFORE_DEADLINE, RebalanceMode, decide};
+use super::decide::{FORCE_BEFORE_DEADLINE, Reaction, RebalanceMode, decide};
 use super::event::{Kind, classify, is_instance_id, parse, parse_time};
 use super::*;
 use crate::drains::DrainPolicy;
@@ -225,7 +225,7 @@ fn claim(phase: Phase) -> NodeClaim {
 fn decisions_per_kind() {
     let now = ts("2026-03-02T14:20:06Z");
     let spot = parse(fixture!("spot-interruption"));
-    let Decision::Act(s) = decide(&spot, Some(&claim(Phase::Initialized)), RebalanceMode::Replace, now) else {
+    let Reaction::Act(s) = decide(&spot, Some(&claim(Phase::Initialized)), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert!(s.taint && s.replace && !s.remove);
@@ -238,10 +238,10 @@ fn decisions_per_kind() {
     // Not ours: ignored.
     assert!(matches!(
         decide(&spot, None, RebalanceMode::Replace, now),
-        Decision::Ignore { .. }
+        Reaction::Ignore { .. }
     ));
     // A second warning for a claim already draining does not replace it again.
-    let Decision::Act(again) = decide(&spot, Some(&claim(Phase::Draining)), RebalanceMode::Replace, now) else {
+    let Reaction::Act(again) = decide(&spot, Some(&claim(Phase::Draining)), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert!(!again.replace && again.taint);
@@ -250,19 +250,19 @@ fn decisions_per_kind() {
     let c = claim(Phase::Initialized);
     assert!(matches!(
         decide(&rebalance, Some(&c), RebalanceMode::Ignore, now),
-        Decision::Ignore { .. }
+        Reaction::Ignore { .. }
     ));
-    let Decision::Act(r) = decide(&rebalance, Some(&c), RebalanceMode::Replace, now) else {
+    let Reaction::Act(r) = decide(&rebalance, Some(&c), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert!(r.taint && r.replace && r.drain.is_none() && r.mark_unavailable.is_none());
-    let Decision::Act(d) = decide(&rebalance, Some(&c), RebalanceMode::Drain, now) else {
+    let Reaction::Act(d) = decide(&rebalance, Some(&c), RebalanceMode::Drain, now) else {
         panic!()
     };
     assert_eq!(d.drain.map(|p| p.force_from), Some(None));
 
     let scheduled = parse(fixture!("scheduled-change"));
-    let Decision::Act(h) = decide(&scheduled, Some(&c), RebalanceMode::Replace, now) else {
+    let Reaction::Act(h) = decide(&scheduled, Some(&c), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert!(h.replace);
@@ -275,18 +275,18 @@ fn decisions_per_kind() {
     );
 
     let gone = parse(fixture!("state-change-terminated"));
-    let Decision::Act(g) = decide(&gone, Some(&c), RebalanceMode::Replace, now) else {
+    let Reaction::Act(g) = decide(&gone, Some(&c), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert!(g.remove && !g.replace && g.mark_unavailable.is_none());
     let running = parse(fixture!("state-change-running"));
     assert!(matches!(
         decide(&running, Some(&c), RebalanceMode::Replace, now),
-        Decision::Ignore { .. }
+        Reaction::Ignore { .. }
     ));
 
     let cr = parse(fixture!("capacity-reservation-interruption"));
-    let Decision::Act(k) = decide(&cr, Some(&c), RebalanceMode::Replace, now) else {
+    let Reaction::Act(k) = decide(&cr, Some(&c), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert_eq!(k.reason, "capacity-reservation-interruption");
@@ -294,7 +294,7 @@ fn decisions_per_kind() {
     // A spot warning without a time: the notice counts from now.
     let mut untimed = spot.clone();
     untimed.deadline = None;
-    let Decision::Act(u) = decide(&untimed, Some(&c), RebalanceMode::Replace, now) else {
+    let Reaction::Act(u) = decide(&untimed, Some(&c), RebalanceMode::Replace, now) else {
         panic!()
     };
     assert_eq!(u.drain.unwrap().deadline, Some(now + event::NOTICE));

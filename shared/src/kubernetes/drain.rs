@@ -32,7 +32,7 @@ pub enum Skip {
 
 /// What to do with one pod on a node being drained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub enum PodAction {
     /// Evict it now.
     Evict,
     /// Evict it after the non-critical pods are gone.
@@ -43,37 +43,56 @@ pub enum Action {
     DoNotDisrupt,
 }
 
+/// Why a pod stays with its node whatever a drain does (its DaemonSet
+/// would bring it straight back, the kubelet owns its mirror, or it has
+/// finished); None when it moves with the node. The one answer the solver,
+/// disruption and drains share.
+pub fn stays_with_node(p: &Pod) -> Option<Skip> {
+    if pods::is_daemonset_pod(p) {
+        Some(Skip::DaemonSet)
+    } else if pods::is_mirror_pod(p) {
+        Some(Skip::Mirror)
+    } else if pods::is_terminal(p) {
+        Some(Skip::Terminal)
+    } else {
+        None
+    }
+}
+
+/// Whether a pod moves when its node goes away (see [`stays_with_node`]).
+pub fn moves_with_node(p: &Pod) -> bool {
+    stays_with_node(p).is_none()
+}
+
 /// Decides for every pod of a node. Critical pods (system priority classes)
 /// wait until every other evictable pod is gone, as Karpenter orders it.
-pub fn plan(pods_on_node: &[Pod], opts: DrainOptions) -> Vec<Action> {
-    let first: Vec<Action> = pods_on_node
+pub fn plan(pods_on_node: &[Pod], opts: DrainOptions) -> Vec<PodAction> {
+    let first: Vec<PodAction> = pods_on_node
         .iter()
         .map(|p| {
-            if pods::is_daemonset_pod(p) {
-                Action::Skip(Skip::DaemonSet)
-            } else if pods::is_mirror_pod(p) {
-                Action::Skip(Skip::Mirror)
-            } else if pods::is_terminal(p) {
-                Action::Skip(Skip::Terminal)
+            if let Some(skip) = stays_with_node(p) {
+                PodAction::Skip(skip)
             } else if pods::is_terminating(p) {
-                Action::Skip(Skip::Terminating)
+                PodAction::Skip(Skip::Terminating)
             } else if pods::tolerates_disrupted_taint(p) {
-                Action::Skip(Skip::ToleratesDisruption)
+                PodAction::Skip(Skip::ToleratesDisruption)
             } else if pods::has_do_not_disrupt(p) && !opts.ignore_do_not_disrupt {
-                Action::DoNotDisrupt
+                PodAction::DoNotDisrupt
             } else if pods::is_critical(p) {
-                Action::EvictLater
+                PodAction::EvictLater
             } else {
-                Action::Evict
+                PodAction::Evict
             }
         })
         .collect();
-    let others_left = first.iter().any(|a| matches!(a, Action::Evict | Action::DoNotDisrupt));
+    let others_left = first
+        .iter()
+        .any(|a| matches!(a, PodAction::Evict | PodAction::DoNotDisrupt));
     first
         .into_iter()
         .map(|a| {
-            if a == Action::EvictLater && !others_left {
-                Action::Evict
+            if a == PodAction::EvictLater && !others_left {
+                PodAction::Evict
             } else {
                 a
             }
@@ -116,10 +135,10 @@ pub async fn drain<C: Cluster>(cluster: &C, node: &str, opts: DrainOptions) -> R
     for (pod, action) in pods_on_node.iter().zip(actions) {
         let key = pods::key(pod);
         match action {
-            Action::Skip(s) => report.skipped.push((key, s)),
-            Action::DoNotDisrupt => report.do_not_disrupt.push(key),
-            Action::EvictLater => report.waiting.push(key),
-            Action::Evict => match cluster.evict(pod).await? {
+            PodAction::Skip(s) => report.skipped.push((key, s)),
+            PodAction::DoNotDisrupt => report.do_not_disrupt.push(key),
+            PodAction::EvictLater => report.waiting.push(key),
+            PodAction::Evict => match cluster.evict(pod).await? {
                 EvictionOutcome::Evicted => {
                     if let Err(e) = cluster.emit_event(&EventSpec::evicted(pod)).await {
                         tracing::warn!(pod = %key, error = %e, "could not record the eviction event");
@@ -186,12 +205,12 @@ mod tests {
         assert_eq!(
             plan(&all, DrainOptions::default()),
             vec![
-                Action::Skip(Skip::DaemonSet),
-                Action::Skip(Skip::Mirror),
-                Action::DoNotDisrupt,
-                Action::Evict,
-                Action::EvictLater,
-                Action::Skip(Skip::ToleratesDisruption)
+                PodAction::Skip(Skip::DaemonSet),
+                PodAction::Skip(Skip::Mirror),
+                PodAction::DoNotDisrupt,
+                PodAction::Evict,
+                PodAction::EvictLater,
+                PodAction::Skip(Skip::ToleratesDisruption)
             ]
         );
         // Forced drains evict do-not-disrupt pods.
@@ -202,17 +221,17 @@ mod tests {
                     ignore_do_not_disrupt: true
                 }
             ),
-            vec![Action::Evict]
+            vec![PodAction::Evict]
         );
         // Critical pods go once the others are gone.
         assert_eq!(
             plan(&[ds, critical.clone()], DrainOptions::default()),
-            vec![Action::Skip(Skip::DaemonSet), Action::Evict]
+            vec![PodAction::Skip(Skip::DaemonSet), PodAction::Evict]
         );
         // A do-not-disrupt pod holds critical pods back too.
         assert_eq!(
             plan(&[dnd, critical], DrainOptions::default()),
-            vec![Action::DoNotDisrupt, Action::EvictLater]
+            vec![PodAction::DoNotDisrupt, PodAction::EvictLater]
         );
     }
 }

@@ -18,7 +18,7 @@ use super::volume::{Volumes, cross};
 use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
 use crate::catalog::{InstanceType, Offering, OfferingRequirements};
-use crate::kubernetes::pods;
+use crate::kubernetes::drain;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{AMD_GPU, AWS_NEURON, AWS_NEURON_CORE, HABANA_GAUDI, NVIDIA_GPU};
 
@@ -332,12 +332,6 @@ impl Pool {
     }
 }
 
-/// True for a running pod that moves when its node goes: not a DaemonSet or
-/// mirror pod, and not finished.
-fn movable(p: &Pod) -> bool {
-    !(pods::is_daemonset_pod(p) || pods::is_mirror_pod(p) || pods::is_terminal(p))
-}
-
 /// Each node class's instance types, as its kubelet settings, instance-store
 /// policy and reservations shape them, by class name.
 type ClassTypes = Vec<(String, Vec<InstanceType>)>;
@@ -471,7 +465,7 @@ impl Compiled {
                     Ok(m) => running.push(Running {
                         node: ni,
                         terms: terms_with_volumes(volumes, &m),
-                        movable: movable(p),
+                        movable: drain::moves_with_node(p),
                         label_class: *class_index
                             .entry((m.pod.namespace.clone(), m.labels.clone()))
                             .or_insert_with_key(|k| {
