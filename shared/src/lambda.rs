@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
+
 use crate::metering::{Invocation, Metered};
 use crate::state::{CostEntry, StateStore};
 
@@ -31,6 +33,28 @@ pub fn required_env(name: &str) -> Result<String, MissingEnv> {
         .ok()
         .filter(|v| !v.trim().is_empty())
         .ok_or_else(|| MissingEnv(name.to_string()))
+}
+
+/// The answer to an SQS batch that reports failures per record: SQS deletes
+/// every record not named and redelivers the named ones (past the queue's
+/// maxReceiveCount, to its dead-letter queue). Every SQS consumer answers
+/// through this (the event source mapping enables `ReportBatchItemFailures`).
+pub fn batch_response<I>(failed_message_ids: I) -> SqsBatchResponse
+where
+    I: IntoIterator,
+    I::Item: Into<String>,
+{
+    let mut response = SqsBatchResponse::default();
+    response.batch_item_failures = failed_message_ids
+        .into_iter()
+        .map(|id| {
+            // The type is non-exhaustive: built from its default.
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = id.into();
+            failure
+        })
+        .collect();
+    response
 }
 
 /// Structured logs (JSON in Lambda), then the SDK configuration from the
@@ -157,6 +181,20 @@ mod tests {
         assert_eq!(meter.run(async { ("first", 0.5) }).await, "first");
         assert!(meter.warm.load(Ordering::Relaxed));
         assert_eq!(meter.run(async { (7, -0.5) }).await, 7);
+    }
+
+    #[test]
+    fn failed_records_are_named_in_the_wire_format() {
+        let response = batch_response(["2", "4"]);
+        assert_eq!(
+            serde_json::to_value(&response).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}, {"itemIdentifier": "4"}]})
+        );
+        let none = batch_response(Vec::<String>::new());
+        assert_eq!(
+            serde_json::to_value(&none).unwrap(),
+            serde_json::json!({"batchItemFailures": []})
+        );
     }
 
     #[test]

@@ -13,18 +13,17 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use jiff::Timestamp;
 use sha2::Digest;
 
 use super::decide::{Decision, DrainPolicy, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
-use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
-use crate::messages::SolveRequest;
+use crate::messages::launch_requests::enqueue;
+use crate::messages::{EnqueueError, LaunchRequest, SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::provisioning::LEASE;
-use crate::provisioning::trigger::{TriggerError, request_solve};
 use crate::scheduling::{SolveOptions, Unschedulable};
 use crate::snapshot::Snapshot;
 use crate::snapshot::live::{self, SnapshotError};
@@ -154,17 +153,7 @@ pub struct Outcome {
 impl Outcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
-        let mut r = SqsBatchResponse::default();
-        r.batch_item_failures = self
-            .failed
-            .iter()
-            .map(|id| {
-                let mut f = BatchItemFailure::default();
-                f.item_identifier = id.clone();
-                f
-            })
-            .collect();
-        r
+        crate::lambda::batch_response(&self.failed)
     }
 }
 

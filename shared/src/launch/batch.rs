@@ -1,12 +1,12 @@
 //! One SQS batch of launch requests → per-record outcomes → partial batch failures.
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 
 use std::collections::BTreeMap;
 
-use super::request::{LaunchRequest, RequestError};
 use super::{LaunchError, LaunchOutcome, Launcher};
 use crate::kubernetes::Cluster;
+use crate::messages::{LaunchRequest, RequestError};
 
 /// What happened to one record.
 #[derive(Debug)]
@@ -21,15 +21,12 @@ pub struct RecordResult {
 /// redelivers it and, past maxReceiveCount, moves it to the dead-letter queue;
 /// the other records are deleted (pure).
 pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
-    let mut resp = SqsBatchResponse::default();
-    for r in results.iter().filter(|r| r.result.is_err()) {
-        if let Some(id) = &r.message_id {
-            let mut f = BatchItemFailure::default();
-            f.item_identifier = id.clone();
-            resp.batch_item_failures.push(f);
-        }
-    }
-    resp
+    crate::lambda::batch_response(
+        results
+            .iter()
+            .filter(|r| r.result.is_err())
+            .filter_map(|r| r.message_id.as_deref()),
+    )
 }
 
 /// The $/h of capacity the batch added, for the meter: the price of every

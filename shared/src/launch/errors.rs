@@ -2,9 +2,9 @@
 
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use super::request::RequestError;
 use super::userdata::UserDataError;
 use crate::kubernetes::ClusterError;
+use crate::messages::RequestError;
 use crate::nodeclaim::InvalidTransition;
 use crate::state::StateError;
 

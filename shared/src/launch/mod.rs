@@ -27,7 +27,6 @@ pub mod gc;
 pub mod launchtemplate;
 pub mod nodeclass;
 pub mod profile;
-pub mod request;
 pub mod securitygroup;
 pub mod status;
 pub mod subnet;
@@ -41,7 +40,6 @@ use jiff::Timestamp;
 use tokio::sync::OnceCell;
 
 pub use errors::LaunchError;
-pub use request::LaunchRequest;
 
 use self::fleet::{Candidate, Decision, Launched, Scope};
 use self::launchtemplate::TemplateSpec;
@@ -52,9 +50,8 @@ use crate::apis::{EC2NodeClass, Taint, TaintEffect};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, EventSpec, KubeCluster};
-use crate::messages::SolveRequest;
+use crate::messages::{LaunchRequest, SolveRequest, request_solve};
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
-use crate::provisioning::trigger::request_solve;
 use crate::state::{self, OfferingKey, StateStore};
 
 /// How long a launch's lease on its NodeClaim outlives its last renewal by

@@ -7,25 +7,25 @@
 //! for the same pods nor push a pool past its limits: the second one waits,
 //! then sees the first one's claims as in-flight capacity.
 
-pub mod batch;
-pub mod trigger;
+pub mod records;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::kubernetes::{Cluster, EventSpec};
-use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
+use crate::messages::launch_requests::enqueue;
+use crate::messages::{EnqueueError, LaunchRequest};
 use crate::nodeclaim::{NodeClaim, generate_name};
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
-use batch::{PodState, Record};
+use records::{PodState, Record};
 
 /// The lease that serialises solves (and every other writer of new claims).
 pub const LEASE: &str = "provision";
@@ -133,17 +133,7 @@ pub struct Outcome {
 impl Outcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
-        let mut r = SqsBatchResponse::default();
-        r.batch_item_failures = self
-            .failed
-            .iter()
-            .map(|id| {
-                let mut f = BatchItemFailure::default();
-                f.item_identifier = id.clone();
-                f
-            })
-            .collect();
-        r
+        crate::lambda::batch_response(&self.failed)
     }
 }
 
@@ -182,7 +172,7 @@ impl<C: Cluster> Provisioner<C> {
 
     /// Handles one SQS batch as of `now`; never fails as a whole because of one record.
     pub async fn handle_at(&self, event: &SqsEvent, now: Timestamp) -> Outcome {
-        let records = batch::read_records(&event.records);
+        let records = records::read_records(&event.records);
         let mut outcome = Outcome::default();
         let mut refs = Vec::new();
         let mut requests = Vec::new();
@@ -281,9 +271,9 @@ impl<C: Cluster> Provisioner<C> {
             crate::catalog::refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
         }
         let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
-        let keys = batch::pod_keys(&snapshot.pods);
+        let keys = records::pod_keys(&snapshot.pods);
         for (_, r) in refs {
-            if batch::pod_state(r, &keys) == PodState::Gone {
+            if records::pod_state(r, &keys) == PodState::Gone {
                 outcome.gone += 1;
                 tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), "pod is no longer pending");
             }

@@ -22,9 +22,8 @@ use crate::disruption::consolidation::ConsolidationOptions;
 use crate::ec2::{Instances, InstancesError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec};
 use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
-use crate::messages::SolveRequest;
+use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
-use crate::provisioning::trigger::{TriggerError, request_solve};
 use crate::registration;
 use crate::state::{LAST_SOLVE, StateError, StateStore, now_ms};
 use crate::telemetry::Metric;
@@ -171,7 +170,7 @@ pub enum StepError {
     Snapshot(#[from] crate::snapshot::live::SnapshotError),
     /// Replacement launch requests could not be queued.
     #[error("{0}")]
-    Enqueue(#[from] crate::launch::request::EnqueueError),
+    Enqueue(#[from] crate::messages::EnqueueError),
 }
 
 /// What one run did.
@@ -498,8 +497,12 @@ impl<C: Cluster> Sweeper<C> {
                     return Ok(());
                 };
                 tracing::warn!(node_claim = %claim, "claim still Pending with no launch under way: its launch request is sent again");
-                crate::launch::request::enqueue(&self.sqs, url, &[crate::launch::request::LaunchRequest::new(claim)])
-                    .await?;
+                crate::messages::launch_requests::enqueue(
+                    &self.sqs,
+                    url,
+                    &[crate::messages::LaunchRequest::new(claim)],
+                )
+                .await?;
                 Ok(())
             }
         }
