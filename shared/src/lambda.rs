@@ -1,5 +1,5 @@
 //! The one Lambda shell the function binaries share: logging, configuration
-//! from the environment, the AWS SDK configuration with retries, and the
+//! from the environment (through [`crate::settings`]), the AWS SDK configuration with retries, and the
 //! meter every handler runs in.
 
 use std::future::Future;
@@ -10,29 +10,16 @@ use std::time::Instant;
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse};
 
 use crate::metering::{Invocation, Metered};
+use crate::settings::{SettingError, Settings};
 use crate::state::{CostEntry, StateStore};
 
 /// When this process began its init phase (the first call of [`start`]).
 static INIT_STARTED: OnceLock<Instant> = OnceLock::new();
 
-/// A required environment variable is missing or empty.
-#[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[error("environment variable {0} is not set")]
-pub struct MissingEnv(pub String);
-
-// A binary's `main` that fails prints its error with `Debug`: say it in words.
-impl std::fmt::Debug for MissingEnv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self}")
-    }
-}
-
-/// Reads a required environment variable, naming it when missing or empty.
-pub fn required_env(name: &str) -> Result<String, MissingEnv> {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .ok_or_else(|| MissingEnv(name.to_string()))
+/// Reads a required environment variable, naming it when missing or blank
+/// (the process environment through [`Settings`]).
+pub fn required_env(name: &str) -> Result<String, SettingError> {
+    Settings::from_env().required(name)
 }
 
 /// The answer to an SQS batch that reports failures per record: SQS deletes
@@ -118,7 +105,11 @@ impl Meter {
     pub fn new(function: &'static str, store: Option<StateStore>) -> Self {
         Meter {
             function,
-            memory_mb: crate::metering::memory_mb(std::env::var("AWS_LAMBDA_FUNCTION_MEMORY_SIZE").ok().as_deref()),
+            memory_mb: crate::metering::memory_mb(
+                Settings::from_env()
+                    .optional("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+                    .as_deref(),
+            ),
             store,
             init: INIT_STARTED.get_or_init(Instant::now).elapsed(),
             warm: AtomicBool::new(false),

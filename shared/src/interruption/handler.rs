@@ -25,6 +25,7 @@ use crate::messages::{EnqueueError, LaunchRequest, SolveRequest, TriggerError, r
 use crate::nodeclaim::{NodeClaim, Phase, generate_name};
 use crate::provisioning::LEASE;
 use crate::scheduling::{SolveOptions, Unschedulable};
+use crate::settings::{SettingError, Settings};
 use crate::snapshot::Snapshot;
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{DrainRecord, StateError, StateStore, UNAVAILABLE_TTL_SECS};
@@ -72,33 +73,24 @@ impl InterruptConfig {
     /// Reads `NODESMITH_LAUNCH_QUEUE_URL`, `NODESMITH_PENDING_QUEUE_URL`,
     /// `NODESMITH_REBALANCE` (ignore|replace|drain) and
     /// `NODESMITH_INTERRUPT_DRAIN_BUDGET` (seconds).
-    pub fn from_env() -> Result<Self, InterruptError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+    pub fn from_env() -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::from_env())
     }
 
     /// As [`Self::from_env`], over any lookup (pure).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, InterruptError> {
-        let need = |k: &str| {
-            get(k)
-                .filter(|v| !v.trim().is_empty())
-                .ok_or_else(|| InterruptError::Config(format!("{k} is not set")))
-        };
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::new(get))
+    }
+
+    /// As [`Self::from_env`], from any settings.
+    pub fn from_settings(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Self, SettingError> {
         let mut c = InterruptConfig::new(
-            &need("NODESMITH_LAUNCH_QUEUE_URL")?,
-            &need("NODESMITH_PENDING_QUEUE_URL")?,
+            &settings.required("NODESMITH_LAUNCH_QUEUE_URL")?,
+            &settings.required("NODESMITH_PENDING_QUEUE_URL")?,
         );
-        c.lease_ttl = crate::provisioning::lease_ttl(&get).map_err(InterruptError::Config)?;
-        c.rebalance = get("NODESMITH_REBALANCE")
-            .unwrap_or_default()
-            .parse()
-            .map_err(InterruptError::Config)?;
-        if let Some(b) = get("NODESMITH_INTERRUPT_DRAIN_BUDGET") {
-            let secs: u64 = b
-                .trim()
-                .parse()
-                .map_err(|_| InterruptError::Config(format!("NODESMITH_INTERRUPT_DRAIN_BUDGET={b:?}: not seconds")))?;
-            c.drain_budget = Duration::from_secs(secs);
-        }
+        c.lease_ttl = crate::provisioning::lease_ttl(settings)?;
+        c.rebalance = settings.parsed("NODESMITH_REBALANCE", RebalanceMode::default())?;
+        c.drain_budget = settings.seconds("NODESMITH_INTERRUPT_DRAIN_BUDGET", c.drain_budget)?;
         Ok(c)
     }
 }
@@ -106,9 +98,6 @@ impl InterruptConfig {
 /// Why acting on an event failed (the message is given back to SQS).
 #[derive(Debug, thiserror::Error)]
 pub enum InterruptError {
-    /// Missing or bad configuration.
-    #[error("configuration: {0}")]
-    Config(String),
     /// The state table failed.
     #[error("state: {0}")]
     State(#[from] StateError),

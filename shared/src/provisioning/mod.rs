@@ -22,6 +22,7 @@ use crate::messages::launch_requests::enqueue;
 use crate::messages::{EnqueueError, LaunchRequest};
 use crate::nodeclaim::{NodeClaim, generate_name};
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
+use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
@@ -31,15 +32,10 @@ use records::{PodState, Record};
 pub const LEASE: &str = "provision";
 
 /// How long the provision lease outlives its holder's last renewal, from
-/// `NODESMITH_PROVISION_LEASE` through `get` (a Go duration; default 15s):
-/// how long a writer of claims that died blocks the next.
-pub fn lease_ttl(get: impl Fn(&str) -> Option<String>) -> Result<Duration, String> {
-    match get("NODESMITH_PROVISION_LEASE").filter(|v| !v.trim().is_empty()) {
-        None => Ok(LEASE_TTL),
-        Some(v) => {
-            crate::apis::duration::parse_go_duration(v.trim()).map_err(|e| format!("NODESMITH_PROVISION_LEASE: {e}"))
-        }
-    }
+/// `NODESMITH_PROVISION_LEASE` (a Go duration; default 15s): how long a writer
+/// of claims that died blocks the next.
+pub fn lease_ttl(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Duration, SettingError> {
+    settings.duration("NODESMITH_PROVISION_LEASE", LEASE_TTL)
 }
 
 /// The provision lease's default time to live.
@@ -65,16 +61,17 @@ pub struct ProvisionConfig {
 impl ProvisionConfig {
     /// Reads `NODESMITH_LAUNCH_QUEUE_URL` and optionally `NODESMITH_PENDING_DLQ_URL`
     /// and `NODESMITH_PROVISION_LEASE` (a Go duration, default 15s).
-    pub fn from_env() -> Result<Self, ProvisionError> {
-        let launch_queue_url = std::env::var("NODESMITH_LAUNCH_QUEUE_URL")
-            .map_err(|_| ProvisionError::Config("NODESMITH_LAUNCH_QUEUE_URL is not set".into()))?;
+    pub fn from_env() -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::from_env())
+    }
+
+    /// As [`Self::from_env`], from any settings.
+    pub fn from_settings(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Self, SettingError> {
+        let launch_queue_url = settings.required("NODESMITH_LAUNCH_QUEUE_URL")?;
         Ok(ProvisionConfig {
-            launch_queue_url,
-            dead_letter_queue_url: std::env::var("NODESMITH_PENDING_DLQ_URL")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            lease_ttl: lease_ttl(|k| std::env::var(k).ok()).map_err(ProvisionError::Config)?,
-            ..ProvisionConfig::new("")
+            dead_letter_queue_url: settings.optional("NODESMITH_PENDING_DLQ_URL"),
+            lease_ttl: lease_ttl(settings)?,
+            ..ProvisionConfig::new(&launch_queue_url)
         })
     }
 
@@ -93,9 +90,6 @@ impl ProvisionConfig {
 /// Why a batch could not be handled.
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
-    /// Missing or bad configuration.
-    #[error("configuration: {0}")]
-    Config(String),
     /// The cluster or the state table could not be read.
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
