@@ -2,11 +2,9 @@
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 
-use std::collections::BTreeMap;
-
 use super::{LaunchError, LaunchOutcome, Launcher};
 use crate::kubernetes::Cluster;
-use crate::messages::{LaunchRequest, RequestError};
+use crate::messages::LaunchRequest;
 
 /// What happened to one record.
 #[derive(Debug)]
@@ -43,14 +41,9 @@ pub fn fleet_delta_usd_per_hour(results: &[RecordResult]) -> f64 {
         .sum()
 }
 
-async fn handle_record<C: Cluster>(
-    launcher: &Launcher<C>,
-    msg: &SqsMessage,
-    parsed: Result<LaunchRequest, RequestError>,
-) -> RecordResult {
-    let message_id = msg.message_id.clone();
-    let id = message_id.as_deref().unwrap_or("<none>");
-    let result = match parsed {
+async fn handle_record<C: Cluster>(launcher: &Launcher<C>, msg: &SqsMessage) -> Result<LaunchOutcome, LaunchError> {
+    let id = msg.message_id.as_deref().unwrap_or("<none>");
+    match LaunchRequest::parse(msg.body.as_deref().unwrap_or_default()) {
         Err(e) => {
             tracing::error!(message_id = id, error = %e, "rejecting launch request; it goes to the dead-letter queue after its retries");
             Err(LaunchError::Request(e))
@@ -67,8 +60,7 @@ async fn handle_record<C: Cluster>(
             }
             r
         }
-    };
-    RecordResult { message_id, result }
+    }
 }
 
 fn outcome_name(o: &LaunchOutcome) -> &'static str {
@@ -83,42 +75,32 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
     }
 }
 
-/// A record's index and what its body parsed to.
-type Parsed = (usize, Result<LaunchRequest, RequestError>);
-
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
 /// instead of its lease). Results are in record order.
 pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
-    let mut groups: BTreeMap<String, Vec<Parsed>> = BTreeMap::new();
-    for (i, m) in event.records.iter().enumerate() {
-        let parsed = LaunchRequest::parse(m.body.as_deref().unwrap_or_default());
+    let group = |i: usize, m: &SqsMessage| match LaunchRequest::parse(m.body.as_deref().unwrap_or_default()) {
+        Ok(r) => format!("claim/{}", r.node_claim),
         // Unparseable records each get their own group.
-        let key = match &parsed {
-            Ok(r) => format!("claim/{}", r.node_claim),
-            Err(_) => format!("record/{i}"),
-        };
-        groups.entry(key).or_default().push((i, parsed));
-    }
-    let runs = groups.into_values().map(|group| async move {
-        let mut out = Vec::with_capacity(group.len());
-        for (i, parsed) in group {
-            out.push((i, handle_record(launcher, &event.records[i], parsed).await));
-        }
-        out
-    });
-    let mut results: Vec<(usize, RecordResult)> = futures::future::join_all(runs).await.into_iter().flatten().collect();
-    results.sort_by_key(|(i, _)| *i);
-    let results: Vec<RecordResult> = results.into_iter().map(|(_, r)| r).collect();
-    if results.iter().any(|r| r.message_id.is_none() && r.result.is_err()) {
-        tracing::error!("a failed record has no message id and cannot be reported for redelivery");
-    }
-    (response(&results), results)
+        Err(_) => format!("record/{i}"),
+    };
+    let (response, results) = crate::lambda::handle_records(event, group, |m| handle_record(launcher, m)).await;
+    let results = event
+        .records
+        .iter()
+        .zip(results)
+        .map(|(m, result)| RecordResult {
+            message_id: m.message_id.clone(),
+            result,
+        })
+        .collect();
+    (response, results)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::messages::RequestError;
 
     #[test]
     fn only_new_instances_add_to_the_fleet_price() {
