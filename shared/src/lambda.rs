@@ -1,6 +1,7 @@
 //! The one Lambda shell the function binaries share: logging, configuration
-//! from the environment (through [`crate::settings`]), the AWS SDK configuration with retries, and the
-//! meter every handler runs in.
+//! from the environment (through [`crate::settings`]), the AWS SDK
+//! configuration with retries, the partial-batch answer of every SQS
+//! consumer, and the meter every handler runs in.
 
 use std::collections::BTreeMap;
 use std::future::Future;
