@@ -217,3 +217,90 @@ pub async fn request_solve(
             message: aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_the_wire_format() {
+        let r = PendingPodRef {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            uid: "u-1".into(),
+            resource_version: "42".into(),
+        };
+        let body = r.to_body();
+        assert_eq!(
+            body,
+            r#"{"namespace":"default","name":"web-1","uid":"u-1","resourceVersion":"42"}"#
+        );
+        assert_eq!(PendingPodRef::parse(&body).unwrap(), r);
+    }
+
+    #[test]
+    fn bad_bodies_name_what_is_wrong() {
+        for (body, field, needle) in [
+            ("not json", "", "expected"),
+            (r#"{"namespace":"d","name":"n","uid":"u"}"#, "", "resourceVersion"),
+            (
+                r#"{"namespace":"d","name":"n","uid":"u","resourceVersion":"1","extra":1}"#,
+                "extra",
+                "unknown field",
+            ),
+            (
+                r#"{"namespace":"D!","name":"n","uid":"u","resourceVersion":"1"}"#,
+                "namespace",
+                "DNS-1123",
+            ),
+            (
+                r#"{"namespace":"d","name":"-n","uid":"u","resourceVersion":"1"}"#,
+                "name",
+                "DNS-1123",
+            ),
+            (
+                r#"{"namespace":"d","name":"n","uid":"","resourceVersion":"1"}"#,
+                "uid",
+                "1 to 128",
+            ),
+            (
+                r#"{"namespace":"d","name":"n","uid":"u","resourceVersion":""}"#,
+                "resourceVersion",
+                "1 to 64",
+            ),
+            (
+                r#"{"namespace":"d","name":5,"uid":"u","resourceVersion":"1"}"#,
+                "name",
+                "invalid type",
+            ),
+        ] {
+            let e = PendingPodRef::parse(body).unwrap_err();
+            assert_eq!(e.field, field, "{body}: {e}");
+            assert!(e.to_string().contains(needle), "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn solve_requests_round_trip_and_are_checked() {
+        let r = SolveRequest::new("launch-no-capacity", Some("default-x7k2p"));
+        let body = r.to_body();
+        assert_eq!(
+            body,
+            r#"{"solve":{"reason":"launch-no-capacity","nodeClaim":"default-x7k2p"}}"#
+        );
+        assert_eq!(PendingMessage::parse(&body).unwrap(), PendingMessage::Solve(r));
+        let bare = SolveRequest::new("sweep", None).to_body();
+        assert_eq!(bare, r#"{"solve":{"reason":"sweep"}}"#);
+        for (body, field) in [
+            (r#"{"solve":{"reason":""}}"#, "solve.reason"),
+            (r#"{"solve":{"reason":"x","extra":1}}"#, "solve.extra"),
+            (r#"{"solve":{"reason":"x"},"x":1}"#, "x"),
+            (r#"{"solve":{}}"#, "solve"),
+        ] {
+            let e = PendingMessage::parse(body).unwrap_err();
+            assert_eq!(e.field, field, "{body}: {e}");
+        }
+        let pod = r#"{"namespace":"default","name":"web-1","uid":"u-1","resourceVersion":"42"}"#;
+        assert!(matches!(PendingMessage::parse(pod), Ok(PendingMessage::Pod(_))));
+    }
+}
