@@ -38,7 +38,7 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     /// The value as given; missing when unset or blank.
     pub fn required(&self, name: &str) -> Result<String, SettingError> {
         self.optional(name)
-            .ok_or_else(|| SettingError::new(name, Problem::Missing))
+            .ok_or_else(|| SettingError::new(name, SettingProblem::Missing))
     }
 
     /// A duration in Go notation (`500ms`, `30s`, `5m`, `1h30m`), else `default`.
@@ -49,7 +49,7 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         crate::apis::duration::parse_go_duration(value.trim()).map_err(|reason| {
             SettingError::new(
                 name,
-                Problem::Duration {
+                SettingProblem::Duration {
                     value: value.clone(),
                     source: DurationSyntax(reason),
                 },
@@ -66,7 +66,7 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
             .trim()
             .parse::<u64>()
             .map(Duration::from_secs)
-            .map_err(|source| SettingError::new(name, Problem::Seconds { value, source }))
+            .map_err(|source| SettingError::new(name, SettingProblem::Seconds { value, source }))
     }
 
     /// A finite, non-negative number, else `default`.
@@ -76,10 +76,10 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         };
         match value.trim().parse::<f64>() {
             Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-            Ok(_) => Err(SettingError::new(name, Problem::Number { value, source: None })),
+            Ok(_) => Err(SettingError::new(name, SettingProblem::Number { value, source: None })),
             Err(source) => Err(SettingError::new(
                 name,
-                Problem::Number {
+                SettingProblem::Number {
                     value,
                     source: Some(source),
                 },
@@ -100,7 +100,7 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         value.parse().map_err(|e: T::Err| {
             SettingError::new(
                 name,
-                Problem::Invalid {
+                SettingProblem::Invalid {
                     value: value.clone(),
                     source: e.into(),
                 },
@@ -114,12 +114,12 @@ pub struct SettingError {
     /// The environment variable.
     pub name: String,
     /// What is wrong with it.
-    pub problem: Problem,
+    pub problem: SettingProblem,
 }
 
 impl SettingError {
     /// `name` has `problem`.
-    pub fn new(name: &str, problem: Problem) -> Self {
+    pub fn new(name: &str, problem: SettingProblem) -> Self {
         SettingError {
             name: name.to_string(),
             problem,
@@ -129,7 +129,7 @@ impl SettingError {
 
 /// What is wrong with a setting.
 #[derive(Debug)]
-pub enum Problem {
+pub enum SettingProblem {
     /// Required, and unset or blank.
     Missing,
     /// Required unless another variable is set.
@@ -178,26 +178,26 @@ impl fmt::Display for SettingError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = &self.name;
         match &self.problem {
-            Problem::Missing => write!(f, "environment variable {name} is not set"),
-            Problem::MissingEither { meaning, instead } => {
+            SettingProblem::Missing => write!(f, "environment variable {name} is not set"),
+            SettingProblem::MissingEither { meaning, instead } => {
                 write!(
                     f,
                     "environment variable {name} is not set: set it ({meaning}) or {instead}"
                 )
             }
-            Problem::Duration { value, .. } => {
+            SettingProblem::Duration { value, .. } => {
                 write!(f, "environment variable {name}={value:?} is an invalid duration")
             }
-            Problem::Seconds { value, .. } => {
+            SettingProblem::Seconds { value, .. } => {
                 write!(
                     f,
                     "environment variable {name}={value:?} is not a whole number of seconds"
                 )
             }
-            Problem::Number { value, .. } => {
+            SettingProblem::Number { value, .. } => {
                 write!(f, "environment variable {name}={value:?} is not a non-negative number")
             }
-            Problem::Invalid { value, .. } => write!(f, "environment variable {name}={value:?} is not valid"),
+            SettingProblem::Invalid { value, .. } => write!(f, "environment variable {name}={value:?} is not valid"),
         }
     }
 }
@@ -205,11 +205,11 @@ impl fmt::Display for SettingError {
 impl std::error::Error for SettingError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.problem {
-            Problem::Missing | Problem::MissingEither { .. } => None,
-            Problem::Duration { source, .. } => Some(source),
-            Problem::Seconds { source, .. } => Some(source),
-            Problem::Number { source, .. } => source.as_ref().map(|s| s as _),
-            Problem::Invalid { source, .. } => Some(source.as_ref()),
+            SettingProblem::Missing | SettingProblem::MissingEither { .. } => None,
+            SettingProblem::Duration { source, .. } => Some(source),
+            SettingProblem::Seconds { source, .. } => Some(source),
+            SettingProblem::Number { source, .. } => source.as_ref().map(|s| s as _),
+            SettingProblem::Invalid { source, .. } => Some(source.as_ref()),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::events::EventSpec;
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
 use crate::apis::{EC2NodeClass, NodePool};
-use crate::settings::{Problem, SettingError, Settings};
+use crate::settings::{SettingError, SettingProblem, Settings};
 
 /// Names the EKS cluster the functions manage.
 pub const CLUSTER_NAME_ENV: &str = "NODESMITH_CLUSTER_NAME";
@@ -94,7 +94,7 @@ impl KubeCluster {
         let name = settings.optional(CLUSTER_NAME_ENV).ok_or_else(|| {
             SettingError::new(
                 CLUSTER_NAME_ENV,
-                Problem::MissingEither {
+                SettingProblem::MissingEither {
                     meaning: "the EKS cluster",
                     instead: "NODESMITH_KUBE_URL (a plain API server URL)",
                 },
