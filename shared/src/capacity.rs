@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::launch::request::{EnqueueError, LaunchRequest, enqueue};
+use crate::messages::launch_requests::enqueue;
+use crate::messages::{EnqueueError, LaunchRequest};
 use crate::nodeclaim::{NodeClaim, generate_name};
 use crate::scheduling::{NewNodeClaim, PodRef, SolveOptions, TargetKind, Unschedulable};
 use crate::snapshot::Snapshot;

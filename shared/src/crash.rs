@@ -159,7 +159,8 @@ mod hook {
     fn setup() -> &'static Setup {
         static SETUP: OnceLock<Setup> = OnceLock::new();
         SETUP.get_or_init(|| {
-            let path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+            let settings = crate::settings::Settings::from_env();
+            let path = |name: &str| settings.optional(name).map(PathBuf::from);
             Setup {
                 crash_file: path(super::CRASH_FILE_ENV),
                 call_log: path(super::CALL_LOG_ENV),

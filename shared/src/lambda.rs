@@ -1,36 +1,90 @@
 //! The one Lambda shell the function binaries share: logging, configuration
-//! from the environment, the AWS SDK configuration with retries, and the
-//! meter every handler runs in.
+//! from the environment (through [`crate::settings`]), the AWS SDK
+//! configuration with retries, the partial-batch answer of every SQS
+//! consumer, and the meter every handler runs in.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+
 use crate::metering::{Invocation, Metered};
+use crate::settings::{SettingError, Settings};
 use crate::state::{CostEntry, StateStore};
 
 /// When this process began its init phase (the first call of [`start`]).
 static INIT_STARTED: OnceLock<Instant> = OnceLock::new();
 
-/// A required environment variable is missing or empty.
-#[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[error("environment variable {0} is not set")]
-pub struct MissingEnv(pub String);
-
-// A binary's `main` that fails prints its error with `Debug`: say it in words.
-impl std::fmt::Debug for MissingEnv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self}")
-    }
+/// Reads a required environment variable, naming it when missing or blank
+/// (the process environment through [`Settings`]).
+pub fn required_env(name: &str) -> Result<String, SettingError> {
+    Settings::from_env().required(name)
 }
 
-/// Reads a required environment variable, naming it when missing or empty.
-pub fn required_env(name: &str) -> Result<String, MissingEnv> {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .ok_or_else(|| MissingEnv(name.to_string()))
+/// The answer to an SQS batch that reports failures per record: SQS deletes
+/// every record not named and redelivers the named ones (past the queue's
+/// maxReceiveCount, to its dead-letter queue). Every SQS consumer answers
+/// through this (the event source mapping enables `ReportBatchItemFailures`).
+pub fn batch_response<I>(failed_message_ids: I) -> SqsBatchResponse
+where
+    I: IntoIterator,
+    I::Item: Into<String>,
+{
+    let mut response = SqsBatchResponse::default();
+    response.batch_item_failures = failed_message_ids
+        .into_iter()
+        .map(|id| {
+            // The type is non-exhaustive: built from its default.
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = id.into();
+            failure
+        })
+        .collect();
+    response
+}
+
+/// Runs `handle` on every record of an SQS batch and answers with the ones
+/// that failed. Records with the same `group` key run one after another in
+/// arrival order (a duplicate sees its twin's work, not its lease), different
+/// groups concurrently. The results are in record order.
+pub async fn handle_records<'e, K, T, E, Fut>(
+    event: &'e SqsEvent,
+    group: impl Fn(usize, &SqsMessage) -> K,
+    handle: impl Fn(&'e SqsMessage) -> Fut,
+) -> (SqsBatchResponse, Vec<Result<T, E>>)
+where
+    K: Ord,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut groups: BTreeMap<K, Vec<usize>> = BTreeMap::new();
+    for (i, record) in event.records.iter().enumerate() {
+        groups.entry(group(i, record)).or_default().push(i);
+    }
+    let handle = &handle;
+    let runs = groups.into_values().map(|members| async move {
+        let mut out = Vec::with_capacity(members.len());
+        for i in members {
+            out.push((i, handle(&event.records[i]).await));
+        }
+        out
+    });
+    let mut results: Vec<(usize, Result<T, E>)> = futures::future::join_all(runs).await.into_iter().flatten().collect();
+    results.sort_by_key(|(i, _)| *i);
+    let failed: Vec<Option<&str>> = results
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(i, _)| event.records[*i].message_id.as_deref())
+        .collect();
+    if failed.contains(&None) {
+        tracing::error!("a failed record has no message id and cannot be reported for redelivery");
+    }
+    (
+        batch_response(failed.into_iter().flatten()),
+        results.into_iter().map(|(_, r)| r).collect(),
+    )
 }
 
 /// Structured logs (JSON in Lambda), then the SDK configuration from the
@@ -94,7 +148,11 @@ impl Meter {
     pub fn new(function: &'static str, store: Option<StateStore>) -> Self {
         Meter {
             function,
-            memory_mb: crate::metering::memory_mb(std::env::var("AWS_LAMBDA_FUNCTION_MEMORY_SIZE").ok().as_deref()),
+            memory_mb: crate::metering::memory_mb(
+                Settings::from_env()
+                    .optional("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+                    .as_deref(),
+            ),
             store,
             init: INIT_STARTED.get_or_init(Instant::now).elapsed(),
             warm: AtomicBool::new(false),
@@ -157,6 +215,71 @@ mod tests {
         assert_eq!(meter.run(async { ("first", 0.5) }).await, "first");
         assert!(meter.warm.load(Ordering::Relaxed));
         assert_eq!(meter.run(async { (7, -0.5) }).await, 7);
+    }
+
+    #[test]
+    fn failed_records_are_named_in_the_wire_format() {
+        let response = batch_response(["2", "4"]);
+        assert_eq!(
+            serde_json::to_value(&response).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "2"}, {"itemIdentifier": "4"}]})
+        );
+        let none = batch_response(Vec::<String>::new());
+        assert_eq!(
+            serde_json::to_value(&none).unwrap(),
+            serde_json::json!({"batchItemFailures": []})
+        );
+    }
+
+    #[tokio::test]
+    async fn records_of_one_group_run_in_order_and_failures_are_named() {
+        let record = |id: Option<&str>, body: &str| {
+            let mut m = SqsMessage::default();
+            m.message_id = id.map(String::from);
+            m.body = Some(body.into());
+            m
+        };
+        let mut event = SqsEvent::default();
+        event.records = vec![
+            record(Some("1"), "a"),
+            record(Some("2"), "b!"),
+            record(Some("3"), "a"),
+            record(None, "c!"),
+            record(Some("5"), "a!"),
+        ];
+        let seen = std::sync::Mutex::new(Vec::new());
+        let (response, results) = handle_records(
+            &event,
+            |_, m| m.body.clone().unwrap_or_default().trim_end_matches('!').to_string(),
+            |m| {
+                let seen = &seen;
+                async move {
+                    let body = m.body.clone().unwrap_or_default();
+                    seen.lock().unwrap().push(m.message_id.clone());
+                    tokio::task::yield_now().await;
+                    if body.ends_with('!') { Err(body) } else { Ok(body) }
+                }
+            },
+        )
+        .await;
+        let ids: Vec<&str> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        assert_eq!(ids, ["2", "5"], "a failure without an id cannot be named");
+        assert_eq!(results.len(), 5);
+        assert_eq!(results[0], Ok("a".to_string()));
+        assert_eq!(results[3], Err("c!".to_string()));
+        let seen = seen.into_inner().unwrap();
+        let group_a: Vec<_> = seen
+            .iter()
+            .filter(|id| matches!(id.as_deref(), Some("1" | "3" | "5")))
+            .collect();
+        assert_eq!(
+            group_a,
+            [&Some("1".to_string()), &Some("3".to_string()), &Some("5".to_string())]
+        );
     }
 
     #[test]

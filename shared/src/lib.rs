@@ -26,6 +26,7 @@ pub mod registration;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;
+pub mod settings;
 pub mod simulate;
 pub mod snapshot;
 pub mod state;

@@ -7,11 +7,14 @@ use serde_json::{Value, json};
 /// Initialises tracing: JSON lines when running in Lambda, human-readable
 /// otherwise; the level comes from `RUST_LOG` (default `info`).
 pub fn init() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let settings = crate::settings::Settings::from_env();
+    let filter = settings
+        .optional("RUST_LOG")
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     // A second init (tests, warm containers) is harmless: keep the first.
-    let _ = if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
+    let _ = if settings.optional("AWS_LAMBDA_FUNCTION_NAME").is_some() {
         builder.json().with_current_span(false).without_time().try_init()
     } else {
         builder.try_init()

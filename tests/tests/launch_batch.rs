@@ -4,8 +4,8 @@
 
 use crate::launch_fixtures::*;
 use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
-use nodesmith::launch::request::{self, LaunchRequest, MAX_BODY_BYTES};
 use nodesmith::launch::{LaunchError, LaunchOutcome, batch};
+use nodesmith::messages::launch_requests::{self as request, LaunchRequest, MAX_BODY_BYTES};
 use nodesmith::state;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::moto;

@@ -324,7 +324,7 @@ async fn a_claim_that_is_gone_is_not_launched_and_bad_selectors_are_named() {
     let st = store(&m).await;
     let l = launcher(&m, m.endpoint(), &kube).await;
     let class = node_class("al2023@latest");
-    let req = nodesmith::launch::LaunchRequest::new("never-made");
+    let req = nodesmith::messages::LaunchRequest::new("never-made");
     assert_eq!(l.launch(&req).await.unwrap(), LaunchOutcome::Gone("never-made".into()));
 
     let mut nowhere = class.clone();

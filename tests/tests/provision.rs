@@ -8,7 +8,7 @@ use std::time::Duration;
 use aws_lambda_events::sqs::SqsEvent;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::kubernetes::retry::RetryPolicy;
-use nodesmith::launch::request::LaunchRequest;
+use nodesmith::messages::LaunchRequest;
 use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
 use nodesmith::resources::CPU;
 use nodesmith::state::{self, StateStore};

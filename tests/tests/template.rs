@@ -987,8 +987,8 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/offerings.rs", "dynamodb:BatchWriteItem", ALL),
     // Only scripts/dev-stack and tests make the table; the stack makes it in AWS.
     ("state/table.rs", "dynamodb:CreateTable", &[]),
-    ("launch/request.rs", "sqs:SendMessageBatch", LAUNCH_ASKERS),
-    ("provisioning/trigger.rs", "sqs:SendMessage", SOLVE_ASKERS),
+    ("messages/launch_requests.rs", "sqs:SendMessageBatch", LAUNCH_ASKERS),
+    ("messages/pending_pods.rs", "sqs:SendMessage", SOLVE_ASKERS),
     // Pending pods that cannot be read go to the dead-letter queue.
     ("provisioning/mod.rs", "sqs:SendMessage", &["ProvisionFunction"]),
     (

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use nodesmith::settings::Settings;
 
 /// Karpenter's node provisioning for Amazon EKS, done by Lambda functions.
 #[derive(Parser)]
@@ -133,7 +134,7 @@ fn output_or_default(output: Option<Output>) -> Output {
 /// named, 1 when the table or the cluster cannot be read.
 fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Timestamp>) -> ExitCode {
     let Some(table) = table
-        .or_else(|| std::env::var("NODESMITH_TABLE").ok())
+        .or_else(|| Settings::from_env().optional("NODESMITH_TABLE"))
         .filter(|t| !t.trim().is_empty())
     else {
         return bad_input(&"no state table: pass --table or set NODESMITH_TABLE");
@@ -176,7 +177,7 @@ fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Times
 async fn cluster(sdk: aws_config::SdkConfig) -> Result<nodesmith::kubernetes::KubeCluster, String> {
     use nodesmith::kubernetes::KubeCluster;
     use nodesmith::kubernetes::kube_cluster::KUBE_URL_ENV;
-    if std::env::var(KUBE_URL_ENV).is_ok_and(|u| !u.is_empty()) {
+    if Settings::from_env().optional(KUBE_URL_ENV).is_some() {
         return KubeCluster::from_env(sdk).map_err(|e| format!("{KUBE_URL_ENV}: {}", error_chain(&e)));
     }
     nodesmith::kubernetes::client::install_crypto_provider();
@@ -235,7 +236,7 @@ fn emit(output: Output, json: impl FnOnce() -> serde_json::Value, table: impl Fn
 fn event(rebalance: Option<String>, files: &[PathBuf]) -> ExitCode {
     use std::io::Read;
     let mode = rebalance
-        .or_else(|| std::env::var("NODESMITH_REBALANCE").ok())
+        .or_else(|| Settings::from_env().optional("NODESMITH_REBALANCE"))
         .unwrap_or_default();
     let mode: nodesmith::interruption::RebalanceMode = match mode.parse() {
         Ok(m) => m,

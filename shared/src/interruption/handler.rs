@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use jiff::Timestamp;
 use sha2::Digest;
 
@@ -21,10 +21,10 @@ use super::event::{self, Event};
 use crate::capacity::{self, CapacityError, Door, LEASE};
 use crate::drains::{self, DrainError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
-use crate::messages::SolveRequest;
+use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{NodeClaim, Phase};
-use crate::provisioning::trigger::{TriggerError, request_solve};
 use crate::scheduling::SolveOptions;
+use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{Removal, StateError, StateStore, UNAVAILABLE_TTL_SECS};
 
@@ -71,33 +71,24 @@ impl InterruptConfig {
     /// Reads `NODESMITH_LAUNCH_QUEUE_URL`, `NODESMITH_PENDING_QUEUE_URL`,
     /// `NODESMITH_REBALANCE` (ignore|replace|drain) and
     /// `NODESMITH_INTERRUPT_DRAIN_BUDGET` (seconds).
-    pub fn from_env() -> Result<Self, InterruptError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+    pub fn from_env() -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::from_env())
     }
 
     /// As [`Self::from_env`], over any lookup (pure).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, InterruptError> {
-        let need = |k: &str| {
-            get(k)
-                .filter(|v| !v.trim().is_empty())
-                .ok_or_else(|| InterruptError::Config(format!("{k} is not set")))
-        };
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::new(get))
+    }
+
+    /// As [`Self::from_env`], from any settings.
+    pub fn from_settings(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Self, SettingError> {
         let mut c = InterruptConfig::new(
-            &need("NODESMITH_LAUNCH_QUEUE_URL")?,
-            &need("NODESMITH_PENDING_QUEUE_URL")?,
+            &settings.required("NODESMITH_LAUNCH_QUEUE_URL")?,
+            &settings.required("NODESMITH_PENDING_QUEUE_URL")?,
         );
-        c.lease_ttl = crate::provisioning::lease_ttl(&get).map_err(InterruptError::Config)?;
-        c.rebalance = get("NODESMITH_REBALANCE")
-            .unwrap_or_default()
-            .parse()
-            .map_err(InterruptError::Config)?;
-        if let Some(b) = get("NODESMITH_INTERRUPT_DRAIN_BUDGET") {
-            let secs: u64 = b
-                .trim()
-                .parse()
-                .map_err(|_| InterruptError::Config(format!("NODESMITH_INTERRUPT_DRAIN_BUDGET={b:?}: not seconds")))?;
-            c.drain_budget = Duration::from_secs(secs);
-        }
+        c.lease_ttl = crate::provisioning::lease_ttl(settings)?;
+        c.rebalance = settings.parsed("NODESMITH_REBALANCE", RebalanceMode::default())?;
+        c.drain_budget = settings.seconds("NODESMITH_INTERRUPT_DRAIN_BUDGET", c.drain_budget)?;
         Ok(c)
     }
 }
@@ -105,9 +96,6 @@ impl InterruptConfig {
 /// Why acting on an event failed (the message is given back to SQS).
 #[derive(Debug, thiserror::Error)]
 pub enum InterruptError {
-    /// Missing or bad configuration.
-    #[error("configuration: {0}")]
-    Config(String),
     /// The state table failed.
     #[error("state: {0}")]
     State(#[from] StateError),
@@ -155,17 +143,7 @@ pub struct Outcome {
 impl Outcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
-        let mut r = SqsBatchResponse::default();
-        r.batch_item_failures = self
-            .failed
-            .iter()
-            .map(|id| {
-                let mut f = BatchItemFailure::default();
-                f.item_identifier = id.clone();
-                f
-            })
-            .collect();
-        r
+        crate::lambda::batch_response(&self.failed)
     }
 }
 

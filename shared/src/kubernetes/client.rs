@@ -34,8 +34,8 @@ pub enum ClientError {
         message: String,
     },
     /// The environment names no cluster.
-    #[error("kubernetes cluster configuration: {0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] crate::settings::SettingError),
     /// kube refused the configuration.
     #[error("building the kube client: {0}")]
     Kube(#[source] kube::Error),

@@ -17,6 +17,7 @@ use super::events::EventSpec;
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
 use crate::apis::{EC2NodeClass, NodePool};
+use crate::settings::{SettingError, SettingProblem, Settings};
 
 /// Names the EKS cluster the functions manage.
 pub const CLUSTER_NAME_ENV: &str = "NODESMITH_CLUSTER_NAME";
@@ -66,7 +67,7 @@ impl KubeCluster {
     /// with the bearer token in `NODESMITH_KUBE_TOKEN` if that is set, else
     /// the EKS cluster named by `NODESMITH_CLUSTER_NAME`.
     pub fn from_env(config: aws_config::SdkConfig) -> Result<Self, super::client::ClientError> {
-        Self::from_lookup(config, |k| std::env::var(k).ok())
+        Self::from_settings(config, &Settings::from_env())
     }
 
     /// [`KubeCluster::from_env`] with the variables read through `get`.
@@ -74,20 +75,32 @@ impl KubeCluster {
         config: aws_config::SdkConfig,
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, super::client::ClientError> {
-        if let Some(url) = get(KUBE_URL_ENV).filter(|u| !u.is_empty()) {
-            let token = get(KUBE_TOKEN_ENV).filter(|t| !t.is_empty());
+        Self::from_settings(config, &Settings::new(get))
+    }
+
+    /// [`KubeCluster::from_env`] from any settings.
+    pub fn from_settings(
+        config: aws_config::SdkConfig,
+        settings: &Settings<impl Fn(&str) -> Option<String>>,
+    ) -> Result<Self, super::client::ClientError> {
+        if let Some(url) = settings.optional(KUBE_URL_ENV) {
+            let token = settings.optional(KUBE_TOKEN_ENV);
             return Ok(Self::from_client(super::client::client_for(
                 &url,
                 None,
                 token.as_deref(),
             )?));
         }
-        match get(CLUSTER_NAME_ENV).filter(|n| !n.is_empty()) {
-            Some(name) => Ok(Self::for_eks(config, &name)),
-            None => Err(super::client::ClientError::Config(format!(
-                "set {CLUSTER_NAME_ENV} (the EKS cluster) or {KUBE_URL_ENV} (a plain API server URL)"
-            ))),
-        }
+        let name = settings.optional(CLUSTER_NAME_ENV).ok_or_else(|| {
+            SettingError::new(
+                CLUSTER_NAME_ENV,
+                SettingProblem::MissingEither {
+                    meaning: "the EKS cluster",
+                    instead: "NODESMITH_KUBE_URL (a plain API server URL)",
+                },
+            )
+        })?;
+        Ok(Self::for_eks(config, &name))
     }
 
     /// Replaces the retry policy.

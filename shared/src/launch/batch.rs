@@ -1,12 +1,10 @@
 //! One SQS batch of launch requests → per-record outcomes → partial batch failures.
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 
-use std::collections::BTreeMap;
-
-use super::request::{LaunchRequest, RequestError};
 use super::{LaunchError, LaunchOutcome, Launcher};
 use crate::kubernetes::Cluster;
+use crate::messages::LaunchRequest;
 use crate::nodeclass::RunClasses;
 
 /// What happened to one record.
@@ -22,15 +20,12 @@ pub struct RecordResult {
 /// redelivers it and, past maxReceiveCount, moves it to the dead-letter queue;
 /// the other records are deleted (pure).
 pub fn response(results: &[RecordResult]) -> SqsBatchResponse {
-    let mut resp = SqsBatchResponse::default();
-    for r in results.iter().filter(|r| r.result.is_err()) {
-        if let Some(id) = &r.message_id {
-            let mut f = BatchItemFailure::default();
-            f.item_identifier = id.clone();
-            resp.batch_item_failures.push(f);
-        }
-    }
-    resp
+    crate::lambda::batch_response(
+        results
+            .iter()
+            .filter(|r| r.result.is_err())
+            .filter_map(|r| r.message_id.as_deref()),
+    )
 }
 
 /// The $/h of capacity the batch added, for the meter: the price of every
@@ -51,11 +46,9 @@ async fn handle_record<C: Cluster>(
     launcher: &Launcher<C>,
     run: &RunClasses,
     msg: &SqsMessage,
-    parsed: Result<LaunchRequest, RequestError>,
-) -> RecordResult {
-    let message_id = msg.message_id.clone();
-    let id = message_id.as_deref().unwrap_or("<none>");
-    let result = match parsed {
+) -> Result<LaunchOutcome, LaunchError> {
+    let id = msg.message_id.as_deref().unwrap_or("<none>");
+    match LaunchRequest::parse(msg.body.as_deref().unwrap_or_default()) {
         Err(e) => {
             tracing::error!(message_id = id, error = %e, "rejecting launch request; it goes to the dead-letter queue after its retries");
             Err(LaunchError::Request(e))
@@ -72,8 +65,7 @@ async fn handle_record<C: Cluster>(
             }
             r
         }
-    };
-    RecordResult { message_id, result }
+    }
 }
 
 fn outcome_name(o: &LaunchOutcome) -> &'static str {
@@ -88,45 +80,35 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
     }
 }
 
-/// A record's index and what its body parsed to.
-type Parsed = (usize, Result<LaunchRequest, RequestError>);
-
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
-/// instead of its lease). Results are in record order. The batch is one run:
-/// each EC2NodeClass its claims name is resolved once.
+/// instead of its lease). Results are in record order.
 pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
-    let mut groups: BTreeMap<String, Vec<Parsed>> = BTreeMap::new();
-    for (i, m) in event.records.iter().enumerate() {
-        let parsed = LaunchRequest::parse(m.body.as_deref().unwrap_or_default());
+    let group = |i: usize, m: &SqsMessage| match LaunchRequest::parse(m.body.as_deref().unwrap_or_default()) {
+        Ok(r) => format!("claim/{}", r.node_claim),
         // Unparseable records each get their own group.
-        let key = match &parsed {
-            Ok(r) => format!("claim/{}", r.node_claim),
-            Err(_) => format!("record/{i}"),
-        };
-        groups.entry(key).or_default().push((i, parsed));
-    }
-    let classes = RunClasses::default();
-    let classes = &classes;
-    let runs = groups.into_values().map(|group| async move {
-        let mut out = Vec::with_capacity(group.len());
-        for (i, parsed) in group {
-            out.push((i, handle_record(launcher, classes, &event.records[i], parsed).await));
-        }
-        out
-    });
-    let mut results: Vec<(usize, RecordResult)> = futures::future::join_all(runs).await.into_iter().flatten().collect();
-    results.sort_by_key(|(i, _)| *i);
-    let results: Vec<RecordResult> = results.into_iter().map(|(_, r)| r).collect();
-    if results.iter().any(|r| r.message_id.is_none() && r.result.is_err()) {
-        tracing::error!("a failed record has no message id and cannot be reported for redelivery");
-    }
-    (response(&results), results)
+        Err(_) => format!("record/{i}"),
+    };
+    // The batch is one run: each class is resolved once for all its claims.
+    let run = RunClasses::default();
+    let run = &run;
+    let (response, results) = crate::lambda::handle_records(event, group, |m| handle_record(launcher, run, m)).await;
+    let results = event
+        .records
+        .iter()
+        .zip(results)
+        .map(|(m, result)| RecordResult {
+            message_id: m.message_id.clone(),
+            result,
+        })
+        .collect();
+    (response, results)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::messages::RequestError;
 
     #[test]
     fn only_new_instances_add_to_the_fleet_price() {

@@ -2,8 +2,8 @@
 
 use aws_smithy_types::error::display::DisplayErrorContext;
 
-use super::request::RequestError;
 use crate::kubernetes::ClusterError;
+use crate::messages::RequestError;
 use crate::nodeclaim::InvalidTransition;
 use crate::nodeclass::NodeClassError;
 use crate::nodeclass::userdata::UserDataError;

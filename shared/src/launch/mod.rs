@@ -21,7 +21,6 @@ pub mod batch;
 pub mod errors;
 pub mod fleet;
 pub mod gc;
-pub mod request;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +30,6 @@ use jiff::Timestamp;
 use tokio::sync::OnceCell;
 
 pub use errors::LaunchError;
-pub use request::LaunchRequest;
 
 use self::fleet::{Launched, Override, Ruling, Scope};
 use crate::apis::EC2NodeClass;
@@ -39,7 +37,7 @@ use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, EventSpec, KubeCluster};
-use crate::messages::SolveRequest;
+use crate::messages::{LaunchRequest, SolveRequest, request_solve};
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::nodeclass::ami::{AmiKey, ami_key_of};
 use crate::nodeclass::resolved::{AMI_FAMILY_NOT_SET, NO_AMI_FAMILY};
@@ -47,7 +45,7 @@ use crate::nodeclass::subnet::{self, Subnet};
 use crate::nodeclass::template::{Image, instance_tags, template_spec};
 use crate::nodeclass::userdata::ClusterInfo;
 use crate::nodeclass::{self, NodeClassError, RunClasses, capacityreservation, cluster, launchtemplate, profile};
-use crate::provisioning::trigger::request_solve;
+use crate::settings::{SettingError, Settings};
 use crate::state::{self, OfferingKey, StateStore};
 
 /// How long a launch's lease on its NodeClaim outlives its last renewal by
@@ -123,23 +121,18 @@ impl LaunchConfig {
     /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing, and
     /// the optional `NODESMITH_PENDING_QUEUE_URL` and `NODESMITH_LAUNCH_LEASE`
     /// (a Go duration, default [`LAUNCH_LEASE_MS`]).
-    pub fn from_env() -> Result<Self, LaunchError> {
-        let get = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .ok_or_else(|| LaunchError::Config(format!("environment variable {k} is not set")))
-        };
+    pub fn from_env() -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::from_env())
+    }
+
+    /// As [`Self::from_env`], from any settings.
+    pub fn from_settings(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Self, SettingError> {
+        let default_lease = std::time::Duration::from_millis(LAUNCH_LEASE_MS.unsigned_abs());
         Ok(LaunchConfig {
-            table: get("NODESMITH_TABLE")?,
-            cluster_name: get("NODESMITH_CLUSTER_NAME")?,
-            pending_queue_url: get("NODESMITH_PENDING_QUEUE_URL").ok(),
-            lease_ms: match get("NODESMITH_LAUNCH_LEASE") {
-                Err(_) => LAUNCH_LEASE_MS,
-                Ok(v) => crate::apis::duration::parse_go_duration(v.trim())
-                    .map_err(|e| LaunchError::Config(format!("NODESMITH_LAUNCH_LEASE: {e}")))?
-                    .as_millis() as i64,
-            },
+            table: settings.required("NODESMITH_TABLE")?,
+            cluster_name: settings.required("NODESMITH_CLUSTER_NAME")?,
+            pending_queue_url: settings.optional("NODESMITH_PENDING_QUEUE_URL"),
+            lease_ms: settings.duration("NODESMITH_LAUNCH_LEASE", default_lease)?.as_millis() as i64,
         })
     }
 }

@@ -7,13 +7,12 @@
 //! for the same pods nor push a pool past its limits: the second one waits,
 //! then sees the first one's claims as in-flight capacity.
 
-pub mod batch;
-pub mod trigger;
+pub mod records;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -22,23 +21,19 @@ use crate::capacity::{self, CapacityError, Door};
 use crate::kubernetes::{Cluster, EventSpec};
 use crate::nodeclaim::NodeClaim;
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
+use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
-use batch::{PodState, Record};
+use records::{PodState, Record};
 
 pub use crate::capacity::{LEASE, LEASE_TTL};
 
 /// How long the provision lease outlives its holder's last renewal, from
-/// `NODESMITH_PROVISION_LEASE` through `get` (a Go duration; default 15s):
-/// how long a writer of claims that died blocks the next.
-pub fn lease_ttl(get: impl Fn(&str) -> Option<String>) -> Result<Duration, String> {
-    match get("NODESMITH_PROVISION_LEASE").filter(|v| !v.trim().is_empty()) {
-        None => Ok(LEASE_TTL),
-        Some(v) => {
-            crate::apis::duration::parse_go_duration(v.trim()).map_err(|e| format!("NODESMITH_PROVISION_LEASE: {e}"))
-        }
-    }
+/// `NODESMITH_PROVISION_LEASE` (a Go duration; default 15s): how long a writer
+/// of claims that died blocks the next.
+pub fn lease_ttl(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Duration, SettingError> {
+    settings.duration("NODESMITH_PROVISION_LEASE", LEASE_TTL)
 }
 
 /// Settings of the provision function.
@@ -61,16 +56,17 @@ pub struct ProvisionConfig {
 impl ProvisionConfig {
     /// Reads `NODESMITH_LAUNCH_QUEUE_URL` and optionally `NODESMITH_PENDING_DLQ_URL`
     /// and `NODESMITH_PROVISION_LEASE` (a Go duration, default 15s).
-    pub fn from_env() -> Result<Self, ProvisionError> {
-        let launch_queue_url = std::env::var("NODESMITH_LAUNCH_QUEUE_URL")
-            .map_err(|_| ProvisionError::Config("NODESMITH_LAUNCH_QUEUE_URL is not set".into()))?;
+    pub fn from_env() -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::from_env())
+    }
+
+    /// As [`Self::from_env`], from any settings.
+    pub fn from_settings(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Self, SettingError> {
+        let launch_queue_url = settings.required("NODESMITH_LAUNCH_QUEUE_URL")?;
         Ok(ProvisionConfig {
-            launch_queue_url,
-            dead_letter_queue_url: std::env::var("NODESMITH_PENDING_DLQ_URL")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            lease_ttl: lease_ttl(|k| std::env::var(k).ok()).map_err(ProvisionError::Config)?,
-            ..ProvisionConfig::new("")
+            dead_letter_queue_url: settings.optional("NODESMITH_PENDING_DLQ_URL"),
+            lease_ttl: lease_ttl(settings)?,
+            ..ProvisionConfig::new(&launch_queue_url)
         })
     }
 
@@ -89,9 +85,6 @@ impl ProvisionConfig {
 /// Why a batch could not be handled.
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
-    /// Missing or bad configuration.
-    #[error("configuration: {0}")]
-    Config(String),
     /// The cluster or the state table could not be read.
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
@@ -129,17 +122,7 @@ pub struct Outcome {
 impl Outcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
-        let mut r = SqsBatchResponse::default();
-        r.batch_item_failures = self
-            .failed
-            .iter()
-            .map(|id| {
-                let mut f = BatchItemFailure::default();
-                f.item_identifier = id.clone();
-                f
-            })
-            .collect();
-        r
+        crate::lambda::batch_response(&self.failed)
     }
 }
 
@@ -178,7 +161,7 @@ impl<C: Cluster> Provisioner<C> {
 
     /// Handles one SQS batch as of `now`; never fails as a whole because of one record.
     pub async fn handle_at(&self, event: &SqsEvent, now: Timestamp) -> Outcome {
-        let records = batch::read_records(&event.records);
+        let records = records::read_records(&event.records);
         let mut outcome = Outcome::default();
         let mut refs = Vec::new();
         let mut requests = Vec::new();
@@ -274,9 +257,9 @@ impl<C: Cluster> Provisioner<C> {
             crate::catalog::refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
         }
         let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
-        let keys = batch::pod_keys(&snapshot.pods);
+        let keys = records::pod_keys(&snapshot.pods);
         for (_, r) in refs {
-            if batch::pod_state(r, &keys) == PodState::Gone {
+            if records::pod_state(r, &keys) == PodState::Gone {
                 outcome.gone += 1;
                 tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), "pod is no longer pending");
             }

@@ -6,8 +6,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::Pod;
-
 use super::SolveInput;
 use super::daemonset::{self, Daemon};
 use super::dense::{self, ResourceTable, Vector};

@@ -16,16 +16,15 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
-use crate::apis::duration::parse_go_duration;
 use crate::catalog;
 use crate::disruption::consolidation::ConsolidationOptions;
 use crate::ec2::{Instances, InstancesError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec};
 use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
-use crate::messages::SolveRequest;
+use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
-use crate::provisioning::trigger::{TriggerError, request_solve};
 use crate::registration;
+use crate::settings::{SettingError, Settings};
 use crate::state::{Advance, LAST_SOLVE, Removal, StateError, StateStore, now_ms};
 use crate::telemetry::Metric;
 
@@ -55,16 +54,6 @@ pub struct SweepConfig {
     pub consolidation: crate::disruption::consolidation::ConsolidationOptions,
 }
 
-/// A missing or malformed setting.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("setting {name}: {message}")]
-pub struct ConfigError {
-    /// The environment variable.
-    pub name: String,
-    /// What is wrong.
-    pub message: String,
-}
-
 impl SweepConfig {
     /// Reads settings through `get` (the environment in the function):
     /// `NODESMITH_PENDING_QUEUE_URL`, `NODESMITH_LAUNCH_QUEUE_URL`, and durations in Go notation (`30s`, `5m`, `500ms`):
@@ -74,21 +63,23 @@ impl SweepConfig {
     /// `NODESMITH_SWEEP_BUDGET` (60s), `NODESMITH_SWEEP_LEASE` (15s), `NODESMITH_REPLACEMENT_COOLDOWN` (15m); and
     /// consolidation's minimum saving, `NODESMITH_CONSOLIDATION_MIN_SAVING`
     /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::new(get))
+    }
+
+    /// From the process environment.
+    pub fn from_env() -> Result<Self, SettingError> {
+        Self::from_settings(&Settings::from_env())
+    }
+
+    /// As [`Self::from_lookup`], from any settings.
+    pub fn from_settings(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Self, SettingError> {
         let d = LifecycleConfig::default();
         let c = ConsolidationOptions::default();
-        let dur = |name: &str, default: Duration| -> Result<Duration, ConfigError> {
-            match get(name).filter(|v| !v.trim().is_empty()) {
-                None => Ok(default),
-                Some(v) => parse_go_duration(v.trim()).map_err(|message| ConfigError {
-                    name: name.into(),
-                    message,
-                }),
-            }
-        };
+        let dur = |name: &str, default: Duration| settings.duration(name, default);
         Ok(SweepConfig {
-            pending_queue_url: get("NODESMITH_PENDING_QUEUE_URL").filter(|v| !v.trim().is_empty()),
-            launch_queue_url: get("NODESMITH_LAUNCH_QUEUE_URL").filter(|v| !v.trim().is_empty()),
+            pending_queue_url: settings.optional("NODESMITH_PENDING_QUEUE_URL"),
+            launch_queue_url: settings.optional("NODESMITH_LAUNCH_QUEUE_URL"),
             lifecycle: LifecycleConfig {
                 launch_timeout: dur("NODESMITH_LAUNCH_TIMEOUT", d.launch_timeout)?,
                 registration_timeout: dur("NODESMITH_REGISTRATION_TIMEOUT", d.registration_timeout)?,
@@ -100,34 +91,16 @@ impl SweepConfig {
             },
             budget: dur("NODESMITH_SWEEP_BUDGET", Duration::from_secs(60))?,
             lease: dur("NODESMITH_SWEEP_LEASE", Duration::from_secs(15))?,
-            provision_lease: dur("NODESMITH_PROVISION_LEASE", crate::provisioning::LEASE_TTL)?,
+            provision_lease: crate::provisioning::lease_ttl(settings)?,
             holder: format!("sweep-{}-{}", std::process::id(), now_ms()),
             consolidation: ConsolidationOptions {
-                min_saving_per_hour: number(&get, "NODESMITH_CONSOLIDATION_MIN_SAVING", c.min_saving_per_hour)?,
-                min_saving_percent: number(&get, "NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT", c.min_saving_percent)?,
+                min_saving_per_hour: settings.number("NODESMITH_CONSOLIDATION_MIN_SAVING", c.min_saving_per_hour)?,
+                min_saving_percent: settings
+                    .number("NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT", c.min_saving_percent)?,
                 replacement_cooldown: dur("NODESMITH_REPLACEMENT_COOLDOWN", c.replacement_cooldown)?,
                 ..c
             },
         })
-    }
-
-    /// From the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-}
-
-/// A non-negative number setting, or its default when unset.
-fn number(get: &impl Fn(&str) -> Option<String>, name: &str, default: f64) -> Result<f64, ConfigError> {
-    match get(name).filter(|v| !v.trim().is_empty()) {
-        None => Ok(default),
-        Some(v) => match v.trim().parse::<f64>() {
-            Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-            _ => Err(ConfigError {
-                name: name.into(),
-                message: format!("{v:?} is not a non-negative number"),
-            }),
-        },
     }
 }
 
@@ -171,7 +144,7 @@ pub enum StepError {
     Snapshot(#[from] crate::snapshot::live::SnapshotError),
     /// Launch requests could not be queued.
     #[error("{0}")]
-    Enqueue(#[from] crate::launch::request::EnqueueError),
+    Enqueue(#[from] crate::messages::EnqueueError),
     /// Replacements could not be admitted.
     #[error("adding replacements")]
     Capacity(#[from] crate::capacity::CapacityError),
@@ -501,8 +474,12 @@ impl<C: Cluster> Sweeper<C> {
                     return Ok(());
                 };
                 tracing::warn!(node_claim = %claim, "claim still Pending with no launch under way: its launch request is sent again");
-                crate::launch::request::enqueue(&self.sqs, url, &[crate::launch::request::LaunchRequest::new(claim)])
-                    .await?;
+                crate::messages::launch_requests::enqueue(
+                    &self.sqs,
+                    url,
+                    &[crate::messages::LaunchRequest::new(claim)],
+                )
+                .await?;
                 Ok(())
             }
         }

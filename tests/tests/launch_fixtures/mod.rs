@@ -15,7 +15,8 @@ use nodesmith::apis::ec2nodeclass::{AmiSelectorTerm, EC2NodeClassSpec, SelectorT
 use nodesmith::apis::{Taint, TaintEffect};
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::kubernetes::retry::RetryPolicy;
-use nodesmith::launch::{LaunchConfig, LaunchRequest, Launcher};
+use nodesmith::launch::{LaunchConfig, Launcher};
+use nodesmith::messages::LaunchRequest;
 use nodesmith::nodeclaim::NodeClaim;
 use nodesmith::state::{self, StateStore};
 use nodesmith_tests::kube_server::KubeServer;

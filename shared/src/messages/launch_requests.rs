@@ -1,5 +1,6 @@
-//! The launch request: the SQS message `provision`, the sweep's disruption
-//! replacements and `interrupt` send to `launch`, one per NodeClaim.
+//! The launch queue: [`LaunchRequest`], one per NodeClaim, sent by `provision`,
+//! `interrupt` (replacements) and the sweep (disruption replacements, relaunches),
+//! consumed by `launch`.
 //!
 //! JSON schema (camelCase, unknown fields rejected):
 //!

@@ -1,4 +1,4 @@
-//! Pure parts of the provision function: reading a batch of pending-pod
+//! Pure parts of the provision function: reading the records of a batch of pending-pod
 //! messages, and matching what the cluster and the state table say.
 
 use std::collections::BTreeSet;

@@ -1,0 +1,20 @@
+//! Queue contracts: every message that crosses an SQS queue between the parts
+//! of nodesmith, with who sends it and who consumes it. Senders and consumers
+//! import the shapes from here, never from each other.
+//!
+//! | Queue | Message | Sent by | Consumed by |
+//! |---|---|---|---|
+//! | pending pods | [`PendingPodRef`] | the forwarder (`infra/forwarder`) | `provision` |
+//! | pending pods | [`SolveRequest`] ([`request_solve`]) | `launch`, `interrupt`, the sweep | `provision` |
+//! | launch | [`LaunchRequest`] ([`launch_requests::enqueue`]) | `provision`, `interrupt`, the sweep | `launch` |
+//! | interruption | EventBridge events ([`crate::interruption::event`]) | AWS, through the stack's EventBridge rules | `interrupt` |
+//!
+//! The interruption queue's shape is AWS's, so its parser stays with the
+//! interruption logic. Every consumer reports failed records through
+//! [`crate::lambda::batch_response`].
+
+pub mod launch_requests;
+pub mod pending_pods;
+
+pub use launch_requests::{EnqueueError, LaunchRequest, RequestError};
+pub use pending_pods::{MessageError, PendingMessage, PendingPodRef, SolveRequest, TriggerError, request_solve};
