@@ -11,9 +11,70 @@
 use jiff::Timestamp;
 
 use crate::nodeclaim::Phase;
-use crate::state::{DisruptionRecord, DisruptionStep};
 
 use super::Reason;
+
+/// Where a disruption stands; each step is entered once its predecessor is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DisruptionStep {
+    /// Recorded; the node is (being) tainted `karpenter.sh/disrupted:NoSchedule`.
+    Tainted,
+    /// Replacements are launched; waiting until every one is Initialized.
+    Launching,
+    /// A drain record exists for the node (the drain module empties it).
+    Draining,
+    /// Drained: instance terminated, Node deleted, claim removed.
+    Terminating,
+}
+
+impl DisruptionStep {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DisruptionStep::Tainted => "Tainted",
+            DisruptionStep::Launching => "Launching",
+            DisruptionStep::Draining => "Draining",
+            DisruptionStep::Terminating => "Terminating",
+        }
+    }
+
+    /// From the stored name.
+    pub fn parse(v: &str) -> Option<Self> {
+        Some(match v {
+            "Tainted" => DisruptionStep::Tainted,
+            "Launching" => DisruptionStep::Launching,
+            "Draining" => DisruptionStep::Draining,
+            "Terminating" => DisruptionStep::Terminating,
+            _ => return None,
+        })
+    }
+}
+
+/// One disruption in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisruptionRecord {
+    /// The disrupted NodeClaim (the sort key).
+    pub claim: String,
+    /// Its Node.
+    pub node: String,
+    /// Why (stored as its name: `Expired`, `Drifted`, `Empty`, `Underutilized`).
+    pub reason: Reason,
+    /// A sentence for events and logs (e.g. which hash changed).
+    pub detail: String,
+    /// The step reached.
+    pub step: DisruptionStep,
+    /// NodeClaims that must be Initialized before the drain begins.
+    pub replacements: Vec<String>,
+    /// The pool's `terminationGracePeriod` (ms) for a forceful method: PDBs and
+    /// do-not-disrupt hold pods only this long into the drain.
+    pub grace_ms: Option<i64>,
+    /// From when the drain is forced (epoch ms), once it began; None: never.
+    pub force_from_ms: Option<i64>,
+    /// When the disruption began (epoch ms).
+    pub started_ms: i64,
+    /// Optimistic-locking version (1 once created).
+    pub version: u64,
+}
 
 /// What the sweep knows about one recorded disruption, read this run.
 #[derive(Debug, Clone)]
@@ -58,28 +119,27 @@ pub enum Next {
     Forget,
 }
 
-/// The reason a record names.
-pub fn reason_of(r: &DisruptionRecord) -> Option<Reason> {
-    match r.reason.as_str() {
-        "Expired" => Some(Reason::Expired),
-        "Drifted" => Some(Reason::Drifted),
-        "Empty" => Some(Reason::Empty),
-        "Underutilized" => Some(Reason::Underutilized),
-        _ => None,
-    }
-}
-
 /// Whether a reason's pods need capacity launched before its drain (Karpenter
 /// pre-spins replacements for expiry and drift; an empty node has no pods).
-pub fn needs_replacements(reason: Option<Reason>) -> bool {
-    matches!(reason, Some(Reason::Expired | Reason::Drifted | Reason::Underutilized))
+pub fn needs_replacements(reason: Reason) -> bool {
+    matches!(reason, Reason::Expired | Reason::Drifted | Reason::Underutilized)
+}
+
+/// Which of the disruptions due a replacement launch launch together this
+/// run, by index into `due` (their reasons): consolidation's replacements
+/// launch alone, as its price checks would be muddled by other reasons'
+/// replacements, so it waits for a run without them.
+pub fn launching_together(due: &[Reason]) -> Vec<usize> {
+    let (consolidating, others): (Vec<usize>, Vec<usize>) =
+        (0..due.len()).partition(|i| due[*i] == Reason::Underutilized);
+    if others.is_empty() { consolidating } else { others }
 }
 
 /// The next step (pure).
 pub fn next(f: &Facts) -> Next {
     let r = f.record;
-    let reason = reason_of(r);
-    let forceful = reason == Some(Reason::Expired);
+    let reason = r.reason;
+    let forceful = reason == Reason::Expired;
     if f.claim.is_none() {
         return Next::Forget;
     }
@@ -96,7 +156,7 @@ pub fn next(f: &Facts) -> Next {
                 if let Some(p) = &f.do_not_disrupt_pod {
                     return Next::Abandon(format!("pod {p} has karpenter.sh/do-not-disrupt"));
                 }
-                if reason == Some(Reason::Empty) && f.undrained > 0 {
+                if reason == Reason::Empty && f.undrained > 0 {
                     return Next::Abandon(format!("{} pod(s) arrived on the empty node", f.undrained));
                 }
             }
@@ -149,7 +209,7 @@ mod tests {
         DisruptionRecord {
             claim: "c".into(),
             node: "n".into(),
-            reason: reason.into(),
+            reason: reason.parse().unwrap(),
             detail: String::new(),
             step,
             replacements: vec![],

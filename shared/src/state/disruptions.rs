@@ -4,76 +4,16 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+pub use crate::disruption::progress::{DisruptionRecord, DisruptionStep};
+
 use super::item::{self, Item, get_i64, get_s, n, s};
 use super::{PK_DISRUPTION, StateError, StateStore};
-
-/// Where a disruption stands; each step is entered once its predecessor is done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DisruptionStep {
-    /// Recorded; the node is (being) tainted `karpenter.sh/disrupted:NoSchedule`.
-    Tainted,
-    /// Replacements are launched; waiting until every one is Initialized.
-    Launching,
-    /// A drain record exists for the node (the drain module empties it).
-    Draining,
-    /// Drained: instance terminated, Node deleted, claim removed.
-    Terminating,
-}
-
-impl DisruptionStep {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DisruptionStep::Tainted => "Tainted",
-            DisruptionStep::Launching => "Launching",
-            DisruptionStep::Draining => "Draining",
-            DisruptionStep::Terminating => "Terminating",
-        }
-    }
-
-    /// From the stored name.
-    pub fn parse(v: &str) -> Option<Self> {
-        Some(match v {
-            "Tainted" => DisruptionStep::Tainted,
-            "Launching" => DisruptionStep::Launching,
-            "Draining" => DisruptionStep::Draining,
-            "Terminating" => DisruptionStep::Terminating,
-            _ => return None,
-        })
-    }
-}
-
-/// One disruption in progress.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DisruptionRecord {
-    /// The disrupted NodeClaim (the sort key).
-    pub claim: String,
-    /// Its Node.
-    pub node: String,
-    /// Why (`Expired`, `Drifted`, `Empty`).
-    pub reason: String,
-    /// A sentence for events and logs (e.g. which hash changed).
-    pub detail: String,
-    /// The step reached.
-    pub step: DisruptionStep,
-    /// NodeClaims that must be Initialized before the drain begins.
-    pub replacements: Vec<String>,
-    /// The pool's `terminationGracePeriod` (ms) for a forceful method: PDBs and
-    /// do-not-disrupt hold pods only this long into the drain.
-    pub grace_ms: Option<i64>,
-    /// From when the drain is forced (epoch ms), once it began; None: never.
-    pub force_from_ms: Option<i64>,
-    /// When the disruption began (epoch ms).
-    pub started_ms: i64,
-    /// Optimistic-locking version (1 once created).
-    pub version: u64,
-}
 
 /// The DynamoDB item for a record at `version` (pure).
 pub fn disruption_item(r: &DisruptionRecord, version: u64) -> Item {
     let mut it = item::key(PK_DISRUPTION, &r.claim);
     it.insert("node".into(), s(&r.node));
-    it.insert("reason".into(), s(&r.reason));
+    it.insert("reason".into(), s(r.reason.as_str()));
     it.insert("detail".into(), s(&r.detail));
     it.insert("step".into(), s(r.step.as_str()));
     it.insert(
@@ -95,6 +35,7 @@ pub fn disruption_item(r: &DisruptionRecord, version: u64) -> Item {
 pub fn disruption_from_item(it: &Item) -> Result<DisruptionRecord, StateError> {
     const WHAT: &str = "disruption";
     let step = get_s(it, WHAT, "step")?;
+    let reason = get_s(it, WHAT, "reason")?;
     let replacements = match it.get("replacements") {
         Some(AttributeValue::L(l)) => l
             .iter()
@@ -110,7 +51,9 @@ pub fn disruption_from_item(it: &Item) -> Result<DisruptionRecord, StateError> {
     Ok(DisruptionRecord {
         claim: get_s(it, WHAT, "sk")?.to_string(),
         node: get_s(it, WHAT, "node")?.to_string(),
-        reason: get_s(it, WHAT, "reason")?.to_string(),
+        reason: reason
+            .parse()
+            .map_err(|_| item::corrupt(it, WHAT, format!("unknown reason {reason:?}")))?,
         detail: it
             .get("detail")
             .and_then(|v| v.as_s().ok())
@@ -197,13 +140,14 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disruption::Reason;
 
     #[test]
     fn round_trips() {
         let r = DisruptionRecord {
             claim: "default-abcde".into(),
             node: "ip-10-0-0-1".into(),
-            reason: "Expired".into(),
+            reason: Reason::Expired,
             detail: "older than expireAfter 720h".into(),
             step: DisruptionStep::Launching,
             replacements: vec!["default-x".into(), "default-y".into()],

@@ -187,7 +187,7 @@ fn assign(
         if let Some(i) = pods.iter().find_map(|p| owner.get(p)) {
             let claim = NodeClaim {
                 name: generate_name(&c.node_pool, seed, &mut taken),
-                replacement_for: Some(records[*i].reason.clone()),
+                replacement_for: Some(records[*i].reason.to_string()),
                 ..s.node_claim(c)
             };
             out.new.entry(*i).or_default().push(claim);
@@ -232,14 +232,11 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
-        if let Err(e) = self
-            .begin_new(&snapshot, classes, &mut records, started, &mut report)
-            .await
-        {
+        if let Err(e) = self.begin_new(&snapshot, classes, &mut records, &mut report).await {
             tracing::warn!(error = %e, "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
-        self.move_on(&snapshot, &mut records, started, &mut report).await;
+        self.move_on(&mut records, started, &mut report).await;
         report
     }
 
@@ -249,7 +246,6 @@ impl<C: Cluster> Sweeper<C> {
         snapshot: &Snapshot,
         classes: &BTreeMap<String, ClassFacts>,
         records: &mut Vec<DisruptionRecord>,
-        started: Instant,
         report: &mut DisruptionReport,
     ) -> Result<(), StepError> {
         let claims = self.store.list_node_claims().await?;
@@ -279,14 +275,11 @@ impl<C: Cluster> Sweeper<C> {
             .filter_map(|c| Some((c.node_name.as_deref()?, c)))
             .collect();
         let recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
-        // Pods waiting for capacity may be headed for an empty node (the
-        // scheduler binds them once it is Ready): no node is emptied meanwhile.
         let pending = !snapshot.pods.is_empty();
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
-        let _ = started;
         for d in &decisions.decisions {
-            if matches!(d.reason, Reason::Empty | Reason::Underutilized) && pending {
+            if pending && d.waits_for_pending_pods() {
                 tracing::info!(nodes = ?d.nodes, reason = %d.reason, "pods are pending; nodes are not consolidated this run");
                 continue;
             }
@@ -301,7 +294,7 @@ impl<C: Cluster> Sweeper<C> {
                 let record = DisruptionRecord {
                     claim: claim.name.clone(),
                     node: node.clone(),
-                    reason: d.reason.to_string(),
+                    reason: d.reason,
                     // The resolution reason (e.g. SubnetDrift) says what to fix in the class.
                     detail: match options.resolved_drift.get(node) {
                         Some(why) if d.reason == Reason::Drifted => {
@@ -331,13 +324,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Moves every record on; replacement launches are batched into one solve.
-    async fn move_on(
-        &self,
-        snapshot: &Snapshot,
-        records: &mut [DisruptionRecord],
-        started: Instant,
-        report: &mut DisruptionReport,
-    ) {
+    async fn move_on(&self, records: &mut [DisruptionRecord], started: Instant, report: &mut DisruptionReport) {
         let mut launch: Vec<usize> = Vec::new();
         for (i, r) in records.iter_mut().enumerate() {
             if started.elapsed() >= self.config.budget {
@@ -353,17 +340,16 @@ impl<C: Cluster> Sweeper<C> {
                 }
             }
         }
-        // Consolidation launches alone: its price checks would be muddled by
-        // other reasons' replacements, so it waits for a run without them.
-        let (consolidating, others): (Vec<usize>, Vec<usize>) = launch
-            .iter()
-            .partition(|i| progress::reason_of(&records[**i]) == Some(Reason::Underutilized));
-        let launch = if others.is_empty() { consolidating } else { others };
+        let due: Vec<Reason> = launch.iter().map(|i| records[*i].reason).collect();
+        let launch: Vec<usize> = progress::launching_together(&due)
+            .into_iter()
+            .map(|k| launch[k])
+            .collect();
         if launch.is_empty() {
             return;
         }
         let removed: BTreeSet<String> = records.iter().map(|r| r.node.clone()).collect();
-        match self.launch(snapshot, records, &launch, &removed, report).await {
+        match self.launch(records, &launch, &removed, report).await {
             Ok(()) => {
                 for i in launch {
                     // A consolidation the fresh solve refused is already rolled back.
@@ -446,7 +432,7 @@ impl<C: Cluster> Sweeper<C> {
                     let drain = DrainRecord {
                         claim: r.claim.clone(),
                         node: r.node.clone(),
-                        reason: format!("disruption-{}", r.reason.to_lowercase()),
+                        reason: format!("disruption-{}", r.reason.as_str().to_lowercase()),
                         deadline_ms: force_from.map(|t| t.as_millisecond()),
                         force_from_ms: force_from.map(|t| t.as_millisecond()),
                         started_ms: now_ms(),
@@ -505,7 +491,7 @@ impl<C: Cluster> Sweeper<C> {
             *r = self.store.update_disruption(&moved).await?;
             self.event(EventSpec::disruption_terminating(
                 events::node_name_ref(&r.node),
-                &r.reason,
+                r.reason.as_str(),
             ))
             .await;
         }
@@ -552,7 +538,6 @@ impl<C: Cluster> Sweeper<C> {
     /// fenced and queued for `launch`, as provisioning does.
     async fn launch(
         &self,
-        snapshot: &Snapshot,
         records: &mut [DisruptionRecord],
         which: &[usize],
         removed: &BTreeSet<String>,
@@ -569,10 +554,7 @@ impl<C: Cluster> Sweeper<C> {
                 &self.config.holder,
                 self.config.provision_lease,
                 PROVISION_LEASE_WAIT,
-                |lease| async move {
-                    self.launch_under(&lease, snapshot, records, which, removed, &url, report)
-                        .await
-                },
+                |lease| async move { self.launch_under(&lease, records, which, removed, &url, report).await },
             )
             .await?;
         match launched {
@@ -584,11 +566,9 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn launch_under(
         &self,
         lease: &crate::state::Lease,
-        snapshot: &Snapshot,
         records: &mut [DisruptionRecord],
         which: &[usize],
         removed: &BTreeSet<String>,
@@ -597,12 +577,9 @@ impl<C: Cluster> Sweeper<C> {
     ) -> Result<(), StepError> {
         // Re-read under the lease: claims provision wrote since count as capacity.
         let fresh = live::read_launchable(&self.cluster, &self.store, Timestamp::now()).await?;
-        let _ = snapshot;
         let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
         let seed = format!("{}/{}/{}", lease.holder, lease.version, now_ms());
-        let consolidating = chosen
-            .iter()
-            .all(|r| progress::reason_of(r) == Some(Reason::Underutilized));
+        let consolidating = chosen.iter().all(|r| r.reason == Reason::Underutilized);
         let limits = consolidating.then(|| {
             let nodes: BTreeSet<String> = chosen.iter().map(|r| r.node.clone()).collect();
             ReplacementLimits::of(&fresh, &nodes)
@@ -649,7 +626,7 @@ impl<C: Cluster> Sweeper<C> {
                 self.event(EventSpec::disruption_launching(
                     node_ref(),
                     &c.name,
-                    &records[*i].reason,
+                    records[*i].reason.as_str(),
                 ))
                 .await;
                 report.launched.push(c.name.clone());
@@ -780,7 +757,7 @@ mod tests {
         let record = |claim: &str, node: &str, replacements: &[&str]| DisruptionRecord {
             claim: claim.into(),
             node: node.into(),
-            reason: "Underutilized".into(),
+            reason: Reason::Underutilized,
             detail: String::new(),
             step: DisruptionStep::Draining,
             replacements: replacements.iter().map(|r| r.to_string()).collect(),
