@@ -36,72 +36,14 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 
-use crate::apis::nodepool::DisruptionReason;
 use crate::scheduling::{Compiled, NewNodeClaim, Plan, PodRef, SolveOptions};
 use crate::snapshot::Snapshot;
 
+pub use crate::state::Reason;
 pub use budgets::BudgetError;
 use budgets::{Ledger, Refusal};
 use candidate::Candidate;
 use protection::PdbLedger;
-
-/// Why nodes are disrupted (Karpenter's reasons), in priority order; stored
-/// and printed by its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Reason {
-    /// Older than the pool's `expireAfter`.
-    Expired,
-    /// No longer what its pool and class would launch.
-    Drifted,
-    /// Only DaemonSet, mirror and finished pods run on it.
-    Empty,
-    /// Its pods fit on the other nodes, or on them plus one cheaper new node.
-    Underutilized,
-}
-
-impl Reason {
-    /// The reason as budgets name it; `None` for expiry, which budgets do not hold.
-    pub fn budget_reason(self) -> Option<DisruptionReason> {
-        match self {
-            Reason::Expired => None,
-            Reason::Drifted => Some(DisruptionReason::Drifted),
-            Reason::Empty => Some(DisruptionReason::Empty),
-            Reason::Underutilized => Some(DisruptionReason::Underutilized),
-        }
-    }
-
-    /// The name in the simulate contract.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Expired => "Expired",
-            Reason::Drifted => "Drifted",
-            Reason::Empty => "Empty",
-            Reason::Underutilized => "Underutilized",
-        }
-    }
-}
-
-/// A name that is no disruption reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown disruption reason {0:?}")]
-pub struct UnknownReason(pub String);
-
-impl std::str::FromStr for Reason {
-    type Err = UnknownReason;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Reason::Expired, Reason::Drifted, Reason::Empty, Reason::Underutilized]
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownReason(s.to_string()))
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// A pod that moves, and where to: a node that stays, an in-flight claim, or
 /// a replacement's name.

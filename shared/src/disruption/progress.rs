@@ -11,70 +11,9 @@
 use jiff::Timestamp;
 
 use crate::nodeclaim::Phase;
+use crate::state::{DisruptionRecord, DisruptionStep};
 
 use super::Reason;
-
-/// Where a disruption stands; each step is entered once its predecessor is done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DisruptionStep {
-    /// Recorded; the node is (being) tainted `karpenter.sh/disrupted:NoSchedule`.
-    Tainted,
-    /// Replacements are launched; waiting until every one is Initialized.
-    Launching,
-    /// A drain record exists for the node (the drain module empties it).
-    Draining,
-    /// Drained: instance terminated, Node deleted, claim removed.
-    Terminating,
-}
-
-impl DisruptionStep {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DisruptionStep::Tainted => "Tainted",
-            DisruptionStep::Launching => "Launching",
-            DisruptionStep::Draining => "Draining",
-            DisruptionStep::Terminating => "Terminating",
-        }
-    }
-
-    /// From the stored name.
-    pub fn parse(v: &str) -> Option<Self> {
-        Some(match v {
-            "Tainted" => DisruptionStep::Tainted,
-            "Launching" => DisruptionStep::Launching,
-            "Draining" => DisruptionStep::Draining,
-            "Terminating" => DisruptionStep::Terminating,
-            _ => return None,
-        })
-    }
-}
-
-/// One disruption in progress.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DisruptionRecord {
-    /// The disrupted NodeClaim (the sort key).
-    pub claim: String,
-    /// Its Node.
-    pub node: String,
-    /// Why (stored as its name: `Expired`, `Drifted`, `Empty`, `Underutilized`).
-    pub reason: Reason,
-    /// A sentence for events and logs (e.g. which hash changed).
-    pub detail: String,
-    /// The step reached.
-    pub step: DisruptionStep,
-    /// NodeClaims that must be Initialized before the drain begins.
-    pub replacements: Vec<String>,
-    /// The pool's `terminationGracePeriod` (ms) for a forceful method: PDBs and
-    /// do-not-disrupt hold pods only this long into the drain.
-    pub grace_ms: Option<i64>,
-    /// From when the drain is forced (epoch ms), once it began; None: never.
-    pub force_from_ms: Option<i64>,
-    /// When the disruption began (epoch ms).
-    pub started_ms: i64,
-    /// Optimistic-locking version (1 once created).
-    pub version: u64,
-}
 
 /// What the sweep knows about one recorded disruption, read this run.
 #[derive(Debug, Clone)]

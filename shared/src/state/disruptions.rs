@@ -1,13 +1,137 @@
 //! Disruptions in progress: one record per disrupted NodeClaim, holding the
 //! step the sweep reached, so a sweep killed at any point is resumed by the
 //! next one. Every write is conditional (created once, then version-checked).
+//! The disruption reason lives here, below the pure core that decides it
+//! (`disruption` re-exports it), so the table's records name it typed.
+
+use std::fmt;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-pub use crate::disruption::progress::{DisruptionRecord, DisruptionStep};
+use crate::apis::nodepool::DisruptionReason;
 
 use super::item::{self, Item, get_i64, get_s, n, s};
 use super::{PK_DISRUPTION, StateError, StateStore};
+
+/// Why nodes are disrupted (Karpenter's reasons), in priority order; stored
+/// and printed by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Reason {
+    /// Older than the pool's `expireAfter`.
+    Expired,
+    /// No longer what its pool and class would launch.
+    Drifted,
+    /// Only DaemonSet, mirror and finished pods run on it.
+    Empty,
+    /// Its pods fit on the other nodes, or on them plus one cheaper new node.
+    Underutilized,
+}
+
+impl Reason {
+    /// The reason as budgets name it; `None` for expiry, which budgets do not hold.
+    pub fn budget_reason(self) -> Option<DisruptionReason> {
+        match self {
+            Reason::Expired => None,
+            Reason::Drifted => Some(DisruptionReason::Drifted),
+            Reason::Empty => Some(DisruptionReason::Empty),
+            Reason::Underutilized => Some(DisruptionReason::Underutilized),
+        }
+    }
+
+    /// The name in the simulate contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Expired => "Expired",
+            Reason::Drifted => "Drifted",
+            Reason::Empty => "Empty",
+            Reason::Underutilized => "Underutilized",
+        }
+    }
+}
+
+/// A name that is no disruption reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown disruption reason {0:?}")]
+pub struct UnknownReason(pub String);
+
+impl std::str::FromStr for Reason {
+    type Err = UnknownReason;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Reason::Expired, Reason::Drifted, Reason::Empty, Reason::Underutilized]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownReason(s.to_string()))
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a disruption stands; each step is entered once its predecessor is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DisruptionStep {
+    /// Recorded; the node is (being) tainted `karpenter.sh/disrupted:NoSchedule`.
+    Tainted,
+    /// Replacements are launched; waiting until every one is Initialized.
+    Launching,
+    /// A drain record exists for the node (the drain module empties it).
+    Draining,
+    /// Drained: instance terminated, Node deleted, claim removed.
+    Terminating,
+}
+
+impl DisruptionStep {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DisruptionStep::Tainted => "Tainted",
+            DisruptionStep::Launching => "Launching",
+            DisruptionStep::Draining => "Draining",
+            DisruptionStep::Terminating => "Terminating",
+        }
+    }
+
+    /// From the stored name.
+    pub fn parse(v: &str) -> Option<Self> {
+        Some(match v {
+            "Tainted" => DisruptionStep::Tainted,
+            "Launching" => DisruptionStep::Launching,
+            "Draining" => DisruptionStep::Draining,
+            "Terminating" => DisruptionStep::Terminating,
+            _ => return None,
+        })
+    }
+}
+
+/// One disruption in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisruptionRecord {
+    /// The disrupted NodeClaim (the sort key).
+    pub claim: String,
+    /// Its Node.
+    pub node: String,
+    /// Why (stored as its name: `Expired`, `Drifted`, `Empty`, `Underutilized`).
+    pub reason: Reason,
+    /// A sentence for events and logs (e.g. which hash changed).
+    pub detail: String,
+    /// The step reached.
+    pub step: DisruptionStep,
+    /// NodeClaims that must be Initialized before the drain begins.
+    pub replacements: Vec<String>,
+    /// The pool's `terminationGracePeriod` (ms) for a forceful method: PDBs and
+    /// do-not-disrupt hold pods only this long into the drain.
+    pub grace_ms: Option<i64>,
+    /// From when the drain is forced (epoch ms), once it began; None: never.
+    pub force_from_ms: Option<i64>,
+    /// When the disruption began (epoch ms).
+    pub started_ms: i64,
+    /// Optimistic-locking version (1 once created).
+    pub version: u64,
+}
 
 /// The DynamoDB item for a record at `version` (pure).
 pub fn disruption_item(r: &DisruptionRecord, version: u64) -> Item {
@@ -140,7 +264,6 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disruption::Reason;
 
     #[test]
     fn round_trips() {
@@ -175,5 +298,38 @@ mod tests {
         let mut bad = disruption_item(&r, 1);
         bad.insert("step".into(), s("Sleeping"));
         assert!(disruption_from_item(&bad).unwrap_err().to_string().contains("Sleeping"));
+        let mut bad = disruption_item(&r, 1);
+        bad.insert("reason".into(), s("Bored"));
+        assert!(disruption_from_item(&bad).unwrap_err().to_string().contains("Bored"));
+    }
+
+    #[test]
+    fn reasons_are_stored_and_serialized_by_name() {
+        for (reason, name) in [
+            (Reason::Expired, "Expired"),
+            (Reason::Drifted, "Drifted"),
+            (Reason::Empty, "Empty"),
+            (Reason::Underutilized, "Underutilized"),
+        ] {
+            let r = DisruptionRecord {
+                claim: "c".into(),
+                node: "n".into(),
+                reason,
+                detail: String::new(),
+                step: DisruptionStep::Tainted,
+                replacements: vec![],
+                grace_ms: None,
+                force_from_ms: None,
+                started_ms: 0,
+                version: 1,
+            };
+            assert_eq!(disruption_item(&r, 1)["reason"], s(name));
+            assert_eq!(disruption_from_item(&disruption_item(&r, 1)).unwrap().reason, reason);
+            assert_eq!(serde_json::to_value(reason).unwrap(), serde_json::json!(name));
+            assert_eq!(
+                serde_json::from_value::<Reason>(serde_json::json!(name)).unwrap(),
+                reason
+            );
+        }
     }
 }
