@@ -187,6 +187,17 @@ pub struct Decisions {
     pub price_before: f64,
     /// And after it (removed nodes gone, replacements added).
     pub price_after: f64,
+    /// Pods were pending in the snapshot (see [`Decisions::waits`]).
+    pub pods_pending: bool,
+}
+
+impl Decisions {
+    /// Whether `command` is left for a later pass rather than begun now: while
+    /// pods are pending, commands that only save money wait
+    /// ([`Command::waits_for_pending_pods`]).
+    pub fn waits(&self, command: &Command) -> bool {
+        self.pods_pending && command.waits_for_pending_pods()
+    }
 }
 
 /// How a pass is decided.
@@ -269,7 +280,9 @@ fn methods() -> [&'static dyn Method; 4] {
 }
 
 /// Decides one pass over the snapshot at `snapshot.now`. Pending pods are
-/// provisioning's business and are left out of the what-if solves.
+/// provisioning's business and are left out of the what-if solves; that
+/// some are pending is noted, as money-saving commands wait for them
+/// ([`Decisions::waits`]).
 pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
     let candidates = candidate::collect(snapshot, &options.receiving);
     let mut pass = Pass::new(snapshot, options, &candidates);
@@ -285,7 +298,10 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
         }
     }
     let errors = pass.ledger.errors();
-    assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
+    Decisions {
+        pods_pending: !snapshot.pods.is_empty(),
+        ..assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
+    }
 }
 
 /// The state of one pass: the what-if solves, the ledgers every method
@@ -569,6 +585,7 @@ fn assemble(
         errors,
         price_before,
         price_after: price_before - savings,
+        pods_pending: false,
     }
 }
 

@@ -271,4 +271,12 @@ mod tests {
             Next::Terminate
         );
     }
+
+    #[test]
+    fn consolidation_launches_alone() {
+        use Reason::*;
+        assert_eq!(launching_together(&[Underutilized, Drifted, Expired]), vec![1, 2]);
+        assert_eq!(launching_together(&[Underutilized, Underutilized]), vec![0, 1]);
+        assert!(launching_together(&[]).is_empty());
+    }
 }

@@ -275,11 +275,10 @@ impl<C: Cluster> Sweeper<C> {
             .filter_map(|c| Some((c.node_name.as_deref()?, c)))
             .collect();
         let recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
-        let pending = !snapshot.pods.is_empty();
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
         for d in &decisions.decisions {
-            if pending && d.waits_for_pending_pods() {
+            if decisions.waits(d) {
                 tracing::info!(nodes = ?d.nodes, reason = %d.reason, "pods are pending; nodes are not consolidated this run");
                 continue;
             }
