@@ -204,7 +204,7 @@ pub fn report(input: &StatusInput) -> StatusReport {
         .map(|d| DisruptionRow {
             claim: d.claim.clone(),
             node: d.node.clone(),
-            reason: d.reason.clone(),
+            reason: d.reason.to_string(),
             step: d.step.as_str().to_string(),
             replacements: d.replacements.clone(),
             age_seconds: (now.as_millisecond() - d.started_ms).max(0) / 1000,

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use nodesmith::catalog::{Catalog, InstanceTypeInfo, Offering};
+use nodesmith::disruption::Reason;
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::resources::Resources;
 use nodesmith::state::{self, DisruptionRecord, DisruptionStep, OfferingKey, StateError, StateStore};
@@ -70,7 +71,7 @@ async fn disruption_writes_are_conditional_on_version() {
     let record = DisruptionRecord {
         claim: "default-a".into(),
         node: "ip-10-0-1-5.ec2.internal".into(),
-        reason: "Expired".into(),
+        reason: Reason::Expired,
         detail: "expireAfter 720h passed".into(),
         step: DisruptionStep::Tainted,
         replacements: vec![],

@@ -5,6 +5,7 @@
 use std::process::Output;
 
 use jiff::civil::date;
+use nodesmith::disruption::Reason;
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::state::{self, CostEntry, DisruptionRecord, DisruptionStep, StateStore};
 use nodesmith_tests::kube_server::KubeServer;
@@ -72,7 +73,7 @@ async fn status_reports_claims_pods_disruptions_and_costs_as_json() {
         .begin_disruption(&DisruptionRecord {
             claim: "default-a".into(),
             node: "ip-10-0-1-5".into(),
-            reason: "Drifted".into(),
+            reason: Reason::Drifted,
             detail: "the NodePool's template changed".into(),
             step: DisruptionStep::Launching,
             replacements: vec!["default-b".into()],

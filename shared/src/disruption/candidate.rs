@@ -2,6 +2,7 @@
 //! facts the protections look at, read once per pass.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -11,6 +12,8 @@ use crate::catalog::Catalog;
 use crate::kubernetes::pods;
 use crate::scheduling::{ExistingNode, PodRef};
 use crate::snapshot::Snapshot;
+
+use super::Held;
 
 /// A node that carries `karpenter.sh/nodepool` and whose pool exists.
 #[derive(Debug, Clone)]
@@ -72,6 +75,52 @@ impl<'a> Candidate<'a> {
             .find(|p| p.metadata.owner_references.as_ref().is_none_or(Vec::is_empty))
             .map(PodRef::of)
     }
+
+    /// Whether `consolidateAfter` has passed since the node's last pod event
+    /// (shared by both consolidation methods), else the rule that holds it.
+    pub fn consolidatable(&self, now: Timestamp) -> Result<(), Held> {
+        let Some(after) = self.pool.spec.disruption.consolidate_after.duration() else {
+            return Err(Held::ConsolidationDisabled);
+        };
+        if let Some(last) = self.last_pod_event
+            && let Ok(span) = jiff::SignedDuration::try_from(after)
+            && let Ok(ready) = last.checked_add(span)
+            && ready > now
+        {
+            return Err(Held::ConsolidateAfter {
+                remaining_secs: ready.duration_since(now).as_secs().unsigned_abs(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Karpenter's eviction cost of one pod: 1, raised by its priority and its
+/// `controller.kubernetes.io/pod-deletion-cost`, kept within [-10, 10].
+pub(crate) fn eviction_cost(p: &Pod) -> f64 {
+    let deletion = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(pods::DELETION_COST))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let priority = p.spec.as_ref().and_then(|s| s.priority).map_or(0.0, f64::from);
+    (1.0 + deletion / 2f64.powi(27) + priority / 2f64.powi(25)).clamp(-10.0, 10.0)
+}
+
+/// The share of a node's `expireAfter` still ahead of it (1 without expiry).
+pub(crate) fn lifetime_remaining(created: Option<Timestamp>, expire_after: Option<Duration>, now: Timestamp) -> f64 {
+    let (Some(created), Some(expire)) = (created, expire_after) else {
+        return 1.0;
+    };
+    let age = now.duration_since(created).as_secs_f64().max(0.0);
+    let total = expire.as_secs_f64();
+    if total <= 0.0 {
+        0.0
+    } else {
+        (1.0 - age / total).clamp(0.0, 1.0)
+    }
 }
 
 /// Whether a drain moves the pod.
@@ -118,13 +167,8 @@ pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>)
                 .and_then(|sp| sp.taints.as_ref())
                 .is_some_and(|ts| ts.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY));
             let expire_after = pool.spec.template.spec.expire_after.duration();
-            let disruption_cost = n
-                .pods
-                .iter()
-                .filter(|p| movable(p))
-                .map(super::consolidation::eviction_cost)
-                .sum::<f64>()
-                * super::consolidation::lifetime_remaining(created, expire_after, s.now);
+            let disruption_cost = n.pods.iter().filter(|p| movable(p)).map(eviction_cost).sum::<f64>()
+                * lifetime_remaining(created, expire_after, s.now);
             let name = n.node.metadata.name.clone().unwrap_or_default();
             Some(Candidate {
                 receiving_from: receiving.get(&name).cloned(),

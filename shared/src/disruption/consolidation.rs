@@ -26,19 +26,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use jiff::Timestamp;
-
 use crate::apis::labels;
-use crate::kubernetes::pods;
 use crate::requirements::Requirement;
 use crate::scheduling::{Compiled, ExistingPlacement, NewNodeClaim, Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::Snapshot;
 
-use super::budgets::Ledger;
-use super::candidate::Candidate;
-use super::emptiness::consolidatable;
-use super::protection::PdbLedger;
-use super::{Context, Held, Method, Pass, Reason, Verdict, admit, release};
+use super::candidate::{self, Candidate};
+use super::{Context, Held, Method, Pass, Reason, Verdict};
 
 /// The multi-node search considers at most this many nodes at once
 /// (Karpenter: 100) ...
@@ -86,7 +80,7 @@ impl Method for Underutilized {
         {
             return Verdict::Skip;
         }
-        if let Err(h) = consolidatable(c, cx.now) {
+        if let Err(h) = c.consolidatable(cx.now) {
             return Verdict::Held(h);
         }
         if let Some(remaining_secs) = cooling_down(c, cx) {
@@ -108,6 +102,18 @@ impl Method for Underutilized {
             .then_with(|| a.disruption_cost.total_cmp(&b.disruption_cost))
             .then_with(|| a.name.cmp(&b.name))
     }
+
+    /// Only in passes where expiry and drift chose nothing: Karpenter runs
+    /// one command at a time, and their replacements would muddle the price
+    /// checks.
+    fn runs_after(&self, earlier: &[Reason]) -> bool {
+        !earlier.iter().any(|r| matches!(r, Reason::Expired | Reason::Drifted))
+    }
+
+    /// Multi-node, then single-node probes, at most one new node a pass.
+    fn select<'a>(&self, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
+        consolidate(self, candidates, pass)
+    }
 }
 
 /// Seconds left before a replacement node may be consolidated, if any.
@@ -118,34 +124,6 @@ fn cooling_down(c: &Candidate, cx: &Context) -> Option<u64> {
     let wait = after.max(cx.options.consolidation.replacement_cooldown);
     let until = created.checked_add(jiff::SignedDuration::try_from(wait).ok()?).ok()?;
     (until > cx.now).then(|| until.duration_since(cx.now).as_secs().unsigned_abs())
-}
-
-/// Karpenter's eviction cost of one pod: 1, raised by its priority and its
-/// `controller.kubernetes.io/pod-deletion-cost`, kept within [-10, 10].
-pub(crate) fn eviction_cost(p: &k8s_openapi::api::core::v1::Pod) -> f64 {
-    let deletion = p
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(pods::DELETION_COST))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    let priority = p.spec.as_ref().and_then(|s| s.priority).map_or(0.0, f64::from);
-    (1.0 + deletion / 2f64.powi(27) + priority / 2f64.powi(25)).clamp(-10.0, 10.0)
-}
-
-/// The share of a node's `expireAfter` still ahead of it (1 without expiry).
-pub(crate) fn lifetime_remaining(created: Option<Timestamp>, expire_after: Option<Duration>, now: Timestamp) -> f64 {
-    let (Some(created), Some(expire)) = (created, expire_after) else {
-        return 1.0;
-    };
-    let age = now.duration_since(created).as_secs_f64().max(0.0);
-    let total = expire.as_secs_f64();
-    if total <= 0.0 {
-        0.0
-    } else {
-        (1.0 - age / total).clamp(0.0, 1.0)
-    }
 }
 
 /// What a group of nodes replaced together allows its new node to be.
@@ -176,7 +154,7 @@ impl ReplacementLimits {
                 continue;
             }
             let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
-            l.add(super::candidate::price(&snapshot.catalog, &node_labels), &node_labels);
+            l.add(candidate::price(&snapshot.catalog, &node_labels), &node_labels);
         }
         l
     }
@@ -261,25 +239,13 @@ struct Accepted<'c> {
 /// leaves the pass's plan as every move and the new node of the decision.
 /// Each accepted group is committed to the pass's compiled snapshot, so a
 /// probe only ever solves its own group's pods.
-pub(super) fn consolidate<'c>(
-    pass: &mut Pass,
-    candidates: &'c [Candidate<'c>],
-    cx: &Context,
-    ledger: &mut Ledger,
-    pdbs: &mut PdbLedger,
-    blocked: &mut BTreeMap<String, Held>,
-) -> Vec<&'c Candidate<'c>> {
-    let m = &Underutilized;
+fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
     let mut order: Vec<&Candidate> = Vec::new();
-    for c in candidates
-        .iter()
-        .filter(|c| !c.disrupting && !pass.removed.contains(&c.name))
-    {
-        match m.judge(c, cx) {
+    let open: Vec<&Candidate> = pass.open(candidates).collect();
+    for c in open {
+        match m.judge(c, &pass.cx) {
             Verdict::Skip => {}
-            Verdict::Held(h) => {
-                blocked.entry(c.name.clone()).or_insert(h);
-            }
+            Verdict::Held(h) => pass.hold(c, h),
             Verdict::Disrupt => order.push(c),
         }
     }
@@ -287,8 +253,8 @@ pub(super) fn consolidate<'c>(
         return Vec::new();
     }
     order.sort_by(|a, b| m.order(a, b));
-    let opts = &cx.options.consolidation;
-    let deadline = cx.options.deadline;
+    let opts = &pass.cx.options.consolidation;
+    let deadline = pass.cx.options.deadline;
     let expired = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut acc = Accepted {
         nodes: Vec::new(),
@@ -300,7 +266,7 @@ pub(super) fn consolidate<'c>(
     // Earlier methods' moves (none today: expiry and drift end the pass before
     // consolidation, and empty nodes move nothing) become the starting state.
     if let Some(plan) = pass.plan.take() {
-        accept(pass.compiled, &mut acc, &[], plan, None);
+        accept(&mut pass.compiled, &mut acc, &[], plan, None);
     }
 
     // (1) Multi-node: the longest admissible prefix that goes for at most one new node.
@@ -311,18 +277,16 @@ pub(super) fn consolidate<'c>(
         if prefix.len() >= MULTI_NODE_MAX || pods > MULTI_NODE_MAX_PODS {
             break;
         }
-        match admit(m, c, ledger, pdbs) {
+        match pass.admit(m, c) {
             Ok(()) => prefix.push(c),
-            Err(h) => {
-                blocked.entry(c.name.clone()).or_insert(h);
-            }
+            Err(h) => pass.hold(c, h),
         }
     }
     let (mut lo, mut hi) = (2usize, prefix.len());
     let mut best: Option<(usize, Plan, ReplacementLimits)> = None;
     while lo <= hi && !expired() {
         let mid = (lo + hi) / 2;
-        match probe(pass.compiled, &acc, &prefix[..mid], opts, deadline) {
+        match probe(&pass.compiled, &acc, &prefix[..mid], opts, deadline) {
             Ok((plan, limits)) => {
                 best = Some((mid, plan, limits));
                 lo = mid + 1;
@@ -332,13 +296,14 @@ pub(super) fn consolidate<'c>(
     }
     let taken = best.as_ref().map_or(0, |b| b.0);
     for c in &prefix[taken..] {
-        release(m, c, ledger, pdbs);
+        pass.release(c);
     }
     if let Some((k, plan, limits)) = best {
-        accept(pass.compiled, &mut acc, &prefix[..k], plan, Some(limits));
+        accept(&mut pass.compiled, &mut acc, &prefix[..k], plan, Some(limits));
     }
 
-    // (2) Single nodes: every other candidate on its own.
+    // (2) Single nodes: every other candidate on its own; its latest rule is
+    // the one that holds it.
     let chosen: BTreeSet<&str> = acc.nodes.iter().map(|c| c.name.as_str()).collect();
     let rest: Vec<&Candidate> = order
         .into_iter()
@@ -348,25 +313,25 @@ pub(super) fn consolidate<'c>(
         if expired() {
             break;
         }
-        if let Err(h) = admit(m, c, ledger, pdbs) {
-            blocked.insert(c.name.clone(), h);
+        if let Err(h) = pass.admit(m, c) {
+            pass.blocked.insert(c.name.clone(), h);
             continue;
         }
-        match probe(pass.compiled, &acc, &[c], opts, deadline) {
+        match probe(&pass.compiled, &acc, &[c], opts, deadline) {
             Ok((plan, limits)) => {
-                blocked.remove(&c.name);
-                accept(pass.compiled, &mut acc, &[c], plan, Some(limits));
+                pass.blocked.remove(&c.name);
+                accept(&mut pass.compiled, &mut acc, &[c], plan, Some(limits));
             }
             Err(h) => {
-                release(m, c, ledger, pdbs);
-                blocked.insert(c.name.clone(), h);
+                pass.release(c);
+                pass.blocked.insert(c.name.clone(), h);
             }
         }
     }
 
     pass.removed = acc.gone;
     pass.plan = Some(merged(
-        pass.compiled,
+        &pass.compiled,
         acc.moves,
         acc.claims,
         acc.replaced.as_ref(),

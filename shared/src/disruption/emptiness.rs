@@ -4,28 +4,8 @@
 //! allow it; `consolidateAfter: Never` disables it. It must save money: the
 //! node's price must be known.
 
-use jiff::Timestamp;
-
 use super::candidate::Candidate;
 use super::{Context, Held, Method, Reason, Verdict};
-
-/// Whether `consolidateAfter` has passed since the node's last pod event
-/// (shared by both consolidation methods), else the rule that holds it.
-pub(crate) fn consolidatable(c: &Candidate, now: Timestamp) -> Result<(), Held> {
-    let Some(after) = c.pool.spec.disruption.consolidate_after.duration() else {
-        return Err(Held::ConsolidationDisabled);
-    };
-    if let Some(last) = c.last_pod_event
-        && let Ok(span) = jiff::SignedDuration::try_from(after)
-        && let Ok(ready) = last.checked_add(span)
-        && ready > now
-    {
-        return Err(Held::ConsolidateAfter {
-            remaining_secs: ready.duration_since(now).as_secs().unsigned_abs(),
-        });
-    }
-    Ok(())
-}
 
 /// The emptiness method.
 pub(crate) struct Emptiness;
@@ -39,7 +19,7 @@ impl Method for Emptiness {
         if !c.is_empty() {
             return Verdict::Skip;
         }
-        if let Err(h) = consolidatable(c, cx.now) {
+        if let Err(h) = c.consolidatable(cx.now) {
             return Verdict::Held(h);
         }
         match c.price {

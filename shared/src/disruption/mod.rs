@@ -2,14 +2,15 @@
 //! disrupt and why, with the replacements it would launch, where every moved
 //! pod goes and the money saved, plus the nodes a rule held and which rule.
 //!
-//! Made of small methods behind one trait ([`Method`]), one file each, tried
-//! in Karpenter's priority order: expiry first (forceful, it happens anyway),
-//! then drift (the node is wrong), then emptiness (the node is idle), then
-//! consolidation of underutilized nodes (`consolidation.rs`, only in passes
-//! where expiry and drift chose nothing, as Karpenter runs one command at a
-//! time: their replacements would muddle its price checks). Budgets
-//! (`budgets.rs`) and protections (do-not-disrupt, controllerless pods, PDBs
-//! in `protection.rs`) hold nodes back. Replacements and moves come from the
+//! Made of small methods behind one trait ([`Method`]: judge, order, select),
+//! one file each, tried in Karpenter's priority order: expiry first
+//! (forceful, it happens anyway), then drift (the node is wrong), then
+//! emptiness (the node is idle), then consolidation of underutilized nodes
+//! (`consolidation.rs`, only in passes where expiry and drift chose nothing,
+//! as Karpenter runs one command at a time: their replacements would muddle
+//! its price checks). One pass (`Pass`) holds what the methods share: budgets
+//! (`budgets.rs`), PDB allowances and the rules that held nodes
+//! (do-not-disrupt, controllerless pods, PDBs in `protection.rs`). Replacements and moves come from the
 //! provisioning solver's what-if seam: the snapshot is compiled once and every
 //! question is a [`SolveOptions`] with nodes removed. All decisions of one pass
 //! are taken together: the last feasible solve, with every chosen node gone,
@@ -35,55 +36,14 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 
-use crate::apis::nodepool::DisruptionReason;
 use crate::scheduling::{Compiled, NewNodeClaim, Plan, PodRef, SolveOptions};
 use crate::snapshot::Snapshot;
 
+pub use crate::state::Reason;
 pub use budgets::BudgetError;
 use budgets::{Ledger, Refusal};
 use candidate::Candidate;
 use protection::PdbLedger;
-
-/// Why nodes are disrupted (Karpenter's reasons), in priority order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub enum Reason {
-    /// Older than the pool's `expireAfter`.
-    Expired,
-    /// No longer what its pool and class would launch.
-    Drifted,
-    /// Only DaemonSet, mirror and finished pods run on it.
-    Empty,
-    /// Its pods fit on the other nodes, or on them plus one cheaper new node.
-    Underutilized,
-}
-
-impl Reason {
-    /// The reason as budgets name it; `None` for expiry, which budgets do not hold.
-    pub fn budget_reason(self) -> Option<DisruptionReason> {
-        match self {
-            Reason::Expired => None,
-            Reason::Drifted => Some(DisruptionReason::Drifted),
-            Reason::Empty => Some(DisruptionReason::Empty),
-            Reason::Underutilized => Some(DisruptionReason::Underutilized),
-        }
-    }
-
-    /// The name in the simulate contract.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Expired => "Expired",
-            Reason::Drifted => "Drifted",
-            Reason::Empty => "Empty",
-            Reason::Underutilized => "Underutilized",
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// A pod that moves, and where to: a node that stays, an in-flight claim, or
 /// a replacement's name.
@@ -95,9 +55,10 @@ pub struct Move {
     pub to: String,
 }
 
-/// Nodes removed for one reason in one pass, with what replaces them.
+/// Nodes removed for one reason in one pass, with what replaces them
+/// (Karpenter's command).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
+pub struct Command {
     /// Why.
     pub reason: Reason,
     /// Nodes removed, by name.
@@ -108,6 +69,15 @@ pub struct Decision {
     pub moves: Vec<Move>,
     /// Removed nodes' prices minus the replacements' (per hour).
     pub savings_per_hour: f64,
+}
+
+impl Command {
+    /// Whether the command waits while pods are pending: they may be headed
+    /// for an empty node (the scheduler binds them once it is Ready), so no
+    /// node is emptied merely to save money meanwhile.
+    pub fn waits_for_pending_pods(&self) -> bool {
+        matches!(self.reason, Reason::Empty | Reason::Underutilized)
+    }
 }
 
 /// The rule that kept a node from being disrupted in this pass.
@@ -208,7 +178,7 @@ pub struct Blocked {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decisions {
     /// At most one decision per reason, in priority order.
-    pub decisions: Vec<Decision>,
+    pub decisions: Vec<Command>,
     /// Managed nodes a rule held, by name.
     pub blocked: Vec<Blocked>,
     /// Budgets that cannot be parsed (their pools allow nothing).
@@ -217,6 +187,17 @@ pub struct Decisions {
     pub price_before: f64,
     /// And after it (removed nodes gone, replacements added).
     pub price_after: f64,
+    /// Pods were pending in the snapshot (see [`Decisions::waits`]).
+    pub pods_pending: bool,
+}
+
+impl Decisions {
+    /// Whether `command` is left for a later pass rather than begun now: while
+    /// pods are pending, commands that only save money wait
+    /// ([`Command::waits_for_pending_pods`]).
+    pub fn waits(&self, command: &Command) -> bool {
+        self.pods_pending && command.waits_for_pending_pods()
+    }
 }
 
 /// How a pass is decided.
@@ -257,7 +238,9 @@ pub(crate) enum Verdict {
     Held(Held),
 }
 
-/// One way of disrupting nodes (Karpenter's `Method`).
+/// One way of disrupting nodes (Karpenter's `Method`): which candidates it
+/// wants ([`judge`](Method::judge)), in what order ([`order`](Method::order)),
+/// and which of them it takes in a pass ([`select`](Method::select)).
 pub(crate) trait Method {
     /// The reason its decisions carry.
     fn reason(&self) -> Reason;
@@ -269,88 +252,210 @@ pub(crate) trait Method {
     fn judge(&self, c: &Candidate, cx: &Context) -> Verdict;
     /// The order candidates are taken in (budgets go to the first).
     fn order(&self, a: &Candidate, b: &Candidate) -> std::cmp::Ordering;
+    /// Whether the method runs in a pass where earlier methods chose nodes
+    /// for `earlier` reasons (every method does, but consolidation).
+    fn runs_after(&self, _earlier: &[Reason]) -> bool {
+        true
+    }
+    /// The candidates it disrupts in this pass, taken into `pass` (their
+    /// budgets, PDB allowances and moves); what a rule held is noted there.
+    /// By default every candidate it wants is admitted one at a time, then
+    /// the batch is solved and nodes whose pods cannot be placed are dropped.
+    fn select<'a>(&self, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
+        pass.admit_each(self, candidates)
+    }
 }
 
 /// The methods in priority order: expiry happens regardless, so it goes
-/// first; a drifted node is wrong, an empty one merely idle.
-fn methods() -> [&'static dyn Method; 3] {
-    [&expiration::Expiration, &drift::Drift, &emptiness::Emptiness]
+/// first; a drifted node is wrong, an empty one merely idle; consolidation
+/// comes last and only runs when expiry and drift chose nothing
+/// ([`consolidation::Underutilized`]'s `runs_after`).
+fn methods() -> [&'static dyn Method; 4] {
+    [
+        &expiration::Expiration,
+        &drift::Drift,
+        &emptiness::Emptiness,
+        &consolidation::Underutilized,
+    ]
 }
 
 /// Decides one pass over the snapshot at `snapshot.now`. Pending pods are
-/// provisioning's business and are left out of the what-if solves.
+/// provisioning's business and are left out of the what-if solves; that
+/// some are pending is noted, as money-saving commands wait for them
+/// ([`Decisions::waits`]).
 pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
-    let cx = Context {
-        now: snapshot.now,
-        snapshot,
-        options,
-    };
     let candidates = candidate::collect(snapshot, &options.receiving);
-    let mut pool_counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for c in &candidates {
-        let e = pool_counts.entry(c.pool.name()).or_default();
-        e.0 += 1;
-        e.1 += usize::from(c.disrupting);
-    }
-    let mut ledger = Ledger::new(
-        snapshot.now,
-        snapshot.node_pools.iter().map(|p| {
-            let (total, disrupting) = pool_counts.get(p.name()).copied().unwrap_or_default();
-            (p, total, disrupting)
-        }),
-    );
-    let mut pdbs = PdbLedger::new(&snapshot.pod_disruption_budgets, &snapshot.nodes);
-    let mut input = snapshot.solve_input();
-    input.pods = &[];
-    let mut compiled = Compiled::new(&input);
-    let owner: BTreeMap<PodRef, &str> = candidates
-        .iter()
-        .flat_map(|c| c.evicted().map(move |p| (PodRef::of(p), c.name.as_str())))
-        .collect();
-
-    let mut pass = Pass {
-        compiled: &mut compiled,
-        options,
-        removed: BTreeSet::new(),
-        plan: None,
-    };
+    let mut pass = Pass::new(snapshot, options, &candidates);
     let mut chosen: Vec<(Reason, Vec<&Candidate>)> = Vec::new();
-    let mut blocked: BTreeMap<String, Held> = BTreeMap::new();
-
     for m in methods() {
-        let mut order: Vec<&Candidate> = candidates
+        let earlier: Vec<Reason> = chosen.iter().map(|(r, _)| *r).collect();
+        if !m.runs_after(&earlier) {
+            continue;
+        }
+        let batch = m.select(&candidates, &mut pass);
+        if !batch.is_empty() {
+            chosen.push((m.reason(), batch));
+        }
+    }
+    let errors = pass.ledger.errors();
+    Decisions {
+        pods_pending: !snapshot.pods.is_empty(),
+        ..assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
+    }
+}
+
+/// The state of one pass: the what-if solves, the ledgers every method
+/// draws on (budgets, PDBs) and the rules that held nodes.
+pub(crate) struct Pass<'a> {
+    /// What the methods look at.
+    cx: Context<'a>,
+    /// The snapshot compiled once, without pending pods (consolidation
+    /// commits each decision it takes).
+    compiled: Compiled,
+    /// Disruption budgets left, by pool.
+    ledger: Ledger,
+    /// Evictions each PodDisruptionBudget still allows.
+    pdbs: PdbLedger,
+    /// The first rule that held each node (the protection ledger).
+    blocked: BTreeMap<String, Held>,
+    /// The candidate each evicted pod runs on.
+    owner: BTreeMap<PodRef, &'a str>,
+    /// Nodes chosen so far.
+    removed: BTreeSet<String>,
+    /// The last feasible solve with `removed` gone (none while nothing needed one).
+    plan: Option<Plan>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(snapshot: &'a Snapshot, options: &'a DecideOptions, candidates: &'a [Candidate<'a>]) -> Self {
+        let mut pool_counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for c in candidates {
+            let e = pool_counts.entry(c.pool.name()).or_default();
+            e.0 += 1;
+            e.1 += usize::from(c.disrupting);
+        }
+        let ledger = Ledger::new(
+            snapshot.now,
+            snapshot.node_pools.iter().map(|p| {
+                let (total, disrupting) = pool_counts.get(p.name()).copied().unwrap_or_default();
+                (p, total, disrupting)
+            }),
+        );
+        let pdbs = PdbLedger::new(&snapshot.pod_disruption_budgets, &snapshot.nodes);
+        let mut input = snapshot.solve_input();
+        input.pods = &[];
+        let compiled = Compiled::new(&input);
+        let owner = candidates
             .iter()
-            .filter(|c| !c.disrupting && !pass.removed.contains(&c.name))
+            .flat_map(|c| c.evicted().map(move |p| (PodRef::of(p), c.name.as_str())))
             .collect();
+        Pass {
+            cx: Context {
+                now: snapshot.now,
+                snapshot,
+                options,
+            },
+            compiled,
+            ledger,
+            pdbs,
+            blocked: BTreeMap::new(),
+            owner,
+            removed: BTreeSet::new(),
+            plan: None,
+        }
+    }
+
+    /// The candidates no method has taken yet, in name order.
+    fn open<'p>(&'p self, candidates: &'a [Candidate<'a>]) -> impl Iterator<Item = &'a Candidate<'a>> + 'p {
+        candidates
+            .iter()
+            .filter(|c| !c.disrupting && !self.removed.contains(&c.name))
+    }
+
+    /// Notes the rule that held `c`, unless an earlier one did.
+    fn hold(&mut self, c: &Candidate, h: Held) {
+        self.blocked.entry(c.name.clone()).or_insert(h);
+    }
+
+    /// Protections, budgets and PDBs for one candidate of `m`; on success the
+    /// candidate holds its share of the budget and of the PDBs.
+    fn admit<M: Method + ?Sized>(&mut self, m: &M, c: &Candidate) -> Result<(), Held> {
+        if !m.forceful() {
+            if let Some(from) = &c.receiving_from {
+                return Err(Held::Receiving { from: from.clone() });
+            }
+            if c.do_not_disrupt() {
+                return Err(Held::DoNotDisruptNode);
+            }
+            if let Some(p) = c.do_not_disrupt_pod() {
+                return Err(Held::DoNotDisruptPod(p));
+            }
+            if let Some(p) = c.uncontrolled_pod() {
+                return Err(Held::NoController(p));
+            }
+        }
+        self.ledger.take(c.pool.name(), m.reason()).map_err(|r| match r {
+            Refusal::Exhausted { allowed } => Held::Budget {
+                pool: c.pool.name().to_string(),
+                reason: m.reason(),
+                allowed,
+            },
+            Refusal::Invalid(e) => Held::InvalidBudget(e),
+        })?;
+        if let Err(r) = self.pdbs.take(c.evicted()) {
+            self.ledger.give_back(c.pool.name());
+            return Err(Held::Pdb { pdb: r.pdb, pod: r.pod });
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Pass::admit`].
+    fn release(&mut self, c: &Candidate) {
+        self.ledger.give_back(c.pool.name());
+        self.pdbs.give_back(c.evicted());
+    }
+
+    fn solve(&self, removed: &BTreeSet<String>) -> Plan {
+        self.compiled.solve(&SolveOptions {
+            removed: removed.clone(),
+            deadline: self.cx.options.deadline,
+            ..SolveOptions::default()
+        })
+    }
+
+    /// The default selection: every open candidate `m` wants, in its order,
+    /// admitted one at a time; then the batch is solved with every chosen node
+    /// gone, dropping what cannot be placed until it fits.
+    fn admit_each<M: Method + ?Sized>(&mut self, m: &M, candidates: &'a [Candidate<'a>]) -> Vec<&'a Candidate<'a>> {
+        let mut order: Vec<&Candidate> = self.open(candidates).collect();
         order.sort_by(|a, b| m.order(a, b));
         let mut batch: Vec<&Candidate> = Vec::new();
         for c in order {
-            match m.judge(c, &cx) {
+            match m.judge(c, &self.cx) {
                 Verdict::Skip => continue,
                 Verdict::Held(h) => {
-                    blocked.entry(c.name.clone()).or_insert(h);
+                    self.hold(c, h);
                     continue;
                 }
                 Verdict::Disrupt => {}
             }
-            if let Err(h) = admit(m, c, &mut ledger, &mut pdbs) {
-                blocked.entry(c.name.clone()).or_insert(h);
+            if let Err(h) = self.admit(m, c) {
+                self.hold(c, h);
                 continue;
             }
             batch.push(c);
         }
-        // Solve with the whole batch gone; drop what cannot be placed until it fits.
         while !batch.is_empty() {
             // Earlier moves may have landed on this batch's nodes: solve again then too.
-            let needs_solve = pass.plan.is_some() || batch.iter().any(|c| !c.is_empty());
-            let mut removed = pass.removed.clone();
+            let needs_solve = self.plan.is_some() || batch.iter().any(|c| !c.is_empty());
+            let mut removed = self.removed.clone();
             removed.extend(batch.iter().map(|c| c.name.clone()));
-            let plan = if needs_solve { Some(pass.solve(&removed)) } else { None };
+            let plan = if needs_solve { Some(self.solve(&removed)) } else { None };
             let stuck = plan.as_ref().and_then(|p| p.unschedulable.first().map(|u| (p, u)));
             let Some((plan, first)) = stuck else {
-                pass.removed = removed;
+                self.removed = removed;
                 if plan.is_some() {
-                    pass.plan = plan;
+                    self.plan = plan;
                 }
                 break;
             };
@@ -359,7 +464,7 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
             let stuck_nodes: BTreeMap<&str, (&PodRef, String)> = plan
                 .unschedulable
                 .iter()
-                .filter_map(|u| owner.get(&u.pod).map(|n| (*n, (&u.pod, u.reason.to_string()))))
+                .filter_map(|u| self.owner.get(&u.pod).map(|n| (*n, (&u.pod, u.reason.to_string()))))
                 .collect();
             let before = batch.len();
             let mut dropped: Vec<(&Candidate, Held)> = Vec::new();
@@ -388,83 +493,11 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
                 ));
             }
             for (c, h) in dropped {
-                release(m, c, &mut ledger, &mut pdbs);
-                blocked.entry(c.name.clone()).or_insert(h);
+                self.release(c);
+                self.hold(c, h);
             }
         }
-        if !batch.is_empty() {
-            chosen.push((m.reason(), batch));
-        }
-    }
-    if !chosen
-        .iter()
-        .any(|(r, _)| matches!(r, Reason::Expired | Reason::Drifted))
-    {
-        let batch = consolidation::consolidate(&mut pass, &candidates, &cx, &mut ledger, &mut pdbs, &mut blocked);
-        if !batch.is_empty() {
-            chosen.push((Reason::Underutilized, batch));
-        }
-    }
-
-    assemble(&candidates, chosen, blocked, pass.plan, ledger.errors())
-}
-
-/// Protections, budgets and PDBs for one candidate of `m`; on success the
-/// candidate holds its share of the budget and of the PDBs.
-fn admit(m: &dyn Method, c: &Candidate, ledger: &mut Ledger, pdbs: &mut PdbLedger) -> Result<(), Held> {
-    if !m.forceful() {
-        if let Some(from) = &c.receiving_from {
-            return Err(Held::Receiving { from: from.clone() });
-        }
-        if c.do_not_disrupt() {
-            return Err(Held::DoNotDisruptNode);
-        }
-        if let Some(p) = c.do_not_disrupt_pod() {
-            return Err(Held::DoNotDisruptPod(p));
-        }
-        if let Some(p) = c.uncontrolled_pod() {
-            return Err(Held::NoController(p));
-        }
-    }
-    ledger.take(c.pool.name(), m.reason()).map_err(|r| match r {
-        Refusal::Exhausted { allowed } => Held::Budget {
-            pool: c.pool.name().to_string(),
-            reason: m.reason(),
-            allowed,
-        },
-        Refusal::Invalid(e) => Held::InvalidBudget(e),
-    })?;
-    if let Err(r) = pdbs.take(c.evicted()) {
-        ledger.give_back(c.pool.name());
-        return Err(Held::Pdb { pdb: r.pdb, pod: r.pod });
-    }
-    Ok(())
-}
-
-/// Undoes [`admit`].
-fn release(_m: &dyn Method, c: &Candidate, ledger: &mut Ledger, pdbs: &mut PdbLedger) {
-    ledger.give_back(c.pool.name());
-    pdbs.give_back(c.evicted());
-}
-
-/// The what-if state of one pass.
-struct Pass<'a> {
-    /// Mutable for consolidation, which commits each decision it takes.
-    compiled: &'a mut Compiled,
-    options: &'a DecideOptions,
-    /// Nodes chosen so far.
-    removed: BTreeSet<String>,
-    /// The last feasible solve with `removed` gone (none while nothing needed one).
-    plan: Option<Plan>,
-}
-
-impl Pass<'_> {
-    fn solve(&self, removed: &BTreeSet<String>) -> Plan {
-        self.compiled.solve(&SolveOptions {
-            removed: removed.clone(),
-            deadline: self.options.deadline,
-            ..SolveOptions::default()
-        })
+        batch
     }
 }
 
@@ -479,7 +512,7 @@ fn assemble(
     errors: Vec<BudgetError>,
 ) -> Decisions {
     let mut reason_of: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut decisions: Vec<Decision> = chosen
+    let mut decisions: Vec<Command> = chosen
         .iter()
         .enumerate()
         .map(|(i, (reason, nodes))| {
@@ -488,7 +521,7 @@ fn assemble(
             for c in nodes {
                 reason_of.insert(c.name.as_str(), i);
             }
-            Decision {
+            Command {
                 reason: *reason,
                 nodes: names,
                 replacements: Vec::new(),
@@ -552,6 +585,7 @@ fn assemble(
         errors,
         price_before,
         price_after: price_before - savings,
+        pods_pending: false,
     }
 }
 

@@ -58,28 +58,27 @@ pub enum Next {
     Forget,
 }
 
-/// The reason a record names.
-pub fn reason_of(r: &DisruptionRecord) -> Option<Reason> {
-    match r.reason.as_str() {
-        "Expired" => Some(Reason::Expired),
-        "Drifted" => Some(Reason::Drifted),
-        "Empty" => Some(Reason::Empty),
-        "Underutilized" => Some(Reason::Underutilized),
-        _ => None,
-    }
-}
-
 /// Whether a reason's pods need capacity launched before its drain (Karpenter
 /// pre-spins replacements for expiry and drift; an empty node has no pods).
-pub fn needs_replacements(reason: Option<Reason>) -> bool {
-    matches!(reason, Some(Reason::Expired | Reason::Drifted | Reason::Underutilized))
+pub fn needs_replacements(reason: Reason) -> bool {
+    matches!(reason, Reason::Expired | Reason::Drifted | Reason::Underutilized)
+}
+
+/// Which of the disruptions due a replacement launch launch together this
+/// run, by index into `due` (their reasons): consolidation's replacements
+/// launch alone, as its price checks would be muddled by other reasons'
+/// replacements, so it waits for a run without them.
+pub fn launching_together(due: &[Reason]) -> Vec<usize> {
+    let (consolidating, others): (Vec<usize>, Vec<usize>) =
+        (0..due.len()).partition(|i| due[*i] == Reason::Underutilized);
+    if others.is_empty() { consolidating } else { others }
 }
 
 /// The next step (pure).
 pub fn next(f: &Facts) -> Next {
     let r = f.record;
-    let reason = reason_of(r);
-    let forceful = reason == Some(Reason::Expired);
+    let reason = r.reason;
+    let forceful = reason == Reason::Expired;
     if f.claim.is_none() {
         return Next::Forget;
     }
@@ -96,7 +95,7 @@ pub fn next(f: &Facts) -> Next {
                 if let Some(p) = &f.do_not_disrupt_pod {
                     return Next::Abandon(format!("pod {p} has karpenter.sh/do-not-disrupt"));
                 }
-                if reason == Some(Reason::Empty) && f.undrained > 0 {
+                if reason == Reason::Empty && f.undrained > 0 {
                     return Next::Abandon(format!("{} pod(s) arrived on the empty node", f.undrained));
                 }
             }
@@ -149,7 +148,7 @@ mod tests {
         DisruptionRecord {
             claim: "c".into(),
             node: "n".into(),
-            reason: reason.into(),
+            reason: reason.parse().unwrap(),
             detail: String::new(),
             step,
             replacements: vec![],
@@ -271,5 +270,13 @@ mod tests {
             }),
             Next::Terminate
         );
+    }
+
+    #[test]
+    fn consolidation_launches_alone() {
+        use Reason::*;
+        assert_eq!(launching_together(&[Underutilized, Drifted, Expired]), vec![1, 2]);
+        assert_eq!(launching_together(&[Underutilized, Underutilized]), vec![0, 1]);
+        assert!(launching_together(&[]).is_empty());
     }
 }

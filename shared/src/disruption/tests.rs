@@ -817,7 +817,7 @@ fn offering(instance_type: &str, capacity_type: &str) -> Value {
         "karpenter.sh/capacity-type": capacity_type}}})
 }
 
-fn underutilized(d: &Decisions) -> Option<&Decision> {
+fn underutilized(d: &Decisions) -> Option<&Command> {
     d.decisions.iter().find(|x| x.reason == Reason::Underutilized)
 }
 

@@ -1,11 +1,75 @@
 //! Disruptions in progress: one record per disrupted NodeClaim, holding the
 //! step the sweep reached, so a sweep killed at any point is resumed by the
 //! next one. Every write is conditional (created once, then version-checked).
+//! The disruption reason lives here, below the pure core that decides it
+//! (`disruption` re-exports it), so the table's records name it typed.
+
+use std::fmt;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use crate::apis::nodepool::DisruptionReason;
+
 use super::item::{self, Item, get_i64, get_s, n, s};
 use super::{PK_DISRUPTION, StateError, StateStore};
+
+/// Why nodes are disrupted (Karpenter's reasons), in priority order; stored
+/// and printed by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Reason {
+    /// Older than the pool's `expireAfter`.
+    Expired,
+    /// No longer what its pool and class would launch.
+    Drifted,
+    /// Only DaemonSet, mirror and finished pods run on it.
+    Empty,
+    /// Its pods fit on the other nodes, or on them plus one cheaper new node.
+    Underutilized,
+}
+
+impl Reason {
+    /// The reason as budgets name it; `None` for expiry, which budgets do not hold.
+    pub fn budget_reason(self) -> Option<DisruptionReason> {
+        match self {
+            Reason::Expired => None,
+            Reason::Drifted => Some(DisruptionReason::Drifted),
+            Reason::Empty => Some(DisruptionReason::Empty),
+            Reason::Underutilized => Some(DisruptionReason::Underutilized),
+        }
+    }
+
+    /// The name in the simulate contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Expired => "Expired",
+            Reason::Drifted => "Drifted",
+            Reason::Empty => "Empty",
+            Reason::Underutilized => "Underutilized",
+        }
+    }
+}
+
+/// A name that is no disruption reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown disruption reason {0:?}")]
+pub struct UnknownReason(pub String);
+
+impl std::str::FromStr for Reason {
+    type Err = UnknownReason;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Reason::Expired, Reason::Drifted, Reason::Empty, Reason::Underutilized]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownReason(s.to_string()))
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Where a disruption stands; each step is entered once its predecessor is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,8 +114,8 @@ pub struct DisruptionRecord {
     pub claim: String,
     /// Its Node.
     pub node: String,
-    /// Why (`Expired`, `Drifted`, `Empty`).
-    pub reason: String,
+    /// Why (stored as its name: `Expired`, `Drifted`, `Empty`, `Underutilized`).
+    pub reason: Reason,
     /// A sentence for events and logs (e.g. which hash changed).
     pub detail: String,
     /// The step reached.
@@ -73,7 +137,7 @@ pub struct DisruptionRecord {
 pub fn disruption_item(r: &DisruptionRecord, version: u64) -> Item {
     let mut it = item::key(PK_DISRUPTION, &r.claim);
     it.insert("node".into(), s(&r.node));
-    it.insert("reason".into(), s(&r.reason));
+    it.insert("reason".into(), s(r.reason.as_str()));
     it.insert("detail".into(), s(&r.detail));
     it.insert("step".into(), s(r.step.as_str()));
     it.insert(
@@ -95,6 +159,7 @@ pub fn disruption_item(r: &DisruptionRecord, version: u64) -> Item {
 pub fn disruption_from_item(it: &Item) -> Result<DisruptionRecord, StateError> {
     const WHAT: &str = "disruption";
     let step = get_s(it, WHAT, "step")?;
+    let reason = get_s(it, WHAT, "reason")?;
     let replacements = match it.get("replacements") {
         Some(AttributeValue::L(l)) => l
             .iter()
@@ -110,7 +175,9 @@ pub fn disruption_from_item(it: &Item) -> Result<DisruptionRecord, StateError> {
     Ok(DisruptionRecord {
         claim: get_s(it, WHAT, "sk")?.to_string(),
         node: get_s(it, WHAT, "node")?.to_string(),
-        reason: get_s(it, WHAT, "reason")?.to_string(),
+        reason: reason
+            .parse()
+            .map_err(|_| item::corrupt(it, WHAT, format!("unknown reason {reason:?}")))?,
         detail: it
             .get("detail")
             .and_then(|v| v.as_s().ok())
@@ -203,7 +270,7 @@ mod tests {
         let r = DisruptionRecord {
             claim: "default-abcde".into(),
             node: "ip-10-0-0-1".into(),
-            reason: "Expired".into(),
+            reason: Reason::Expired,
             detail: "older than expireAfter 720h".into(),
             step: DisruptionStep::Launching,
             replacements: vec!["default-x".into(), "default-y".into()],
@@ -231,5 +298,38 @@ mod tests {
         let mut bad = disruption_item(&r, 1);
         bad.insert("step".into(), s("Sleeping"));
         assert!(disruption_from_item(&bad).unwrap_err().to_string().contains("Sleeping"));
+        let mut bad = disruption_item(&r, 1);
+        bad.insert("reason".into(), s("Bored"));
+        assert!(disruption_from_item(&bad).unwrap_err().to_string().contains("Bored"));
+    }
+
+    #[test]
+    fn reasons_are_stored_and_serialized_by_name() {
+        for (reason, name) in [
+            (Reason::Expired, "Expired"),
+            (Reason::Drifted, "Drifted"),
+            (Reason::Empty, "Empty"),
+            (Reason::Underutilized, "Underutilized"),
+        ] {
+            let r = DisruptionRecord {
+                claim: "c".into(),
+                node: "n".into(),
+                reason,
+                detail: String::new(),
+                step: DisruptionStep::Tainted,
+                replacements: vec![],
+                grace_ms: None,
+                force_from_ms: None,
+                started_ms: 0,
+                version: 1,
+            };
+            assert_eq!(disruption_item(&r, 1)["reason"], s(name));
+            assert_eq!(disruption_from_item(&disruption_item(&r, 1)).unwrap().reason, reason);
+            assert_eq!(serde_json::to_value(reason).unwrap(), serde_json::json!(name));
+            assert_eq!(
+                serde_json::from_value::<Reason>(serde_json::json!(name)).unwrap(),
+                reason
+            );
+        }
     }
 }

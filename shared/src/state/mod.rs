@@ -42,7 +42,7 @@ mod table;
 
 pub use catalog::PART_BYTES;
 pub use costs::{COST_TTL_DAYS, CostEntry, DayCost, FunctionCost, day_key};
-pub use disruptions::{DisruptionRecord, DisruptionStep};
+pub use disruptions::{DisruptionRecord, DisruptionStep, Reason, UnknownReason};
 pub use drains::DrainRecord;
 pub use leases::Lease;
 pub use markers::LAST_SOLVE;

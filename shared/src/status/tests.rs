@@ -74,7 +74,7 @@ fn input() -> StatusInput {
         disruptions: vec![DisruptionRecord {
             claim: "default-b".into(),
             node: "ip-10-0-0-2".into(),
-            reason: "Empty".into(),
+            reason: crate::disruption::Reason::Empty,
             detail: String::new(),
             step: DisruptionStep::Launching,
             replacements: vec!["default-e".into()],

@@ -189,10 +189,7 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
-        if let Err(e) = self
-            .begin_new(&snapshot, classes, &mut records, started, &mut report)
-            .await
-        {
+        if let Err(e) = self.begin_new(&snapshot, classes, &mut records, &mut report).await {
             tracing::warn!(error = %e, "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
@@ -206,7 +203,6 @@ impl<C: Cluster> Sweeper<C> {
         snapshot: &Snapshot,
         classes: &BTreeMap<String, ResolvedClass>,
         records: &mut Vec<DisruptionRecord>,
-        started: Instant,
         report: &mut DisruptionReport,
     ) -> Result<(), StepError> {
         let claims = self.store.list_node_claims().await?;
@@ -236,14 +232,10 @@ impl<C: Cluster> Sweeper<C> {
             .filter_map(|c| Some((c.node_name.as_deref()?, c)))
             .collect();
         let recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
-        // Pods waiting for capacity may be headed for an empty node (the
-        // scheduler binds them once it is Ready): no node is emptied meanwhile.
-        let pending = !snapshot.pods.is_empty();
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
-        let _ = started;
         for d in &decisions.decisions {
-            if matches!(d.reason, Reason::Empty | Reason::Underutilized) && pending {
+            if decisions.waits(d) {
                 tracing::info!(nodes = ?d.nodes, reason = %d.reason, "pods are pending; nodes are not consolidated this run");
                 continue;
             }
@@ -258,7 +250,7 @@ impl<C: Cluster> Sweeper<C> {
                 let record = DisruptionRecord {
                     claim: claim.name.clone(),
                     node: node.clone(),
-                    reason: d.reason.to_string(),
+                    reason: d.reason,
                     // The resolution reason (e.g. SubnetDrift) says what to fix in the class.
                     detail: match options.resolved_drift.get(node) {
                         Some(why) if d.reason == Reason::Drifted => {
@@ -304,12 +296,11 @@ impl<C: Cluster> Sweeper<C> {
                 }
             }
         }
-        // Consolidation launches alone: its price checks would be muddled by
-        // other reasons' replacements, so it waits for a run without them.
-        let (consolidating, others): (Vec<usize>, Vec<usize>) = launch
-            .iter()
-            .partition(|i| progress::reason_of(&records[**i]) == Some(Reason::Underutilized));
-        let launch = if others.is_empty() { consolidating } else { others };
+        let due: Vec<Reason> = launch.iter().map(|i| records[*i].reason).collect();
+        let launch: Vec<usize> = progress::launching_together(&due)
+            .into_iter()
+            .map(|k| launch[k])
+            .collect();
         if launch.is_empty() {
             return;
         }
@@ -403,7 +394,7 @@ impl<C: Cluster> Sweeper<C> {
                         deadline: force_from,
                         force_from,
                     };
-                    let reason = format!("disruption-{}", r.reason.to_string().to_lowercase());
+                    let reason = format!("disruption-{}", r.reason.as_str().to_lowercase());
                     let drain = drains::record(&r.claim, &r.node, &reason, policy, Timestamp::now());
                     self.store.begin_drain(&drain).await?;
                     self.claim_to(&r.claim, Phase::Draining).await?;
@@ -459,7 +450,7 @@ impl<C: Cluster> Sweeper<C> {
             *r = self.store.update_disruption(&moved).await?;
             self.event(EventSpec::disruption_terminating(
                 events::node_name_ref(&r.node),
-                &r.reason,
+                r.reason.as_str(),
             ))
             .await;
         }
@@ -536,9 +527,7 @@ impl<C: Cluster> Sweeper<C> {
         let now = Timestamp::now();
         let fresh = live::read_launchable(&self.cluster, &self.store, now).await?;
         let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
-        let consolidating = chosen
-            .iter()
-            .all(|r| progress::reason_of(r) == Some(Reason::Underutilized));
+        let consolidating = chosen.iter().all(|r| r.reason == Reason::Underutilized);
         let limits = consolidating.then(|| {
             let nodes: BTreeSet<String> = chosen.iter().map(|r| r.node.clone()).collect();
             ReplacementLimits::of(&fresh, &nodes)
@@ -585,7 +574,7 @@ impl<C: Cluster> Sweeper<C> {
                 self.event(EventSpec::disruption_launching(
                     node_ref(),
                     &c.name,
-                    &records[*i].reason,
+                    records[*i].reason.as_str(),
                 ))
                 .await;
                 report.launched.push(c.name.clone());
@@ -694,7 +683,7 @@ mod tests {
         let record = |claim: &str, node: &str, replacements: &[&str]| DisruptionRecord {
             claim: claim.into(),
             node: node.into(),
-            reason: "Underutilized".into(),
+            reason: Reason::Underutilized,
             detail: String::new(),
             step: DisruptionStep::Draining,
             replacements: replacements.iter().map(|r| r.to_string()).collect(),
