@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::apis::{NodePool, labels};
 use crate::catalog::Catalog;
-use crate::kubernetes::pods;
+use crate::kubernetes::{drain, pods};
 use crate::scheduling::{ExistingNode, PodRef};
 use crate::snapshot::Snapshot;
 
@@ -46,7 +46,7 @@ pub(crate) struct Candidate<'a> {
 impl<'a> Candidate<'a> {
     /// Pods a drain would evict: not DaemonSet, mirror or finished pods.
     pub fn evicted(&self) -> impl Iterator<Item = &'a Pod> + use<'a> {
-        self.node.pods.iter().filter(|p| movable(p))
+        self.node.pods.iter().filter(|p| drain::moves_with_node(p))
     }
 
     /// True when only DaemonSet, mirror and finished pods run here.
@@ -123,11 +123,6 @@ pub(crate) fn lifetime_remaining(created: Option<Timestamp>, expire_after: Optio
     }
 }
 
-/// Whether a drain moves the pod.
-pub(crate) fn movable(p: &Pod) -> bool {
-    !(pods::is_daemonset_pod(p) || pods::is_mirror_pod(p) || pods::is_terminal(p))
-}
-
 /// The hourly price of the offering named by the node's instance-type, zone
 /// and capacity-type labels.
 pub(crate) fn price(catalog: &Catalog, labels: &BTreeMap<String, String>) -> Option<f64> {
@@ -167,7 +162,12 @@ pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>)
                 .and_then(|sp| sp.taints.as_ref())
                 .is_some_and(|ts| ts.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY));
             let expire_after = pool.spec.template.spec.expire_after.duration();
-            let disruption_cost = n.pods.iter().filter(|p| movable(p)).map(eviction_cost).sum::<f64>()
+            let disruption_cost = n
+                .pods
+                .iter()
+                .filter(|p| drain::moves_with_node(p))
+                .map(eviction_cost)
+                .sum::<f64>()
                 * lifetime_remaining(created, expire_after, s.now);
             let name = n.node.metadata.name.clone().unwrap_or_default();
             Some(Candidate {

@@ -778,7 +778,7 @@ proptest! {
                     prop_assert!(!ann.contains_key("karpenter.sh/do-not-disrupt"), "{} is protected", n);
                     prop_assert!(!en.pods.iter().any(crate::kubernetes::pods::has_do_not_disrupt));
                 }
-                for p in en.pods.iter().filter(|p| candidate::movable(p)) {
+                for p in en.pods.iter().filter(|p| crate::kubernetes::drain::moves_with_node(p)) {
                     let app = p.metadata.labels.as_ref().unwrap()["app"].clone();
                     *evicted.entry(app).or_default() += 1;
                     prop_assert!(seen.insert(PodRef::of(p)));
