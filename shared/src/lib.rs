@@ -7,12 +7,14 @@
 pub mod apis;
 pub mod capacity;
 pub mod catalog;
+pub mod catalog_refresh;
 pub mod crash;
 pub mod disruption;
 pub mod drains;
 pub mod ec2;
 pub mod interruption;
 pub mod kubernetes;
+pub mod labels;
 pub mod lambda;
 pub mod launch;
 pub mod lifecycle;

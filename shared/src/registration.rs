@@ -14,14 +14,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::apis::labels;
-use crate::apis::labels::{
-    EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
-    NODEPOOL_HASH_VERSION_ANNOTATION,
-};
 use crate::apis::{EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH_VERSION};
 use crate::catalog::Catalog;
 use crate::kubernetes::NodeUpdate;
+use crate::labels;
+use crate::labels::{
+    EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
+    NODEPOOL_HASH_VERSION_ANNOTATION,
+};
 use crate::nodeclaim::NodeClaim;
 
 /// The annotations a claim's Node carries: each drift hash the claim has, with
@@ -44,7 +44,7 @@ pub fn node_annotations(claim: &NodeClaim) -> BTreeMap<String, String> {
         );
     }
     if let Some(why) = &claim.replacement_for {
-        a.insert(crate::apis::labels::REPLACEMENT_ANNOTATION.to_string(), why.clone());
+        a.insert(crate::labels::REPLACEMENT_ANNOTATION.to_string(), why.clone());
     }
     a
 }

@@ -97,7 +97,7 @@ async fn sample_labels_are_karpenters() {
             .cloned()
             .unwrap_or_else(|| panic!("{name} has no {key}"))
     };
-    use nodesmith::apis::labels::{self as k, aws};
+    use nodesmith::labels::{self as k, aws};
     let table: &[(&str, &str, &str)] = &[
         ("m5.large", aws::FAMILY, "m5"),
         ("m5.large", aws::CPU_MANUFACTURER, "intel"),

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use crate::launch_fixtures::{CLUSTER, DISCOVERY, launcher, store, world};
 use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
-use nodesmith::apis::{EC2NodeClass, NodePool, labels};
+use nodesmith::apis::{EC2NodeClass, NodePool};
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::kubernetes::{Cluster, KubeCluster};
+use nodesmith::labels;
 use nodesmith::launch::batch;
 use nodesmith::nodeclaim::Phase;
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};

@@ -10,7 +10,7 @@ use crate::launch_fixtures::*;
 use base64::Engine;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use nodesmith::apis::labels;
+use nodesmith::labels;
 use nodesmith::launch::LaunchOutcome;
 use nodesmith_tests::kube_server::kubelet::{NOT_READY_TAINT, UNINITIALIZED_TAINT};
 use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};

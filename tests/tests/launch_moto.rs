@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::launch_fixtures::*;
 use base64::Engine;
-use nodesmith::apis::labels;
+use nodesmith::labels;
 use nodesmith::launch::{LaunchError, LaunchOutcome};
 use nodesmith::nodeclaim::Phase;
 use nodesmith::nodeclass::userdata::{NODECONFIG_TYPE, parse_mime};

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::local_stack::{Stack, fast, taint_keys};
 use k8s_openapi::api::core::v1::Node;
-use nodesmith::apis::labels;
 use nodesmith::kubernetes::Cluster;
+use nodesmith::labels;
 use nodesmith::lifecycle::{Action, LifecycleConfig};
 use nodesmith::nodeclaim::Phase;
 use nodesmith::sweep::SweepReport;

@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::Method;
-use nodesmith::apis::labels::{
-    self, EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
-    NODEPOOL_HASH_VERSION_ANNOTATION,
-};
 use nodesmith::apis::{EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH_VERSION};
 use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::kubernetes::{Cluster, KubeCluster};
+use nodesmith::labels::{
+    self, EC2NODECLASS_HASH_ANNOTATION, EC2NODECLASS_HASH_VERSION_ANNOTATION, NODEPOOL_HASH_ANNOTATION,
+    NODEPOOL_HASH_VERSION_ANNOTATION,
+};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::registration::registration_update;
 use nodesmith_tests::kube_server::{Fault, KubeServer, NodeRegistration};

@@ -3,6 +3,7 @@
 
 mod k8s_manifests;
 mod kube_rbac;
+mod layering;
 mod template;
 
 /// `scripts/lanes.py` names the executables it runs alongside the rest and

@@ -803,8 +803,8 @@ fn launch_may_create_only_what_it_tags_for_this_cluster_and_a_pool() {
     // Another cluster's tags, or none for the pool: refused, request by request.
     let (other_i, other_t) = launch_tags("other");
     let mut untagged = (instance.clone(), lt.clone());
-    untagged.0.remove(nodesmith::apis::labels::NODEPOOL);
-    untagged.1.remove(nodesmith::apis::labels::NODEPOOL);
+    untagged.0.remove(nodesmith::labels::NODEPOOL);
+    untagged.1.remove(nodesmith::labels::NODEPOOL);
     for (what, (i, l)) in [("another cluster's", (other_i, other_t)), ("pool-less", untagged)] {
         for r in launch_requests(&i, &l).into_iter().filter(|r| !r.context.is_empty()) {
             assert!(!iam::allows(&launch, &r), "{what} tags are allowed: {r:?}");

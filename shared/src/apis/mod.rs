@@ -3,13 +3,14 @@
 pub mod duration;
 pub mod ec2nodeclass;
 pub(crate) mod hash;
-pub mod labels;
 pub mod manifest;
 pub mod nodepool;
 pub mod validation;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::labels;
 
 pub use duration::NillableDuration;
 pub use ec2nodeclass::{EC2NODECLASS_HASH_VERSION, EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};

@@ -6,10 +6,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::Taint;
 use super::duration::NillableDuration;
 use super::hash;
 use super::validation::{Errors, Path};
-use super::{Taint, labels};
+use crate::labels;
 use crate::quantity::Quantity;
 use crate::requirements::{Operator, Requirement, Requirements};
 

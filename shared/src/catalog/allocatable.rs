@@ -78,7 +78,7 @@ pub fn compute_with(
     capacity.set(resources::PODS, Quantity::from_units(pods));
     let nvme_gb = info
         .labels
-        .get(crate::apis::labels::aws::LOCAL_NVME)
+        .get(crate::labels::aws::LOCAL_NVME)
         .and_then(|v| v.parse::<i64>().ok())
         .filter(|gb| *gb > 0);
     if let (true, Some(gb)) = (raid0, nvme_gb) {
@@ -262,8 +262,7 @@ mod tests {
     #[test]
     fn raid0_makes_the_instance_store_the_ephemeral_storage() {
         let mut nvme = info("m5d.large", "amd64", 2, 8192, 3, 10);
-        nvme.labels
-            .insert(crate::apis::labels::aws::LOCAL_NVME.into(), "75".into());
+        nvme.labels.insert(crate::labels::aws::LOCAL_NVME.into(), "75".into());
         let eph = |i: &InstanceTypeInfo, raid0: bool| compute_with(i, None, raid0).0.get(resources::EPHEMERAL_STORAGE);
         assert_eq!(eph(&nvme, true), Quantity::from_units(75_000_000_000));
         assert_eq!(

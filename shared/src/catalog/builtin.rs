@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::apis::labels;
+use crate::labels;
 
 use super::facts::{Ec2Facts, instance_type_info};
 use super::{Catalog, CatalogError, Offering};

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::apis::labels;
+use crate::labels;
 use crate::quantity::Quantity;
 use crate::resources::{self, Resources};
 

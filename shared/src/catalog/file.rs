@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::apis::labels;
+use crate::labels;
 use crate::quantity::Quantity;
 use crate::resources::{self, Resources};
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::apis::KubeletConfiguration;
 use crate::apis::ec2nodeclass::{CapacityReservationStatus, RESERVATION_DEFAULT};
-use crate::apis::labels;
+use crate::labels;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::Resources;
 
@@ -344,7 +344,6 @@ pub mod ec2;
 
 pub mod facts;
 pub mod file;
-pub mod refresh;
 
 pub use builtin::builtin;
 pub use facts::{Ec2Facts, instance_type_info};

@@ -7,9 +7,10 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::apis::{NodePool, labels};
+use crate::apis::NodePool;
 use crate::catalog::Catalog;
 use crate::kubernetes::{drain, pods};
+use crate::labels;
 use crate::scheduling::{ExistingNode, PodRef};
 use crate::snapshot::Snapshot;
 

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::apis::labels;
+use crate::labels;
 use crate::requirements::Requirement;
 use crate::scheduling::{Compiled, ExistingPlacement, NewNodeClaim, Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::Snapshot;

@@ -9,9 +9,10 @@
 //! and handed in through [`super::DecideOptions::resolved_drift`].
 //! Drifted nodes are replaced within budgets.
 
+use crate::apis::EC2NodeClass;
 use crate::apis::ec2nodeclass::EC2NODECLASS_HASH_VERSION;
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
-use crate::apis::{EC2NodeClass, labels};
+use crate::labels;
 
 use super::candidate::Candidate;
 use super::{Context, Method, Reason, Verdict};

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::budgets::{Ledger, PoolBudgets};
 use super::*;
 use crate::apis::NodePool;
-use crate::apis::labels;
+use crate::labels;
 use crate::scheduling::ExistingNode;
 use crate::scheduling::fixtures::{catalog, merge, pod, pool};
 
@@ -796,7 +796,7 @@ proptest! {
 
 // ---- Underutilized consolidation ----
 
-use crate::apis::labels::REPLACEMENT_ANNOTATION;
+use crate::labels::REPLACEMENT_ANNOTATION;
 use consolidation::ConsolidationOptions;
 
 /// A ReplicaSet pod of app `web` on `node`, asking `cpu`, created an hour ago.

@@ -13,7 +13,7 @@ use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_ec2::types::Filter;
 
 use crate::apis::ec2nodeclass::{RESERVATION_CAPACITY_BLOCK, RESERVATION_DEFAULT};
-use crate::apis::labels;
+use crate::labels;
 
 /// Most instance ids EC2 accepts in one TerminateInstances call.
 pub const TERMINATE_BATCH: usize = 1000;

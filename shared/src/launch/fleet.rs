@@ -13,8 +13,8 @@ use aws_sdk_ec2::types::{
 use sha2::{Digest, Sha256};
 
 use super::errors::LaunchError;
-use crate::apis::labels::{CAPACITY_ON_DEMAND, CAPACITY_RESERVED, CAPACITY_SPOT};
 use crate::catalog::Catalog;
+use crate::labels::{CAPACITY_ON_DEMAND, CAPACITY_RESERVED, CAPACITY_SPOT};
 use crate::nodeclaim::{AttemptOverride, LaunchAttempt, NodeClaim, ReservationRef};
 use crate::nodeclass::subnet::Subnet;
 use crate::state::OfferingKey;

@@ -16,8 +16,8 @@ use jiff::Timestamp;
 
 use super::errors::LaunchError;
 use crate::apis::EC2NodeClass;
-use crate::apis::labels;
 use crate::kubernetes::Cluster;
+use crate::labels;
 use crate::nodeclass::launchtemplate::{IMAGE_TAG, RESERVATION_TAG};
 
 /// A template younger than this is never collected: a launch may have made it

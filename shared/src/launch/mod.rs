@@ -33,10 +33,10 @@ pub use errors::LaunchError;
 
 use self::fleet::{Launched, Override, Ruling, Scope};
 use crate::apis::EC2NodeClass;
-use crate::apis::labels::{self, CAPACITY_ON_DEMAND};
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, EventSpec, KubeCluster};
+use crate::labels::{self, CAPACITY_ON_DEMAND};
 use crate::messages::{LaunchRequest, SolveRequest, request_solve};
 use crate::nodeclaim::{LaunchedInstance, NodeClaim, Phase};
 use crate::nodeclass::ami::{AmiKey, ami_key_of};

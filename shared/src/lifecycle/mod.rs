@@ -19,10 +19,10 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::apis::labels;
 use crate::catalog::Catalog;
 use crate::ec2::{Instance, InstanceState};
 use crate::kubernetes::NodeUpdate;
+use crate::labels;
 use crate::nodeclaim::{NodeClaim, Phase};
 use crate::registration::{self, instance_id};
 

@@ -313,7 +313,7 @@ fn registered_node_carrying_every_registration_label_is_left_alone_once_initiali
     let c = claim("c", Phase::Initialized, Some("i-1"), mins_ago(5));
     let update = registration::registration_update(&c, None);
     let mut labels: Vec<(&str, &str)> = update.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    labels.push((crate::apis::labels::INITIALIZED, "true"));
+    labels.push((crate::labels::INITIALIZED, "true"));
     let n = node("ip-1", "i-1", mins_ago(4), &labels, &[], true);
     let i = instance("i-1", Some("c"), InstanceState::Running, mins_ago(5));
     assert!(

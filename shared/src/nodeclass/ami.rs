@@ -8,8 +8,8 @@ use aws_sdk_ec2::types::Filter;
 
 use super::error::NodeClassError;
 use crate::apis::ec2nodeclass::AmiSelectorTerm;
-use crate::apis::labels;
 use crate::catalog::Catalog;
+use crate::labels;
 
 /// An AMI that may be used.
 #[derive(Debug, Clone, PartialEq, Eq)]

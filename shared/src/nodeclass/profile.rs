@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::NodeClassError;
 use crate::apis::EC2NodeClass;
-use crate::apis::labels;
+use crate::labels;
 
 /// The IAM path of every profile nodesmith makes (the IAM policy is scoped to it).
 pub const PROFILE_PATH: &str = "/nodesmith/";

@@ -12,9 +12,6 @@ use super::ami::{self, AmiKey};
 use super::capacityreservation;
 use super::error::NodeClassError;
 use super::securitygroup::{self, SecurityGroup};
-use super::status::{
-    AMI_NOT_FOUND, NO_AMIS, NO_SECURITY_GROUPS, NO_SUBNETS, SECURITY_GROUPS_NOT_FOUND, SUBNETS_NOT_FOUND,
-};
 use super::subnet::{self, Subnet};
 use super::{cluster, profile};
 use crate::apis::EC2NodeClass;
@@ -23,6 +20,18 @@ use crate::apis::EC2NodeClass;
 pub const AMI_FAMILY_NOT_SET: &str = "AMIFamilyNotSet";
 /// The reason of `AMIsReady=False` for an AMI selector nodesmith cannot use (an unsupported alias).
 pub const AMI_SELECTOR_INVALID: &str = "AMISelectorInvalid";
+/// The reason of `SubnetsReady=False`.
+pub const SUBNETS_NOT_FOUND: &str = "SubnetsNotFound";
+/// The reason of `SecurityGroupsReady=False`.
+pub const SECURITY_GROUPS_NOT_FOUND: &str = "SecurityGroupsNotFound";
+/// The reason of `AMIsReady=False` when the selectors match no image.
+pub const AMI_NOT_FOUND: &str = "AMINotFound";
+/// What `SubnetsNotFound` says (launch fails a claim with the same words).
+pub const NO_SUBNETS: &str = "subnetSelectorTerms select no subnets";
+/// What `SecurityGroupsNotFound` says.
+pub const NO_SECURITY_GROUPS: &str = "securityGroupSelectorTerms select no security groups";
+/// What `AMINotFound` says.
+pub const NO_AMIS: &str = "amiSelectorTerms select no AMI";
 /// Why launch cannot build user data for a class.
 pub const NO_AMI_FAMILY: &str = "EC2NodeClass has no AMI family";
 

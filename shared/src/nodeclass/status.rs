@@ -12,31 +12,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 
 use super::ami::AmiKey;
-use super::resolved::ResolvedClass;
+use super::resolved::{
+    AMI_NOT_FOUND, NO_AMIS, NO_SECURITY_GROUPS, NO_SUBNETS, ResolvedClass, SECURITY_GROUPS_NOT_FOUND, SUBNETS_NOT_FOUND,
+};
 use crate::apis::ec2nodeclass::condition_types::{
     AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, READY, SECURITY_GROUPS_READY, SUBNETS_READY,
 };
 use crate::apis::ec2nodeclass::{
     AmiStatus, Condition, EC2NodeClassStatus, SecurityGroupStatus, StatusRequirement, SubnetStatus,
 };
-use crate::apis::labels;
+use crate::labels;
 
-/// The reason of `SubnetsReady=False`.
-pub const SUBNETS_NOT_FOUND: &str = "SubnetsNotFound";
-/// The reason of `SecurityGroupsReady=False`.
-pub const SECURITY_GROUPS_NOT_FOUND: &str = "SecurityGroupsNotFound";
-/// The reason of `AMIsReady=False` when the selectors match no image.
-pub const AMI_NOT_FOUND: &str = "AMINotFound";
 /// The reason of `Ready=False` for a class that fails validation.
 pub const VALIDATION_FAILED: &str = "ValidationFailed";
 /// The reason of `InstanceProfileReady=False`.
 pub const INSTANCE_PROFILE_NOT_FOUND: &str = "InstanceProfileNotFound";
-/// What `SubnetsNotFound` says (launch fails a claim with the same words).
-pub const NO_SUBNETS: &str = "subnetSelectorTerms select no subnets";
-/// What `SecurityGroupsNotFound` says.
-pub const NO_SECURITY_GROUPS: &str = "securityGroupSelectorTerms select no security groups";
-/// What `AMINotFound` says.
-pub const NO_AMIS: &str = "amiSelectorTerms select no AMI";
 
 /// `True` or `False`, with the reason and message of a False.
 type Outcome = Result<(), (String, String)>;

@@ -11,8 +11,8 @@ use super::launchtemplate::{self, IMAGE_TAG, RESERVATION_TAG, TemplateSpec};
 use super::resolved::{AMI_FAMILY_NOT_SET, NO_AMI_FAMILY, ResolvedClass};
 use super::userdata::{self, ClusterInfo, NodeSettings};
 use crate::apis::ec2nodeclass::{CapacityReservationStatus, INSTANCE_STORE_RAID0};
-use crate::apis::labels;
 use crate::apis::{EC2NodeClass, Taint, TaintEffect};
+use crate::labels;
 use crate::nodeclaim::NodeClaim;
 
 /// What one template of a claim is for, beyond its class: the capacity type

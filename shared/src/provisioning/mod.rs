@@ -96,7 +96,7 @@ pub enum ProvisionError {
     Capacity(#[from] CapacityError),
     /// No catalog of this region is stored and it could not be built.
     #[error("catalog: {0}")]
-    Catalog(#[from] crate::catalog::refresh::RefreshError),
+    Catalog(#[from] crate::catalog_refresh::RefreshError),
     /// Another solve held the lease for longer than we wait.
     #[error("another solve holds the {LEASE} lease")]
     Busy,
@@ -253,8 +253,8 @@ impl<C: Cluster> Provisioner<C> {
     ) -> Result<Vec<EventSpec>, ProvisionError> {
         if let Some(ec2) = &self.ec2 {
             let prices =
-                crate::catalog::ec2::PriceTable::bundled().map_err(crate::catalog::refresh::RefreshError::from)?;
-            crate::catalog::refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
+                crate::catalog::ec2::PriceTable::bundled().map_err(crate::catalog_refresh::RefreshError::from)?;
+            crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
         }
         let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
         let keys = records::pod_keys(&snapshot.pods);

@@ -10,8 +10,8 @@ use super::model::Model;
 use super::pod::HostPort;
 use super::preferences::Active;
 use super::topology::{Counts, DomainId, Domains, Group, GroupKind, NodeFilter};
-use crate::apis::labels;
 use crate::catalog::{OFFERING_KEYS, Offering, OfferingRequirements};
+use crate::labels;
 use crate::requirements::{Requirement, Requirements};
 
 /// A NodeClaim under construction.

@@ -13,10 +13,10 @@ use super::existing::Existing;
 use super::failure::PlacementFailure;
 use super::pod::{HostPort, PodModel, PodRef, PodTerm, Spread, Toleration};
 use super::volume::{Volumes, cross};
-use crate::apis::labels;
 use crate::apis::{KubeletConfiguration, Taint};
 use crate::catalog::{InstanceType, Offering, OfferingRequirements};
 use crate::kubernetes::drain;
+use crate::labels;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{AMD_GPU, AWS_NEURON, AWS_NEURON_CORE, HABANA_GAUDI, NVIDIA_GPU};
 

@@ -7,8 +7,9 @@ use super::dense::{ResourceTable, Vector};
 use super::pod::{HostPort, quantity, tolerates_all};
 use super::topology::NodeFilter;
 use super::{ExistingNode, TargetKind};
-use crate::apis::{Taint, labels};
+use crate::apis::Taint;
 use crate::catalog::InstanceType;
+use crate::labels;
 use crate::nodeclaim::NodeClaim;
 use crate::resources::Resources;
 

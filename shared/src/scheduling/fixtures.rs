@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use crate::apis::NodePool;
-use crate::apis::labels;
 use crate::catalog::{Catalog, InstanceTypeInfo, Offering};
+use crate::labels;
 use crate::quantity::Quantity;
 use crate::resources::Resources;
 

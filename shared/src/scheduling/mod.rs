@@ -38,8 +38,9 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::Serialize;
 
-use crate::apis::{EC2NodeClass, NodePool, Taint, labels};
+use crate::apis::{EC2NodeClass, NodePool, Taint};
 use crate::catalog::{Catalog, OfferingKey};
+use crate::labels;
 use crate::nodeclaim::NodeClaim;
 use crate::requirements::Requirements;
 use crate::resources::Resources;
@@ -235,13 +236,10 @@ impl NewNodeClaim {
     /// instance-type options, since it is launched as one of them.
     pub fn to_node_claim(&self, now: jiff::Timestamp) -> NodeClaim {
         let mut reqs = self.requirements.clone();
-        let min_values = reqs.get(crate::apis::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
+        let min_values = reqs.get(crate::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
         reqs.add(
-            crate::requirements::Requirement::in_values(
-                crate::apis::labels::INSTANCE_TYPE,
-                &self.instance_type_options,
-            )
-            .with_min_values(min_values),
+            crate::requirements::Requirement::in_values(crate::labels::INSTANCE_TYPE, &self.instance_type_options)
+                .with_min_values(min_values),
         );
         let mut claim = NodeClaim {
             resources: self.requests.clone(),

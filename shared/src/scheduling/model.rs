@@ -12,7 +12,7 @@ use super::failure::PlacementFailure;
 use super::pod::{PodModel, PodRef};
 use super::topology::{Counts, Domains, GroupId, GroupKind, Groups, NodeFilter};
 use super::{SolveOptions, TargetKind};
-use crate::apis::labels;
+use crate::labels;
 use crate::requirements::Requirements;
 
 /// An existing node or in-flight claim as one solve sees it: the compiled

@@ -439,7 +439,7 @@ fn pod_term(
         return Err(perr(format!("{path}.topologyKey"), "is required"));
     }
     Ok(PodTerm {
-        key: crate::apis::labels::normalize(&t.topology_key).to_string(),
+        key: crate::labels::normalize(&t.topology_key).to_string(),
         selector,
         namespaces,
     })
@@ -584,7 +584,7 @@ fn spread(c: &TopologySpreadConstraint, p: &str, labels: &BTreeMap<String, Strin
         )),
     };
     Ok(Spread {
-        key: crate::apis::labels::normalize(&c.topology_key).to_string(),
+        key: crate::labels::normalize(&c.topology_key).to_string(),
         max_skew: c.max_skew,
         min_domains: c.min_domains,
         required,

@@ -16,8 +16,8 @@ use super::pod::{PodRef, tolerates_all};
 use super::preferences::{Active, Relaxation};
 use super::topology::{Counts, Domains, GroupKind};
 use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
-use crate::apis::labels;
 use crate::catalog::{Offering, OfferingRequirements};
+use crate::labels;
 use crate::requirements::{Requirement, Requirements};
 
 /// How a pass packs.

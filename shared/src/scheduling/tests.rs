@@ -8,8 +8,8 @@ use serde_json::json;
 
 use super::fixtures::{catalog, default_pool, pod, pool};
 use super::*;
-use crate::apis::labels;
 use crate::catalog::Catalog;
+use crate::labels;
 use crate::nodeclaim::Phase;
 
 struct Case {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::pod::{Namespaces, PodTerm, Selector, Spread, Toleration};
-use crate::apis::labels;
+use crate::labels;
 use crate::requirements::Requirements;
 
 /// Index of a group.

@@ -226,11 +226,7 @@ fn a_planned_node_becomes_a_claim_created_now() {
     let claim = s.node_claim(&plan.node_claims[0]);
     assert_eq!(claim.nodeclass_hash, Some(s.node_classes[0].hash()));
     assert_eq!(claim.phase, crate::nodeclaim::Phase::Pending);
-    let types = claim
-        .requirements()
-        .get(crate::apis::labels::INSTANCE_TYPE)
-        .cloned()
-        .unwrap();
+    let types = claim.requirements().get(crate::labels::INSTANCE_TYPE).cloned().unwrap();
     assert!(plan.node_claims[0].instance_type_options.iter().all(|t| types.has(t)));
 }
 

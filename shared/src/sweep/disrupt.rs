@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 
 use super::{StepError, Sweeper};
-use crate::apis::labels;
 use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
@@ -22,6 +21,7 @@ use crate::disruption::{DecideOptions, Held, Reason, decide};
 use crate::drains::{self, DrainPolicy};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, events};
+use crate::labels;
 use crate::nodeclaim::{NodeClaim, Phase};
 use crate::nodeclass::ResolvedClass;
 use crate::registration;
@@ -107,7 +107,7 @@ fn grace_ms(snapshot: &Snapshot, node: &str, reason: Reason) -> Option<i64> {
         .metadata
         .labels
         .as_ref()?
-        .get(crate::apis::labels::NODEPOOL)?;
+        .get(crate::labels::NODEPOOL)?;
     let d = snapshot
         .node_pool(pool)?
         .spec

@@ -359,8 +359,8 @@ impl<C: Cluster> Sweeper<C> {
             self.instances.cluster(),
         )
         .await;
-        // The instance catalog from EC2: types every 12 h, spot prices hourly (shared/src/catalog/refresh.rs).
-        crate::catalog::refresh::sweep(self.instances.ec2(), &self.store).await;
+        // The instance catalog from EC2: types every 12 h, spot prices hourly (shared/src/catalog_refresh.rs).
+        crate::catalog_refresh::sweep(self.instances.ec2(), &self.store).await;
         Ok(report)
     }
 

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use nodesmith::apis::labels;
+use nodesmith::labels;
 use nodesmith::resources::Resources;
 use nodesmith::scheduling::SolveInput;
 

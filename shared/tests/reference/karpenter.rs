@@ -31,8 +31,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodesmith::apis::{Taint, TaintEffect, labels};
+use nodesmith::apis::{Taint, TaintEffect};
 use nodesmith::catalog::{InstanceType, Offering, OfferingRequirements};
+use nodesmith::labels;
 use nodesmith::quantity::Quantity;
 use nodesmith::requirements::{Operator, Requirement, Requirements};
 use nodesmith::resources::Resources;

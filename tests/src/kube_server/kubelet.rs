@@ -64,8 +64,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nodesmith::apis::KubeletConfiguration;
-use nodesmith::apis::labels;
 use nodesmith::catalog::Catalog;
+use nodesmith::labels;
 use nodesmith::nodeclass::userdata::{NODECONFIG_TYPE, parse_mime};
 use serde::Deserialize;
 use serde_json::{Value, json};

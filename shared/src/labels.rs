@@ -45,13 +45,13 @@ pub const EPHEMERAL_TAINT_KEYS: &[&str] = &[NOT_READY_TAINT_KEY, UNREACHABLE_TAI
 /// Node annotation: the disruption reason a node was launched to replace nodes for
 /// (consolidation leaves such a node alone for a while).
 pub const REPLACEMENT_ANNOTATION: &str = "nodesmith/disruption-replacement";
-/// Node and NodeClaim annotation: the NodePool hash the node was made from ([`super::NodePool::hash`]).
+/// Node and NodeClaim annotation: the NodePool hash the node was made from ([`crate::apis::NodePool::hash`]).
 pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
-/// Node and NodeClaim annotation: the version of that hash ([`super::NODEPOOL_HASH_VERSION`]).
+/// Node and NodeClaim annotation: the version of that hash ([`crate::apis::NODEPOOL_HASH_VERSION`]).
 pub const NODEPOOL_HASH_VERSION_ANNOTATION: &str = "karpenter.sh/nodepool-hash-version";
-/// Node and NodeClaim annotation: the EC2NodeClass hash the node was launched with ([`super::EC2NodeClass::hash`]).
+/// Node and NodeClaim annotation: the EC2NodeClass hash the node was launched with ([`crate::apis::EC2NodeClass::hash`]).
 pub const EC2NODECLASS_HASH_ANNOTATION: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
-/// Node and NodeClaim annotation: the version of that hash ([`super::EC2NODECLASS_HASH_VERSION`]).
+/// Node and NodeClaim annotation: the version of that hash ([`crate::apis::EC2NODECLASS_HASH_VERSION`]).
 pub const EC2NODECLASS_HASH_VERSION_ANNOTATION: &str = "karpenter.k8s.aws/ec2nodeclass-hash-version";
 
 /// Spot capacity.

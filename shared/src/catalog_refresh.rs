@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::ec2::{self, Pricing};
-use super::{Catalog, CatalogError};
+use crate::catalog::ec2::{self, Pricing};
+use crate::catalog::{Catalog, CatalogError};
 use crate::state::{StateError, StateStore};
 
 /// Instance types and offerings are rebuilt this often.
