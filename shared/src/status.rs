@@ -27,7 +27,7 @@ pub struct StatusInput {
     /// Every NodeClaim in the table.
     pub claims: Vec<NodeClaim>,
     /// Pods waiting for a node.
-    pub pending_pods: Vec<PendingPod>,
+    pub pending_pods: Vec<PendingPodStatus>,
     /// Disruptions in progress.
     pub disruptions: Vec<DisruptionRecord>,
     /// The cost counters of at least this month's days up to today.
@@ -36,7 +36,7 @@ pub struct StatusInput {
 
 /// A pod no node has taken yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingPod {
+pub struct PendingPodStatus {
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -47,7 +47,7 @@ pub struct PendingPod {
 
 /// A pending pod as the report shows it, if `pod` is one: not bound, phase
 /// Pending (or none yet: just created), not being deleted (pure).
-pub fn pending_pod(pod: &Pod) -> Option<PendingPod> {
+pub fn pending_pod(pod: &Pod) -> Option<PendingPodStatus> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if pods::node_name(pod).is_some() || !matches!(phase, None | Some("Pending")) || pods::is_terminating(pod) {
         return None;
@@ -59,7 +59,7 @@ pub fn pending_pod(pod: &Pod) -> Option<PendingPod> {
         .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
         .and_then(|c| c.message.clone())
         .filter(|m| !m.trim().is_empty());
-    Some(PendingPod {
+    Some(PendingPodStatus {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
         message,

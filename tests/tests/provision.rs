@@ -9,7 +9,7 @@ use aws_lambda_events::sqs::SqsEvent;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::messages::LaunchRequest;
-use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
+use nodesmith::provisioning::{ProvisionConfig, ProvisionOutcome, Provisioner};
 use nodesmith::resources::CPU;
 use nodesmith::state::{self, StateStore};
 use nodesmith_tests::kube_server::KubeServer;
@@ -129,7 +129,7 @@ fn refs(names: &[&str]) -> SqsEvent {
     event(&msgs)
 }
 
-fn pods_in(outcome: &Outcome) -> usize {
+fn pods_in(outcome: &ProvisionOutcome) -> usize {
     outcome
         .created
         .iter()

@@ -26,7 +26,7 @@ use crate::nodeclaim::{NodeClaim, Phase};
 use crate::scheduling::SolveOptions;
 use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
-use crate::state::{Removal, StateError, StateStore, UNAVAILABLE_TTL_SECS};
+use crate::state::{StateError, StateStore, UNAVAILABLE_TTL_SECS, VersionCheck};
 
 /// How long an event id is remembered (EventBridge redelivers within hours at most).
 const PROCESSED_TTL_SECS: i64 = 24 * 3600;
@@ -121,7 +121,7 @@ pub enum InterruptError {
 
 /// What one batch did.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub struct InterruptOutcome {
     /// Messages given back to SQS.
     pub failed: Vec<String>,
     /// Nodes tainted.
@@ -140,7 +140,7 @@ pub struct Outcome {
     pub drained: Vec<String>,
 }
 
-impl Outcome {
+impl InterruptOutcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
         crate::lambda::batch_response(&self.failed)
@@ -178,8 +178,8 @@ impl<C: Cluster> Interrupter<C> {
     }
 
     /// Handles one SQS batch now.
-    pub async fn handle(&self, batch: &SqsEvent) -> Outcome {
-        let mut outcome = Outcome::default();
+    pub async fn handle(&self, batch: &SqsEvent) -> InterruptOutcome {
+        let mut outcome = InterruptOutcome::default();
         for record in &batch.records {
             let message_id = record.message_id.clone().unwrap_or_default();
             let body = record.body.as_deref().unwrap_or("");
@@ -229,7 +229,7 @@ impl<C: Cluster> Interrupter<C> {
 
     /// Acts on one event at `now`: fast steps for every instance first, a
     /// single replacement solve for all of them, then the drains are recorded.
-    async fn act(&self, ev: &Event, now: Timestamp, outcome: &mut Outcome) -> Result<(), InterruptError> {
+    async fn act(&self, ev: &Event, now: Timestamp, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
         let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
         for id in &ev.instance_ids {
             let claim = self.store.node_claim_by_instance(id).await?;
@@ -310,7 +310,7 @@ impl<C: Cluster> Interrupter<C> {
 
     /// Capacity already gone: one drain pass, the Node deleted, the claim
     /// removed, a solve requested for its pods.
-    async fn remove(&self, claim: &NodeClaim, s: &Steps, outcome: &mut Outcome) -> Result<(), InterruptError> {
+    async fn remove(&self, claim: &NodeClaim, s: &Steps, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
         if let Some(node) = &s.node {
             match drain(&self.cluster, node, Default::default()).await {
                 Ok(report) if !report.is_complete() => {
@@ -325,7 +325,7 @@ impl<C: Cluster> Interrupter<C> {
             }
             self.cluster.delete_node(node).await?;
         }
-        self.store.remove_node_claim(claim, Removal::Regardless).await?;
+        self.store.remove_node_claim(claim, VersionCheck::Regardless).await?;
         self.store.end_drain(&claim.name).await?;
         request_solve(
             &self.sqs,
@@ -369,7 +369,7 @@ impl<C: Cluster> Interrupter<C> {
 
     /// Continues every recorded drain ([`drains::continue_drains`]) within
     /// this function's drain budget.
-    pub async fn continue_drains(&self, outcome: &mut Outcome) -> Result<(), InterruptError> {
+    pub async fn continue_drains(&self, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
         let drained = drains::continue_drains(
             &self.cluster,
             &self.store,

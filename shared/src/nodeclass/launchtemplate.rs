@@ -42,7 +42,7 @@ pub struct TemplateSpec {
     /// Instance profile name.
     pub instance_profile: Option<String>,
     /// Block devices.
-    pub block_devices: Vec<BlockDevice>,
+    pub block_devices: Vec<LaunchVolume>,
     /// IMDS options.
     pub metadata: MetadataOptions,
     /// Detailed monitoring.
@@ -62,7 +62,7 @@ pub struct TemplateSpec {
 /// One EBS volume.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BlockDevice {
+pub struct LaunchVolume {
     /// Device name.
     pub device_name: String,
     /// Size in GiB.
@@ -85,8 +85,8 @@ pub struct BlockDevice {
 
 /// Block devices from the EC2NodeClass, or the family's defaults (pure):
 /// AL2023 a 20 GiB gp3 root; Bottlerocket a 4 GiB OS volume and a 20 GiB data volume.
-pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<BlockDevice> {
-    let dev = |name: &str, gib: i32| BlockDevice {
+pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<LaunchVolume> {
+    let dev = |name: &str, gib: i32| LaunchVolume {
         device_name: name.into(),
         size_gib: Some(gib),
         volume_type: "gp3".into(),
@@ -110,7 +110,7 @@ pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<Block
             let gib = ebs
                 .volume_size
                 .map(|q| (q.as_f64() / (1u64 << 30) as f64).ceil() as i32);
-            Some(BlockDevice {
+            Some(LaunchVolume {
                 device_name: m.device_name.clone().unwrap_or_else(|| "/dev/xvda".into()),
                 size_gib: gib,
                 volume_type: ebs.volume_type.clone().unwrap_or_else(|| "gp3".into()),

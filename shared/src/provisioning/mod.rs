@@ -104,7 +104,7 @@ pub enum ProvisionError {
 
 /// What one batch did.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub struct ProvisionOutcome {
     /// Messages to give back to SQS (retried, then dead-lettered).
     pub failed: Vec<String>,
     /// NodeClaims created.
@@ -119,7 +119,7 @@ pub struct Outcome {
     pub malformed: usize,
 }
 
-impl Outcome {
+impl ProvisionOutcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
         crate::lambda::batch_response(&self.failed)
@@ -155,14 +155,14 @@ impl<C: Cluster> Provisioner<C> {
     }
 
     /// Handles one SQS batch at the current time.
-    pub async fn handle(&self, event: &SqsEvent) -> Outcome {
+    pub async fn handle(&self, event: &SqsEvent) -> ProvisionOutcome {
         self.handle_at(event, Timestamp::now()).await
     }
 
     /// Handles one SQS batch as of `now`; never fails as a whole because of one record.
-    pub async fn handle_at(&self, event: &SqsEvent, now: Timestamp) -> Outcome {
+    pub async fn handle_at(&self, event: &SqsEvent, now: Timestamp) -> ProvisionOutcome {
         let records = records::read_records(&event.records);
-        let mut outcome = Outcome::default();
+        let mut outcome = ProvisionOutcome::default();
         let mut refs = Vec::new();
         let mut requests = Vec::new();
         for r in records {
@@ -230,7 +230,7 @@ impl<C: Cluster> Provisioner<C> {
     async fn solve_and_record(
         &self,
         refs: &[(String, crate::messages::PendingPodRef)],
-        outcome: &mut Outcome,
+        outcome: &mut ProvisionOutcome,
         now: Timestamp,
     ) -> Result<(), ProvisionError> {
         let events = self
@@ -248,7 +248,7 @@ impl<C: Cluster> Provisioner<C> {
         &self,
         lease: &Lease,
         refs: &[(String, crate::messages::PendingPodRef)],
-        outcome: &mut Outcome,
+        outcome: &mut ProvisionOutcome,
         now: Timestamp,
     ) -> Result<Vec<EventSpec>, ProvisionError> {
         if let Some(ec2) = &self.ec2 {

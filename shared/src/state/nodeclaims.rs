@@ -37,7 +37,7 @@ impl Advance {
 
 /// Which version of a claim [`StateStore::remove_node_claim`] may remove.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Removal {
+pub enum VersionCheck {
     /// Only the version the caller read: a claim written since is kept (the
     /// caller decided on what it read).
     IfUnchanged,
@@ -219,10 +219,10 @@ impl StateStore {
 
     /// Removes a claim, version-checked as `removal` says; a claim already
     /// gone counts as removed.
-    pub async fn remove_node_claim(&self, claim: &NodeClaim, removal: Removal) -> Result<(), StateError> {
+    pub async fn remove_node_claim(&self, claim: &NodeClaim, removal: VersionCheck) -> Result<(), StateError> {
         match self.delete_node_claim(&claim.name, claim.version).await {
             Ok(()) | Err(StateError::Conflict { found: None, .. }) => Ok(()),
-            Err(StateError::Conflict { found: Some(v), .. }) if removal == Removal::Regardless => {
+            Err(StateError::Conflict { found: Some(v), .. }) if removal == VersionCheck::Regardless => {
                 match self.delete_node_claim(&claim.name, v).await {
                     Ok(()) | Err(StateError::Conflict { found: None, .. }) => Ok(()),
                     Err(e) => Err(e),

@@ -60,12 +60,12 @@ fn input() -> StatusInput {
             claim("default-d", Phase::Terminating, Some(1.0)),
         ],
         pending_pods: vec![
-            PendingPod {
+            PendingPodStatus {
                 namespace: "web".into(),
                 name: "b".into(),
                 message: None,
             },
-            PendingPod {
+            PendingPodStatus {
                 namespace: "web".into(),
                 name: "a".into(),
                 message: Some("0/3 nodes are available: 3 Insufficient cpu.".into()),
@@ -243,7 +243,7 @@ fn pending_pods_are_unbound_pending_pods_with_the_schedulers_message() {
     let msg = "0/1 nodes are available";
     assert_eq!(
         pending_pod(&pod(None, "Pending", Some(("False", Some(msg))))),
-        Some(PendingPod {
+        Some(PendingPodStatus {
             namespace: "web".into(),
             name: "p".into(),
             message: Some(msg.into())

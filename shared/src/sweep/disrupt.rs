@@ -28,7 +28,7 @@ use crate::registration;
 use crate::scheduling::{NewNodeClaim, SolveOptions};
 use crate::snapshot::Snapshot;
 use crate::snapshot::live;
-use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, Removal, now_ms};
+use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, VersionCheck, now_ms};
 
 /// At most this many `DisruptionBlocked` events per run: every blocked node
 /// would otherwise get one a minute.
@@ -42,7 +42,7 @@ const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What the disruption part of one run did.
 #[derive(Debug, Default)]
-pub struct DisruptionReport {
+pub struct DisruptionRunReport {
     /// Nodes whose disruption began, with the reason.
     pub started: Vec<(String, Reason)>,
     /// Replacement NodeClaims written and queued for launch.
@@ -171,8 +171,8 @@ impl<C: Cluster> Sweeper<C> {
         &self,
         started: Instant,
         classes: &BTreeMap<String, ResolvedClass>,
-    ) -> DisruptionReport {
-        let mut report = DisruptionReport::default();
+    ) -> DisruptionRunReport {
+        let mut report = DisruptionRunReport::default();
         let now = Timestamp::now();
         let snapshot = match live::read(&self.cluster, &self.store, now).await {
             Ok(s) => s,
@@ -203,7 +203,7 @@ impl<C: Cluster> Sweeper<C> {
         snapshot: &Snapshot,
         classes: &BTreeMap<String, ResolvedClass>,
         records: &mut Vec<DisruptionRecord>,
-        report: &mut DisruptionReport,
+        report: &mut DisruptionRunReport,
     ) -> Result<(), StepError> {
         let claims = self.store.list_node_claims().await?;
         let options = DecideOptions {
@@ -280,7 +280,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Moves every record on; replacement launches are batched into one solve.
-    async fn move_on(&self, records: &mut [DisruptionRecord], started: Instant, report: &mut DisruptionReport) {
+    async fn move_on(&self, records: &mut [DisruptionRecord], started: Instant, report: &mut DisruptionRunReport) {
         let mut launch: Vec<usize> = Vec::new();
         for (i, r) in records.iter_mut().enumerate() {
             if started.elapsed() >= self.config.budget {
@@ -330,7 +330,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Finishes the disruptions whose drain `sweep_drains` just completed.
-    pub(super) async fn finish_drained(&self, drained: &[String], report: &mut DisruptionReport) {
+    pub(super) async fn finish_drained(&self, drained: &[String], report: &mut DisruptionRunReport) {
         if drained.is_empty() {
             return;
         }
@@ -376,7 +376,11 @@ impl<C: Cluster> Sweeper<C> {
 
     /// Takes the steps of one disruption until it waits (or needs a launch,
     /// which is returned so launches share one solve).
-    async fn walk(&self, r: &mut DisruptionRecord, report: &mut DisruptionReport) -> Result<Option<Next>, StepError> {
+    async fn walk(
+        &self,
+        r: &mut DisruptionRecord,
+        report: &mut DisruptionRunReport,
+    ) -> Result<Option<Next>, StepError> {
         for _ in 0..STEPS_PER_RUN {
             let drains = self.store.drains().await?;
             let next = progress::next(&self.facts(r, &drains).await?);
@@ -428,7 +432,7 @@ impl<C: Cluster> Sweeper<C> {
         &self,
         r: &mut DisruptionRecord,
         why: &str,
-        report: &mut DisruptionReport,
+        report: &mut DisruptionRunReport,
     ) -> Result<(), StepError> {
         if self.cluster.untaint_disrupted(&r.node).await.is_err() {
             tracing::warn!(node = %r.node, "could not untaint an abandoned disruption's node");
@@ -461,7 +465,7 @@ impl<C: Cluster> Sweeper<C> {
         }
         self.cluster.delete_node(&r.node).await?;
         if let Some(c) = claim {
-            self.store.remove_node_claim(&c, Removal::IfUnchanged).await?;
+            self.store.remove_node_claim(&c, VersionCheck::IfUnchanged).await?;
         }
         self.store.end_drain(&r.claim).await?;
         self.store.end_disruption(&r.claim, r.version).await?;
@@ -485,7 +489,7 @@ impl<C: Cluster> Sweeper<C> {
     /// One solve for the records of `batch`, under the provision lease (so
     /// `provision` and this never plan the same pods at once); the claims
     /// admitted through the capacity door, as provisioning does.
-    async fn launch(&self, batch: Batch<'_>, report: &mut DisruptionReport) -> Result<(), StepError> {
+    async fn launch(&self, batch: Batch<'_>, report: &mut DisruptionRunReport) -> Result<(), StepError> {
         let Some(url) = self.config.launch_queue_url.as_deref() else {
             tracing::warn!("replacements are due but NODESMITH_LAUNCH_QUEUE_URL is not set");
             return Ok(());
@@ -516,7 +520,7 @@ impl<C: Cluster> Sweeper<C> {
         door: &Door<'_>,
         lease: &crate::state::Lease,
         batch: Batch<'_>,
-        report: &mut DisruptionReport,
+        report: &mut DisruptionRunReport,
     ) -> Result<(), StepError> {
         let Batch {
             records,

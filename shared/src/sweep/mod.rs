@@ -25,7 +25,7 @@ use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::registration;
 use crate::settings::{SettingError, Settings};
-use crate::state::{Advance, LAST_SOLVE, Removal, StateError, StateStore, now_ms};
+use crate::state::{Advance, LAST_SOLVE, StateError, StateStore, VersionCheck, now_ms};
 use crate::telemetry::Metric;
 
 /// The lease that keeps sweeps from acting at once.
@@ -164,7 +164,7 @@ pub struct SweepReport {
     /// The solve request queued, if any.
     pub solve_requested: Option<SolveRequest>,
     /// What disruption did.
-    pub disruption: disrupt::DisruptionReport,
+    pub disruption: disrupt::DisruptionRunReport,
     /// EC2NodeClass statuses written and classes not resolved.
     pub classes: classes::ClassReport,
     /// The $/h of the capacity this run gave up, for the meter.
@@ -449,7 +449,7 @@ impl<C: Cluster> Sweeper<C> {
                     self.cluster.delete_node(n).await?;
                 }
                 if let Some(c) = claims.get(claim.as_str()) {
-                    self.store.remove_node_claim(c, Removal::IfUnchanged).await?;
+                    self.store.remove_node_claim(c, VersionCheck::IfUnchanged).await?;
                 }
                 Ok(())
             }

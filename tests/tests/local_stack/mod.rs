@@ -17,7 +17,7 @@ use nodesmith::kubernetes::retry::RetryPolicy;
 use nodesmith::launch::batch;
 use nodesmith::lifecycle::LifecycleConfig;
 use nodesmith::nodeclaim::{NodeClaim, Phase};
-use nodesmith::provisioning::{Outcome, ProvisionConfig, Provisioner};
+use nodesmith::provisioning::{ProvisionConfig, ProvisionOutcome, Provisioner};
 use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
 use nodesmith_tests::kube_server::{KubeServer, KubeletTiming, Kubelets};
@@ -159,7 +159,7 @@ impl Stack {
     }
 
     /// What the forwarder would send for these pods, handled by `provision`.
-    pub async fn provision(&self, pods: &[&str]) -> Outcome {
+    pub async fn provision(&self, pods: &[&str]) -> ProvisionOutcome {
         self.provisioner()
             .handle(&event(pods.iter().map(|p| pod_ref(p)).collect()))
             .await
@@ -179,7 +179,7 @@ impl Stack {
     }
 
     /// Everything waiting on the pending-pods queue (solve requests), handled by `provision`.
-    pub async fn provision_queued(&self) -> (Vec<String>, Outcome) {
+    pub async fn provision_queued(&self) -> (Vec<String>, ProvisionOutcome) {
         let bodies = self.drain(&self.pending_queue).await;
         let outcome = self.provisioner().handle(&event(bodies.clone())).await;
         (bodies, outcome)
