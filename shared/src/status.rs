@@ -294,7 +294,7 @@ pub fn to_table(report: &StatusReport) -> String {
                 c.price_per_hour.map(|p| format!("{p:.4}")).unwrap_or_else(dash),
             ]);
         }
-        out.push_str(&crate::table::columns(&rows));
+        out.push_str(&crate::text_table::columns(&rows));
     }
     out.push_str("\nPENDING PODS\n");
     if report.pending_pods.is_empty() {
@@ -304,7 +304,7 @@ pub fn to_table(report: &StatusReport) -> String {
         for p in &report.pending_pods {
             rows.push(vec![format!("{}/{}", p.namespace, p.name), p.reason.clone()]);
         }
-        out.push_str(&crate::table::columns(&rows));
+        out.push_str(&crate::text_table::columns(&rows));
     }
     out.push_str("\nDISRUPTIONS\n");
     if report.disruptions.is_empty() {
@@ -329,7 +329,7 @@ pub fn to_table(report: &StatusReport) -> String {
                 },
             ]);
         }
-        out.push_str(&crate::table::columns(&rows));
+        out.push_str(&crate::text_table::columns(&rows));
     }
     let c = &report.autoscaler_cost;
     out.push_str(&format!(

@@ -1027,7 +1027,7 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
         &["LaunchFunction", "SweepFunction"],
     ),
     (
-        "nodeclass/cluster.rs",
+        "nodeclass/eks_cluster.rs",
         "eks:DescribeCluster",
         &["LaunchFunction", "SweepFunction"],
     ),

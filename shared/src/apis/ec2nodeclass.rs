@@ -82,7 +82,7 @@ pub struct EC2NodeClassSpec {
 
 /// Observed state of an EC2NodeClass, as Karpenter v1 writes it: what the
 /// selectors resolve to and whether the class can launch (written by the sweep
-/// through the status subresource, `nodeclass::status`).
+/// through the status subresource, `nodeclass::conditions`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EC2NodeClassStatus {

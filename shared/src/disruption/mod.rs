@@ -28,7 +28,7 @@ pub(crate) mod emptiness;
 pub(crate) mod expiration;
 pub mod progress;
 pub(crate) mod protection;
-pub mod resolved;
+pub mod resolved_drift;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -5,7 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::event::{Event, Kind, NOTICE};
 use crate::catalog::OfferingKey;
-use crate::drains::DrainPolicy;
+use crate::draining::DrainPolicy;
 use crate::nodeclaim::{NodeClaim, Phase};
 
 /// How close to the deadline a drain stops honouring PDBs and do-not-disrupt:

@@ -8,7 +8,7 @@
 //! as handled (keyed by its id) once acted on, and a handled event's
 //! redeliveries are dropped; one that failed or died midway is acted on
 //! again. Drains are recorded in DynamoDB ([`crate::state::DrainRecord`]) and continued by
-//! every invocation and by the sweep ([`crate::drains`]).
+//! every invocation and by the sweep ([`crate::draining`]).
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use sha2::Digest;
 use super::decide::{Reaction, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
 use crate::capacity::{self, CapacityError, Door, LEASE};
-use crate::drains::{self, DrainError};
+use crate::draining::{self, DrainError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
 use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{NodeClaim, Phase};
@@ -290,7 +290,7 @@ impl<C: Cluster> Interrupter<C> {
             }
             self.mark_draining(claim, now).await?;
             if let (Some(policy), Some(node)) = (s.drain, &s.node) {
-                let record = drains::record(&claim.name, node, s.reason, policy, now);
+                let record = draining::record(&claim.name, node, s.reason, policy, now);
                 self.store.begin_drain(&record).await?;
             }
         }
@@ -367,10 +367,10 @@ impl<C: Cluster> Interrupter<C> {
         .ok_or(InterruptError::Busy)?
     }
 
-    /// Continues every recorded drain ([`drains::continue_drains`]) within
+    /// Continues every recorded drain ([`draining::continue_drains`]) within
     /// this function's drain budget.
     pub async fn continue_drains(&self, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
-        let drained = drains::continue_drains(
+        let drained = draining::continue_drains(
             &self.cluster,
             &self.store,
             self.config.drain_budget,
@@ -385,7 +385,7 @@ impl<C: Cluster> Interrupter<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drains::DrainPolicy;
+    use crate::draining::DrainPolicy;
 
     #[test]
     fn config_from_lookup() {
@@ -431,6 +431,9 @@ mod tests {
             force_from: None,
         };
         let c = NodeClaim::pending("c", "p", "k");
-        assert_eq!(DrainPolicy::of(&drains::record(&c.name, "n", "r", policy, now)), policy);
+        assert_eq!(
+            DrainPolicy::of(&draining::record(&c.name, "n", "r", policy, now)),
+            policy
+        );
     }
 }

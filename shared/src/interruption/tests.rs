@@ -1,7 +1,7 @@
 use super::decide::{FORCE_BEFORE_DEADLINE, Reaction, RebalanceMode, decide};
 use super::event::{Kind, classify, is_instance_id, parse, parse_time};
 use super::*;
-use crate::drains::DrainPolicy;
+use crate::draining::DrainPolicy;
 use crate::nodeclaim::{NodeClaim, Phase};
 use proptest::prelude::*;
 use serde_json::json;

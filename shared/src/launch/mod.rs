@@ -44,7 +44,7 @@ use crate::nodeclass::resolved::{AMI_FAMILY_NOT_SET, NO_AMI_FAMILY};
 use crate::nodeclass::subnet::{self, Subnet};
 use crate::nodeclass::template::{Image, instance_tags, template_spec};
 use crate::nodeclass::userdata::ClusterInfo;
-use crate::nodeclass::{self, NodeClassError, RunClasses, capacityreservation, cluster, launchtemplate, profile};
+use crate::nodeclass::{self, NodeClassError, RunClasses, capacityreservation, eks_cluster, launchtemplate, profile};
 use crate::settings::{SettingError, Settings};
 use crate::state::{self, OfferingKey, StateStore};
 
@@ -256,7 +256,7 @@ impl<C: Cluster> Launcher<C> {
     async fn cluster(&self) -> Result<&ClusterInfo, LaunchError> {
         Ok(self
             .cluster
-            .get_or_try_init(|| cluster::describe(&self.eks, &self.config.cluster_name))
+            .get_or_try_init(|| eks_cluster::describe(&self.eks, &self.config.cluster_name))
             .await?)
     }
 

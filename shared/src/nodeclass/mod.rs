@@ -7,13 +7,13 @@
 
 pub mod ami;
 pub mod capacityreservation;
-pub mod cluster;
+pub mod conditions;
+pub mod eks_cluster;
 pub mod error;
 pub mod launchtemplate;
 pub mod profile;
 pub mod resolved;
 pub mod securitygroup;
-pub mod status;
 pub mod subnet;
 pub mod template;
 pub mod userdata;

@@ -1,7 +1,7 @@
 //! One EC2NodeClass resolved as a whole: every subnet and security group its
 //! selectors match, its AMI for every key nodesmith launches for, its capacity
 //! reservations and its instance profile's name. The sweep resolves each class
-//! once a run, writes what it found as the class's status ([`super::status`])
+//! once a run, writes what it found as the class's status ([`super::conditions`])
 //! and compares nodes with it for drift; launch resolves the class of a claim
 //! once a run and maps it to launch templates ([`super::template`]).
 
@@ -13,7 +13,7 @@ use super::capacityreservation;
 use super::error::NodeClassError;
 use super::securitygroup::{self, SecurityGroup};
 use super::subnet::{self, Subnet};
-use super::{cluster, profile};
+use super::{eks_cluster, profile};
 use crate::apis::EC2NodeClass;
 
 /// The reason of `AMIsReady=False` for a class without an AMI family.
@@ -101,7 +101,7 @@ impl ResolvedClass {
 
 /// The cluster's Kubernetes version (aliases name the AMI per version).
 pub async fn k8s_version(eks: &aws_sdk_eks::Client, cluster_name: &str) -> Result<String, NodeClassError> {
-    Ok(cluster::describe(eks, cluster_name).await?.version)
+    Ok(eks_cluster::describe(eks, cluster_name).await?.version)
 }
 
 /// Resolves one class (no IAM call: a managed profile's name is known before it exists).

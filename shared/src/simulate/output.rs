@@ -82,7 +82,7 @@ pub fn to_table(r: &Report) -> String {
             c.pods.len().to_string(),
         ]);
     }
-    let mut out = crate::table::columns(&rows);
+    let mut out = crate::text_table::columns(&rows);
     for e in &r.plan.existing {
         out.push_str(&format!("existing {}: {} pod(s)\n", e.name, e.pods.len()));
     }

@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use super::Sweeper;
 use crate::apis::EC2NodeClass;
 use crate::kubernetes::Cluster;
-use crate::nodeclass::{self, ResolvedClass, status};
+use crate::nodeclass::{self, ResolvedClass, conditions};
 
 /// What the class part of one run did.
 #[derive(Debug, Default)]
@@ -84,7 +84,7 @@ impl<C: Cluster> Sweeper<C> {
                     }
                 }
             }
-            let computed = status::compute(&facts, class.status.as_ref(), class.metadata.generation, now);
+            let computed = conditions::compute(&facts, class.status.as_ref(), class.metadata.generation, now);
             if let Some(updated) = with_status(class, computed) {
                 match self.cluster.replace_node_class_status(&updated).await {
                     Ok(true) => {

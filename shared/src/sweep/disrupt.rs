@@ -16,9 +16,9 @@ use super::{StepError, Sweeper};
 use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
-use crate::disruption::resolved::{self, ClassResolution, InstanceFacts};
+use crate::disruption::resolved_drift::{self, ClassResolution, InstanceFacts};
 use crate::disruption::{DecideOptions, Held, Reason, decide};
-use crate::drains::{self, DrainPolicy};
+use crate::draining::{self, DrainPolicy};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, events};
 use crate::labels;
@@ -353,7 +353,7 @@ impl<C: Cluster> Sweeper<C> {
         let claim = self.store.get_node_claim(&r.claim).await?.map(|c| c.phase);
         let node_exists = self.cluster.node(&r.node).await?.is_some();
         let (undrained, do_not_disrupt_pod) = if node_exists {
-            drains::undrained(&self.cluster.pods_on_node(&r.node).await?)
+            draining::undrained(&self.cluster.pods_on_node(&r.node).await?)
         } else {
             (0, None)
         };
@@ -399,7 +399,7 @@ impl<C: Cluster> Sweeper<C> {
                         force_from,
                     };
                     let reason = format!("disruption-{}", r.reason.as_str().to_lowercase());
-                    let drain = drains::record(&r.claim, &r.node, &reason, policy, Timestamp::now());
+                    let drain = draining::record(&r.claim, &r.node, &reason, policy, Timestamp::now());
                     self.store.begin_drain(&drain).await?;
                     self.claim_to(&r.claim, Phase::Draining).await?;
                     let mut moved = r.clone();
@@ -664,7 +664,7 @@ impl<C: Cluster> Sweeper<C> {
                     subnet_id: i.subnet_id.clone(),
                     security_groups: i.security_group_ids.clone(),
                 };
-                if let Some(why) = resolved::reason(&facts, &now) {
+                if let Some(why) = resolved_drift::reason(&facts, &now) {
                     tracing::info!(node = %node, instance_id = %i.id, class = %class_name, reason = why, "drifted by live resolution");
                     out.insert(node, why.to_string());
                 }

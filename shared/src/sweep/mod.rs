@@ -346,7 +346,7 @@ impl<C: Cluster> Sweeper<C> {
         report.disruption = self.disrupt(started, &resolved).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
-        let drained = crate::drains::sweep_drains(&self.cluster, &self.store).await;
+        let drained = crate::draining::sweep_drains(&self.cluster, &self.store).await;
         self.finish_drained(&drained, &mut report.disruption).await;
         let removed_claims: Vec<&str> = removed.iter().map(|(_, c)| c.as_str()).collect();
         report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated);
