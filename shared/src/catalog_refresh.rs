@@ -28,10 +28,10 @@ pub const BUILTIN_REGION: &str = "us-east-1";
 #[derive(Debug, thiserror::Error)]
 pub enum RefreshError {
     /// EC2 or the price source failed, or the result is not a catalog.
-    #[error("building the catalog: {0}")]
+    #[error("building the catalog")]
     Catalog(#[from] CatalogError),
     /// The state table failed.
-    #[error("storing the catalog: {0}")]
+    #[error("storing the catalog")]
     State(#[from] StateError),
     /// The region is unknown (the SDK has none configured).
     #[error("the EC2 client has no region")]
@@ -155,12 +155,12 @@ pub async fn sweep(client: &aws_sdk_ec2::Client, store: &StateStore) {
     let pricing = match ec2::PriceTable::bundled() {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "no bundled price table; the catalog is not refreshed");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "no bundled price table; the catalog is not refreshed");
             return;
         }
     };
     if let Err(e) = refresh(client, store, &pricing, crate::state::now_ms()).await {
-        tracing::warn!(error = %e, "cannot refresh the instance catalog; the next sweep tries again");
+        tracing::warn!(error = %crate::telemetry::causes(&e), "cannot refresh the instance catalog; the next sweep tries again");
     }
 }
 

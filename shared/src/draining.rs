@@ -121,7 +121,7 @@ pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore) -> Vec<Str
     match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO).await {
         Ok(drained) => drained,
         Err(e) => {
-            tracing::warn!(error = %e, "recorded drains not continued; the next sweep tries again");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "recorded drains not continued; the next sweep tries again");
             Vec::new()
         }
     }

@@ -199,7 +199,7 @@ impl Meter {
             fleet_delta_nano_usd_per_hour: crate::metering::to_nano_usd(m.fleet_delta_usd_per_hour),
         };
         if let Err(e) = store.add_cost(&entry).await {
-            tracing::warn!(error = %e, function = self.function, "cost counter not updated");
+            tracing::warn!(error = %crate::telemetry::causes(&e), function = self.function, "cost counter not updated");
         }
     }
 }

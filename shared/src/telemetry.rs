@@ -21,6 +21,27 @@ pub fn init() {
     };
 }
 
+/// An error with every cause behind it, `outer: inner: root`, for a log
+/// line: errors say what failed and keep why as their source, so a log that
+/// printed only the outer message would lose the why.
+pub fn causes<E: std::error::Error + ?Sized>(e: &E) -> impl std::fmt::Display + '_ {
+    Causes(e)
+}
+
+struct Causes<'a, E: ?Sized>(&'a E);
+
+impl<E: std::error::Error + ?Sized> std::fmt::Display for Causes<'_, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
 /// One metric value with its CloudWatch unit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Metric {

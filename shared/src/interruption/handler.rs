@@ -97,13 +97,13 @@ impl InterruptConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum InterruptError {
     /// The state table failed.
-    #[error("state: {0}")]
+    #[error("state")]
     State(#[from] StateError),
     /// A cluster call failed.
-    #[error("cluster: {0}")]
+    #[error("cluster")]
     Cluster(#[from] ClusterError),
     /// The replacement's snapshot could not be read.
-    #[error("{0}")]
+    #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     /// The replacement could not be admitted.
     #[error("adding the replacement")]
@@ -112,7 +112,7 @@ pub enum InterruptError {
     #[error("continuing drains")]
     Drain(#[from] DrainError),
     /// A solve request could not be queued.
-    #[error("{0}")]
+    #[error(transparent)]
     Trigger(#[from] TriggerError),
     /// Another solve held the provision lease for longer than we wait.
     #[error("another solve holds the {LEASE} lease")]
@@ -206,23 +206,23 @@ impl<C: Cluster> Interrupter<C> {
                     continue;
                 }
                 Err(e) => {
-                    tracing::error!(%message_id, error = %e, "cannot read the event's record; it will be retried");
+                    tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "cannot read the event's record; it will be retried");
                     outcome.failed.push(message_id);
                     continue;
                 }
             }
             tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
             if let Err(e) = self.act(&event, now, &mut outcome).await {
-                tracing::error!(%message_id, error = %e, "acting on the event failed; it will be retried");
+                tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "acting on the event failed; it will be retried");
                 outcome.failed.push(message_id);
                 continue;
             }
             if let Err(e) = self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs).await {
-                tracing::warn!(%message_id, error = %e, "cannot record the event as handled; a redelivery acts on it again, harmlessly");
+                tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot record the event as handled; a redelivery acts on it again, harmlessly");
             }
         }
         if let Err(e) = self.continue_drains(&mut outcome).await {
-            tracing::warn!(error = %e, "drains not continued; the next invocation or the sweep continues them");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "drains not continued; the next invocation or the sweep continues them");
         }
         outcome
     }
@@ -257,7 +257,7 @@ impl<C: Cluster> Interrupter<C> {
                             .emit_event(&EventSpec::disrupting(events::node_name_ref(node), &why))
                             .await
                         {
-                            tracing::warn!(node, error = %e, "cannot record the disruption event");
+                            tracing::warn!(node, error = %crate::telemetry::causes(&e), "cannot record the disruption event");
                         }
                     }
                     Err(e) if e.code() == Some(404) => tracing::info!(node, "the node is gone already"),
@@ -321,7 +321,9 @@ impl<C: Cluster> Interrupter<C> {
                     )
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(node, error = %e, "drain of a node whose capacity is gone failed"),
+                Err(e) => {
+                    tracing::warn!(node, error = %crate::telemetry::causes(&e), "drain of a node whose capacity is gone failed")
+                }
             }
             self.cluster.delete_node(node).await?;
         }

@@ -37,7 +37,7 @@ pub enum ClientError {
     #[error(transparent)]
     Config(#[from] crate::settings::SettingError),
     /// kube refused the configuration.
-    #[error("building the kube client: {0}")]
+    #[error("building the kube client")]
     Kube(#[source] kube::Error),
 }
 

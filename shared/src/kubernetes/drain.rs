@@ -141,7 +141,7 @@ pub async fn drain<C: Cluster>(cluster: &C, node: &str, opts: DrainOptions) -> R
             PodAction::Evict => match cluster.evict(pod).await? {
                 EvictionOutcome::Evicted => {
                     if let Err(e) = cluster.emit_event(&EventSpec::evicted(pod)).await {
-                        tracing::warn!(pod = %key, error = %e, "could not record the eviction event");
+                        tracing::warn!(pod = %key, error = %crate::telemetry::causes(&e), "could not record the eviction event");
                     }
                     report.evicted.push(key);
                 }

@@ -137,7 +137,7 @@ impl KubeCluster {
                 }
                 Err(e) if is_transient(&e) && attempt + 1 < attempts => {
                     let delay = self.retry.delay(attempt);
-                    tracing::debug!(op, attempt, ?delay, error = %e, "transient Kubernetes API failure; retrying");
+                    tracing::debug!(op, attempt, ?delay, error = %crate::telemetry::causes(&e), "transient Kubernetes API failure; retrying");
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }

@@ -50,7 +50,7 @@ async fn handle_record<C: Cluster>(
     let id = msg.message_id.as_deref().unwrap_or("<none>");
     match LaunchRequest::parse(msg.body.as_deref().unwrap_or_default()) {
         Err(e) => {
-            tracing::error!(message_id = id, error = %e, "rejecting launch request; it goes to the dead-letter queue after its retries");
+            tracing::error!(message_id = id, error = %crate::telemetry::causes(&e), "rejecting launch request; it goes to the dead-letter queue after its retries");
             Err(LaunchError::Request(e))
         }
         Ok(req) => {
@@ -60,7 +60,7 @@ async fn handle_record<C: Cluster>(
                     tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled")
                 }
                 Err(e) => {
-                    tracing::error!(message_id = id, node_claim = %req.node_claim, error = %e, "launch request failed; SQS will redeliver it")
+                    tracing::error!(message_id = id, node_claim = %req.node_claim, error = %crate::telemetry::causes(&e), "launch request failed; SQS will redeliver it")
                 }
             }
             r

@@ -24,7 +24,7 @@ pub enum LaunchError {
         what: String,
     },
     /// User data could not be built.
-    #[error("nodeclaim {node_claim}: {source}")]
+    #[error("nodeclaim {node_claim}: user data not built")]
     UserData {
         /// The claim.
         node_claim: String,
@@ -60,7 +60,7 @@ pub enum LaunchError {
     /// claim's lease is kept (not released), so no other invocation launches for it
     /// before the lease runs out; a later delivery finds the instance by its tag, or
     /// repeats the stored request and gets the same instance back.
-    #[error("nodeclaim {node_claim}: instance {instance_id} launched but not recorded: {source}")]
+    #[error("nodeclaim {node_claim}: instance {instance_id} launched but not recorded")]
     Unrecorded {
         /// The claim.
         node_claim: String,

@@ -164,21 +164,23 @@ pub async fn sweep<C: Cluster>(
     let classes = match cluster.node_classes().await {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot list EC2NodeClasses; launch templates and profiles are collected next run");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "cannot list EC2NodeClasses; launch templates and profiles are collected next run");
             return Vec::new();
         }
     };
     let mut deleted = match collect_templates(ec2, cluster_name, &classes, Timestamp::now(), TEMPLATE_GRACE).await {
         Ok(d) => d,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot collect launch templates; the next sweep tries again");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "cannot collect launch templates; the next sweep tries again");
             Vec::new()
         }
     };
     if let Some(iam) = iam {
         match super::profile::collect_profiles(iam, cluster_name, &classes).await {
             Ok(d) => deleted.extend(d),
-            Err(e) => tracing::warn!(error = %e, "cannot collect instance profiles; the next sweep tries again"),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "cannot collect instance profiles; the next sweep tries again")
+            }
         }
     }
     deleted

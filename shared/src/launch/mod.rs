@@ -301,7 +301,7 @@ impl<C: Cluster> Launcher<C> {
             Err(_) => self.store.release_lease(&lease, now).await,
         };
         if let Err(e) = freed {
-            tracing::warn!(node_claim = %name, error = %e, "cannot free launch lease");
+            tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot free launch lease");
         }
         if let Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) = &result {
             self.launched_event(c).await;
@@ -319,7 +319,7 @@ impl<C: Cluster> Launcher<C> {
             c.capacity_type.as_deref().unwrap_or_default(),
         );
         if let Err(e) = self.kube.emit_event(&event).await {
-            tracing::warn!(node_claim = %c.name, error = %e, "could not record the Launched event");
+            tracing::warn!(node_claim = %c.name, error = %crate::telemetry::causes(&e), "could not record the Launched event");
         }
     }
 
@@ -515,7 +515,7 @@ impl<C: Cluster> Launcher<C> {
         if let Some(url) = &self.config.pending_queue_url {
             let request = SolveRequest::new(reason, Some(name));
             if let Err(e) = request_solve(&self.sqs, url, &request).await {
-                tracing::warn!(node_claim = %name, error = %e, "cannot request a solve after giving the claim up");
+                tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot request a solve after giving the claim up");
             }
         }
     }
@@ -535,7 +535,7 @@ impl<C: Cluster> Launcher<C> {
     /// repeats the request and gets the same answer, then tries again.
     async fn conclude(&self, claim: &NodeClaim) {
         if let Err(e) = self.store.update_node_claim(claim).await {
-            tracing::warn!(node_claim = %claim.name, error = %e, "cannot record that the last CreateFleet launched nothing");
+            tracing::warn!(node_claim = %claim.name, error = %crate::telemetry::causes(&e), "cannot record that the last CreateFleet launched nothing");
         }
     }
 

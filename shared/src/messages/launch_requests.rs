@@ -114,7 +114,7 @@ fn carried_class(body: &str) -> Option<&'static str> {
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError {
     /// A request could not be turned into a message.
-    #[error("nodeclaim {node_claim}: {source}")]
+    #[error("nodeclaim {node_claim}: request not built")]
     Request {
         /// The claim.
         node_claim: String,

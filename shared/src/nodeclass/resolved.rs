@@ -130,7 +130,7 @@ pub async fn resolve(
     let ami_names = match ami::names(ec2, &ids).await {
         Ok(n) => n,
         Err(e) => {
-            tracing::warn!(class = class.name(), error = %e, "AMI names not described");
+            tracing::warn!(class = class.name(), error = %crate::telemetry::causes(&e), "AMI names not described");
             BTreeMap::new()
         }
     };

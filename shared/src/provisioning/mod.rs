@@ -86,16 +86,16 @@ impl ProvisionConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
     /// The cluster or the state table could not be read.
-    #[error("{0}")]
+    #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     /// The state table failed.
-    #[error("state: {0}")]
+    #[error("state")]
     State(#[from] StateError),
     /// The new claims could not be admitted.
     #[error("adding capacity")]
     Capacity(#[from] CapacityError),
     /// No catalog of this region is stored and it could not be built.
-    #[error("catalog: {0}")]
+    #[error("catalog")]
     Catalog(#[from] crate::catalog_refresh::RefreshError),
     /// Another solve held the lease for longer than we wait.
     #[error("another solve holds the {LEASE} lease")]
@@ -191,7 +191,7 @@ impl<C: Cluster> Provisioner<C> {
         match self.solve_and_record(&refs, &mut outcome, now).await {
             Ok(()) => {}
             Err(e) => {
-                tracing::error!(error = %e, records = refs.len() + requests.len(), "provisioning failed; the batch will be retried");
+                tracing::error!(error = %crate::telemetry::causes(&e), records = refs.len() + requests.len(), "provisioning failed; the batch will be retried");
                 outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
                 outcome.failed.extend(requests);
             }
@@ -288,7 +288,7 @@ impl<C: Cluster> Provisioner<C> {
         let new_claims = capacity::name_claims(&snapshot, &plan.node_claims, &capacity::seed(lease, now));
         let created = self.door().admit(lease, &new_claims).await?;
         if let Err(e) = self.store.mark(LAST_SOLVE, now_ms()).await {
-            tracing::warn!(error = %e, "cannot record the solve time; the sweep may ask for an extra solve");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "cannot record the solve time; the sweep may ask for an extra solve");
         }
         outcome.created = created;
         let names: Vec<String> = new_claims.iter().map(|c| c.name.clone()).collect();

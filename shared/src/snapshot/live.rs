@@ -20,13 +20,13 @@ use crate::state::{StateError, StateStore};
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The Kubernetes API failed.
-    #[error("reading the cluster: {0}")]
+    #[error("reading the cluster")]
     Cluster(#[from] ClusterError),
     /// The state table failed.
-    #[error("reading the state table: {0}")]
+    #[error("reading the state table")]
     State(#[from] StateError),
     /// No catalog in the state table and the built-in one is unreadable.
-    #[error("catalog: {0}")]
+    #[error("catalog")]
     Catalog(#[from] CatalogError),
 }
 

@@ -108,7 +108,7 @@ impl StateStore {
         };
         let out = self.while_holding(&lease, ttl, work(lease.clone())).await;
         if let Err(e) = self.release_lease(&lease, super::now_ms()).await {
-            tracing::warn!(lease = %name, error = %e, "could not release the lease; it expires by itself");
+            tracing::warn!(lease = %name, error = %crate::telemetry::causes(&e), "could not release the lease; it expires by itself");
         }
         Ok(Some(out))
     }
@@ -136,7 +136,7 @@ impl StateStore {
             {
                 Ok(l) => current = l,
                 Err(e) => {
-                    tracing::warn!(lease = %lease.name, error = %e, "cannot renew the lease; it expires by itself");
+                    tracing::warn!(lease = %lease.name, error = %crate::telemetry::causes(&e), "cannot renew the lease; it expires by itself");
                     std::future::pending::<()>().await;
                 }
             }

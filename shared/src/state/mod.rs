@@ -51,7 +51,6 @@ pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::{TTL_ATTRIBUTE, create_table};
 
 use aws_sdk_dynamodb::Client;
-use aws_smithy_types::error::display::DisplayErrorContext;
 
 /// Partition of NodeClaim items.
 pub const PK_NODECLAIM: &str = "NODECLAIM";
@@ -121,16 +120,20 @@ pub enum StateError {
         reason: String,
     },
     /// A DynamoDB call failed.
-    #[error("dynamodb {op} on table {table}: {message}")]
+    #[error("dynamodb {op} on table {table}")]
     Dynamo {
         /// The operation.
         op: &'static str,
         /// The table.
         table: String,
-        /// The SDK's error with its causes.
-        message: String,
+        /// The SDK's error (or what was left undone).
+        #[source]
+        source: BoxError,
     },
 }
+
+/// A cause kept as it came (the SDK's errors are a type per operation).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Which sort keys of a partition a Query reads.
 #[derive(Clone, Copy)]
@@ -250,11 +253,11 @@ impl StateStore {
         }
     }
 
-    fn dynamo<E: std::error::Error + 'static>(&self, op: &'static str, err: E) -> StateError {
+    fn dynamo<E: std::error::Error + Send + Sync + 'static>(&self, op: &'static str, err: E) -> StateError {
         StateError::Dynamo {
             op,
             table: self.table.clone(),
-            message: DisplayErrorContext(&err).to_string(),
+            source: Box::new(err),
         }
     }
 }

@@ -104,7 +104,7 @@ impl StateStore {
                 return Err(StateError::Dynamo {
                     op: "BatchWriteItem",
                     table: self.table.clone(),
-                    message: "unprocessed items left after 5 attempts".into(),
+                    source: "unprocessed items left after 5 attempts".into(),
                 });
             }
         }

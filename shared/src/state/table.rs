@@ -5,18 +5,17 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
     ScalarAttributeType, TimeToLiveSpecification,
 };
-use aws_smithy_types::error::display::DisplayErrorContext;
 
 use super::{INSTANCE_INDEX, StateError};
 
 /// The TTL attribute.
 pub const TTL_ATTRIBUTE: &str = "expiresAt";
 
-fn err(op: &'static str, table: &str, e: impl std::error::Error + 'static) -> StateError {
+fn err(op: &'static str, table: &str, e: impl std::error::Error + Send + Sync + 'static) -> StateError {
     StateError::Dynamo {
         op,
         table: table.to_string(),
-        message: DisplayErrorContext(&e).to_string(),
+        source: Box::new(e),
     }
 }
 

@@ -47,7 +47,7 @@ impl<C: Cluster> Sweeper<C> {
         let classes = match self.cluster.node_classes().await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "EC2NodeClasses not listed; no status nor drift by resolution this run");
+                tracing::warn!(error = %crate::telemetry::causes(&e), "EC2NodeClasses not listed; no status nor drift by resolution this run");
                 report.unresolved.push((String::new(), e.to_string()));
                 return out;
             }
@@ -59,7 +59,7 @@ impl<C: Cluster> Sweeper<C> {
         let version = match nodeclass::k8s_version(&r.eks, cluster).await {
             Ok(v) => v,
             Err(e) => {
-                tracing::warn!(error = %e, "cluster not described; no status nor drift by resolution this run");
+                tracing::warn!(error = %crate::telemetry::causes(&e), "cluster not described; no status nor drift by resolution this run");
                 report.unresolved.push((String::new(), e.to_string()));
                 return out;
             }
@@ -69,7 +69,7 @@ impl<C: Cluster> Sweeper<C> {
             let mut facts = match nodeclass::resolve(self.instances.ec2(), &r.ssm, cluster, &version, class).await {
                 Ok(f) => f,
                 Err(e) => {
-                    tracing::warn!(class = %name, error = %e, "EC2NodeClass not resolved; its status stays and its nodes are not checked for drift this run");
+                    tracing::warn!(class = %name, error = %crate::telemetry::causes(&e), "EC2NodeClass not resolved; its status stays and its nodes are not checked for drift this run");
                     report.unresolved.push((name, e.to_string()));
                     continue;
                 }
@@ -80,7 +80,7 @@ impl<C: Cluster> Sweeper<C> {
                     Ok(true) => {}
                     Ok(false) => facts.missing_profile = Some(name.clone()),
                     Err(e) => {
-                        tracing::warn!(class = class.name(), profile = %name, error = %e, "instance profile not checked this run")
+                        tracing::warn!(class = class.name(), profile = %name, error = %crate::telemetry::causes(&e), "instance profile not checked this run")
                     }
                 }
             }
@@ -95,7 +95,7 @@ impl<C: Cluster> Sweeper<C> {
                     Ok(false) => {}
                     // A conflict: the class changed since it was listed; the next run writes.
                     Err(e) => {
-                        tracing::warn!(class = %name, error = %e, "EC2NodeClass status not written; the next sweep tries again");
+                        tracing::warn!(class = %name, error = %crate::telemetry::causes(&e), "EC2NodeClass status not written; the next sweep tries again");
                         report.failed.push((name.clone(), e.to_string()));
                     }
                 }

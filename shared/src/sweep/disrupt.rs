@@ -177,7 +177,7 @@ impl<C: Cluster> Sweeper<C> {
         let snapshot = match live::read(&self.cluster, &self.store, now).await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "no snapshot; disruption waits for the next sweep");
+                tracing::warn!(error = %crate::telemetry::causes(&e), "no snapshot; disruption waits for the next sweep");
                 report.failed.push((String::new(), e.into()));
                 return report;
             }
@@ -190,7 +190,7 @@ impl<C: Cluster> Sweeper<C> {
             }
         };
         if let Err(e) = self.begin_new(&snapshot, classes, &mut records, &mut report).await {
-            tracing::warn!(error = %e, "new disruptions not started; the next sweep decides again");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
         self.move_on(&mut records, started, &mut report).await;
@@ -214,7 +214,7 @@ impl<C: Cluster> Sweeper<C> {
         };
         let decisions = decide(snapshot, &options);
         for e in &decisions.errors {
-            tracing::error!(error = %e, "a disruption budget cannot be parsed; its NodePool allows no disruption");
+            tracing::error!(error = %crate::telemetry::causes(&e), "a disruption budget cannot be parsed; its NodePool allows no disruption");
         }
         for b in decisions
             .blocked
@@ -291,7 +291,7 @@ impl<C: Cluster> Sweeper<C> {
                 Ok(Some(Next::Launch)) => launch.push(i),
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(node = %r.node, error = %e, "disruption step failed; the next sweep tries again");
+                    tracing::warn!(node = %r.node, error = %crate::telemetry::causes(&e), "disruption step failed; the next sweep tries again");
                     report.failed.push((r.node.clone(), e));
                 }
             }
@@ -323,7 +323,7 @@ impl<C: Cluster> Sweeper<C> {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "replacements not launched; the next sweep tries again");
+                tracing::warn!(error = %crate::telemetry::causes(&e), "replacements not launched; the next sweep tries again");
                 report.failed.push((String::new(), e));
             }
         }
@@ -595,7 +595,7 @@ impl<C: Cluster> Sweeper<C> {
     /// Records an event; a failure is logged, never fatal.
     pub(super) async fn event(&self, e: EventSpec) {
         if let Err(err) = self.cluster.emit_event(&e).await {
-            tracing::warn!(reason = %e.reason, error = %err, "could not record an event");
+            tracing::warn!(reason = %e.reason, error = %crate::telemetry::causes(&err), "could not record an event");
         }
     }
 
@@ -639,7 +639,7 @@ impl<C: Cluster> Sweeper<C> {
         let instances: BTreeMap<String, Instance> = match self.instances.list_owned().await {
             Ok(list) => list.into_iter().map(|i| (i.id.clone(), i)).collect(),
             Err(e) => {
-                tracing::warn!(error = %e, "instances not listed; no drift by resolution this run");
+                tracing::warn!(error = %crate::telemetry::causes(&e), "instances not listed; no drift by resolution this run");
                 return out;
             }
         };

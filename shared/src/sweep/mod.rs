@@ -108,16 +108,16 @@ impl SweepConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     /// The state table failed.
-    #[error("state: {0}")]
+    #[error("state")]
     State(#[from] StateError),
     /// The Kubernetes API failed.
-    #[error("cluster: {0}")]
+    #[error("cluster")]
     Cluster(#[from] ClusterError),
     /// EC2 failed.
-    #[error("ec2: {0}")]
+    #[error("ec2")]
     Instances(#[from] InstancesError),
     /// Neither a stored nor the built-in catalog could be read.
-    #[error("catalog: {0}")]
+    #[error("catalog")]
     Catalog(#[from] catalog::CatalogError),
 }
 
@@ -125,25 +125,25 @@ pub enum SweepError {
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     /// The state table failed (a version conflict means someone else moved the claim).
-    #[error("{0}")]
+    #[error(transparent)]
     State(#[from] StateError),
     /// The Kubernetes API failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Cluster(#[from] ClusterError),
     /// EC2 failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Instances(#[from] InstancesError),
     /// The claim cannot move to the phase asked for.
-    #[error("{0}")]
+    #[error(transparent)]
     Transition(#[from] InvalidTransition),
     /// A solve request could not be queued.
-    #[error("{0}")]
+    #[error(transparent)]
     Trigger(#[from] TriggerError),
     /// The snapshot a disruption is checked against could not be read.
-    #[error("{0}")]
+    #[error(transparent)]
     Snapshot(#[from] crate::snapshot::live::SnapshotError),
     /// Launch requests could not be queued.
-    #[error("{0}")]
+    #[error(transparent)]
     Enqueue(#[from] crate::messages::EnqueueError),
     /// Replacements could not be admitted.
     #[error("adding replacements")]
@@ -291,7 +291,7 @@ impl<C: Cluster> Sweeper<C> {
             .while_holding(&lease, self.config.lease, self.run_leased(started))
             .await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
-            tracing::warn!(error = %e, "could not release the sweep lease; it expires by itself");
+            tracing::warn!(error = %crate::telemetry::causes(&e), "could not release the sweep lease; it expires by itself");
         }
         result
     }
@@ -330,7 +330,7 @@ impl<C: Cluster> Sweeper<C> {
                     report.done.push(action);
                 }
                 Err(e) => {
-                    tracing::warn!(action = ?action, error = %e, "step failed; the next sweep tries again");
+                    tracing::warn!(action = ?action, error = %crate::telemetry::causes(&e), "step failed; the next sweep tries again");
                     report.failed.push((action, e));
                 }
             }
@@ -372,7 +372,7 @@ impl<C: Cluster> Sweeper<C> {
                 Ok(true) => Some(SolveRequest::new("pods-still-pending", None)),
                 Ok(false) => None,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot tell whether pending pods need a solve");
+                    tracing::warn!(error = %crate::telemetry::causes(&e), "cannot tell whether pending pods need a solve");
                     None
                 }
             },
@@ -388,7 +388,7 @@ impl<C: Cluster> Sweeper<C> {
                 Some(request)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot request a solve; the next sweep tries again");
+                tracing::warn!(error = %crate::telemetry::causes(&e), "cannot request a solve; the next sweep tries again");
                 None
             }
         }
