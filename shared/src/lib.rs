@@ -1,38 +1,81 @@
 //! nodesmith: Karpenter's node provisioning for Amazon EKS, done by Lambda functions.
 //!
-//! Pure parts (API types, requirements, catalog maths, the solver, disruption
-//! decisions, event parsing) have no I/O; adapters to AWS and Kubernetes are
-//! thin and live beside them.
+//! The modules, grouped by layer. Pure parts (API types, requirements,
+//! catalog maths, the solver, disruption decisions, event parsing) have no
+//! I/O; adapters to AWS and Kubernetes are thin; the function shells wire
+//! them together. `tests/tests/layering.rs` checks that no modules import
+//! each other in a circle.
 
+// Vocabulary: the API types and the values they are made of.
+/// Karpenter v1 NodePool and EC2NodeClass: types, defaults, validation.
 pub mod apis;
-pub mod capacity;
-pub mod catalog;
-pub mod catalog_refresh;
-pub mod crash;
-pub mod disruption;
-pub mod draining;
-pub mod ec2;
-pub mod interruption;
-pub mod kubernetes;
+/// Well-known label keys and label syntax.
 pub mod labels;
-pub mod lambda;
-pub mod launch;
-pub mod lifecycle;
-pub mod messages;
-pub mod metering;
+/// A node nodesmith decided to launch, and its lifecycle phases.
 pub mod nodeclaim;
-pub mod nodeclass;
-pub mod provisioning;
+/// Kubernetes resource quantities as exact milli-units.
 pub mod quantity;
-pub mod registration;
+/// The node requirements algebra.
 pub mod requirements;
+/// Resource lists and their arithmetic.
 pub mod resources;
+
+// The pure core: plain data in, decisions out, `now` passed in.
+/// Instance types, their offerings and allocatable capacity.
+pub mod catalog;
+/// Disruption decisions: expiry, drift, emptiness, consolidation.
+pub mod disruption;
+/// A node's life after launch: registration, timeouts, garbage collection.
+pub mod lifecycle;
+/// Linking a Node to its NodeClaim.
+pub mod registration;
+/// The provisioning solver.
 pub mod scheduling;
-pub mod settings;
+/// `nodesmith simulate`: dry runs of provisioning and disruption.
 pub mod simulate;
+/// Everything a decision looks at, as plain data.
 pub mod snapshot;
-pub mod state;
+/// `nodesmith status`: what nodesmith is doing and what it costs.
 pub mod status;
-pub mod sweep;
-pub mod telemetry;
+/// Plain-text tables for the CLI.
 pub mod text_table;
+
+// Adapters: AWS, Kubernetes and DynamoDB, small and tested against local services.
+/// The cluster's EC2 instances.
+pub mod ec2;
+/// The Kubernetes API: authentication, the cluster adapter, drains, Events.
+pub mod kubernetes;
+/// Queue contracts: every SQS message shape, who sends it and who reads it.
+pub mod messages;
+/// EC2NodeClass resolution and the class → launch template mapping.
+pub mod nodeclass;
+/// Durable state in one DynamoDB table.
+pub mod state;
+
+// Shared steps: how capacity comes, goes and stays current, whoever asks.
+/// The one door for new capacity: claims named, written fenced, launches queued.
+pub mod capacity;
+/// Keeping the stored instance catalog current.
+pub mod catalog_refresh;
+/// Drains in progress, for interruption and disruption alike.
+pub mod draining;
+
+// The function shells and what they share.
+/// Crash points for the crash tests (debug builds only).
+pub mod crash;
+/// Interruption events, classified and decided, and the `interrupt` function.
+pub mod interruption;
+/// The one Lambda shell the function binaries share.
+pub mod lambda;
+/// The `launch` function.
+pub mod launch;
+/// What the autoscaler itself costs.
+pub mod metering;
+/// The `provision` function.
+pub mod provisioning;
+/// The one reader of settings.
+pub mod settings;
+/// The `sweep` function.
+pub mod sweep;
+/// Structured logs and CloudWatch EMF metrics.
+pub mod telemetry;

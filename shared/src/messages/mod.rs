@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | pending pods | [`PendingPodRef`] | the forwarder (`infra/forwarder`) | `provision` |
 //! | pending pods | [`SolveRequest`] ([`request_solve`]) | `launch`, `interrupt`, the sweep | `provision` |
-//! | launch | [`LaunchRequest`] ([`launch_requests::enqueue`]) | `provision`, `interrupt`, the sweep | `launch` |
+//! | launch | [`LaunchRequest`] ([`launch_requests::enqueue`]) | `provision`, `interrupt` and the sweep's replacements, all through [`crate::capacity::Door::admit`]; the sweep again for a claim whose launch was lost | `launch` |
 //! | interruption | EventBridge events ([`crate::interruption::event`]) | AWS, through the stack's EventBridge rules | `interrupt` |
 //!
 //! The interruption queue's shape is AWS's, so its parser stays with the
