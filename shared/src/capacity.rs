@@ -23,6 +23,7 @@ use crate::messages::launch_requests::enqueue;
 use crate::messages::{EnqueueError, LaunchRequest};
 use crate::nodeclaim::{NodeClaim, generate_name};
 use crate::scheduling::{NewNodeClaim, PodRef, SolveOptions, TargetKind, Unschedulable};
+use crate::settings::{SettingError, Settings};
 use crate::snapshot::Snapshot;
 use crate::state::{Lease, StateError, StateStore, now_ms};
 
@@ -31,6 +32,13 @@ pub const LEASE: &str = "provision";
 
 /// The provision lease's default time to live.
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
+
+/// How long the provision lease outlives its holder's last renewal, from
+/// `NODESMITH_PROVISION_LEASE` (a Go duration; default 15s): how long a writer
+/// of claims that died blocks the next.
+pub fn lease_ttl(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Duration, SettingError> {
+    settings.duration("NODESMITH_PROVISION_LEASE", LEASE_TTL)
+}
 
 /// Why new capacity could not be admitted.
 #[derive(Debug, thiserror::Error)]

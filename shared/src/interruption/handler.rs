@@ -61,7 +61,7 @@ impl InterruptConfig {
             pending_queue_url: pending_queue_url.into(),
             rebalance: RebalanceMode::default(),
             holder: format!("interrupt-{}", crate::state::now_ms()),
-            lease_ttl: crate::provisioning::LEASE_TTL,
+            lease_ttl: crate::capacity::LEASE_TTL,
             lease_wait: Duration::from_secs(20),
             drain_budget: Duration::from_secs(100),
             drain_interval: Duration::from_secs(5),
@@ -86,7 +86,7 @@ impl InterruptConfig {
             &settings.required("NODESMITH_LAUNCH_QUEUE_URL")?,
             &settings.required("NODESMITH_PENDING_QUEUE_URL")?,
         );
-        c.lease_ttl = crate::provisioning::lease_ttl(settings)?;
+        c.lease_ttl = crate::capacity::lease_ttl(settings)?;
         c.rebalance = settings.parsed("NODESMITH_REBALANCE", RebalanceMode::default())?;
         c.drain_budget = settings.seconds("NODESMITH_INTERRUPT_DRAIN_BUDGET", c.drain_budget)?;
         Ok(c)

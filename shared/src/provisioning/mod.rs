@@ -27,15 +27,6 @@ use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 
 use records::{PodState, Record};
 
-pub use crate::capacity::{LEASE, LEASE_TTL};
-
-/// How long the provision lease outlives its holder's last renewal, from
-/// `NODESMITH_PROVISION_LEASE` (a Go duration; default 15s): how long a writer
-/// of claims that died blocks the next.
-pub fn lease_ttl(settings: &Settings<impl Fn(&str) -> Option<String>>) -> Result<Duration, SettingError> {
-    settings.duration("NODESMITH_PROVISION_LEASE", LEASE_TTL)
-}
-
 /// Settings of the provision function.
 #[derive(Debug, Clone)]
 pub struct ProvisionConfig {
@@ -65,7 +56,7 @@ impl ProvisionConfig {
         let launch_queue_url = settings.required("NODESMITH_LAUNCH_QUEUE_URL")?;
         Ok(ProvisionConfig {
             dead_letter_queue_url: settings.optional("NODESMITH_PENDING_DLQ_URL"),
-            lease_ttl: lease_ttl(settings)?,
+            lease_ttl: capacity::lease_ttl(settings)?,
             ..ProvisionConfig::new(&launch_queue_url)
         })
     }
@@ -75,7 +66,7 @@ impl ProvisionConfig {
         ProvisionConfig {
             launch_queue_url: launch_queue_url.into(),
             dead_letter_queue_url: None,
-            lease_ttl: LEASE_TTL,
+            lease_ttl: capacity::LEASE_TTL,
             lease_wait: Duration::from_secs(20),
             holder: format!("provision-{}", now_ms()),
         }
@@ -98,7 +89,7 @@ pub enum ProvisionError {
     #[error("catalog")]
     Catalog(#[from] crate::catalog_refresh::RefreshError),
     /// Another solve held the lease for longer than we wait.
-    #[error("another solve holds the {LEASE} lease")]
+    #[error("another solve holds the {} lease", capacity::LEASE)]
     Busy,
 }
 

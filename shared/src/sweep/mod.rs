@@ -91,7 +91,7 @@ impl SweepConfig {
             },
             budget: dur("NODESMITH_SWEEP_BUDGET", Duration::from_secs(60))?,
             lease: dur("NODESMITH_SWEEP_LEASE", Duration::from_secs(15))?,
-            provision_lease: crate::provisioning::lease_ttl(settings)?,
+            provision_lease: crate::capacity::lease_ttl(settings)?,
             holder: format!("sweep-{}-{}", std::process::id(), now_ms()),
             consolidation: ConsolidationOptions {
                 min_saving_per_hour: settings.number("NODESMITH_CONSOLIDATION_MIN_SAVING", c.min_saving_per_hour)?,
