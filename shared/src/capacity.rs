@@ -215,30 +215,15 @@ pub fn plan_replacements(
 mod tests {
     use std::sync::Arc;
 
-    use k8s_openapi::api::core::v1::{Node, Pod};
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     use super::*;
-    use crate::scheduling::fixtures::{catalog, default_pool, pod};
+    use crate::scheduling::fixtures::{catalog, default_pool, managed_node, pod};
     use crate::scheduling::{ExistingNode, TargetKind};
 
     fn now() -> Timestamp {
         "2026-03-01T12:00:00Z".parse().unwrap()
-    }
-
-    /// A managed m.xlarge (4 CPU) of pool `default`.
-    fn node(name: &str) -> Node {
-        serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "creationTimestamp": "2026-03-01T00:00:00Z", "labels": {
-                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "test-zone-a",
-                "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-                "node.kubernetes.io/instance-type": "m.xlarge", "karpenter.sh/nodepool": "default",
-                "karpenter.sh/capacity-type": "on-demand"}},
-            "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "40"},
-                       "capacity": {"cpu": "4", "memory": "16Gi", "pods": "40"}}
-        }))
-        .unwrap()
     }
 
     fn running(name: &str, cpu: &str, node: &str) -> Pod {
@@ -257,7 +242,7 @@ mod tests {
         let mut s = Snapshot::new(Arc::new(catalog()), now());
         s.node_pools = vec![default_pool()];
         s.nodes = vec![ExistingNode {
-            node: node("n1"),
+            node: managed_node("n1"),
             pods: vec![running("a", "1", "n1"), running("b", "1", "n1")],
         }];
         s.pods = pending;

@@ -403,6 +403,35 @@ pub struct InvalidTransition {
     pub to: Phase,
 }
 
+/// Claims for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::collections::BTreeMap;
+
+    use super::NodeClaim;
+    use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
+
+    /// Claim `default-x` of pool and class `default`, an m5.large labelled
+    /// `team=a`, requiring each key to be `In` its values.
+    pub fn claim(reqs: Vec<(&str, &[&str])>) -> NodeClaim {
+        NodeClaim {
+            requirements: reqs
+                .into_iter()
+                .map(|(k, vs)| {
+                    serde_json::from_value::<NodeSelectorRequirementWithMinValues>(
+                        serde_json::json!({"key": k, "operator": "In", "values": vs}),
+                    )
+                    .unwrap()
+                })
+                .collect(),
+            instance_type_options: vec!["m5.large".into()],
+            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
+            version: 1,
+            ..NodeClaim::pending("default-x", "default", "default")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -751,25 +751,8 @@ impl LaunchInputs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
 
-    fn claim(reqs: Vec<(&str, &[&str])>) -> NodeClaim {
-        NodeClaim {
-            requirements: reqs
-                .into_iter()
-                .map(|(k, vs)| {
-                    serde_json::from_value::<NodeSelectorRequirementWithMinValues>(
-                        serde_json::json!({"key": k, "operator": "In", "values": vs}),
-                    )
-                    .unwrap()
-                })
-                .collect(),
-            instance_type_options: vec!["m5.large".into()],
-            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
-            version: 1,
-            ..NodeClaim::pending("default-x", "default", "default")
-        }
-    }
+    use crate::nodeclaim::fixtures::claim;
 
     #[test]
     fn capacity_types_and_zones_from_requirements() {

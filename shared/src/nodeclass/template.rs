@@ -137,25 +137,8 @@ pub fn template_tags(cluster: &str, claim: &NodeClaim, class: &EC2NodeClass) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
 
-    fn claim(reqs: Vec<(&str, &[&str])>) -> NodeClaim {
-        NodeClaim {
-            requirements: reqs
-                .into_iter()
-                .map(|(k, vs)| {
-                    serde_json::from_value::<NodeSelectorRequirementWithMinValues>(
-                        serde_json::json!({"key": k, "operator": "In", "values": vs}),
-                    )
-                    .unwrap()
-                })
-                .collect(),
-            instance_type_options: vec!["m5.large".into()],
-            labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
-            version: 1,
-            ..NodeClaim::pending("default-x", "default", "default")
-        }
-    }
+    use crate::nodeclaim::fixtures::claim;
 
     #[test]
     fn labels_and_tags_carry_pool_class_and_claim() {

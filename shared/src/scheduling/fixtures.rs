@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 
 use crate::apis::NodePool;
@@ -124,6 +124,22 @@ pub fn pod(name: &str, cpu: &str, memory: &str, extra: Value) -> Pod {
     });
     merge(&mut v, extra);
     serde_json::from_value(v).unwrap_or_else(|e| panic!("bad pod fixture: {e}"))
+}
+
+/// A managed node of the default pool: 4 cpu, 16Gi, an on-demand m.xlarge
+/// in zone a.
+pub fn managed_node(name: &str) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "test-zone-a",
+            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "m.xlarge", "karpenter.sh/nodepool": "default",
+            "karpenter.sh/capacity-type": "on-demand"}},
+        "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "40"},
+                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "40"}}
+    }))
+    .unwrap()
 }
 
 /// JSON merge: objects merge recursively, everything else replaces.

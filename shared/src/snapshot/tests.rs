@@ -8,26 +8,15 @@ use serde_json::json;
 
 use super::*;
 use crate::scheduling::compile::COMPILATIONS;
-use crate::scheduling::fixtures::{self, catalog, default_pool, merge, pod};
+use crate::scheduling::fixtures::{self, catalog, default_pool, managed_node, merge, pod};
 use crate::scheduling::{PlacementFailure, Plan, Rejection, SolveOptions, TargetKind};
 
 fn now() -> Timestamp {
     "2026-03-01T12:00:00Z".parse().unwrap()
 }
 
-/// A managed node of the default pool: 4 cpu, 16Gi, an m.xlarge in zone a.
 fn node(name: &str) -> Node {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "test-zone-a",
-            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-            "node.kubernetes.io/instance-type": "m.xlarge", "karpenter.sh/nodepool": "default",
-            "karpenter.sh/capacity-type": "on-demand"}},
-        "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "40"},
-                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "40"}}
-    }))
-    .unwrap()
+    managed_node(name)
 }
 
 /// A pod of a ReplicaSet running on `node`.
