@@ -15,7 +15,7 @@ use super::*;
 use crate::apis::NodePool;
 use crate::labels;
 use crate::scheduling::ExistingNode;
-use crate::scheduling::fixtures::{catalog, merge, pod, pool};
+use crate::scheduling::fixtures::{catalog, managed_node, merge, pod, pool};
 
 const NOW: &str = "2026-03-01T12:00:00Z";
 
@@ -43,16 +43,8 @@ fn pool_with(extra: &str) -> NodePool {
 
 /// A managed m.xlarge (0.20/h on-demand) of pool `default`, `age` hours old.
 fn node(name: &str, age: f64, extra: Value) -> Node {
-    let mut v = json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "creationTimestamp": ago(age), "labels": {
-            "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "test-zone-a",
-            "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-            "node.kubernetes.io/instance-type": "m.xlarge", "karpenter.sh/nodepool": "default",
-            "karpenter.sh/capacity-type": "on-demand"}},
-        "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "40"},
-                   "capacity": {"cpu": "4", "memory": "16Gi", "pods": "40"}}
-    });
+    let mut v = serde_json::to_value(managed_node(name)).unwrap();
+    merge(&mut v, json!({"metadata": {"creationTimestamp": ago(age)}}));
     merge(&mut v, extra);
     serde_json::from_value(v).unwrap()
 }
