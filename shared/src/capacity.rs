@@ -9,9 +9,10 @@
 //! is sized for the pods of the nodes it replaces alone, so a pending pod
 //! never changes its shape, narrows its offerings or delays it; pending pods
 //! share the replacement's spare room through provisioning, whose next solve
-//! counts the replacement as in-flight capacity. Karpenter's replacements
-//! likewise launch for the candidates' pods, and pods that were pending
-//! before neither block nor grow them.
+//! counts the replacement as in-flight capacity. Karpenter likewise needs
+//! only the candidates' pods placed (pods pending before never block a
+//! disruption); leaving them out of the replacement's solve also keeps them
+//! from growing or narrowing it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
