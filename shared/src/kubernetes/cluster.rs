@@ -37,7 +37,7 @@ pub enum ClusterError {
         message: String,
     },
     /// No client could be built (authentication, endpoint).
-    #[error("kubernetes client")]
+    #[error(transparent)]
     Client(#[from] ClientError),
 }
 
