@@ -4,3 +4,4 @@
 
 mod delivery;
 mod local_cloud;
+mod table_loss;

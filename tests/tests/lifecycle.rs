@@ -38,6 +38,8 @@ fn short(report: &SweepReport) -> Vec<String> {
             Action::CollectInstance { .. } => "collect-instance".to_string(),
             Action::CollectNode { .. } => "collect-node".to_string(),
             Action::Relaunch { .. } => "relaunch".to_string(),
+            Action::Adopt { .. } => "adopt".to_string(),
+            Action::HoldCollection { .. } => "hold-collection".to_string(),
         })
         .collect()
 }

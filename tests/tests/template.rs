@@ -78,6 +78,25 @@ fn state_table_matches_the_state_store() {
     );
 }
 
+/// The table is a cache nodesmith can rebuild (it re-adopts its nodes), but
+/// losing it costs a fleet's history: it outlives a `sam delete` and a
+/// replacement, and can be restored to any point of the last 35 days.
+#[test]
+fn the_state_table_is_retained_and_recoverable() {
+    let t = template();
+    let table = resource(&t, "StateTable");
+    assert_eq!(table["DeletionPolicy"].as_str(), Some("Retain"));
+    assert_eq!(table["UpdateReplacePolicy"].as_str(), Some("Retain"));
+    assert_eq!(
+        table["Properties"]["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"].as_bool(),
+        Some(true)
+    );
+    // Instances carry the stack's identity, so a second stack of the same
+    // cluster never takes this one's nodes for leaks.
+    let env = &t["Globals"]["Function"]["Environment"]["Variables"]["NODESMITH_STACK_NAME"];
+    assert_eq!(strings(env), vec!["AWS::StackName".to_string()], "{env:?}");
+}
+
 #[test]
 fn functions_get_the_environment_their_code_reads() {
     let t = template();

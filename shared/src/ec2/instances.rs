@@ -27,6 +27,12 @@ pub const CLUSTER_NAME_TAG: &str = "eks:eks-cluster-name";
 /// its instances as nodesmith does otherwise, so without it a cluster moving
 /// from Karpenter would see Karpenter's nodes as leaked.
 pub const LAUNCHED_BY_TAG: &str = "nodesmith/launched-by";
+/// Tag naming the stack (its identity, [`STACK_ENV`]) whose launch made an
+/// instance: the sweep adopts or collects only its own stack's instances, so
+/// two stacks of one cluster never take each other's nodes for leaks.
+pub const STACK_TAG: &str = "nodesmith/stack";
+/// The setting that gives a stack its identity (the template sets the stack's name).
+pub const STACK_ENV: &str = "NODESMITH_STACK_NAME";
 /// States of an instance that still exists or may come back (everything but terminated).
 pub const LIVE_STATES: &[&str] = &["pending", "running", "stopping", "stopped", "shutting-down"];
 

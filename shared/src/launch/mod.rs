@@ -115,12 +115,15 @@ pub struct LaunchConfig {
     pub pending_queue_url: Option<String>,
     /// How long a launch's lease outlives its last renewal (ms).
     pub lease_ms: i64,
+    /// The stack's identity, tagged on every instance
+    /// ([`crate::ec2::instances::STACK_TAG`]) so only this stack's sweep adopts or collects it.
+    pub stack: Option<String>,
 }
 
 impl LaunchConfig {
     /// From `NODESMITH_TABLE` and `NODESMITH_CLUSTER_NAME`, naming what is missing, and
     /// the optional `NODESMITH_PENDING_QUEUE_URL` and `NODESMITH_LAUNCH_LEASE`
-    /// (a Go duration, default [`LAUNCH_LEASE_MS`]).
+    /// (a Go duration, default [`LAUNCH_LEASE_MS`]) and `NODESMITH_STACK_NAME`.
     pub fn from_env() -> Result<Self, SettingError> {
         Self::from_settings(&Settings::from_env())
     }
@@ -133,6 +136,7 @@ impl LaunchConfig {
             cluster_name: settings.required("NODESMITH_CLUSTER_NAME")?,
             pending_queue_url: settings.optional("NODESMITH_PENDING_QUEUE_URL"),
             lease_ms: settings.duration("NODESMITH_LAUNCH_LEASE", default_lease)?.as_millis() as i64,
+            stack: settings.optional(crate::ec2::instances::STACK_ENV),
         })
     }
 }
@@ -627,7 +631,11 @@ impl<C: Cluster> Launcher<C> {
                 other => other.into(),
             })
         };
-        let tags = instance_tags(&cluster.name, claim, class);
+        let mut tags = instance_tags(&cluster.name, claim, class);
+        // On the instance only: templates are shared and named by their content.
+        if let Some(stack) = &self.config.stack {
+            tags.insert(crate::ec2::instances::STACK_TAG.into(), stack.clone());
+        }
         let capacity_types = allowed_capacity_types(claim);
         // One template per (AMI, capacity type): the node's karpenter.sh/capacity-type
         // label is in its user data, and the capacity type is known per CreateFleet call;

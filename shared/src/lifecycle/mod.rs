@@ -8,10 +8,13 @@
 //!    └────────────▶ instance terminated, Node deleted, claim deleted, pods solved again
 //! ```
 //!
-//! Garbage collection: an owned instance that no claim names is terminated
-//! once it is older than the leak window (a claim is always written before its
-//! launch, so a live launch is never collected); a Node of a NodePool with
+//! Garbage collection ([`adopt`]): an instance of this stack that no claim
+//! names is re-adopted when its Node is registered and Ready (the state table
+//! is a cache that can be lost), and terminated only when its Node never
+//! registered or is gone, a bounded number a run; a Node of a NodePool with
 //! neither a claim nor a live instance is deleted.
+
+pub mod adopt;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -36,7 +39,7 @@ pub struct LifecycleConfig {
     /// A claim still Pending this long after it was written has its launch
     /// request sent again (a crash lost it, or the launch that took it died).
     pub relaunch_after: Duration,
-    /// An owned instance without a claim is collected once this old (Karpenter's leak window).
+    /// An owned instance without a claim is judged once this old (Karpenter's leak window).
     pub leak_window: Duration,
     /// An instance missing from DescribeInstances counts as gone only this long after
     /// launch (EC2's reads are eventually consistent just after a launch).
@@ -45,6 +48,12 @@ pub struct LifecycleConfig {
     pub batch_window: Duration,
     /// While pods stay pending, a solve is requested again once the last one is this old.
     pub resolve_every: Duration,
+    /// This stack's identity ([`crate::ec2::instances::STACK_TAG`]); none
+    /// owns only instances without the tag.
+    pub stack: Option<String>,
+    /// Garbage collection terminates at most this percentage of the stack's
+    /// fleet a run (at least one instance): [`adopt::termination_cap`].
+    pub collect_max_percent: u32,
 }
 
 impl Default for LifecycleConfig {
@@ -57,6 +66,8 @@ impl Default for LifecycleConfig {
             liveness_grace: Duration::from_secs(60),
             batch_window: Duration::from_secs(10),
             resolve_every: Duration::from_secs(60),
+            stack: None,
+            collect_max_percent: 10,
         }
     }
 }
@@ -132,6 +143,22 @@ pub enum Action {
         instance: String,
         /// Its Node, if one registered.
         node: Option<String>,
+    },
+    /// Write the rebuilt claim of a running instance whose registered, Ready
+    /// Node no claim names (the table lost it), unless one of its name exists.
+    Adopt {
+        /// The claim, rebuilt from the instance and its Node.
+        claim: Box<NodeClaim>,
+    },
+    /// An instance due for collection that this run leaves running: the cap
+    /// on terminations a run is reached (reported with an event and a metric).
+    HoldCollection {
+        /// The instance.
+        instance: String,
+        /// Its NodePool (the event is on it).
+        node_pool: String,
+        /// Why it is due.
+        why: adopt::Collect,
     },
     /// Delete a NodePool's Node that has neither a claim nor a live instance.
     CollectNode {
@@ -290,37 +317,35 @@ fn claim_action(
     }
 }
 
-/// Garbage collection: leaked instances and orphaned Nodes.
+/// Garbage collection: claimless instances ([`adopt::judge`]) and orphaned Nodes.
 fn collect(seen: &Observed<'_>, instances: &BTreeMap<&str, &Instance>, config: &LifecycleConfig) -> Vec<Action> {
-    let by_name: BTreeMap<&str, &NodeClaim> = seen.claims.iter().map(|c| (c.name.as_str(), c)).collect();
-    let names: BTreeSet<&str> = by_name.keys().copied().collect();
+    let names: BTreeSet<&str> = seen.claims.iter().map(|c| c.name.as_str()).collect();
     let claimed: BTreeSet<&str> = seen.claims.iter().filter_map(|c| c.instance_id.as_deref()).collect();
     let mut out = Vec::new();
-    let mut collected: BTreeSet<&str> = BTreeSet::new();
-    for i in instances.values() {
-        // Tagged with a claim that has not recorded an instance yet: a launch in
-        // flight. A claim that recorded another instance makes this one a leak.
-        let named = i
-            .node_claim()
-            .and_then(|n| by_name.get(n))
-            .is_some_and(|c| c.instance_id.as_deref().is_none_or(|id| id == i.id));
-        // Another autoscaler's instances (Karpenter's, left running by a
-        // migration) are not nodesmith's to collect.
-        if i.node_pool().is_none() || !i.launched_by_nodesmith() || named || claimed.contains(i.id.as_str()) {
-            continue;
+    // Instances collected or held back this run: their Nodes go with them, later.
+    let mut handled: BTreeSet<String> = BTreeSet::new();
+    for (id, fate) in adopt::judge(seen, config) {
+        match fate {
+            adopt::Fate::Adopt(claim) => out.push(Action::Adopt { claim }),
+            adopt::Fate::Collect { node, .. } => {
+                handled.insert(id.clone());
+                out.push(Action::CollectInstance { instance: id, node });
+            }
+            adopt::Fate::HeldBack { why, .. } => {
+                let node_pool = instances
+                    .get(id.as_str())
+                    .and_then(|i| i.node_pool())
+                    .unwrap_or_default()
+                    .to_string();
+                handled.insert(id.clone());
+                out.push(Action::HoldCollection {
+                    instance: id,
+                    node_pool,
+                    why,
+                });
+            }
+            adopt::Fate::Keep(_) => {}
         }
-        if !older_than(i.launch_time, seen.now, config.leak_window) || i.state == InstanceState::ShuttingDown {
-            continue;
-        }
-        collected.insert(i.id.as_str());
-        out.push(Action::CollectInstance {
-            instance: i.id.clone(),
-            node: seen
-                .nodes
-                .iter()
-                .find(|n| node_instance(n) == Some(i.id.as_str()))
-                .map(node_name),
-        });
     }
     for n in seen.nodes {
         let managed = n
@@ -336,7 +361,7 @@ fn collect(seen: &Observed<'_>, instances: &BTreeMap<&str, &Instance>, config: &
                 .and_then(|l| l.get(labels::NODECLAIM))
                 .is_some_and(|c| names.contains(c.as_str()));
         let live = id.is_some_and(|id| instances.get(id).is_some_and(|i| !is_going(&i.state)));
-        let handled = id.is_some_and(|id| collected.contains(id));
+        let handled = id.is_some_and(|id| handled.contains(id));
         if managed && !has_claim && !live && !handled && older_than(created(n), seen.now, config.leak_window) {
             out.push(Action::CollectNode { node: node_name(n) });
         }

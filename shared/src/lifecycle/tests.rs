@@ -142,6 +142,13 @@ fn short(a: &Action) -> String {
         }
         Action::CollectNode { node } => format!("collect-node {node}"),
         Action::Relaunch { claim } => format!("relaunch {claim}"),
+        Action::Adopt { claim } => format!(
+            "adopt {} {} {}",
+            claim.name,
+            claim.instance_id.as_deref().unwrap_or("-"),
+            claim.node_name.as_deref().unwrap_or("-")
+        ),
+        Action::HoldCollection { instance, .. } => format!("hold-collection {instance}"),
     }
 }
 
@@ -332,7 +339,7 @@ fn registered_node_carrying_every_registration_label_is_left_alone_once_initiali
 }
 
 #[test]
-fn garbage_collection_spares_live_launches_and_collects_leaks() {
+fn garbage_collection_spares_live_launches_adopts_registered_nodes_and_collects_leaks() {
     let claims = vec![
         claim("c", Phase::Launched, Some("i-1"), mins_ago(2)),
         // Its launch in flight (i-11 carries its tag), younger than the relaunch delay.
@@ -342,7 +349,8 @@ fn garbage_collection_spares_live_launches_and_collects_leaks() {
         instance("i-1", Some("c"), InstanceState::Running, mins_ago(2)),
         // Tagged with a claim that recorded another instance: a double launch, collected.
         instance("i-2", Some("c"), InstanceState::Running, mins_ago(2)),
-        // Its claim is gone: leaked, and old enough.
+        // Its claim is gone (the table lost it), its Node is registered and
+        // Ready: adopted, never collected.
         instance("i-3", Some("gone"), InstanceState::Running, mins_ago(2)),
         // Leaked but inside the leak window.
         instance("i-4", Some("gone"), InstanceState::Running, secs_ago(10)),
@@ -379,13 +387,25 @@ fn garbage_collection_spares_live_launches_and_collects_leaks() {
         // Not a pool's node: never deleted.
         node("ip-10", "i-10", mins_ago(5), &[], &[], true),
     ];
-    let got: Vec<String> = run(&claims, &nodes, &instances).iter().map(short).collect();
+    // No cap here (adopt's tests hold it): what is collected at all.
+    let config = LifecycleConfig {
+        collect_max_percent: 100,
+        ..LifecycleConfig::default()
+    };
+    let seen = Observed {
+        now: at(NOW),
+        claims: &claims,
+        nodes: &nodes,
+        instances: &instances,
+        catalog: None,
+    };
+    let got: Vec<String> = plan(&seen, &config).iter().map(short).collect();
     assert_eq!(
         got,
         vec![
             "register c ip-1",
             "collect-instance i-2 node=-",
-            "collect-instance i-3 node=ip-3",
+            "adopt gone i-3 ip-3",
             "collect-instance i-7 node=-",
             "collect-node ip-8",
         ]

@@ -60,7 +60,9 @@ impl SweepConfig {
     /// `NODESMITH_LAUNCH_TIMEOUT` (5m), `NODESMITH_REGISTRATION_TIMEOUT` (15m), `NODESMITH_RELAUNCH_AFTER` (30s),
     /// `NODESMITH_LEAK_WINDOW` (30s), `NODESMITH_LIVENESS_GRACE` (60s),
     /// `NODESMITH_BATCH_WINDOW` (10s), `NODESMITH_RESOLVE_EVERY` (60s),
-    /// `NODESMITH_SWEEP_BUDGET` (60s), `NODESMITH_SWEEP_LEASE` (15s), `NODESMITH_REPLACEMENT_COOLDOWN` (15m); and
+    /// `NODESMITH_SWEEP_BUDGET` (60s), `NODESMITH_SWEEP_LEASE` (15s), `NODESMITH_REPLACEMENT_COOLDOWN` (15m);
+    /// the stack's identity `NODESMITH_STACK_NAME` and the share of the fleet
+    /// one run may collect, `NODESMITH_COLLECT_MAX_PERCENT` (10); and
     /// consolidation's minimum saving, `NODESMITH_CONSOLIDATION_MIN_SAVING`
     /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
@@ -88,6 +90,8 @@ impl SweepConfig {
                 liveness_grace: dur("NODESMITH_LIVENESS_GRACE", d.liveness_grace)?,
                 batch_window: dur("NODESMITH_BATCH_WINDOW", d.batch_window)?,
                 resolve_every: dur("NODESMITH_RESOLVE_EVERY", d.resolve_every)?,
+                stack: settings.optional(crate::ec2::instances::STACK_ENV),
+                collect_max_percent: settings.parsed("NODESMITH_COLLECT_MAX_PERCENT", d.collect_max_percent)?,
             },
             budget: dur("NODESMITH_SWEEP_BUDGET", Duration::from_secs(60))?,
             lease: dur("NODESMITH_SWEEP_LEASE", Duration::from_secs(15))?,
@@ -202,6 +206,11 @@ impl SweepReport {
                 done(|a| matches!(a, Action::CollectInstance { .. })),
             ),
             count("NodesCollected", done(|a| matches!(a, Action::CollectNode { .. }))),
+            count("NodeClaimsAdopted", done(|a| matches!(a, Action::Adopt { .. }))),
+            count(
+                "InstancesCollectionHeld",
+                done(|a| matches!(a, Action::HoldCollection { .. })),
+            ),
             count("LaunchesRequeued", done(|a| matches!(a, Action::Relaunch { .. }))),
             count("SweepStepsFailed", self.failed.len()),
             count("SweepStepsDeferred", self.deferred.len()),
@@ -335,6 +344,7 @@ impl<C: Cluster> Sweeper<C> {
                 }
             }
         }
+        self.report_held(&report.done, &instances).await;
         if !report.deferred.is_empty() {
             tracing::info!(
                 left = report.deferred.len(),
@@ -464,6 +474,27 @@ impl<C: Cluster> Sweeper<C> {
                 self.cluster.delete_node(node).await?;
                 Ok(())
             }
+            Action::Adopt { claim } => {
+                match self.store.create_node_claim(claim).await {
+                    Ok(_) => {}
+                    // Written since the run read the table (a launch recorded it, a
+                    // sweep adopted it): the table's claim stands.
+                    Err(crate::state::StateError::AlreadyExists(_)) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                }
+                tracing::warn!(
+                    node_claim = %claim.name,
+                    instance_id = claim.instance_id.as_deref().unwrap_or_default(),
+                    node = claim.node_name.as_deref().unwrap_or_default(),
+                    "adopted a registered node whose claim the state table did not have"
+                );
+                if let Some(node) = &claim.node_name {
+                    self.event(lifecycle::adopt::adopted_event(node, claim)).await;
+                }
+                Ok(())
+            }
+            // Reported once per pool after the run's steps (`report_held`).
+            Action::HoldCollection { .. } => Ok(()),
             Action::Relaunch { claim } => {
                 let lease = self.store.read_lease(&crate::launch::lease_name(claim)).await?;
                 if lease.is_some_and(|l| l.until_ms > now_ms()) {
@@ -482,6 +513,37 @@ impl<C: Cluster> Sweeper<C> {
                 .await?;
                 Ok(())
             }
+        }
+    }
+
+    /// One warning event per NodePool (and a log line) for the instances the
+    /// run held back from collection: the cap on terminations was reached.
+    async fn report_held(&self, done: &[Action], instances: &[crate::ec2::Instance]) {
+        let mut by_pool: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for a in done {
+            if let Action::HoldCollection {
+                instance, node_pool, ..
+            } = a
+            {
+                by_pool.entry(node_pool.as_str()).or_default().push(instance.as_str());
+            }
+        }
+        if by_pool.is_empty() {
+            return;
+        }
+        let cap = lifecycle::adopt::termination_cap(
+            lifecycle::adopt::fleet_size(instances, &self.config.lifecycle),
+            self.config.lifecycle.collect_max_percent,
+        );
+        for (pool, held) in by_pool {
+            tracing::warn!(
+                node_pool = pool,
+                held = held.len(),
+                cap,
+                instances = ?held,
+                "garbage collection held instances back: at most {cap} are terminated a run"
+            );
+            self.event(lifecycle::adopt::held_event(pool, held.len(), cap)).await;
         }
     }
 

@@ -98,6 +98,9 @@ pub const FUNCTIONS: [FunctionDef; 4] = [
     },
 ];
 
+/// The stack identity the functions run with (`NODESMITH_STACK_NAME`).
+pub const STACK_NAME: &str = "nodesmith-local";
+
 /// The forwarder's binary.
 pub const FORWARDER: &str = "nodesmith-forwarder";
 
@@ -400,6 +403,8 @@ impl LocalCloud {
             .collect();
         for (k, v) in [
             ("NODESMITH_CLUSTER_NAME", settings.cluster.clone()),
+            // The identity a deployed stack has (the template sets its stack's name).
+            ("NODESMITH_STACK_NAME", STACK_NAME.to_string()),
             ("NODESMITH_TABLE", aws::TABLE.to_string()),
             ("NODESMITH_LAUNCH_QUEUE_URL", world.launch.url.clone()),
             ("NODESMITH_PENDING_QUEUE_URL", world.pending.url.clone()),

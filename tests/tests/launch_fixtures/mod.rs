@@ -151,6 +151,7 @@ pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_
             cluster_name: CLUSTER.into(),
             pending_queue_url,
             lease_ms: nodesmith::launch::LAUNCH_LEASE_MS,
+            stack: None,
         },
     )
 }

@@ -37,6 +37,7 @@ pub fn fast() -> LifecycleConfig {
         liveness_grace: Duration::ZERO,
         batch_window: Duration::ZERO,
         resolve_every: Duration::from_secs(60),
+        ..LifecycleConfig::default()
     }
 }
 
