@@ -83,6 +83,10 @@ impl Harness {
         settings.kubelet_join = Duration::from_millis(300);
         settings.kubelet_ready = Duration::from_millis(300);
         settings.leak_grace = Duration::from_secs(3);
+        // A claimless instance whose Node never registered is collected once
+        // this has passed since its launch (the Collect phase's ghosts): short,
+        // yet far longer than a node here takes to join (300 ms).
+        settings.registration_timeout = Duration::from_secs(5);
         // Leases and the relaunch delay are shorter than the gap between two
         // sweeps here, as they are (15 s, 30 s) against the minute between sweeps in AWS.
         settings.sweep_budget = Duration::from_secs(3);
