@@ -5,6 +5,7 @@
 mod launch_fixtures;
 mod local_stack;
 
+mod adoption;
 mod end_to_end;
 mod interrupt_eventbridge;
 mod interruption;

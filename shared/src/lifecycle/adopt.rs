@@ -366,8 +366,8 @@ pub fn held_event(node_pool: &str, held: usize, cap: usize) -> EventSpec {
         type_: EventType::Warning,
         reason: COLLECTION_LIMITED.into(),
         message: format!(
-            "{held} instances with no NodeClaim are due for termination but wait for later sweeps: \
-             at most {cap} are terminated a run"
+            "{held} of this pool's instances with no NodeClaim are due for termination and wait \
+             for later sweeps: one sweep terminates at most {cap}"
         ),
     }
 }
