@@ -646,6 +646,21 @@ mod tests {
     }
 
     #[test]
+    fn the_stack_identity_and_the_collection_cap_are_settings() {
+        let c = SweepConfig::from_lookup(lookup(&[])).unwrap();
+        assert_eq!((c.lifecycle.stack, c.lifecycle.collect_max_percent), (None, 10));
+        let c = SweepConfig::from_lookup(lookup(&[
+            ("NODESMITH_STACK_NAME", "nodesmith-prod"),
+            ("NODESMITH_COLLECT_MAX_PERCENT", "25"),
+        ]))
+        .unwrap();
+        assert_eq!(c.lifecycle.stack.as_deref(), Some("nodesmith-prod"));
+        assert_eq!(c.lifecycle.collect_max_percent, 25);
+        let e = SweepConfig::from_lookup(lookup(&[("NODESMITH_COLLECT_MAX_PERCENT", "10%")])).unwrap_err();
+        assert_eq!(e.name, "NODESMITH_COLLECT_MAX_PERCENT");
+    }
+
+    #[test]
     fn consolidation_settings_default_small_and_name_bad_values() {
         let c = SweepConfig::from_lookup(lookup(&[])).unwrap();
         assert_eq!(c.consolidation, ConsolidationOptions::default());
