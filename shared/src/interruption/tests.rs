@@ -163,25 +163,30 @@ fn malformed_events_name_the_field() {
 /// names the wrong day of the week. Neither stops what the event says.
 #[test]
 fn aws_documented_samples_classify_as_what_they_say() {
-    let cases: Vec<(&str, &str, Kind, Vec<&str>, Option<&str>, Option<&str>)> = vec![
-        (
-            "spot interruption",
+    /// One sample and what it must classify as: kind, instances, time, deadline.
+    struct Sample(
+        &'static str,
+        Kind,
+        Vec<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+    );
+    let cases = vec![
+        Sample(
             fixture!("aws-doc-spot-interruption"),
             Kind::SpotInterruption,
             vec!["i-1234567890abcdef0"],
             None,
             None,
         ),
-        (
-            "rebalance recommendation",
+        Sample(
             fixture!("aws-doc-rebalance-recommendation"),
             Kind::RebalanceRecommendation,
             vec!["i-1234567890abcdef0"],
             None,
             None,
         ),
-        (
-            "state change",
+        Sample(
             fixture!("aws-doc-state-change"),
             Kind::StateChange {
                 state: "pending".into(),
@@ -190,8 +195,7 @@ fn aws_documented_samples_classify_as_what_they_say() {
             Some("2021-11-11T21:29:54Z"),
             None,
         ),
-        (
-            "health scheduled change",
+        Sample(
             fixture!("aws-doc-health-scheduled-change"),
             Kind::ScheduledChange,
             vec!["i-12345678"],
@@ -199,8 +203,9 @@ fn aws_documented_samples_classify_as_what_they_say() {
             Some("2016-06-05T15:10:09Z"),
         ),
     ];
-    for (name, text, kind, ids, time, deadline) in cases {
+    for Sample(text, kind, ids, time, deadline) in cases {
         let e = parse(text);
+        let name = kind.name();
         assert_eq!(e.kind, kind, "{name}");
         assert_eq!(e.instance_ids, ids, "{name}");
         assert_eq!(e.time, time.map(ts), "{name}");
