@@ -21,6 +21,11 @@ moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
 closes, so a crashed test run never leaves a server behind.
 
+CreateFleet gives its instances what their launch template names, as EC2
+does and moto does not: the security groups, and the IAM instance profile
+(associated, and shown by DescribeInstances as IamInstanceProfile with the
+profile's Arn and Id), so a test can see which profile a node runs with.
+
 moto has no On-Demand Capacity Reservations; this adds Create-, Describe- and
 CancelCapacityReservation, and makes CreateFleet honour a launch template's
 CapacityReservationTarget: the reservation's type and zone, its capacity
