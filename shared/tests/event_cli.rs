@@ -111,3 +111,45 @@ fn unreadable_file_exits_2() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
     assert!(o.stdout.is_empty());
 }
+
+/// AWS's documented sample events (EC2 User Guide, AWS Health), verbatim:
+/// each classifies as the kind it is, though the EC2 samples' `time` is a
+/// placeholder and the Health sample's `startTime` is an RFC 1123 date.
+#[test]
+fn aws_documented_samples_are_acted_on() {
+    let names = [
+        "aws-doc-spot-interruption",
+        "aws-doc-rebalance-recommendation",
+        "aws-doc-state-change",
+        "aws-doc-health-scheduled-change",
+    ];
+    let files: Vec<String> = names.iter().map(|n| fixture(n)).collect();
+    let args: Vec<&str> = files.iter().map(String::as_str).collect();
+    let out = json(&event(&args, None));
+    let got: Vec<(&str, &Value, &Value)> = out
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), &e["instanceIds"], &e["deadline"]))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "SpotInterruption",
+                &serde_json::json!(["i-1234567890abcdef0"]),
+                &Value::Null
+            ),
+            (
+                "RebalanceRecommendation",
+                &serde_json::json!(["i-1234567890abcdef0"]),
+                &Value::Null
+            ),
+            ("StateChange", &serde_json::json!(["i-abcd1111"]), &Value::Null),
+            (
+                "ScheduledChange",
+                &serde_json::json!(["i-12345678"]),
+                &serde_json::json!("2016-06-05T15:10:09Z")
+            ),
+        ],
+        "{out:#?}"
+    );
+}

@@ -21,6 +21,11 @@ moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
 closes, so a crashed test run never leaves a server behind.
 
+CreateFleet gives its instances what their launch template names, as EC2
+does and moto does not: the security groups, and the IAM instance profile
+(associated, and shown by DescribeInstances as IamInstanceProfile with the
+profile's Arn and Id), so a test can see which profile a node runs with.
+
 moto has no On-Demand Capacity Reservations; this adds Create-, Describe- and
 CancelCapacityReservation, and makes CreateFleet honour a launch template's
 CapacityReservationTarget: the reservation's type and zone, its capacity
@@ -51,6 +56,8 @@ from moto.ec2.models.instance_types import INSTANCE_TYPES
 from moto.ec2.models.instances import Instance
 from moto.ec2.responses import EC2Response, fleets as fleet_responses, spot_instances
 from moto.ec2.utils import random_id, simple_aws_filter_to_re
+from moto.iam.exceptions import NotFoundException as IAMNotFoundException
+from moto.iam.models import iam_backends
 from moto.core.responses import ActionResult
 from moto.moto_api import _internal as moto_api
 from moto.moto_server import threaded_moto_server
@@ -168,13 +175,42 @@ def template_security_groups(backend, launch_template_spec):
     return groups
 
 
+def template_profile(backend, launch_template_spec):
+    """The IAM instance profile a fleet's launch template names (moto's
+    IAM model), or None: none named, or IAM does not have it."""
+    spec = launch_template_spec or {}
+    template = backend.launch_templates.get(spec.get("LaunchTemplateId"))
+    if template is None:
+        return None
+    data = template.get_version(spec.get("Version", template.default_version_number)).data
+    named = data.get("IamInstanceProfile") or {}
+    iam = iam_backends[backend.account_id][get_partition(backend.region_name)]
+    try:
+        if named.get("Arn"):
+            return iam.get_instance_profile_by_arn(named["Arn"])
+        if named.get("Name"):
+            return iam.get_instance_profile(named["Name"])
+    except IAMNotFoundException:
+        return None
+    return None
+
+
+def attach_profile(backend, instance, profile):
+    """What EC2 does with a launch template's instance profile: the instance is
+    associated with it, and DescribeInstances shows the profile's ARN and id."""
+    if instance.id not in backend.iam_instance_profile_associations:
+        backend.associate_iam_instance_profile(instance.id, iam_instance_profile_arn=profile.arn)
+    instance.iam_instance_profile = {"Arn": profile.arn, "Id": profile.id}
+
+
 def fleet_init(self, ec2_backend, fleet_id, on_demand_options, spot_options, capacity, configs,
                excess_capacity_termination_policy, replace_unhealthy_instances,
                terminate_instances_with_expiration, fleet_type, valid_from, valid_until,
                tag_specifications):
-    """EC2 gives a fleet's instances the security groups of their launch
-    template; moto launches them in the VPC's default group, which would read
-    as security-group drift on every node. Launch templates that target a
+    """EC2 gives a fleet's instances the security groups and the instance
+    profile of their launch template; moto launches them in the VPC's default
+    group (which would read as security-group drift on every node) and with no
+    profile (so nothing could show a node losing its credentials). Launch templates that target a
     capacity reservation launch through launch_reserved."""
     def init(configs):
         _fleet_init(self, ec2_backend, fleet_id, on_demand_options, spot_options, capacity, configs,
@@ -198,6 +234,9 @@ def fleet_init(self, ec2_backend, fleet_id, on_demand_options, spot_options, cap
         ids = template_security_groups(ec2_backend, getattr(launch_spec, "launch_template_spec", None))
         if ids:
             instance.security_groups = [ec2_backend.get_security_group_from_id(g) for g in ids]
+        profile = template_profile(ec2_backend, getattr(launch_spec, "launch_template_spec", None))
+        if profile is not None:
+            attach_profile(ec2_backend, instance, profile)
 
 
 # Capacity reservations per (account, region), by id, as EC2's API shapes

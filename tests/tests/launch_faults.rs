@@ -278,3 +278,44 @@ async fn public_ip_choice_raid0_and_context_reach_ec2() {
         nic.groups().iter().map(String::as_str).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn a_failed_launch_leaves_its_lease_item_to_expire() {
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    proxy.throttle("CreateFleet", 100);
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(
+        &kube,
+        &st,
+        &claim("ttl-1", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
+    let before = state::now_secs();
+    assert!(l.launch(&req).await.is_err());
+    // The claim may never launch (the sweep gives it up): its lease item must not stay forever.
+    let client = aws_sdk_dynamodb::Client::new(&m.sdk_config().await);
+    let item = client
+        .get_item()
+        .table_name(st.table())
+        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(state::PK_LEASE.into()))
+        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("launch/ttl-1".into()))
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("the released lease item");
+    let expires: i64 = item
+        .get(state::TTL_ATTRIBUTE)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {} on {item:?}", state::TTL_ATTRIBUTE));
+    assert!(expires > before && expires <= before + 2 * 3600, "{expires}");
+    // A redelivery still takes the lease and launches.
+    proxy.throttle("CreateFleet", 0);
+    assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
+}

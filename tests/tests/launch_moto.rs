@@ -590,8 +590,9 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
         .unwrap();
 
     let classes = [EC2NodeClass::new("default", after.clone())];
+    let none = std::collections::BTreeSet::new();
     let now = jiff::Timestamp::now();
-    let young = gc::collect_templates(&ec2, CLUSTER, &classes, now, gc::TEMPLATE_GRACE)
+    let young = gc::collect_templates(&ec2, CLUSTER, &classes, &none, now, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert!(
@@ -599,7 +600,7 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
         "a fresh template may be in use by a launch: {young:?}"
     );
     let later = now + jiff::SignedDuration::from_hours(1);
-    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, later, gc::TEMPLATE_GRACE)
+    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, &none, later, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert_eq!(deleted.len(), 1, "{deleted:?}");
@@ -610,13 +611,13 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
         "{left:?}"
     );
     // Once the class is gone, its template goes too; a second pass finds nothing more.
-    let gone = gc::collect_templates(&ec2, CLUSTER, &[], later, gc::TEMPLATE_GRACE)
+    let gone = gc::collect_templates(&ec2, CLUSTER, &[], &none, later, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert_eq!(gone.len(), 1);
     assert_eq!(names(template_user_data(&m).await), vec!["someone-elses".to_string()]);
     assert!(
-        gc::collect_templates(&ec2, CLUSTER, &[], later, gc::TEMPLATE_GRACE)
+        gc::collect_templates(&ec2, CLUSTER, &[], &none, later, gc::TEMPLATE_GRACE)
             .await
             .unwrap()
             .is_empty()
@@ -661,11 +662,74 @@ async fn templates_of_an_ami_the_alias_moved_past_are_collected() {
         ..Default::default()
     });
     let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
-    let deleted = gc::collect_templates(&ec2, CLUSTER, std::slice::from_ref(&class), later, gc::TEMPLATE_GRACE)
-        .await
-        .unwrap();
+    let none = std::collections::BTreeSet::new();
+    let deleted = gc::collect_templates(
+        &ec2,
+        CLUSTER,
+        std::slice::from_ref(&class),
+        &none,
+        later,
+        gc::TEMPLATE_GRACE,
+    )
+    .await
+    .unwrap();
     assert_eq!(deleted.len(), 1, "{deleted:?}");
     let left = gc::owned_templates(&ec2, CLUSTER).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].image_id.as_deref(), Some(newer));
+}
+
+#[tokio::test]
+async fn a_template_a_waiting_fleet_request_names_is_kept() {
+    use nodesmith::apis::EC2NodeClass;
+    use nodesmith::launch::gc;
+    use nodesmith::nodeclaim::{AttemptOverride, LaunchAttempt};
+    let m = moto().await;
+    let (kube, st, l) = launching(&m).await;
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let before = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim("wait-1", &["m5.large"], &["on-demand"]), &before).await;
+    l.launch(&req).await.unwrap();
+    let templates = gc::owned_templates(&ec2, CLUSTER).await.unwrap();
+    assert_eq!(templates.len(), 1);
+    let old = templates[0].name.clone();
+    // A claim's CreateFleet request naming that template was sent and not answered yet:
+    // a redelivery sends it again as it was.
+    let mut waiting = claim("wait-2", &["m5.large"], &["on-demand"]);
+    waiting.launch_attempt = Some(LaunchAttempt {
+        number: 1,
+        client_token: "wait-2-1".into(),
+        capacity_type: "on-demand".into(),
+        overrides: vec![AttemptOverride {
+            instance_type: "m5.large".into(),
+            zone: "us-east-1a".into(),
+            subnet_id: "subnet-1".into(),
+            template: old.clone(),
+            price: None,
+            capacity_reservation: None,
+        }],
+        tags: BTreeMap::new(),
+        concluded: false,
+        context: None,
+    });
+    st.create_node_claim(&waiting).await.unwrap();
+    // The class changes: the template is no longer what the class makes.
+    let mut after = before.clone();
+    after.tags.insert("cost-center".into(), "42".into());
+    let classes = [EC2NodeClass::new("default", after)];
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
+    assert_eq!(used.templates, std::collections::BTreeSet::from([old.clone()]));
+    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, &used.templates, later, gc::TEMPLATE_GRACE)
+        .await
+        .unwrap();
+    assert!(deleted.is_empty(), "claim wait-2's request names {old}: {deleted:?}");
+    // Once the request is answered (here: the claim given up), the template goes.
+    let waiting = st.get_node_claim("wait-2").await.unwrap().unwrap();
+    st.delete_node_claim("wait-2", waiting.version).await.unwrap();
+    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
+    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, &used.templates, later, gc::TEMPLATE_GRACE)
+        .await
+        .unwrap();
+    assert_eq!(deleted, vec![old]);
 }

@@ -1,13 +1,18 @@
 //! Instance profiles: a class's `role` gets a profile nodesmith makes on first
-//! use, reuses, replaces when the role changes and the sweep deletes when no
-//! class uses it; `instanceProfile` is used as is. The fault proxy makes
+//! use, reuses, replaces when the role changes and the sweep deletes once no
+//! class names it, no instance runs with it (EC2, and moto as patched, gives
+//! an instance its launch template's profile) and a grace has passed since its
+//! last user; `instanceProfile` is used as is. The fault proxy makes
 //! CreateFleet as strict as EC2 (moto launches with any profile): a profile IAM
 //! does not have is refused, and a new one is refused for its first calls.
 
+use std::collections::BTreeSet;
+
 use crate::launch_fixtures::*;
+use jiff::{SignedDuration, Timestamp};
 use nodesmith::apis::EC2NodeClass;
-use nodesmith::launch::LaunchOutcome;
-use nodesmith::nodeclass::profile::{self, PROFILE_PATH};
+use nodesmith::launch::{LaunchOutcome, gc};
+use nodesmith::nodeclass::profile::{self, PROFILE_GRACE, PROFILE_PATH};
 use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
@@ -112,19 +117,18 @@ async fn a_role_gets_a_profile_made_on_first_use_reused_replaced_and_collected()
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
     let second = profile::profile_name(CLUSTER, "default", "KarpenterNodeRole-demo-v2");
     assert_eq!(managed_profiles(&m).await.len(), 2);
+    // The old profile stays while nodes ip-1 and ip-2 run with it (the issue's
+    // review: deleting it took their credentials).
     let classes = [EC2NodeClass::new("default", changed.clone())];
-    let deleted = profile::collect_profiles(&iam, CLUSTER, &classes).await.unwrap();
-    assert_eq!(deleted, vec![first]);
-    assert_eq!(
-        managed_profiles(&m).await,
-        vec![(second, vec!["KarpenterNodeRole-demo-v2".to_string()])]
-    );
-    assert!(
-        profile::collect_profiles(&iam, CLUSTER, &classes)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
+    assert_eq!(used.profiles, BTreeSet::from([first.clone(), second.clone()]));
+    let later = Timestamp::now() + SignedDuration::from_hours(2);
+    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &classes, &used.profiles, later, PROFILE_GRACE)
+        .await
+        .unwrap();
+    assert!(deleted.is_empty(), "nodes run with {first}: {deleted:?}");
+    assert_eq!(managed_profiles(&m).await.len(), 2);
 }
 
 #[tokio::test]
@@ -150,4 +154,65 @@ async fn an_instance_profile_class_uses_the_named_profile_as_is() {
     assert_eq!(template_profiles(&m).await, vec!["MyNodeProfile".to_string()]);
     assert!(managed_profiles(&m).await.is_empty(), "nothing made");
     assert_eq!(proxy.profile_refusals(), 0);
+}
+
+/// The instance profile EC2 shows on a claim's instance (its name: the ARN's last segment).
+async fn profile_of_instance(m: &Moto, claim: &str) -> String {
+    let instance = instances_of(m, claim).await.remove(0);
+    let p = instance
+        .iam_instance_profile()
+        .expect("EC2 gives an instance its launch template's profile");
+    assert!(p.id().is_some_and(|id| !id.is_empty()), "{p:?}");
+    let arn = p.arn().expect("the profile's ARN");
+    assert!(arn.contains(&format!(":instance-profile{PROFILE_PATH}")), "{arn}");
+    arn.rsplit('/').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_profile_a_running_instance_uses_outlives_its_class() {
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
+    let class = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim("live-1", &["m5.large"], &["on-demand"]), &class).await;
+    assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
+    let first = profile::profile_name(CLUSTER, "default", "KarpenterNodeRole-demo");
+    assert_eq!(profile_of_instance(&m, "live-1").await, first);
+
+    // The class's role changes, then the class is deleted: the node running
+    // with the old profile keeps it (and so its credentials), hours later too.
+    let mut changed = class.clone();
+    changed.role = Some("KarpenterNodeRole-demo-v2".into());
+    let iam = aws_sdk_iam::Client::new(&m.sdk_config().await);
+    let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
+    let later = Timestamp::now() + SignedDuration::from_hours(2);
+    for classes in [vec![EC2NodeClass::new("default", changed.clone())], vec![]] {
+        let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
+        let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &classes, &used.profiles, later, PROFILE_GRACE)
+            .await
+            .unwrap();
+        assert!(deleted.is_empty(), "instance live-1 runs with {first}: {deleted:?}");
+    }
+    assert_eq!(
+        managed_profiles(&m).await,
+        vec![(first.clone(), vec!["KarpenterNodeRole-demo".to_string()])]
+    );
+
+    // The node goes: the profile stays for the grace after it was last seen in use, then goes.
+    let id = instances_of(&m, "live-1").await[0].instance_id().unwrap().to_string();
+    ec2.terminate_instances().instance_ids(&id).send().await.unwrap();
+    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
+    assert!(used.profiles.is_empty(), "{used:?}");
+    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &[], &used.profiles, later, PROFILE_GRACE)
+        .await
+        .unwrap();
+    assert!(deleted.is_empty(), "seen in use just now: {deleted:?}");
+    let after_grace = later + SignedDuration::try_from(PROFILE_GRACE).unwrap();
+    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &[], &used.profiles, after_grace, PROFILE_GRACE)
+        .await
+        .unwrap();
+    assert_eq!(deleted, vec![first]);
+    assert!(managed_profiles(&m).await.is_empty());
 }

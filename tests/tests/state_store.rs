@@ -457,3 +457,65 @@ async fn the_lambda_meter_counts_each_invocation_in_the_table() {
     assert!(launch.1 >= 400, "{launch:?}");
     assert_eq!(launch.2, 96_000_000);
 }
+
+/// The parts of one catalog generation in the table.
+async fn catalog_parts(m: &nodesmith_tests::moto::Moto, generation: &str) -> usize {
+    let client = aws_sdk_dynamodb::Client::new(&m.sdk_config().await);
+    client
+        .scan()
+        .table_name("nodesmith")
+        .send()
+        .await
+        .unwrap()
+        .items()
+        .iter()
+        .filter(|it| {
+            it["sk"]
+                .as_s()
+                .is_ok_and(|s| s.starts_with(&format!("PART#{generation}#")))
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_replaced_catalog_generation_stays_readable_for_a_while() {
+    let m = moto().await;
+    let st = store(&m).await;
+    let catalog = |n: usize| Catalog {
+        region: "us-east-1".into(),
+        instance_types: (0..n)
+            .map(|i| InstanceTypeInfo {
+                name: format!("x{i}.large"),
+                labels: BTreeMap::new(),
+                capacity: Resources::new(),
+                allocatable: None,
+                vcpus: 2,
+                eni_max_pods: 29,
+                offerings: vec![],
+            })
+            .collect(),
+    };
+    let t0 = state::now_ms();
+    let g1 = st.put_catalog_at(&catalog(1), t0).await.unwrap();
+    // A reader (a cold container) read the head naming g1 a moment ago; the sweep
+    // stores a new generation before it reads g1's parts.
+    let g2 = st.put_catalog_at(&catalog(2), t0 + 1000).await.unwrap();
+    assert_ne!(g1, g2);
+    assert_eq!(
+        catalog_parts(&m, &g1).await,
+        1,
+        "the reader of {g1} still finds its parts"
+    );
+    let cold = StateStore::new(aws_sdk_dynamodb::Client::new(&m.sdk_config().await), st.table());
+    assert_eq!(cold.get_catalog().await.unwrap(), Some(catalog(2)));
+    // Replaced again within the grace: both older generations stay.
+    let g3 = st.put_catalog_at(&catalog(3), t0 + 2000).await.unwrap();
+    assert_eq!((catalog_parts(&m, &g1).await, catalog_parts(&m, &g2).await), (1, 1));
+    // Once no reader can still hold an old head, a write deletes what retired before then.
+    let later = t0 + 2000 + state::RETIRED_GRACE_MS;
+    let g4 = st.put_catalog_at(&catalog(4), later).await.unwrap();
+    assert_eq!(catalog_parts(&m, &g1).await, 0, "{g1} retired a grace ago");
+    assert_eq!(catalog_parts(&m, &g2).await, 0, "{g2} retired a grace ago");
+    assert_eq!((catalog_parts(&m, &g3).await, catalog_parts(&m, &g4).await), (1, 1));
+    assert_eq!(cold.get_catalog().await.unwrap(), Some(catalog(4)));
+}

@@ -1083,6 +1083,8 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ),
     ("launch/gc.rs", "ec2:DescribeLaunchTemplates", &["SweepFunction"]),
     ("launch/gc.rs", "ec2:DeleteLaunchTemplate", &["SweepFunction"]),
+    // Which instance profiles live instances run with.
+    ("launch/gc.rs", "ec2:DescribeInstances", &["SweepFunction"]),
     // ensure() (launch) and exists() (the sweep's class status).
     (
         "nodeclass/profile.rs",

@@ -4,7 +4,10 @@
 //! Only what is acted on is required: `source`, `detail-type` and the fields
 //! that name the instance. `version`, `account`, `region` and `resources` are
 //! never read, so their absence or odd shape (AWS documents `resources` as a
-//! string for some events) changes nothing.
+//! string for some events) changes nothing; nor is `time` required (AWS's
+//! documented EC2 samples carry a `yyyy-mm-ddThh:mm:ssZ` placeholder): without
+//! it a deadline counted from it is left to the handler's clock. Dates are
+//! read in whatever format AWS sent them ([`parse_time`]).
 
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Map, Value};
@@ -151,7 +154,7 @@ pub fn classify(value: &Value) -> Event {
         }
         Err(error) => {
             event.kind = Kind::Unknown { error };
-            event.time = time(obj).ok().flatten();
+            event.time = time(obj);
         }
     }
     event
@@ -167,7 +170,9 @@ struct Parsed {
 fn read(obj: &Map<String, Value>, source: Option<&str>, detail_type: Option<&str>) -> Result<Parsed, String> {
     let source = source.ok_or_else(|| missing_or_wrong(obj, "source", "a string"))?;
     let detail_type = detail_type.ok_or_else(|| missing_or_wrong(obj, "detail-type", "a string"))?;
-    let time = time(obj)?;
+    // Never required: an unreadable `time` (AWS's own samples carry a placeholder)
+    // only leaves a spot or reservation deadline to the handler's clock.
+    let time = time(obj);
     let detail = || -> Result<&Map<String, Value>, String> {
         obj.get("detail")
             .and_then(Value::as_object)
@@ -272,15 +277,8 @@ fn health(d: &Map<String, Value>, time: Option<Timestamp>) -> Result<Parsed, Str
     })
 }
 
-fn time(obj: &Map<String, Value>) -> Result<Option<Timestamp>, String> {
-    match obj.get("time") {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_str()
-            .and_then(parse_time)
-            .map(Some)
-            .ok_or_else(|| "time: not an RFC 3339 date".to_string()),
-    }
+fn time(obj: &Map<String, Value>) -> Option<Timestamp> {
+    obj.get("time").and_then(Value::as_str).and_then(parse_time)
 }
 
 fn instance_id(d: &Map<String, Value>) -> Result<String, String> {
@@ -299,19 +297,23 @@ pub fn is_instance_id(s: &str) -> bool {
     })
 }
 
-/// Reads a date as AWS writes them: RFC 3339, or RFC 2822 / HTTP date as
-/// some Health events carry (`Wed, 31 Jan 2024 21:00:00 GMT`).
+/// Reads a date as AWS writes them: RFC 3339, or RFC 1123 / RFC 2822 as
+/// Health events carry `startTime` and `endTime` (`Wed, 31 Jan 2024 21:00:00 GMT`).
+/// The day of the week is redundant and not checked: AWS's own documented
+/// Health sample says `Sat, 05 Jun 2016`, a Sunday.
 pub fn parse_time(s: &str) -> Option<Timestamp> {
     let s = s.trim();
     if let Ok(t) = s.parse::<Timestamp>() {
         return Some(t);
     }
-    if let Ok(z) = jiff::fmt::rfc2822::parse(s) {
-        return Some(z.timestamp());
-    }
     // RFC 2822 allows "GMT" and "UT"; some producers write "UTC".
-    s.strip_suffix(" UTC")
-        .and_then(|head| jiff::fmt::rfc2822::parse(&format!("{head} GMT")).ok())
+    let zone_fixed = s.strip_suffix(" UTC").map(|head| format!("{head} GMT"));
+    let s = zone_fixed.as_deref().unwrap_or(s);
+    let without_weekday = s.split_once(", ").map(|(_, rest)| rest);
+    [Some(s), without_weekday]
+        .into_iter()
+        .flatten()
+        .find_map(|text| jiff::fmt::rfc2822::parse(text).ok())
         .map(|z| z.timestamp())
 }
 

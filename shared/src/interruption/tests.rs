@@ -130,10 +130,6 @@ fn malformed_events_name_the_field() {
             "detail.state is missing",
         ),
         (
-            json!({"source": "aws.ec2", "detail-type": "EC2 Spot Instance Interruption Warning", "time": "yesterday", "detail": {"instance-id": I}}),
-            "time: not",
-        ),
-        (
             json!({"source": "aws.health", "detail-type": "AWS Health Event", "detail": {"service": "RDS", "eventTypeCategory": "scheduledChange"}}),
             "only EC2",
         ),
@@ -160,8 +156,96 @@ fn malformed_events_name_the_field() {
     assert!(matches!(parse("{not json").kind, Kind::Unknown { error } if error.starts_with("not JSON")));
 }
 
+/// AWS's own sample events, verbatim from its documentation: the EC2 User
+/// Guide's spot interruption warning, rebalance recommendation and state
+/// change, and the AWS Health scheduled change for EC2. The EC2 samples carry
+/// `"time": "yyyy-mm-ddThh:mm:ssZ"`; the Health sample's RFC 1123 start time
+/// names the wrong day of the week. Neither stops what the event says.
+#[test]
+fn aws_documented_samples_classify_as_what_they_say() {
+    /// One sample and what it must classify as: kind, instances, time, deadline.
+    struct Sample(
+        &'static str,
+        Kind,
+        Vec<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+    );
+    let cases = vec![
+        Sample(
+            fixture!("aws-doc-spot-interruption"),
+            Kind::SpotInterruption,
+            vec!["i-1234567890abcdef0"],
+            None,
+            None,
+        ),
+        Sample(
+            fixture!("aws-doc-rebalance-recommendation"),
+            Kind::RebalanceRecommendation,
+            vec!["i-1234567890abcdef0"],
+            None,
+            None,
+        ),
+        Sample(
+            fixture!("aws-doc-state-change"),
+            Kind::StateChange {
+                state: "pending".into(),
+            },
+            vec!["i-abcd1111"],
+            Some("2021-11-11T21:29:54Z"),
+            None,
+        ),
+        Sample(
+            fixture!("aws-doc-health-scheduled-change"),
+            Kind::ScheduledChange,
+            vec!["i-12345678"],
+            Some("2016-06-05T06:27:57Z"),
+            Some("2016-06-05T15:10:09Z"),
+        ),
+    ];
+    for Sample(text, kind, ids, time, deadline) in cases {
+        let e = parse(text);
+        let name = kind.name();
+        assert_eq!(e.kind, kind, "{name}");
+        assert_eq!(e.instance_ids, ids, "{name}");
+        assert_eq!(e.time, time.map(ts), "{name}");
+        assert_eq!(e.deadline, deadline.map(ts), "{name}");
+    }
+    // Without a readable `time`, a spot warning's notice is counted from when it is handled.
+    let spot = parse(fixture!("aws-doc-spot-interruption"));
+    let now = ts("2026-03-02T14:20:05Z");
+    let claim = claim(Phase::Initialized);
+    match decide(&spot, Some(&claim), RebalanceMode::Replace, now) {
+        Reaction::Act(steps) => assert_eq!(steps.drain.and_then(|d| d.deadline), Some(ts("2026-03-02T14:22:05Z"))),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_unreadable_time_is_not_required() {
+    for (detail_type, kind) in [
+        ("EC2 Spot Instance Interruption Warning", Kind::SpotInterruption),
+        ("EC2 Instance Rebalance Recommendation", Kind::RebalanceRecommendation),
+    ] {
+        let e = classify(
+            &json!({"source": "aws.ec2", "detail-type": detail_type, "time": "yesterday", "detail": {"instance-id": I}}),
+        );
+        assert_eq!((e.kind, e.time, e.deadline), (kind, None, None), "{detail_type}");
+    }
+}
+
 #[test]
 fn dates_in_every_format_aws_sends() {
+    assert_eq!(
+        parse_time("Sat, 05 Jun 2016 15:10:09 GMT"),
+        Some(ts("2016-06-05T15:10:09Z")),
+        "AWS's documented Health sample (5 June 2016 was a Sunday)"
+    );
+    assert_eq!(
+        parse_time("Sun, 05 Jun 2016 05:01:10 GMT"),
+        Some(ts("2016-06-05T05:01:10Z"))
+    );
+    assert_eq!(parse_time("05 Jun 2016 15:10:09 GMT"), Some(ts("2016-06-05T15:10:09Z")));
     assert_eq!(parse_time("2026-03-05T22:00:00Z"), Some(ts("2026-03-05T22:00:00Z")));
     assert_eq!(
         parse_time("2026-03-05T23:00:00+01:00"),

@@ -1,13 +1,18 @@
 //! Collecting what launch leaves behind: launch templates and instance
-//! profiles (`super::profile`) no EC2NodeClass uses any more. Templates are shared (one per class hash, AMI,
+//! profiles (`super::profile`) no EC2NodeClass uses any more, and nothing
+//! a live resource still references ([`InUse`]). Templates are shared (one per class hash, AMI,
 //! user data and capacity type, and per capacity reservation) and tagged with
 //! the class's name and drift hash, their AMI and their reservation, so a
 //! template is orphaned once its class is gone or has changed, its AMI is no
 //! longer one the class resolves to (`@latest` moved on), or its reservation is
-//! no longer one the class selects (expired, cancelled). The sweep calls
-//! [`sweep`] once a run; the decision is pure ([`orphaned_templates`]).
+//! no longer one the class selects (expired, cancelled); but never while a
+//! claim's CreateFleet request naming it waits for its answer (a redelivery
+//! sends it again as it was). A profile goes only once no class names it, no
+//! live instance runs with it, and a grace has passed since its last user
+//! ([`crate::nodeclass::profile::collectable_profiles`]). The sweep calls
+//! [`sweep`] once a run; the decisions are pure ([`orphaned_templates`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
@@ -18,7 +23,10 @@ use super::errors::LaunchError;
 use crate::apis::EC2NodeClass;
 use crate::kubernetes::Cluster;
 use crate::labels;
+use crate::nodeclaim::{NodeClaim, Phase};
 use crate::nodeclass::launchtemplate::{IMAGE_TAG, RESERVATION_TAG};
+use crate::nodeclass::profile::{self, PROFILE_GRACE};
+use crate::state::StateStore;
 
 /// A template younger than this is never collected: a launch may have made it
 /// for a class the sweep has not seen yet (far longer than any launch runs).
@@ -44,13 +52,72 @@ pub struct OwnedTemplate {
     pub created: Option<Timestamp>,
 }
 
+/// What live resources reference, as the sweep sees it: nothing named here is collected.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InUse {
+    /// Launch templates named by the CreateFleet request of a claim not launched yet.
+    pub templates: BTreeSet<String>,
+    /// Instance profiles of the cluster's instances that are pending, running, stopping or stopped.
+    pub profiles: BTreeSet<String>,
+}
+
+/// Instance states in which an instance still needs its profile's credentials
+/// (a stopped one may be started again).
+const PROFILE_STATES: [&str; 4] = ["pending", "running", "stopping", "stopped"];
+
+/// Templates named by the launch requests of claims not launched yet (pure):
+/// a request sent and not answered is sent again as it was.
+pub fn templates_in_flight(claims: &[NodeClaim]) -> BTreeSet<String> {
+    claims
+        .iter()
+        .filter(|c| c.phase == Phase::Pending)
+        .filter_map(|c| c.launch_attempt.as_ref())
+        .flat_map(|a| a.overrides.iter().map(|o| o.template.clone()))
+        .collect()
+}
+
+/// What the claims in the table and the cluster's live instances reference.
+pub async fn in_use(ec2: &aws_sdk_ec2::Client, store: &StateStore, cluster: &str) -> Result<InUse, LaunchError> {
+    let claims = store.list_node_claims().await?;
+    let mut pages = ec2
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name(format!("tag:{}", crate::ec2::instances::owned_tag_key(cluster)))
+                .values("owned")
+                .build(),
+        )
+        .filters(
+            Filter::builder()
+                .name("instance-state-name")
+                .set_values(Some(PROFILE_STATES.iter().map(|s| s.to_string()).collect()))
+                .build(),
+        )
+        .into_paginator()
+        .send();
+    let mut profiles = BTreeSet::new();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| LaunchError::aws("ec2:DescribeInstances", e))?;
+        for i in page.reservations().iter().flat_map(|r| r.instances()) {
+            if let Some(arn) = i.iam_instance_profile().and_then(|p| p.arn()) {
+                profiles.insert(profile::name_of_arn(arn).to_string());
+            }
+        }
+    }
+    Ok(InUse {
+        templates: templates_in_flight(&claims),
+        profiles,
+    })
+}
+
 /// Templates no class uses: the class they name is gone, its hash moved on,
 /// or they carry no hash; or the class's status no longer lists their AMI or
 /// reservation (judged only when it lists some); and they are older than
-/// `grace` (pure).
+/// `grace` and not named by a waiting request (`in_flight`) (pure).
 pub fn orphaned_templates(
     templates: &[OwnedTemplate],
     classes: &[EC2NodeClass],
+    in_flight: &BTreeSet<String>,
     now: Timestamp,
     grace: Duration,
 ) -> Vec<String> {
@@ -59,6 +126,7 @@ pub fn orphaned_templates(
     templates
         .iter()
         .filter(|t| t.created.is_some_and(|c| now.duration_since(c) >= grace))
+        .filter(|t| !in_flight.contains(&t.name))
         .filter(|t| {
             let current = t.node_class.as_deref().and_then(|c| by_name.get(c));
             match (current, &t.class_hash) {
@@ -127,18 +195,19 @@ pub async fn owned_templates(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result
     Ok(out)
 }
 
-/// Deletes the cluster's orphaned templates as of `now`; returns the names deleted
-/// (one already gone counts as deleted).
+/// Deletes the cluster's orphaned templates as of `now`, except those
+/// `in_flight`; returns the names deleted (one already gone counts as deleted).
 pub async fn collect_templates(
     ec2: &aws_sdk_ec2::Client,
     cluster: &str,
     classes: &[EC2NodeClass],
+    in_flight: &BTreeSet<String>,
     now: Timestamp,
     grace: Duration,
 ) -> Result<Vec<String>, LaunchError> {
     let owned = owned_templates(ec2, cluster).await?;
     let mut deleted = Vec::new();
-    for name in orphaned_templates(&owned, classes, now, grace) {
+    for name in orphaned_templates(&owned, classes, in_flight, now, grace) {
         match ec2.delete_launch_template().launch_template_name(&name).send().await {
             Ok(_) => {}
             Err(e)
@@ -152,13 +221,56 @@ pub async fn collect_templates(
     Ok(deleted)
 }
 
-/// The sweep's step: reads the EC2NodeClasses and collects orphaned launch
-/// templates and (given IAM) instance profiles. A failure is logged and left
+/// Deletes the cluster's managed profiles that may go at `now`
+/// ([`profile::collectable_profiles`]), given the profiles live instances
+/// use; returns the names deleted. Records in the state table, as of `now`,
+/// that every profile a class names or an instance uses was seen in use, so
+/// the grace runs from the last user, not from the profile's creation.
+pub async fn collect_profiles(
+    iam: &aws_sdk_iam::Client,
+    store: &StateStore,
+    cluster: &str,
+    classes: &[EC2NodeClass],
+    in_use: &BTreeSet<String>,
+    now: Timestamp,
+    grace: Duration,
+) -> Result<Vec<String>, LaunchError> {
+    let owned = profile::managed_profiles(iam, cluster).await?;
+    let wanted = profile::wanted_profiles(cluster, classes);
+    let mut last_seen = BTreeMap::new();
+    for p in &owned {
+        let marker = profile::in_use_marker(&p.name);
+        if wanted.contains(&p.name) || in_use.contains(&p.name) {
+            store.mark(&marker, now.as_millisecond()).await?;
+        } else if let Some(at) = store
+            .marked_at(&marker)
+            .await?
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+        {
+            last_seen.insert(p.name.clone(), at);
+        }
+    }
+    let mut deleted = Vec::new();
+    for name in profile::collectable_profiles(&owned, &wanted, in_use, &last_seen, now, grace) {
+        let Some(p) = owned.iter().find(|p| p.name == name) else {
+            continue;
+        };
+        profile::delete(iam, p).await?;
+        tracing::info!(profile = %name, "deleted an instance profile no EC2NodeClass names and no instance uses");
+        deleted.push(name);
+    }
+    Ok(deleted)
+}
+
+/// The sweep's step: reads the EC2NodeClasses, the claims and the live
+/// instances, and collects orphaned launch templates and (given IAM)
+/// instance profiles that nothing references. A failure is logged and left
 /// to the next run (it never fails the sweep). Returns what was deleted.
 pub async fn sweep<C: Cluster>(
     cluster: &C,
     ec2: &aws_sdk_ec2::Client,
     iam: Option<&aws_sdk_iam::Client>,
+    store: &StateStore,
     cluster_name: &str,
 ) -> Vec<String> {
     let classes = match cluster.node_classes().await {
@@ -168,7 +280,16 @@ pub async fn sweep<C: Cluster>(
             return Vec::new();
         }
     };
-    let mut deleted = match collect_templates(ec2, cluster_name, &classes, Timestamp::now(), TEMPLATE_GRACE).await {
+    // Read after the classes: a launch writes its request before CreateFleet.
+    let used = match in_use(ec2, store, cluster_name).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(error = %crate::telemetry::causes(&e), "cannot tell what is in use; launch templates and profiles are collected next run");
+            return Vec::new();
+        }
+    };
+    let now = Timestamp::now();
+    let mut deleted = match collect_templates(ec2, cluster_name, &classes, &used.templates, now, TEMPLATE_GRACE).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::causes(&e), "cannot collect launch templates; the next sweep tries again");
@@ -176,7 +297,7 @@ pub async fn sweep<C: Cluster>(
         }
     };
     if let Some(iam) = iam {
-        match super::profile::collect_profiles(iam, cluster_name, &classes).await {
+        match collect_profiles(iam, store, cluster_name, &classes, &used.profiles, now, PROFILE_GRACE).await {
             Ok(d) => deleted.extend(d),
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "cannot collect instance profiles; the next sweep tries again")
@@ -219,8 +340,57 @@ mod tests {
             t("untagged", None, None, old),
             t("no-time", Some("b"), None, None),
         ];
-        let got = orphaned_templates(&templates, &[a], now, Duration::from_secs(600));
+        let got = orphaned_templates(&templates, &[a], &BTreeSet::new(), now, Duration::from_secs(600));
         assert_eq!(got, vec!["changed", "class-gone", "per-claim", "untagged"]);
+    }
+
+    #[test]
+    fn a_template_a_waiting_request_names_is_kept() {
+        use crate::nodeclaim::{AttemptOverride, LaunchAttempt};
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let attempt = |template: &str| LaunchAttempt {
+            number: 1,
+            client_token: "t".into(),
+            capacity_type: "on-demand".into(),
+            overrides: vec![AttemptOverride {
+                instance_type: "m5.large".into(),
+                zone: "us-east-1a".into(),
+                subnet_id: "subnet-1".into(),
+                template: template.into(),
+                price: None,
+                capacity_reservation: None,
+            }],
+            tags: BTreeMap::new(),
+            concluded: false,
+            context: None,
+        };
+        let claim = |name: &str, phase: Phase, template: &str| NodeClaim {
+            phase,
+            launch_attempt: Some(attempt(template)),
+            ..NodeClaim::pending(name, "default", "default")
+        };
+        let claims = [
+            claim("waiting", Phase::Pending, "lt-waiting"),
+            claim("launched", Phase::Launched, "lt-launched"),
+        ];
+        let in_flight = templates_in_flight(&claims);
+        assert_eq!(in_flight, BTreeSet::from(["lt-waiting".to_string()]));
+        let t = |name: &str| OwnedTemplate {
+            name: name.into(),
+            node_class: Some("gone".into()),
+            class_hash: None,
+            created: Some("2026-01-01T11:00:00Z".parse().unwrap()),
+            image_id: None,
+            reservation: None,
+        };
+        let got = orphaned_templates(
+            &[t("lt-waiting"), t("lt-launched")],
+            &[],
+            &in_flight,
+            now,
+            TEMPLATE_GRACE,
+        );
+        assert_eq!(got, vec!["lt-launched"]);
     }
 
     #[test]
@@ -244,7 +414,16 @@ mod tests {
             t("ended-reservation", Some("ami-new"), Some("cr-ended")),
         ];
         // No status yet: nothing to judge AMIs or reservations by.
-        assert!(orphaned_templates(&templates, std::slice::from_ref(&a), now, Duration::from_secs(600)).is_empty());
+        assert!(
+            orphaned_templates(
+                &templates,
+                std::slice::from_ref(&a),
+                &BTreeSet::new(),
+                now,
+                Duration::from_secs(600)
+            )
+            .is_empty()
+        );
         a.status = Some(crate::apis::ec2nodeclass::EC2NodeClassStatus {
             amis: vec![crate::apis::ec2nodeclass::AmiStatus {
                 id: "ami-new".into(),
@@ -256,7 +435,7 @@ mod tests {
             }],
             ..Default::default()
         });
-        let got = orphaned_templates(&templates, &[a], now, Duration::from_secs(600));
+        let got = orphaned_templates(&templates, &[a], &BTreeSet::new(), now, Duration::from_secs(600));
         assert_eq!(got, vec!["superseded-ami", "ended-reservation"]);
     }
 }

@@ -56,6 +56,11 @@ pub const LAUNCH_LEASE_MS: i64 = 15 * 1000;
 /// How long the lease of a claim whose instance was launched but not recorded is
 /// still held: past EC2's read lag, so the next holder finds the instance by its tag.
 pub const LAUNCH_HOLD_MS: i64 = 60 * 1000;
+/// How long the lease item of a launch that did not end with its claim
+/// launched (or gone) is kept before DynamoDB's TTL deletes it: far past the
+/// launch timeout, after which the sweep gives the claim up, so the item of a
+/// claim that never launches does not stay forever.
+pub const LAUNCH_LEASE_ITEM_TTL: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 /// How many times one launch retries EC2's refusal of an instance profile it
 /// cannot see yet (IAM is eventually consistent), waiting
 /// [`PROFILE_RETRY_BASE`] doubled each time (about 15 s in all).
@@ -295,6 +300,8 @@ impl<C: Cluster> Launcher<C> {
         // released for the redelivery. An instance launched but not recorded: the lease
         // is held (shortened to LAUNCH_HOLD_MS), never released, so no one launches for
         // the claim meanwhile. A failed write only delays a redelivery until the lease expires.
+        // Either failure may be the claim's last launch (the sweep gives it up): its
+        // item then expires by TTL (LAUNCH_LEASE_ITEM_TTL).
         let now = state::now_ms();
         let freed = match &result {
             Ok(_) => self.store.delete_lease(&lease, now).await,
@@ -306,6 +313,12 @@ impl<C: Cluster> Launcher<C> {
         };
         if let Err(e) = freed {
             tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot free launch lease");
+        }
+        if result.is_err() {
+            let expires = now / 1000 + LAUNCH_LEASE_ITEM_TTL.as_secs() as i64;
+            if let Err(e) = self.store.expire_lease_item(&lease_name, expires).await {
+                tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot set the launch lease item's expiry");
+            }
         }
         if let Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) = &result {
             self.launched_event(c).await;

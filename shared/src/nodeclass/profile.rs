@@ -3,14 +3,20 @@
 //! Karpenter does: one per (cluster, class, role), named by a hash of the
 //! three under the path [`PROFILE_PATH`], tagged with the cluster and the
 //! class, created on first use (CreateInstanceProfile + AddRoleToInstanceProfile),
-//! reused after. A changed role gives a new profile; the sweep deletes profiles
-//! no class uses ([`collect_profiles`]). IAM is eventually consistent: EC2 may
-//! refuse a profile made seconds ago ([`is_profile_refusal`]), which launch retries.
+//! reused after. A changed role gives a new profile. The sweep deletes a
+//! profile only when no class names it, no live instance runs with it, and
+//! [`PROFILE_GRACE`] has passed since it was made and since the sweep last
+//! saw it named or in use ([`collectable_profiles`]; the I/O is in
+//! `launch::gc`): a node keeps its credentials while it runs, whatever
+//! happens to its class. IAM is eventually consistent: EC2 may refuse a
+//! profile made seconds ago ([`is_profile_refusal`]), which launch retries.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use aws_sdk_iam::error::ProvideErrorMetadata;
 use aws_sdk_iam::types::Tag;
+use jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
 use super::error::NodeClassError;
@@ -19,6 +25,22 @@ use crate::labels;
 
 /// The IAM path of every profile nodesmith makes (the IAM policy is scoped to it).
 pub const PROFILE_PATH: &str = "/nodesmith/";
+
+/// How long a profile outlives its last user (a class naming it, an instance
+/// running with it) and its creation: a launch that read the class before it
+/// changed, or an instance EC2 does not list yet, is covered by far.
+pub const PROFILE_GRACE: Duration = Duration::from_secs(60 * 60);
+
+/// A profile nodesmith made for the cluster, as IAM lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedProfile {
+    /// Its name.
+    pub name: String,
+    /// The roles it holds (removed before it is deleted, as IAM requires).
+    pub roles: Vec<String>,
+    /// When IAM made it.
+    pub created: Option<Timestamp>,
+}
 
 /// The profile a class's instances get.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,34 +198,63 @@ pub async fn ensure(
     Ok(Some((name.clone(), true)))
 }
 
-/// Managed profiles (under [`PROFILE_PATH`], tagged as the cluster's) that no
-/// class asks for (pure).
-pub fn orphaned_profiles(cluster: &str, owned: &[String], classes: &[EC2NodeClass]) -> Vec<String> {
-    let wanted: BTreeSet<String> = classes
+/// The managed profiles the cluster's classes name now (pure).
+pub fn wanted_profiles(cluster: &str, classes: &[EC2NodeClass]) -> BTreeSet<String> {
+    classes
         .iter()
         .filter_map(|c| match choose(cluster, c) {
             Some(ProfileChoice::Managed { name, .. }) => Some(name),
             _ => None,
         })
-        .collect();
-    owned.iter().filter(|p| !wanted.contains(*p)).cloned().collect()
+        .collect()
 }
 
-/// Deletes the cluster's managed profiles no class asks for (roles removed
-/// first, as IAM requires); returns the names deleted.
-pub async fn collect_profiles(
-    iam: &aws_sdk_iam::Client,
-    cluster: &str,
-    classes: &[EC2NodeClass],
-) -> Result<Vec<String>, NodeClassError> {
+/// The state-table marker recording when the sweep last saw the profile
+/// named by a class or used by an instance.
+pub fn in_use_marker(profile: &str) -> String {
+    format!("profile-in-use/{profile}")
+}
+
+/// The profile's name in an instance profile ARN (`...:instance-profile/<path>/<name>`) (pure).
+pub fn name_of_arn(arn: &str) -> &str {
+    arn.rsplit('/').next().unwrap_or(arn)
+}
+
+/// The managed profiles that may be deleted at `now` (pure): no class names
+/// them, no live instance uses them, and both their creation and the last
+/// time they were seen wanted or in use are at least `grace` ago. A profile
+/// whose creation time is unknown and that was never seen is kept.
+pub fn collectable_profiles(
+    owned: &[ManagedProfile],
+    wanted: &BTreeSet<String>,
+    in_use: &BTreeSet<String>,
+    last_seen: &BTreeMap<String, Timestamp>,
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<String> {
+    let grace = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
+    owned
+        .iter()
+        .filter(|p| !wanted.contains(&p.name) && !in_use.contains(&p.name))
+        .filter(|p| {
+            let last = p.created.into_iter().chain(last_seen.get(&p.name).copied()).max();
+            last.is_some_and(|t| now.duration_since(t) >= grace)
+        })
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// The cluster's managed profiles: under [`PROFILE_PATH`], named for the
+/// cluster and tagged as its own.
+pub async fn managed_profiles(iam: &aws_sdk_iam::Client, cluster: &str) -> Result<Vec<ManagedProfile>, NodeClassError> {
     let mut pages = iam
         .list_instance_profiles()
         .path_prefix(PROFILE_PATH)
         .into_paginator()
         .send();
     let prefix = format!("{cluster}_");
-    let mut owned = Vec::new();
-    let mut roles: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let key = crate::ec2::instances::owned_tag_key(cluster);
+    let mut out = Vec::new();
     while let Some(page) = pages.next().await {
         let page = page.map_err(|e| iam_err("iam:ListInstanceProfiles", e))?;
         for p in page.instance_profiles() {
@@ -218,43 +269,44 @@ pub async fn collect_profiles(
                 .send()
                 .await
                 .map_err(|e| iam_err("iam:GetInstanceProfile", e))?;
-            let key = crate::ec2::instances::owned_tag_key(cluster);
             let owned_by_us = full
                 .instance_profile()
                 .is_some_and(|f| f.tags().iter().any(|t| t.key() == key && t.value() == "owned"));
             if owned_by_us {
-                owned.push(name.to_string());
-                roles.insert(
-                    name.to_string(),
-                    p.roles().iter().map(|r| r.role_name().to_string()).collect(),
-                );
+                let created = p.create_date();
+                out.push(ManagedProfile {
+                    name: name.to_string(),
+                    roles: p.roles().iter().map(|r| r.role_name().to_string()).collect(),
+                    created: Timestamp::new(created.secs(), created.subsec_nanos() as i32).ok(),
+                });
             }
         }
     }
-    let mut deleted = Vec::new();
-    for name in orphaned_profiles(cluster, &owned, classes) {
-        for role in roles.get(&name).into_iter().flatten() {
-            match iam
-                .remove_role_from_instance_profile()
-                .instance_profile_name(&name)
-                .role_name(role)
-                .send()
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.code() == Some("NoSuchEntity") => {}
-                Err(e) => return Err(iam_err("iam:RemoveRoleFromInstanceProfile", e)),
-            }
-        }
-        match iam.delete_instance_profile().instance_profile_name(&name).send().await {
+    Ok(out)
+}
+
+/// Deletes a managed profile, its roles removed first (as IAM requires); one
+/// already gone counts as deleted.
+pub async fn delete(iam: &aws_sdk_iam::Client, profile: &ManagedProfile) -> Result<(), NodeClassError> {
+    let name = &profile.name;
+    for role in &profile.roles {
+        match iam
+            .remove_role_from_instance_profile()
+            .instance_profile_name(name)
+            .role_name(role)
+            .send()
+            .await
+        {
             Ok(_) => {}
             Err(e) if e.code() == Some("NoSuchEntity") => {}
-            Err(e) => return Err(iam_err("iam:DeleteInstanceProfile", e)),
+            Err(e) => return Err(iam_err("iam:RemoveRoleFromInstanceProfile", e)),
         }
-        tracing::info!(profile = %name, "deleted an instance profile no EC2NodeClass uses");
-        deleted.push(name);
     }
-    Ok(deleted)
+    match iam.delete_instance_profile().instance_profile_name(name).send().await {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some("NoSuchEntity") => Ok(()),
+        Err(e) => Err(iam_err("iam:DeleteInstanceProfile", e)),
+    }
 }
 
 #[cfg(test)]
@@ -300,16 +352,50 @@ mod tests {
     }
 
     #[test]
-    fn profiles_no_class_asks_for_are_orphans() {
+    fn a_profile_goes_only_unnamed_unused_and_a_grace_after_its_last_user() {
         let classes = [
             class("default", Some("R2"), None),
             class("fixed", None, Some("MyProfile")),
         ];
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let hours_ago = |h: i64| Some(now - jiff::SignedDuration::from_hours(h));
+        let p = |name: &str, created| ManagedProfile {
+            name: name.into(),
+            roles: vec![],
+            created,
+        };
         let current = profile_name("demo", "default", "R2");
         let old_role = profile_name("demo", "default", "R1");
-        let gone = profile_name("demo", "deleted", "R2");
-        let owned = vec![current.clone(), old_role.clone(), gone.clone()];
-        assert_eq!(orphaned_profiles("demo", &owned, &classes), vec![old_role, gone]);
+        let running = profile_name("demo", "default", "R0");
+        let young = profile_name("demo", "young", "R2");
+        let lately_seen = profile_name("demo", "deleted", "R2");
+        let unknown = profile_name("demo", "unknown", "R2");
+        let owned = vec![
+            p(&current, hours_ago(5)),
+            p(&old_role, hours_ago(5)),
+            p(&running, hours_ago(5)),
+            p(&young, hours_ago(0)),
+            p(&lately_seen, hours_ago(5)),
+            p(&unknown, None),
+        ];
+        let wanted = wanted_profiles("demo", &classes);
+        assert_eq!(
+            wanted,
+            BTreeSet::from([current.clone()]),
+            "a named instanceProfile is never managed"
+        );
+        let in_use = BTreeSet::from([running.clone()]);
+        let last_seen = BTreeMap::from([(lately_seen.clone(), now - jiff::SignedDuration::from_mins(30))]);
+        let got = collectable_profiles(&owned, &wanted, &in_use, &last_seen, now, PROFILE_GRACE);
+        assert_eq!(got, vec![old_role]);
+        // No class at all (a moment between a delete and a create): only what no one used for the grace.
+        let got = collectable_profiles(&owned, &BTreeSet::new(), &in_use, &last_seen, now, PROFILE_GRACE);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(!got.contains(&running) && !got.contains(&lately_seen) && !got.contains(&young));
+        assert_eq!(
+            name_of_arn("arn:aws:iam::1:instance-profile/nodesmith/demo_ab"),
+            "demo_ab"
+        );
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! The catalog snapshot: the whole [`Catalog`] as JSON, split into parts
 //! under a content-addressed generation, with a head item written last.
+//!
+//! A reader reads the head, then the parts it names: a generation the head
+//! no longer names may still be being read, so it is kept, listed in the
+//! head as retired, for [`RETIRED_GRACE_MS`], and deleted by the first write
+//! after that ([`retire`]).
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -11,6 +16,58 @@ use crate::catalog::Catalog;
 
 /// Bytes per part: under DynamoDB's 400 KB item limit with room for the key.
 pub const PART_BYTES: usize = 350 * 1024;
+
+/// How long a generation outlives the head that stops naming it: longer than
+/// any reader runs (a Lambda invocation lasts at most 15 minutes).
+pub const RETIRED_GRACE_MS: i64 = 20 * 60 * 1000;
+
+/// A generation the head no longer names, kept for readers of the old head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retired {
+    /// The generation (sha256 of its JSON).
+    pub generation: String,
+    /// How many parts it has.
+    pub parts: usize,
+    /// When the head stopped naming it (epoch ms).
+    pub at_ms: i64,
+}
+
+/// The head's retired list after `current` is stored at `now_ms` over a head
+/// that named `replaced`: what stays listed, and what to delete now (pure).
+/// A generation stored again is live, never deleted.
+pub fn retire(
+    listed: Vec<Retired>,
+    replaced: Option<Retired>,
+    current: &str,
+    now_ms: i64,
+    grace_ms: i64,
+) -> (Vec<Retired>, Vec<Retired>) {
+    let mut keep: Vec<Retired> = Vec::new();
+    let mut delete = Vec::new();
+    for r in listed.into_iter().chain(replaced) {
+        if r.generation == current
+            || keep
+                .iter()
+                .chain(&delete)
+                .any(|k: &Retired| k.generation == r.generation)
+        {
+            continue;
+        }
+        if now_ms - r.at_ms >= grace_ms {
+            delete.push(r);
+        } else {
+            keep.push(r);
+        }
+    }
+    (keep, delete)
+}
+
+/// What the head item says.
+struct Head {
+    generation: String,
+    parts: usize,
+    retired: Vec<Retired>,
+}
 
 /// The sort key of one part.
 fn part_key(generation: &str, index: usize) -> String {
@@ -40,6 +97,12 @@ pub fn join(generation: &str, parts: &[Vec<u8>]) -> Result<Vec<u8>, StateError> 
 impl StateStore {
     /// Stores the catalog; returns its generation (sha256 of its JSON).
     pub async fn put_catalog(&self, catalog: &Catalog) -> Result<String, StateError> {
+        self.put_catalog_at(catalog, super::now_ms()).await
+    }
+
+    /// [`StateStore::put_catalog`] at `now_ms`: the generation it replaces is
+    /// kept for [`RETIRED_GRACE_MS`] from now, older retired ones are deleted.
+    pub async fn put_catalog_at(&self, catalog: &Catalog, now_ms: i64) -> Result<String, StateError> {
         let json = serde_json::to_vec(catalog).map_err(|e| StateError::Corrupt {
             what: "catalog",
             key: "HEAD".into(),
@@ -58,9 +121,38 @@ impl StateStore {
                 .await
                 .map_err(|e| self.dynamo("PutItem", e))?;
         }
+        let (listed, replaced) = match previous {
+            Some(h) => (
+                h.retired,
+                Some(Retired {
+                    generation: h.generation,
+                    parts: h.parts,
+                    at_ms: now_ms,
+                }),
+            ),
+            None => (Vec::new(), None),
+        };
+        let (keep, delete) = retire(listed, replaced, &generation, now_ms, RETIRED_GRACE_MS);
         let mut head = item::key(PK_CATALOG, "HEAD");
         head.insert("generation".into(), s(&generation));
         head.insert("parts".into(), n(parts.len()));
+        head.insert(
+            "retired".into(),
+            AttributeValue::L(
+                keep.iter()
+                    .map(|r| {
+                        AttributeValue::M(
+                            [
+                                ("generation".to_string(), s(&r.generation)),
+                                ("parts".to_string(), n(r.parts)),
+                                ("at".to_string(), n(r.at_ms)),
+                            ]
+                            .into(),
+                        )
+                    })
+                    .collect(),
+            ),
+        );
         self.client
             .put_item()
             .table_name(&self.table)
@@ -68,26 +160,26 @@ impl StateStore {
             .send()
             .await
             .map_err(|e| self.dynamo("PutItem", e))?;
-        // The old generation's parts are garbage now; a reader that fetched the
-        // old head a moment ago may still want them, so failures here are only logged.
-        if let Some((old, count)) = previous.filter(|(g, _)| *g != generation) {
-            for i in 0..count {
+        // Retired past the grace: no reader can still want them. A failure leaves
+        // parts no head lists (harmless garbage), so it is only logged.
+        for old in delete {
+            for i in 0..old.parts {
                 if let Err(e) = self
                     .client
                     .delete_item()
                     .table_name(&self.table)
-                    .set_key(Some(item::key(PK_CATALOG, &part_key(&old, i))))
+                    .set_key(Some(item::key(PK_CATALOG, &part_key(&old.generation, i))))
                     .send()
                     .await
                 {
-                    tracing::warn!(generation = %old, part = i, error = %aws_smithy_types::error::display::DisplayErrorContext(&e), "cannot delete old catalog part");
+                    tracing::warn!(generation = %old.generation, part = i, error = %aws_smithy_types::error::display::DisplayErrorContext(&e), "cannot delete old catalog part");
                 }
             }
         }
         Ok(generation)
     }
 
-    async fn catalog_head(&self) -> Result<Option<(String, usize)>, StateError> {
+    async fn catalog_head(&self) -> Result<Option<Head>, StateError> {
         let out = self
             .client
             .get_item()
@@ -98,16 +190,35 @@ impl StateStore {
             .await
             .map_err(|e| self.dynamo("GetItem", e))?;
         let Some(it) = out.item() else { return Ok(None) };
-        Ok(Some((
-            get_s(it, "catalog", "generation")?.to_string(),
-            get_i64(it, "catalog", "parts")? as usize,
-        )))
+        let mut retired = Vec::new();
+        if let Some(AttributeValue::L(list)) = it.get("retired") {
+            for r in list {
+                let AttributeValue::M(m) = r else {
+                    return Err(item::corrupt(it, "catalog", "a retired generation is not a map".into()));
+                };
+                retired.push(Retired {
+                    generation: get_s(m, "catalog", "generation")?.to_string(),
+                    parts: get_i64(m, "catalog", "parts")? as usize,
+                    at_ms: get_i64(m, "catalog", "at")?,
+                });
+            }
+        }
+        Ok(Some(Head {
+            generation: get_s(it, "catalog", "generation")?.to_string(),
+            parts: get_i64(it, "catalog", "parts")? as usize,
+            retired,
+        }))
     }
 
     /// The stored catalog, if any. The parts are read only when the head
     /// names a generation this store has not read yet.
     pub async fn get_catalog(&self) -> Result<Option<Catalog>, StateError> {
-        let Some((generation, count)) = self.catalog_head().await? else {
+        let Some(Head {
+            generation,
+            parts: count,
+            ..
+        }) = self.catalog_head().await?
+        else {
             return Ok(None);
         };
         if let Some((g, c)) = self.catalog.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
@@ -161,5 +272,41 @@ mod tests {
         damaged.pop();
         assert!(join(&g, &damaged).unwrap_err().to_string().contains("2 parts hash to"));
         assert!(part_key(&g, 3).ends_with("#0003"));
+    }
+
+    #[test]
+    fn a_replaced_generation_is_kept_for_the_grace_then_deleted() {
+        let r = |g: &str, at_ms: i64| Retired {
+            generation: g.into(),
+            parts: 2,
+            at_ms,
+        };
+        let grace = 1000;
+        // g1 replaced by g2 now: kept.
+        assert_eq!(
+            retire(vec![], Some(r("g1", 5000)), "g2", 5000, grace),
+            (vec![r("g1", 5000)], vec![])
+        );
+        // g2 replaced by g3 within the grace of g1's retirement: both kept.
+        assert_eq!(
+            retire(vec![r("g1", 5000)], Some(r("g2", 5500)), "g3", 5500, grace),
+            (vec![r("g1", 5000), r("g2", 5500)], vec![])
+        );
+        // Past g1's grace: g1 goes, g2 stays.
+        assert_eq!(
+            retire(
+                vec![r("g1", 5000), r("g2", 5500)],
+                Some(r("g3", 6000)),
+                "g4",
+                6000,
+                grace
+            ),
+            (vec![r("g2", 5500), r("g3", 6000)], vec![r("g1", 5000)])
+        );
+        // The same content stored again: its generation is live, never deleted.
+        assert_eq!(
+            retire(vec![r("g1", 0)], Some(r("g1", 9000)), "g1", 9000, grace),
+            (vec![], vec![])
+        );
     }
 }

@@ -225,3 +225,28 @@ impl StateStore {
         }))
     }
 }
+
+impl StateStore {
+    /// Lets DynamoDB's TTL delete the lease item `name` at `expires_at_secs`
+    /// (epoch s): for a lease whose item would otherwise outlive what it
+    /// guards (a launch lease of a claim that failed and may never launch).
+    /// Only the TTL attribute is written; an item already gone stays gone.
+    pub async fn expire_lease_item(&self, name: &str, expires_at_secs: i64) -> Result<(), StateError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_LEASE, name)))
+            .update_expression("SET #ttl = :e")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#ttl", super::TTL_ATTRIBUTE)
+            .expression_attribute_values(":e", n(expires_at_secs))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if item::condition_failed(&e) => Ok(()),
+            Err(e) => Err(self.dynamo("UpdateItem", e)),
+        }
+    }
+}

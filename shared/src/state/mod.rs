@@ -9,9 +9,9 @@
 //! | item | `pk` | `sk` | other attributes |
 //! |---|---|---|---|
 //! | NodeClaim | `NODECLAIM` | claim name | `version` (N), `phase` (S), `nodePool` (S), `instanceId` (S, once launched), `body` (S, the claim as JSON) |
-//! | lease | `LEASE` | lease name | `holder` (S), `version` (N, the fencing token), `leaseUntil` (N, epoch ms) |
+//! | lease | `LEASE` | lease name | `holder` (S), `version` (N, the fencing token), `leaseUntil` (N, epoch ms), `expiresAt` (N, epoch s; set on a launch lease whose launch failed, so the item of a claim that never launches goes) |
 //! | unavailable offering | `UNAVAILABLE` | `<capacity type>#<zone>#<instance type>` | `reason` (S), `expiresAt` (N, epoch s) |
-//! | catalog head | `CATALOG` | `HEAD` | `generation` (S, sha256 of the JSON), `parts` (N) |
+//! | catalog head | `CATALOG` | `HEAD` | `generation` (S, sha256 of the JSON), `parts` (N), `retired` (L of M: `generation`, `parts`, `at` epoch ms; generations replaced less than [`RETIRED_GRACE_MS`] ago, whose parts are kept for readers of the old head) |
 //! | catalog part | `CATALOG` | `PART#<generation>#<index, 4 digits>` | `data` (B, a slice of the catalog JSON) |
 //! | processed message | `PROCESSED` | idempotency key | `expiresAt` (N, epoch s) |
 //! | drain in progress | `DRAIN` | claim name | `node` (S), `reason` (S), `startedAt` (N, epoch ms), `deadline`, `forceFrom` (N, epoch ms, optional), `expiresAt` (N, epoch s) |
@@ -40,7 +40,7 @@ mod nodeclaims;
 mod offerings;
 mod table;
 
-pub use catalog::PART_BYTES;
+pub use catalog::{PART_BYTES, RETIRED_GRACE_MS};
 pub use costs::{COST_TTL_DAYS, CostEntry, DayCost, FunctionCost, day_key};
 pub use disruptions::{DisruptionRecord, DisruptionStep, Reason, UnknownReason};
 pub use drains::DrainRecord;

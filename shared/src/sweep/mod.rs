@@ -266,7 +266,7 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
-    /// Also collects the instance profiles no EC2NodeClass uses (`nodeclass::profile`).
+    /// Also collects the instance profiles no EC2NodeClass names and no instance uses (`nodeclass::profile`).
     pub fn with_iam(mut self, iam: aws_sdk_iam::Client) -> Self {
         self.iam = Some(iam);
         self
@@ -366,6 +366,7 @@ impl<C: Cluster> Sweeper<C> {
             &self.cluster,
             self.instances.ec2(),
             self.iam.as_ref(),
+            &self.store,
             self.instances.cluster(),
         )
         .await;
