@@ -356,8 +356,13 @@ impl<C: Cluster> Interrupter<C> {
         let door = &door;
         door.under_lease(|lease| async move {
             let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
-            let options = SolveOptions::without(nodes.iter().cloned());
-            let plan = capacity::plan_replacements(&snapshot, nodes, &options, &capacity::seed(&lease, now), |_| {});
+            let (replaced, seed) = (nodes.to_vec(), capacity::seed(&lease, now));
+            // Off the runtime's thread, so the lease is renewed during a long solve.
+            let plan = capacity::off_task(move || {
+                let options = SolveOptions::without(replaced.iter().cloned());
+                capacity::plan_replacements(&snapshot, &replaced, &options, &seed, |_| {})
+            })
+            .await;
             for u in plan.unschedulable() {
                 tracing::warn!(pod = %u.pod, reason = %u.reason, "no replacement can hold this pod");
             }

@@ -277,7 +277,7 @@ impl<C: Cluster> Sweeper<C> {
         let ttl = self.config.lease.as_millis() as i64;
         let Some(lease) = self
             .store
-            .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
+            .acquire_lease(LEASE, &crate::state::invocation_holder(&self.config.holder), ttl, now_ms())
             .await?
         else {
             tracing::info!("another sweep holds the lease; skipping this run");
