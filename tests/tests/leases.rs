@@ -56,7 +56,12 @@ async fn a_holders_claim_write_survives_a_transaction_conflict() {
     let made = st
         .create_node_claims_fenced(&lease, &[claim("conflict-1")], now_ms())
         .await
-        .unwrap_or_else(|e| panic!("one TransactionConflict failed the claim write: {}", nodesmith::telemetry::causes(&e)));
+        .unwrap_or_else(|e| {
+            panic!(
+                "one TransactionConflict failed the claim write: {}",
+                nodesmith::telemetry::causes(&e)
+            )
+        });
     assert_eq!(made.len(), 1);
     assert!(st.get_node_claim("conflict-1").await.unwrap().is_some());
     assert_eq!(proxy.failed("TransactWriteItems"), 1);
@@ -112,7 +117,12 @@ async fn a_waiter_does_not_write_while_the_lease_is_held() {
         .unwrap()
         .expect("a free lease is taken");
     let got = waiter
-        .acquire_lease_within("provision", "waiter", Duration::from_secs(15), Duration::from_millis(500))
+        .acquire_lease_within(
+            "provision",
+            "waiter",
+            Duration::from_secs(15),
+            Duration::from_millis(500),
+        )
         .await
         .unwrap();
     assert_eq!(got, None, "the lease is held");

@@ -325,7 +325,7 @@ impl<C: Cluster> Interrupter<C> {
                     tracing::warn!(node, error = %crate::telemetry::causes(&e), "drain of a node whose capacity is gone failed")
                 }
             }
-            self.cluster.delete_node(node).await?;
+            crate::kubernetes::cluster::delete_node_of(&self.cluster, node, claim.instance_id.as_deref()).await?;
         }
         self.store.remove_node_claim(claim, VersionCheck::Regardless).await?;
         self.store.end_drain(&claim.name).await?;

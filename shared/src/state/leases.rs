@@ -359,7 +359,10 @@ mod tests {
         assert!(a.starts_with("provision-"), "{a}");
         for _ in 0..100 {
             let j = jitter(Duration::from_millis(200));
-            assert!(j >= Duration::from_millis(100) && j < Duration::from_millis(300), "{j:?}");
+            assert!(
+                j >= Duration::from_millis(100) && j < Duration::from_millis(300),
+                "{j:?}"
+            );
         }
     }
 }
