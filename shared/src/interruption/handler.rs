@@ -40,7 +40,7 @@ pub struct InterruptConfig {
     pub pending_queue_url: String,
     /// What rebalance recommendations do.
     pub rebalance: RebalanceMode,
-    /// Who we are, for the provision lease.
+    /// Who we are, for the provision lease (each invocation adds an identity of its own).
     pub holder: String,
     /// How long the provision lease outlives a replacement solve that died.
     pub lease_ttl: Duration,

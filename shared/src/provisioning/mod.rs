@@ -40,7 +40,7 @@ pub struct ProvisionConfig {
     pub lease_ttl: Duration,
     /// How long to wait for another invocation's solve before giving the batch back.
     pub lease_wait: Duration,
-    /// Who we are (the Lambda request id), for the lease.
+    /// Who we are, for the lease (each invocation adds an identity of its own).
     pub holder: String,
 }
 

@@ -48,7 +48,7 @@ pub struct SweepConfig {
     pub lease: Duration,
     /// The same for the provision lease, which disruption replacements take.
     pub provision_lease: Duration,
-    /// Who we are, for the lease.
+    /// Who we are, for the leases (each run adds an identity of its own).
     pub holder: String,
     /// Consolidation's minimum saving and churn cooldown.
     pub consolidation: crate::disruption::consolidation::ConsolidationOptions,
