@@ -389,3 +389,18 @@ async fn an_event_on_an_object_with_the_longest_name_is_recorded() {
     let refused = server.apply(&named).unwrap_err();
     assert!(refused.contains("must be no more than 253 characters"), "{refused}");
 }
+
+#[tokio::test]
+async fn a_node_now_backed_by_another_instance_is_left_alone() {
+    let server = KubeServer::start().await;
+    server.register_node(&node("n1")).unwrap();
+    let cluster = adapter(&server);
+    let delete_of =
+        |instance: &'static str| nodesmith::kubernetes::cluster::delete_node_of(&cluster, "n1", Some(instance));
+    // The claim's instance was i-old; the Node of that name is i-n1's now.
+    assert!(!delete_of("i-old").await.unwrap());
+    assert!(cluster.node("n1").await.unwrap().is_some());
+    assert!(delete_of("i-n1").await.unwrap());
+    assert!(cluster.node("n1").await.unwrap().is_none());
+    assert!(!delete_of("i-n1").await.unwrap(), "nothing left to delete");
+}
