@@ -62,7 +62,8 @@ pub struct Door<'a> {
     pub sqs: &'a aws_sdk_sqs::Client,
     /// The launch queue's URL.
     pub launch_queue_url: &'a str,
-    /// Who holds the lease (the Lambda request id or function name).
+    /// Who asks for the lease (the function); each invocation holds it under
+    /// an identity of its own made from this.
     pub holder: &'a str,
     /// How long the lease outlives its holder's last renewal.
     pub lease_ttl: Duration,
@@ -71,8 +72,10 @@ pub struct Door<'a> {
 }
 
 impl Door<'_> {
-    /// Runs `work` under the provision lease; None when another holder kept
-    /// it for longer than `lease_wait`.
+    /// Runs `work` under the provision lease, held by this invocation alone
+    /// (`holder` names the function; each call adds a fresh identity) and
+    /// renewed while `work` runs (a solve inside goes through [`off_task`]);
+    /// None when another holder kept it for longer than `lease_wait`.
     pub async fn under_lease<T, Fut: Future<Output = T>>(
         &self,
         work: impl FnOnce(Lease) -> Fut,
@@ -89,6 +92,16 @@ impl Door<'_> {
         let requests: Vec<LaunchRequest> = created.iter().map(|c| LaunchRequest::new(&c.name)).collect();
         enqueue(self.sqs, self.launch_queue_url, &requests).await?;
         Ok(created)
+    }
+}
+
+/// Runs CPU-bound work (a solve) on the runtime's blocking pool: the lease
+/// renewal and every other task keep running while it computes, whatever
+/// the runtime's thread count. A panic in `work` goes on in the caller.
+pub async fn off_task<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(t) => t,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 
@@ -269,6 +282,16 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn work_off_task_leaves_the_runtime_thread_to_other_tasks() {
+        // A one-thread runtime: had the work run on it, the sender below
+        // would never run and the work would wait in vain.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let work = off_task(move || rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok());
+        let other = async move { tx.send(()).is_ok() };
+        assert_eq!(tokio::join!(work, other), (true, true));
     }
 
     #[test]

@@ -27,6 +27,12 @@
 //! - throttling of only the calls whose body contains a string (e.g. the
 //!   DynamoDB write that records a launch).
 //!
+//! - DynamoDB errors (JSON protocol): the next N calls of an action are
+//!   answered with a DynamoDB error document (e.g. a transient HTTP 500
+//!   `InternalServerError`), and the next N TransactWriteItems are cancelled
+//!   for a `TransactionConflict` as DynamoDB cancels them (HTTP 400,
+//!   `TransactionCanceledException` with one cancellation reason per item).
+//!
 //! Every query-protocol call's form parameters are kept, so tests can see
 //! what each call carried (e.g. how many `InstanceId.N` a TerminateInstances had).
 
@@ -112,6 +118,8 @@ struct Rules {
     tokens: HashMap<String, CachedFleet>,
     replays: usize,
     errors: HashMap<String, ErrorRule>,
+    dynamo_errors: HashMap<String, ErrorRule>,
+    transaction_conflicts: usize,
     forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
     throttled: HashMap<String, usize>,
@@ -248,6 +256,29 @@ impl FaultProxy {
         );
     }
 
+    /// The next `times` calls of `action` (a DynamoDB operation such as `UpdateItem`) are
+    /// answered with HTTP `status` and DynamoDB's JSON error document for `error_type`
+    /// (the short name, e.g. `InternalServerError`) and `message`.
+    pub fn fail_dynamo_next(&self, action: &str, times: usize, status: u16, error_type: &str, message: &str) {
+        self.rules().dynamo_errors.insert(
+            action.into(),
+            ErrorRule {
+                times,
+                status,
+                code: error_type.into(),
+                message: message.into(),
+            },
+        );
+    }
+
+    /// The next `times` TransactWriteItems are cancelled as DynamoDB cancels a
+    /// transaction that met another write of one of its items: HTTP 400,
+    /// `TransactionCanceledException`, reason `TransactionConflict` on the
+    /// last item and `None` on the others. Nothing is written.
+    pub fn transaction_conflict(&self, times: usize) {
+        self.rules().transaction_conflicts = times;
+    }
+
     /// The form parameters of every query-protocol call of `action`, in order (failed ones included).
     pub fn forms(&self, action: &str) -> Vec<Vec<(String, String)>> {
         self.rules().forms.get(action).cloned().unwrap_or_default()
@@ -306,6 +337,54 @@ fn ec2_error_response(status: u16, code: &str, message: &str) -> Response {
     );
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
     (status, [("content-type", "text/xml")], body).into_response()
+}
+
+/// An error document as DynamoDB's JSON protocol answers it.
+fn dynamo_error_response(status: u16, doc: serde_json::Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    (
+        status,
+        [("content-type", "application/x-amz-json-1.0")],
+        doc.to_string(),
+    )
+        .into_response()
+}
+
+/// DynamoDB's `__type` for an error's short name.
+fn dynamo_type(error_type: &str) -> String {
+    format!("com.amazonaws.dynamodb.v20120810#{error_type}")
+}
+
+/// A TransactWriteItems cancelled for a conflict on its last item, with one
+/// reason per item of the request, as DynamoDB words it (this exception
+/// spells its message `Message`).
+fn transaction_conflict_response(body: &[u8]) -> Response {
+    let items = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("TransactItems").and_then(|t| t.as_array()).map(Vec::len))
+        .unwrap_or(1)
+        .max(1);
+    let codes: Vec<&str> = (0..items)
+        .map(|i| if i + 1 == items { "TransactionConflict" } else { "None" })
+        .collect();
+    let reasons: Vec<serde_json::Value> = codes
+        .iter()
+        .map(|c| match *c {
+            "None" => serde_json::json!({"Code": "None"}),
+            c => serde_json::json!({"Code": c, "Message": "Transaction is ongoing for the item"}),
+        })
+        .collect();
+    dynamo_error_response(
+        400,
+        serde_json::json!({
+            "__type": dynamo_type("TransactionCanceledException"),
+            "CancellationReasons": reasons,
+            "Message": format!(
+                "Transaction cancelled, please refer cancellation reasons for specific reasons [{}]",
+                codes.join(", ")
+            ),
+        }),
+    )
 }
 
 async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
@@ -372,6 +451,20 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             let answer = ec2_error_response(e.status, &e.code, &e.message);
             *r.failed.entry(act.clone()).or_default() += 1;
             return answer;
+        }
+        if let Some(e) = r.dynamo_errors.get_mut(&act).filter(|e| e.times > 0) {
+            e.times -= 1;
+            let answer = dynamo_error_response(
+                e.status,
+                serde_json::json!({"__type": dynamo_type(&e.code), "message": e.message}),
+            );
+            *r.failed.entry(act.clone()).or_default() += 1;
+            return answer;
+        }
+        if act == "TransactWriteItems" && r.transaction_conflicts > 0 {
+            r.transaction_conflicts -= 1;
+            *r.failed.entry(act.clone()).or_default() += 1;
+            return transaction_conflict_response(&body);
         }
         if act == "DescribeInstances" && r.hide_instances > 0 {
             r.hide_instances -= 1;

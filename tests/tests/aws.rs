@@ -17,6 +17,7 @@ mod launch_faults;
 mod launch_moto;
 mod launch_profiles;
 mod launch_reserved;
+mod leases;
 mod moto_harness;
 mod snapshot_live;
 mod state_store;

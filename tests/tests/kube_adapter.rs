@@ -334,7 +334,73 @@ async fn nodes_are_deleted_idempotently_and_events_recorded() {
     for r in ["Disrupting", "DisruptionBlocked", "Nominated"] {
         assert!(reasons.contains(&r), "{reasons:?}");
     }
-    assert!(cluster.delete_node("n1").await.unwrap());
-    assert!(!cluster.delete_node("n1").await.unwrap());
+    assert!(cluster.delete_node("n1", None).await.unwrap());
+    assert!(!cluster.delete_node("n1", None).await.unwrap());
     assert!(cluster.node("n1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_node_recreated_under_the_same_name_is_not_deleted() {
+    let server = KubeServer::start().await;
+    server.register_node(&node("n1")).unwrap();
+    let cluster = adapter(&server);
+    let decided_on = cluster.node("n1").await.unwrap().unwrap();
+    // The instance went and another joined under the same name (its private IP reused).
+    server.delete("v1", "Node", "", "n1").unwrap();
+    let successor = server.register_node(&node("n1")).unwrap();
+    assert_ne!(decided_on.metadata.uid, successor.metadata.uid);
+    assert!(
+        !cluster
+            .delete_node("n1", decided_on.metadata.uid.as_deref())
+            .await
+            .unwrap(),
+        "deleting the Node decided on took its successor"
+    );
+    assert!(
+        cluster.node("n1").await.unwrap().is_some(),
+        "a Node recreated under the name of one decided on was deleted"
+    );
+    assert!(
+        cluster
+            .delete_node("n1", successor.metadata.uid.as_deref())
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn an_event_on_an_object_with_the_longest_name_is_recorded() {
+    let server = KubeServer::start().await;
+    let cluster = adapter(&server);
+    let long = format!("web-{}", "x".repeat(249));
+    assert_eq!(long.len(), 253, "the longest name an object can have");
+    let p: Pod = serde_json::from_value(pod(&long, json!({}), json!({}), json!({}))).unwrap();
+    let spec = EventSpec::nominated(&p, "default-x1");
+    cluster
+        .emit_event(&spec)
+        .await
+        .unwrap_or_else(|e| panic!("the event was refused: {}", nodesmith::telemetry::causes(&e)));
+    let events = server.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].involved_object.name.as_deref(), Some(long.as_str()));
+    // The test server is as strict as the API server about names.
+    let mut named = serde_json::to_value(spec.to_event(jiff::Timestamp::now())).unwrap();
+    named["metadata"]["name"] = json!(format!("{long}.0123456789abcdef"));
+    let refused = server.apply(&named).unwrap_err();
+    assert!(refused.contains("must be no more than 253 characters"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_node_now_backed_by_another_instance_is_left_alone() {
+    let server = KubeServer::start().await;
+    server.register_node(&node("n1")).unwrap();
+    let cluster = adapter(&server);
+    let delete_of =
+        |instance: &'static str| nodesmith::kubernetes::cluster::delete_node_of(&cluster, "n1", Some(instance));
+    // The claim's instance was i-old; the Node of that name is i-n1's now.
+    assert!(!delete_of("i-old").await.unwrap());
+    assert!(cluster.node("n1").await.unwrap().is_some());
+    assert!(delete_of("i-n1").await.unwrap());
+    assert!(cluster.node("n1").await.unwrap().is_none());
+    assert!(!delete_of("i-n1").await.unwrap(), "nothing left to delete");
 }

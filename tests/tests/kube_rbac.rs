@@ -285,7 +285,7 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
     server.apply(&pod_json("web-2")).unwrap();
     let web2 = server.pod("default", "web-2").unwrap();
     assert!(cluster.delete_pod(&web2).await.unwrap());
-    assert!(cluster.delete_node("n1").await.unwrap());
+    assert!(cluster.delete_node("n1", None).await.unwrap());
 
     assert!(server.denials().is_empty(), "{:#?}", server.denials());
     // Every grant was exercised: the role holds nothing this adapter does not use.

@@ -214,7 +214,7 @@ async fn a_deleted_node_takes_its_claim_and_instance_with_it() {
     let sweeper = s.sweeper(fast());
     sweeper.run().await.unwrap();
     let node = s.nodes().await.remove(0).metadata.name.unwrap();
-    s.cluster().delete_node(&node).await.unwrap();
+    s.cluster().delete_node(&node, None).await.unwrap();
     assert_eq!(short(&sweeper.run().await.unwrap()), vec!["remove node-gone"]);
     assert!(s.claims().await.is_empty());
     assert_eq!(

@@ -40,7 +40,7 @@ pub struct InterruptConfig {
     pub pending_queue_url: String,
     /// What rebalance recommendations do.
     pub rebalance: RebalanceMode,
-    /// Who we are, for the provision lease.
+    /// Who we are, for the provision lease (each invocation adds an identity of its own).
     pub holder: String,
     /// How long the provision lease outlives a replacement solve that died.
     pub lease_ttl: Duration,
@@ -325,7 +325,7 @@ impl<C: Cluster> Interrupter<C> {
                     tracing::warn!(node, error = %crate::telemetry::causes(&e), "drain of a node whose capacity is gone failed")
                 }
             }
-            self.cluster.delete_node(node).await?;
+            crate::kubernetes::cluster::delete_node_of(&self.cluster, node, claim.instance_id.as_deref()).await?;
         }
         self.store.remove_node_claim(claim, VersionCheck::Regardless).await?;
         self.store.end_drain(&claim.name).await?;
@@ -356,8 +356,13 @@ impl<C: Cluster> Interrupter<C> {
         let door = &door;
         door.under_lease(|lease| async move {
             let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
-            let options = SolveOptions::without(nodes.iter().cloned());
-            let plan = capacity::plan_replacements(&snapshot, nodes, &options, &capacity::seed(&lease, now), |_| {});
+            let (replaced, seed) = (nodes.to_vec(), capacity::seed(&lease, now));
+            // Off the runtime's thread, so the lease is renewed during a long solve.
+            let plan = capacity::off_task(move || {
+                let options = SolveOptions::without(replaced.iter().cloned());
+                capacity::plan_replacements(&snapshot, &replaced, &options, &seed, |_| {})
+            })
+            .await;
             for u in plan.unschedulable() {
                 tracing::warn!(pod = %u.pod, reason = %u.reason, "no replacement can hold this pod");
             }

@@ -160,8 +160,41 @@ pub trait Cluster: Send + Sync {
     /// Applies a [`NodeUpdate`] (read-modify-write guarded by the resourceVersion; no
     /// write when nothing would change). Ok(false) when the node does not exist.
     fn update_node(&self, name: &str, update: &NodeUpdate) -> impl Future<Output = Result<bool, ClusterError>> + Send;
-    /// Deletes a node object. Ok(false) when it did not exist.
-    fn delete_node(&self, name: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Deletes a node object; with `uid`, only that very object (a
+    /// precondition the API server checks), never a Node recreated since
+    /// under the same name. Ok(false) when it did not exist or was replaced.
+    fn delete_node(&self, name: &str, uid: Option<&str>) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Records an Event.
     fn emit_event(&self, event: &EventSpec) -> impl Future<Output = Result<(), ClusterError>> + Send;
+}
+
+/// Deletes the Node `name` if it is still the one of `instance_id` (its
+/// `spec.providerID` names the instance; without an id, the Node as read
+/// now), guarded by that Node's UID so a Node recreated under the same name
+/// in between is left alone. Ok(false) when there was none to delete.
+pub async fn delete_node_of<C: Cluster>(
+    cluster: &C,
+    name: &str,
+    instance_id: Option<&str>,
+) -> Result<bool, ClusterError> {
+    let Some(node) = cluster.node(name).await? else {
+        return Ok(false);
+    };
+    let backing = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(|p| p.rsplit('/').next());
+    if let (Some(want), Some(found)) = (instance_id, backing)
+        && want != found
+    {
+        tracing::info!(
+            node = name,
+            instance_id = want,
+            found,
+            "the node now belongs to another instance; left alone"
+        );
+        return Ok(false);
+    }
+    cluster.delete_node(name, node.metadata.uid.as_deref()).await
 }

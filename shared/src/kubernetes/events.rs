@@ -263,7 +263,7 @@ impl EventSpec {
         let t = Time(now);
         Event {
             metadata: ObjectMeta {
-                name: Some(format!("{obj_name}.{}", &digest[..16])),
+                name: Some(event_name(&obj_name, &digest[..16])),
                 // Events about cluster-scoped objects live in "default", as kubectl expects.
                 namespace: Some(self.object.namespace.clone().unwrap_or_else(|| "default".into())),
                 ..Default::default()
@@ -283,6 +283,29 @@ impl EventSpec {
             count: Some(1),
             ..Default::default()
         }
+    }
+}
+
+/// The longest object name the API server takes (a DNS subdomain, as
+/// `metadata.name` of an Event must be).
+pub const MAX_NAME: usize = 253;
+
+/// An Event's name: the object's name and a hash suffix, the object's name
+/// cut (at a label boundary the rules allow) so the whole stays a valid
+/// name. Deterministic: the same event gets the same name (pure).
+fn event_name(obj_name: &str, suffix: &str) -> String {
+    let room = MAX_NAME - suffix.len() - 1;
+    // Object names are ASCII; cut on a char boundary anyway.
+    let mut cut = obj_name.len().min(room);
+    while !obj_name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    // A label may not end in '-' or '.', nor may the name before the suffix's dot.
+    let prefix = obj_name[..cut].trim_end_matches(['-', '.']);
+    if prefix.is_empty() {
+        suffix.to_string()
+    } else {
+        format!("{prefix}.{suffix}")
     }
 }
 
@@ -314,5 +337,41 @@ mod tests {
         let n = EventSpec::disrupting(node_name_ref("ip-10-0-0-1"), "Underutilized").to_event(now);
         assert_eq!(n.metadata.namespace.as_deref(), Some("default"));
         assert_ne!(n.metadata.name, e.metadata.name);
+    }
+
+    #[test]
+    fn event_names_stay_within_the_api_server_s_limit() {
+        let now = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        // The longest pod name there can be, with a '.' where the cut falls.
+        let mut long = "a".repeat(235);
+        long.push('.');
+        long.push_str(&"b".repeat(MAX_NAME - long.len()));
+        assert_eq!(long.len(), MAX_NAME);
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": long, "namespace": "shop"}})).unwrap();
+        let name = EventSpec::nominated(&pod, "default-abc12")
+            .to_event(now)
+            .metadata
+            .name
+            .unwrap();
+        assert!(name.len() <= MAX_NAME, "{} characters", name.len());
+        assert!(name.starts_with(&"a".repeat(235)) && !name.contains(".."), "{name}");
+        assert_eq!(
+            Some(name),
+            EventSpec::nominated(&pod, "default-abc12").to_event(now).metadata.name,
+            "same event, same name"
+        );
+        // Two long names that differ only past the cut get different names.
+        let other: Pod = serde_json::from_value(
+            json!({"metadata": {"name": format!("{}c", &long[..MAX_NAME - 1]), "namespace": "shop"}}),
+        )
+        .unwrap();
+        assert_ne!(
+            EventSpec::nominated(&other, "default-abc12")
+                .to_event(now)
+                .metadata
+                .name,
+            EventSpec::nominated(&pod, "default-abc12").to_event(now).metadata.name
+        );
+        assert_eq!(event_name("", "0123456789abcdef"), "0123456789abcdef");
     }
 }

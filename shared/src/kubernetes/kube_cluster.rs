@@ -450,11 +450,21 @@ impl Cluster for KubeCluster {
         .await
     }
 
-    async fn delete_node(&self, name: &str) -> Result<bool, ClusterError> {
+    async fn delete_node(&self, name: &str, uid: Option<&str>) -> Result<bool, ClusterError> {
+        let params = DeleteParams {
+            preconditions: uid.map(|u| kube::api::Preconditions {
+                uid: Some(u.to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let params = &params;
         self.call(&format!("delete node {name}"), |c| async move {
-            match Api::<Node>::all(c).delete(name, &DeleteParams::default()).await {
+            match Api::<Node>::all(c).delete(name, params).await {
                 Ok(_) => Ok(true),
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                // The precondition failed: the Node was recreated under this name.
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                 Err(e) => Err(e),
             }
         })

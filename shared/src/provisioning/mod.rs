@@ -40,7 +40,7 @@ pub struct ProvisionConfig {
     pub lease_ttl: Duration,
     /// How long to wait for another invocation's solve before giving the batch back.
     pub lease_wait: Duration,
-    /// Who we are (the Lambda request id), for the lease.
+    /// Who we are, for the lease (each invocation adds an identity of its own).
     pub holder: String,
 }
 
@@ -256,7 +256,12 @@ impl<C: Cluster> Provisioner<C> {
             }
         }
         let started = std::time::Instant::now();
-        let plan: Plan = snapshot.compile().solve(&SolveOptions::default());
+        // Off the runtime's thread, so the lease is renewed during a long solve.
+        let (snapshot, plan): (_, Plan) = capacity::off_task(move || {
+            let plan = snapshot.compile().solve(&SolveOptions::default());
+            (snapshot, plan)
+        })
+        .await;
         tracing::info!(
             pods = snapshot.pods.len(),
             new_claims = plan.node_claims.len(),

@@ -2,6 +2,7 @@
 //! every acquisition so a stale holder's fenced writes fail.
 
 use std::future::Future;
+use std::time::Duration;
 
 use super::item::{self, get_i64, get_s, n, s};
 use super::{PK_LEASE, StateError, StateStore};
@@ -19,9 +20,71 @@ pub struct Lease {
     pub until_ms: i64,
 }
 
+/// How often a waiter reads a lease another holds.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How many times a write that met a DynamoDB transaction is tried in all.
+pub(super) const CONFLICT_TRIES: u32 = 5;
+
+/// A holder identity for one invocation: `prefix` (the function) and a fresh
+/// random part, so two invocations of one container never pass for each
+/// other (a lease already held by its holder is taken again at once).
+pub fn invocation_holder(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", random_u64())
+}
+
+/// A fresh random number from the standard library's per-process random
+/// hashing keys and a counter (enough for identities and jitter, no crate).
+fn random_u64() -> u64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    std::hash::RandomState::new().hash_one((COUNTER.fetch_add(1, Ordering::Relaxed), super::now_ms()))
+}
+
+/// `base` scaled by a random factor in [0.5, 1.5): writers that met each
+/// other do not meet again in lockstep.
+pub(super) fn jitter(base: Duration) -> Duration {
+    base.mul_f64(0.5 + (random_u64() % 1000) as f64 / 1000.0)
+}
+
+/// The pause before try `attempt` (1-based) of a write that met a
+/// transaction: 25 ms doubling, jittered.
+pub(super) fn conflict_backoff(attempt: u32) -> Duration {
+    jitter(Duration::from_millis(25) * 2u32.pow(attempt.min(6)))
+}
+
+/// Whether a lease read at `now_ms` is free to take: no item, or expired (pure).
+pub fn is_free(stored: Option<&Lease>, now_ms: i64) -> bool {
+    stored.is_none_or(|l| l.until_ms <= now_ms)
+}
+
+/// When to try again after a renewal failed for a reason other than losing
+/// the lease (pure): soon (a tenth of `ttl`, never after half the time left)
+/// while the lease held until `until_ms` has not expired at `now_ms`; None
+/// once it has, since then it may have been taken.
+pub fn renewal_retry(until_ms: i64, now_ms: i64, ttl: Duration) -> Option<Duration> {
+    let left = until_ms - now_ms;
+    if left <= 0 {
+        return None;
+    }
+    Some((ttl / 10).min(Duration::from_millis(left as u64 / 2)))
+}
+
+/// True when DynamoDB refused a single-item write because a transaction on
+/// the item was under way (`TransactionConflictException`).
+fn transaction_under_way<E, R>(e: &aws_sdk_dynamodb::error::SdkError<E, R>) -> bool
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
+{
+    e.as_service_error().and_then(|s| s.code()) == Some("TransactionConflictException")
+}
+
 impl StateStore {
-    /// [`StateStore::acquire_lease`] retried every 200 ms for up to `wait` while
-    /// someone else holds the lease; `Ok(None)` when it is still held then.
+    /// Waits up to `wait` for the lease: it is read (strongly consistent)
+    /// every 200 ms or so and written only when free or expired, so a waiter
+    /// never writes the item a live holder's fenced transactions check (a
+    /// write there would cancel them). `Ok(None)` when it is still held then.
     pub async fn acquire_lease_within(
         &self,
         name: &str,
@@ -31,18 +94,24 @@ impl StateStore {
     ) -> Result<Option<Lease>, StateError> {
         let deadline = super::now_ms() + wait.as_millis() as i64;
         loop {
-            let lease = self
-                .acquire_lease(name, holder, ttl.as_millis() as i64, super::now_ms())
-                .await?;
-            if lease.is_some() || super::now_ms() >= deadline {
-                return Ok(lease);
+            let now = super::now_ms();
+            if is_free(self.read_lease(name).await?.as_ref(), now) {
+                // Another waiter may win the race to the write: then it is held again.
+                if let Some(lease) = self.acquire_lease(name, holder, ttl.as_millis() as i64, now).await? {
+                    return Ok(Some(lease));
+                }
             }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let left = deadline - super::now_ms();
+            if left <= 0 {
+                return Ok(None);
+            }
+            tokio::time::sleep(jitter(POLL).min(Duration::from_millis(left as u64))).await;
         }
     }
 
     /// Takes the lease for `ttl_ms` if it is free, expired, or already ours.
-    /// `Ok(None)` means someone else holds it.
+    /// `Ok(None)` means someone else holds it (or was writing under it at
+    /// that instant: DynamoDB refuses a write to an item in a transaction).
     pub async fn acquire_lease(
         &self,
         name: &str,
@@ -76,7 +145,7 @@ impl StateStore {
                     until_ms: until,
                 }))
             }
-            Err(e) if item::condition_failed(&e) => Ok(None),
+            Err(e) if item::condition_failed(&e) || transaction_under_way(&e) => Ok(None),
             Err(e) => Err(self.dynamo("UpdateItem", e)),
         }
     }
@@ -92,9 +161,10 @@ impl StateStore {
         })
     }
 
-    /// Takes the lease `name` (waiting up to `wait` while another holds it),
-    /// runs `work` with it while renewing it, then releases it. `Ok(None)`:
-    /// another held it all along.
+    /// Takes the lease `name` for one invocation (as
+    /// [`invocation_holder`]`(holder)`, waiting up to `wait` while another
+    /// holds it), runs `work` with it while renewing it, then releases it.
+    /// `Ok(None)`: another held it all along.
     pub async fn with_lease<T, Fut: Future<Output = T>>(
         &self,
         name: &str,
@@ -103,7 +173,8 @@ impl StateStore {
         wait: std::time::Duration,
         work: impl FnOnce(Lease) -> Fut,
     ) -> Result<Option<T>, StateError> {
-        let Some(lease) = self.acquire_lease_within(name, holder, ttl, wait).await? else {
+        let holder = invocation_holder(holder);
+        let Some(lease) = self.acquire_lease_within(name, &holder, ttl, wait).await? else {
             return Ok(None);
         };
         let out = self.while_holding(&lease, ttl, work(lease.clone())).await;
@@ -115,30 +186,44 @@ impl StateStore {
 
     /// Runs `work` while renewing `lease` every third of `ttl`: a holder that
     /// dies frees the lease within `ttl`, a live one keeps it for as long as it
-    /// works. A renewal that fails stops renewing (writes fenced by the lease
-    /// then fail), it never stops `work`.
+    /// works. Renewal is a task of its own, so it goes on while `work` waits or
+    /// computes (work that computes long must leave the runtime's thread, see
+    /// `capacity::off_task`); a renewal that fails is tried again until the
+    /// lease would have expired, and only then, or when the lease is lost,
+    /// renewal stops (writes fenced by the lease then fail). It never stops `work`.
     pub async fn while_holding<T>(&self, lease: &Lease, ttl: std::time::Duration, work: impl Future<Output = T>) -> T {
+        let renewal = AbortOnDrop(tokio::spawn(self.clone().keep(lease.clone(), ttl)));
         // On the heap: a solve's future is large, and a debug build's stack is not.
-        let work = Box::pin(work);
-        tokio::select! {
-            t = work => t,
-            never = self.keep(lease, ttl) => match never {},
-        }
+        let out = Box::pin(work).await;
+        drop(renewal);
+        out
     }
 
-    async fn keep(&self, lease: &Lease, ttl: std::time::Duration) -> std::convert::Infallible {
-        let mut current = lease.clone();
+    async fn keep(self, lease: Lease, ttl: std::time::Duration) {
+        let mut current = lease;
+        let mut pause = ttl / 3;
         loop {
-            tokio::time::sleep(ttl / 3).await;
-            match self
-                .renew_lease(&current, ttl.as_millis() as i64, super::now_ms())
-                .await
-            {
-                Ok(l) => current = l,
-                Err(e) => {
-                    tracing::warn!(lease = %lease.name, error = %crate::telemetry::causes(&e), "cannot renew the lease; it expires by itself");
-                    std::future::pending::<()>().await;
+            tokio::time::sleep(pause).await;
+            let now = super::now_ms();
+            match self.renew_lease(&current, ttl.as_millis() as i64, now).await {
+                Ok(l) => {
+                    current = l;
+                    pause = ttl / 3;
                 }
+                Err(e @ StateError::LeaseLost { .. }) => {
+                    tracing::warn!(lease = %current.name, error = %crate::telemetry::causes(&e), "the lease was lost; fenced writes will fail");
+                    return;
+                }
+                Err(e) => match renewal_retry(current.until_ms, super::now_ms(), ttl) {
+                    Some(p) => {
+                        tracing::info!(lease = %current.name, error = %crate::telemetry::causes(&e), retry_ms = p.as_millis() as u64, "cannot renew the lease yet; trying again");
+                        pause = jitter(p);
+                    }
+                    None => {
+                        tracing::warn!(lease = %current.name, error = %crate::telemetry::causes(&e), "cannot renew the lease and it has expired; fenced writes will fail");
+                        return;
+                    }
+                },
             }
         }
     }
@@ -224,9 +309,7 @@ impl StateStore {
             until_ms: get_i64(it, "lease", "leaseUntil")?,
         }))
     }
-}
 
-impl StateStore {
     /// Lets DynamoDB's TTL delete the lease item `name` at `expires_at_secs`
     /// (epoch s): for a lease whose item would otherwise outlive what it
     /// guards (a launch lease of a claim that failed and may never launch).
@@ -247,6 +330,62 @@ impl StateStore {
             Ok(_) => Ok(()),
             Err(e) if item::condition_failed(&e) => Ok(()),
             Err(e) => Err(self.dynamo("UpdateItem", e)),
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped (the renewal ends with the work, even
+/// when the work's future is dropped half-way).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(until_ms: i64) -> Lease {
+        Lease {
+            name: "provision".into(),
+            holder: "h".into(),
+            version: 1,
+            until_ms,
+        }
+    }
+
+    #[test]
+    fn a_lease_is_free_when_absent_or_expired() {
+        assert!(is_free(None, 10));
+        assert!(is_free(Some(&lease(10)), 10));
+        assert!(!is_free(Some(&lease(11)), 10));
+    }
+
+    #[test]
+    fn a_failed_renewal_is_retried_soon_until_the_lease_would_expire() {
+        let ttl = Duration::from_secs(15);
+        assert_eq!(renewal_retry(20_000, 5_000, ttl), Some(Duration::from_millis(1500)));
+        // Close to expiry: within half the time left.
+        assert_eq!(renewal_retry(20_000, 19_000, ttl), Some(Duration::from_millis(500)));
+        assert_eq!(renewal_retry(20_000, 20_000, ttl), None);
+        assert_eq!(renewal_retry(20_000, 25_000, ttl), None);
+    }
+
+    #[test]
+    fn invocation_holders_are_unique_and_jitter_stays_in_its_band() {
+        let a = invocation_holder("provision");
+        let b = invocation_holder("provision");
+        assert_ne!(a, b);
+        assert!(a.starts_with("provision-"), "{a}");
+        for _ in 0..100 {
+            let j = jitter(Duration::from_millis(200));
+            assert!(
+                j >= Duration::from_millis(100) && j < Duration::from_millis(300),
+                "{j:?}"
+            );
         }
     }
 }

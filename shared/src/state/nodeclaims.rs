@@ -3,7 +3,7 @@
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
 
 use super::item::{self, Item, get_i64, get_s, n, s};
-use super::leases::Lease;
+use super::leases::{CONFLICT_TRIES, Lease, conflict_backoff};
 use super::{INSTANCE_INDEX, PK_LEASE, PK_NODECLAIM, StateError, StateStore};
 use crate::nodeclaim::NodeClaim;
 
@@ -12,6 +12,14 @@ const CLAIMS_PER_TRANSACTION: usize = 99;
 
 /// How many times a claim is read again after a conflicting write.
 const ADVANCE_TRIES: usize = 3;
+
+/// How one fenced transaction ended, when not in an error.
+enum Fenced {
+    /// Every item was written.
+    Written,
+    /// Cancelled for a conflict with another write (nothing written), as an error.
+    Conflict(StateError),
+}
 
 /// What [`StateStore::advance_node_claim`] found and did.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,71 +108,94 @@ impl StateStore {
 
     /// Creates NodeClaims only while `lease` is still held (fencing): each
     /// transaction checks the lease item's holder, token and expiry beside
-    /// the conditional puts, so a solver whose lease was taken over writes nothing.
+    /// the conditional puts, so a solver whose lease was taken over writes
+    /// nothing. A transaction DynamoDB cancels for a `TransactionConflict`
+    /// (another write met one of its items; nothing was written) is tried
+    /// again after a jittered pause, a few times.
     pub async fn create_node_claims_fenced(
         &self,
         lease: &Lease,
         claims: &[NodeClaim],
         now_ms: i64,
     ) -> Result<Vec<NodeClaim>, StateError> {
+        let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(claims.len());
         for chunk in claims.chunks(CLAIMS_PER_TRANSACTION) {
-            let check = ConditionCheck::builder()
-                .table_name(&self.table)
-                .set_key(Some(item::key(PK_LEASE, &lease.name)))
-                .condition_expression("holder = :h AND version = :v AND leaseUntil > :now")
-                .expression_attribute_values(":h", s(&lease.holder))
-                .expression_attribute_values(":v", n(lease.version))
-                .expression_attribute_values(":now", n(now_ms))
-                .build()
-                .map_err(|e| self.dynamo("TransactWriteItems", e))?;
-            let mut req = self
-                .client
-                .transact_write_items()
-                .transact_items(TransactWriteItem::builder().condition_check(check).build());
-            for c in chunk {
-                let put = Put::builder()
-                    .table_name(&self.table)
-                    .set_item(Some(to_item(c, 1)?))
-                    .condition_expression("attribute_not_exists(pk)")
-                    .build()
-                    .map_err(|e| self.dynamo("TransactWriteItems", e))?;
-                req = req.transact_items(TransactWriteItem::builder().put(put).build());
-            }
-            match req.send().await {
-                Ok(_) => out.extend(chunk.iter().map(|c| NodeClaim {
-                    version: 1,
-                    ..c.clone()
-                })),
-                Err(e) => {
-                    let reasons: Vec<Option<String>> = e
-                        .as_service_error()
-                        .and_then(|se| match se {
-                            aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(t) => {
-                                Some(t.cancellation_reasons().iter().map(|r| r.code().map(str::to_string)).collect())
-                            }
-                            _ => None,
-                        })
-                        .unwrap_or_default();
-                    let failed =
-                        |r: Option<&Option<String>>| r.and_then(|c| c.as_deref()) == Some("ConditionalCheckFailed");
-                    if failed(reasons.first()) {
-                        return Err(StateError::LeaseLost {
-                            name: lease.name.clone(),
-                            holder: lease.holder.clone(),
-                            version: lease.version,
-                        });
+            let mut attempt = 1;
+            loop {
+                // A later try checks the lease at the time it is made.
+                let now = now_ms + started.elapsed().as_millis() as i64;
+                match self.fenced_transaction(lease, chunk, now).await? {
+                    Fenced::Written => break,
+                    Fenced::Conflict(_) if attempt < CONFLICT_TRIES => {
+                        tracing::info!(lease = %lease.name, attempt, "claim write met another write; trying again");
+                        tokio::time::sleep(conflict_backoff(attempt)).await;
+                        attempt += 1;
                     }
-                    if let Some(i) = (1..reasons.len()).find(|i| failed(reasons.get(*i))) {
-                        return Err(StateError::AlreadyExists(chunk[i - 1].name.clone()));
-                    }
-                    return Err(self.dynamo("TransactWriteItems", e));
+                    Fenced::Conflict(e) => return Err(e),
                 }
             }
+            out.extend(chunk.iter().map(|c| NodeClaim {
+                version: 1,
+                ..c.clone()
+            }));
         }
         Ok(out)
     }
 
+    /// One fenced transaction for `chunk`.
+    async fn fenced_transaction(&self, lease: &Lease, chunk: &[NodeClaim], now_ms: i64) -> Result<Fenced, StateError> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(item::key(PK_LEASE, &lease.name)))
+            .condition_expression("holder = :h AND version = :v AND leaseUntil > :now")
+            .expression_attribute_values(":h", s(&lease.holder))
+            .expression_attribute_values(":v", n(lease.version))
+            .expression_attribute_values(":now", n(now_ms))
+            .build()
+            .map_err(|e| self.dynamo("TransactWriteItems", e))?;
+        let mut req = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().condition_check(check).build());
+        for c in chunk {
+            let put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(to_item(c, 1)?))
+                .condition_expression("attribute_not_exists(pk)")
+                .build()
+                .map_err(|e| self.dynamo("TransactWriteItems", e))?;
+            req = req.transact_items(TransactWriteItem::builder().put(put).build());
+        }
+        let e = match req.send().await {
+            Ok(_) => return Ok(Fenced::Written),
+            Err(e) => e,
+        };
+        let reasons: Vec<Option<String>> = e
+            .as_service_error()
+            .and_then(|se| match se {
+                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(t) => {
+                    Some(t.cancellation_reasons().iter().map(|r| r.code().map(str::to_string)).collect())
+                }
+                _ => None,
+            })
+            .unwrap_or_default();
+        let is = |r: Option<&Option<String>>, code: &str| r.and_then(|c| c.as_deref()) == Some(code);
+        if is(reasons.first(), "ConditionalCheckFailed") {
+            return Err(StateError::LeaseLost {
+                name: lease.name.clone(),
+                holder: lease.holder.clone(),
+                version: lease.version,
+            });
+        }
+        if let Some(i) = (1..reasons.len()).find(|i| is(reasons.get(*i), "ConditionalCheckFailed")) {
+            return Err(StateError::AlreadyExists(chunk[i - 1].name.clone()));
+        }
+        if reasons.iter().any(|r| is(Some(r), "TransactionConflict")) {
+            return Ok(Fenced::Conflict(self.dynamo("TransactWriteItems", e)));
+        }
+        Err(self.dynamo("TransactWriteItems", e))
+    }
     /// Reads one NodeClaim (strongly consistent).
     pub async fn get_node_claim(&self, name: &str) -> Result<Option<NodeClaim>, StateError> {
         let out = self

@@ -463,7 +463,8 @@ impl<C: Cluster> Sweeper<C> {
             let out = self.instances.terminate(std::slice::from_ref(&id)).await?;
             tracing::info!(instance_id = %id, outcome = ?out.get(&id), "disrupted instance terminated");
         }
-        self.cluster.delete_node(&r.node).await?;
+        let instance = claim.as_ref().and_then(|c| c.instance_id.as_deref());
+        crate::kubernetes::cluster::delete_node_of(&self.cluster, &r.node, instance).await?;
         if let Some(c) = claim {
             self.store.remove_node_claim(&c, VersionCheck::IfUnchanged).await?;
         }
@@ -538,7 +539,20 @@ impl<C: Cluster> Sweeper<C> {
         });
         let min_types = self.config.consolidation.spot_to_spot_min_types;
         let seed = capacity::seed(lease, now);
-        let plan = replacements_for(&fresh, &chosen, removed, &seed, limits.as_ref().map(|l| (l, min_types)));
+        // Off the runtime's thread, so the lease is renewed during a long solve.
+        let plan = {
+            let (chosen, removed, limits) = (chosen.clone(), removed.clone(), limits.clone());
+            capacity::off_task(move || {
+                replacements_for(
+                    &fresh,
+                    &chosen,
+                    &removed,
+                    &seed,
+                    limits.as_ref().map(|l| (l, min_types)),
+                )
+            })
+            .await
+        };
         if let Some(l) = &limits {
             let priced: Vec<NewNodeClaim> = plan.new.iter().map(|p| p.priced.clone()).collect();
             let first_stuck = chosen.iter().find_map(|r| stuck(&plan, &r.node));

@@ -48,7 +48,7 @@ pub struct SweepConfig {
     pub lease: Duration,
     /// The same for the provision lease, which disruption replacements take.
     pub provision_lease: Duration,
-    /// Who we are, for the lease.
+    /// Who we are, for the leases (each run adds an identity of its own).
     pub holder: String,
     /// Consolidation's minimum saving and churn cooldown.
     pub consolidation: crate::disruption::consolidation::ConsolidationOptions,
@@ -286,7 +286,12 @@ impl<C: Cluster> Sweeper<C> {
         let ttl = self.config.lease.as_millis() as i64;
         let Some(lease) = self
             .store
-            .acquire_lease(LEASE, &self.config.holder, ttl, now_ms())
+            .acquire_lease(
+                LEASE,
+                &crate::state::invocation_holder(&self.config.holder),
+                ttl,
+                now_ms(),
+            )
             .await?
         else {
             tracing::info!("another sweep holds the lease; skipping this run");
@@ -323,6 +328,11 @@ impl<C: Cluster> Sweeper<C> {
         };
         let actions = lifecycle::plan(&seen, &self.config.lifecycle);
         let by_name: BTreeMap<&str, &NodeClaim> = claims.iter().map(|c| (c.name.as_str(), c)).collect();
+        // The Nodes decided on: a deletion takes only that object, never one recreated since.
+        let node_uids: BTreeMap<&str, &str> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.uid.as_deref()?)))
+            .collect();
         let mut report = SweepReport::default();
         let mut removed = Vec::new();
         for action in actions {
@@ -330,7 +340,7 @@ impl<C: Cluster> Sweeper<C> {
                 report.deferred.push(action);
                 continue;
             }
-            match self.act(&action, &by_name).await {
+            match self.act(&action, &by_name, &node_uids).await {
                 Ok(()) => {
                     tracing::info!(action = ?action, "done");
                     if let Action::Remove { claim, reason, .. } = &action {
@@ -418,7 +428,12 @@ impl<C: Cluster> Sweeper<C> {
         Ok(lifecycle::solve_due(&pending, last, now, &self.config.lifecycle))
     }
 
-    async fn act(&self, action: &Action, claims: &BTreeMap<&str, &NodeClaim>) -> Result<(), StepError> {
+    async fn act(
+        &self,
+        action: &Action,
+        claims: &BTreeMap<&str, &NodeClaim>,
+        node_uids: &BTreeMap<&str, &str>,
+    ) -> Result<(), StepError> {
         match action {
             Action::Register { claim, node, update } => {
                 if !self.cluster.update_node(node, update).await? {
@@ -457,7 +472,7 @@ impl<C: Cluster> Sweeper<C> {
                 // gone, which the next sweep removes; never an unowned instance.
                 self.terminate(instance.as_deref()).await?;
                 if let Some(n) = node {
-                    self.cluster.delete_node(n).await?;
+                    self.cluster.delete_node(n, node_uids.get(n.as_str()).copied()).await?;
                 }
                 if let Some(c) = claims.get(claim.as_str()) {
                     self.store.remove_node_claim(c, VersionCheck::IfUnchanged).await?;
@@ -467,12 +482,14 @@ impl<C: Cluster> Sweeper<C> {
             Action::CollectInstance { instance, node } => {
                 self.terminate(Some(instance)).await?;
                 if let Some(n) = node {
-                    self.cluster.delete_node(n).await?;
+                    self.cluster.delete_node(n, node_uids.get(n.as_str()).copied()).await?;
                 }
                 Ok(())
             }
             Action::CollectNode { node } => {
-                self.cluster.delete_node(node).await?;
+                self.cluster
+                    .delete_node(node, node_uids.get(node.as_str()).copied())
+                    .await?;
                 Ok(())
             }
             Action::Adopt { claim } => {

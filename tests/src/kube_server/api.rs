@@ -41,6 +41,32 @@ fn store_error(e: StoreError) -> Response {
     }
 }
 
+/// A DELETE's `DeleteOptions.preconditions` (uid, resourceVersion) that the
+/// object does not meet: 409 Conflict, worded as the API server words it.
+fn failed_precondition(obj: Option<&Value>, res: &Resource, name: &str, body: &[u8]) -> Option<Response> {
+    let obj = obj?;
+    let options: Value = serde_json::from_slice(body).ok()?;
+    let pre = options.get("preconditions")?;
+    for (field, attr) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+        let Some(want) = pre.get(field).and_then(Value::as_str) else {
+            continue;
+        };
+        let have = obj["metadata"][field].as_str().unwrap_or("");
+        if want != have {
+            return Some(status(
+                409,
+                "Conflict",
+                &format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: {attr} in precondition: {want}, {attr} in object meta: {have}",
+                    res.plural
+                ),
+                Some(json!({"name": name, "kind": res.plural})),
+            ));
+        }
+    }
+    None
+}
+
 fn ok_json(code: StatusCode, v: &Value) -> Response {
     (code, [("content-type", "application/json")], v.to_string()).into_response()
 }
@@ -289,10 +315,16 @@ pub async fn handle(
             patch(&shared, t.res, &ns, &name, sub, &headers, &body)
         }
         (Method::DELETE, Some(name), None) if t.res == NAMESPACES => delete_namespace(&shared, &name),
-        (Method::DELETE, Some(name), None) => match shared.lock_store().delete(t.res, &ns, &name) {
-            Ok(v) => ok_json(StatusCode::OK, &v),
-            Err(e) => store_error(e),
-        },
+        (Method::DELETE, Some(name), None) => {
+            let mut store = shared.lock_store();
+            if let Some(refused) = failed_precondition(store.get(t.res, &ns, &name), t.res, &name, &body) {
+                return refused;
+            }
+            match store.delete(t.res, &ns, &name) {
+                Ok(v) => ok_json(StatusCode::OK, &v),
+                Err(e) => store_error(e),
+            }
+        }
         _ => status(
             405,
             "MethodNotAllowed",

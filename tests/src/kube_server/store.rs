@@ -224,6 +224,13 @@ impl Store {
             };
             name = self.generate_name(res, ns, prefix);
         }
+        // Every object name is at most a DNS subdomain's 253 characters (some kinds allow fewer).
+        if name.len() > 253 {
+            return Err(StoreError::Invalid(format!(
+                "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": must be no more than 253 characters",
+                res.kind
+            )));
+        }
         if res.namespaced {
             if ns.is_empty() {
                 return Err(StoreError::Invalid(format!(
