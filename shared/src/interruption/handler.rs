@@ -408,7 +408,7 @@ mod tests {
         assert_eq!((c.rebalance, c.drain_budget), (RebalanceMode::Drain, Duration::ZERO));
         assert_eq!(
             InterruptConfig::from_lookup(env(BASE)).unwrap().rebalance,
-            RebalanceMode::Replace
+            RebalanceMode::Ignore
         );
         assert!(InterruptConfig::from_lookup(env(&[("NODESMITH_LAUNCH_QUEUE_URL", "x")])).is_err());
         assert!(
