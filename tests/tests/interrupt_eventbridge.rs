@@ -75,7 +75,7 @@ impl Bus {
             .m
             .env()
             .into_iter()
-            .chain(self.s.kube.env())
+            .chain(self.s.kube.env_for(nodesmith_tests::kube_server::Function::Interrupt))
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         env.insert("NODESMITH_TABLE".into(), TABLE.into());
