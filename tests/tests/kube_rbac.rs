@@ -756,8 +756,7 @@ fn permissions_by_method(src: &str) -> BTreeMap<String, BTreeSet<Permission>> {
     for m in &methods {
         let f = fns
             .iter()
-            .filter(|f| &f.name == m)
-            .next_back()
+            .rfind(|f| &f.name == m)
             .unwrap_or_else(|| panic!("no fn {m}"));
         let body = &src[f.start..f.end];
         let mut perms = direct(m);
