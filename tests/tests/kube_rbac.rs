@@ -1,12 +1,14 @@
 //! RBAC for nodesmith's functions and its forwarder. The Kubernetes API test
-//! server holds the functions' identity (an EKS token, or the token
-//! `nodesmith-lambda`) to the ClusterRole of `infra/k8s/lambda-rbac.yaml`, as
-//! EKS does once the stack's access entries put their roles in the group
-//! `nodesmith:lambda`, and the forwarder's ServiceAccount (the token
+//! server holds each function's identity (the token `nodesmith-<function>`)
+//! to its own ClusterRole of `infra/k8s/lambda-rbac.yaml`, as EKS does once
+//! the stack's access entries put each role in its own group
+//! `nodesmith:<function>` (an EKS token, or `nodesmith-lambda`, is in all four
+//! groups), and the forwarder's ServiceAccount (the token
 //! `nodesmith-forwarder`) to what `infra/k8s/forwarder.yaml` binds to it; the
 //! test's admin is not restricted. And statically: each ClusterRole grants
-//! exactly the calls its code makes (the adapter,
-//! `shared/src/kubernetes/kube_cluster.rs`; the forwarder, `infra/forwarder/src`).
+//! exactly the calls its own code makes (the adapter's methods,
+//! `shared/src/kubernetes/kube_cluster.rs`, that the function's files call;
+//! the forwarder, `infra/forwarder/src`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
