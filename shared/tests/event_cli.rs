@@ -100,6 +100,14 @@ fn rebalance_mode_shapes_the_action() {
     let f = fixture("rebalance-recommendation");
     let ignore = json(&event(&["--rebalance", "ignore", &f], None));
     assert!(ignore[0]["action"].as_str().unwrap().starts_with("none"));
+    // Without --rebalance (nor NODESMITH_REBALANCE): Karpenter's default, nothing.
+    let default = json(&event(&[&f], None));
+    assert!(
+        default[0]["action"].as_str().unwrap().starts_with("none"),
+        "{default:?}"
+    );
+    let replace = json(&event(&["--rebalance", "replace", &f], None));
+    assert!(replace[0]["action"].as_str().unwrap().starts_with("taint"));
     let bad = event(&["--rebalance", "sometimes", &f], None);
     assert_eq!(bad.status.code(), Some(2));
 }

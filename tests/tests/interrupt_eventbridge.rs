@@ -75,7 +75,7 @@ impl Bus {
             .m
             .env()
             .into_iter()
-            .chain(self.s.kube.env())
+            .chain(self.s.kube.env_for(nodesmith_tests::kube_server::Function::Interrupt))
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         env.insert("NODESMITH_TABLE".into(), TABLE.into());
@@ -473,4 +473,44 @@ async fn state_change_through_eventbridge_removes_the_node_and_claim_and_asks_fo
     );
     let asked = b.s.drain(&b.s.pending_queue).await;
     assert!(asked.iter().any(|a| a.contains("\"solve\"")), "{asked:?}");
+}
+
+#[tokio::test]
+async fn an_event_nodesmith_cannot_read_is_counted_and_logged_with_its_detail_type() {
+    let b = Bus::new().await;
+    // A detail-type no parser reads, and a body that is not an event at all.
+    let foreign = json!({"version": "0", "id": "u-1", "detail-type": "EC2 Fast Launch State-change Notification",
+        "source": "aws.ec2", "account": "111122223333", "time": "2026-01-01T00:00:00Z", "region": "us-east-1",
+        "resources": [], "detail": {}});
+    for body in [foreign.to_string(), "not an event".to_string()] {
+        b.s.sqs
+            .send_message()
+            .queue_url(&b.queue)
+            .message_body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut messages = b.receive().await;
+    while messages.len() < 2 {
+        messages.extend(b.receive().await);
+    }
+    let d = b.run(messages, &[]).await;
+    // Acknowledged (a retry reads it no better), but not silently.
+    assert!(d.failed.is_empty(), "{}", d.run.logs);
+    assert!(
+        d.run.logs.contains("EC2 Fast Launch State-change Notification"),
+        "{}",
+        d.run.logs
+    );
+    let emf = d
+        .run
+        .logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("InterruptionMessagesUnreadable").is_some())
+        .unwrap_or_else(|| panic!("no InterruptionMessagesUnreadable metric in\n{}", d.run.logs));
+    assert_eq!(emf["InterruptionMessagesUnreadable"], 2.0, "{emf}");
+    assert_eq!(emf["Function"], "interrupt");
+    assert_eq!(emf["_aws"]["CloudWatchMetrics"][0]["Namespace"], "nodesmith");
 }

@@ -131,7 +131,15 @@ async fn rebalance_recommendations_follow_the_configured_mode() {
         "{out:?}"
     );
 
-    let replace = s.interrupter(|_| {});
+    // Karpenter's default: a recommendation is acknowledged and nothing is done.
+    let default = s.interrupter(|_| {});
+    let out = default.handle(&event(vec![rebalance("r-0")])).await;
+    assert!(
+        out.tainted.is_empty() && out.replacements.is_empty() && out.ignored == 1,
+        "the default does nothing: {out:?}"
+    );
+
+    let replace = s.interrupter(|c| c.rebalance = "replace".parse().unwrap());
     let out = replace.handle(&event(vec![rebalance("r-2")])).await;
     assert_eq!((out.tainted.len(), out.replacements.len()), (1, 1), "{out:?}");
     assert_eq!(pods_on(&s.kube, &node).len(), 2, "replace mode drains nothing");

@@ -327,18 +327,11 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         forwarder,
         ["/pods:list", "/pods:watch"].iter().map(|s| s.to_string()).collect()
     );
-    let lambda = grants(&rules("lambda-rbac.yaml", "nodesmith-lambda"));
-    for needed in [
-        "/nodes:get",
+    // Each function's own role: what it must have, and what it must not.
+    let role = |f: &str| grants(&rules("lambda-rbac.yaml", &format!("nodesmith-{f}")));
+    let snapshot = [
         "/nodes:list",
-        "/nodes:patch",
-        "/nodes:delete",
-        "/pods:get",
         "/pods:list",
-        // interrupt deletes the pods a PDB still holds at the deadline.
-        "/pods:delete",
-        "/pods/eviction:create",
-        "/events:create",
         "apps/daemonsets:list",
         "policy/poddisruptionbudgets:list",
         "/persistentvolumes:list",
@@ -346,22 +339,55 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "storage.k8s.io/storageclasses:list",
         "karpenter.sh/nodepools:list",
         "karpenter.k8s.aws/ec2nodeclasses:list",
-        // launch reads the class its claim names (never one from the message).
-        "karpenter.k8s.aws/ec2nodeclasses:get",
-        "karpenter.k8s.aws/ec2nodeclasses/status:update",
+        "/events:create",
+    ];
+    // interrupt and the sweep drain; at the deadline they delete the pods a PDB still holds.
+    let drains = [
+        "/nodes:get",
+        "/nodes:patch",
+        "/nodes:delete",
+        "/pods:delete",
+        "/pods/eviction:create",
+    ];
+    for (f, needed, never) in [
+        ("provision", snapshot.to_vec(), drains.to_vec()),
+        (
+            "launch",
+            // launch reads the class its claim names (never one from the message).
+            vec!["karpenter.k8s.aws/ec2nodeclasses:get", "/events:create"],
+            [drains.as_slice(), &["/pods:list", "/nodes:list"]].concat(),
+        ),
+        (
+            "interrupt",
+            [snapshot.as_slice(), &drains].concat(),
+            vec!["karpenter.k8s.aws/ec2nodeclasses/status:update"],
+        ),
+        (
+            "sweep",
+            [
+                snapshot.as_slice(),
+                &drains,
+                &["karpenter.k8s.aws/ec2nodeclasses/status:update"],
+            ]
+            .concat(),
+            vec![],
+        ),
     ] {
-        assert!(lambda.contains(needed), "the Lambda role lacks {needed}");
-    }
-    for never in [
-        "/pods:create",
-        "/nodes:create",
-        "/secrets:get",
-        "/secrets:list",
-        "/pods:patch",
-        "karpenter.k8s.aws/ec2nodeclasses:update",
-        "karpenter.k8s.aws/ec2nodeclasses:patch",
-    ] {
-        assert!(!lambda.contains(never), "the Lambda role must not have {never}");
+        let granted = role(f);
+        for n in needed {
+            assert!(granted.contains(n), "nodesmith-{f} lacks {n}");
+        }
+        for n in never.iter().chain(&[
+            "/pods:create",
+            "/nodes:create",
+            "/secrets:get",
+            "/secrets:list",
+            "/pods:patch",
+            "karpenter.k8s.aws/ec2nodeclasses:update",
+            "karpenter.k8s.aws/ec2nodeclasses:patch",
+        ]) {
+            assert!(!granted.contains(*n), "nodesmith-{f} must not have {n}");
+        }
     }
 }
 

@@ -1,12 +1,14 @@
 //! RBAC for nodesmith's functions and its forwarder. The Kubernetes API test
-//! server holds the functions' identity (an EKS token, or the token
-//! `nodesmith-lambda`) to the ClusterRole of `infra/k8s/lambda-rbac.yaml`, as
-//! EKS does once the stack's access entries put their roles in the group
-//! `nodesmith:lambda`, and the forwarder's ServiceAccount (the token
+//! server holds each function's identity (the token `nodesmith-<function>`)
+//! to its own ClusterRole of `infra/k8s/lambda-rbac.yaml`, as EKS does once
+//! the stack's access entries put each role in its own group
+//! `nodesmith:<function>` (an EKS token, or `nodesmith-lambda`, is in all four
+//! groups), and the forwarder's ServiceAccount (the token
 //! `nodesmith-forwarder`) to what `infra/k8s/forwarder.yaml` binds to it; the
 //! test's admin is not restricted. And statically: each ClusterRole grants
-//! exactly the calls its code makes (the adapter,
-//! `shared/src/kubernetes/kube_cluster.rs`; the forwarder, `infra/forwarder/src`).
+//! exactly the calls its own code makes (the adapter's methods,
+//! `shared/src/kubernetes/kube_cluster.rs`, that the function's files call;
+//! the forwarder, `infra/forwarder/src`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -255,7 +257,6 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
     assert_eq!(cluster.pods().await.unwrap().len(), 1);
     assert!(cluster.pending_pods().await.unwrap().is_empty());
     assert_eq!(cluster.pods_on_node("n1").await.unwrap().len(), 1);
-    assert!(cluster.pod("default", "web-1").await.unwrap().is_some());
     assert_eq!(cluster.nodes().await.unwrap().len(), 1);
     assert!(cluster.daemon_sets().await.unwrap().is_empty());
     assert!(cluster.pod_disruption_budgets().await.unwrap().is_empty());
@@ -288,11 +289,14 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
     assert!(cluster.delete_node("n1", None).await.unwrap());
 
     assert!(server.denials().is_empty(), "{:#?}", server.denials());
-    // Every grant was exercised: the role holds nothing this adapter does not use.
-    assert_eq!(
-        server.lambda_permissions_used(),
-        cluster_role_grants("lambda-rbac.yaml", "nodesmith-lambda")
-    );
+    // Every grant was exercised: the roles hold nothing this adapter does not use.
+    let union: BTreeSet<Permission> = ["provision", "launch", "interrupt", "sweep"]
+        .iter()
+        .flat_map(|f| cluster_role_grants("lambda-rbac.yaml", &format!("nodesmith-{f}")))
+        .collect();
+    assert_eq!(server.lambda_permissions_used(), union);
+    // No function reads one pod by name, so no role grants it.
+    assert_eq!(cluster.pod("default", "web-1").await.unwrap_err().code(), Some(403));
 }
 
 const FORWARDER: &str = "User \"system:serviceaccount:nodesmith:nodesmith-forwarder\"";
@@ -693,51 +697,257 @@ fn kube_cluster_source() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-#[test]
-fn kubernetes_permissions_the_code_uses_are_the_cluster_role_exactly() {
-    let calls = scan(&kube_cluster_source()).unwrap_or_else(|e| panic!("kube_cluster.rs: {e}"));
-    let used = permissions(&calls).unwrap_or_else(|e| panic!("kube_cluster.rs: {e}"));
-    // The scan sees the calls it must, so it cannot pass by finding nothing.
-    for known in [
-        perm("", "nodes", "patch"),
-        perm("", "nodes", "delete"),
-        perm("", "pods", "list"),
-        perm("", "pods/eviction", "create"),
-        perm("", "events", "create"),
-        perm("karpenter.sh", "nodepools", "list"),
-        perm("karpenter.k8s.aws", "ec2nodeclasses", "get"),
-        perm("karpenter.k8s.aws", "ec2nodeclasses/status", "update"),
-    ] {
-        assert!(used.contains(&known), "the scan missed {known:?}; it found {calls:#?}");
+/// The source files each function's code runs through to reach the
+/// cluster (the adapter's `Cluster` methods), relative to `shared/src`.
+/// Every file that calls the adapter is one function's or [`NOT_A_FUNCTION`]'s,
+/// so a new call site cannot go unassigned.
+const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
+    ("provision", &["provisioning/mod.rs", "snapshot/live.rs"]),
+    ("launch", &["launch/mod.rs"]),
+    (
+        "interrupt",
+        &[
+            "interruption/handler.rs",
+            "snapshot/live.rs",
+            "draining.rs",
+            "kubernetes/drain.rs",
+        ],
+    ),
+    (
+        "sweep",
+        &[
+            "sweep/mod.rs",
+            "sweep/classes.rs",
+            "sweep/disrupt.rs",
+            "snapshot/live.rs",
+            "draining.rs",
+            "kubernetes/drain.rs",
+            "launch/gc.rs",
+        ],
+    ),
+];
+
+/// Files that call the adapter but run in no function (the CLI's status, with
+/// the user's own kubeconfig).
+const NOT_A_FUNCTION: [&str; 1] = ["status.rs"];
+
+/// The names of the `Cluster` methods `KubeCluster` implements.
+fn cluster_methods(src: &str) -> BTreeSet<String> {
+    let start = src
+        .find("impl Cluster for KubeCluster")
+        .expect("kube_cluster.rs implements Cluster");
+    let body = &src[start..];
+    word_at(body, "fn")
+        .into_iter()
+        .map(|at| ident(body[at + 2..].trim_start()).to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// The permissions each `Cluster` method of the adapter needs: its own calls
+/// and those of the private helpers it calls (`self.edit_taints(..)`).
+fn permissions_by_method(src: &str) -> BTreeMap<String, BTreeSet<Permission>> {
+    let calls = scan(src).unwrap_or_else(|e| panic!("kube_cluster.rs: {e}"));
+    let fns = functions(src);
+    let direct = |name: &str| -> BTreeSet<Permission> {
+        let mine: Vec<Call> = calls.iter().filter(|c| c.in_fn == name).cloned().collect();
+        permissions(&mine).unwrap_or_else(|e| panic!("kube_cluster.rs: {e}"))
+    };
+    let methods = cluster_methods(src);
+    let mut out = BTreeMap::new();
+    for m in &methods {
+        let f = fns
+            .iter()
+            .rfind(|f| &f.name == m)
+            .unwrap_or_else(|| panic!("no fn {m}"));
+        let body = &src[f.start..f.end];
+        let mut perms = direct(m);
+        for helper in fns.iter().filter(|h| !methods.contains(&h.name)) {
+            if body.contains(&format!("self.{}(", helper.name)) || body.contains(&format!("self.{}::<", helper.name)) {
+                perms.extend(direct(&helper.name));
+            }
+        }
+        out.insert(m.clone(), perms);
     }
-    let granted = cluster_role_grants("lambda-rbac.yaml", "nodesmith-lambda");
-    let missing: Vec<_> = used.difference(&granted).collect();
-    let extra: Vec<_> = granted.difference(&used).collect();
-    assert!(
-        missing.is_empty() && extra.is_empty(),
-        "infra/k8s/lambda-rbac.yaml must grant exactly what kube_cluster.rs calls.\n\
-         called but not granted: {missing:?}\ngranted but never called: {extra:?}"
-    );
+    out
+}
+
+/// The part of a file before its unit tests.
+fn without_tests(src: &str) -> &str {
+    src.find("#[cfg(test)]").map_or(src, |i| &src[..i])
+}
+
+/// The adapter methods `src` calls on a cluster (`cluster.m(`,
+/// `self.cluster.m(`, `self.kube.m(`, a line break allowed before the dot).
+fn adapter_calls(src: &str, methods: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for receiver in ["cluster", "kube"] {
+        for at in word_at(src, receiver) {
+            let rest = src[at + receiver.len()..].trim_start();
+            let Some(rest) = rest.strip_prefix('.') else { continue };
+            let m = ident(rest);
+            if methods.contains(m) && rest[m.len()..].starts_with('(') {
+                out.insert(m.to_string());
+            }
+        }
+    }
+    out
+}
+
+fn shared_source(rel: &str) -> String {
+    let path = repo().join("shared/src").join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every `.rs` file under `shared/src`, relative to it.
+fn shared_files() -> Vec<String> {
+    fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, base, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p.strip_prefix(base).unwrap().to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    let base = repo().join("shared/src");
+    let mut out = Vec::new();
+    walk(&base, &base, &mut out);
+    out.sort();
+    out
+}
+
+/// What each function's code calls, as permissions.
+fn needed_by_function() -> BTreeMap<&'static str, BTreeSet<Permission>> {
+    let src = kube_cluster_source();
+    let by_method = permissions_by_method(&src);
+    let methods: BTreeSet<String> = by_method.keys().cloned().collect();
+    let mut out = BTreeMap::new();
+    for (function, files) in FUNCTION_SOURCES {
+        let mut needed = BTreeSet::new();
+        for f in files {
+            let called = adapter_calls(without_tests(&shared_source(f)), &methods);
+            assert!(
+                !called.is_empty(),
+                "{f} is listed for {function} but calls no adapter method"
+            );
+            for m in called {
+                needed.extend(by_method[&m].iter().cloned());
+            }
+        }
+        out.insert(function, needed);
+    }
+    out
 }
 
 #[test]
-fn the_functions_group_is_bound_to_their_role_and_nothing_binds_cluster_admin() {
-    let binding = lambda_rbac()
-        .into_iter()
-        .find(|d| d["kind"] == "ClusterRoleBinding")
-        .expect("lambda-rbac.yaml binds its ClusterRole");
-    let b: ClusterRoleBinding = serde_json::from_value(binding).unwrap();
-    assert_eq!(
-        (b.role_ref.kind.as_str(), b.role_ref.name.as_str()),
-        ("ClusterRole", "nodesmith-lambda")
-    );
-    let subjects: Vec<(String, String)> = b
-        .subjects
-        .unwrap_or_default()
-        .into_iter()
-        .map(|s| (s.kind, s.name))
+fn every_file_that_calls_the_adapter_belongs_to_a_function() {
+    let methods = cluster_methods(&kube_cluster_source());
+    let assigned: BTreeSet<&str> = FUNCTION_SOURCES
+        .iter()
+        .flat_map(|(_, files)| files.iter().copied())
+        .chain(NOT_A_FUNCTION)
         .collect();
-    assert_eq!(subjects, [("Group".to_string(), "nodesmith:lambda".to_string())]);
+    let mut callers = Vec::new();
+    for f in shared_files() {
+        if f == "kubernetes/kube_cluster.rs" {
+            continue;
+        }
+        if !adapter_calls(without_tests(&shared_source(&f)), &methods).is_empty() {
+            callers.push(f.clone());
+            assert!(
+                assigned.contains(f.as_str()),
+                "shared/src/{f} calls the Kubernetes adapter: list it under the functions that run it (FUNCTION_SOURCES)"
+            );
+        }
+    }
+    // The scan finds the call sites it must, so it cannot pass by finding nothing.
+    for known in [
+        "launch/mod.rs",
+        "sweep/classes.rs",
+        "interruption/handler.rs",
+        "snapshot/live.rs",
+    ] {
+        assert!(
+            callers.iter().any(|c| c == known),
+            "the scan missed {known}: {callers:?}"
+        );
+    }
+}
+
+#[test]
+fn each_function_cluster_role_is_exactly_what_its_own_code_calls() {
+    let src = kube_cluster_source();
+    let by_method = permissions_by_method(&src);
+    // The scan sees the calls it must, so it cannot pass by finding nothing.
+    for (method, known) in [
+        ("taint_disrupted", perm("", "nodes", "patch")),
+        ("delete_node", perm("", "nodes", "delete")),
+        ("pods", perm("", "pods", "list")),
+        ("evict", perm("", "pods/eviction", "create")),
+        ("emit_event", perm("", "events", "create")),
+        ("node_pools", perm("karpenter.sh", "nodepools", "list")),
+        ("node_class", perm("karpenter.k8s.aws", "ec2nodeclasses", "get")),
+        (
+            "replace_node_class_status",
+            perm("karpenter.k8s.aws", "ec2nodeclasses/status", "update"),
+        ),
+    ] {
+        assert!(
+            by_method[method].contains(&known),
+            "the scan missed {known:?} in {method}: {by_method:#?}"
+        );
+    }
+    let needed = needed_by_function();
+    for (function, used) in &needed {
+        let granted = cluster_role_grants("lambda-rbac.yaml", &format!("nodesmith-{function}"));
+        let missing: Vec<_> = used.difference(&granted).collect();
+        let extra: Vec<_> = granted.difference(used).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "infra/k8s/lambda-rbac.yaml's nodesmith-{function} must grant exactly what {function}'s code calls.\n\
+             called but not granted: {missing:?}\ngranted but never called: {extra:?}"
+        );
+    }
+    // What least privilege is for: only the functions that drain delete pods.
+    let deleters: Vec<&str> = needed
+        .iter()
+        .filter(|(_, u)| u.contains(&perm("", "pods", "delete")))
+        .map(|(f, _)| *f)
+        .collect();
+    assert_eq!(deleters, ["interrupt", "sweep"]);
+}
+
+#[test]
+fn each_function_group_is_bound_to_its_own_role_and_nothing_binds_cluster_admin() {
+    let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut roles = BTreeSet::new();
+    for d in lambda_rbac() {
+        match d["kind"].as_str() {
+            Some("ClusterRole") => {
+                roles.insert(d["metadata"]["name"].as_str().unwrap().to_string());
+            }
+            Some("ClusterRoleBinding") => {
+                let b: ClusterRoleBinding = serde_json::from_value(d).unwrap();
+                assert_eq!(b.role_ref.kind, "ClusterRole");
+                for s in b.subjects.unwrap_or_default() {
+                    assert_eq!(s.kind, "Group", "{s:?}");
+                    by_group.entry(s.name).or_default().push(b.role_ref.name.clone());
+                }
+            }
+            other => panic!("lambda-rbac.yaml holds only ClusterRoles and their bindings, not {other:?}"),
+        }
+    }
+    let expected: BTreeMap<String, Vec<String>> = FUNCTION_SOURCES
+        .iter()
+        .map(|(f, _)| (format!("nodesmith:{f}"), vec![format!("nodesmith-{f}")]))
+        .collect();
+    assert_eq!(
+        by_group, expected,
+        "one group per function, bound to its own ClusterRole only"
+    );
+    assert_eq!(roles, expected.values().flatten().cloned().collect());
     let dir = repo().join("infra/k8s");
     let mut bindings = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -762,7 +972,10 @@ fn the_functions_group_is_bound_to_their_role_and_nothing_binds_cluster_admin() 
             }
         }
     }
-    assert!(bindings >= 2, "expected the functions' and the forwarder's bindings");
+    assert!(
+        bindings >= 5,
+        "expected the four functions' and the forwarder's bindings"
+    );
 }
 
 #[test]
@@ -998,4 +1211,61 @@ fn the_forwarder_scan_names_what_it_does_not_know() {
     }
     let e = scan("fn f(c: Client) { let a: Api<Secret> = Api::all(c); a.list(&lp) }").unwrap_err();
     assert!(e.contains("type Secret"), "{e}");
+}
+
+// ---- Each function holds its own ClusterRole, not the others'. ----
+
+/// A client with a function's token (`nodesmith-<function>`), as a function
+/// binary run against the server gets it (`KubeServer::env_for`).
+fn as_function(server: &KubeServer, function: &str) -> kube::Client {
+    nodesmith::kubernetes::client::client_for(server.url(), None, Some(&format!("nodesmith-{function}"))).unwrap()
+}
+
+#[tokio::test]
+async fn provision_and_launch_may_delete_no_pod_or_node() {
+    let server = seeded().await;
+    for function in ["provision", "launch"] {
+        let client = as_function(&server, function);
+        let user = format!("User \"nodesmith-{function}\"");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        forbidden(
+            pods.delete("web-1", &DeleteParams::default()).await.map(drop),
+            &format!(
+                "pods \"web-1\" is forbidden: {user} cannot delete resource \"pods\" in API group \"\" in the namespace \"default\""
+            ),
+        );
+        let nodes: Api<Node> = Api::all(client.clone());
+        forbidden(
+            nodes.delete("n1", &DeleteParams::default()).await.map(drop),
+            &format!(
+                "nodes \"n1\" is forbidden: {user} cannot delete resource \"nodes\" in API group \"\" at the cluster scope"
+            ),
+        );
+        forbidden(
+            nodes
+                .patch(
+                    "n1",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+                )
+                .await
+                .map(drop),
+            &format!(
+                "nodes \"n1\" is forbidden: {user} cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
+            ),
+        );
+    }
+    // Launch reads one EC2NodeClass and records events; it lists no pods.
+    let pods: Api<Pod> = Api::all(as_function(&server, "launch"));
+    forbidden(
+        pods.list(&ListParams::default()).await.map(drop),
+        "pods is forbidden: User \"nodesmith-launch\" cannot list resource \"pods\" in API group \"\" at the cluster scope",
+    );
+    // Only the sweep writes an EC2NodeClass's status.
+    let classes: Api<EC2NodeClass> = Api::all(as_function(&server, "interrupt"));
+    let class = classes.get("default").await;
+    assert!(class.is_err(), "interrupt does not read classes: {class:?}");
+    assert!(server.pod("default", "web-1").is_some());
+    let nodes: Api<Node> = Api::all(server.client());
+    assert!(nodes.get_opt("n1").await.unwrap().is_some());
 }

@@ -319,3 +319,104 @@ async fn a_failed_launch_leaves_its_lease_item_to_expire() {
     proxy.throttle("CreateFleet", 0);
     assert!(matches!(l.launch(&req).await.unwrap(), LaunchOutcome::Launched(_)));
 }
+
+/// The `LaunchFailed` warnings recorded for `claim`, as (involved kind, name, message).
+fn launch_failures(kube: &KubeServer) -> Vec<(String, String, String)> {
+    kube.events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("LaunchFailed") && e.type_.as_deref() == Some("Warning"))
+        .map(|e| {
+            (
+                e.involved_object.kind.unwrap_or_default(),
+                e.involved_object.name.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+#[tokio::test]
+async fn an_ami_ec2_refuses_is_a_warning_on_the_class_and_the_claim_not_only_a_log_line() {
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    for z in ZONES {
+        proxy.fail_offering("m5.large", z, Some("on-demand"), "InvalidAMIID.NotFound");
+    }
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(
+        &kube,
+        &st,
+        &claim("bad-ami", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
+    let e = l.launch(&req).await.unwrap_err().to_string();
+    assert!(e.contains("InvalidAMIID.NotFound"), "{e}");
+    let failures = launch_failures(&kube);
+    let kinds: Vec<(&str, &str)> = failures.iter().map(|(k, n, _)| (k.as_str(), n.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [("EC2NodeClass", "default"), ("NodeClaim", "bad-ami")],
+        "{failures:?}"
+    );
+    assert!(
+        failures.iter().all(|(_, _, m)| m.contains("InvalidAMIID.NotFound")),
+        "{failures:?}"
+    );
+    assert!(kube.denials().is_empty(), "{:?}", kube.denials());
+}
+
+#[tokio::test]
+async fn an_iam_denial_of_create_fleet_is_a_warning_on_the_class_and_the_claim() {
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    proxy.fail_next(
+        "CreateFleet",
+        1,
+        403,
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation.",
+    );
+    let l = launcher(&m, proxy.endpoint(), &kube).await;
+    let req = pending(
+        &kube,
+        &st,
+        &claim("denied", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
+    let e = l.launch(&req).await.unwrap_err().to_string();
+    assert!(e.contains("UnauthorizedOperation"), "{e}");
+    let failures = launch_failures(&kube);
+    let kinds: Vec<(&str, &str)> = failures.iter().map(|(k, n, _)| (k.as_str(), n.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [("EC2NodeClass", "default"), ("NodeClaim", "denied")],
+        "{failures:?}"
+    );
+    assert!(
+        failures.iter().all(|(_, _, m)| m.contains("UnauthorizedOperation")),
+        "{failures:?}"
+    );
+    // Throttling is not a refusal: no warning for it.
+    let kube2 = KubeServer::start().await;
+    proxy.throttle("CreateFleet", 100);
+    let l2 = launcher(&m, proxy.endpoint(), &kube2).await;
+    let req2 = pending(
+        &kube2,
+        &st,
+        &claim("throttled", &["m5.large"], &["on-demand"]),
+        &node_class("al2023@latest"),
+    )
+    .await;
+    assert!(l2.launch(&req2).await.is_err());
+    assert!(launch_failures(&kube2).is_empty());
+}

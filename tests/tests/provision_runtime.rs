@@ -52,7 +52,7 @@ async fn binary_handles_a_pending_pod_batch() {
     let mut env: BTreeMap<String, String> = m
         .env()
         .into_iter()
-        .chain(kube.env())
+        .chain(kube.env_for(nodesmith_tests::kube_server::Function::Provision))
         .map(|(k, v)| (k.to_string(), v))
         .collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());

@@ -5,6 +5,7 @@ mod k8s_manifests;
 mod kube_rbac;
 mod layering;
 mod template;
+mod template_ops;
 
 /// `scripts/lanes.py` names the executables it runs alongside the rest and
 /// alone; each must be a test target of the tests crate, so a rename cannot

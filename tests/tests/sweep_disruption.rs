@@ -246,7 +246,7 @@ fn env(s: &Stack, budget: &str) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> =
         s.m.env()
             .into_iter()
-            .chain(s.kube.env())
+            .chain(s.kube.env_for(nodesmith_tests::kube_server::Function::Sweep))
             .map(|(k, v)| (k.to_string(), v))
             .collect();
     env.insert("NODESMITH_TABLE".into(), TABLE.into());

@@ -37,7 +37,7 @@ async fn binary_sweeps_once_under_the_runtime_api() {
     let mut env: BTreeMap<String, String> = m
         .env()
         .into_iter()
-        .chain(kube.env())
+        .chain(kube.env_for(nodesmith_tests::kube_server::Function::Sweep))
         .map(|(k, v)| (k.to_string(), v))
         .collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());

@@ -7,19 +7,19 @@ use std::path::PathBuf;
 
 use serde_yaml_ng::Value;
 
-fn template() -> Value {
+pub(super) fn template() -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     serde_yaml_ng::from_str(&text).unwrap()
 }
 
-fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
+pub(super) fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
     t.get("Resources")
         .and_then(|r| r.get(name))
         .unwrap_or_else(|| panic!("template has no resource {name}"))
 }
 
-fn strings(v: &Value) -> Vec<String> {
+pub(super) fn strings(v: &Value) -> Vec<String> {
     match v {
         Value::String(s) => vec![s.clone()],
         Value::Sequence(s) => s.iter().flat_map(strings).collect(),
@@ -128,7 +128,7 @@ fn functions_get_the_environment_their_code_reads() {
     }
 }
 
-fn int(v: &Value) -> i64 {
+pub(super) fn int(v: &Value) -> i64 {
     v.as_i64()
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
         .unwrap_or_else(|| panic!("not a number: {v:?}"))
@@ -215,7 +215,7 @@ fn only_the_interruption_rules_may_send_to_the_queue() {
 }
 
 /// The resources of one type, by name.
-fn resources_of<'a>(t: &'a Value, kind: &str) -> Vec<(String, &'a Value)> {
+pub(super) fn resources_of<'a>(t: &'a Value, kind: &str) -> Vec<(String, &'a Value)> {
     t["Resources"]
         .as_mapping()
         .unwrap()
@@ -226,7 +226,7 @@ fn resources_of<'a>(t: &'a Value, kind: &str) -> Vec<(String, &'a Value)> {
 }
 
 /// The target of a `!Ref` or `!GetAtt`, if `v` is one.
-fn reference(v: &Value) -> Option<String> {
+pub(super) fn reference(v: &Value) -> Option<String> {
     match v {
         Value::Tagged(t) if t.tag == "Ref" || t.tag == "GetAtt" => t.value.as_str().map(str::to_string),
         _ => None,
@@ -319,7 +319,7 @@ fn sqs_batches_above_ten_wait_at_least_a_second() {
 }
 
 /// Whether a function's role may send to one of the stack's queues.
-fn may_send(t: &Value, function: &str, queue: &str) -> bool {
+pub(super) fn may_send(t: &Value, function: &str, queue: &str) -> bool {
     let arn = format!("arn:aws:sqs:{}:{}:{queue}", iam::REGION, iam::ACCOUNT);
     iam::allows(
         &iam::statements(t, function),
@@ -359,24 +359,31 @@ fn launch_passes_only_the_node_roles_the_stack_knows_and_only_to_ec2() {
 }
 
 #[test]
-fn every_function_role_enters_the_cluster_as_the_group_the_rbac_binds_and_nothing_more() {
+fn each_function_role_enters_the_cluster_as_its_own_group_bound_to_its_own_role_and_nothing_more() {
     let t = template();
     let rbac = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../infra/k8s/lambda-rbac.yaml"))
         .unwrap();
-    let binding = serde_yaml_ng::Deserializer::from_str(&rbac)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
-        .find(|d| d["kind"].as_str() == Some("ClusterRoleBinding"))
-        .expect("lambda-rbac.yaml binds its ClusterRole");
-    let group = binding["subjects"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|s| s["kind"].as_str() == Some("Group"))
-        .and_then(|s| s["name"].as_str())
-        .expect("the binding names a group")
-        .to_string();
+    // Group -> the ClusterRoles bound to it.
+    let mut bound: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for d in
+        serde_yaml_ng::Deserializer::from_str(&rbac).map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+    {
+        if d["kind"].as_str() != Some("ClusterRoleBinding") {
+            continue;
+        }
+        for s in d["subjects"].as_sequence().into_iter().flatten() {
+            assert_eq!(s["kind"].as_str(), Some("Group"), "{s:?}");
+            bound
+                .entry(s["name"].as_str().unwrap().to_string())
+                .or_default()
+                .push(d["roleRef"]["name"].as_str().unwrap().to_string());
+        }
+    }
     let entries = resources_of(&t, "AWS::EKS::AccessEntry");
-    for (name, _) in resources_of(&t, "AWS::Serverless::Function") {
+    let functions = resources_of(&t, "AWS::Serverless::Function");
+    assert_eq!(functions.len(), 4);
+    for (name, f) in functions {
+        let binary = f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
         let role = format!("{name}Role.Arn");
         let entry = entries
             .iter()
@@ -384,8 +391,20 @@ fn every_function_role_enters_the_cluster_as_the_group_the_rbac_binds_and_nothin
             .unwrap_or_else(|| panic!("{name} has no access entry"));
         let p = &entry.1["Properties"];
         assert_eq!(p["Type"].as_str(), Some("STANDARD"));
+        // Its own group, and that group bound to its own ClusterRole only: a
+        // function may do what its code does, not what the others' do.
+        let group = format!("nodesmith:{binary}");
         assert_eq!(strings(&p["KubernetesGroups"]), std::slice::from_ref(&group), "{name}");
+        assert_eq!(
+            bound.get(&group).map(Vec::as_slice),
+            Some(&[format!("nodesmith-{binary}")][..]),
+            "{group} in lambda-rbac.yaml"
+        );
     }
+    assert!(
+        !bound.contains_key("nodesmith:lambda"),
+        "no group shared by every function"
+    );
     for (name, e) in entries {
         let p = &e["Properties"];
         assert!(
@@ -508,7 +527,7 @@ fn the_forwarder_may_only_send_pending_pods_through_its_service_account() {
 /// A small IAM policy evaluator over the template's policies, with the
 /// template's intrinsics resolved for a stack in account 111122223333,
 /// us-east-1, cluster `demo`, every optional parameter left empty.
-mod iam {
+pub(super) mod iam {
     use std::collections::BTreeMap;
 
     use serde_json::{Value as J, json};

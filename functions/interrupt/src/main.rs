@@ -28,6 +28,8 @@ async fn main() -> Result<(), Error> {
         meter
             .run(async {
                 let outcome = interrupter.handle(&event.payload).await;
+                let dimensions = std::collections::BTreeMap::from([("Function", "interrupt".to_string())]);
+                nodesmith::telemetry::publish(&dimensions, &outcome.metrics());
                 tracing::info!(
                     tainted = outcome.tainted.len(),
                     replacements = outcome.replacements.len(),

@@ -22,6 +22,8 @@ async fn main() -> Result<(), Error> {
             .run(async {
                 let (response, results) = batch::handle(launcher, &event.payload).await;
                 let added = batch::fleet_delta_usd_per_hour(&results);
+                let dimensions = std::collections::BTreeMap::from([("Function", "launch".to_string())]);
+                nodesmith::telemetry::publish(&dimensions, &batch::metrics(&results));
                 (Ok::<SqsBatchResponse, Error>(response), added)
             })
             .await

@@ -41,7 +41,7 @@ enum Command {
     },
     /// Classify EventBridge events as the interrupt function does (acts on nothing).
     Event {
-        /// What rebalance recommendations do, for the `action` text (default: NODESMITH_REBALANCE, else replace).
+        /// What rebalance recommendations do, for the `action` text (default: NODESMITH_REBALANCE, else ignore).
         #[arg(long)]
         rebalance: Option<String>,
         /// JSON files (an event, a list of events or an SQS message); `-` for stdin.

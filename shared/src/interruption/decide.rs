@@ -16,10 +16,10 @@ pub const FORCE_BEFORE_DEADLINE: SignedDuration = SignedDuration::from_secs(30);
 /// What a rebalance recommendation does (`NODESMITH_REBALANCE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RebalanceMode {
-    /// Log it, do nothing (Karpenter's behaviour).
+    /// Acknowledge and log it, do nothing: Karpenter's behaviour, so the default.
+    #[default]
     Ignore,
     /// Taint the node and launch a replacement; leave the pods where they are.
-    #[default]
     Replace,
     /// Taint, launch a replacement and drain gracefully.
     Drain,
@@ -29,8 +29,8 @@ impl std::str::FromStr for RebalanceMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim() {
-            "ignore" => Ok(RebalanceMode::Ignore),
-            "replace" | "" => Ok(RebalanceMode::Replace),
+            "ignore" | "" => Ok(RebalanceMode::Ignore),
+            "replace" => Ok(RebalanceMode::Replace),
             "drain" => Ok(RebalanceMode::Drain),
             other => Err(format!(
                 "NODESMITH_REBALANCE={other:?}: expected ignore, replace or drain"

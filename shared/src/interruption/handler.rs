@@ -145,6 +145,24 @@ impl InterruptOutcome {
     pub fn response(&self) -> SqsBatchResponse {
         crate::lambda::batch_response(&self.failed)
     }
+
+    /// The batch as CloudWatch metrics (EMF): `InterruptionMessagesUnreadable`
+    /// counts messages acknowledged because nodesmith cannot read them (an
+    /// unknown detail-type, a malformed event), so they are not dropped
+    /// silently; `InterruptionMessagesFailed` those given back to SQS.
+    pub fn metrics(&self) -> Vec<crate::telemetry::Metric> {
+        let count = |name: &'static str, n: usize| crate::telemetry::Metric {
+            name,
+            value: n as f64,
+            unit: "Count",
+        };
+        vec![
+            count("InterruptionMessagesUnreadable", self.unknown),
+            count("InterruptionMessagesFailed", self.failed.len()),
+            count("InterruptionNodesTainted", self.tainted.len()),
+            count("InterruptionReplacements", self.replacements.len()),
+        ]
+    }
 }
 
 /// The idempotency key of an event: its EventBridge id, else a hash of the body.
@@ -413,7 +431,7 @@ mod tests {
         assert_eq!((c.rebalance, c.drain_budget), (RebalanceMode::Drain, Duration::ZERO));
         assert_eq!(
             InterruptConfig::from_lookup(env(BASE)).unwrap().rebalance,
-            RebalanceMode::Replace
+            RebalanceMode::Ignore
         );
         assert!(InterruptConfig::from_lookup(env(&[("NODESMITH_LAUNCH_QUEUE_URL", "x")])).is_err());
         assert!(

@@ -387,7 +387,10 @@ fn decisions_per_kind() {
 #[test]
 fn rebalance_mode_parses() {
     assert_eq!("ignore".parse(), Ok(RebalanceMode::Ignore));
-    assert_eq!("".parse(), Ok(RebalanceMode::Replace));
+    assert_eq!("replace".parse(), Ok(RebalanceMode::Replace));
+    // Karpenter's default: nothing.
+    assert_eq!("".parse(), Ok(RebalanceMode::Ignore));
+    assert_eq!(RebalanceMode::default(), RebalanceMode::Ignore);
     assert_eq!("drain".parse(), Ok(RebalanceMode::Drain));
     assert!("always".parse::<RebalanceMode>().is_err());
 }

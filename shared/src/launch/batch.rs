@@ -42,6 +42,27 @@ pub fn fleet_delta_usd_per_hour(results: &[RecordResult]) -> f64 {
         .sum()
 }
 
+/// The batch as CloudWatch metrics (EMF): `LaunchesSucceeded` (new or
+/// recovered instances) and `LaunchesFailed` (records that failed, but for
+/// one another invocation holds, and claims given up because their class
+/// cannot launch), which the template's `LaunchesFailingAlarm` watches (pure).
+pub fn metrics(results: &[RecordResult]) -> Vec<crate::telemetry::Metric> {
+    let count = |f: fn(&Result<LaunchOutcome, LaunchError>) -> bool| results.iter().filter(|r| f(&r.result)).count();
+    let succeeded = count(|r| matches!(r, Ok(LaunchOutcome::Launched(_) | LaunchOutcome::Recovered(_))));
+    let failed = count(|r| match r {
+        Ok(o) => matches!(o, LaunchOutcome::NotLaunchable { .. }),
+        Err(e) => !matches!(e, LaunchError::Busy(_)),
+    });
+    [("LaunchesSucceeded", succeeded), ("LaunchesFailed", failed)]
+        .into_iter()
+        .map(|(name, n)| crate::telemetry::Metric {
+            name,
+            value: n as f64,
+            unit: "Count",
+        })
+        .collect()
+}
+
 async fn handle_record<C: Cluster>(
     launcher: &Launcher<C>,
     run: &RunClasses,
@@ -130,6 +151,32 @@ mod tests {
         ];
         assert!((fleet_delta_usd_per_hour(&results) - 0.1376).abs() < 1e-12);
         assert_eq!(fleet_delta_usd_per_hour(&[]), 0.0);
+    }
+
+    #[test]
+    fn failures_are_counted_but_for_a_claim_another_invocation_is_launching() {
+        let claim = crate::nodeclaim::NodeClaim::pending("default-a", "default", "default");
+        let rec = |result| RecordResult {
+            message_id: None,
+            result,
+        };
+        let results = [
+            rec(Ok(LaunchOutcome::Launched(claim.clone()))),
+            rec(Ok(LaunchOutcome::Gone("x".into()))),
+            rec(Ok(LaunchOutcome::NotLaunchable {
+                node_claim: "b".into(),
+                reason: "SubnetsNotFound".into(),
+            })),
+            rec(Err(LaunchError::Fleet {
+                node_claim: "c".into(),
+                code: "InvalidAMIID.NotFound".into(),
+                message: "gone".into(),
+            })),
+            rec(Err(LaunchError::Busy("d".into()))),
+        ];
+        let m: std::collections::BTreeMap<&str, f64> = metrics(&results).iter().map(|m| (m.name, m.value)).collect();
+        assert_eq!(m["LaunchesSucceeded"], 1.0);
+        assert_eq!(m["LaunchesFailed"], 2.0);
     }
 
     #[test]

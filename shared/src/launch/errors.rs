@@ -53,6 +53,15 @@ pub enum LaunchError {
         /// EC2 error message.
         message: String,
     },
+    /// EC2 refused the CreateFleet call itself for a reason a retry cannot
+    /// fix (an IAM denial, an invalid parameter): no fleet was made.
+    #[error("ec2:CreateFleet refused: {code}: {message}")]
+    Refused {
+        /// EC2 error code.
+        code: String,
+        /// EC2 error message.
+        message: String,
+    },
     /// Looking for the claim's instance failed.
     #[error(transparent)]
     Instances(#[from] crate::ec2::InstancesError),

@@ -462,6 +462,14 @@ pub async fn create(
             if crate::nodeclass::profile::is_profile_refusal(code, message) {
                 return Err(LaunchError::ProfileNotReady(format!("{code}: {message}")));
             }
+            // A code that says the request is wrong (not throttling, not a
+            // server fault, not capacity) is answered the same on every retry.
+            if !code.is_empty() && classify(code) == ErrorClass::Fatal {
+                return Err(LaunchError::Refused {
+                    code: code.to_string(),
+                    message: message.to_string(),
+                });
+            }
             return Err(LaunchError::aws("ec2:CreateFleet", e));
         }
     };

@@ -67,6 +67,8 @@ pub const LAUNCH_LEASE_ITEM_TTL: std::time::Duration = std::time::Duration::from
 pub const PROFILE_RETRIES: u32 = 5;
 /// The first wait after EC2 refused an instance profile.
 pub const PROFILE_RETRY_BASE: std::time::Duration = std::time::Duration::from_millis(500);
+/// The reason of the warning a launch EC2 refused for good records.
+pub const LAUNCH_FAILED: &str = "LaunchFailed";
 /// CreateFleet rounds before giving up (each round removes failed offerings).
 pub const MAX_FLEET_ROUNDS: usize = 10;
 
@@ -410,6 +412,10 @@ impl<C: Cluster> Launcher<C> {
                     wait_for_profile(name, refusals, &why).await;
                     continue;
                 }
+                Err(e @ LaunchError::Refused { .. }) => {
+                    self.launch_failed_events(&claim, &e).await;
+                    return Err(e);
+                }
                 other => other?,
             };
             let failed = fleet::capacity_failures(&plan, &answer);
@@ -479,11 +485,13 @@ impl<C: Cluster> Launcher<C> {
                 }
                 Ruling::Fatal(code, message) => {
                     self.conclude(&claim).await;
-                    return Err(LaunchError::Fleet {
+                    let e = LaunchError::Fleet {
                         node_claim: name.clone(),
                         code,
                         message,
-                    });
+                    };
+                    self.launch_failed_events(&claim, &e).await;
+                    return Err(e);
                 }
             }
         }
@@ -545,6 +553,31 @@ impl<C: Cluster> Launcher<C> {
             node_claim: claim.name.clone(),
             reason,
         })
+    }
+
+    /// EC2 refused the claim's launch for good (a bad AMI, an IAM denial):
+    /// a `LaunchFailed` warning on its EC2NodeClass and on the NodeClaim, so
+    /// `kubectl describe ec2nodeclass` and `kubectl get events` say why, as
+    /// Karpenter's events do. A failure to record is logged, never fatal.
+    async fn launch_failed_events(&self, claim: &NodeClaim, why: &LaunchError) {
+        tracing::error!(node_claim = %claim.name, node_class = %claim.node_class, error = %crate::telemetry::causes(why), "EC2 refused the launch");
+        let class = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("karpenter.k8s.aws/v1".into()),
+            kind: Some("EC2NodeClass".into()),
+            name: Some(claim.node_class.clone()),
+            ..Default::default()
+        };
+        for object in [class, crate::kubernetes::events::nodeclaim_ref(&claim.name)] {
+            let event = EventSpec {
+                object,
+                type_: crate::kubernetes::events::EventType::Warning,
+                reason: LAUNCH_FAILED.into(),
+                message: format!("Launching NodeClaim {} failed: {why}", claim.name),
+            };
+            if let Err(e) = self.kube.emit_event(&event).await {
+                tracing::warn!(node_claim = %claim.name, error = %crate::telemetry::causes(&e), "could not record the LaunchFailed event");
+            }
+        }
     }
 
     /// Stores that the claim's last attempt was answered without an instance, so the

@@ -20,7 +20,7 @@ use crate::catalog;
 use crate::disruption::consolidation::ConsolidationOptions;
 use crate::ec2::{Instances, InstancesError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec};
-use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
+use crate::lifecycle::{self, Action, LifecycleConfig, Observed, Removal};
 use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::registration;
@@ -189,7 +189,10 @@ pub fn removed_usd_per_hour(claims: &[NodeClaim], removed: &[&str], terminated_n
 }
 
 impl SweepReport {
-    /// The run as CloudWatch metrics (EMF): actions done by kind, failures, deferred work.
+    /// The run as CloudWatch metrics (EMF): actions done by kind, failures,
+    /// deferred work, and `SweepsCompleted` (1 for a run that held the lease
+    /// and finished, 0 for a skipped one), whose absence for minutes is the
+    /// template's `SweepStalledAlarm`.
     pub fn metrics(&self) -> Vec<Metric> {
         let count = |name: &'static str, value: usize| Metric {
             name,
@@ -198,9 +201,22 @@ impl SweepReport {
         };
         let done = |f: fn(&Action) -> bool| self.done.iter().filter(|a| f(a)).count();
         vec![
+            count("SweepsCompleted", usize::from(!self.skipped)),
             count("NodesRegistered", done(|a| matches!(a, Action::Register { .. }))),
             count("NodesInitialized", done(|a| matches!(a, Action::Initialize { .. }))),
             count("NodeClaimsRemoved", done(|a| matches!(a, Action::Remove { .. }))),
+            count(
+                "NodeClaimsRegistrationTimedOut",
+                done(|a| {
+                    matches!(
+                        a,
+                        Action::Remove {
+                            reason: Removal::RegistrationTimeout,
+                            ..
+                        }
+                    )
+                }),
+            ),
             count(
                 "InstancesCollected",
                 done(|a| matches!(a, Action::CollectInstance { .. })),
@@ -640,6 +656,31 @@ mod tests {
         assert_eq!(m["NodesRegistered"], 0.0);
         assert_eq!(m["SweepStepsDeferred"], 1.0);
         assert_eq!(m["SolvesRequested"], 0.0);
+    }
+
+    #[test]
+    fn a_finished_run_says_so_and_counts_nodes_that_never_registered() {
+        let remove = |reason| Action::Remove {
+            claim: "c".into(),
+            reason,
+            instance: Some("i-1".into()),
+            node: None,
+        };
+        let report = SweepReport {
+            done: vec![remove(Removal::RegistrationTimeout), remove(Removal::InstanceGone)],
+            ..SweepReport::default()
+        };
+        let m: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+        assert_eq!(m["SweepsCompleted"], 1.0);
+        assert_eq!(m["NodeClaimsRegistrationTimedOut"], 1.0);
+        assert_eq!(m["NodeClaimsRemoved"], 2.0);
+        // A run that found the lease held did not sweep.
+        let skipped = SweepReport {
+            skipped: true,
+            ..SweepReport::default()
+        };
+        let m: BTreeMap<&str, f64> = skipped.metrics().iter().map(|m| (m.name, m.value)).collect();
+        assert_eq!(m["SweepsCompleted"], 0.0);
     }
 
     #[test]

@@ -37,17 +37,19 @@
 //! it Running and Ready; see [`workloads`] for the controllers' own.
 //!
 //! Authentication and RBAC as on EKS, for nodesmith's functions and its
-//! forwarder (see [`rbac`]): a request whose bearer token is an EKS token
-//! (`k8s-aws-v1.…`) or `nodesmith-lambda` is the functions' group
-//! `nodesmith:lambda`, held to the ClusterRole of
-//! `infra/k8s/lambda-rbac.yaml`; the token `nodesmith-forwarder` is the
+//! forwarder (see [`rbac`]): a request whose bearer token is
+//! `nodesmith-<function>` is that function's group `nodesmith:<function>`,
+//! held to its own ClusterRole of `infra/k8s/lambda-rbac.yaml`; an EKS token
+//! (`k8s-aws-v1.…`) or `nodesmith-lambda` is in all four groups (the union of
+//! the roles); the token `nodesmith-forwarder` is the
 //! ServiceAccount `system:serviceaccount:nodesmith:nodesmith-forwarder`, held
 //! to what `infra/k8s/forwarder.yaml` binds to it (403 `Forbidden` beyond
 //! either, recorded in [`KubeServer::denials`]); any other request, with no
 //! token or the kubeconfig's `nodesmith-test`, is the test's cluster admin
 //! and may do anything. [`KubeServer::client`] is the admin, for seeding and
-//! inspecting; [`KubeServer::lambda_client`] and [`KubeServer::env`] are the
-//! functions; [`KubeServer::client_as`] and [`KubeServer::write_kubeconfig_as`]
+//! inspecting; [`KubeServer::env_for`] is one function (as the local cloud
+//! runs each), [`KubeServer::lambda_client`] and [`KubeServer::env`] all of
+//! them; [`KubeServer::client_as`] and [`KubeServer::write_kubeconfig_as`]
 //! with [`Identity::Forwarder`] are the forwarder.
 
 pub mod api;
@@ -79,7 +81,7 @@ pub use kubelet::{
     KubeletLoop, KubeletReport, KubeletTiming, KubeletUserData, Kubelets, NodeRegistration, Refusal,
     kubelet_flags_from_user_data,
 };
-pub use rbac::{Identity, Permission};
+pub use rbac::{Function, Identity, Permission};
 use resources::{DEPLOYMENTS, NAMESPACES, NODES, PODS, REPLICASETS, Resource};
 pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
@@ -402,14 +404,26 @@ impl KubeServer {
         kube::Client::try_from(config).expect("a kube client for a plain-HTTP URL")
     }
 
-    /// Environment for a child process (a function binary) to use this server
-    /// through `KubeCluster::from_env`, with the functions' identity (the URL
-    /// and the token [`rbac::LAMBDA_TOKEN`]).
+    /// Environment for a child process to use this server through
+    /// `KubeCluster::from_env` as a principal in every function's group (the
+    /// URL and the token [`rbac::LAMBDA_TOKEN`]); a function binary gets its
+    /// own identity from [`KubeServer::env_for`].
     pub fn env(&self) -> Vec<(&'static str, String)> {
         use nodesmith::kubernetes::kube_cluster::{KUBE_TOKEN_ENV, KUBE_URL_ENV};
         vec![
             (KUBE_URL_ENV, self.url.clone()),
             (KUBE_TOKEN_ENV, rbac::LAMBDA_TOKEN.to_string()),
+        ]
+    }
+
+    /// Environment for one function's binary: this server, with that
+    /// function's own identity (token [`rbac::Function::token`]), held to its
+    /// own ClusterRole as the stack's access entry holds it in EKS.
+    pub fn env_for(&self, function: rbac::Function) -> Vec<(&'static str, String)> {
+        use nodesmith::kubernetes::kube_cluster::{KUBE_TOKEN_ENV, KUBE_URL_ENV};
+        vec![
+            (KUBE_URL_ENV, self.url.clone()),
+            (KUBE_TOKEN_ENV, function.token().to_string()),
         ]
     }
 

@@ -1,14 +1,17 @@
 //! Who is calling, and what they may do, as an API server decides it for
 //! nodesmith's functions and its forwarder.
 //!
-//! In a real cluster the stack's access entries map the functions' IAM roles
-//! to the group `nodesmith:lambda`, which `infra/k8s/lambda-rbac.yaml` binds to
-//! the ClusterRole `nodesmith-lambda`; the forwarder runs as the
+//! In a real cluster the stack's access entries map each function's IAM role
+//! to its own group `nodesmith:<function>`, which `infra/k8s/lambda-rbac.yaml`
+//! binds to that function's ClusterRole `nodesmith-<function>`; the forwarder runs as the
 //! ServiceAccount `nodesmith/nodesmith-forwarder`, which
 //! `infra/k8s/forwarder.yaml` binds to its own ClusterRole. Here the bearer
-//! token says who calls ([`identify`]): an EKS token (`k8s-aws-v1.…`, what
-//! `nodesmith::kubernetes::auth` mints) or the literal [`LAMBDA_TOKEN`] is the
-//! functions, [`FORWARDER_TOKEN`] is the forwarder's ServiceAccount; anything
+//! token says who calls ([`identify`]): `nodesmith-<function>` is that
+//! function ([`Function::token`]); an EKS token (`k8s-aws-v1.…`, what
+//! `nodesmith::kubernetes::auth` mints, which names no role here) or the
+//! literal [`LAMBDA_TOKEN`] is a principal in every function's group (the
+//! union of their roles: for tests that drive several functions through one
+//! client), [`FORWARDER_TOKEN`] is the forwarder's ServiceAccount; anything
 //! else, no token included, is the test's cluster admin (the harness,
 //! `kubectl` with the server's kubeconfig, the kubelet emulator), which is
 //! never restricted. Each restricted identity is authorized against the
@@ -32,14 +35,69 @@ const LAMBDA_RBAC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../
 pub const FORWARDER_RBAC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/k8s/forwarder.yaml");
 const FORWARDER_RBAC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/k8s/forwarder.yaml"));
 
-/// The Kubernetes group the stack's access entries give the functions' roles.
-pub const LAMBDA_GROUP: &str = "nodesmith:lambda";
-/// The ClusterRole that group is meant to be bound to.
-pub const LAMBDA_ROLE: &str = "nodesmith-lambda";
-/// A bearer token that stands for the functions without minting an EKS token.
+/// A bearer token that stands for a principal in every function's group,
+/// without minting an EKS token.
 pub const LAMBDA_TOKEN: &str = "nodesmith-lambda";
-/// The user name the functions' requests are refused under.
+/// The user name that principal's requests are refused under.
 pub const LAMBDA_USER: &str = "nodesmith-lambda";
+
+/// One of nodesmith's functions, each its own identity in the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Function {
+    /// `provision`.
+    Provision,
+    /// `launch`.
+    Launch,
+    /// `interrupt`.
+    Interrupt,
+    /// `sweep`.
+    Sweep,
+}
+
+impl Function {
+    /// Every function.
+    pub const ALL: [Function; 4] = [
+        Function::Provision,
+        Function::Launch,
+        Function::Interrupt,
+        Function::Sweep,
+    ];
+
+    /// Its binary's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Function::Provision => "provision",
+            Function::Launch => "launch",
+            Function::Interrupt => "interrupt",
+            Function::Sweep => "sweep",
+        }
+    }
+
+    /// The function named `name`, if it is one.
+    pub fn named(name: &str) -> Option<Function> {
+        Function::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The group the stack's access entry gives its role: `nodesmith:<name>`.
+    pub fn group(self) -> String {
+        format!("nodesmith:{}", self.name())
+    }
+
+    /// The ClusterRole its group is bound to: `nodesmith-<name>`.
+    pub fn role(self) -> String {
+        format!("nodesmith-{}", self.name())
+    }
+
+    /// The bearer token (and user name) that stands for it: `nodesmith-<name>`.
+    pub fn token(self) -> &'static str {
+        match self {
+            Function::Provision => "nodesmith-provision",
+            Function::Launch => "nodesmith-launch",
+            Function::Interrupt => "nodesmith-interrupt",
+            Function::Sweep => "nodesmith-sweep",
+        }
+    }
+}
 /// The prefix of EKS bearer tokens (as `nodesmith::kubernetes::auth` mints them).
 pub const EKS_TOKEN_PREFIX: &str = "k8s-aws-v1.";
 /// The forwarder's ServiceAccount namespace (its Deployment's).
@@ -61,42 +119,58 @@ pub type Permission = (String, String, String);
 pub enum Identity {
     /// The test's cluster admin: no restriction.
     Admin,
-    /// nodesmith's functions: a member of [`LAMBDA_GROUP`].
+    /// A principal in every function's group (an EKS token, or [`LAMBDA_TOKEN`]).
     Lambda,
+    /// One function: a member of its own group only.
+    Function(Function),
     /// The forwarder: the ServiceAccount [`FORWARDER_USER`].
     Forwarder,
 }
 
 impl Identity {
     /// The identities held to RBAC.
-    pub const RESTRICTED: [Identity; 2] = [Identity::Lambda, Identity::Forwarder];
+    pub const RESTRICTED: [Identity; 6] = [
+        Identity::Lambda,
+        Identity::Function(Function::Provision),
+        Identity::Function(Function::Launch),
+        Identity::Function(Function::Interrupt),
+        Identity::Function(Function::Sweep),
+        Identity::Forwarder,
+    ];
 
     /// The bearer token that makes a request this identity's.
     pub fn token(self) -> &'static str {
         match self {
             Identity::Admin => ADMIN_TOKEN,
             Identity::Lambda => LAMBDA_TOKEN,
+            Identity::Function(f) => f.token(),
             Identity::Forwarder => FORWARDER_TOKEN,
         }
     }
 
     /// The user (name and groups) RBAC sees, as the authenticator would
-    /// report it: EKS maps the functions' role to [`LAMBDA_GROUP`]; a
-    /// ServiceAccount token is `system:serviceaccount:<ns>:<name>` in the
-    /// groups `system:serviceaccounts` and `system:serviceaccounts:<ns>`.
+    /// report it: EKS maps a function's role to its group
+    /// ([`Function::group`]); a ServiceAccount token is
+    /// `system:serviceaccount:<ns>:<name>` in the groups
+    /// `system:serviceaccounts` and `system:serviceaccounts:<ns>`.
     pub fn user(self) -> User {
-        let (name, groups): (&str, &[&str]) = match self {
-            Identity::Admin => (ADMIN_TOKEN, &["system:masters"]),
-            Identity::Lambda => (LAMBDA_USER, &[LAMBDA_GROUP]),
+        let (name, groups): (&str, Vec<String>) = match self {
+            Identity::Admin => (ADMIN_TOKEN, vec!["system:masters".into()]),
+            Identity::Lambda => (LAMBDA_USER, Function::ALL.iter().map(|f| f.group()).collect()),
+            Identity::Function(f) => (f.token(), vec![f.group()]),
             Identity::Forwarder => (
                 FORWARDER_USER,
-                &["system:serviceaccounts", "system:serviceaccounts:nodesmith"],
+                vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:nodesmith".into(),
+                ],
             ),
         };
-        let groups = groups.iter().chain(&["system:authenticated"]).map(|g| g.to_string());
+        let mut groups = groups;
+        groups.push("system:authenticated".into());
         User {
             name: name.to_string(),
-            groups: groups.collect(),
+            groups,
         }
     }
 }
@@ -129,8 +203,9 @@ impl User {
     }
 }
 
-/// Who sent a request, from its `Authorization: Bearer` token: an EKS token
-/// or [`LAMBDA_TOKEN`] is [`Identity::Lambda`], [`FORWARDER_TOKEN`]
+/// Who sent a request, from its `Authorization: Bearer` token: a function's
+/// token ([`Function::token`]) is that function, an EKS token or
+/// [`LAMBDA_TOKEN`] is [`Identity::Lambda`], [`FORWARDER_TOKEN`]
 /// [`Identity::Forwarder`]; anything else, or none, is [`Identity::Admin`].
 pub fn identify(headers: &HeaderMap) -> Identity {
     let token = headers
@@ -138,6 +213,9 @@ pub fn identify(headers: &HeaderMap) -> Identity {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
+    if let Some(f) = token.and_then(|t| Function::ALL.into_iter().find(|f| f.token() == t)) {
+        return Identity::Function(f);
+    }
     match token {
         Some(t) if t == LAMBDA_TOKEN || t.starts_with(EKS_TOKEN_PREFIX) => Identity::Lambda,
         Some(FORWARDER_TOKEN) => Identity::Forwarder,
@@ -255,26 +333,46 @@ impl Policy {
         match identity {
             Identity::Admin => Ok(None),
             Identity::Lambda => Policy::lambda().map(Some),
+            Identity::Function(f) => Policy::function(f).map(Some),
             Identity::Forwarder => Policy::forwarder().map(Some),
         }
     }
 
-    /// The rules `infra/k8s/lambda-rbac.yaml` gives [`LAMBDA_GROUP`]. Errors
-    /// name the file and what is wrong with it, including a binding that does
-    /// not bind the group to [`LAMBDA_ROLE`].
+    /// The rules `infra/k8s/lambda-rbac.yaml` gives one function's group:
+    /// exactly its own ClusterRole. Errors name the file and what is wrong
+    /// with it, including a group bound to another role or to none.
+    pub fn function(f: Function) -> Result<Policy, String> {
+        Policy::function_in(LAMBDA_RBAC, f).map_err(|e| format!("{LAMBDA_RBAC_PATH}: {e}"))
+    }
+
+    /// [`Policy::function`] over any manifest; errors say what is wrong.
+    pub fn function_in(yaml: &str, f: Function) -> Result<Policy, String> {
+        Policy::bound(yaml, Identity::Function(f)).and_then(|p| {
+            let names: Vec<&str> = p.bound_roles.iter().map(|r| r.name.as_str()).collect();
+            let only_its_own = p.bound_roles.len() == 1
+                && p.bound_roles[0].kind == "ClusterRole"
+                && p.bound_roles[0].name == f.role()
+                && p.bound_roles[0].namespace.is_none();
+            if only_its_own {
+                Ok(p.policy)
+            } else {
+                Err(format!(
+                    "the group {:?} must be bound to the ClusterRole {:?} only (bound: {names:?})",
+                    f.group(),
+                    f.role()
+                ))
+            }
+        })
+    }
+
+    /// The rules of a principal in every function's group: the union of the
+    /// functions' roles, each checked as [`Policy::function`] does.
     pub fn lambda() -> Result<Policy, String> {
+        for f in Function::ALL {
+            Policy::function(f)?;
+        }
         Policy::bound(LAMBDA_RBAC, Identity::Lambda)
-            .and_then(|p| {
-                let to_role = |r: &BoundRole| r.kind == "ClusterRole" && r.name == LAMBDA_ROLE && r.namespace.is_none();
-                if p.bound_roles.iter().any(to_role) {
-                    Ok(p.policy)
-                } else {
-                    Err(format!(
-                        "no ClusterRoleBinding binds the group {LAMBDA_GROUP:?} to the ClusterRole {LAMBDA_ROLE:?} (bound: {:?})",
-                        p.bound_roles
-                    ))
-                }
-            })
+            .map(|b| b.policy)
             .map_err(|e| format!("{LAMBDA_RBAC_PATH}: {e}"))
     }
 
@@ -645,23 +743,57 @@ mod tests {
         // Only bindings to the group count.
         let yaml = format!(
             "{LAMBDA_RBAC}\n---\n{}",
-            LAMBDA_RBAC.replace("nodesmith:lambda", "someone:else")
+            LAMBDA_RBAC.replace("nodesmith:launch", "someone:else")
         );
         let someone = User {
             name: "someone".into(),
             groups: vec!["someone:else".into()],
         };
         let other = Policy::parse(&yaml, &someone).unwrap();
-        assert_eq!(names(&other.bound_roles), [LAMBDA_ROLE]);
+        assert_eq!(names(&other.bound_roles), ["nodesmith-launch"]);
         let none = Policy::parse(LAMBDA_RBAC, &someone).unwrap();
         assert!(none.bound_roles.is_empty() && none.policy.grants().is_empty());
         // A binding to a role the file lacks is an error naming it.
         let dangling = LAMBDA_RBAC.replace(
-            "  kind: ClusterRole\n  name: nodesmith-lambda",
+            "  kind: ClusterRole\n  name: nodesmith-launch",
             "  kind: ClusterRole\n  name: gone",
         );
         let e = Policy::parse(&dangling, &Identity::Lambda.user()).unwrap_err();
         assert!(e.contains("\"gone\""), "{e}");
+    }
+
+    #[test]
+    fn each_function_holds_its_own_role_only() {
+        let delete_pod = res(Method::DELETE, "/api/v1/namespaces/ns/pods/p", &[]);
+        let delete_node = res(Method::DELETE, "/api/v1/nodes/n", &[]);
+        let class_status = res(Method::PUT, "/apis/karpenter.k8s.aws/v1/ec2nodeclasses/c/status", &[]);
+        let get_class = res(Method::GET, "/apis/karpenter.k8s.aws/v1/ec2nodeclasses/c", &[]);
+        for (f, may) in [
+            (Function::Provision, [false, false, false, false]),
+            (Function::Launch, [false, false, false, true]),
+            (Function::Interrupt, [true, true, false, false]),
+            (Function::Sweep, [true, true, true, false]),
+        ] {
+            let p = Policy::function(f).unwrap();
+            let got = [&delete_pod, &delete_node, &class_status, &get_class].map(|r| p.allows(r));
+            assert_eq!(got, may, "{f:?}");
+        }
+        // A group bound to a second role is refused: each holds its own.
+        let doubled = format!(
+            "{LAMBDA_RBAC}\n---\n{}",
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: extra}\n\
+             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodesmith-sweep}\n\
+             subjects: [{kind: Group, apiGroup: rbac.authorization.k8s.io, name: \"nodesmith:provision\"}]\n"
+        );
+        let e = Policy::function_in(&doubled, Function::Provision).unwrap_err();
+        assert!(e.contains("\"nodesmith-provision\", \"nodesmith-sweep\""), "{e}");
+        assert!(Policy::function_in(LAMBDA_RBAC, Function::Provision).is_ok());
+        // Tokens name the function.
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer nodesmith-sweep".parse().unwrap());
+        assert_eq!(identify(&h), Identity::Function(Function::Sweep));
+        assert_eq!(Identity::Function(Function::Launch).user().name, "nodesmith-launch");
+        assert_eq!(Function::named("interrupt"), Some(Function::Interrupt));
     }
 
     fn names(roles: &[BoundRole]) -> Vec<&str> {

@@ -455,6 +455,10 @@ impl LocalCloud {
         }
         for def in FUNCTIONS {
             let mut env = common.clone();
+            // Each function as its own identity, held to its own ClusterRole.
+            if let Some(f) = crate::kube_server::rbac::Function::named(def.binary) {
+                env.extend(kube.env_for(f).into_iter().map(|(k, v)| (k.to_string(), v)));
+            }
             for (k, v) in extra.get(def.binary).into_iter().flatten() {
                 env.insert(k.to_string(), v.clone());
             }

@@ -138,7 +138,9 @@ pub async fn launcher(m: &Moto, endpoint: &str, kube: &KubeServer) -> Launcher {
 /// A launcher that asks for solves on `pending_queue_url` when it gives a claim up.
 pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_queue_url: Option<String>) -> Launcher {
     let conf = fast_retries(m.sdk_config_at(endpoint).await);
-    let cluster = KubeCluster::from_client(kube.lambda_client()).with_retry(RetryPolicy {
+    // As the launch function: held to its own ClusterRole.
+    let as_launch = nodesmith_tests::kube_server::Identity::Function(nodesmith_tests::kube_server::Function::Launch);
+    let cluster = KubeCluster::from_client(kube.client_as(as_launch)).with_retry(RetryPolicy {
         attempts: 3,
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),
