@@ -438,3 +438,53 @@ async fn a_named_instance_profile_iam_does_not_have_turns_the_class_not_ready() 
     assert_eq!(condition(&class, "Ready").status, "True");
     assert_eq!(class.status.unwrap().instance_profile.as_deref(), Some("team-nodes"));
 }
+
+#[tokio::test]
+async fn a_launch_ec2_refuses_turns_the_class_launch_succeeded_false_until_one_succeeds() {
+    let s = Stack::new("64", 2).await;
+    let sweeper = sweeper(&s).await;
+    sweeper.run().await.unwrap();
+    assert!(
+        read_class(&s).await.condition("LaunchSucceeded").is_none(),
+        "no launch yet: nothing to say"
+    );
+    s.drain(&s.pending_queue).await;
+    let outcome = s.provision(&["web-0", "web-1"]).await;
+    assert_eq!(outcome.created.len(), 1, "{outcome:?}");
+    let bodies = s.drain(&s.launch_queue).await;
+
+    // 1. IAM denies CreateFleet: the launch fails, and the next sweep says so on the class.
+    let proxy = nodesmith_tests::fault_proxy::FaultProxy::start(s.m.endpoint()).await;
+    proxy.fail_next(
+        "CreateFleet",
+        1,
+        403,
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation.",
+    );
+    let denied = launcher_with(&s.m, proxy.endpoint(), &s.kube, Some(s.pending_queue.clone())).await;
+    let (response, _) = batch::handle(&denied, &event(bodies.clone())).await;
+    assert_eq!(response.batch_item_failures.len(), 1, "redelivered");
+    sweeper.run().await.unwrap();
+    let class = read_class(&s).await;
+    let c = condition(&class, "LaunchSucceeded");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "LaunchRefused"),
+        "{c:?}"
+    );
+    assert!(c.message.contains("UnauthorizedOperation"), "{c:?}");
+    assert_eq!(
+        condition(&class, "Ready").status,
+        "True",
+        "a refusal is fixed outside the class: launches go on"
+    );
+
+    // 2. The denial is lifted: the redelivered launch succeeds, and the condition follows.
+    let launcher = launcher_with(&s.m, s.m.endpoint(), &s.kube, Some(s.pending_queue.clone())).await;
+    let (response, results) = batch::handle(&launcher, &event(bodies)).await;
+    assert!(response.batch_item_failures.is_empty(), "{results:?}");
+    sweeper.run().await.unwrap();
+    let class = read_class(&s).await;
+    assert_eq!(condition(&class, "LaunchSucceeded").status, "True");
+}

@@ -213,6 +213,10 @@ pub mod condition_types {
     pub const INSTANCE_PROFILE_READY: &str = "InstanceProfileReady";
     /// The capacity reservation selectors were read (selecting none is fine).
     pub const CAPACITY_RESERVATIONS_READY: &str = "CapacityReservationsReady";
+    /// EC2 took the class's latest launch (listed once EC2 refused one; not
+    /// part of Ready: a refusal is fixed outside the class, and only a later
+    /// launch can show it fixed).
+    pub const LAUNCH_SUCCEEDED: &str = "LaunchSucceeded";
 }
 
 /// A status condition (the shape of `metav1.Condition`).

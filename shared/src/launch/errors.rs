@@ -100,6 +100,16 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
+    /// EC2's error code and message when EC2 refused the launch for good.
+    pub fn refusal(&self) -> Option<(&str, &str)> {
+        match self {
+            LaunchError::Fleet { code, message, .. } | LaunchError::Refused { code, message } => Some((code, message)),
+            _ => None,
+        }
+    }
+}
+
+impl LaunchError {
     /// An AWS SDK error with its causes.
     pub fn aws<E: std::error::Error + 'static>(op: &'static str, err: E) -> Self {
         LaunchError::Aws {

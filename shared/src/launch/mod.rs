@@ -413,7 +413,7 @@ impl<C: Cluster> Launcher<C> {
                     continue;
                 }
                 Err(e @ LaunchError::Refused { .. }) => {
-                    self.launch_failed_events(&claim, &e).await;
+                    self.launch_refused(&claim, &e).await;
                     return Err(e);
                 }
                 other => other?,
@@ -465,6 +465,14 @@ impl<C: Cluster> Launcher<C> {
                                 source,
                             })?;
                     tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
+                    // Clears the class's LaunchSucceeded=False at the next sweep.
+                    if let Err(e) = self
+                        .store
+                        .record_launch_success(&c.node_class, clock().as_millisecond())
+                        .await
+                    {
+                        tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "could not record the launch on its class");
+                    }
                     return Ok(LaunchOutcome::Launched(c));
                 }
                 // Already marked above; the next round tries the rest.
@@ -490,7 +498,7 @@ impl<C: Cluster> Launcher<C> {
                         code,
                         message,
                     };
-                    self.launch_failed_events(&claim, &e).await;
+                    self.launch_refused(&claim, &e).await;
                     return Err(e);
                 }
             }
@@ -558,9 +566,18 @@ impl<C: Cluster> Launcher<C> {
     /// EC2 refused the claim's launch for good (a bad AMI, an IAM denial):
     /// a `LaunchFailed` warning on its EC2NodeClass and on the NodeClaim, so
     /// `kubectl describe ec2nodeclass` and `kubectl get events` say why, as
-    /// Karpenter's events do. A failure to record is logged, never fatal.
-    async fn launch_failed_events(&self, claim: &NodeClaim, why: &LaunchError) {
+    /// Karpenter's events do, and a record the sweep turns into the class's
+    /// `LaunchSucceeded=False`. A failure to record is logged, never fatal.
+    async fn launch_refused(&self, claim: &NodeClaim, why: &LaunchError) {
         tracing::error!(node_claim = %claim.name, node_class = %claim.node_class, error = %crate::telemetry::causes(why), "EC2 refused the launch");
+        let (code, message) = why.refusal().unwrap_or(("", ""));
+        if let Err(e) = self
+            .store
+            .record_launch_refusal(&claim.node_class, clock().as_millisecond(), code, message)
+            .await
+        {
+            tracing::warn!(node_claim = %claim.name, error = %crate::telemetry::causes(&e), "could not record the refusal on its class");
+        }
         let class = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("karpenter.k8s.aws/v1".into()),
             kind: Some("EC2NodeClass".into()),

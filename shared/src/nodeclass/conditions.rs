@@ -2,7 +2,8 @@
 //! Karpenter v1's shape: `subnets`, `securityGroups`, `amis` (with the
 //! requirements of the instance types each serves), `instanceProfile`, and the
 //! conditions `SubnetsReady`, `SecurityGroupsReady`, `AMIsReady`,
-//! `InstanceProfileReady` and `Ready` (True only when all four are). A
+//! `InstanceProfileReady` and `Ready` (True only when all four are), and
+//! `LaunchSucceeded` once EC2 refused one of its launches for good. A
 //! condition keeps its `lastTransitionTime` while its status stays, so a class
 //! whose resolution does not change computes the same status run after run and
 //! the sweep writes nothing.
@@ -16,7 +17,8 @@ use super::resolved::{
     AMI_NOT_FOUND, NO_AMIS, NO_SECURITY_GROUPS, NO_SUBNETS, ResolvedClass, SECURITY_GROUPS_NOT_FOUND, SUBNETS_NOT_FOUND,
 };
 use crate::apis::ec2nodeclass::condition_types::{
-    AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, READY, SECURITY_GROUPS_READY, SUBNETS_READY,
+    AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, LAUNCH_SUCCEEDED, READY, SECURITY_GROUPS_READY,
+    SUBNETS_READY,
 };
 use crate::apis::ec2nodeclass::{
     AmiStatus, Condition, EC2NodeClassStatus, SecurityGroupStatus, StatusRequirement, SubnetStatus,
@@ -25,6 +27,8 @@ use crate::labels;
 
 /// The reason of `Ready=False` for a class that fails validation.
 pub const VALIDATION_FAILED: &str = "ValidationFailed";
+/// The reason of `LaunchSucceeded=False`.
+pub const LAUNCH_REFUSED: &str = "LaunchRefused";
 /// The reason of `InstanceProfileReady=False`.
 pub const INSTANCE_PROFILE_NOT_FOUND: &str = "InstanceProfileNotFound";
 
@@ -117,9 +121,14 @@ pub fn compute(
         .capacity_reservations
         .as_ref()
         .map(|_| (CAPACITY_RESERVATIONS_READY, Ok(())));
+    let last_launch = facts.last_launch.as_ref().map(|o| {
+        let refused = o.clone().map_err(|message| (LAUNCH_REFUSED.to_string(), message));
+        (LAUNCH_SUCCEEDED, refused)
+    });
     let conditions = dependents
         .iter()
         .chain(reservations_read.as_ref())
+        .chain(last_launch.as_ref())
         .chain(std::iter::once(&(READY, ready)))
         .map(|(t, o)| condition(t, o, old, generation, now))
         .collect();
@@ -133,6 +142,11 @@ pub fn compute(
         capacity_reservations,
         conditions,
     }
+}
+
+/// What `LaunchSucceeded=False` says of a refusal with EC2's `code` and `message` (pure).
+pub fn refusal_message(code: &str, message: &str) -> String {
+    format!("EC2 refused the latest launch: {code}: {message}")
 }
 
 /// One condition; its transition time is kept while its status stays (pure).
@@ -242,6 +256,7 @@ mod tests {
             capacity_reservations: None,
             invalid: None,
             missing_profile: None,
+            last_launch: None,
         }
     }
 
@@ -279,6 +294,35 @@ mod tests {
         );
         assert!(ready.message.contains("exactly one of"), "{}", ready.message);
         assert_eq!(s.subnets.len(), 2, "what it resolves to is still shown");
+    }
+
+    #[test]
+    fn a_refused_launch_is_a_condition_of_its_own_that_leaves_ready_alone() {
+        let now = Timestamp::UNIX_EPOCH;
+        let unknown = compute(&ready_facts(), None, Some(1), now);
+        assert!(unknown.conditions.iter().all(|c| c.type_ != LAUNCH_SUCCEEDED));
+        let refused = ResolvedClass {
+            last_launch: Some(Err(refusal_message("InvalidAMIID.NotFound", "no such image"))),
+            ..ready_facts()
+        };
+        let s = compute(&refused, None, Some(1), now);
+        let c = s.conditions.iter().find(|c| c.type_ == LAUNCH_SUCCEEDED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "False",
+                LAUNCH_REFUSED,
+                "EC2 refused the latest launch: InvalidAMIID.NotFound: no such image"
+            )
+        );
+        assert_eq!(s.conditions.iter().find(|c| c.type_ == READY).unwrap().status, "True");
+        let recovered = ResolvedClass {
+            last_launch: Some(Ok(())),
+            ..ready_facts()
+        };
+        let s = compute(&recovered, Some(&s), Some(1), now);
+        let c = s.conditions.iter().find(|c| c.type_ == LAUNCH_SUCCEEDED).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", LAUNCH_SUCCEEDED));
     }
 
     #[test]

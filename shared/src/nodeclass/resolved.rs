@@ -56,6 +56,10 @@ pub struct ResolvedClass {
     pub invalid: Option<String>,
     /// The named `instanceProfile` IAM says does not exist (checked when IAM is at hand).
     pub missing_profile: Option<String>,
+    /// What EC2 said to the class's latest launch, when the sweep has a
+    /// record: `Ok`, or what a refusal no launch has succeeded since says
+    /// ([`super::conditions::refusal_message`]).
+    pub last_launch: Option<Result<(), String>>,
 }
 
 impl ResolvedClass {
@@ -143,6 +147,7 @@ pub async fn resolve(
     Ok(ResolvedClass {
         invalid: class.validate().err().map(|e| e.to_string()),
         missing_profile: None,
+        last_launch: None,
         capacity_reservations,
         subnets,
         security_groups,

@@ -84,6 +84,24 @@ impl<C: Cluster> Sweeper<C> {
                     }
                 }
             }
+            match self.store.launch_record(&name).await {
+                Ok(record) => {
+                    facts.last_launch = record.map(|r| match r.standing_refusal() {
+                        Some(refused) => Err(conditions::refusal_message(&refused.code, &refused.message)),
+                        None => Ok(()),
+                    })
+                }
+                // The condition stays as it is this run.
+                Err(e) => {
+                    tracing::warn!(class = %name, error = %crate::telemetry::causes(&e), "launch record not read this run");
+                    facts.last_launch = class
+                        .condition(crate::apis::ec2nodeclass::condition_types::LAUNCH_SUCCEEDED)
+                        .map(|c| match c.status.as_str() {
+                            "False" => Err(c.message.clone()),
+                            _ => Ok(()),
+                        });
+                }
+            }
             let computed = conditions::compute(&facts, class.status.as_ref(), class.metadata.generation, now);
             if let Some(updated) = with_status(class, computed) {
                 match self.cluster.replace_node_class_status(&updated).await {
