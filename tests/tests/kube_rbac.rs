@@ -711,6 +711,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "snapshot/live.rs",
             "draining.rs",
             "kubernetes/drain.rs",
+            "kubernetes/cluster.rs",
         ],
     ),
     (
@@ -722,6 +723,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "snapshot/live.rs",
             "draining.rs",
             "kubernetes/drain.rs",
+            "kubernetes/cluster.rs",
             "launch/gc.rs",
         ],
     ),

@@ -1015,6 +1015,7 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/costs.rs", "dynamodb:UpdateItem", ALL),
     ("state/markers.rs", "dynamodb:GetItem", ALL),
     ("state/markers.rs", "dynamodb:PutItem", ALL),
+    ("state/markers.rs", "dynamodb:UpdateItem", ALL),
     ("state/mod.rs", "dynamodb:DeleteItem", ALL),
     ("state/mod.rs", "dynamodb:PutItem", ALL),
     ("state/mod.rs", "dynamodb:Query", ALL),
