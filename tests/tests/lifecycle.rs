@@ -355,3 +355,45 @@ async fn two_sweeps_at_once_act_once() {
     let asked = s.drain(&s.pending_queue).await;
     assert_eq!(asked.len(), 1, "one solve request: {asked:?}");
 }
+
+#[tokio::test]
+async fn a_registration_the_api_server_refuses_ends_the_claim_instead_of_retrying_forever() {
+    let s = stack("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    let id = claims[0].instance_id.clone().unwrap();
+    s.kubelet_step().await;
+    let node = s.nodes().await.remove(0).metadata.name.unwrap();
+    // A claim whose labels the API server refuses (written by a release that
+    // did not check them): its Node can never be registered.
+    let mut claim = s.store.get_node_claim(&claims[0].name).await.unwrap().unwrap();
+    claim.labels.insert("team".into(), "a,dedicated=payments".into());
+    s.store.update_node_claim(&claim).await.unwrap();
+
+    let sweeper = s.sweeper(fast());
+    let report = sweeper.run().await.unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(s.claims().await.is_empty(), "the claim is given up");
+    assert_eq!(
+        s.instance_states().await.get(&id).map(String::as_str),
+        Some("terminated")
+    );
+    assert!(s.cluster().node(&node).await.unwrap().is_none(), "its Node is deleted");
+    let events = s.kube.events();
+    let refused = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(nodesmith::kubernetes::events::reasons::REGISTRATION_REFUSED))
+        .unwrap_or_else(|| panic!("no event: {events:?}"));
+    assert_eq!(refused.involved_object.name.as_deref(), Some(claim.name.as_str()));
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("a,dedicated=payments"),
+        "{refused:?}"
+    );
+    let (asked, _) = s.provision_queued().await;
+    assert!(asked[0].contains("registration-refused"), "{asked:?}");
+    // Nothing is left to retry.
+    assert!(short(&sweeper.run().await.unwrap()).is_empty());
+}

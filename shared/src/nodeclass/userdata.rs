@@ -584,7 +584,8 @@ mod tests {
     fn labels_and_taints_that_are_not_valid_never_reach_the_kubelet() {
         let inject = |labels: &[(&str, &str)], taint: Option<Taint>| {
             let mut n = node(None);
-            n.labels.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            n.labels
+                .extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             n.taints.extend(taint);
             n
         };
@@ -595,7 +596,11 @@ mod tests {
             inject(&[("team", &"x".repeat(64))], None),
             inject(
                 &[],
-                Some(Taint::new("dedicated", Some("a,b=c:NoSchedule"), TaintEffect::NoSchedule)),
+                Some(Taint::new(
+                    "dedicated",
+                    Some("a,b=c:NoSchedule"),
+                    TaintEffect::NoSchedule,
+                )),
             ),
         ];
         for n in &bad {
@@ -605,13 +610,18 @@ mod tests {
             }
         }
         let e = al2023(&cluster(), &bad[0]).unwrap_err();
-        let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+        let why = std::error::Error::source(&e)
+            .map(ToString::to_string)
+            .unwrap_or_default();
         assert!(why.contains("\"a,dedicated=payments\""), "{e}: {why}");
         // Valid labels, the empty value among them, are written as given.
         let ok = inject(&[("team", ""), ("example.com/tier", "web-1")], None);
         let doc = nodeconfig_of(&al2023(&cluster(), &ok).unwrap());
         let flags = doc["spec"]["kubelet"]["flags"][0].as_str().unwrap().to_string();
-        assert!(flags.contains(",team=") && flags.contains("example.com/tier=web-1"), "{flags}");
+        assert!(
+            flags.contains(",team=") && flags.contains("example.com/tier=web-1"),
+            "{flags}"
+        );
     }
 
     #[test]

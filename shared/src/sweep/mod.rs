@@ -322,9 +322,11 @@ impl<C: Cluster> Sweeper<C> {
                 continue;
             }
             match self.act(&action, &by_name).await {
-                Ok(()) => {
+                Ok(removal) => {
                     tracing::info!(action = ?action, "done");
-                    if let Action::Remove { claim, reason, .. } = &action {
+                    if let (Some(reason), Action::Remove { claim, .. } | Action::Register { claim, .. }) =
+                        (removal, &action)
+                    {
                         removed.push((reason.as_str(), claim.clone()));
                     }
                     report.done.push(action);
@@ -407,11 +409,27 @@ impl<C: Cluster> Sweeper<C> {
         Ok(lifecycle::solve_due(&pending, last, now, &self.config.lifecycle))
     }
 
-    async fn act(&self, action: &Action, claims: &BTreeMap<&str, &NodeClaim>) -> Result<(), StepError> {
+    /// Carries one action out; the capacity it gave up, if it did.
+    async fn act(
+        &self,
+        action: &Action,
+        claims: &BTreeMap<&str, &NodeClaim>,
+    ) -> Result<Option<lifecycle::Removal>, StepError> {
         match action {
             Action::Register { claim, node, update } => {
-                if !self.cluster.update_node(node, update).await? {
-                    return Ok(());
+                match self.cluster.update_node(node, update).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(None),
+                    // Invalid (a label the API server refuses): every retry gets the
+                    // same answer while the node sits tainted and billed.
+                    Err(ClusterError::Api { code: 422, message, .. }) => {
+                        tracing::warn!(node_claim = %claim, node = %node, %message, "the API server refused the registration; the claim is given up");
+                        self.event(EventSpec::registration_refused(claim, node, &message)).await;
+                        let instance = claims.get(claim.as_str()).and_then(|c| c.instance_id.as_deref());
+                        self.give_up(claim, instance, Some(node), claims).await?;
+                        return Ok(Some(lifecycle::Removal::RegistrationRefused));
+                    }
+                    Err(e) => return Err(e.into()),
                 }
                 if self
                     .advance(claim, Phase::Launched, |c| c.registered(node, Timestamp::now()))
@@ -419,7 +437,7 @@ impl<C: Cluster> Sweeper<C> {
                 {
                     self.event(EventSpec::registered(node, claim)).await;
                 }
-                Ok(())
+                Ok(None)
             }
             Action::Initialize { claim, node } => {
                 if !self
@@ -427,7 +445,7 @@ impl<C: Cluster> Sweeper<C> {
                     .update_node(node, &registration::initialization_update())
                     .await?
                 {
-                    return Ok(());
+                    return Ok(None);
                 }
                 if self
                     .advance(claim, Phase::Registered, |c| {
@@ -437,41 +455,37 @@ impl<C: Cluster> Sweeper<C> {
                 {
                     self.event(EventSpec::initialized(node, claim)).await;
                 }
-                Ok(())
+                Ok(None)
             }
             Action::Remove {
-                claim, instance, node, ..
+                claim,
+                reason,
+                instance,
+                node,
             } => {
-                // Instance first: a crash after it leaves a claim whose instance is
-                // gone, which the next sweep removes; never an unowned instance.
-                self.terminate(instance.as_deref()).await?;
-                if let Some(n) = node {
-                    self.cluster.delete_node(n).await?;
-                }
-                if let Some(c) = claims.get(claim.as_str()) {
-                    self.store.remove_node_claim(c, VersionCheck::IfUnchanged).await?;
-                }
-                Ok(())
+                self.give_up(claim, instance.as_deref(), node.as_deref(), claims)
+                    .await?;
+                Ok(Some(*reason))
             }
             Action::CollectInstance { instance, node } => {
                 self.terminate(Some(instance)).await?;
                 if let Some(n) = node {
                     self.cluster.delete_node(n).await?;
                 }
-                Ok(())
+                Ok(None)
             }
             Action::CollectNode { node } => {
                 self.cluster.delete_node(node).await?;
-                Ok(())
+                Ok(None)
             }
             Action::Relaunch { claim } => {
                 let lease = self.store.read_lease(&crate::launch::lease_name(claim)).await?;
                 if lease.is_some_and(|l| l.until_ms > now_ms()) {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let Some(url) = &self.config.launch_queue_url else {
                     tracing::warn!(node_claim = %claim, "a launch is due again but NODESMITH_LAUNCH_QUEUE_URL is not set");
-                    return Ok(());
+                    return Ok(None);
                 };
                 tracing::warn!(node_claim = %claim, "claim still Pending with no launch under way: its launch request is sent again");
                 crate::messages::launch_requests::enqueue(
@@ -480,9 +494,29 @@ impl<C: Cluster> Sweeper<C> {
                     &[crate::messages::LaunchRequest::new(claim)],
                 )
                 .await?;
-                Ok(())
+                Ok(None)
             }
         }
+    }
+
+    /// Gives a claim's capacity up: its instance, its Node, then the claim.
+    async fn give_up(
+        &self,
+        claim: &str,
+        instance: Option<&str>,
+        node: Option<&str>,
+        claims: &BTreeMap<&str, &NodeClaim>,
+    ) -> Result<(), StepError> {
+        // Instance first: a crash after it leaves a claim whose instance is
+        // gone, which the next sweep removes; never an unowned instance.
+        self.terminate(instance).await?;
+        if let Some(n) = node {
+            self.cluster.delete_node(n).await?;
+        }
+        if let Some(c) = claims.get(claim) {
+            self.store.remove_node_claim(c, VersionCheck::IfUnchanged).await?;
+        }
+        Ok(())
     }
 
     async fn terminate(&self, instance: Option<&str>) -> Result<(), StepError> {
