@@ -11,21 +11,22 @@
 pub mod classes;
 pub mod disrupt;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
 
 use crate::catalog;
 use crate::disruption::consolidation::ConsolidationOptions;
-use crate::ec2::{Instances, InstancesError};
+use crate::ec2::{Instance, Instances, InstancesError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec};
 use crate::lifecycle::{self, Action, LifecycleConfig, Observed};
 use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::registration;
 use crate::settings::{SettingError, Settings};
-use crate::state::{Advance, LAST_SOLVE, StateError, StateStore, VersionCheck, now_ms};
+use crate::state::{Advance, ClaimListing, LAST_SOLVE, StateError, StateStore, UnreadableClaim, VersionCheck, now_ms};
 use crate::telemetry::Metric;
 
 /// The lease that keeps sweeps from acting at once.
@@ -169,6 +170,54 @@ pub struct SweepReport {
     pub classes: classes::ClassReport,
     /// The $/h of the capacity this run gave up, for the meter.
     pub removed_usd_per_hour: f64,
+    /// Claim items this release could not read (left out, their instances spared).
+    pub unreadable_claims: usize,
+}
+
+/// Garbage collection without what an unreadable claim item names: its
+/// instance (recorded on the item, or tagged with its name) and that
+/// instance's Node stay until a release that can read the item decides (pure).
+pub fn spare_unreadable(
+    actions: Vec<Action>,
+    unreadable: &[UnreadableClaim],
+    nodes: &[Node],
+    instances: &[Instance],
+) -> Vec<Action> {
+    if unreadable.is_empty() {
+        return actions;
+    }
+    let names: BTreeSet<&str> = unreadable.iter().map(|u| u.name.as_str()).collect();
+    let mut ids: BTreeSet<&str> = unreadable.iter().filter_map(|u| u.instance_id.as_deref()).collect();
+    ids.extend(
+        instances
+            .iter()
+            .filter(|i| i.node_claim().is_some_and(|c| names.contains(c)))
+            .map(|i| i.id.as_str()),
+    );
+    let node_spared = |name: &str| {
+        nodes.iter().any(|n| {
+            n.metadata.name.as_deref() == Some(name)
+                && (n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .and_then(registration::instance_id)
+                    .is_some_and(|id| ids.contains(id))
+                    || n.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(crate::labels::NODECLAIM))
+                        .is_some_and(|c| names.contains(c.as_str())))
+        })
+    };
+    actions
+        .into_iter()
+        .filter(|a| match a {
+            Action::CollectInstance { instance, .. } => !ids.contains(instance.as_str()),
+            Action::CollectNode { node } => !node_spared(node),
+            _ => true,
+        })
+        .collect()
 }
 
 /// The $/h of the capacity a run gave up: claims it removed, and claims whose
@@ -204,6 +253,7 @@ impl SweepReport {
             count("NodesCollected", done(|a| matches!(a, Action::CollectNode { .. }))),
             count("LaunchesRequeued", done(|a| matches!(a, Action::Relaunch { .. }))),
             count("SweepStepsFailed", self.failed.len()),
+            count("NodeClaimsUnreadable", self.unreadable_claims),
             count("SweepStepsDeferred", self.deferred.len()),
             count("SolvesRequested", usize::from(self.solve_requested.is_some())),
             count("DisruptionsStarted", self.disruption.started.len()),
@@ -298,7 +348,7 @@ impl<C: Cluster> Sweeper<C> {
 
     async fn run_leased(&self, started: Instant) -> Result<SweepReport, SweepError> {
         let now = Timestamp::now();
-        let claims = self.store.list_node_claims().await?;
+        let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
         let nodes = self.cluster.nodes().await?;
         let instances = self.instances.list_owned().await?;
         let catalog = match self.store.get_catalog().await? {
@@ -312,9 +362,17 @@ impl<C: Cluster> Sweeper<C> {
             instances: &instances,
             catalog: Some(&catalog),
         };
-        let actions = lifecycle::plan(&seen, &self.config.lifecycle);
+        let actions = spare_unreadable(
+            lifecycle::plan(&seen, &self.config.lifecycle),
+            &unreadable,
+            &nodes,
+            &instances,
+        );
         let by_name: BTreeMap<&str, &NodeClaim> = claims.iter().map(|c| (c.name.as_str(), c)).collect();
-        let mut report = SweepReport::default();
+        let mut report = SweepReport {
+            unreadable_claims: unreadable.len(),
+            ..SweepReport::default()
+        };
         let mut removed = Vec::new();
         for action in actions {
             if started.elapsed() >= self.config.budget {
