@@ -2,9 +2,64 @@
 //! (an enum value or field a newer CRD allows) is set aside with why, and the
 //! others are used, so one bad NodePool does not stop every solve (pure).
 
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
+
+/// An object of kind `K` as the API server sent it, not yet read as `K`: a
+/// list of these always decodes, and [`decode_each`] reads them one by one.
+#[derive(Clone, Debug)]
+pub struct Raw<K> {
+    /// The object's JSON.
+    pub value: Value,
+    metadata: ObjectMeta,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<'de, K> Deserialize<'de> for Raw<K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        // Only for naming the object: a metadata block that does not read is empty here.
+        let metadata = value
+            .get("metadata")
+            .and_then(|m| ObjectMeta::deserialize(m).ok())
+            .unwrap_or_default();
+        Ok(Raw {
+            value,
+            metadata,
+            kind: PhantomData,
+        })
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()>> kube::Resource for Raw<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 /// An object of a list that could not be read as its type.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,9 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
@@ -190,29 +188,18 @@ impl KubeCluster {
         .await
     }
 
-    /// Lists `K` as raw objects and reads each on its own: those that do not
-    /// read are logged, given a Warning Event (once per version) and left out.
-    async fn list_readable<K>(&self, op: &str) -> Result<Vec<K>, ClusterError>
+    /// Reads each listed object on its own: those that do not read as `K`
+    /// are logged, given a Warning Event (once per version) and left out.
+    async fn keep_readable<K>(&self, raw: Vec<decode::Raw<K>>) -> Vec<K>
     where
         K: kube::Resource<DynamicType = ()> + DeserializeOwned,
     {
-        let resource = ApiResource::erase::<K>(&());
-        let raw: Vec<DynamicObject> = self
-            .call(op, |c| {
-                let resource = resource.clone();
-                async move {
-                    Api::<DynamicObject>::all_with(c, &resource)
-                        .list(&ListParams::default())
-                        .await
-                        .map(|l| l.items)
-                }
-            })
-            .await?;
-        let values = raw.iter().filter_map(|o| serde_json::to_value(o).ok()).collect();
-        let (good, bad) = decode::decode_each::<K>(values, &resource.api_version, &resource.kind);
+        let (api_version, kind) = (K::api_version(&()), K::kind(&()));
+        let values = raw.into_iter().map(|r| r.value).collect();
+        let (good, bad) = decode::decode_each::<K>(values, &api_version, &kind);
         for u in bad {
             let name = u.object.name.clone().unwrap_or_default();
-            tracing::error!(kind = %resource.kind, name = %name, error = %u.error, "cannot read this object; it is left out until fixed");
+            tracing::error!(kind = %kind, name = %name, error = %u.error, "cannot read this object; it is left out until fixed");
             let version = (
                 u.object.uid.clone().unwrap_or_else(|| name.clone()),
                 u.object.resource_version.clone().unwrap_or_default(),
@@ -226,7 +213,7 @@ impl KubeCluster {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "FailedToDecode event not recorded");
             }
         }
-        Ok(good)
+        good
     }
 
     /// Sets a node's taints, guarded by the resourceVersion read with them.
@@ -367,11 +354,13 @@ impl Cluster for KubeCluster {
     }
 
     async fn usable_node_pools(&self) -> Result<Vec<NodePool>, ClusterError> {
-        self.list_readable("list nodepools").await
+        let raw = self.list_all("list nodepools", ListParams::default()).await?;
+        Ok(self.keep_readable(raw).await)
     }
 
     async fn usable_node_classes(&self) -> Result<Vec<EC2NodeClass>, ClusterError> {
-        self.list_readable("list ec2nodeclasses").await
+        let raw = self.list_all("list ec2nodeclasses", ListParams::default()).await?;
+        Ok(self.keep_readable(raw).await)
     }
 
     async fn node_class(&self, name: &str) -> Result<Option<EC2NodeClass>, ClusterError> {
