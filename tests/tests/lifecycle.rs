@@ -372,6 +372,9 @@ async fn a_registration_the_api_server_refuses_ends_the_claim_instead_of_retryin
     let sweeper = s.sweeper(fast());
     let report = sweeper.run().await.unwrap();
     assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let metrics: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+    assert_eq!(metrics["RegistrationsRefused"], 1.0);
+    assert_eq!(metrics["NodesRegistered"], 0.0);
     assert!(s.claims().await.is_empty(), "the claim is given up");
     assert_eq!(
         s.instance_states().await.get(&id).map(String::as_str),

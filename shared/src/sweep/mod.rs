@@ -172,6 +172,8 @@ pub struct SweepReport {
     pub removed_usd_per_hour: f64,
     /// Claim items this release could not read (left out, their instances spared).
     pub unreadable_claims: usize,
+    /// Claims given up because the API server refused their registration (422).
+    pub registrations_refused: Vec<String>,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -243,7 +245,11 @@ impl SweepReport {
         };
         let done = |f: fn(&Action) -> bool| self.done.iter().filter(|a| f(a)).count();
         vec![
-            count("NodesRegistered", done(|a| matches!(a, Action::Register { .. }))),
+            count(
+                "NodesRegistered",
+                done(|a| matches!(a, Action::Register { .. })).saturating_sub(self.registrations_refused.len()),
+            ),
+            count("RegistrationsRefused", self.registrations_refused.len()),
             count("NodesInitialized", done(|a| matches!(a, Action::Initialize { .. }))),
             count("NodeClaimsRemoved", done(|a| matches!(a, Action::Remove { .. }))),
             count(
@@ -385,6 +391,9 @@ impl<C: Cluster> Sweeper<C> {
                     if let (Some(reason), Action::Remove { claim, .. } | Action::Register { claim, .. }) =
                         (removal, &action)
                     {
+                        if reason == lifecycle::Removal::RegistrationRefused {
+                            report.registrations_refused.push(claim.clone());
+                        }
                         removed.push((reason.as_str(), claim.clone()));
                     }
                     report.done.push(action);
@@ -652,6 +661,69 @@ mod tests {
         assert_eq!(m["NodesRegistered"], 0.0);
         assert_eq!(m["SweepStepsDeferred"], 1.0);
         assert_eq!(m["SolvesRequested"], 0.0);
+    }
+
+    #[test]
+    fn garbage_collection_spares_what_an_unreadable_claim_names() {
+        use crate::ec2::InstanceState;
+        let instance = |id: &str, claim: &str| Instance {
+            id: id.into(),
+            instance_type: "m5.large".into(),
+            zone: None,
+            subnet_id: None,
+            image_id: None,
+            security_group_ids: BTreeSet::new(),
+            state: InstanceState::Running,
+            capacity_type: "on-demand".into(),
+            capacity_reservation: None,
+            launch_time: None,
+            tags: BTreeMap::from([(crate::labels::NODECLAIM.to_string(), claim.to_string())]),
+        };
+        let node = |name: &str, id: &str| -> Node {
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": name}, "spec": {"providerID": format!("aws:///z/{id}")}}),
+            )
+            .unwrap()
+        };
+        let unreadable = [UnreadableClaim {
+            name: "newer-a".into(),
+            instance_id: Some("i-recorded".into()),
+            error: StateError::Corrupt {
+                what: "nodeclaim",
+                key: "newer-a".into(),
+                reason: "unknown variant".into(),
+            },
+        }];
+        let instances = [instance("i-tagged", "newer-a"), instance("i-leak", "gone-b")];
+        let nodes = [
+            node("n-recorded", "i-recorded"),
+            node("n-tagged", "i-tagged"),
+            node("n-orphan", "i-x"),
+        ];
+        let collect_instance = |id: &str| Action::CollectInstance {
+            instance: id.into(),
+            node: None,
+        };
+        let collect_node = |n: &str| Action::CollectNode { node: n.into() };
+        let actions = vec![
+            collect_instance("i-recorded"),
+            collect_instance("i-tagged"),
+            collect_instance("i-leak"),
+            collect_node("n-recorded"),
+            collect_node("n-tagged"),
+            collect_node("n-orphan"),
+            Action::Relaunch { claim: "other".into() },
+        ];
+        let kept = spare_unreadable(actions.clone(), &unreadable, &nodes, &instances);
+        assert_eq!(
+            kept,
+            vec![
+                collect_instance("i-leak"),
+                collect_node("n-orphan"),
+                Action::Relaunch { claim: "other".into() }
+            ]
+        );
+        assert_eq!(spare_unreadable(actions.clone(), &[], &nodes, &instances), actions);
     }
 
     #[test]
