@@ -288,20 +288,76 @@ pub fn set_from_instance(key: &str) -> bool {
     is_well_known(key) || key == HOSTNAME || matches!(domain(key), Some("karpenter.sh" | "karpenter.k8s.aws"))
 }
 
-/// Checks a label key's syntax: an optional DNS-subdomain prefix and a name of
-/// at most 63 characters of alphanumerics, `-`, `_` and `.`.
-pub fn validate_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.rsplit_once('/') {
+/// Why a label key or value breaks Kubernetes' syntax (the API server refuses
+/// such an object with 422 Unprocessable Entity, a kubelet refuses to start).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    /// The key's prefix (before `/`) is not a DNS subdomain of at most 253 characters.
+    #[error("label key {key:?} has an invalid prefix: it must be a lowercase DNS subdomain of at most 253 characters")]
+    Prefix {
+        /// The key.
+        key: String,
+    },
+    /// The key's name (after any `/`) breaks the qualified-name rule.
+    #[error(
+        "label key {key:?} has an invalid name: it must be 1 to 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )]
+    Name {
+        /// The key.
+        key: String,
+    },
+    /// The value breaks the label-value rule.
+    #[error(
+        "label value {value:?} (key {key:?}) is invalid: it must be empty or at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )]
+    Value {
+        /// The key the value was given for (empty when checked alone).
+        key: String,
+        /// The value.
+        value: String,
+    },
+}
+
+/// Checks a label key as Kubernetes does (a qualified name): an optional
+/// prefix that is a DNS subdomain (lowercase, at most 253 characters) and a
+/// `/`, then a name of 1 to 63 letters, digits, `-`, `_` and `.` that starts
+/// and ends with a letter or digit.
+pub fn validate_key(key: &str) -> Result<(), LabelError> {
+    let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    if let Some(p) = prefix
-        && (p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label))
-    {
-        return Err(format!("label key {key:?} has an invalid prefix"));
+    if prefix.is_some_and(|p| !is_dns_subdomain(p)) {
+        return Err(LabelError::Prefix { key: key.into() });
     }
-    if !is_label_value(name) || name.is_empty() {
-        return Err(format!("label key {key:?} has an invalid name"));
+    if name.is_empty() || !is_label_value(name) {
+        return Err(LabelError::Name { key: key.into() });
+    }
+    Ok(())
+}
+
+/// Checks a label value as Kubernetes does ([`is_label_value`]).
+pub fn validate_value(value: &str) -> Result<(), LabelError> {
+    validate_label("", value).map_err(|e| match e {
+        LabelError::Value { value, .. } => LabelError::Value {
+            key: String::new(),
+            value,
+        },
+        other => other,
+    })
+}
+
+/// Checks a label's key, then its value: what the API server checks before
+/// it stores an object's labels.
+pub fn validate_label(key: &str, value: &str) -> Result<(), LabelError> {
+    if !key.is_empty() {
+        validate_key(key)?;
+    }
+    if !is_label_value(value) {
+        return Err(LabelError::Value {
+            key: key.into(),
+            value: value.into(),
+        });
     }
     Ok(())
 }
@@ -320,10 +376,16 @@ pub fn is_label_value(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// Kubernetes' DNS-1123 subdomain: at most 253 characters, dot-separated
+/// labels of lowercase alphanumerics and `-`, each starting and ending with an
+/// alphanumeric.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !s.is_empty()
-        && s.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
         && b.iter()
@@ -484,6 +546,71 @@ mod tests {
         for k in ["team", "example.com/team", "node-restriction.kubernetes.io/team"] {
             assert!(!set_from_instance(k), "{k}");
         }
+    }
+
+    #[test]
+    fn label_syntax_follows_kubernetes() {
+        let long64 = "a".repeat(64);
+        let long63 = "a".repeat(63);
+        let keys: Vec<(String, bool)> = vec![
+            ("team".into(), true),
+            ("example.com/team".into(), true),
+            ("a.b-c.example.com/Team_1.x".into(), true),
+            ("Team".into(), true),
+            ("1".into(), true),
+            (long63.clone(), true),
+            (format!("{}/x", "a".repeat(253)), true),
+            (format!("{}.b/x", "a".repeat(70)), true),
+            ("".into(), false),
+            ("/team".into(), false),
+            ("example.com/".into(), false),
+            ("Example.com/team".into(), false),
+            ("a/b/c".into(), false),
+            ("team,x=y".into(), false),
+            ("a,dedicated=payments".into(), false),
+            ("te am".into(), false),
+            ("-team".into(), false),
+            ("team-".into(), false),
+            ("example..com/team".into(), false),
+            ("-example.com/team".into(), false),
+            ("example.com/team=x".into(), false),
+            ("caf\u{e9}".into(), false),
+            (long64.clone(), false),
+            (format!("example.com/{long64}"), false),
+            (format!("{}/x", "a".repeat(254)), false),
+        ];
+        for (k, ok) in &keys {
+            assert_eq!(validate_key(k).is_ok(), *ok, "key {k:?}");
+        }
+        let values: Vec<(String, bool)> = vec![
+            ("".into(), true),
+            ("web".into(), true),
+            ("a.b_c-D9".into(), true),
+            (long63.clone(), true),
+            (long64.clone(), false),
+            ("a,dedicated=payments".into(), false),
+            ("a b".into(), false),
+            ("a=b".into(), false),
+            ("a\nb".into(), false),
+            ("a\n--node-labels=x=y".into(), false),
+            ("\"quoted\"".into(), false),
+            ("-a".into(), false),
+            ("a.".into(), false),
+            ("_".into(), false),
+            ("x/y".into(), false),
+            ("caf\u{e9}".into(), false),
+        ];
+        for (v, ok) in &values {
+            assert_eq!(validate_value(v).is_ok(), *ok, "value {v:?}");
+            assert_eq!(is_label_value(v), *ok, "value {v:?}");
+        }
+        let e = validate_value("a,dedicated=payments").unwrap_err();
+        assert!(e.to_string().contains("\"a,dedicated=payments\""), "{e}");
+        let e = validate_label("team", "a,dedicated=payments").unwrap_err();
+        assert!(e.to_string().contains("\"a,dedicated=payments\""), "{e}");
+        let e = validate_label("a b", "x").unwrap_err();
+        assert!(e.to_string().contains("\"a b\""), "{e}");
+        assert!(validate_label("team", "").is_ok());
     }
 
     #[test]

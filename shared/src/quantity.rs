@@ -69,8 +69,12 @@ impl Quantity {
         Quantity(self.0.saturating_sub(o.0))
     }
 
-    /// Parses Kubernetes notation: an optional sign, a decimal number, and a
-    /// suffix from m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent.
+    /// Parses Kubernetes notation: an optional sign, a decimal number (`5`,
+    /// `5.`, `.5`, `1.5`), and a suffix from n, u, m, k, M, G, T, P, E, Ki,
+    /// Mi, Gi, Ti, Pi, Ei or a decimal exponent (`e3`, `E-2`, any size).
+    /// Precision below a thousandth rounds away from zero, as Kubernetes'
+    /// `MilliValue`; magnitudes beyond what an i64 of thousandths holds
+    /// saturate to ±`i64::MAX` (a limit of `1e21` means "no limit").
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
         let err = |reason| QuantityError {
             input: input.to_string(),
@@ -87,12 +91,15 @@ impl Quantity {
         };
         let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
         let (num, suffix) = s.split_at(num_end);
-        if num.is_empty() || num == "." || num.matches('.').count() > 1 {
+        let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
+        if int_part.is_empty() && frac_part.is_empty() || frac_part.contains('.') {
             return Err(err("no number"));
         }
-        // Scale as (multiplier, exponent of ten) applied to the milli value.
-        let (mul, exp10): (i128, i32) = match suffix {
+        // The value is digits × mul × 10^exp10 (in whole units).
+        let (mul, exp10): (u64, i64) = match suffix {
             "" => (1, 0),
+            "n" => (1, -9),
+            "u" => (1, -6),
             "m" => (1, -3),
             "k" => (1, 3),
             "M" => (1, 6),
@@ -106,42 +113,15 @@ impl Quantity {
             "Ti" => (1 << 40, 0),
             "Pi" => (1 << 50, 0),
             "Ei" => (1 << 60, 0),
-            s if s.starts_with(['e', 'E']) => {
-                let e: i32 = s[1..].parse().map_err(|_| err("bad exponent"))?;
-                if !(-18..=18).contains(&e) {
-                    return Err(err("exponent out of range"));
-                }
-                (1, e)
-            }
+            s if s.starts_with(['e', 'E']) => (1, exponent(&s[1..]).ok_or_else(|| err("bad exponent"))?),
             _ => return Err(err("unknown suffix")),
         };
-        let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
-        let digits = format!("{int_part}{frac_part}");
-        if digits.len() > 30 {
-            return Err(err("too many digits"));
-        }
-        let mantissa: i128 = if digits.is_empty() {
-            0
-        } else {
-            digits.parse().map_err(|_| err("no number"))?
-        };
-        // value = mantissa * 10^(exp10 - frac_len) * mul, in milli: * 10^3
-        let shift = exp10 - frac_part.len() as i32 + 3;
-        let mut v = mantissa.checked_mul(mul).ok_or_else(|| err("too large"))?;
-        if shift >= 0 {
-            for _ in 0..shift {
-                v = v.checked_mul(10).ok_or_else(|| err("too large"))?;
-            }
-        } else {
-            // Kubernetes rounds sub-milli precision up.
-            let div = 10i128.pow((-shift) as u32);
-            v = (v + div - 1) / div;
-        }
-        if v > i64::MAX as i128 {
-            return Err(err("too large"));
-        }
-        let v = v as i64;
-        Ok(Quantity(if neg { -v } else { v }))
+        let digits: Vec<u8> = int_part.bytes().chain(frac_part.bytes()).map(|b| b - b'0').collect();
+        // In thousandths: shift the decimal point by the exponent, the
+        // fraction's length and the three places of "milli".
+        let shift = exp10.saturating_sub(frac_part.len() as i64).saturating_add(3);
+        let magnitude = scaled(digits, mul, shift);
+        Ok(Quantity(if neg { -magnitude } else { magnitude }))
     }
 
     /// Formats like Kubernetes' canonical form for the given resource:
@@ -170,6 +150,75 @@ impl Quantity {
         }
         bytes.to_string()
     }
+}
+
+/// A decimal exponent (`3`, `+3`, `-12`, any number of digits), clamped to a
+/// range past which every value saturates or rounds to one thousandth anyway.
+fn exponent(s: &str) -> Option<i64> {
+    let (neg, digits) = match s.as_bytes().first()? {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    const CLAMP: i64 = 1_000_000;
+    let e = digits
+        .bytes()
+        .try_fold(0i64, |acc, b| {
+            let next = acc * 10 + i64::from(b - b'0');
+            (next <= CLAMP).then_some(next)
+        })
+        .unwrap_or(CLAMP);
+    Some(if neg { -e } else { e })
+}
+
+/// `digits × mul × 10^shift` (decimal digits, most significant first), rounded
+/// up to a whole number and saturated at `i64::MAX`. Works on the digit string
+/// so that no length of input or size of exponent can overflow.
+fn scaled(mut digits: Vec<u8>, mul: u64, shift: i64) -> i64 {
+    // Multiply by `mul` (at most 2^60) from the least significant digit.
+    if mul != 1 {
+        let mut carry: u128 = 0;
+        for d in digits.iter_mut().rev() {
+            let v = u128::from(*d) * u128::from(mul) + carry;
+            *d = (v % 10) as u8;
+            carry = v / 10;
+        }
+        let mut head = Vec::new();
+        while carry > 0 {
+            head.push((carry % 10) as u8);
+            carry /= 10;
+        }
+        head.reverse();
+        head.extend(digits);
+        digits = head;
+    }
+    let first = digits.iter().position(|d| *d != 0);
+    let Some(first) = first else { return 0 };
+    let digits = &digits[first..];
+    let len = digits.len() as i64;
+    // Whole part: the digits left of the shifted decimal point.
+    let whole_len = len.saturating_add(shift);
+    if whole_len > 19 {
+        return i64::MAX;
+    }
+    let (whole, fraction): (&[u8], &[u8]) = if whole_len <= 0 {
+        (&[], digits)
+    } else if shift >= 0 {
+        (digits, &[])
+    } else {
+        digits.split_at(whole_len as usize)
+    };
+    let mut v: u128 = whole.iter().fold(0, |acc, d| acc * 10 + u128::from(*d));
+    if shift > 0 {
+        v *= 10u128.pow(shift as u32);
+    }
+    if fraction.iter().any(|d| *d != 0) {
+        v += 1;
+    }
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// Resources measured in bytes, printed with binary suffixes.
@@ -260,8 +309,124 @@ mod tests {
     }
 
     #[test]
+    fn accepts_the_whole_kubernetes_grammar() {
+        let cases: &[(&str, i64)] = &[
+            ("500u", 1),  // 0.0005 rounds up to one milli
+            ("1500u", 2), // 0.0015 -> 2m
+            ("1000000u", 1000),
+            ("1000000000n", 1000),
+            ("999999n", 1),
+            ("0n", 0),
+            ("0u", 0),
+            ("1n", 1),
+            (".5", 500),
+            ("5.", 5000),
+            ("+.5Ki", 512_000),
+            ("-1.5Gi", -1_610_612_736_000),
+            ("1e+3", 1_000_000),
+            ("1e-2", 10),
+            ("1E0", 1000),
+            ("12e-4", 2),
+            ("0.5e1", 5000),
+            ("1e-30", 1),
+            ("0e99", 0),
+            ("0000000000000000000000000000000000000012", 12_000),
+            ("12.000000000000000000000000000000000000000", 12_000),
+            ("1e15", 1_000_000_000_000_000_000),
+            ("2P", 2_000_000_000_000_000_000),
+            ("9.223372036854775807P", i64::MAX),
+        ];
+        for (s, want) in cases {
+            assert_eq!(Quantity::parse(s).map(Quantity::milli), Ok(*want), "{s}");
+        }
+        // Beyond what thousandths in an i64 can hold: saturated, never an error or a panic.
+        for s in [
+            "1e21",
+            "1e400",
+            "99999999999999999999Ei",
+            "8Ei",
+            "1e99999999999999999999",
+            "10E",
+            "9.2233720368547758075P",
+        ] {
+            assert_eq!(Quantity::parse(s), Ok(Quantity(i64::MAX)), "{s}");
+        }
+        for s in ["-1e21", "-8Ei"] {
+            assert_eq!(Quantity::parse(s), Ok(Quantity(-i64::MAX)), "{s}");
+        }
+        assert_eq!(Quantity::parse("1e-99999999999999999999"), Ok(Quantity(1)));
+        let pool: crate::apis::NodePool = serde_yaml_ng::from_str(
+            "metadata: {name: p}\nspec:\n  limits: {cpu: 1e21, memory: 500u}\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n      requirements: []",
+        )
+        .unwrap();
+        assert!(!pool.spec.limits.is_empty());
+    }
+
+    #[test]
+    fn refuses_what_kubernetes_refuses_and_says_why() {
+        for s in [
+            "1e", "1e+", "1e2.5", "1i", "1Ki2", "--1", "1 k", "e3", "1.2.3", ".", "+", "1ee3", "1Ki.5",
+        ] {
+            let e = Quantity::parse(s).unwrap_err();
+            assert!(!e.reason.is_empty(), "{s}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_on_any_text(s in "\\PC{0,40}") {
+            let _ = Quantity::parse(&s);
+        }
+
+        #[test]
+        fn never_panics_on_grammar_shaped_text(
+            sign in "[+-]?",
+            int in "[0-9]{0,45}",
+            frac in "(\\.[0-9]{0,45})?",
+            suffix in "(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]{1,25})?",
+        ) {
+            let s = format!("{sign}{int}{frac}{suffix}");
+            let r = Quantity::parse(&s);
+            let has_digit = int.chars().chain(frac.chars()).any(|c| c.is_ascii_digit());
+            proptest::prop_assert_eq!(r.is_ok(), has_digit, "{:?} -> {:?}", s, r);
+        }
+
+        #[test]
+        fn exponents_scale_and_saturate(m in 0i64..1_000_000, e in -40i32..40) {
+            let got = Quantity::parse(&format!("{m}e{e}")).unwrap().milli();
+            // The exact value in thousandths, rounded up, saturated.
+            let shift = e + 3;
+            let want: i128 = if m == 0 {
+                0
+            } else if shift >= 0 {
+                let mut v = m as i128;
+                for _ in 0..shift {
+                    v = v.saturating_mul(10).min(i64::MAX as i128 + 1);
+                }
+                v.min(i64::MAX as i128)
+            } else if -shift > 30 {
+                1
+            } else {
+                let d = 10i128.pow((-shift) as u32);
+                (m as i128 + d - 1) / d
+            };
+            proptest::prop_assert_eq!(got as i128, want);
+        }
+
+        #[test]
+        fn suffixes_agree_with_their_multipliers(m in 0i64..1_000_000) {
+            let q = |s: String| Quantity::parse(&s).unwrap().milli();
+            proptest::prop_assert_eq!(q(format!("{m}k")), q(format!("{m}e3")));
+            proptest::prop_assert_eq!(q(format!("{m}n")), q(format!("{m}e-9")));
+            proptest::prop_assert_eq!(q(format!("{m}u")), q(format!("{m}e-6")));
+            proptest::prop_assert_eq!(q(format!("{m}Mi")), m * 1_048_576_000);
+            proptest::prop_assert_eq!(q(format!("-{m}u")), -q(format!("{m}u")));
+        }
+    }
+
+    #[test]
     fn rejects_garbage() {
-        for s in ["", "abc", "1.2.3", "1Xi", "m", "1e99", "99999999999999999999Ei"] {
+        for s in ["", "abc", "1.2.3", "1Xi", "m"] {
             assert!(Quantity::parse(s).is_err(), "{s} should be rejected");
         }
     }

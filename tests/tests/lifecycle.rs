@@ -364,3 +364,122 @@ async fn two_sweeps_at_once_act_once() {
     let asked = s.drain(&s.pending_queue).await;
     assert_eq!(asked.len(), 1, "one solve request: {asked:?}");
 }
+
+#[tokio::test]
+async fn a_registration_the_api_server_refuses_ends_the_claim_instead_of_retrying_forever() {
+    let s = stack("64", 2).await;
+    let claims = s.launched(&["web-0", "web-1"]).await;
+    let id = claims[0].instance_id.clone().unwrap();
+    s.kubelet_step().await;
+    let node = s.nodes().await.remove(0).metadata.name.unwrap();
+    // A claim whose labels the API server refuses (written by a release that
+    // did not check them): its Node can never be registered.
+    let mut claim = s.store.get_node_claim(&claims[0].name).await.unwrap().unwrap();
+    claim.labels.insert("team".into(), "a,dedicated=payments".into());
+    s.store.update_node_claim(&claim).await.unwrap();
+
+    let sweeper = s.sweeper(fast());
+    let report = sweeper.run().await.unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let metrics: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+    assert_eq!(metrics["RegistrationsRefused"], 1.0);
+    assert_eq!(metrics["NodesRegistered"], 0.0);
+    assert!(s.claims().await.is_empty(), "the claim is given up");
+    assert_eq!(
+        s.instance_states().await.get(&id).map(String::as_str),
+        Some("terminated")
+    );
+    assert!(s.cluster().node(&node).await.unwrap().is_none(), "its Node is deleted");
+    let events = s.kube.events();
+    let refused = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(nodesmith::kubernetes::events::reasons::REGISTRATION_REFUSED))
+        .unwrap_or_else(|| panic!("no event: {events:?}"));
+    assert_eq!(refused.involved_object.name.as_deref(), Some(claim.name.as_str()));
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("a,dedicated=payments"),
+        "{refused:?}"
+    );
+    let (asked, _) = s.provision_queued().await;
+    assert!(asked[0].contains("registration-refused"), "{asked:?}");
+    // Nothing is left to retry.
+    assert!(short(&sweeper.run().await.unwrap()).is_empty());
+}
+
+/// Rewrites a claim's stored body as a newer release might have written it:
+/// a phase and a field this release does not know.
+async fn write_as_a_newer_release(s: &Stack, claim: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let key = std::collections::HashMap::from([
+        (
+            "pk".to_string(),
+            AttributeValue::S(nodesmith::state::PK_NODECLAIM.into()),
+        ),
+        ("sk".to_string(), AttributeValue::S(claim.into())),
+    ]);
+    let mut item = s
+        .store
+        .client()
+        .get_item()
+        .table_name(s.store.table())
+        .set_key(Some(key))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    let mut body: serde_json::Value = serde_json::from_str(item["body"].as_s().unwrap()).unwrap();
+    body["phase"] = json!("Repairing");
+    body["repair"] = json!({"policy": "reboot", "attempts": 1});
+    item.insert("body".into(), AttributeValue::S(body.to_string()));
+    item.insert("phase".into(), AttributeValue::S("Repairing".into()));
+    s.store
+        .client()
+        .put_item()
+        .table_name(s.store.table())
+        .set_item(Some(item))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_claim_item_a_newer_release_wrote_neither_stops_the_sweep_nor_loses_its_instance() {
+    let s = stack("64", 4).await;
+    let first = s.launched(&["web-0", "web-1"]).await;
+    let unreadable = first[0].clone();
+    write_as_a_newer_release(&s, &unreadable.name).await;
+    let id = unreadable.instance_id.clone().unwrap();
+
+    // The rest goes on: a solve for more pods, their launch, their registration.
+    let out = s.provision(&["web-2", "web-3"]).await;
+    assert!(out.failed.is_empty() && !out.created.is_empty(), "{out:?}");
+    s.launch_all().await;
+    s.kubelet_step().await;
+    let sweeper = s.sweeper(LifecycleConfig {
+        leak_window: Duration::ZERO,
+        ..fast()
+    });
+    let report = sweeper.run().await.unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let done = short(&report);
+    assert!(done.contains(&"register".to_string()), "{done:?}");
+    assert!(
+        !done.iter().any(|a| a.starts_with("collect")),
+        "the unreadable claim's instance and Node are not collected: {done:?}"
+    );
+    assert_eq!(s.instance_states().await.get(&id).map(String::as_str), Some("running"));
+    let metrics = report.metrics();
+    let unreadable_count = metrics
+        .iter()
+        .find(|m| m.name == "NodeClaimsUnreadable")
+        .map(|m| m.value);
+    assert_eq!(unreadable_count, Some(1.0), "{metrics:?}");
+    // The item is left as it is for the release that wrote it.
+    assert!(s.store.get_node_claim(&unreadable.name).await.is_err());
+}

@@ -321,3 +321,55 @@ async fn a_pod_recreated_under_its_old_name_does_not_stop_provisioning() {
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 }
+
+#[tokio::test]
+async fn a_nodepool_or_nodeclass_that_cannot_be_read_is_skipped_with_an_event_and_the_rest_still_solve() {
+    let s = stack(None, &[("web-0", "1")]).await;
+    // What a newer Karpenter CRD accepts and this release cannot read: an
+    // enum value it does not know (heaviest pool, so it would be tried first),
+    // and a class whose role is not a string.
+    let mut balanced = pool(None);
+    balanced["metadata"]["name"] = json!("balanced");
+    balanced["spec"]["weight"] = json!(100);
+    balanced["spec"]["disruption"] = json!({"consolidationPolicy": "Balanced", "consolidateAfter": "1m"});
+    s.kube.apply(&balanced).unwrap();
+    let mut broken = node_class();
+    broken["metadata"]["name"] = json!("broken");
+    broken["spec"]["role"] = json!(["not", "a", "string"]);
+    s.kube.apply(&broken).unwrap();
+
+    let out = s.provisioner("a", false).handle(&refs(&["web-0"])).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert_eq!(out.created.len(), 1, "{out:?}");
+    assert_eq!(out.created[0].node_pool, "default");
+
+    let events = s.kube.events();
+    for (kind, name, says) in [("NodePool", "balanced", "Balanced"), ("EC2NodeClass", "broken", "role")] {
+        let e = events
+            .iter()
+            .find(|e| {
+                e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name)
+            })
+            .unwrap_or_else(|| panic!("no event on {kind} {name}: {events:#?}"));
+        assert_eq!(e.reason.as_deref(), Some("FailedToDecode"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert!(e.message.as_deref().unwrap_or_default().contains(says), "{e:?}");
+        assert!(e.involved_object.uid.is_some(), "{e:?}");
+    }
+    // Once per version of the object, not once per solve.
+    let again = s.provisioner("b", false).handle(&refs(&["web-0"])).await;
+    assert!(again.failed.is_empty(), "{again:?}");
+    let provisioner = s.provisioner("c", false);
+    provisioner.handle(&refs(&["web-0"])).await;
+    provisioner.handle(&refs(&["web-0"])).await;
+    let decode_events = |events: &[k8s_openapi::api::core::v1::Event]| {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedToDecode"))
+            .count()
+    };
+    assert!(
+        decode_events(&s.kube.events()) <= 2 * 3,
+        "one per object per adapter at most"
+    );
+}

@@ -81,7 +81,7 @@ impl Taint {
         if self.key.is_empty() {
             errs.push(p.field("key"), "is required");
         } else if let Err(e) = labels::validate_key(&self.key) {
-            errs.push(p.field("key"), e.replace("label key", "taint key"));
+            errs.push(p.field("key"), e.to_string().replace("label key", "taint key"));
         }
         if let Some(v) = &self.value
             && !labels::is_label_value(v)

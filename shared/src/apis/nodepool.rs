@@ -327,7 +327,7 @@ impl NodePool {
         for (k, v) in &self.spec.template.metadata.labels {
             let p = meta.field("labels").key(k);
             if let Err(e) = labels::validate_key(k) {
-                errs.push(p.clone(), e);
+                errs.push(p.clone(), e.to_string());
             } else if let Some(why) = labels::nodepool_label_restriction(k) {
                 errs.push(p.clone(), why);
             }
@@ -405,7 +405,7 @@ fn valid_budget_nodes(s: &str) -> bool {
 fn validate_requirement(errs: &mut Errors, p: &Path, q: &NodeSelectorRequirementWithMinValues) {
     let key = labels::normalize(&q.key);
     if let Err(e) = labels::validate_key(&q.key) {
-        errs.push(p.field("key"), e);
+        errs.push(p.field("key"), e.to_string());
     }
     if key == labels::NODEPOOL || key == labels::HOSTNAME {
         errs.push(p.field("key"), format!("label {key:?} is restricted"));

@@ -97,7 +97,7 @@ fn instance_type(at: &str, t: FileType) -> Result<InstanceTypeInfo, CatalogError
     }
     let given = t.labels.unwrap_or_default();
     for (k, v) in &given {
-        labels::validate_key(k).map_err(|e| field(&format!("{at}.labels"), &e))?;
+        labels::validate_key(k).map_err(|e| field(&format!("{at}.labels"), &e.to_string()))?;
         if !labels::is_label_value(v) {
             return Err(field(
                 &format!("{at}.labels.{k}"),

@@ -134,10 +134,18 @@ pub trait Cluster: Send + Sync {
     fn storage_classes(&self) -> impl Future<Output = Result<Vec<StorageClass>, ClusterError>> + Send;
     /// Every Namespace (pod affinity `namespaceSelector`s select them by label).
     fn namespaces(&self) -> impl Future<Output = Result<Vec<Namespace>, ClusterError>> + Send;
-    /// Every NodePool.
+    /// Every NodePool, or an error when any one cannot be read.
     fn node_pools(&self) -> impl Future<Output = Result<Vec<NodePool>, ClusterError>> + Send;
-    /// Every EC2NodeClass.
+    /// Every EC2NodeClass, or an error when any one cannot be read: for
+    /// decisions that delete what no class names (a class left out would
+    /// lose its launch templates and instance profile).
     fn node_classes(&self) -> impl Future<Output = Result<Vec<EC2NodeClass>, ClusterError>> + Send;
+    /// The NodePools this release can read; each one it cannot is left out
+    /// with a `FailedToDecode` Warning Event on it: for decisions about what
+    /// to launch or disrupt, which one unreadable pool must not stop.
+    fn usable_node_pools(&self) -> impl Future<Output = Result<Vec<NodePool>, ClusterError>> + Send;
+    /// The EC2NodeClasses this release can read, as [`Cluster::usable_node_pools`].
+    fn usable_node_classes(&self) -> impl Future<Output = Result<Vec<EC2NodeClass>, ClusterError>> + Send;
     /// One EC2NodeClass, or None when it does not exist.
     fn node_class(&self, name: &str) -> impl Future<Output = Result<Option<EC2NodeClass>, ClusterError>> + Send;
     /// Replaces an EC2NodeClass's status through the status subresource (the

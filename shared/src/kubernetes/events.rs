@@ -33,6 +33,10 @@ pub mod reasons {
     pub const REGISTERED: &str = "Registered";
     /// A node is Ready with its startup taints gone.
     pub const INITIALIZED: &str = "Initialized";
+    /// The API server refused a NodeClaim's registration write; the claim is given up.
+    pub const REGISTRATION_REFUSED: &str = "RegistrationRefused";
+    /// A NodePool or EC2NodeClass could not be read; it is skipped until fixed.
+    pub const FAILED_TO_DECODE: &str = "FailedToDecode";
 }
 
 /// The component name events are reported under.
@@ -146,6 +150,28 @@ impl EventSpec {
             type_: EventType::Normal,
             reason: reasons::INITIALIZED.into(),
             message: format!("Node is ready for pods (nodeclaim/{claim} initialized)"),
+        }
+    }
+
+    /// `RegistrationRefused`, on the NodeClaim: the API server refused its
+    /// Node's labels (`why` is its answer), so the claim and its instance are given up.
+    pub fn registration_refused(claim: &str, node: &str, why: &str) -> Self {
+        EventSpec {
+            object: nodeclaim_ref(claim),
+            type_: EventType::Warning,
+            reason: reasons::REGISTRATION_REFUSED.into(),
+            message: format!("The API server refused to register Node {node}, the NodeClaim is given up: {why}"),
+        }
+    }
+
+    /// `FailedToDecode`, on a NodePool or EC2NodeClass (`object`) nodesmith
+    /// cannot read: it is left out of every decision until it is fixed.
+    pub fn failed_to_decode(object: ObjectReference, why: &str) -> Self {
+        EventSpec {
+            object,
+            type_: EventType::Warning,
+            reason: reasons::FAILED_TO_DECODE.into(),
+            message: format!("Cannot read this object, it is ignored until fixed: {why}"),
         }
     }
 

@@ -1,7 +1,9 @@
 //! [`Cluster`] over kube-rs: rate-limited, transient failures retried with
 //! backoff, read-modify-write conflicts (409) retried from a fresh read.
 
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::Mutex;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -13,6 +15,7 @@ use serde_json::json;
 
 use super::client::ClientSource;
 use super::cluster::{Cluster, ClusterError, EvictionOutcome, NodeUpdate};
+use super::decode;
 use super::events::EventSpec;
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
@@ -32,6 +35,9 @@ pub struct KubeCluster {
     source: ClientSource,
     limiter: RateLimiter,
     retry: RetryPolicy,
+    /// Objects (uid, resourceVersion) already given a `FailedToDecode` Event
+    /// by this adapter: one per version, not one per solve.
+    undecodable_reported: Mutex<BTreeSet<(String, String)>>,
 }
 
 /// What one attempt of a read-modify-write produced.
@@ -47,6 +53,7 @@ impl KubeCluster {
             source,
             limiter: RateLimiter::default(),
             retry: RetryPolicy::default(),
+            undecodable_reported: Mutex::default(),
         }
     }
 
@@ -179,6 +186,34 @@ impl KubeCluster {
             async move { Api::<K>::all(c).list(&lp).await.map(|l| l.items) }
         })
         .await
+    }
+
+    /// Reads each listed object on its own: those that do not read as `K`
+    /// are logged, given a Warning Event (once per version) and left out.
+    async fn keep_readable<K>(&self, raw: Vec<decode::Raw<K>>) -> Vec<K>
+    where
+        K: kube::Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let (api_version, kind) = (K::api_version(&()), K::kind(&()));
+        let values = raw.into_iter().map(|r| r.value).collect();
+        let (good, bad) = decode::decode_each::<K>(values, &api_version, &kind);
+        for u in bad {
+            let name = u.object.name.clone().unwrap_or_default();
+            tracing::error!(kind = %kind, name = %name, error = %u.error, "cannot read this object; it is left out until fixed");
+            let version = (
+                u.object.uid.clone().unwrap_or_else(|| name.clone()),
+                u.object.resource_version.clone().unwrap_or_default(),
+            );
+            let first = self
+                .undecodable_reported
+                .lock()
+                .map(|mut seen| seen.insert(version))
+                .unwrap_or(true);
+            if first && let Err(e) = self.emit_event(&EventSpec::failed_to_decode(u.object, &u.error)).await {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "FailedToDecode event not recorded");
+            }
+        }
+        good
     }
 
     /// Sets a node's taints, guarded by the resourceVersion read with them.
@@ -316,6 +351,16 @@ impl Cluster for KubeCluster {
 
     async fn node_classes(&self) -> Result<Vec<EC2NodeClass>, ClusterError> {
         self.list_all("list ec2nodeclasses", ListParams::default()).await
+    }
+
+    async fn usable_node_pools(&self) -> Result<Vec<NodePool>, ClusterError> {
+        let raw = self.list_all("list nodepools", ListParams::default()).await?;
+        Ok(self.keep_readable(raw).await)
+    }
+
+    async fn usable_node_classes(&self) -> Result<Vec<EC2NodeClass>, ClusterError> {
+        let raw = self.list_all("list ec2nodeclasses", ListParams::default()).await?;
+        Ok(self.keep_readable(raw).await)
     }
 
     async fn node_class(&self, name: &str) -> Result<Option<EC2NodeClass>, ClusterError> {

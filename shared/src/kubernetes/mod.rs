@@ -5,6 +5,7 @@ pub mod auth;
 pub mod client;
 pub mod cluster;
 pub mod crds;
+pub mod decode;
 pub mod drain;
 pub mod events;
 pub mod kube_cluster;

@@ -85,6 +85,9 @@ pub enum Removal {
     NodeGone,
     /// It was left Terminating (a disruption's termination was cut short).
     Terminating,
+    /// The API server refused its Node's registration write as invalid (422):
+    /// no retry can succeed, so the capacity is given up.
+    RegistrationRefused,
 }
 
 impl Removal {
@@ -96,6 +99,7 @@ impl Removal {
             Removal::InstanceGone => "instance-gone",
             Removal::NodeGone => "node-gone",
             Removal::Terminating => "terminating",
+            Removal::RegistrationRefused => "registration-refused",
         }
     }
 }

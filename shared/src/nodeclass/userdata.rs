@@ -51,6 +51,16 @@ pub enum UserDataError {
     /// The EC2NodeClass's userData is not valid for its AMI family.
     #[error("spec.userData: {0}")]
     User(String),
+    /// A label or taint breaks Kubernetes' syntax: joined into the kubelet's
+    /// flags it could add labels of its own or stop the kubelet from starting.
+    #[error("node {what} cannot be written into user data")]
+    Label {
+        /// "label" or "taint".
+        what: &'static str,
+        /// What is wrong with it.
+        #[source]
+        source: crate::labels::LabelError,
+    },
     /// The AMI family has no user data generator here.
     #[error("AMI family {0:?} is not supported for launch (supported: AL2023, Bottlerocket, Custom)")]
     UnsupportedFamily(String),
@@ -110,6 +120,21 @@ fn kubelet_config(k: Option<&KubeletConfiguration>) -> serde_json::Map<String, V
     m
 }
 
+/// Every label and taint checked by Kubernetes' rules: the planner already
+/// refuses invalid ones, this is the last check before they are joined into
+/// kubelet flags (`--node-labels=k=v,...`), where a comma or `=` in a value
+/// would add a label of its own.
+fn check_labels(node: &NodeSettings) -> Result<(), UserDataError> {
+    for (k, v) in &node.labels {
+        crate::labels::validate_label(k, v).map_err(|source| UserDataError::Label { what: "label", source })?;
+    }
+    for t in &node.taints {
+        crate::labels::validate_label(&t.key, t.value.as_deref().unwrap_or_default())
+            .map_err(|source| UserDataError::Label { what: "taint", source })?;
+    }
+    Ok(())
+}
+
 /// The nodeadm NodeConfig YAML for this node.
 pub fn node_config(cluster: &ClusterInfo, node: &NodeSettings) -> String {
     let mut config = kubelet_config(node.kubelet.as_ref());
@@ -127,7 +152,14 @@ pub fn node_config(cluster: &ClusterInfo, node: &NodeSettings) -> String {
             .collect();
         config.insert("registerWithTaints".into(), Value::Array(taints));
     }
-    let labels: Vec<String> = node.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    // `al2023` refuses invalid labels first; whoever else calls this never
+    // gets one joined into the flag either.
+    let labels: Vec<String> = node
+        .labels
+        .iter()
+        .filter(|(k, v)| crate::labels::validate_label(k, v).is_ok())
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     let mut kubelet = json!({ "config": config });
     if !labels.is_empty() {
         kubelet["flags"] = json!([format!("--node-labels={}", labels.join(","))]);
@@ -268,6 +300,7 @@ pub fn render_mime(parts: &[MimePart]) -> Result<String, UserDataError> {
 /// AL2023: the user's parts first, then nodesmith's NodeConfig, whose fields
 /// nodeadm applies over earlier configs.
 pub fn al2023(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String, UserDataError> {
+    check_labels(node)?;
     let mut parts = user_parts(node.user_data.as_deref().unwrap_or_default())?;
     parts.push(MimePart {
         content_type: NODECONFIG_TYPE.into(),
@@ -280,6 +313,7 @@ pub fn al2023(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String, User
 /// set over it (labels and taints merged, nodesmith's winning on the same key).
 pub fn bottlerocket(cluster: &ClusterInfo, node: &NodeSettings) -> Result<String, UserDataError> {
     use toml_edit::{Array, DocumentMut, Item, Table, value};
+    check_labels(node)?;
     let mut doc: DocumentMut = node
         .user_data
         .as_deref()
@@ -543,6 +577,50 @@ mod tests {
         assert_eq!(
             doc["settings"]["host-containers"]["admin"]["enabled"].as_bool(),
             Some(true)
+        );
+    }
+
+    #[test]
+    fn labels_and_taints_that_are_not_valid_never_reach_the_kubelet() {
+        let inject = |labels: &[(&str, &str)], taint: Option<Taint>| {
+            let mut n = node(None);
+            n.labels
+                .extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            n.taints.extend(taint);
+            n
+        };
+        let bad = [
+            inject(&[("team", "a,dedicated=payments")], None),
+            inject(&[("team,dedicated", "payments")], None),
+            inject(&[("team", "a\n--register-with-taints=x")], None),
+            inject(&[("team", &"x".repeat(64))], None),
+            inject(
+                &[],
+                Some(Taint::new(
+                    "dedicated",
+                    Some("a,b=c:NoSchedule"),
+                    TaintEffect::NoSchedule,
+                )),
+            ),
+        ];
+        for n in &bad {
+            for family in ["AL2023", "Bottlerocket"] {
+                let e = render(family, &cluster(), n).unwrap_err();
+                assert!(matches!(e, UserDataError::Label { .. }), "{family}: {e}");
+            }
+        }
+        let e = al2023(&cluster(), &bad[0]).unwrap_err();
+        let why = std::error::Error::source(&e)
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(why.contains("\"a,dedicated=payments\""), "{e}: {why}");
+        // Valid labels, the empty value among them, are written as given.
+        let ok = inject(&[("team", ""), ("example.com/tier", "web-1")], None);
+        let doc = nodeconfig_of(&al2023(&cluster(), &ok).unwrap());
+        let flags = doc["spec"]["kubelet"]["flags"][0].as_str().unwrap().to_string();
+        assert!(
+            flags.contains(",team=") && flags.contains("example.com/tier=web-1"),
+            "{flags}"
         );
     }
 

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::apis::{Taint, TaintEffect};
+use crate::labels;
 use crate::quantity::Quantity;
 use crate::requirements::{Operator, Requirement, Requirements};
 use crate::resources::{self, Resources};
@@ -388,6 +389,14 @@ pub fn term_requirements(term: &NodeSelectorTerm, path: &str) -> Result<Requirem
             o => return Err(perr(format!("{p}.operator"), format!("unknown operator {o:?}"))),
         };
         let values = e.values.clone().unwrap_or_default();
+        labels::validate_key(&e.key).map_err(|e| perr(format!("{p}.key"), e.to_string()))?;
+        // An `In` value can become the new node's label (on a key the pool
+        // leaves open): it must be one, or it reaches the kubelet's flags.
+        if op == Operator::In {
+            for (j, v) in values.iter().enumerate() {
+                labels::validate_label(&e.key, v).map_err(|e| perr(format!("{p}.values[{j}]"), e.to_string()))?;
+            }
+        }
         r.add(Requirement::new(&e.key, op, &values).map_err(|e| perr(format!("{p}.values"), e.to_string()))?);
     }
     // matchFields (metadata.name) pins a node by name; no new node can match it.
@@ -512,6 +521,7 @@ impl PodModel {
 fn required_node_terms(spec: &PodSpec, na: Option<&NodeAffinity>) -> Result<Vec<Requirements>, PodError> {
     let mut selector_reqs = Requirements::new();
     for (k, v) in spec.node_selector.iter().flatten() {
+        labels::validate_label(k, v).map_err(|e| perr(format!("spec.nodeSelector[{k:?}]"), e.to_string()))?;
         selector_reqs.add(Requirement::in_values(k, &[v]));
     }
     let mut node_terms = Vec::new();

@@ -484,6 +484,51 @@ fn node_selector_on_a_label_no_pool_defines_is_unschedulable() {
 }
 
 #[test]
+fn label_values_a_pod_would_put_on_a_node_must_be_valid_labels() {
+    // The pool lets pods choose `team` (Exists): a value from the pod's
+    // affinity lands in the new node's labels, so it must be a valid label.
+    let p = pool(
+        "teams",
+        "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: [{key: team, operator: Exists}]",
+    );
+    let affinity = |values: serde_json::Value| {
+        json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "team", "operator": "In", "values": values}]}
+        ]}}}}})
+    };
+    let bad = [
+        (
+            "inject",
+            affinity(json!(["a,dedicated=payments"])),
+            "a,dedicated=payments",
+        ),
+        ("long", affinity(json!(["x".repeat(64)])), "xxxxxxxx"),
+        ("chars", affinity(json!(["a b"])), "\"a b\""),
+        (
+            "selector",
+            json!({"spec": {"nodeSelector": {"team": "a\n--node-labels=x=y"}}}),
+            "--node-labels",
+        ),
+    ];
+    for (name, extra, named) in bad {
+        let plan = Case::new(vec![pod(name, "1", "1Gi", extra)])
+            .pools(vec![p.clone()])
+            .solve();
+        assert!(plan.node_claims.is_empty(), "{name}: {plan:?}");
+        let why = plan.unschedulable[0].reason.to_string();
+        assert!(why.contains(named) && why.contains("label value"), "{name}: {why}");
+    }
+    // An empty value is a valid label; a valid value is planned.
+    for (v, want) in [("", ""), ("web-1", "web-1")] {
+        let plan = Case::new(vec![pod("ok", "1", "1Gi", affinity(json!([v])))])
+            .pools(vec![p.clone()])
+            .solve();
+        assert!(plan.unschedulable.is_empty(), "{v:?}: {plan:?}");
+        assert_eq!(claim_of(&plan, "ok").labels.get("team").map(String::as_str), Some(want));
+    }
+}
+
+#[test]
 fn required_node_affinity_terms_are_ored() {
     let aff = json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["s390x"]}]},

@@ -46,7 +46,9 @@ pub use disruptions::{DisruptionRecord, DisruptionStep, Reason, UnknownReason};
 pub use drains::DrainRecord;
 pub use leases::{Lease, invocation_holder};
 pub use markers::{LAST_SOLVE, LaunchRecord, Refusal};
-pub use nodeclaims::{Advance, VersionCheck, from_item as node_claim_from_item, to_item as node_claim_item};
+pub use nodeclaims::{
+    Advance, ClaimListing, UnreadableClaim, VersionCheck, from_item as node_claim_from_item, to_item as node_claim_item,
+};
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::{TTL_ATTRIBUTE, create_table};
 

@@ -84,6 +84,49 @@ pub fn from_item(it: &Item) -> Result<NodeClaim, StateError> {
     Ok(claim)
 }
 
+/// A claim item this release cannot read (written by a newer release, or
+/// damaged): left as it is, and what it names is not collected as a leak.
+#[derive(Debug)]
+pub struct UnreadableClaim {
+    /// The claim's name (the item's sort key).
+    pub name: String,
+    /// The instance the item records, if any.
+    pub instance_id: Option<String>,
+    /// Why it cannot be read.
+    pub error: StateError,
+}
+
+/// Every claim item, each read on its own.
+#[derive(Debug, Default)]
+pub struct ClaimListing {
+    /// The claims this release can read, by name.
+    pub claims: Vec<NodeClaim>,
+    /// The items it cannot.
+    pub unreadable: Vec<UnreadableClaim>,
+}
+
+/// Reads each item on its own, so one bad item does not hide the others (pure).
+pub fn read_items(items: &[Item]) -> ClaimListing {
+    let mut out = ClaimListing::default();
+    for it in items {
+        match from_item(it) {
+            Ok(c) => out.claims.push(c),
+            Err(error) => {
+                let text = |attr: &str| match it.get(attr) {
+                    Some(AttributeValue::S(v)) => Some(v.clone()),
+                    _ => None,
+                };
+                out.unreadable.push(UnreadableClaim {
+                    name: text("sk").unwrap_or_default(),
+                    instance_id: text("instanceId"),
+                    error,
+                });
+            }
+        }
+    }
+    out
+}
+
 impl StateStore {
     /// Creates a NodeClaim (version 1); fails with `AlreadyExists` if the name is taken.
     pub async fn create_node_claim(&self, claim: &NodeClaim) -> Result<NodeClaim, StateError> {
@@ -281,13 +324,20 @@ impl StateStore {
         })
     }
 
-    /// Every NodeClaim in the table, by name.
+    /// Every claim item in the table, each read on its own; those this
+    /// release cannot read are logged and listed apart.
+    pub async fn read_node_claims(&self) -> Result<ClaimListing, StateError> {
+        let listing = read_items(&self.query_partition(PK_NODECLAIM, None).await?);
+        for u in &listing.unreadable {
+            tracing::error!(node_claim = %u.name, instance_id = ?u.instance_id, error = %crate::telemetry::causes(&u.error), "cannot read this NodeClaim item; it is left as it is and out of every decision");
+        }
+        Ok(listing)
+    }
+
+    /// Every NodeClaim in the table this release can read, by name (see
+    /// [`StateStore::read_node_claims`] for the others).
     pub async fn list_node_claims(&self) -> Result<Vec<NodeClaim>, StateError> {
-        self.query_partition(PK_NODECLAIM, None)
-            .await?
-            .iter()
-            .map(from_item)
-            .collect()
+        Ok(self.read_node_claims().await?.claims)
     }
 
     /// NodeClaims whose capacity exists or is on its way (everything but Terminating):
@@ -350,6 +400,41 @@ mod tests {
             ..claim()
         };
         assert!(!to_item(&c, 1).unwrap().contains_key("instanceId"));
+    }
+
+    #[test]
+    fn an_item_a_newer_release_wrote_is_set_aside_and_the_others_read() {
+        let good = to_item(&claim(), 1).unwrap();
+        let mut newer = to_item(
+            &NodeClaim {
+                instance_id: Some("i-new".into()),
+                ..NodeClaim::pending("default-x2", "default", "default")
+            },
+            2,
+        )
+        .unwrap();
+        let mut body: serde_json::Value = serde_json::from_str(get_s(&newer, "t", "body").unwrap()).unwrap();
+        body["phase"] = serde_json::json!("Repairing");
+        body["repair"] = serde_json::json!({"policy": "reboot"});
+        newer.insert("body".into(), s(body.to_string()));
+        let mut unknown_field_only = to_item(&NodeClaim::pending("default-x3", "default", "default"), 1).unwrap();
+        let mut body: serde_json::Value =
+            serde_json::from_str(get_s(&unknown_field_only, "t", "body").unwrap()).unwrap();
+        body["repair"] = serde_json::json!({"policy": "reboot"});
+        unknown_field_only.insert("body".into(), s(body.to_string()));
+
+        let listing = read_items(&[good, newer, unknown_field_only]);
+        let names: Vec<&str> = listing.claims.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["default-x1", "default-x3"],
+            "a field it does not know is ignored"
+        );
+        assert_eq!(listing.unreadable.len(), 1);
+        let u = &listing.unreadable[0];
+        assert_eq!(u.name, "default-x2");
+        assert_eq!(u.instance_id.as_deref(), Some("i-new"));
+        assert!(u.error.to_string().contains("Repairing"), "{}", u.error);
     }
 
     #[test]

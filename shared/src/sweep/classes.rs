@@ -44,7 +44,7 @@ impl<C: Cluster> Sweeper<C> {
         let Some(r) = &self.resolution else {
             return out;
         };
-        let classes = match self.cluster.node_classes().await {
+        let classes = match self.cluster.usable_node_classes().await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "EC2NodeClasses not listed; no status nor drift by resolution this run");

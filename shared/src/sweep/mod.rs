@@ -11,21 +11,22 @@
 pub mod classes;
 pub mod disrupt;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
 
 use crate::catalog;
 use crate::disruption::consolidation::ConsolidationOptions;
-use crate::ec2::{Instances, InstancesError};
+use crate::ec2::{Instance, Instances, InstancesError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec};
 use crate::lifecycle::{self, Action, LifecycleConfig, Observed, Removal};
 use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::registration;
 use crate::settings::{SettingError, Settings};
-use crate::state::{Advance, LAST_SOLVE, StateError, StateStore, VersionCheck, now_ms};
+use crate::state::{Advance, ClaimListing, LAST_SOLVE, StateError, StateStore, UnreadableClaim, VersionCheck, now_ms};
 use crate::telemetry::Metric;
 
 /// The lease that keeps sweeps from acting at once.
@@ -173,6 +174,56 @@ pub struct SweepReport {
     pub classes: classes::ClassReport,
     /// The $/h of the capacity this run gave up, for the meter.
     pub removed_usd_per_hour: f64,
+    /// Claim items this release could not read (left out, their instances spared).
+    pub unreadable_claims: usize,
+    /// Claims given up because the API server refused their registration (422).
+    pub registrations_refused: Vec<String>,
+}
+
+/// Garbage collection without what an unreadable claim item names: its
+/// instance (recorded on the item, or tagged with its name) and that
+/// instance's Node stay until a release that can read the item decides (pure).
+pub fn spare_unreadable(
+    actions: Vec<Action>,
+    unreadable: &[UnreadableClaim],
+    nodes: &[Node],
+    instances: &[Instance],
+) -> Vec<Action> {
+    if unreadable.is_empty() {
+        return actions;
+    }
+    let names: BTreeSet<&str> = unreadable.iter().map(|u| u.name.as_str()).collect();
+    let mut ids: BTreeSet<&str> = unreadable.iter().filter_map(|u| u.instance_id.as_deref()).collect();
+    ids.extend(
+        instances
+            .iter()
+            .filter(|i| i.node_claim().is_some_and(|c| names.contains(c)))
+            .map(|i| i.id.as_str()),
+    );
+    let node_spared = |name: &str| {
+        nodes.iter().any(|n| {
+            n.metadata.name.as_deref() == Some(name)
+                && (n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .and_then(registration::instance_id)
+                    .is_some_and(|id| ids.contains(id))
+                    || n.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(crate::labels::NODECLAIM))
+                        .is_some_and(|c| names.contains(c.as_str())))
+        })
+    };
+    actions
+        .into_iter()
+        .filter(|a| match a {
+            Action::CollectInstance { instance, .. } => !ids.contains(instance.as_str()),
+            Action::CollectNode { node } => !node_spared(node),
+            _ => true,
+        })
+        .collect()
 }
 
 /// The $/h of the capacity a run gave up: claims it removed, and claims whose
@@ -202,7 +253,11 @@ impl SweepReport {
         let done = |f: fn(&Action) -> bool| self.done.iter().filter(|a| f(a)).count();
         vec![
             count("SweepsCompleted", usize::from(!self.skipped)),
-            count("NodesRegistered", done(|a| matches!(a, Action::Register { .. }))),
+            count(
+                "NodesRegistered",
+                done(|a| matches!(a, Action::Register { .. })).saturating_sub(self.registrations_refused.len()),
+            ),
+            count("RegistrationsRefused", self.registrations_refused.len()),
             count("NodesInitialized", done(|a| matches!(a, Action::Initialize { .. }))),
             count("NodeClaimsRemoved", done(|a| matches!(a, Action::Remove { .. }))),
             count(
@@ -229,6 +284,7 @@ impl SweepReport {
             ),
             count("LaunchesRequeued", done(|a| matches!(a, Action::Relaunch { .. }))),
             count("SweepStepsFailed", self.failed.len()),
+            count("NodeClaimsUnreadable", self.unreadable_claims),
             count("SweepStepsDeferred", self.deferred.len()),
             count("SolvesRequested", usize::from(self.solve_requested.is_some())),
             count("DisruptionsStarted", self.disruption.started.len()),
@@ -328,7 +384,7 @@ impl<C: Cluster> Sweeper<C> {
 
     async fn run_leased(&self, started: Instant) -> Result<SweepReport, SweepError> {
         let now = Timestamp::now();
-        let claims = self.store.list_node_claims().await?;
+        let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
         let nodes = self.cluster.nodes().await?;
         let instances = self.instances.list_owned().await?;
         let catalog = match self.store.get_catalog().await? {
@@ -342,14 +398,22 @@ impl<C: Cluster> Sweeper<C> {
             instances: &instances,
             catalog: Some(&catalog),
         };
-        let actions = lifecycle::plan(&seen, &self.config.lifecycle);
+        let actions = spare_unreadable(
+            lifecycle::plan(&seen, &self.config.lifecycle),
+            &unreadable,
+            &nodes,
+            &instances,
+        );
         let by_name: BTreeMap<&str, &NodeClaim> = claims.iter().map(|c| (c.name.as_str(), c)).collect();
         // The Nodes decided on: a deletion takes only that object, never one recreated since.
         let node_uids: BTreeMap<&str, &str> = nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.uid.as_deref()?)))
             .collect();
-        let mut report = SweepReport::default();
+        let mut report = SweepReport {
+            unreadable_claims: unreadable.len(),
+            ..SweepReport::default()
+        };
         let mut removed = Vec::new();
         for action in actions {
             if started.elapsed() >= self.config.budget {
@@ -357,9 +421,14 @@ impl<C: Cluster> Sweeper<C> {
                 continue;
             }
             match self.act(&action, &by_name, &node_uids).await {
-                Ok(()) => {
+                Ok(removal) => {
                     tracing::info!(action = ?action, "done");
-                    if let Action::Remove { claim, reason, .. } = &action {
+                    if let (Some(reason), Action::Remove { claim, .. } | Action::Register { claim, .. }) =
+                        (removal, &action)
+                    {
+                        if reason == lifecycle::Removal::RegistrationRefused {
+                            report.registrations_refused.push(claim.clone());
+                        }
                         removed.push((reason.as_str(), claim.clone()));
                     }
                     report.done.push(action);
@@ -444,16 +513,28 @@ impl<C: Cluster> Sweeper<C> {
         Ok(lifecycle::solve_due(&pending, last, now, &self.config.lifecycle))
     }
 
+    /// Carries one action out; the capacity it gave up, if it did.
     async fn act(
         &self,
         action: &Action,
         claims: &BTreeMap<&str, &NodeClaim>,
         node_uids: &BTreeMap<&str, &str>,
-    ) -> Result<(), StepError> {
+    ) -> Result<Option<lifecycle::Removal>, StepError> {
         match action {
             Action::Register { claim, node, update } => {
-                if !self.cluster.update_node(node, update).await? {
-                    return Ok(());
+                match self.cluster.update_node(node, update).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(None),
+                    // Invalid (a label the API server refuses): every retry gets the
+                    // same answer while the node sits tainted and billed.
+                    Err(ClusterError::Api { code: 422, message, .. }) => {
+                        tracing::warn!(node_claim = %claim, node = %node, %message, "the API server refused the registration; the claim is given up");
+                        self.event(EventSpec::registration_refused(claim, node, &message)).await;
+                        let instance = claims.get(claim.as_str()).and_then(|c| c.instance_id.as_deref());
+                        self.give_up(claim, instance, Some(node), claims, node_uids).await?;
+                        return Ok(Some(lifecycle::Removal::RegistrationRefused));
+                    }
+                    Err(e) => return Err(e.into()),
                 }
                 if self
                     .advance(claim, Phase::Launched, |c| c.registered(node, Timestamp::now()))
@@ -461,7 +542,7 @@ impl<C: Cluster> Sweeper<C> {
                 {
                     self.event(EventSpec::registered(node, claim)).await;
                 }
-                Ok(())
+                Ok(None)
             }
             Action::Initialize { claim, node } => {
                 if !self
@@ -469,7 +550,7 @@ impl<C: Cluster> Sweeper<C> {
                     .update_node(node, &registration::initialization_update())
                     .await?
                 {
-                    return Ok(());
+                    return Ok(None);
                 }
                 if self
                     .advance(claim, Phase::Registered, |c| {
@@ -479,41 +560,37 @@ impl<C: Cluster> Sweeper<C> {
                 {
                     self.event(EventSpec::initialized(node, claim)).await;
                 }
-                Ok(())
+                Ok(None)
             }
             Action::Remove {
-                claim, instance, node, ..
+                claim,
+                reason,
+                instance,
+                node,
             } => {
-                // Instance first: a crash after it leaves a claim whose instance is
-                // gone, which the next sweep removes; never an unowned instance.
-                self.terminate(instance.as_deref()).await?;
-                if let Some(n) = node {
-                    self.cluster.delete_node(n, node_uids.get(n.as_str()).copied()).await?;
-                }
-                if let Some(c) = claims.get(claim.as_str()) {
-                    self.store.remove_node_claim(c, VersionCheck::IfUnchanged).await?;
-                }
-                Ok(())
+                self.give_up(claim, instance.as_deref(), node.as_deref(), claims, node_uids)
+                    .await?;
+                Ok(Some(*reason))
             }
             Action::CollectInstance { instance, node } => {
                 self.terminate(Some(instance)).await?;
                 if let Some(n) = node {
                     self.cluster.delete_node(n, node_uids.get(n.as_str()).copied()).await?;
                 }
-                Ok(())
+                Ok(None)
             }
             Action::CollectNode { node } => {
                 self.cluster
                     .delete_node(node, node_uids.get(node.as_str()).copied())
                     .await?;
-                Ok(())
+                Ok(None)
             }
             Action::Adopt { claim } => {
                 match self.store.create_node_claim(claim).await {
                     Ok(_) => {}
                     // Written since the run read the table (a launch recorded it, a
                     // sweep adopted it): the table's claim stands.
-                    Err(crate::state::StateError::AlreadyExists(_)) => return Ok(()),
+                    Err(crate::state::StateError::AlreadyExists(_)) => return Ok(None),
                     Err(e) => return Err(e.into()),
                 }
                 tracing::warn!(
@@ -525,18 +602,18 @@ impl<C: Cluster> Sweeper<C> {
                 if let Some(node) = &claim.node_name {
                     self.event(lifecycle::adopt::adopted_event(node, claim)).await;
                 }
-                Ok(())
+                Ok(None)
             }
             // Reported once per pool after the run's steps (`report_held`).
-            Action::HoldCollection { .. } => Ok(()),
+            Action::HoldCollection { .. } => Ok(None),
             Action::Relaunch { claim } => {
                 let lease = self.store.read_lease(&crate::launch::lease_name(claim)).await?;
                 if lease.is_some_and(|l| l.until_ms > now_ms()) {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let Some(url) = &self.config.launch_queue_url else {
                     tracing::warn!(node_claim = %claim, "a launch is due again but NODESMITH_LAUNCH_QUEUE_URL is not set");
-                    return Ok(());
+                    return Ok(None);
                 };
                 tracing::warn!(node_claim = %claim, "claim still Pending with no launch under way: its launch request is sent again");
                 crate::messages::launch_requests::enqueue(
@@ -545,7 +622,7 @@ impl<C: Cluster> Sweeper<C> {
                     &[crate::messages::LaunchRequest::new(claim)],
                 )
                 .await?;
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -579,6 +656,27 @@ impl<C: Cluster> Sweeper<C> {
             );
             self.event(lifecycle::adopt::held_event(pool, held.len(), cap)).await;
         }
+    }
+
+    /// Gives a claim's capacity up: its instance, its Node, then the claim.
+    async fn give_up(
+        &self,
+        claim: &str,
+        instance: Option<&str>,
+        node: Option<&str>,
+        claims: &BTreeMap<&str, &NodeClaim>,
+        node_uids: &BTreeMap<&str, &str>,
+    ) -> Result<(), StepError> {
+        // Instance first: a crash after it leaves a claim whose instance is
+        // gone, which the next sweep removes; never an unowned instance.
+        self.terminate(instance).await?;
+        if let Some(n) = node {
+            self.cluster.delete_node(n, node_uids.get(n).copied()).await?;
+        }
+        if let Some(c) = claims.get(claim) {
+            self.store.remove_node_claim(c, VersionCheck::IfUnchanged).await?;
+        }
+        Ok(())
     }
 
     async fn terminate(&self, instance: Option<&str>) -> Result<(), StepError> {
@@ -681,6 +779,69 @@ mod tests {
         };
         let m: BTreeMap<&str, f64> = skipped.metrics().iter().map(|m| (m.name, m.value)).collect();
         assert_eq!(m["SweepsCompleted"], 0.0);
+    }
+
+    #[test]
+    fn garbage_collection_spares_what_an_unreadable_claim_names() {
+        use crate::ec2::InstanceState;
+        let instance = |id: &str, claim: &str| Instance {
+            id: id.into(),
+            instance_type: "m5.large".into(),
+            zone: None,
+            subnet_id: None,
+            image_id: None,
+            security_group_ids: BTreeSet::new(),
+            state: InstanceState::Running,
+            capacity_type: "on-demand".into(),
+            capacity_reservation: None,
+            launch_time: None,
+            tags: BTreeMap::from([(crate::labels::NODECLAIM.to_string(), claim.to_string())]),
+        };
+        let node = |name: &str, id: &str| -> Node {
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": name}, "spec": {"providerID": format!("aws:///z/{id}")}}),
+            )
+            .unwrap()
+        };
+        let unreadable = [UnreadableClaim {
+            name: "newer-a".into(),
+            instance_id: Some("i-recorded".into()),
+            error: StateError::Corrupt {
+                what: "nodeclaim",
+                key: "newer-a".into(),
+                reason: "unknown variant".into(),
+            },
+        }];
+        let instances = [instance("i-tagged", "newer-a"), instance("i-leak", "gone-b")];
+        let nodes = [
+            node("n-recorded", "i-recorded"),
+            node("n-tagged", "i-tagged"),
+            node("n-orphan", "i-x"),
+        ];
+        let collect_instance = |id: &str| Action::CollectInstance {
+            instance: id.into(),
+            node: None,
+        };
+        let collect_node = |n: &str| Action::CollectNode { node: n.into() };
+        let actions = vec![
+            collect_instance("i-recorded"),
+            collect_instance("i-tagged"),
+            collect_instance("i-leak"),
+            collect_node("n-recorded"),
+            collect_node("n-tagged"),
+            collect_node("n-orphan"),
+            Action::Relaunch { claim: "other".into() },
+        ];
+        let kept = spare_unreadable(actions.clone(), &unreadable, &nodes, &instances);
+        assert_eq!(
+            kept,
+            vec![
+                collect_instance("i-leak"),
+                collect_node("n-orphan"),
+                Action::Relaunch { claim: "other".into() }
+            ]
+        );
+        assert_eq!(spare_unreadable(actions.clone(), &[], &nodes, &instances), actions);
     }
 
     #[test]
