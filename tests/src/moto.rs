@@ -230,3 +230,24 @@ pub fn child_env(endpoint: &str) -> Vec<(&'static str, String)> {
         ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
     ]
 }
+
+/// Runs one m5.large instance with `tags`, as a launch from outside the code
+/// under test would (a leak, another stack's node); its id.
+pub async fn run_tagged_instance(ec2: &aws_sdk_ec2::Client, tags: &[(String, String)]) -> String {
+    use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+    let spec = tags.iter().fold(
+        TagSpecification::builder().resource_type(ResourceType::Instance),
+        |b, (k, v)| b.tags(Tag::builder().key(k).value(v).build()),
+    );
+    let out = ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(spec.build())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("RunInstances: {e:?}"));
+    out.instances()[0].instance_id().expect("an instance id").to_string()
+}

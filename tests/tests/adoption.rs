@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith::lifecycle::LifecycleConfig;
 
 use crate::launch_fixtures::CLUSTER;
@@ -23,22 +22,7 @@ async fn claimless(s: &Stack, claim: &str) -> String {
         ("karpenter.sh/nodepool".to_string(), "default".to_string()),
         ("karpenter.sh/nodeclaim".to_string(), claim.to_string()),
     ];
-    let spec = tags.iter().fold(
-        TagSpecification::builder().resource_type(ResourceType::Instance),
-        |b, (k, v)| b.tags(Tag::builder().key(k).value(v).build()),
-    );
-    let out = s
-        .ec2
-        .run_instances()
-        .image_id("ami-12c6146b")
-        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-        .min_count(1)
-        .max_count(1)
-        .tag_specifications(spec.build())
-        .send()
-        .await
-        .unwrap();
-    out.instances()[0].instance_id().unwrap().to_string()
+    nodesmith_tests::moto::run_tagged_instance(&s.ec2, &tags).await
 }
 
 #[tokio::test]

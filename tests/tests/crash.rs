@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith::crash::{Logged, Point};
 use nodesmith_tests::eventbridge;
 use nodesmith_tests::local_cloud::census::{self, Ledger, World, has_taint, pod_running};
@@ -406,20 +405,7 @@ impl Harness {
             ("karpenter.sh/nodepool".to_string(), "default".to_string()),
             ("karpenter.sh/nodeclaim".to_string(), claim.to_string()),
         ];
-        let spec = tags.iter().fold(
-            TagSpecification::builder().resource_type(ResourceType::Instance),
-            |b, (k, v)| b.tags(Tag::builder().key(k).value(v).build()),
-        );
-        self.ec2
-            .run_instances()
-            .image_id("ami-12c6146b")
-            .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-            .min_count(1)
-            .max_count(1)
-            .tag_specifications(spec.build())
-            .send()
-            .await
-            .unwrap();
+        nodesmith_tests::moto::run_tagged_instance(&self.ec2, &tags).await;
     }
 }
 

@@ -337,6 +337,18 @@ fn launch_failures(kube: &KubeServer) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Both warnings of a refused launch, on the class and on `claim`, name EC2's `code`.
+fn assert_warned_of(kube: &KubeServer, claim: &str, code: &str) {
+    let failures = launch_failures(kube);
+    let kinds: Vec<(&str, &str)> = failures.iter().map(|(k, n, _)| (k.as_str(), n.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [("EC2NodeClass", "default"), ("NodeClaim", claim)],
+        "{failures:?}"
+    );
+    assert!(failures.iter().all(|(_, _, m)| m.contains(code)), "{failures:?}");
+}
+
 #[tokio::test]
 async fn an_ami_ec2_refuses_is_a_warning_on_the_class_and_the_claim_not_only_a_log_line() {
     let m = moto().await;
@@ -357,17 +369,7 @@ async fn an_ami_ec2_refuses_is_a_warning_on_the_class_and_the_claim_not_only_a_l
     .await;
     let e = l.launch(&req).await.unwrap_err().to_string();
     assert!(e.contains("InvalidAMIID.NotFound"), "{e}");
-    let failures = launch_failures(&kube);
-    let kinds: Vec<(&str, &str)> = failures.iter().map(|(k, n, _)| (k.as_str(), n.as_str())).collect();
-    assert_eq!(
-        kinds,
-        [("EC2NodeClass", "default"), ("NodeClaim", "bad-ami")],
-        "{failures:?}"
-    );
-    assert!(
-        failures.iter().all(|(_, _, m)| m.contains("InvalidAMIID.NotFound")),
-        "{failures:?}"
-    );
+    assert_warned_of(&kube, "bad-ami", "InvalidAMIID.NotFound");
     assert!(kube.denials().is_empty(), "{:?}", kube.denials());
 }
 
@@ -395,17 +397,7 @@ async fn an_iam_denial_of_create_fleet_is_a_warning_on_the_class_and_the_claim()
     .await;
     let e = l.launch(&req).await.unwrap_err().to_string();
     assert!(e.contains("UnauthorizedOperation"), "{e}");
-    let failures = launch_failures(&kube);
-    let kinds: Vec<(&str, &str)> = failures.iter().map(|(k, n, _)| (k.as_str(), n.as_str())).collect();
-    assert_eq!(
-        kinds,
-        [("EC2NodeClass", "default"), ("NodeClaim", "denied")],
-        "{failures:?}"
-    );
-    assert!(
-        failures.iter().all(|(_, _, m)| m.contains("UnauthorizedOperation")),
-        "{failures:?}"
-    );
+    assert_warned_of(&kube, "denied", "UnauthorizedOperation");
     // Throttling is not a refusal: no warning for it.
     let kube2 = KubeServer::start().await;
     proxy.throttle("CreateFleet", 100);

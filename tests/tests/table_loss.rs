@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith_tests::local_cloud::census::{self, World, pod_running};
 use nodesmith_tests::local_cloud::{LocalCloud, Settings, aws, default_objects};
 use serde_json::{Value, json};
@@ -85,21 +84,7 @@ async fn other_stacks_instance(cloud: &LocalCloud) -> String {
         ("karpenter.sh/nodepool".to_string(), "default".to_string()),
         ("karpenter.sh/nodeclaim".to_string(), "default-other".to_string()),
     ];
-    let spec = tags.iter().fold(
-        TagSpecification::builder().resource_type(ResourceType::Instance),
-        |b, (k, v)| b.tags(Tag::builder().key(k).value(v).build()),
-    );
-    let out = aws_sdk_ec2::Client::new(&cloud.sdk)
-        .run_instances()
-        .image_id("ami-12c6146b")
-        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-        .min_count(1)
-        .max_count(1)
-        .tag_specifications(spec.build())
-        .send()
-        .await
-        .unwrap();
-    out.instances()[0].instance_id().unwrap().to_string()
+    nodesmith_tests::moto::run_tagged_instance(&aws_sdk_ec2::Client::new(&cloud.sdk), &tags).await
 }
 
 fn states(w: &World) -> BTreeMap<String, String> {
