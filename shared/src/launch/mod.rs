@@ -465,14 +465,6 @@ impl<C: Cluster> Launcher<C> {
                                 source,
                             })?;
                     tracing::info!(node_claim = %name, instance_id = %l.instance_id, instance_type = %l.instance_type, zone = %zone, capacity_type = %l.capacity_type, "launched");
-                    // Clears the class's LaunchSucceeded=False at the next sweep.
-                    if let Err(e) = self
-                        .store
-                        .record_launch_success(&c.node_class, clock().as_millisecond())
-                        .await
-                    {
-                        tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "could not record the launch on its class");
-                    }
                     return Ok(LaunchOutcome::Launched(c));
                 }
                 // Already marked above; the next round tries the rest.

@@ -45,7 +45,7 @@ pub use costs::{COST_TTL_DAYS, CostEntry, DayCost, FunctionCost, day_key};
 pub use disruptions::{DisruptionRecord, DisruptionStep, Reason, UnknownReason};
 pub use drains::DrainRecord;
 pub use leases::{Lease, invocation_holder};
-pub use markers::{LAST_SOLVE, LaunchRecord, Refusal};
+pub use markers::{LAST_SOLVE, Refusal};
 pub use nodeclaims::{
     Advance, ClaimListing, UnreadableClaim, VersionCheck, from_item as node_claim_from_item, to_item as node_claim_item,
 };

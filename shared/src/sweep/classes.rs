@@ -39,7 +39,12 @@ pub fn with_status(
 impl<C: Cluster> Sweeper<C> {
     /// Resolves every class and writes the statuses that changed; returns what
     /// each resolved class's selectors match (empty when resolution is not wired).
-    pub(super) async fn classes(&self, now: Timestamp, report: &mut ClassReport) -> BTreeMap<String, ResolvedClass> {
+    pub(super) async fn classes(
+        &self,
+        now: Timestamp,
+        claims: &[crate::nodeclaim::NodeClaim],
+        report: &mut ClassReport,
+    ) -> BTreeMap<String, ResolvedClass> {
         let mut out = BTreeMap::new();
         let Some(r) = &self.resolution else {
             return out;
@@ -84,16 +89,23 @@ impl<C: Cluster> Sweeper<C> {
                     }
                 }
             }
-            match self.store.launch_record(&name).await {
-                Ok(record) => {
-                    facts.last_launch = record.map(|r| match r.standing_refusal() {
-                        Some(refused) => Err(conditions::refusal_message(&refused.code, &refused.message)),
-                        None => Ok(()),
+            // A refusal stands until a claim of the class launched after it.
+            let latest_launch = claims
+                .iter()
+                .filter(|c| c.node_class == name)
+                .filter_map(|c| c.timestamps.launched)
+                .map(|t| t.as_millisecond())
+                .max();
+            match self.store.launch_refusal(&name).await {
+                Ok(refusal) => {
+                    facts.last_launch = refusal.map(|r| match r.stands(latest_launch) {
+                        true => Err(conditions::refusal_message(&r.code, &r.message)),
+                        false => Ok(()),
                     })
                 }
                 // The condition stays as it is this run.
                 Err(e) => {
-                    tracing::warn!(class = %name, error = %crate::telemetry::causes(&e), "launch record not read this run");
+                    tracing::warn!(class = %name, error = %crate::telemetry::causes(&e), "launch refusal not read this run");
                     facts.last_launch = class
                         .condition(crate::apis::ec2nodeclass::condition_types::LAUNCH_SUCCEEDED)
                         .map(|c| match c.status.as_str() {

@@ -354,6 +354,13 @@ impl<C: Cluster> Sweeper<C> {
 
     /// One run at the current time.
     pub async fn run(&self) -> Result<SweepReport, SweepError> {
+        self.run_at(Timestamp::now()).await
+    }
+
+    /// One run whose decisions (timeouts, leak windows, expiry) take `now`
+    /// as the time: tests reach a timeout by passing a later time, not by
+    /// waiting. The lease keeps the wall clock.
+    pub async fn run_at(&self, now: Timestamp) -> Result<SweepReport, SweepError> {
         let started = Instant::now();
         let ttl = self.config.lease.as_millis() as i64;
         let Some(lease) = self
@@ -374,7 +381,7 @@ impl<C: Cluster> Sweeper<C> {
         };
         let result = self
             .store
-            .while_holding(&lease, self.config.lease, self.run_leased(started))
+            .while_holding(&lease, self.config.lease, self.run_leased(started, now))
             .await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
             tracing::warn!(error = %crate::telemetry::causes(&e), "could not release the sweep lease; it expires by itself");
@@ -382,8 +389,7 @@ impl<C: Cluster> Sweeper<C> {
         result
     }
 
-    async fn run_leased(&self, started: Instant) -> Result<SweepReport, SweepError> {
-        let now = Timestamp::now();
+    async fn run_leased(&self, started: Instant, now: Timestamp) -> Result<SweepReport, SweepError> {
         let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
         let nodes = self.cluster.nodes().await?;
         let instances = self.instances.list_owned().await?;
@@ -447,7 +453,7 @@ impl<C: Cluster> Sweeper<C> {
             );
         }
         // Every class resolved once: its status written back, its nodes checked for drift.
-        let resolved = self.classes(now, &mut report.classes).await;
+        let resolved = self.classes(now, &claims, &mut report.classes).await;
         report.disruption = self.disrupt(started, &resolved).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
