@@ -354,7 +354,8 @@ impl<C: Cluster> Sweeper<C> {
 
     /// One run at the current time.
     pub async fn run(&self) -> Result<SweepReport, SweepError> {
-        self.run_at(Timestamp::now()).await
+        // Boxed: one more async layer would pass the compiler's layout depth limit.
+        Box::pin(self.run_at(Timestamp::now())).await
     }
 
     /// One run whose decisions (timeouts, leak windows, expiry) take `now`
