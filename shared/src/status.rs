@@ -412,8 +412,9 @@ pub enum StatusError {
     Cluster(#[source] ClusterError),
 }
 
-/// Reads what the report needs: every claim, disruption and this month's
-/// counters from the table, every pod from the cluster.
+/// Reads what the report needs: every claim, disruption, this month's
+/// counters and where on-demand prices came from from the table, every pod
+/// from the cluster.
 pub async fn gather<C: Cluster>(store: &StateStore, cluster: &C, now: Timestamp) -> Result<StatusInput, StatusError> {
     let today = now.to_zoned(jiff::tz::TimeZone::UTC).date();
     let claims = store.list_node_claims().await.map_err(StatusError::State)?;

@@ -16,6 +16,8 @@ listening on 127.0.0.1, then reads one command per line on stdin and answers
                      capacity block without one ends in 24 hours), "tags"
                      ({key: value}), "ownerId" (this account), "matchCriteria"
                      ("targeted")
+  prices <json>      set the Price List's on-demand prices of a region's
+                     products: {"region": "eu-west-1", "prices": {"m5.large": 0.107}}
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -50,8 +52,6 @@ MaxResults outside 1-100, a format other than aws_v1 and a NextToken of
 another query; a filter on a field no product has is ignored, as AWS ignores
 it.
 
-  prices <json>      set on-demand prices of a region's products:
-                     {"region": "eu-west-1", "prices": {"m5.large": 0.107}}
 """
 
 import base64
