@@ -1,15 +1,21 @@
 //! Keeping the stored catalog live: the sweep rebuilds it from EC2
 //! (DescribeInstanceTypes, DescribeInstanceTypeOfferings, DescribeSpotPriceHistory)
-//! every [`TYPES_EVERY`] and refreshes spot prices every [`PRICES_EVERY`]
-//! (Karpenter's cadence), into the state table. `provision` solves with the
-//! stored catalog of its region; the built-in us-east-1 snapshot stands in
-//! only while nothing is stored and the region is us-east-1; elsewhere the
-//! catalog is built first ([`ensure_for_solving`]).
+//! and the region's on-demand prices from the AWS Price List API every
+//! [`TYPES_EVERY`], and refreshes spot prices every [`PRICES_EVERY`]
+//! (Karpenter's cadence), into the state table. When the Price List API
+//! gives nothing, the last prices it gave for the region stay, else the
+//! bundled us-east-1 table stands in; either is recorded as a fallback
+//! (`nodesmith status` shows it) and retried every [`PRICES_EVERY`].
+//! `provision` solves with the stored catalog of its region; the built-in
+//! us-east-1 snapshot stands in only while nothing is stored and the region
+//! is us-east-1; elsewhere the catalog is built first ([`ensure_for_solving`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::catalog::ec2::{self, Pricing};
+use crate::catalog::ec2::{self, PriceTable};
+use crate::catalog::price_list::PriceList;
+use crate::catalog::price_source::{self, PriceSource};
 use crate::catalog::{Catalog, CatalogError};
 use crate::state::{StateError, StateStore};
 
@@ -49,10 +55,21 @@ pub enum Due {
     Everything,
 }
 
-/// What is due at `now_ms`, from the stored catalog's region and the markers (pure).
-pub fn due(now_ms: i64, region: &str, stored: Option<&str>, types_at: Option<i64>, prices_at: Option<i64>) -> Due {
+/// What is due at `now_ms`, from the stored catalog's region and the
+/// markers (pure). With `retry_on_demand` (the stored on-demand prices are a
+/// fallback, or not known to be the region's), the rebuild that reads them
+/// is due every [`PRICES_EVERY`] instead of every [`TYPES_EVERY`].
+pub fn due(
+    now_ms: i64,
+    region: &str,
+    stored: Option<&str>,
+    types_at: Option<i64>,
+    prices_at: Option<i64>,
+    retry_on_demand: bool,
+) -> Due {
     let older = |at: Option<i64>, every: Duration| at.is_none_or(|t| now_ms - t >= every.as_millis() as i64);
-    if stored != Some(region) || older(types_at, TYPES_EVERY) {
+    let types_every = if retry_on_demand { PRICES_EVERY } else { TYPES_EVERY };
+    if stored != Some(region) || older(types_at, types_every) {
         Due::Everything
     } else if older(prices_at, PRICES_EVERY) {
         Due::SpotPrices
@@ -84,19 +101,57 @@ pub fn region_of(client: &aws_sdk_ec2::Client) -> Result<String, RefreshError> {
         .ok_or(RefreshError::NoRegion)
 }
 
+/// Where a refresh reads on-demand prices.
+#[derive(Debug, Clone)]
+pub struct OnDemandSources {
+    /// The AWS Price List API; None where no client is configured (the
+    /// bundled table is then used, stated as a fallback).
+    pub price_list: Option<PriceList>,
+    /// The bundled us-east-1 table: the fallback.
+    pub bundled: PriceTable,
+}
+
+impl OnDemandSources {
+    /// The Price List API (when given) with the bundled table as the fallback.
+    pub fn new(price_list: Option<PriceList>) -> Result<OnDemandSources, CatalogError> {
+        Ok(OnDemandSources {
+            price_list,
+            bundled: PriceTable::bundled()?,
+        })
+    }
+
+    /// The bundled table alone.
+    pub fn bundled_only() -> Result<OnDemandSources, CatalogError> {
+        OnDemandSources::new(None)
+    }
+
+    /// The Price List API's prices for `region`, or why there are none.
+    async fn read(&self, region: &str) -> Result<HashMap<String, f64>, String> {
+        match &self.price_list {
+            None => Err("no Price List API client is configured".to_string()),
+            Some(p) => p
+                .on_demand_prices(region)
+                .await
+                .map_err(|e| crate::telemetry::causes(&e).to_string()),
+        }
+    }
+}
+
 /// Refreshes what is due at `now_ms` and stores it; returns what was done.
 pub async fn refresh(
     client: &aws_sdk_ec2::Client,
     store: &StateStore,
-    pricing: &impl Pricing,
+    sources: &OnDemandSources,
     now_ms: i64,
 ) -> Result<Due, RefreshError> {
     let region = region_of(client)?;
     let types_at = store.marked_at(TYPES_MARKER).await?;
     let prices_at = store.marked_at(PRICES_MARKER).await?;
+    let source = store.price_source().await?;
+    let retry = sources.price_list.is_some() && !source.as_ref().is_some_and(|s| s.is_live_for(&region));
     // Markers are written only after a catalog of this deployment's region was stored:
     // when both are fresh, the (large) catalog is not read at all.
-    if due(now_ms, &region, Some(&region), types_at, prices_at) == Due::Nothing {
+    if due(now_ms, &region, Some(&region), types_at, prices_at, retry) == Due::Nothing {
         return Ok(Due::Nothing);
     }
     let stored = store.get_catalog().await?;
@@ -106,6 +161,7 @@ pub async fn refresh(
         stored.as_ref().map(|c| c.region.as_str()),
         types_at,
         prices_at,
+        retry,
     );
     match (what, stored) {
         (Due::Nothing, _) => {}
@@ -115,9 +171,21 @@ pub async fn refresh(
             store.mark(PRICES_MARKER, now_ms).await?;
             tracing::info!(region = %region, prices = spot.len(), "refreshed spot prices");
         }
-        _ => {
-            let c = ec2::catalog(client, &region, pricing).await?;
+        (_, stored) => {
+            let read = sources.read(&region).await;
+            let previous = source
+                .as_ref()
+                .zip(stored.filter(|c| c.region == region))
+                .map(|(s, c)| (s, price_source::on_demand_prices_of(&c)));
+            let (prices, provenance) = price_source::settle(now_ms, &region, read, previous, &sources.bundled);
+            log_price_source(&region, &provenance, prices.len());
+            let table = PriceTable {
+                region: provenance.region.clone(),
+                prices,
+            };
+            let c = ec2::catalog(client, &region, &table).await?;
             store.put_catalog(&c).await?;
+            store.put_price_source(&provenance).await?;
             store.mark(TYPES_MARKER, now_ms).await?;
             store.mark(PRICES_MARKER, now_ms).await?;
             tracing::info!(region = %region, instance_types = c.instance_types.len(), "rebuilt the instance catalog from EC2");
@@ -127,13 +195,28 @@ pub async fn refresh(
     Ok(what)
 }
 
+/// Says where on-demand prices came from: a fallback as a warning with its reason.
+fn log_price_source(region: &str, source: &PriceSource, types: usize) {
+    match &source.fallback {
+        None => tracing::info!(region, types, "read on-demand prices from the AWS Price List API"),
+        Some(why) => tracing::warn!(
+            region,
+            using = ?source.origin,
+            prices_of = %source.region,
+            types,
+            reason = %why,
+            "the AWS Price List API gave no on-demand prices; falling back"
+        ),
+    }
+}
+
 /// Before a solve: nothing to do when a catalog of this region is stored, or
 /// none is and the region is the built-in snapshot's (which stands in);
 /// otherwise the catalog is built and stored first.
 pub async fn ensure_for_solving(
     client: &aws_sdk_ec2::Client,
     store: &StateStore,
-    pricing: &impl Pricing,
+    sources: &OnDemandSources,
 ) -> Result<(), RefreshError> {
     let region = region_of(client)?;
     let stored = store.get_catalog().await?;
@@ -142,24 +225,25 @@ pub async fn ensure_for_solving(
         None if region == BUILTIN_REGION => Ok(()),
         _ => {
             tracing::info!(region = %region, "no stored catalog for this region; building it before solving");
-            refresh(client, store, pricing, crate::state::now_ms())
+            refresh(client, store, sources, crate::state::now_ms())
                 .await
                 .map(|_| ())
         }
     }
 }
 
-/// The sweep's step: refreshes what is due with the bundled on-demand prices.
-/// A failure is logged and left to the next run.
-pub async fn sweep(client: &aws_sdk_ec2::Client, store: &StateStore) {
-    let pricing = match ec2::PriceTable::bundled() {
-        Ok(p) => p,
+/// The sweep's step: refreshes what is due, on-demand prices from the Price
+/// List API (`price_list`) with the bundled table as the fallback. A failure
+/// is logged and left to the next run.
+pub async fn sweep(client: &aws_sdk_ec2::Client, store: &StateStore, price_list: Option<&PriceList>) {
+    let sources = match OnDemandSources::new(price_list.cloned()) {
+        Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::causes(&e), "no bundled price table; the catalog is not refreshed");
             return;
         }
     };
-    if let Err(e) = refresh(client, store, &pricing, crate::state::now_ms()).await {
+    if let Err(e) = refresh(client, store, &sources, crate::state::now_ms()).await {
         tracing::warn!(error = %crate::telemetry::causes(&e), "cannot refresh the instance catalog; the next sweep tries again");
     }
 }
@@ -176,16 +260,43 @@ mod tests {
     fn types_every_twelve_hours_prices_every_hour_and_a_new_region_at_once() {
         let now = 100 * H;
         let r = "eu-west-1";
-        assert_eq!(due(now, r, None, None, None), Due::Everything);
+        assert_eq!(due(now, r, None, None, None, false), Due::Everything);
         assert_eq!(
-            due(now, r, Some("us-east-1"), Some(now), Some(now)),
+            due(now, r, Some("us-east-1"), Some(now), Some(now), false),
             Due::Everything,
             "another region's catalog"
         );
-        assert_eq!(due(now, r, Some(r), Some(now - H), Some(now - H / 2)), Due::Nothing);
-        assert_eq!(due(now, r, Some(r), Some(now - 2 * H), Some(now - H)), Due::SpotPrices);
-        assert_eq!(due(now, r, Some(r), Some(now - 12 * H), Some(now)), Due::Everything);
-        assert_eq!(due(now, r, Some(r), None, Some(now)), Due::Everything);
+        assert_eq!(
+            due(now, r, Some(r), Some(now - H), Some(now - H / 2), false),
+            Due::Nothing
+        );
+        assert_eq!(
+            due(now, r, Some(r), Some(now - 2 * H), Some(now - H), false),
+            Due::SpotPrices
+        );
+        assert_eq!(
+            due(now, r, Some(r), Some(now - 12 * H), Some(now), false),
+            Due::Everything
+        );
+        assert_eq!(due(now, r, Some(r), None, Some(now), false), Due::Everything);
+    }
+
+    #[test]
+    fn fallback_on_demand_prices_are_retried_hourly_not_twice_a_day() {
+        let now = 100 * H;
+        let r = "eu-west-1";
+        assert_eq!(
+            due(now, r, Some(r), Some(now - 2 * H), Some(now - H), false),
+            Due::SpotPrices
+        );
+        assert_eq!(
+            due(now, r, Some(r), Some(now - H), Some(now - H), true),
+            Due::Everything
+        );
+        assert_eq!(
+            due(now, r, Some(r), Some(now - H / 2), Some(now - H / 2), true),
+            Due::Nothing
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use jiff::civil::Date;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
+use crate::catalog::price_source::{Origin, PriceSource};
 use crate::kubernetes::{Cluster, ClusterError, pods};
 use crate::metering::from_nano_usd;
 use crate::nodeclaim::NodeClaim;
@@ -32,6 +33,8 @@ pub struct StatusInput {
     pub disruptions: Vec<DisruptionRecord>,
     /// The cost counters of at least this month's days up to today.
     pub costs: Vec<DayCost>,
+    /// Where the stored catalog's on-demand prices came from (None: not recorded yet).
+    pub price_source: Option<PriceSource>,
 }
 
 /// A pod no node has taken yet.
@@ -82,6 +85,27 @@ pub struct StatusReport {
     pub fleet: Fleet,
     /// What the Lambda functions themselves cost.
     pub autoscaler_cost: AutoscalerCost,
+    /// Where the on-demand prices behind plans and $/h came from (null until
+    /// the catalog was first built with them).
+    pub on_demand_prices: Option<OnDemandPrices>,
+}
+
+/// Where the on-demand prices came from, and how old they are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OnDemandPrices {
+    /// `priceListApi` (the AWS Price List API) or `bundledTable` (the table
+    /// bundled in the binary: a fallback).
+    pub source: Origin,
+    /// The region the prices are for (`us-east-1` for the bundled table).
+    pub region: String,
+    /// Seconds since the prices in use were read from the Price List API
+    /// (null for the bundled table).
+    pub age_seconds: Option<i64>,
+    /// Seconds since the Price List API was last asked.
+    pub checked_seconds_ago: i64,
+    /// Why the Price List API's answer is not in use, or null.
+    pub fallback: Option<String>,
 }
 
 /// One NodeClaim.
@@ -230,8 +254,16 @@ pub fn report(input: &StatusInput) -> StatusReport {
     };
     let (today_nano, today_invocations) = sum(&mut input.costs.iter().filter(|d| d.day == today));
     let (month_nano, month_invocations) = sum(&mut input.costs.iter().filter(|d| d.day >= first && d.day <= today));
+    let on_demand_prices = input.price_source.as_ref().map(|p| OnDemandPrices {
+        source: p.origin,
+        region: p.region.clone(),
+        age_seconds: p.read_ms.map(|t| (now.as_millisecond() - t).max(0) / 1000),
+        checked_seconds_ago: (now.as_millisecond() - p.checked_ms).max(0) / 1000,
+        fallback: p.fallback.clone(),
+    });
     StatusReport {
         generated_at: now,
+        on_demand_prices,
         node_claims,
         pending_pods,
         disruptions,
@@ -343,7 +375,30 @@ pub fn to_table(report: &StatusReport) -> String {
         c.month_usd,
         c.month_invocations
     ));
+    out.push_str(&on_demand_line(report.on_demand_prices.as_ref()));
     out
+}
+
+/// The table's line saying where on-demand prices came from.
+fn on_demand_line(p: Option<&OnDemandPrices>) -> String {
+    let Some(p) = p else {
+        return "ON-DEMAND PRICES: not recorded yet (the catalog has not been built from the Price List API)\n"
+            .to_string();
+    };
+    let what = match (p.source, p.age_seconds) {
+        (Origin::PriceListApi, Some(age)) => {
+            format!("AWS Price List API for {}, read {} ago", p.region, human_age(age))
+        }
+        (Origin::PriceListApi, None) => format!("AWS Price List API for {}", p.region),
+        (Origin::BundledTable, _) => format!("FALLBACK: the bundled {} table", p.region),
+    };
+    match &p.fallback {
+        None => format!("ON-DEMAND PRICES: {what}\n"),
+        Some(why) => format!(
+            "ON-DEMAND PRICES: {what}; the Price List API failed {} ago: {why}\n",
+            human_age(p.checked_seconds_ago)
+        ),
+    }
 }
 
 /// What `nodesmith status` could not read.
@@ -357,8 +412,9 @@ pub enum StatusError {
     Cluster(#[source] ClusterError),
 }
 
-/// Reads what the report needs: every claim, disruption and this month's
-/// counters from the table, every pod from the cluster.
+/// Reads what the report needs: every claim, disruption, this month's
+/// counters and where on-demand prices came from from the table, every pod
+/// from the cluster.
 pub async fn gather<C: Cluster>(store: &StateStore, cluster: &C, now: Timestamp) -> Result<StatusInput, StatusError> {
     let today = now.to_zoned(jiff::tz::TimeZone::UTC).date();
     let claims = store.list_node_claims().await.map_err(StatusError::State)?;
@@ -367,6 +423,7 @@ pub async fn gather<C: Cluster>(store: &StateStore, cluster: &C, now: Timestamp)
         .costs(today.first_of_month(), today)
         .await
         .map_err(StatusError::State)?;
+    let price_source = store.price_source().await.map_err(StatusError::State)?;
     let pending_pods = cluster
         .pods()
         .await
@@ -380,6 +437,7 @@ pub async fn gather<C: Cluster>(store: &StateStore, cluster: &C, now: Timestamp)
         pending_pods,
         disruptions,
         costs,
+        price_source,
     })
 }
 

@@ -16,6 +16,8 @@ listening on 127.0.0.1, then reads one command per line on stdin and answers
                      capacity block without one ends in 24 hours), "tags"
                      ({key: value}), "ownerId" (this account), "matchCriteria"
                      ("targeted")
+  prices <json>      set the Price List's on-demand prices of a region's
+                     products: {"region": "eu-west-1", "prices": {"m5.large": 0.107}}
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -34,11 +36,30 @@ count (a shortfall is a ReservationCapacityExceeded entry in the response's
 Errors, as EC2 reports an instant fleet's failed overrides), and the instances
 it launches carry CapacityReservationId and give their slot back when
 terminated.
+
+moto has no AWS Price List API; this serves GetProducts (JSON 1.1,
+`AWSPriceListService.GetProducts`) for EC2 compute products as AWS shapes
+them: each PriceList entry a JSON string (product attributes, OnDemand and
+Reserved terms), pages of at most MaxResults (default and maximum 100)
+chained by a NextToken bound to the query. us-east-1's on-demand prices are
+the bundled table's; eu-west-1's are a handful of published prices, the rest
+the us-east-1 price x 1.115. Every type also has the products a filter must
+leave out (Windows, dedicated tenancy, unused capacity reservations). It is
+as strict as AWS: the API answers only at its endpoints (us-east-1,
+eu-central-1, ap-south-1), refuses a missing ServiceCode, filter types AWS
+does not know, empty or missing filter members, more than 50 filters,
+MaxResults outside 1-100, a format other than aws_v1 and a NextToken of
+another query; a filter on a field no product has is ignored, as AWS ignores
+it.
+
 """
 
+import base64
 import functools
+import hashlib
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -92,11 +113,14 @@ class AtomicDynamoDB(DomainDispatcherApplication):
     """DynamoDB applies each conditional write atomically; moto's threaded
     server checks and writes without a lock, so two racing conditional puts
     can both succeed. Serialise DynamoDB requests to keep DynamoDB's semantics
-    (leases and fenced writes depend on them)."""
+    (leases and fenced writes depend on them). Price List API calls, which
+    moto has no backend for, go to price_list_app."""
 
     _lock = threading.Lock()
 
     def __call__(self, environ, start_response):
+        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("AWSPriceListService."):
+            return price_list_app(environ, start_response)
         if environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB"):
             with self._lock:
                 return super().__call__(environ, start_response)
@@ -106,6 +130,7 @@ class AtomicDynamoDB(DomainDispatcherApplication):
 def seed():
     for region in SEEDED_REGIONS:
         seed_region(region)
+    seed_price_list()
 
 
 def seed_region(region):
@@ -737,6 +762,234 @@ def instance_terminate(self):
     return previous
 
 
+# The AWS Price List API: GetProducts over EC2's compute products.
+PRICE_LIST_ENDPOINTS = {"us-east-1", "eu-central-1", "ap-south-1"}
+PRICE_LIST_LOCK = threading.Lock()
+# region -> instance type -> on-demand $/h (Linux, shared tenancy).
+PRICE_LIST = {}
+# The products built from PRICE_LIST, rebuilt when it changes.
+PRICE_PRODUCTS = []
+# What AWS calls the regions the fake prices, and the usage-type prefix of each.
+PRICE_LIST_REGIONS = {"us-east-1": ("US East (N. Virginia)", ""), "eu-west-1": ("EU (Ireland)", "EU-")}
+# Published eu-west-1 Linux on-demand prices; other types are derived from us-east-1's.
+EU_WEST_1_PUBLISHED = {"m5.large": 0.107, "m5.xlarge": 0.214, "m5.2xlarge": 0.428, "c5.large": 0.096,
+                       "c5.xlarge": 0.192, "t3.medium": 0.0456, "t3.large": 0.0912, "r5.large": 0.141}
+FILTER_TYPES = ["TERM_MATCH", "EQUALS", "CONTAINS", "ANY_OF", "NONE_OF"]
+BUNDLED_PRICES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                              "ec2-on-demand-prices-us-east-1.json")
+
+
+def seed_price_list():
+    with open(BUNDLED_PRICES) as f:
+        us = json.load(f)["prices"]
+    eu = {t: round(p * 1.115, 4) for t, p in us.items()}
+    eu.update(EU_WEST_1_PUBLISHED)
+    with PRICE_LIST_LOCK:
+        PRICE_LIST.clear()
+        PRICE_LIST["us-east-1"] = dict(us)
+        PRICE_LIST["eu-west-1"] = eu
+        PRICE_PRODUCTS.clear()
+
+
+def sku(*parts):
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:16].upper()
+
+
+def price_products():
+    """Every product of every priced region: (attributes, product family, $/h)."""
+    with PRICE_LIST_LOCK:
+        if not PRICE_PRODUCTS:
+            PRICE_PRODUCTS.extend(build_price_products(PRICE_LIST))
+        return list(PRICE_PRODUCTS)
+
+
+def build_price_products(priced):
+    out = []
+    for region, prices in sorted(priced.items()):
+        location, prefix = PRICE_LIST_REGIONS.get(region, (region, region.upper() + "-"))
+        for itype, price in sorted(prices.items()):
+            metal = itype.endswith(".metal") or ".metal-" in itype
+            family = "Compute Instance (bare metal)" if metal else "Compute Instance"
+            # The Price List lists bare metal Linux as dedicated tenancy.
+            tenancy = "Dedicated" if metal else "Shared"
+            variants = [
+                ("Linux", tenancy, "Used", price),
+                ("Windows", tenancy, "Used", round(price + 0.046 * max(1, price / 0.096), 4)),
+                ("Linux", tenancy, "UnusedCapacityReservation", price),
+            ]
+            if not metal:
+                variants.append(("Linux", "Dedicated", "Used", round(price * 1.1, 4)))
+            for os_name, ten, capacity, p in variants:
+                usage = ("DedicatedUsage" if ten == "Dedicated" else "BoxUsage") + f":{itype}"
+                attributes = {
+                    "servicecode": "AmazonEC2", "servicename": "Amazon Elastic Compute Cloud",
+                    "location": location, "locationType": "AWS Region", "regionCode": region,
+                    "instanceType": itype, "instanceFamily": "General purpose",
+                    "currentGeneration": "Yes", "operatingSystem": os_name, "tenancy": ten,
+                    "capacitystatus": capacity, "preInstalledSw": "NA", "licenseModel": "No License required",
+                    "marketoption": "OnDemand", "usagetype": prefix + usage,
+                    "operation": "RunInstances" if os_name == "Linux" else "RunInstances:0002",
+                    "availabilityzone": "NA", "processorArchitecture": "64-bit",
+                }
+                out.append((attributes, family, p))
+    return out
+
+
+def price_document(attributes, family, price):
+    """One PriceList entry as AWS answers it: a JSON document, as a string."""
+    code = sku(attributes["regionCode"], attributes["instanceType"], attributes["operatingSystem"],
+               attributes["tenancy"], attributes["capacitystatus"])
+    od, rate = "JRTCKXETXF", "6YS6EN2CT7"
+    hourly = "$%.4f per On Demand %s %s Instance Hour" % (price, attributes["operatingSystem"],
+                                                         attributes["instanceType"])
+    doc = {
+        "product": {"productFamily": family, "attributes": attributes, "sku": code},
+        "serviceCode": "AmazonEC2",
+        "terms": {
+            "OnDemand": {f"{code}.{od}": {
+                "priceDimensions": {f"{code}.{od}.{rate}": {
+                    "unit": "Hrs", "endRange": "Inf", "description": hourly, "appliesTo": [],
+                    "rateCode": f"{code}.{od}.{rate}", "beginRange": "0",
+                    "pricePerUnit": {"USD": "%.10f" % price}}},
+                "sku": code, "effectiveDate": "2026-11-01T00:00:00Z", "offerTermCode": od,
+                "termAttributes": {}}},
+            "Reserved": {f"{code}.4NA7Y494T4": {
+                "priceDimensions": {f"{code}.4NA7Y494T4.6YS6EN2CT7": {
+                    "unit": "Hrs", "endRange": "Inf", "description": "Linux reserved, 1 yr, no upfront",
+                    "appliesTo": [], "rateCode": f"{code}.4NA7Y494T4.6YS6EN2CT7", "beginRange": "0",
+                    "pricePerUnit": {"USD": "%.10f" % (price * 0.62)}}},
+                "sku": code, "effectiveDate": "2026-11-01T00:00:00Z", "offerTermCode": "4NA7Y494T4",
+                "termAttributes": {"LeaseContractLength": "1yr", "OfferingClass": "standard",
+                                   "PurchaseOption": "No Upfront"}}},
+        },
+        "version": "20261101000000",
+        "publicationDate": "2026-11-01T00:00:00Z",
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+class PriceListError(Exception):
+    def __init__(self, code, message, status=400):
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+def validation(value, where, constraint):
+    return PriceListError("ValidationException",
+                          f"1 validation error detected: Value {value} at '{where}' failed to satisfy "
+                          f"constraint: {constraint}")
+
+
+def checked_filters(filters):
+    if not isinstance(filters, list):
+        raise validation("null", "filters", "Member must be a list")
+    if len(filters) > 50:
+        raise validation(f"'{filters}'", "filters", "Member must have length less than or equal to 50")
+    out = []
+    for i, f in enumerate(filters, 1):
+        for member in ("Type", "Field", "Value"):
+            v = f.get(member)
+            where = f"filters.{i}.member.{member[0].lower() + member[1:]}"
+            if v is None:
+                raise validation("null", where, "Member must not be null")
+            if member != "Type" and not 1 <= len(v) <= 1024:
+                raise validation(f"'{v}'", where, "Member must have length greater than or equal to 1")
+        if f["Type"] not in FILTER_TYPES:
+            raise validation(f"'{f['Type']}'", f"filters.{i}.member.type",
+                             "Member must satisfy enum value set: [" + ", ".join(FILTER_TYPES) + "]")
+        out.append((f["Type"], f["Field"], f["Value"]))
+    return out
+
+
+def matches(attributes, family, service_code, filters):
+    product = dict(attributes, productFamily=family, ServiceCode=service_code)
+    for kind, field, value in filters:
+        if field not in product:
+            continue  # AWS ignores a filter on a field no product has
+        have = product[field]
+        values = [v.strip() for v in value.split(",")]
+        ok = {
+            "TERM_MATCH": have == value,
+            "EQUALS": have == value,
+            "CONTAINS": value in have,
+            "ANY_OF": have in values,
+            "NONE_OF": have not in values,
+        }[kind]
+        if not ok:
+            return False
+    return True
+
+
+def get_products(request):
+    service = request.get("ServiceCode")
+    if not service:
+        raise PriceListError("InvalidParameterException",
+                             "Input Parameters are invalid. serviceCode cannot be null or empty")
+    fmt = request.get("FormatVersion", "aws_v1")
+    if fmt != "aws_v1":
+        raise PriceListError("InvalidParameterException", f"Input Parameters are invalid. Invalid formatVersion {fmt}")
+    limit = request.get("MaxResults", 100)
+    if not isinstance(limit, int) or not 1 <= limit <= 100:
+        raise validation(f"'{limit}'", "maxResults", "Member must have value between 1 and 100")
+    filters = checked_filters(request.get("Filters") or [])
+    query = hashlib.sha256(json.dumps([service, filters, limit]).encode()).hexdigest()[:16]
+    offset = 0
+    token = request.get("NextToken")
+    if token is not None:
+        try:
+            q, offset = base64.b64decode(token.encode(), validate=True).decode().split(":")
+            offset = int(offset)
+        except Exception:
+            raise PriceListError("InvalidNextTokenException", "The pagination token is invalid.")
+        if q != query or offset < 0:
+            raise PriceListError("InvalidNextTokenException", "The pagination token is invalid.")
+    found = [] if service != "AmazonEC2" else [
+        p for p in price_products() if matches(p[0], p[1], service, filters)]
+    page = found[offset:offset + limit]
+    answer = {"FormatVersion": "aws_v1", "PriceList": [price_document(*p) for p in page]}
+    if offset + limit < len(found):
+        answer["NextToken"] = base64.b64encode(f"{query}:{offset + limit}".encode()).decode()
+    return answer
+
+
+def price_list_app(environ, start_response):
+    """The Price List API's JSON 1.1 protocol for the operations nodesmith calls."""
+    def reply(status, doc):
+        body = json.dumps(doc).encode()
+        start_response(status, [("Content-Type", "application/x-amz-json-1.1"),
+                                ("Content-Length", str(len(body)))])
+        return [body]
+
+    auth = environ.get("HTTP_AUTHORIZATION", "")
+    scope = re.search(r"Credential=[^/]+/\d+/([^/]+)/([^/]+)/aws4_request", auth)
+    if not scope or scope.group(2) != "pricing":
+        return reply("400 Bad Request", {"__type": "IncompleteSignatureException",
+                                         "message": "Authorization header requires a pricing credential scope"})
+    if scope.group(1) not in PRICE_LIST_ENDPOINTS:
+        # In AWS there is no such host (api.pricing.<region>.amazonaws.com): nothing answers.
+        return reply("404 Not Found", {"__type": "EndpointNotFound",
+                                       "message": f"the Price List API has no endpoint in {scope.group(1)}"})
+    operation = environ["HTTP_X_AMZ_TARGET"].split(".", 1)[1]
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    try:
+        request = json.loads(environ["wsgi.input"].read(length) or b"{}")
+    except ValueError:
+        return reply("400 Bad Request", {"__type": "SerializationException", "Message": "not JSON"})
+    if operation != "GetProducts":
+        return reply("400 Bad Request", {"__type": "UnknownOperationException", "Message": operation})
+    try:
+        return reply("200 OK", get_products(request))
+    except PriceListError as e:
+        return reply(f"{e.status} Bad Request", {"__type": e.code, "Message": e.message})
+
+
+def set_prices(spec):
+    region, prices = spec["region"], spec["prices"]
+    with PRICE_LIST_LOCK:
+        PRICE_LIST.setdefault(region, {}).update({t: float(p) for t, p in prices.items()})
+        PRICE_PRODUCTS.clear()
+
+
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
@@ -766,6 +1019,8 @@ def main():
                 set_public_parameter(name, value)
             elif cmd == "reservation":
                 seed_reservation(json.loads(arg))
+            elif cmd == "prices":
+                set_prices(json.loads(arg))
             elif cmd == "spot":
                 for p in json.loads(arg):
                     SPOT_PRICES[(p["type"], p["zone"])] = float(p["price"])

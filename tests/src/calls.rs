@@ -48,6 +48,7 @@ pub fn sdk_calls() -> Vec<(String, String)> {
         "tag_",
         "get_parameter",
         "get_instance_profile",
+        "get_products",
         "send_message",
     ]
     .into_iter()
@@ -100,6 +101,8 @@ pub fn sdk_calls() -> Vec<(String, String)> {
                 "ssm"
             } else if op.contains("instance_profile") {
                 "iam"
+            } else if op == "get_products" {
+                "pricing"
             } else {
                 "ec2"
             };

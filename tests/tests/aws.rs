@@ -19,6 +19,7 @@ mod launch_profiles;
 mod launch_reserved;
 mod leases;
 mod moto_harness;
+mod price_list;
 mod snapshot_live;
 mod state_store;
 mod status;

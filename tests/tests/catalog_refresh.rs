@@ -11,8 +11,7 @@ use aws_config::SdkConfig;
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith::apis::ec2nodeclass::{AmiSelectorTerm, EC2NodeClassSpec, SelectorTerm};
 use nodesmith::catalog::Catalog;
-use nodesmith::catalog::ec2::PriceTable;
-use nodesmith::catalog_refresh::{self as refresh, Due};
+use nodesmith::catalog_refresh::{self as refresh, Due, OnDemandSources};
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::labels;
 use nodesmith::launch::{LaunchConfig, LaunchOutcome, Launcher};
@@ -57,7 +56,7 @@ async fn the_sweep_refresh_builds_the_regions_catalog_on_its_cadence() {
     let st = table(&conf).await;
     let ec2 = aws_sdk_ec2::Client::new(&conf);
     m.seed_spot_prices(&[("m5.large", "eu-west-1a", 0.04), ("m5.large", "eu-west-1b", 0.041)]);
-    let prices = PriceTable::bundled().unwrap();
+    let prices = OnDemandSources::bundled_only().unwrap();
     let t0 = state::now_ms();
     assert_eq!(refresh::refresh(&ec2, &st, &prices, t0).await.unwrap(), Due::Everything);
     let c = st.get_catalog().await.unwrap().unwrap();
@@ -105,7 +104,7 @@ async fn the_sweep_refresh_builds_the_regions_catalog_on_its_cadence() {
 #[tokio::test]
 async fn provision_builds_a_missing_catalog_outside_us_east_1_only() {
     let m = moto().await;
-    let prices = PriceTable::bundled().unwrap();
+    let prices = OnDemandSources::bundled_only().unwrap();
     // us-east-1 with nothing stored: the built-in snapshot stands in, nothing is built.
     let us = m.sdk_config().await;
     let st_us = table(&us).await;
@@ -251,7 +250,7 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
         "{builtin:?}"
     );
 
-    refresh::ensure_for_solving(&ec2, &st, &PriceTable::bundled().unwrap())
+    refresh::ensure_for_solving(&ec2, &st, &OnDemandSources::bundled_only().unwrap())
         .await
         .unwrap();
     let catalog = st.get_catalog().await.unwrap().unwrap();

@@ -13,6 +13,7 @@ mod launch_runtime;
 mod lifecycle;
 mod provision;
 mod provision_runtime;
+mod region_prices;
 mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_runtime;

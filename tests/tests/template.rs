@@ -1024,6 +1024,8 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/nodeclaims.rs", "dynamodb:Query", ALL),
     ("state/nodeclaims.rs", "dynamodb:TransactWriteItems", ALL),
     ("state/offerings.rs", "dynamodb:BatchWriteItem", ALL),
+    ("state/prices.rs", "dynamodb:GetItem", ALL),
+    ("state/prices.rs", "dynamodb:PutItem", ALL),
     // Only scripts/dev-stack and tests make the table; the stack makes it in AWS.
     ("state/table.rs", "dynamodb:CreateTable", &[]),
     ("messages/launch_requests.rs", "sqs:SendMessageBatch", LAUNCH_ASKERS),
@@ -1053,6 +1055,12 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     (
         "catalog/ec2.rs",
         "ec2:DescribeSpotPriceHistory",
+        &["ProvisionFunction", "SweepFunction"],
+    ),
+    // The region's on-demand prices, read where the catalog is built.
+    (
+        "catalog/price_list.rs",
+        "pricing:GetProducts",
         &["ProvisionFunction", "SweepFunction"],
     ),
     (

@@ -5,6 +5,7 @@
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use nodesmith::catalog::price_list::PriceList;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
@@ -20,7 +21,8 @@ async fn main() -> Result<(), Error> {
     );
     let config = ProvisionConfig::from_env()?;
     let provisioner = Provisioner::new(cluster, store.clone(), aws_sdk_sqs::Client::new(&sdk), config)
-        .with_ec2(aws_sdk_ec2::Client::new(&sdk));
+        .with_ec2(aws_sdk_ec2::Client::new(&sdk))
+        .with_price_list(PriceList::for_sdk(&sdk));
     // Last before polling: the meter ends the init phase.
     let meter = Meter::new("provision", Some(store));
     let (provisioner, meter) = (&provisioner, &meter);

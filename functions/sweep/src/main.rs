@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use nodesmith::catalog::price_list::PriceList;
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
@@ -37,7 +38,8 @@ async fn main() -> Result<(), Error> {
         config,
     )
     .with_iam(aws_sdk_iam::Client::new(&sdk))
-    .with_resolution(aws_sdk_ssm::Client::new(&sdk), aws_sdk_eks::Client::new(&sdk));
+    .with_resolution(aws_sdk_ssm::Client::new(&sdk), aws_sdk_eks::Client::new(&sdk))
+    .with_price_list(PriceList::for_sdk(&sdk));
     // Last before polling: the meter ends the init phase.
     let meter = Meter::new("sweep", Some(store));
     let (sweeper, meter) = (&sweeper, &meter);

@@ -344,6 +344,8 @@ pub mod ec2;
 
 pub mod facts;
 pub mod file;
+pub mod price_list;
+pub mod price_source;
 
 pub use builtin::builtin;
 pub use facts::{Ec2Facts, instance_type_info};

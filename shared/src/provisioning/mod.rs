@@ -124,6 +124,7 @@ pub struct Provisioner<C> {
     sqs: aws_sdk_sqs::Client,
     config: ProvisionConfig,
     ec2: Option<aws_sdk_ec2::Client>,
+    price_list: Option<crate::catalog::price_list::PriceList>,
 }
 
 impl<C: Cluster> Provisioner<C> {
@@ -135,6 +136,7 @@ impl<C: Cluster> Provisioner<C> {
             sqs,
             config,
             ec2: None,
+            price_list: None,
         }
     }
 
@@ -142,6 +144,13 @@ impl<C: Cluster> Provisioner<C> {
     /// (and the region is not the built-in snapshot's) it is built first.
     pub fn with_ec2(mut self, ec2: aws_sdk_ec2::Client) -> Self {
         self.ec2 = Some(ec2);
+        self
+    }
+
+    /// A catalog it builds takes the region's on-demand prices from the
+    /// AWS Price List API (the bundled table is the stated fallback).
+    pub fn with_price_list(mut self, price_list: Option<crate::catalog::price_list::PriceList>) -> Self {
+        self.price_list = price_list;
         self
     }
 
@@ -243,9 +252,9 @@ impl<C: Cluster> Provisioner<C> {
         now: Timestamp,
     ) -> Result<Vec<EventSpec>, ProvisionError> {
         if let Some(ec2) = &self.ec2 {
-            let prices =
-                crate::catalog::ec2::PriceTable::bundled().map_err(crate::catalog_refresh::RefreshError::from)?;
-            crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &prices).await?;
+            let sources = crate::catalog_refresh::OnDemandSources::new(self.price_list.clone())
+                .map_err(crate::catalog_refresh::RefreshError::from)?;
+            crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &sources).await?;
         }
         let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
         let keys = records::pod_keys(&snapshot.pods);

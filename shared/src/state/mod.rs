@@ -38,6 +38,7 @@ mod leases;
 mod markers;
 mod nodeclaims;
 mod offerings;
+mod prices;
 mod table;
 
 pub use catalog::{PART_BYTES, RETIRED_GRACE_MS};

@@ -89,6 +89,13 @@ fn input() -> StatusInput {
             day(date(2026, 11, 1), 1_000_000, 1440, 5_000),
             day(date(2026, 11, 24), 500_000, 750, 2_000),
         ],
+        price_source: Some(PriceSource {
+            origin: Origin::PriceListApi,
+            region: "eu-west-1".into(),
+            read_ms: Some(at("2026-11-24T10:30:00Z").as_millisecond()),
+            checked_ms: at("2026-11-24T12:25:00Z").as_millisecond(),
+            fallback: Some("Price List GetProducts for eu-west-1: throttled".into()),
+        }),
     }
 }
 
@@ -140,6 +147,7 @@ fn an_empty_cluster_reports_zeros() {
         pending_pods: vec![],
         disruptions: vec![],
         costs: vec![],
+        price_source: None,
     });
     assert_eq!(r.fleet.usd_per_hour, 0.0);
     assert_eq!(r.autoscaler_cost.month, "2026-01");
@@ -160,8 +168,14 @@ fn json_keys_are_camel_case() {
             "fleet",
             "generatedAt",
             "nodeClaims",
+            "onDemandPrices",
             "pendingPods"
         ]
+    );
+    assert_eq!(
+        v["onDemandPrices"],
+        serde_json::json!({"source": "priceListApi", "region": "eu-west-1", "ageSeconds": 7200,
+            "checkedSecondsAgo": 300, "fallback": "Price List GetProducts for eu-west-1: throttled"})
     );
     assert_eq!(v["generatedAt"], "2026-11-24T12:30:00Z");
     assert_eq!(v["nodeClaims"][0]["nodePool"], "default");
@@ -195,6 +209,34 @@ fn the_table_shows_every_section() {
     );
     assert!(t.contains("FLEET: $0.1155/h over 3 live claims"), "{t}");
     assert!(t.contains("today (2026-11-24) $0.000502 in 751 invocations"), "{t}");
+    assert!(
+        t.contains("ON-DEMAND PRICES: AWS Price List API for eu-west-1, read 2h ago; the Price List API failed 5m ago: Price List GetProducts for eu-west-1: throttled"),
+        "{t}"
+    );
+}
+
+#[test]
+fn the_bundled_fallback_and_unknown_prices_are_stated() {
+    let mut i = input();
+    i.price_source = Some(PriceSource {
+        origin: Origin::BundledTable,
+        region: "us-east-1".into(),
+        read_ms: None,
+        checked_ms: at("2026-11-24T12:29:00Z").as_millisecond(),
+        fallback: Some("AccessDeniedException".into()),
+    });
+    let r = report(&i);
+    let p = r.on_demand_prices.as_ref().unwrap();
+    assert_eq!((p.age_seconds, p.checked_seconds_ago), (None, 60));
+    let t = to_table(&r);
+    assert!(
+        t.contains("ON-DEMAND PRICES: FALLBACK: the bundled us-east-1 table; the Price List API failed 1m ago: AccessDeniedException"),
+        "{t}"
+    );
+    i.price_source = None;
+    let r = report(&i);
+    assert_eq!(to_json(&r)["onDemandPrices"], serde_json::Value::Null);
+    assert!(to_table(&r).contains("ON-DEMAND PRICES: not recorded yet"));
 }
 
 #[test]

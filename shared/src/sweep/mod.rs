@@ -308,6 +308,7 @@ pub struct Sweeper<C> {
     config: SweepConfig,
     iam: Option<aws_sdk_iam::Client>,
     resolution: Option<Resolution>,
+    price_list: Option<crate::catalog::price_list::PriceList>,
 }
 
 /// The clients that resolve EC2NodeClasses for drift (AMIs through SSM need
@@ -335,7 +336,15 @@ impl<C: Cluster> Sweeper<C> {
             config,
             iam: None,
             resolution: None,
+            price_list: None,
         }
+    }
+
+    /// The catalog refresh reads the region's on-demand prices from the AWS
+    /// Price List API (the bundled table is the stated fallback).
+    pub fn with_price_list(mut self, price_list: Option<crate::catalog::price_list::PriceList>) -> Self {
+        self.price_list = price_list;
+        self
     }
 
     /// Also collects the instance profiles no EC2NodeClass names and no instance uses (`nodeclass::profile`).
@@ -473,7 +482,7 @@ impl<C: Cluster> Sweeper<C> {
         )
         .await;
         // The instance catalog from EC2: types every 12 h, spot prices hourly (shared/src/catalog_refresh.rs).
-        crate::catalog_refresh::sweep(self.instances.ec2(), &self.store).await;
+        crate::catalog_refresh::sweep(self.instances.ec2(), &self.store, self.price_list.as_ref()).await;
         Ok(report)
     }
 
