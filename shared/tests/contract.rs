@@ -10,3 +10,4 @@ mod manifests;
 mod simulate_cli;
 mod simulate_disruption;
 mod simulate_examples;
+mod simulate_nomination;

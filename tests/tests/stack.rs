@@ -16,4 +16,5 @@ mod provision_runtime;
 mod region_prices;
 mod sweep_disruption;
 mod sweep_node_class_status;
+mod sweep_nomination;
 mod sweep_runtime;

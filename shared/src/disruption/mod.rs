@@ -26,6 +26,7 @@ pub mod consolidation;
 pub(crate) mod drift;
 pub(crate) mod emptiness;
 pub(crate) mod expiration;
+pub mod nomination;
 pub mod progress;
 pub(crate) mod protection;
 pub mod resolved_drift;
@@ -38,6 +39,7 @@ use jiff::Timestamp;
 
 use crate::scheduling::{Compiled, NewNodeClaim, Plan, PodRef, SolveOptions};
 use crate::snapshot::Snapshot;
+pub use nomination::Nomination;
 
 pub use crate::state::Reason;
 pub use budgets::BudgetError;
@@ -69,15 +71,6 @@ pub struct Command {
     pub moves: Vec<Move>,
     /// Removed nodes' prices minus the replacements' (per hour).
     pub savings_per_hour: f64,
-}
-
-impl Command {
-    /// Whether the command waits while pods are pending: they may be headed
-    /// for an empty node (the scheduler binds them once it is Ready), so no
-    /// node is emptied merely to save money meanwhile.
-    pub fn waits_for_pending_pods(&self) -> bool {
-        matches!(self.reason, Reason::Empty | Reason::Underutilized)
-    }
 }
 
 /// The rule that kept a node from being disrupted in this pass.
@@ -127,6 +120,9 @@ pub enum Held {
         /// The node it replaces.
         from: String,
     },
+    /// A scheduling simulation gave it pending pods (Karpenter's nomination):
+    /// no voluntary method takes it while that holds.
+    Nominated(Nomination),
     /// No consolidation of it is worth doing, and why (Karpenter's `Unconsolidatable`).
     Unconsolidatable(String),
     /// A pod of it cannot be placed anywhere with it gone.
@@ -159,6 +155,7 @@ impl fmt::Display for Held {
                 write!(f, "replacement node, not consolidated for another {remaining_secs}s")
             }
             Held::Receiving { from } => write!(f, "replacement for node {from}, whose pods have not moved yet"),
+            Held::Nominated(n) => write!(f, "node is {n}"),
             Held::Unconsolidatable(why) => write!(f, "cannot consolidate: {why}"),
             Held::CannotPlace { pod, why } => write!(f, "pod {pod} cannot be placed elsewhere: {why}"),
         }
@@ -187,17 +184,6 @@ pub struct Decisions {
     pub price_before: f64,
     /// And after it (removed nodes gone, replacements added).
     pub price_after: f64,
-    /// Pods were pending in the snapshot (see [`Decisions::waits`]).
-    pub pods_pending: bool,
-}
-
-impl Decisions {
-    /// Whether `command` is left for a later pass rather than begun now: while
-    /// pods are pending, commands that only save money wait
-    /// ([`Command::waits_for_pending_pods`]).
-    pub fn waits(&self, command: &Command) -> bool {
-        self.pods_pending && command.waits_for_pending_pods()
-    }
 }
 
 /// How a pass is decided.
@@ -211,6 +197,10 @@ pub struct DecideOptions {
     /// replaces: no voluntary method takes them until that node's
     /// disruption ends (Karpenter does not disrupt nodes nominated for pods).
     pub receiving: BTreeMap<String, String>,
+    /// Nodes `provision` nominated for pending pods, by node, still live
+    /// ([`nomination::live`]); the pass adds its own placement of the
+    /// snapshot's pending pods.
+    pub nominated: BTreeMap<String, Nomination>,
     /// When the solver's cheaper-packing search, and consolidation's search, must stop
     /// (see [`SolveOptions::deadline`]).
     pub deadline: Option<Instant>,
@@ -279,10 +269,11 @@ fn methods() -> [&'static dyn Method; 4] {
     ]
 }
 
-/// Decides one pass over the snapshot at `snapshot.now`. Pending pods are
-/// provisioning's business and are left out of the what-if solves; that
-/// some are pending is noted, as money-saving commands wait for them
-/// ([`Decisions::waits`]).
+/// Decides one pass over the snapshot at `snapshot.now`. The pending pods
+/// are first placed as provisioning would place them: the nodes they land on
+/// are nominated (no voluntary method takes them) and the room they take
+/// stays taken in every what-if ([`nomination`]); pods that fit on no
+/// existing capacity are provisioning's business and hold nothing back.
 pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
     let candidates = candidate::collect(snapshot, &options.receiving);
     let mut pass = Pass::new(snapshot, options, &candidates);
@@ -298,10 +289,7 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
         }
     }
     let errors = pass.ledger.errors();
-    Decisions {
-        pods_pending: !snapshot.pods.is_empty(),
-        ..assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
-    }
+    assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
 }
 
 /// The state of one pass: the what-if solves, the ledgers every method
@@ -309,9 +297,11 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
 pub(crate) struct Pass<'a> {
     /// What the methods look at.
     cx: Context<'a>,
-    /// The snapshot compiled once, without pending pods (consolidation
-    /// commits each decision it takes).
+    /// The snapshot compiled once, the pending pods' placement onto existing
+    /// capacity held in it (consolidation commits each decision it takes).
     compiled: Compiled,
+    /// Nominated nodes: the options' and this pass's placement of pending pods.
+    nominated: BTreeMap<String, Nomination>,
     /// Disruption budgets left, by pool.
     ledger: Ledger,
     /// Evictions each PodDisruptionBudget still allows.
@@ -342,9 +332,19 @@ impl<'a> Pass<'a> {
             }),
         );
         let pdbs = PdbLedger::new(&snapshot.pod_disruption_budgets, &snapshot.nodes);
-        let mut input = snapshot.solve_input();
-        input.pods = &[];
-        let compiled = Compiled::new(&input);
+        let mut compiled = snapshot.compile();
+        let mut nominated = options.nominated.clone();
+        if !snapshot.pods.is_empty() {
+            // This pass's placement names the pods pending now: it goes first.
+            nominated.extend(nomination::place_pending(&mut compiled, options.deadline));
+        }
+        // Karpenter refuses a nominated node as a candidate before any method
+        // looks at it, so every one is reported (forceful methods may still take it).
+        let blocked = candidates
+            .iter()
+            .filter(|c| !c.disrupting)
+            .filter_map(|c| Some((c.name.clone(), Held::Nominated(nominated.get(&c.name)?.clone()))))
+            .collect();
         let owner = candidates
             .iter()
             .flat_map(|c| c.evicted().map(move |p| (PodRef::of(p), c.name.as_str())))
@@ -356,9 +356,10 @@ impl<'a> Pass<'a> {
                 options,
             },
             compiled,
+            nominated,
             ledger,
             pdbs,
-            blocked: BTreeMap::new(),
+            blocked,
             owner,
             removed: BTreeSet::new(),
             plan: None,
@@ -383,6 +384,9 @@ impl<'a> Pass<'a> {
         if !m.forceful() {
             if let Some(from) = &c.receiving_from {
                 return Err(Held::Receiving { from: from.clone() });
+            }
+            if let Some(n) = self.nominated.get(&c.name) {
+                return Err(Held::Nominated(n.clone()));
             }
             if c.do_not_disrupt() {
                 return Err(Held::DoNotDisruptNode);
@@ -585,7 +589,6 @@ fn assemble(
         errors,
         price_before,
         price_after: price_before - savings,
-        pods_pending: false,
     }
 }
 

@@ -18,6 +18,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::capacity::{self, CapacityError, Door};
+use crate::disruption::nomination;
 use crate::kubernetes::{Cluster, EventSpec};
 use crate::nodeclaim::NodeClaim;
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
@@ -42,11 +43,15 @@ pub struct ProvisionConfig {
     pub lease_wait: Duration,
     /// Who we are, for the lease (each invocation adds an identity of its own).
     pub holder: String,
+    /// How long the nodes and in-flight claims a solve gives pending pods
+    /// stay nominated (spared by consolidation): Karpenter's window.
+    pub nomination_window: Duration,
 }
 
 impl ProvisionConfig {
-    /// Reads `NODESMITH_LAUNCH_QUEUE_URL` and optionally `NODESMITH_PENDING_DLQ_URL`
-    /// and `NODESMITH_PROVISION_LEASE` (a Go duration, default 15s).
+    /// Reads `NODESMITH_LAUNCH_QUEUE_URL` and optionally `NODESMITH_PENDING_DLQ_URL`,
+    /// `NODESMITH_PROVISION_LEASE` (a Go duration, default 15s) and Karpenter's
+    /// `BATCH_MAX_DURATION` (10s), whose double (at least 10s) is the nomination window.
     pub fn from_env() -> Result<Self, SettingError> {
         Self::from_settings(&Settings::from_env())
     }
@@ -57,6 +62,7 @@ impl ProvisionConfig {
         Ok(ProvisionConfig {
             dead_letter_queue_url: settings.optional("NODESMITH_PENDING_DLQ_URL"),
             lease_ttl: capacity::lease_ttl(settings)?,
+            nomination_window: nomination::window(settings.duration("BATCH_MAX_DURATION", BATCH_MAX_DURATION)?),
             ..ProvisionConfig::new(&launch_queue_url)
         })
     }
@@ -69,9 +75,13 @@ impl ProvisionConfig {
             lease_ttl: capacity::LEASE_TTL,
             lease_wait: Duration::from_secs(20),
             holder: format!("provision-{}", now_ms()),
+            nomination_window: nomination::window(BATCH_MAX_DURATION),
         }
     }
 }
+
+/// Karpenter's default `BATCH_MAX_DURATION`.
+const BATCH_MAX_DURATION: Duration = Duration::from_secs(10);
 
 /// Why a batch could not be handled.
 #[derive(Debug, thiserror::Error)]
@@ -292,6 +302,13 @@ impl<C: Cluster> Provisioner<C> {
         // the first solve's claims are in-flight capacity for the next.
         let new_claims = capacity::name_claims(&snapshot, &plan.node_claims, &capacity::seed(lease, now));
         let created = self.door().admit(lease, &new_claims).await?;
+        // After the claims: a nomination names capacity that exists. A failed
+        // write is not the batch's failure: the sweep also places the pods
+        // still pending itself before it consolidates.
+        let nominations = nomination::records(&plan, now, self.config.nomination_window);
+        if let Err(e) = self.store.nominate(&nominations).await {
+            tracing::warn!(error = %crate::telemetry::causes(&e), "cannot record nominations; consolidation relies on the sweep's own placement of pending pods");
+        }
         if let Err(e) = self.store.mark(LAST_SOLVE, now_ms()).await {
             tracing::warn!(error = %crate::telemetry::causes(&e), "cannot record the solve time; the sweep may ask for an extra solve");
         }

@@ -825,6 +825,64 @@ impl Compiled {
         }
     }
 
+    /// Turns the pending pods `plan` placed on existing nodes and in-flight
+    /// claims into pods running there, and forgets every pending pod: later
+    /// what-ifs keep that room taken and never place pending pods themselves.
+    /// The held pods never move (they are nobody's to evict). Disruption uses
+    /// it so a decision never takes room the pending pods were given.
+    pub(crate) fn hold_pending(&mut self, plan: &super::Plan) {
+        let models: HashMap<&PodRef, (&PodModel, &Vec<Requirements>)> = self
+            .pending
+            .entries
+            .iter()
+            .map(|(p, shape)| {
+                let (m, terms) = &self.pending.shapes[*shape];
+                (p, (m, terms))
+            })
+            .collect();
+        let mut held: Vec<(usize, PodModel, Vec<Requirements>)> = Vec::new();
+        for placement in &plan.existing {
+            // A node and a claim may share a name: take the entry of the placement's kind.
+            let Some(t) = self.existing_index.get(&placement.name).and_then(|v| {
+                v.iter()
+                    .rev()
+                    .find(|i| self.existing[**i].kind == placement.kind)
+                    .copied()
+            }) else {
+                continue;
+            };
+            for p in &placement.pods {
+                if let Some((m, terms)) = models.get(p) {
+                    let mut m = (*m).clone();
+                    m.pod = p.clone();
+                    held.push((t, m, (*terms).clone()));
+                }
+            }
+        }
+        for (t, model, terms) in held {
+            let e = &mut self.existing[t];
+            dense::add(&mut e.used, &self.res.vector(&model.requests));
+            e.ports.extend(model.host_ports.iter().cloned());
+            let class = (model.pod.namespace.clone(), model.labels.clone());
+            let label_class = match self.label_classes.iter().position(|c| *c == class) {
+                Some(i) => i,
+                None => {
+                    self.label_classes.push(class);
+                    self.label_classes.len() - 1
+                }
+            };
+            self.running.push(Running {
+                node: t,
+                model,
+                terms: Ok(terms),
+                movable: false,
+                label_class,
+            });
+        }
+        self.pending = Shapes::default();
+        self.invalid.clear();
+    }
+
     /// What an existing entry's pods use (after commits: a committed claim's
     /// planned requests plus the pods placed on it since).
     pub(crate) fn used_by(&self, name: &str) -> Option<crate::resources::Resources> {

@@ -16,6 +16,7 @@
 //! | processed message | `PROCESSED` | idempotency key | `expiresAt` (N, epoch s) |
 //! | drain in progress | `DRAIN` | claim name | `node` (S), `reason` (S), `startedAt` (N, epoch ms), `deadline`, `forceFrom` (N, epoch ms, optional), `expiresAt` (N, epoch s) |
 //! | marker | `MARKER` | marker name (`last-solve`) | `at` (N, epoch ms; only moves forward) |
+//! | nomination | `NOMINATION` | `Node#<node name>` or `NodeClaim#<claim name>` | `target` (S), `kind` (S, `Node` or `NodeClaim`), `pod` (S, one of its pods), `pods` (N), `until` (N, epoch ms; only moves forward), `expiresAt` (N, epoch s, an hour after `until`) |
 //! | cost counter | `COST` | `DAY#<yyyy-mm-dd>` (UTC) | per function: `<fn>NanoUsd`, `<fn>Invocations`, `<fn>FleetNanoUsdPerHour` (N, added to atomically); `expiresAt` (N, epoch s, the day + 400 days) |
 //!
 //! - GSI `byInstanceId`: partition key `instanceId` (S), projection ALL. Only
@@ -37,6 +38,7 @@ mod item;
 mod leases;
 mod markers;
 mod nodeclaims;
+mod nominations;
 mod offerings;
 mod prices;
 mod table;
@@ -50,6 +52,7 @@ pub use markers::{LAST_SOLVE, Refusal};
 pub use nodeclaims::{
     Advance, ClaimListing, UnreadableClaim, VersionCheck, from_item as node_claim_from_item, to_item as node_claim_item,
 };
+pub use nominations::NominationRecord;
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::{TTL_ATTRIBUTE, create_table};
 
@@ -71,6 +74,8 @@ pub const PK_DRAIN: &str = "DRAIN";
 pub const PK_DISRUPTION: &str = "DISRUPTION";
 /// Partition of markers (when something last happened).
 pub const PK_MARKER: &str = "MARKER";
+/// Partition of nominations (nodes and claims the last solve gave pending pods).
+pub const PK_NOMINATION: &str = "NOMINATION";
 /// Partition of the per-day cost counters.
 pub const PK_COST: &str = "COST";
 /// The GSI on instance id.

@@ -17,7 +17,7 @@ use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved_drift::{self, ClassResolution, InstanceFacts};
-use crate::disruption::{DecideOptions, Held, Reason, decide};
+use crate::disruption::{DecideOptions, Held, Reason, decide, nomination};
 use crate::draining::{self, DrainPolicy};
 use crate::ec2::Instance;
 use crate::kubernetes::{Cluster, EventSpec, events};
@@ -170,10 +170,10 @@ impl<C: Cluster> Sweeper<C> {
     pub(super) async fn disrupt(
         &self,
         started: Instant,
+        now: Timestamp,
         classes: &BTreeMap<String, ResolvedClass>,
     ) -> DisruptionRunReport {
         let mut report = DisruptionRunReport::default();
-        let now = Timestamp::now();
         let snapshot = match live::read(&self.cluster, &self.store, now).await {
             Ok(s) => s,
             Err(e) => {
@@ -206,9 +206,13 @@ impl<C: Cluster> Sweeper<C> {
         report: &mut DisruptionRunReport,
     ) -> Result<(), StepError> {
         let claims = self.store.list_node_claims().await?;
+        // Unreadable nominations stop new disruptions this run (the `?`): a
+        // node may be where pods are about to bind.
+        let nominations = self.store.live_nominations(snapshot.now.as_millisecond()).await?;
         let options = DecideOptions {
             resolved_drift: self.resolved_drift(snapshot, classes).await,
             receiving: receiving(records, &claims),
+            nominated: nomination::live(&nominations, &claims, snapshot.now),
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             consolidation: self.config.consolidation.clone(),
         };
@@ -235,10 +239,6 @@ impl<C: Cluster> Sweeper<C> {
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
         for d in &decisions.decisions {
-            if decisions.waits(d) {
-                tracing::info!(nodes = ?d.nodes, reason = %d.reason, "pods are pending; nodes are not consolidated this run");
-                continue;
-            }
             for node in &d.nodes {
                 let Some(claim) = by_node.get(node.as_str()) else {
                     tracing::warn!(node, reason = %d.reason, "no NodeClaim for a node chosen for disruption; left alone");
