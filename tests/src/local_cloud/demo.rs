@@ -79,6 +79,14 @@ pub struct Summary {
     pub pending_to_launch_millis_p50: Option<u64>,
     /// 95th percentile of the same.
     pub pending_to_launch_millis_p95: Option<u64>,
+    /// Chapter 1: median time from a Node turning Ready to the first pod seen Running on it.
+    pub ready_to_first_running_millis_p50: Option<u64>,
+    /// 95th percentile of the same.
+    pub ready_to_first_running_millis_p95: Option<u64>,
+    /// Chapter 1: median time from a pod seen pending to it seen Running.
+    pub pending_to_running_millis_p50: Option<u64>,
+    /// 95th percentile of the same.
+    pub pending_to_running_millis_p95: Option<u64>,
     /// From the interruption warning to the node's `karpenter.sh/disrupted` taint.
     pub interruption_to_taint_millis: Option<u64>,
     /// Function invocations, all told.
@@ -162,8 +170,17 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
             message,
         })?;
     let goal = options.replicas;
-    ok &= demo.until(out, |w| w.pods.len() == goal && w.running() == goal).await?;
+    let mut samples = super::latency::Samples::default();
+    let chapter1 = demo.until(out, |w| w.pods.len() == goal && w.running() == goal);
+    ok &= super::latency::sample_while(&cloud.kube, "inflate", &mut samples, chapter1).await?;
+    // The sampler's finer first sightings of pending pods.
+    for (uid, at) in &samples.pending {
+        let seen = demo.first_pending.entry(uid.clone()).or_insert(*at);
+        *seen = (*seen).min(*at);
+    }
     let latencies = demo.pending_to_launch();
+    let ready_to_running = samples.ready_to_first_running();
+    let pending_to_running = samples.pending_to_running();
 
     demo.chapter(out, "2/5", "a spot interruption warning for one node");
     let (handled, to_taint) = demo.interruption(out).await?;
@@ -252,6 +269,10 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
         autoscaler_cost_usd: round6(lambda_cost(&invocations)),
         pending_to_launch_millis_p50: percentile(&latencies, 50),
         pending_to_launch_millis_p95: percentile(&latencies, 95),
+        ready_to_first_running_millis_p50: percentile(&ready_to_running, 50),
+        ready_to_first_running_millis_p95: percentile(&ready_to_running, 95),
+        pending_to_running_millis_p50: percentile(&pending_to_running, 50),
+        pending_to_running_millis_p95: percentile(&pending_to_running, 95),
         interruption_to_taint_millis: to_taint,
         invocations: invocations.len(),
         create_fleet_calls: cloud.faults().calls("CreateFleet"),
