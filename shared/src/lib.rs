@@ -59,6 +59,8 @@ pub mod capacity;
 pub mod catalog_refresh;
 /// Drains in progress, for interruption and disruption alike.
 pub mod draining;
+/// A Node registered and initialized as it joins, on the forwarder's word.
+pub mod joining;
 
 // The function shells and what they share.
 /// Crash points for the crash tests (debug builds only).

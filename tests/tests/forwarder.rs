@@ -7,10 +7,10 @@
 //! forwarder will ever send about the earlier pods.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nodesmith::messages::PendingPodRef;
-use nodesmith_forwarder::{Config, Health, SqsSink, Stats, run};
+use nodesmith::messages::{PendingMessage, PendingPodRef};
+use nodesmith_forwarder::{BatchWindow, Config, Health, SqsSink, Stats, run};
 use nodesmith_tests::kube_server::{Identity, KubeServer, NodeRegistration};
 use nodesmith_tests::moto::moto;
 use serde_json::json;
@@ -24,7 +24,8 @@ fn config(queue_url: &str) -> Config {
     Config {
         queue_url: queue_url.into(),
         health_addr: "127.0.0.1:0".into(),
-        flush_interval: Duration::from_millis(20),
+        batch_idle: Duration::from_millis(20),
+        batch_max: Duration::from_secs(1),
         dedupe_capacity: 1000,
         resend_after: Duration::from_secs(3600),
     }
@@ -226,13 +227,19 @@ async fn an_unschedulable_pod_is_sent_once_even_across_reconnects_and_relists() 
 }
 
 /// The forwarder ran as its ServiceAccount and was refused nothing; it
-/// listed and watched pods, and used nothing else.
+/// listed and watched pods and Nodes, and used nothing else.
 fn assert_within_its_role(server: &KubeServer) {
     assert!(server.denials().is_empty(), "refused: {:#?}", server.denials());
-    let pods = |verb: &str| (String::new(), "pods".to_string(), verb.to_string());
+    let on = |resource: &str, verb: &str| (String::new(), resource.to_string(), verb.to_string());
     assert_eq!(
         server.permissions_used(Identity::Forwarder),
-        [pods("list"), pods("watch")].into(),
+        [
+            on("nodes", "list"),
+            on("nodes", "watch"),
+            on("pods", "list"),
+            on("pods", "watch")
+        ]
+        .into(),
     );
 }
 
@@ -406,4 +413,149 @@ async fn health_endpoints_follow_the_watch() {
     assert_eq!(get("/healthz").await, 200);
     let _ = stop.send(());
     server.await.unwrap().unwrap();
+}
+
+#[test]
+fn a_batch_closes_after_the_idle_duration_or_at_its_maximum() {
+    let ms = Duration::from_millis;
+    let t0 = Instant::now();
+    // Karpenter's defaults: BATCH_IDLE_DURATION 1s, BATCH_MAX_DURATION 10s.
+    let mut w = BatchWindow::new(ms(1000), ms(10_000));
+    assert!(!w.is_open() && !w.is_due(t0 + ms(60_000)) && w.deadline().is_none());
+    // A lone pod waits one idle duration, not the whole window.
+    w.add(t0);
+    assert!(!w.is_due(t0 + ms(999)));
+    assert!(w.is_due(t0 + ms(1000)));
+    assert_eq!(w.deadline(), Some(t0 + ms(1000)));
+    w.close();
+    assert!(!w.is_open() && !w.is_due(t0 + ms(5000)));
+    // Each pod within the idle duration keeps the batch open ...
+    let start = t0 + ms(5000);
+    w.add(start);
+    let mut t = start;
+    for _ in 0..19 {
+        t += ms(500);
+        assert!(!w.is_due(t), "closed early at {:?}", t - start);
+        w.add(t);
+    }
+    // ... but never past the maximum, however pods keep coming.
+    assert_eq!(t - start, ms(9500));
+    assert!(!w.is_due(start + ms(9999)));
+    assert!(
+        w.is_due(start + ms(10_000)),
+        "the maximum closes it though the last pod came 500 ms ago"
+    );
+    assert_eq!(w.deadline(), Some(start + ms(10_000)));
+    // A pod after a quiet spell opens a new batch with its own maximum.
+    w.close();
+    w.add(start + ms(20_000));
+    assert_eq!(w.deadline(), Some(start + ms(21_000)));
+}
+
+/// A Node as its kubelet creates it: not Ready, with the given labels and taints.
+fn joining_node(name: &str, instance: &str, labels: &[(&str, &str)], taints: &[&str]) -> serde_json::Value {
+    NodeRegistration {
+        name: name.into(),
+        instance_id: instance.into(),
+        instance_type: "m5.large".into(),
+        zone: "us-east-1a".into(),
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        taints: taints.iter().map(|t| t.to_string()).collect(),
+        capacity: BTreeMap::from([("cpu".into(), "2".into()), ("pods".into(), "29".into())]),
+        ..Default::default()
+    }
+    .to_registering_node()
+}
+
+/// Receives (and deletes) messages until `done` holds for the Node names
+/// reported so far; returns them (pod references are skipped).
+async fn receive_nodes(sqs: &aws_sdk_sqs::Client, queue_url: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..60 {
+        if done(&got) {
+            return got;
+        }
+        let out = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        for m in out.messages() {
+            if let PendingMessage::Node(n) = PendingMessage::parse(m.body().unwrap()).unwrap() {
+                got.push(n.name);
+            }
+            sqs.delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    panic!("not done within a minute; got {got:?}");
+}
+
+#[tokio::test]
+async fn a_joining_node_of_nodesmith_is_reported_when_it_appears_and_when_it_turns_ready() {
+    let m = moto().await;
+    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let queue_url = sqs
+        .create_queue()
+        .queue_name("pending-pods")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let server = KubeServer::start().await;
+    let fw = start(&server, &sqs, &queue_url);
+    let pool = ("karpenter.sh/nodepool", "default");
+    let unregistered = "karpenter.sh/unregistered:NoExecute";
+    // Not nodesmith's, and nodesmith's but settled: never reported.
+    server.apply(&joining_node("other", "i-0", &[], &[])).unwrap();
+    server
+        .apply(&joining_node(
+            "settled",
+            "i-1",
+            &[
+                pool,
+                ("karpenter.sh/registered", "true"),
+                ("karpenter.sh/initialized", "true"),
+            ],
+            &[],
+        ))
+        .unwrap();
+    // Joining: reported as it appears (the watch is ordered, so the earlier ones came first).
+    server
+        .apply(&joining_node("joining", "i-2", &[pool], &[unregistered]))
+        .unwrap();
+    let first = receive_nodes(&sqs, &queue_url, |got| got.iter().any(|n| n == "joining")).await;
+    assert_eq!(first, ["joining"]);
+
+    // It turns Ready: reported again.
+    let mut ready = serde_json::to_value(server.node("joining").unwrap()).unwrap();
+    nodesmith_tests::kube_server::kubelet::make_ready(&mut ready, &BTreeMap::new());
+    server.apply(&ready).unwrap();
+    let second = receive_nodes(&sqs, &queue_url, |got| !got.is_empty()).await;
+    assert_eq!(second, ["joining"]);
+
+    // A change that matters to nobody (a label) is not news; a later joining Node shows nothing else came.
+    let mut labelled = serde_json::to_value(server.node("joining").unwrap()).unwrap();
+    labelled["metadata"]["labels"]["team"] = serde_json::json!("web");
+    server.apply(&labelled).unwrap();
+    server
+        .apply(&joining_node("sentinel", "i-3", &[pool], &[unregistered]))
+        .unwrap();
+    let third = receive_nodes(&sqs, &queue_url, |got| got.iter().any(|n| n == "sentinel")).await;
+    assert_eq!(third, ["sentinel"]);
+
+    let _ = fw.stop.send(());
+    let stats = fw.task.await.unwrap();
+    assert_eq!(stats.nodes_sent, 3, "{stats:?}");
+    assert_eq!(stats.sent, 0, "{stats:?}");
+    assert_within_its_role(&server);
 }

@@ -325,7 +325,10 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
     let forwarder = grants(&rules("forwarder.yaml", "nodesmith-forwarder"));
     assert_eq!(
         forwarder,
-        ["/pods:list", "/pods:watch"].iter().map(|s| s.to_string()).collect()
+        ["/nodes:list", "/nodes:watch", "/pods:list", "/pods:watch"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     );
     // Each function's own role: what it must have, and what it must not.
     let role = |f: &str| grants(&rules("lambda-rbac.yaml", &format!("nodesmith-{f}")));
@@ -349,8 +352,14 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         "/pods:delete",
         "/pods/eviction:create",
     ];
+    // Registration of a joining Node (provision, on the forwarder's report).
+    let registration = ["/nodes:get", "/nodes:patch"];
     for (f, needed, never) in [
-        ("provision", snapshot.to_vec(), drains.to_vec()),
+        (
+            "provision",
+            [snapshot.as_slice(), &registration].concat(),
+            vec!["/nodes:delete", "/pods:delete", "/pods/eviction:create"],
+        ),
         (
             "launch",
             // launch reads the class its claim names (never one from the message).

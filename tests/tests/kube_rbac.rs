@@ -302,7 +302,7 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
 const FORWARDER: &str = "User \"system:serviceaccount:nodesmith:nodesmith-forwarder\"";
 
 #[tokio::test]
-async fn the_forwarder_may_list_and_watch_pods_and_is_refused_everything_else() {
+async fn the_forwarder_may_list_and_watch_pods_and_nodes_and_is_refused_everything_else() {
     let server = seeded().await;
     let fw = server.client_as(Identity::Forwarder);
     // What it does: list and watch pods, everywhere or in a namespace.
@@ -313,11 +313,22 @@ async fn the_forwarder_may_list_and_watch_pods_and_is_refused_everything_else() 
     assert_eq!(in_default.list(&ListParams::default()).await.unwrap().items.len(), 1);
     assert!(server.denials().is_empty(), "{:#?}", server.denials());
 
+    // Its Node watch: list and watch nodesmith's Nodes, never change one.
     let nodes: Api<Node> = Api::all(fw.clone());
+    nodes.list(&ListParams::default()).await.unwrap();
+    drop(nodes.watch(&WatchParams::default(), "0").await.unwrap());
+    assert!(server.denials().is_empty(), "{:#?}", server.denials());
     forbidden(
-        nodes.list(&ListParams::default()).await.map(drop),
+        nodes
+            .patch(
+                "n1",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await
+            .map(drop),
         &format!(
-            "nodes is forbidden: {FORWARDER} cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+            "nodes \"n1\" is forbidden: {FORWARDER} cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
         ),
     );
     let p: Pod = serde_json::from_value(pod_json("intruder")).unwrap();
@@ -359,9 +370,10 @@ async fn the_forwarder_may_list_and_watch_pods_and_is_refused_everything_else() 
     assert_eq!(server.denials(), denials);
     assert!(server.denials_of(Identity::Lambda).is_empty());
     let pods = |verb: &str| perm("", "pods", verb);
+    let nodes = |verb: &str| perm("", "nodes", verb);
     assert_eq!(
         server.permissions_used(Identity::Forwarder),
-        BTreeSet::from([pods("list"), pods("watch")])
+        BTreeSet::from([pods("list"), pods("watch"), nodes("list"), nodes("watch")])
     );
     assert!(server.lambda_permissions_used().is_empty());
 }
@@ -383,11 +395,11 @@ async fn the_forwarder_kubeconfig_is_the_forwarder_and_the_functions_token_is_no
     let fw = kube::Client::try_from(config).unwrap();
     let pods: Api<Pod> = Api::all(fw.clone());
     assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 1);
-    let nodes: Api<Node> = Api::all(fw);
+    let namespaces: Api<Namespace> = Api::all(fw);
     forbidden(
-        nodes.list(&ListParams::default()).await.map(drop),
+        namespaces.list(&ListParams::default()).await.map(drop),
         &format!(
-            "nodes is forbidden: {FORWARDER} cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+            "namespaces is forbidden: {FORWARDER} cannot list resource \"namespaces\" in API group \"\" at the cluster scope"
         ),
     );
     // The functions may list nodes, and their grants are theirs alone.
@@ -702,7 +714,7 @@ fn kube_cluster_source() -> String {
 /// Every file that calls the adapter is one function's or [`NOT_A_FUNCTION`]'s,
 /// so a new call site cannot go unassigned.
 const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
-    ("provision", &["provisioning/mod.rs", "snapshot/live.rs"]),
+    ("provision", &["provisioning/mod.rs", "snapshot/live.rs", "joining.rs"]),
     ("launch", &["launch/mod.rs"]),
     (
         "interrupt",
@@ -1243,19 +1255,25 @@ async fn provision_and_launch_may_delete_no_pod_or_node() {
                 "nodes \"n1\" is forbidden: {user} cannot delete resource \"nodes\" in API group \"\" at the cluster scope"
             ),
         );
-        forbidden(
-            nodes
-                .patch(
-                    "n1",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-                )
-                .await
-                .map(drop),
-            &format!(
-                "nodes \"n1\" is forbidden: {user} cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
-            ),
-        );
+        // Provision registers joining Nodes (a patch); launch writes no Node.
+        let patched = nodes
+            .patch(
+                "n1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"example.com/x": "y"}}})),
+            )
+            .await
+            .map(drop);
+        if function == "provision" {
+            patched.unwrap();
+        } else {
+            forbidden(
+                patched,
+                &format!(
+                    "nodes \"n1\" is forbidden: {user} cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
+                ),
+            );
+        }
     }
     // Launch reads one EC2NodeClass and records events; it lists no pods.
     let pods: Api<Pod> = Api::all(as_function(&server, "launch"));

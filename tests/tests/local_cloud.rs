@@ -395,7 +395,7 @@ async fn play_story(options: DemoOptions) {
     );
     assert!(summary.pending_to_launch_millis_p50.is_some(), "{text}");
     assert!(summary.pending_to_running_millis_p50.is_some(), "{text}");
-    assert!(summary.node_ready_to_pod_running_millis_p50.is_some(), "{text}");
+    assert!(summary.ready_to_first_running_millis_p50.is_some(), "{text}");
     assert!(!nodes.is_empty());
     for n in &nodes {
         let id = n

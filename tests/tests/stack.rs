@@ -9,6 +9,7 @@ mod adoption;
 mod end_to_end;
 mod interrupt_eventbridge;
 mod interruption;
+mod joining;
 mod launch_runtime;
 mod lifecycle;
 mod provision;

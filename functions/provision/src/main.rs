@@ -32,6 +32,7 @@ async fn main() -> Result<(), Error> {
                 let outcome = provisioner.handle(&event.payload).await;
                 tracing::info!(
                     created = outcome.created.len(),
+                    joined = outcome.joined.len(),
                     placed_on_existing = outcome.placed_on_existing,
                     unschedulable = outcome.unschedulable.len(),
                     failed = outcome.failed.len(),

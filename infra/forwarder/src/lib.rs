@@ -1,6 +1,12 @@
 //! The in-cluster forwarder: watches pods that the scheduler marked
 //! unschedulable and sends slim references ([`PendingPodRef`]) to the
-//! pending-pods SQS queue, in batches of up to ten. Nothing else.
+//! pending-pods SQS queue, batched as Karpenter batches them ([`batch`]: a
+//! batch closes `BATCH_IDLE_DURATION` after its last pod, or
+//! `BATCH_MAX_DURATION` after its first). It also watches nodesmith's Nodes
+//! (labelled `karpenter.sh/nodepool`) and reports at once each one that
+//! appears or changes readiness while it waits to be registered or
+//! initialized ([`nodes`]), so `provision` makes it usable within seconds.
+//! Nothing else.
 //!
 //! It remembers the pods it knows to be pending (up to `DEDUPE_CAPACITY`;
 //! beyond that the one sent longest ago is forgotten, with a warning) and when
@@ -20,7 +26,9 @@
 //! hit the memory, so a reconnect does not send them again, and the pods the
 //! re-list no longer shows are forgotten.
 
+pub mod batch;
 pub mod health;
+pub mod nodes;
 pub mod pending;
 pub mod sqs;
 
@@ -29,13 +37,15 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use nodesmith::kubernetes::pods;
-use nodesmith::messages::PendingPodRef;
+use nodesmith::messages::{NodeRef, PendingPodRef};
 
+pub use batch::BatchWindow;
 pub use health::Health;
+pub use nodes::JoiningNodes;
 pub use pending::PendingPods;
 pub use sqs::SqsSink;
 
@@ -46,9 +56,11 @@ pub struct Config {
     pub queue_url: String,
     /// Where `/healthz` and `/readyz` are served.
     pub health_addr: String,
-    /// Longest a reference waits before its batch is sent; also how often
-    /// re-sends are looked for.
-    pub flush_interval: Duration,
+    /// A batch is sent once no pod joined it for this long (Karpenter's
+    /// `BATCH_IDLE_DURATION`).
+    pub batch_idle: Duration,
+    /// A batch is sent once it has been open this long (Karpenter's `BATCH_MAX_DURATION`).
+    pub batch_max: Duration,
     /// How many pending pods are remembered (for de-duplication and re-sends).
     pub dedupe_capacity: usize,
     /// A pod still pending this long after its last send is sent again (and
@@ -69,8 +81,9 @@ pub struct ConfigError {
 impl Config {
     /// Reads settings through `get` (the environment in `main`):
     /// `QUEUE_URL` (required), `HEALTH_ADDR` (default `0.0.0.0:8080`),
-    /// `FLUSH_INTERVAL_MS` (1000; the batch wait and how often re-sends are
-    /// looked for), `DEDUPE_CAPACITY` (10000 pending pods remembered),
+    /// Karpenter's `BATCH_IDLE_DURATION` (1s) and `BATCH_MAX_DURATION` (10s,
+    /// at least the idle duration), Go durations,
+    /// `DEDUPE_CAPACITY` (10000 pending pods remembered),
     /// `RESEND_AFTER_SECS` (300, at least 1; a pod still pending this long
     /// after its last send is sent again).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
@@ -93,9 +106,34 @@ impl Config {
         if !queue_url.starts_with("https://") && !queue_url.starts_with("http://") {
             return Err(err("QUEUE_URL", format!("{queue_url:?} is not a queue URL")));
         }
-        let flush = num("FLUSH_INTERVAL_MS", 1000)?;
-        if flush == 0 {
-            return Err(err("FLUSH_INTERVAL_MS", "must be at least 1".into()));
+        if get("FLUSH_INTERVAL_MS").is_some() {
+            return Err(err(
+                "FLUSH_INTERVAL_MS",
+                "is replaced by BATCH_IDLE_DURATION and BATCH_MAX_DURATION (Karpenter's batch window)".into(),
+            ));
+        }
+        let settings = nodesmith::settings::Settings::new(&get);
+        let duration = |name: &str, default: Duration| {
+            settings.duration(name, default).map_err(|_| {
+                err(
+                    name,
+                    format!(
+                        "{:?} is not a duration such as 1s or 500ms",
+                        get(name).unwrap_or_default()
+                    ),
+                )
+            })
+        };
+        let batch_idle = duration("BATCH_IDLE_DURATION", Duration::from_secs(1))?;
+        let batch_max = duration("BATCH_MAX_DURATION", Duration::from_secs(10))?;
+        if batch_idle.is_zero() {
+            return Err(err("BATCH_IDLE_DURATION", "must be more than 0".into()));
+        }
+        if batch_max < batch_idle {
+            return Err(err(
+                "BATCH_MAX_DURATION",
+                format!("must be at least BATCH_IDLE_DURATION ({batch_idle:?})"),
+            ));
         }
         let resend = num("RESEND_AFTER_SECS", 300)?;
         if resend == 0 {
@@ -104,7 +142,8 @@ impl Config {
         Ok(Config {
             queue_url,
             health_addr: get("HEALTH_ADDR").unwrap_or_else(|| "0.0.0.0:8080".into()),
-            flush_interval: Duration::from_millis(flush),
+            batch_idle,
+            batch_max,
             dedupe_capacity: usize::try_from(num("DEDUPE_CAPACITY", 10_000)?)
                 .unwrap_or(usize::MAX)
                 .max(1),
@@ -133,6 +172,8 @@ pub fn pending_ref(pod: &Pod) -> Option<PendingPodRef> {
 pub struct Stats {
     /// References the queue accepted.
     pub sent: u64,
+    /// Joining-Node reports the queue accepted.
+    pub nodes_sent: u64,
     /// Pod events dropped as already sent.
     pub duplicates: u64,
     /// References queued again because their pod stayed pending a full
@@ -146,10 +187,14 @@ pub struct Stats {
     pub watch_errors: u64,
 }
 
-/// Pending references, remembered pods, and the counts.
+/// Pending references, remembered pods, joining Nodes, and the counts.
 struct Forwarder {
     pending: PendingPods,
     batch: Vec<PendingPodRef>,
+    window: BatchWindow,
+    nodes: JoiningNodes,
+    /// Node reports whose send failed, sent again at the next look.
+    node_backlog: Vec<NodeRef>,
     stats: Stats,
 }
 
@@ -175,7 +220,7 @@ impl Forwarder {
         }
         if seen.send {
             tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), rv = %r.resource_version, "unschedulable pod queued");
-            self.push(r);
+            self.push(r, now);
         } else {
             self.stats.duplicates += 1;
         }
@@ -196,11 +241,12 @@ impl Forwarder {
         tracing::info!(count = due.len(), "re-sending pods still pending");
         self.stats.resent += due.len() as u64;
         for r in due {
-            self.push(r);
+            self.push(r, now);
         }
     }
 
-    fn push(&mut self, r: PendingPodRef) {
+    fn push(&mut self, r: PendingPodRef, now: Instant) {
+        self.window.add(now);
         self.batch.push(r);
         if self.batch.len() > MAX_BACKLOG {
             let dropped = self.batch.remove(0);
@@ -215,7 +261,9 @@ impl Forwarder {
         }
     }
 
-    async fn flush(&mut self, sink: &SqsSink) {
+    /// Sends the batch; what failed waits one more idle duration.
+    async fn flush(&mut self, sink: &SqsSink, now: Instant) {
+        self.window.close();
         if self.batch.is_empty() {
             return;
         }
@@ -224,6 +272,30 @@ impl Forwarder {
         self.stats.sent += (batch.len() - failed.len()) as u64;
         self.stats.retried += failed.len() as u64;
         self.batch = failed;
+        if !self.batch.is_empty() {
+            self.window.add(now);
+        }
+    }
+
+    /// A Node from the watch: reported at once when nodesmith can act on it.
+    async fn consider_node(&mut self, node: &Node, sink: &SqsSink) {
+        if let Some(r) = self.nodes.observe(node) {
+            tracing::debug!(node = %r.name, "joining node reported");
+            self.node_backlog.push(r);
+            self.send_nodes(sink).await;
+        }
+    }
+
+    async fn send_nodes(&mut self, sink: &SqsSink) {
+        if self.node_backlog.is_empty() {
+            return;
+        }
+        let reports = std::mem::take(&mut self.node_backlog);
+        let failed = sink.send(&reports).await;
+        self.stats.nodes_sent += (reports.len() - failed.len()) as u64;
+        self.stats.retried += failed.len() as u64;
+        // Only the latest state matters and the function re-reads it: a bounded retry list.
+        self.node_backlog = failed.into_iter().rev().take(MAX_BACKLOG).collect();
     }
 }
 
@@ -236,31 +308,60 @@ pub async fn run(
     health: Health,
     shutdown: impl Future<Output = ()>,
 ) -> Stats {
-    let api: Api<Pod> = Api::all(client);
+    let api: Api<Pod> = Api::all(client.clone());
     // Only pods without a node can be unschedulable; the server filters the rest.
     let stream = watcher(api, watcher::Config::default().fields("spec.nodeName=")).default_backoff();
+    // Only nodesmith's Nodes carry the pool label; the server filters the rest.
+    let node_api: Api<Node> = Api::all(client);
+    let node_stream =
+        watcher(node_api, watcher::Config::default().labels(nodesmith::labels::NODEPOOL)).default_backoff();
     futures::pin_mut!(stream);
+    futures::pin_mut!(node_stream);
     futures::pin_mut!(shutdown);
-    let mut ticker = tokio::time::interval(config.flush_interval);
+    // How often re-sends (and failed Node reports) are looked for.
+    let mut ticker = tokio::time::interval(config.batch_idle.min(Duration::from_secs(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fw = Forwarder {
         pending: PendingPods::new(config.dedupe_capacity, config.resend_after),
         batch: Vec::new(),
+        window: BatchWindow::new(config.batch_idle, config.batch_max),
+        nodes: JoiningNodes::default(),
+        node_backlog: Vec::new(),
         stats: Stats::default(),
     };
     loop {
+        let deadline = fw.window.deadline();
+        // A closed window never fires; a far-off instant stands in for "never".
+        let due =
+            tokio::time::Instant::from_std(deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)));
         tokio::select! {
             _ = &mut shutdown => break,
+            _ = tokio::time::sleep_until(due), if deadline.is_some() => {
+                fw.flush(&sink, Instant::now()).await;
+            }
             _ = ticker.tick() => {
                 fw.resend_due(Instant::now());
-                fw.flush(&sink).await;
+                fw.send_nodes(&sink).await;
             }
+            ev = node_stream.next() => match ev {
+                Some(Ok(watcher::Event::Apply(n))) | Some(Ok(watcher::Event::InitApply(n))) => {
+                    fw.consider_node(&n, &sink).await;
+                }
+                Some(Ok(watcher::Event::Delete(n))) => fw.nodes.forget(&n),
+                Some(Ok(watcher::Event::Init)) | Some(Ok(watcher::Event::InitDone)) => {}
+                Some(Err(e)) => {
+                    fw.stats.watch_errors += 1;
+                    tracing::warn!(error = %e, "node watch failed; reconnecting with backoff");
+                }
+                None => break,
+            },
             ev = stream.next() => match ev {
                 Some(Ok(watcher::Event::Apply(p))) | Some(Ok(watcher::Event::InitApply(p))) => {
                     health.observed();
                     fw.consider(&p, Instant::now());
-                    if fw.batch.len() >= sqs::MAX_BATCH {
-                        fw.flush(&sink).await;
+                    // A full backlog is sent rather than cut.
+                    if fw.batch.len() >= MAX_BACKLOG {
+                        fw.flush(&sink, Instant::now()).await;
                     }
                 }
                 Some(Ok(watcher::Event::Init)) => {
@@ -285,7 +386,8 @@ pub async fn run(
             },
         }
     }
-    fw.flush(&sink).await;
+    fw.flush(&sink, Instant::now()).await;
+    fw.send_nodes(&sink).await;
     tracing::info!(stats = ?fw.stats, unsent = fw.batch.len(), "forwarder stopped");
     fw.stats
 }
@@ -307,7 +409,10 @@ mod tests {
             "https://sqs.us-east-1.amazonaws.com/1/pending",
         )]))
         .unwrap();
-        assert_eq!(c.flush_interval, Duration::from_secs(1));
+        assert_eq!(
+            (c.batch_idle, c.batch_max),
+            (Duration::from_secs(1), Duration::from_secs(10))
+        );
         assert_eq!(c.dedupe_capacity, 10_000);
         assert_eq!(c.resend_after, Duration::from_secs(300));
         assert_eq!(c.health_addr, "0.0.0.0:8080");
@@ -318,14 +423,31 @@ mod tests {
                 .name,
             "QUEUE_URL"
         );
-        let e = Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("FLUSH_INTERVAL_MS", "soon")])).unwrap_err();
-        assert_eq!(e.name, "FLUSH_INTERVAL_MS");
-        assert!(e.to_string().contains("\"soon\""));
+        let e =
+            Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("BATCH_IDLE_DURATION", "soon")])).unwrap_err();
+        assert_eq!(e.name, "BATCH_IDLE_DURATION");
+        assert!(e.to_string().contains("soon"), "{e}");
+        for (k, v) in [
+            ("BATCH_IDLE_DURATION", "0s"),
+            ("BATCH_MAX_DURATION", "500ms"),
+            ("FLUSH_INTERVAL_MS", "1000"),
+        ] {
+            assert_eq!(
+                Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), (k, v)]))
+                    .unwrap_err()
+                    .name,
+                k
+            );
+        }
+        let c = Config::from_lookup(lookup(&[
+            ("QUEUE_URL", "https://q"),
+            ("BATCH_IDLE_DURATION", "250ms"),
+            ("BATCH_MAX_DURATION", "2s"),
+        ]))
+        .unwrap();
         assert_eq!(
-            Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("FLUSH_INTERVAL_MS", "0")]))
-                .unwrap_err()
-                .name,
-            "FLUSH_INTERVAL_MS"
+            (c.batch_idle, c.batch_max),
+            (Duration::from_millis(250), Duration::from_secs(2))
         );
         assert_eq!(
             Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("RESEND_AFTER_SECS", "0")]))

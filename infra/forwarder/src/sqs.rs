@@ -1,7 +1,33 @@
 //! Sending references to the pending-pods queue with SendMessageBatch.
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-use nodesmith::messages::PendingPodRef;
+use nodesmith::messages::{NodeRef, PendingPodRef};
+
+/// A message the forwarder sends.
+pub trait Outgoing: Clone {
+    /// The message body.
+    fn body(&self) -> String;
+    /// What it names, for logs.
+    fn subject(&self) -> String;
+}
+
+impl Outgoing for PendingPodRef {
+    fn body(&self) -> String {
+        self.to_body()
+    }
+    fn subject(&self) -> String {
+        format!("pod {}/{}", self.namespace, self.name)
+    }
+}
+
+impl Outgoing for NodeRef {
+    fn body(&self) -> String {
+        self.to_body()
+    }
+    fn subject(&self) -> String {
+        format!("node {}", self.name)
+    }
+}
 
 /// SQS accepts at most ten entries per SendMessageBatch.
 pub const MAX_BATCH: usize = 10;
@@ -22,9 +48,9 @@ impl SqsSink {
         }
     }
 
-    /// Sends the references in batches of ten; returns the ones to retry
+    /// Sends the messages in batches of ten; returns the ones to retry
     /// (transient failures). Entries SQS rejects as malformed are dropped and logged.
-    pub async fn send(&self, refs: &[PendingPodRef]) -> Vec<PendingPodRef> {
+    pub async fn send<T: Outgoing>(&self, refs: &[T]) -> Vec<T> {
         let mut retry = Vec::new();
         for chunk in refs.chunks(MAX_BATCH) {
             let entries: Vec<SendMessageBatchRequestEntry> = chunk
@@ -33,7 +59,7 @@ impl SqsSink {
                 .filter_map(|(i, r)| {
                     SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
-                        .message_body(r.to_body())
+                        .message_body(r.body())
                         .build()
                         .ok()
                 })
@@ -52,7 +78,7 @@ impl SqsSink {
                             continue;
                         };
                         if f.sender_fault() {
-                            tracing::error!(pod = %format!("{}/{}", r.namespace, r.name), code = f.code(), message = ?f.message(), "queue rejected the reference; dropping it");
+                            tracing::error!(subject = %r.subject(), code = f.code(), message = ?f.message(), "queue rejected the reference; dropping it");
                         } else {
                             retry.push(r.clone());
                         }
@@ -60,7 +86,7 @@ impl SqsSink {
                     tracing::info!(
                         sent = out.successful().len(),
                         failed = out.failed().len(),
-                        "sent pending pods"
+                        "sent to the pending-pods queue"
                     );
                 }
                 Err(e) => {

@@ -274,26 +274,7 @@ fn claim_action(
                 (Phase::Launched, None) => older_than(launched, now, config.registration_timeout)
                     .then(|| remove(Removal::RegistrationTimeout, None)),
                 (_, None) => Some(remove(Removal::NodeGone, None)),
-                (phase, Some(node)) => {
-                    let update = registration::registration_update(claim, seen.catalog);
-                    if phase == Phase::Launched || !update.is_satisfied_by(node) {
-                        return Some(Action::Register {
-                            claim: claim.name.clone(),
-                            node: node_name(node),
-                            update,
-                        });
-                    }
-                    let labelled = node
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .is_some_and(|l| l.get(labels::INITIALIZED).is_some_and(|v| v == "true"));
-                    let ready = registration::not_initialized_because(node, claim).is_none();
-                    (ready && (phase == Phase::Registered || !labelled)).then(|| Action::Initialize {
-                        claim: claim.name.clone(),
-                        node: node_name(node),
-                    })
-                }
+                (_, Some(node)) => joining_action(claim, node, seen.catalog),
             }
         }
         // Disruption and interruption drive these phases; the lifecycle only
@@ -319,6 +300,49 @@ fn claim_action(
             Some(remove(Removal::Terminating, node))
         }
     }
+}
+
+/// What a launched claim's Node needs to join: [`Action::Register`] until it
+/// carries the registration, then [`Action::Initialize`] once it is Ready with
+/// its startup taints gone; None when neither (or the claim is in another
+/// phase). The one rule the sweep and the event path ([`crate::joining`]) share (pure).
+pub fn joining_action(claim: &NodeClaim, node: &Node, catalog: Option<&Catalog>) -> Option<Action> {
+    let phase = claim.phase;
+    if !matches!(phase, Phase::Launched | Phase::Registered | Phase::Initialized) {
+        return None;
+    }
+    let update = registration::registration_update(claim, catalog);
+    if phase == Phase::Launched || !update.is_satisfied_by(node) {
+        return Some(Action::Register {
+            claim: claim.name.clone(),
+            node: node_name(node),
+            update,
+        });
+    }
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(labels::INITIALIZED).is_some_and(|v| v == "true"));
+    let ready = registration::not_initialized_because(node, claim).is_none();
+    (ready && (phase == Phase::Registered || !labelled)).then(|| Action::Initialize {
+        claim: claim.name.clone(),
+        node: node_name(node),
+    })
+}
+
+/// Registration and initialization only, for every launched claim whose
+/// instance has a Node: what a sweep still does when a read that only the
+/// other decisions need (EC2's instances) failed (pure).
+pub fn joining_actions(claims: &[NodeClaim], nodes: &[Node], catalog: Option<&Catalog>) -> Vec<Action> {
+    let nodes_by_instance: BTreeMap<&str, &Node> = nodes.iter().filter_map(|n| Some((node_instance(n)?, n))).collect();
+    claims
+        .iter()
+        .filter_map(|c| {
+            let node = nodes_by_instance.get(c.instance_id.as_deref()?)?;
+            joining_action(c, node, catalog)
+        })
+        .collect()
 }
 
 /// Garbage collection: claimless instances ([`adopt::judge`]) and orphaned Nodes.

@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | pending pods | [`PendingPodRef`] | the forwarder (`infra/forwarder`) | `provision` |
 //! | pending pods | [`SolveRequest`] ([`request_solve`]) | `launch`, `interrupt`, the sweep | `provision` |
+//! | pending pods | [`NodeRef`] (a Node to register or initialize now) | the forwarder | `provision` |
 //! | launch | [`LaunchRequest`] ([`launch_requests::enqueue`]) | `provision`, `interrupt` and the sweep's replacements, all through [`crate::capacity::Door::admit`]; the sweep again for a claim whose launch was lost | `launch` |
 //! | interruption | EventBridge events ([`crate::interruption::event`]) | AWS, through the stack's EventBridge rules | `interrupt` |
 //!
@@ -14,7 +15,9 @@
 //! [`crate::lambda::batch_response`].
 
 pub mod launch_requests;
+pub mod node_events;
 pub mod pending_pods;
 
 pub use launch_requests::{EnqueueError, LaunchRequest, RequestError};
+pub use node_events::NodeRef;
 pub use pending_pods::{MessageError, PendingMessage, PendingPodRef, SolveRequest, TriggerError, request_solve};

@@ -56,7 +56,7 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
+pub(super) fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
@@ -162,14 +162,20 @@ pub enum PendingMessage {
     Pod(PendingPodRef),
     /// From nodesmith: solve again.
     Solve(SolveRequest),
+    /// From the forwarder: a Node to register or initialize now.
+    Node(super::NodeRef),
 }
 
 impl PendingMessage {
-    /// Parses a body: an object with a `solve` key is a [`SolveRequest`], anything else
-    /// must be a [`PendingPodRef`].
+    /// Parses a body: an object with a `solve` key is a [`SolveRequest`], one
+    /// with a `node` key a [`super::NodeRef`], anything else must be a [`PendingPodRef`].
     pub fn parse(body: &str) -> Result<Self, MessageError> {
-        let is_solve = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(body)
-            .is_ok_and(|m| m.contains_key("solve"));
+        let keys = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(body).ok();
+        let has = |k: &str| keys.as_ref().is_some_and(|m| m.contains_key(k));
+        if has("node") && !has("solve") {
+            return super::NodeRef::parse(body).map(PendingMessage::Node);
+        }
+        let is_solve = has("solve");
         if !is_solve {
             return PendingPodRef::parse(body).map(PendingMessage::Pod);
         }

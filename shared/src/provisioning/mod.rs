@@ -118,6 +118,8 @@ pub struct ProvisionOutcome {
     pub gone: usize,
     /// Malformed messages.
     pub malformed: usize,
+    /// Nodes this batch registered or initialized (the forwarder's Node messages).
+    pub joined: Vec<String>,
 }
 
 impl ProvisionOutcome {
@@ -175,6 +177,7 @@ impl<C: Cluster> Provisioner<C> {
         let mut outcome = ProvisionOutcome::default();
         let mut refs = Vec::new();
         let mut requests = Vec::new();
+        let mut nodes = Vec::new();
         for r in records {
             match r {
                 Record::Pod { message_id, pod } => refs.push((message_id, pod)),
@@ -182,6 +185,7 @@ impl<C: Cluster> Provisioner<C> {
                     tracing::info!(%message_id, reason = %request.reason, node_claim = ?request.node_claim, "solve requested");
                     requests.push(message_id);
                 }
+                Record::Node { message_id, node } => nodes.push((message_id, node)),
                 Record::Malformed {
                     message_id,
                     body,
@@ -195,6 +199,9 @@ impl<C: Cluster> Provisioner<C> {
                 }
             }
         }
+        // Joining Nodes first: a registration takes milliseconds and frees the
+        // pods already waiting for that node, whatever the solve then does.
+        self.join_nodes(&nodes, &mut outcome, now).await;
         if refs.is_empty() && requests.is_empty() {
             return outcome;
         }
@@ -207,6 +214,30 @@ impl<C: Cluster> Provisioner<C> {
             }
         }
         outcome
+    }
+
+    /// Registers and initializes each reported Node ([`crate::joining`]); a
+    /// failed one is given back to SQS.
+    async fn join_nodes(
+        &self,
+        nodes: &[(String, crate::messages::NodeRef)],
+        outcome: &mut ProvisionOutcome,
+        now: Timestamp,
+    ) {
+        for (message_id, node) in nodes {
+            match crate::joining::join(&self.cluster, &self.store, node, now).await {
+                Ok(joined) => {
+                    tracing::info!(node = %node.name, ?joined, "joining node handled");
+                    if matches!(joined, crate::joining::Joined::Moved(_)) {
+                        outcome.joined.push(node.name.clone());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(node = %node.name, error = %crate::telemetry::causes(&e), "cannot register the node now; the message is retried and the sweep is the safety net");
+                    outcome.failed.push(message_id.clone());
+                }
+            }
+        }
     }
 
     async fn dead_letter(&self, body: &str, error: &str) -> bool {

@@ -25,6 +25,13 @@ pub enum Record {
         /// The request.
         request: SolveRequest,
     },
+    /// The forwarder reports a Node to register or initialize now.
+    Node {
+        /// The SQS message id.
+        message_id: String,
+        /// The Node it names.
+        node: crate::messages::NodeRef,
+    },
     /// A body that is not a pending-pod reference; it goes to the dead-letter queue.
     Malformed {
         /// The SQS message id.
@@ -47,6 +54,7 @@ pub fn read_records(records: &[SqsMessage]) -> Vec<Record> {
             match PendingMessage::parse(&body) {
                 Ok(PendingMessage::Pod(pod)) => Record::Pod { message_id, pod },
                 Ok(PendingMessage::Solve(request)) => Record::Solve { message_id, request },
+                Ok(PendingMessage::Node(node)) => Record::Node { message_id, node },
                 Err(error) => Record::Malformed {
                     message_id,
                     body,
@@ -115,16 +123,18 @@ mod tests {
             msg("c", r#"{"namespace":"default"}"#),
             msg("d", good),
             msg("e", r#"{"solve":{"reason":"launch-no-capacity"}}"#),
+            msg("f", r#"{"node":{"name":"ip-10-0-1-7.ec2.internal"}}"#),
         ]);
         let kinds: Vec<&str> = recs
             .iter()
             .map(|r| match r {
                 Record::Pod { .. } => "pod",
                 Record::Solve { .. } => "solve",
+                Record::Node { .. } => "node",
                 Record::Malformed { .. } => "malformed",
             })
             .collect();
-        assert_eq!(kinds, vec!["pod", "malformed", "malformed", "pod", "solve"]);
+        assert_eq!(kinds, vec!["pod", "malformed", "malformed", "pod", "solve", "node"]);
         let Record::Malformed {
             message_id,
             body,

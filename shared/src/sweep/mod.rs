@@ -402,10 +402,23 @@ impl<C: Cluster> Sweeper<C> {
     async fn run_leased(&self, started: Instant, now: Timestamp) -> Result<SweepReport, SweepError> {
         let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
         let nodes = self.cluster.nodes().await?;
-        let instances = self.instances.list_owned().await?;
-        let catalog = match self.store.get_catalog().await? {
-            Some(c) => c,
-            None => catalog::builtin()?.clone(),
+        let catalog = match self.store.get_catalog().await {
+            Ok(Some(c)) => c,
+            Ok(None) => catalog::builtin()?.clone(),
+            // Only labels come from it: a registration must not wait for it.
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "cannot read the stored catalog; this run uses the built-in one");
+                catalog::builtin()?.clone()
+            }
+        };
+        let instances = match self.instances.list_owned().await {
+            Ok(i) => i,
+            Err(e) => {
+                // Liveness and collection need EC2's word; joining nodes do not.
+                tracing::warn!(error = %crate::telemetry::causes(&e), "cannot list the instances; this run only registers and initializes nodes");
+                self.join_only(&claims, &nodes, &catalog).await;
+                return Err(e.into());
+            }
         };
         let seen = Observed {
             now,
@@ -484,6 +497,24 @@ impl<C: Cluster> Sweeper<C> {
         // The instance catalog from EC2: types every 12 h, spot prices hourly (shared/src/catalog_refresh.rs).
         crate::catalog_refresh::sweep(self.instances.ec2(), &self.store, self.price_list.as_ref()).await;
         Ok(report)
+    }
+
+    /// Registration and initialization only ([`lifecycle::joining_actions`]),
+    /// for a run whose other reads failed.
+    async fn join_only(&self, claims: &[NodeClaim], nodes: &[Node], catalog: &catalog::Catalog) {
+        let by_name: BTreeMap<&str, &NodeClaim> = claims.iter().map(|c| (c.name.as_str(), c)).collect();
+        let node_uids: BTreeMap<&str, &str> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.uid.as_deref()?)))
+            .collect();
+        for action in lifecycle::joining_actions(claims, nodes, Some(catalog)) {
+            match self.act(&action, &by_name, &node_uids).await {
+                Ok(_) => tracing::info!(action = ?action, "done"),
+                Err(e) => {
+                    tracing::warn!(action = ?action, error = %crate::telemetry::causes(&e), "step failed; the next sweep tries again")
+                }
+            }
+        }
     }
 
     /// Capacity given up, or pods waiting with nobody solving: ask `provision`.

@@ -79,14 +79,14 @@ pub struct Summary {
     pub pending_to_launch_millis_p50: Option<u64>,
     /// 95th percentile of the same.
     pub pending_to_launch_millis_p95: Option<u64>,
-    /// Median time from a pod of chapter 1 going pending to it running (as observed, every 200 ms).
+    /// Chapter 1: median time from a Node turning Ready to the first pod seen Running on it.
+    pub ready_to_first_running_millis_p50: Option<u64>,
+    /// 95th percentile of the same.
+    pub ready_to_first_running_millis_p95: Option<u64>,
+    /// Chapter 1: median time from a pod seen pending to it seen Running.
     pub pending_to_running_millis_p50: Option<u64>,
     /// 95th percentile of the same.
     pub pending_to_running_millis_p95: Option<u64>,
-    /// Median time, over chapter 1's new nodes, from the Node turning Ready to the first pod running on it.
-    pub node_ready_to_pod_running_millis_p50: Option<u64>,
-    /// 95th percentile of the same.
-    pub node_ready_to_pod_running_millis_p95: Option<u64>,
     /// From the interruption warning to the node's `karpenter.sh/disrupted` taint.
     pub interruption_to_taint_millis: Option<u64>,
     /// Function invocations, all told.
@@ -170,10 +170,17 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
             message,
         })?;
     let goal = options.replicas;
-    ok &= demo.until(out, |w| w.pods.len() == goal && w.running() == goal).await?;
+    let mut samples = super::latency::Samples::default();
+    let chapter1 = demo.until(out, |w| w.pods.len() == goal && w.running() == goal);
+    ok &= super::latency::sample_while(&cloud.kube, "inflate", &mut samples, chapter1).await?;
+    // The sampler's finer first sightings of pending pods.
+    for (uid, at) in &samples.pending {
+        let seen = demo.first_pending.entry(uid.clone()).or_insert(*at);
+        *seen = (*seen).min(*at);
+    }
     let latencies = demo.pending_to_launch();
-    let to_running = demo.pending_to_running();
-    let ready_to_running = demo.node_ready_to_pod_running();
+    let ready_to_running = samples.ready_to_first_running();
+    let pending_to_running = samples.pending_to_running();
 
     demo.chapter(out, "2/5", "a spot interruption warning for one node");
     let (handled, to_taint) = demo.interruption(out).await?;
@@ -262,10 +269,10 @@ pub async fn run(cloud: &LocalCloud, options: &DemoOptions, out: &mut dyn Write)
         autoscaler_cost_usd: round6(lambda_cost(&invocations)),
         pending_to_launch_millis_p50: percentile(&latencies, 50),
         pending_to_launch_millis_p95: percentile(&latencies, 95),
-        pending_to_running_millis_p50: percentile(&to_running, 50),
-        pending_to_running_millis_p95: percentile(&to_running, 95),
-        node_ready_to_pod_running_millis_p50: percentile(&ready_to_running, 50),
-        node_ready_to_pod_running_millis_p95: percentile(&ready_to_running, 95),
+        ready_to_first_running_millis_p50: percentile(&ready_to_running, 50),
+        ready_to_first_running_millis_p95: percentile(&ready_to_running, 95),
+        pending_to_running_millis_p50: percentile(&pending_to_running, 50),
+        pending_to_running_millis_p95: percentile(&pending_to_running, 95),
         interruption_to_taint_millis: to_taint,
         invocations: invocations.len(),
         create_fleet_calls: cloud.faults().calls("CreateFleet"),
@@ -319,10 +326,6 @@ struct Demo<'a> {
     first_pending: BTreeMap<String, jiff::Timestamp>,
     /// The node each pod last ran on.
     pod_node: BTreeMap<String, String>,
-    /// When each pod (by uid) was first seen running.
-    first_running: BTreeMap<String, jiff::Timestamp>,
-    /// When each Node was first seen not Ready, and then first seen Ready.
-    node_ready: BTreeMap<String, (jiff::Timestamp, Option<jiff::Timestamp>)>,
     /// Every instance ever seen.
     ledger: Ledger,
     /// Launch time of each claim ever seen.
@@ -345,8 +348,6 @@ impl<'a> Demo<'a> {
             ec2: aws_sdk_ec2::Client::new(&cloud.sdk),
             first_pending: BTreeMap::new(),
             pod_node: BTreeMap::new(),
-            first_running: BTreeMap::new(),
-            node_ready: BTreeMap::new(),
             ledger: Ledger::default(),
             claim_launched: BTreeMap::new(),
             peak_cost: 0.0,
@@ -386,27 +387,10 @@ impl<'a> Demo<'a> {
             let uid = p.metadata.uid.clone().unwrap_or_default();
             match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
                 Some(node) => {
-                    self.pod_node.insert(uid.clone(), node);
+                    self.pod_node.insert(uid, node);
                 }
                 None => {
-                    self.first_pending.entry(uid.clone()).or_insert(now);
-                }
-            }
-            if census::pod_running(p) {
-                self.first_running.entry(uid).or_insert(now);
-            }
-        }
-        for n in &world.nodes {
-            let name = n.metadata.name.clone().unwrap_or_default();
-            match census::node_ready(n) {
-                false => {
-                    self.node_ready.entry(name).or_insert((now, None));
-                }
-                // Only a node seen not Ready first has a known Ready time.
-                true => {
-                    if let Some((_, ready @ None)) = self.node_ready.get_mut(&name) {
-                        *ready = Some(now);
-                    }
+                    self.first_pending.entry(uid).or_insert(now);
                 }
             }
         }
@@ -579,34 +563,6 @@ impl<'a> Demo<'a> {
                 let ms = launched.as_millisecond() - seen.as_millisecond();
                 // A pod placed on a node launched before it appeared waited for no launch.
                 u64::try_from(ms).ok()
-            })
-            .collect()
-    }
-
-    /// For each pod seen pending and then running: pending → running (ms).
-    fn pending_to_running(&self) -> Vec<u64> {
-        self.first_pending
-            .iter()
-            .filter_map(|(uid, seen)| {
-                let running = self.first_running.get(uid)?;
-                u64::try_from(running.as_millisecond() - seen.as_millisecond()).ok()
-            })
-            .collect()
-    }
-
-    /// For each node seen turning Ready: Ready → its first pod running (ms).
-    fn node_ready_to_pod_running(&self) -> Vec<u64> {
-        self.node_ready
-            .iter()
-            .filter_map(|(node, (_, ready))| {
-                let ready = (*ready)?;
-                let first = self
-                    .pod_node
-                    .iter()
-                    .filter(|(_, n)| *n == node)
-                    .filter_map(|(uid, _)| self.first_running.get(uid))
-                    .min()?;
-                u64::try_from(first.as_millisecond() - ready.as_millisecond()).ok()
             })
             .collect()
     }

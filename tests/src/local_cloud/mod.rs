@@ -11,6 +11,7 @@ pub mod aws;
 pub mod burst;
 pub mod census;
 pub mod demo;
+pub mod latency;
 pub mod mapping;
 pub mod runtime;
 
@@ -529,6 +530,12 @@ impl LocalCloud {
             .env("QUEUE_URL", &world.pending.url)
             .env("HEALTH_ADDR", "127.0.0.1:0")
             .env("RESEND_AFTER_SECS", "30")
+            // Karpenter's batch window settings, when the caller sets them (defaults 1s and 10s).
+            .envs(
+                ["BATCH_IDLE_DURATION", "BATCH_MAX_DURATION"]
+                    .into_iter()
+                    .filter_map(|k| std::env::var(k).ok().map(|v| (k, v))),
+            )
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(log)
