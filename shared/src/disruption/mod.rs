@@ -248,6 +248,11 @@ pub(crate) trait Method {
     fn forceful(&self) -> bool {
         false
     }
+    /// Karpenter's eventual disruption (drift, expiry): with a
+    /// `terminationGracePeriod`, do-not-disrupt pods and PDBs do not hold it.
+    fn eventual(&self) -> bool {
+        matches!(self.reason(), Reason::Drifted | Reason::Expired)
+    }
     /// Whether the method applies to the node.
     fn judge(&self, c: &Candidate, cx: &Context) -> Verdict;
     /// The order candidates are taken in (budgets go to the first).
@@ -316,6 +321,8 @@ pub(crate) struct Pass<'a> {
     ledger: Ledger,
     /// Evictions each PodDisruptionBudget still allows.
     pdbs: PdbLedger,
+    /// Candidates admitted without drawing on `pdbs` (their terminationGracePeriod bounds them).
+    past_pdbs: BTreeSet<String>,
     /// The first rule that held each node (the protection ledger).
     blocked: BTreeMap<String, Held>,
     /// The candidate each evicted pod runs on.
@@ -358,6 +365,7 @@ impl<'a> Pass<'a> {
             compiled,
             ledger,
             pdbs,
+            past_pdbs: BTreeSet::new(),
             blocked: BTreeMap::new(),
             owner,
             removed: BTreeSet::new(),
@@ -380,14 +388,18 @@ impl<'a> Pass<'a> {
     /// Protections, budgets and PDBs for one candidate of `m`; on success the
     /// candidate holds its share of the budget and of the PDBs.
     fn admit<M: Method + ?Sized>(&mut self, m: &M, c: &Candidate) -> Result<(), Held> {
+        let now = self.cx.now;
+        // Karpenter's eventual methods (drift; expiry, forceful) with a
+        // terminationGracePeriod: the drain ends by then whatever pods say.
+        let bounded = m.eventual() && c.termination_grace_period().is_some();
         if !m.forceful() {
             if let Some(from) = &c.receiving_from {
                 return Err(Held::Receiving { from: from.clone() });
             }
-            if c.do_not_disrupt() {
+            if c.do_not_disrupt(now) {
                 return Err(Held::DoNotDisruptNode);
             }
-            if let Some(p) = c.do_not_disrupt_pod() {
+            if !bounded && let Some(p) = c.do_not_disrupt_pod(now) {
                 return Err(Held::DoNotDisruptPod(p));
             }
             if let Some(p) = c.uncontrolled_pod() {
@@ -402,6 +414,11 @@ impl<'a> Pass<'a> {
             },
             Refusal::Invalid(e) => Held::InvalidBudget(e),
         })?;
+        if bounded {
+            // PDBs slow its drain until the deadline; they do not hold it.
+            self.past_pdbs.insert(c.name.clone());
+            return Ok(());
+        }
         if let Err(r) = self.pdbs.take(c.evicted()) {
             self.ledger.give_back(c.pool.name());
             return Err(Held::Pdb { pdb: r.pdb, pod: r.pod });
@@ -412,7 +429,9 @@ impl<'a> Pass<'a> {
     /// Undoes [`Pass::admit`].
     fn release(&mut self, c: &Candidate) {
         self.ledger.give_back(c.pool.name());
-        self.pdbs.give_back(c.evicted());
+        if !self.past_pdbs.remove(&c.name) {
+            self.pdbs.give_back(c.evicted());
+        }
     }
 
     fn solve(&self, removed: &BTreeSet<String>) -> Plan {
