@@ -15,4 +15,5 @@ mod provision;
 mod provision_runtime;
 mod sweep_disruption;
 mod sweep_node_class_status;
+mod sweep_protections;
 mod sweep_runtime;
