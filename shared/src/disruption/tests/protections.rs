@@ -70,11 +70,14 @@ fn a_pool_wide_do_not_disrupt_annotation_reaches_the_claim_and_the_node() {
     assert_eq!(held(&d, "n"), Some(Held::DoNotDisruptNode));
 }
 
+/// A pod's annotation value and when it started (hours ago; None: no startTime).
+type PodAsk = Option<(&'static str, Option<f64>)>;
+
 #[test]
 fn do_not_disrupt_durations_on_pods_and_nodes() {
     let w0 = PodRef::of(&web("w-0", "n", "web", 1.0));
     // (what, node annotation, pod annotation and start (hours ago), held?)
-    let cases: Vec<(&str, Option<&str>, Option<(&str, Option<f64>)>, Option<Held>)> = vec![
+    let cases: Vec<(&str, Option<&str>, PodAsk, Option<Held>)> = vec![
         (
             "pod true",
             None,
