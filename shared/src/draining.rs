@@ -31,6 +31,8 @@ impl DrainPolicy {
     pub fn options_at(&self, now: Timestamp) -> DrainOptions {
         DrainOptions {
             ignore_do_not_disrupt: self.forced_at(now),
+            now,
+            deadline: self.deadline,
         }
     }
 
@@ -66,16 +68,21 @@ pub fn record(claim: &str, node: &str, reason: &str, policy: DrainPolicy, now: T
     }
 }
 
-/// The pods a graceful drain still has to move, and the first do-not-disrupt pod (pure).
-pub fn undrained(pods_on_node: &[Pod]) -> (usize, Option<String>) {
-    let left = drain::plan(pods_on_node, Default::default())
+/// The pods a graceful drain still has to move, and the first pod whose
+/// do-not-disrupt is in force at `now` (pure).
+pub fn undrained(pods_on_node: &[Pod], now: Timestamp) -> (usize, Option<String>) {
+    let options = DrainOptions {
+        now,
+        ..DrainOptions::default()
+    };
+    let left = drain::plan(pods_on_node, options)
         .iter()
         .filter(|a| !matches!(a, drain::PodAction::Skip(_)))
         .count();
     let dnd = pods_on_node
         .iter()
         .filter(|p| !pods::is_terminal(p))
-        .find(|p| pods::has_do_not_disrupt(p))
+        .find(|p| pods::has_do_not_disrupt(p, now))
         .map(pods::key);
     (left, dnd)
 }
@@ -188,7 +195,8 @@ mod tests {
         );
         let done =
             pod(json!({"metadata": {"name": "job"}, "spec": {"containers": []}, "status": {"phase": "Succeeded"}}));
-        assert_eq!(undrained(&[ds.clone(), done.clone()]), (0, None));
-        assert_eq!(undrained(&[ds, web, dnd, done]), (2, Some("default/db".into())));
+        let now = Timestamp::now();
+        assert_eq!(undrained(&[ds.clone(), done.clone()], now), (0, None));
+        assert_eq!(undrained(&[ds, web, dnd, done], now), (2, Some("default/db".into())));
     }
 }

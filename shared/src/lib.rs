@@ -25,6 +25,8 @@ pub mod resources;
 pub mod catalog;
 /// Disruption decisions: expiry, drift, emptiness, consolidation.
 pub mod disruption;
+/// `karpenter.sh/do-not-disrupt`: `"true"` or a duration.
+pub mod do_not_disrupt;
 /// A node's life after launch: registration, timeouts, garbage collection.
 pub mod lifecycle;
 /// Linking a Node to its NodeClaim.
@@ -37,6 +39,8 @@ pub mod simulate;
 pub mod snapshot;
 /// `nodesmith status`: what nodesmith is doing and what it costs.
 pub mod status;
+/// `terminationGracePeriod`: when a node's termination ends, and when each pod goes.
+pub mod termination_grace;
 /// Plain-text tables for the CLI.
 pub mod text_table;
 

@@ -73,6 +73,14 @@ pub struct NodeClaim {
     /// Labels the node gets.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Annotations the node gets (the NodePool template's, as Karpenter
+    /// copies them onto its NodeClaim and Node).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// The pool's `terminationGracePeriod` when it was made (Karpenter
+    /// copies it onto the NodeClaim): how long its termination may take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period: Option<crate::apis::NillableDuration>,
     /// Taints the node gets.
     #[serde(default)]
     pub taints: Vec<Taint>,
@@ -183,6 +191,8 @@ impl NodeClaim {
             resources: Resources::new(),
             instance_type_options: Vec::new(),
             labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            termination_grace_period: None,
             taints: Vec::new(),
             startup_taints: Vec::new(),
             phase: Phase::Pending,

@@ -24,11 +24,11 @@ use crate::labels::{
 };
 use crate::nodeclaim::NodeClaim;
 
-/// The annotations a claim's Node carries: each drift hash the claim has, with
-/// its version (the versions in force now: a claim is stamped when it is made),
-/// and the disruption reason of a replacement (pure).
+/// The annotations a claim's Node carries: its pool template's, each drift
+/// hash the claim has, with its version (the versions in force now: a claim
+/// is stamped when it is made), and the disruption reason of a replacement (pure).
 pub fn node_annotations(claim: &NodeClaim) -> BTreeMap<String, String> {
-    let mut a = BTreeMap::new();
+    let mut a = claim.annotations.clone();
     if let Some(h) = &claim.nodepool_hash {
         a.insert(NODEPOOL_HASH_ANNOTATION.to_string(), h.clone());
         a.insert(

@@ -125,6 +125,41 @@ async fn drain_evicts_within_the_pdb_and_honours_do_not_disrupt() {
 }
 
 #[tokio::test]
+async fn at_the_deadline_a_drain_deletes_what_the_pdb_and_do_not_disrupt_hold() {
+    let server = busy_node().await;
+    let cluster = adapter(&server);
+    let now = jiff::Timestamp::now();
+    // The node's terminationGracePeriod ends now: no pod's 30 s of grace fits before it.
+    let options = DrainOptions {
+        now,
+        deadline: Some(now),
+        ..DrainOptions::default()
+    };
+    let report = drain(&cluster, "n1", options).await.unwrap();
+    let mut deleted = report.deleted.clone();
+    deleted.sort();
+    assert_eq!(deleted, ["default/precious", "default/web-1", "default/web-2"]);
+    assert!(report.blocked_by_pdb.is_empty() && report.do_not_disrupt.is_empty());
+    assert!(server.pod("default", "web-2").is_none() && server.pod("default", "precious").is_none());
+    assert!(server.pod("default", "agent-x").is_some(), "the DaemonSet's pod stays");
+    assert_eq!(
+        server.count_requests(&Method::POST, "/eviction"),
+        0,
+        "deleted, not evicted"
+    );
+    // An hour ahead, nothing is due yet: the PDB and do-not-disrupt hold again.
+    let server = busy_node().await;
+    let cluster = adapter(&server);
+    let later = DrainOptions {
+        deadline: Some(now + jiff::SignedDuration::from_hours(1)),
+        ..options
+    };
+    let report = drain(&cluster, "n1", later).await.unwrap();
+    assert!(report.deleted.is_empty());
+    assert_eq!(report.do_not_disrupt, vec!["default/precious".to_string()]);
+}
+
+#[tokio::test]
 async fn forced_drain_evicts_do_not_disrupt_pods() {
     let server = busy_node().await;
     let cluster = adapter(&server);
@@ -133,6 +168,7 @@ async fn forced_drain_evicts_do_not_disrupt_pods() {
         "n1",
         DrainOptions {
             ignore_do_not_disrupt: true,
+            ..DrainOptions::default()
         },
     )
     .await

@@ -18,4 +18,5 @@ mod region_prices;
 mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_nomination;
+mod sweep_protections;
 mod sweep_runtime;

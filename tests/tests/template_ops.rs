@@ -265,3 +265,17 @@ fn a_rebalance_recommendation_does_nothing_unless_asked_as_in_karpenter() {
     assert_eq!(p["Default"].as_str(), Some("ignore"));
     assert_eq!(strings(&p["AllowedValues"]), ["ignore", "replace", "drain"]);
 }
+
+#[test]
+fn spot_to_spot_consolidation_is_off_unless_the_stack_turns_it_on_as_in_karpenter() {
+    let t = template();
+    let p = &t["Parameters"]["SpotToSpotConsolidation"];
+    assert_eq!(p["Default"].as_str(), Some("false"));
+    assert_eq!(strings(&p["AllowedValues"]), ["false", "true"]);
+    let f = &t["Resources"]["SweepFunction"]["Properties"]["Environment"]["Variables"];
+    assert_eq!(
+        reference(&f["NODESMITH_SPOT_TO_SPOT_CONSOLIDATION"]).as_deref(),
+        Some("SpotToSpotConsolidation"),
+        "the sweep reads the parameter"
+    );
+}

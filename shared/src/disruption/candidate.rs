@@ -55,19 +55,27 @@ impl<'a> Candidate<'a> {
         self.evicted().next().is_none()
     }
 
-    /// The node's own do-not-disrupt annotation.
-    pub fn do_not_disrupt(&self) -> bool {
-        self.annotations.get(pods::DO_NOT_DISRUPT).is_some_and(|v| v == "true")
+    /// The node's own do-not-disrupt annotation, in force at `now` (a
+    /// duration counts from the node's creation).
+    pub fn do_not_disrupt(&self, now: Timestamp) -> bool {
+        crate::do_not_disrupt::protects(Some(&self.annotations), self.created, now)
     }
 
-    /// The first running pod that asks not to be disrupted.
-    pub fn do_not_disrupt_pod(&self) -> Option<PodRef> {
+    /// The first running pod whose do-not-disrupt is in force at `now`.
+    pub fn do_not_disrupt_pod(&self, now: Timestamp) -> Option<PodRef> {
         self.node
             .pods
             .iter()
             .filter(|p| !pods::is_terminal(p))
-            .find(|p| pods::has_do_not_disrupt(p))
+            .find(|p| pods::has_do_not_disrupt(p, now))
             .map(PodRef::of)
+    }
+
+    /// The node's `terminationGracePeriod` (its pool's): with one, drift
+    /// and expiry go ahead past do-not-disrupt pods and blocking PDBs, as
+    /// its termination ends by then whatever they say.
+    pub fn termination_grace_period(&self) -> Option<Duration> {
+        crate::termination_grace::period(None, Some(self.pool))
     }
 
     /// The first evicted pod with no owner: it would not come back.

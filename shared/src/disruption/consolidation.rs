@@ -53,6 +53,10 @@ pub struct ConsolidationOptions {
     /// Spot-to-spot replacement needs at least this many cheaper instance
     /// types (Karpenter: 15), and launches from the cheapest this many.
     pub spot_to_spot_min_types: usize,
+    /// Whether spot nodes may be replaced by spot nodes at all (Karpenter's
+    /// `SpotToSpotConsolidation` feature gate, off by default; spot nodes
+    /// are still deleted when their pods fit elsewhere).
+    pub spot_to_spot: bool,
 }
 
 impl Default for ConsolidationOptions {
@@ -62,6 +66,7 @@ impl Default for ConsolidationOptions {
             min_saving_percent: 1.0,
             replacement_cooldown: Duration::from_secs(15 * 60),
             spot_to_spot_min_types: 15,
+            spot_to_spot: false,
         }
     }
 }
@@ -180,10 +185,14 @@ impl ReplacementLimits {
     }
 
     /// Why a new node planned for these nodes is not allowed (spot-to-spot rules).
-    pub fn refuse(&self, claim: &NewNodeClaim, min_types: usize) -> Option<String> {
+    pub fn refuse(&self, claim: &NewNodeClaim, opts: &ConsolidationOptions) -> Option<String> {
         if !(self.all_spot && claim.capacity_type == "spot") {
             return None;
         }
+        if !opts.spot_to_spot {
+            return Some("spot-to-spot consolidation is off (SpotToSpotConsolidation)".into());
+        }
+        let min_types = opts.spot_to_spot_min_types;
         if self.nodes > 1 {
             return Some("spot-to-spot consolidation replaces single nodes only".into());
         }
@@ -459,11 +468,7 @@ fn probe(
             plan.node_claims.len()
         )));
     }
-    if let Some(why) = plan
-        .node_claims
-        .iter()
-        .find_map(|claim| limits.refuse(claim, opts.spot_to_spot_min_types))
-    {
+    if let Some(why) = plan.node_claims.iter().find_map(|claim| limits.refuse(claim, opts)) {
         return Err(Held::Unconsolidatable(why));
     }
     limits.pays(plan.total_price(), opts).map_err(Held::Unconsolidatable)?;
@@ -486,10 +491,7 @@ pub fn revalidate(
     if planned.len() > 1 {
         return Err(format!("its pods now need {} new nodes", planned.len()));
     }
-    if let Some(why) = planned
-        .iter()
-        .find_map(|c| limits.refuse(c, opts.spot_to_spot_min_types))
-    {
+    if let Some(why) = planned.iter().find_map(|c| limits.refuse(c, opts)) {
         return Err(why);
     }
     limits.pays(planned.iter().map(|c| c.price).sum(), opts)

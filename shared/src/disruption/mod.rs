@@ -206,6 +206,10 @@ pub struct DecideOptions {
     pub deadline: Option<Instant>,
     /// Consolidation's minimum saving, churn cooldown and spot rules.
     pub consolidation: consolidation::ConsolidationOptions,
+    /// Whether a NodePool's `terminationGracePeriod` lets drift and expiry
+    /// past do-not-disrupt pods and PDBs (Karpenter's eventual methods): the
+    /// sweep sets it; `simulate`'s contract does not read that field.
+    pub grace_period_bounds_eventual: bool,
 }
 
 /// What the methods look at besides the candidate.
@@ -237,6 +241,11 @@ pub(crate) trait Method {
     /// Ignores budgets and do-not-disrupt.
     fn forceful(&self) -> bool {
         false
+    }
+    /// Karpenter's eventual disruption (drift, expiry): with a
+    /// `terminationGracePeriod`, do-not-disrupt pods and PDBs do not hold it.
+    fn eventual(&self) -> bool {
+        matches!(self.reason(), Reason::Drifted | Reason::Expired)
     }
     /// Whether the method applies to the node.
     fn judge(&self, c: &Candidate, cx: &Context) -> Verdict;
@@ -306,6 +315,8 @@ pub(crate) struct Pass<'a> {
     ledger: Ledger,
     /// Evictions each PodDisruptionBudget still allows.
     pdbs: PdbLedger,
+    /// Candidates admitted without drawing on `pdbs` (their terminationGracePeriod bounds them).
+    past_pdbs: BTreeSet<String>,
     /// The first rule that held each node (the protection ledger).
     blocked: BTreeMap<String, Held>,
     /// The candidate each evicted pod runs on.
@@ -359,6 +370,7 @@ impl<'a> Pass<'a> {
             nominated,
             ledger,
             pdbs,
+            past_pdbs: BTreeSet::new(),
             blocked,
             owner,
             removed: BTreeSet::new(),
@@ -381,6 +393,11 @@ impl<'a> Pass<'a> {
     /// Protections, budgets and PDBs for one candidate of `m`; on success the
     /// candidate holds its share of the budget and of the PDBs.
     fn admit<M: Method + ?Sized>(&mut self, m: &M, c: &Candidate) -> Result<(), Held> {
+        let now = self.cx.now;
+        // Karpenter's eventual methods (drift; expiry, forceful) with a
+        // terminationGracePeriod: the drain ends by then whatever pods say.
+        let bounded =
+            self.cx.options.grace_period_bounds_eventual && m.eventual() && c.termination_grace_period().is_some();
         if !m.forceful() {
             if let Some(from) = &c.receiving_from {
                 return Err(Held::Receiving { from: from.clone() });
@@ -388,10 +405,10 @@ impl<'a> Pass<'a> {
             if let Some(n) = self.nominated.get(&c.name) {
                 return Err(Held::Nominated(n.clone()));
             }
-            if c.do_not_disrupt() {
+            if c.do_not_disrupt(now) {
                 return Err(Held::DoNotDisruptNode);
             }
-            if let Some(p) = c.do_not_disrupt_pod() {
+            if !bounded && let Some(p) = c.do_not_disrupt_pod(now) {
                 return Err(Held::DoNotDisruptPod(p));
             }
             if let Some(p) = c.uncontrolled_pod() {
@@ -406,6 +423,11 @@ impl<'a> Pass<'a> {
             },
             Refusal::Invalid(e) => Held::InvalidBudget(e),
         })?;
+        if bounded {
+            // PDBs slow its drain until the deadline; they do not hold it.
+            self.past_pdbs.insert(c.name.clone());
+            return Ok(());
+        }
         if let Err(r) = self.pdbs.take(c.evicted()) {
             self.ledger.give_back(c.pool.name());
             return Err(Held::Pdb { pdb: r.pdb, pod: r.pod });
@@ -416,7 +438,9 @@ impl<'a> Pass<'a> {
     /// Undoes [`Pass::admit`].
     fn release(&mut self, c: &Candidate) {
         self.ledger.give_back(c.pool.name());
-        self.pdbs.give_back(c.evicted());
+        if !self.past_pdbs.remove(&c.name) {
+            self.pdbs.give_back(c.evicted());
+        }
     }
 
     fn solve(&self, removed: &BTreeSet<String>) -> Plan {

@@ -91,8 +91,10 @@ pub fn next(f: &Facts) -> Next {
     };
     match r.step {
         DisruptionStep::Tainted => {
+            // Drift with a terminationGracePeriod goes past do-not-disrupt pods (Karpenter's eventual disruption).
+            let bounded = reason == Reason::Drifted && r.grace_ms.is_some();
             if !forceful {
-                if let Some(p) = &f.do_not_disrupt_pod {
+                if let Some(p) = f.do_not_disrupt_pod.as_ref().filter(|_| !bounded) {
                     return Next::Abandon(format!("pod {p} has karpenter.sh/do-not-disrupt"));
                 }
                 if reason == Reason::Empty && f.undrained > 0 {
@@ -247,6 +249,27 @@ mod tests {
                 force_from: Some(Timestamp::from_second(1_060).unwrap())
             }
         );
+    }
+
+    #[test]
+    fn drift_with_a_termination_grace_period_goes_past_do_not_disrupt_pods() {
+        let mut drift = record("Drifted", DisruptionStep::Tainted);
+        drift.grace_ms = Some(600_000);
+        let dnd = Facts {
+            do_not_disrupt_pod: Some("default/p".into()),
+            undrained: 1,
+            ..facts(&drift)
+        };
+        assert_eq!(next(&dnd), Next::Launch);
+        // Consolidation still rolls back, grace period or not.
+        let mut under = record("Underutilized", DisruptionStep::Tainted);
+        under.grace_ms = Some(600_000);
+        let dnd = Facts {
+            do_not_disrupt_pod: Some("default/p".into()),
+            undrained: 1,
+            ..facts(&under)
+        };
+        assert!(matches!(next(&dnd), Next::Abandon(w) if w.contains("do-not-disrupt")));
     }
 
     #[test]

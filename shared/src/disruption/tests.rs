@@ -105,6 +105,8 @@ fn pdb(name: &str, app: &str, max_unavailable: Value) -> PodDisruptionBudget {
     .unwrap()
 }
 
+mod protections;
+
 #[test]
 fn expiration_table() {
     // (expireAfter line, node age in hours, expired?)
@@ -768,7 +770,7 @@ proptest! {
                 let ann = en.node.metadata.annotations.clone().unwrap_or_default();
                 if dec.reason != Reason::Expired {
                     prop_assert!(!ann.contains_key("karpenter.sh/do-not-disrupt"), "{} is protected", n);
-                    prop_assert!(!en.pods.iter().any(crate::kubernetes::pods::has_do_not_disrupt));
+                    prop_assert!(!en.pods.iter().any(|p| crate::kubernetes::pods::has_do_not_disrupt(p, s.now)));
                 }
                 for p in en.pods.iter().filter(|p| crate::kubernetes::drain::moves_with_node(p)) {
                     let app = p.metadata.labels.as_ref().unwrap()["app"].clone();
@@ -868,6 +870,11 @@ fn consolidation_table() {
     };
     let spot_to_spot_3 = ConsolidationOptions {
         spot_to_spot_min_types: 3,
+        spot_to_spot: true,
+        ..ConsolidationOptions::default()
+    };
+    let spot_to_spot_on = ConsolidationOptions {
+        spot_to_spot: true,
         ..ConsolidationOptions::default()
     };
     let picky = ConsolidationOptions {
@@ -986,11 +993,22 @@ fn consolidation_table() {
             ),
         ),
         (
-            "spot-to-spot needs 15 cheaper types",
+            "spot-to-spot is off by default (Karpenter's feature gate)",
             pool_with(""),
             vec![one("a", offering("m.xlarge", "spot"))],
             vec![],
             ConsolidationOptions::default(),
+            Want::Held(
+                "a",
+                |h| matches!(h, Held::Unconsolidatable(w) if w.contains("SpotToSpotConsolidation")),
+            ),
+        ),
+        (
+            "spot-to-spot needs 15 cheaper types",
+            pool_with(""),
+            vec![one("a", offering("m.xlarge", "spot"))],
+            vec![],
+            spot_to_spot_on,
             Want::Held(
                 "a",
                 |h| matches!(h, Held::Unconsolidatable(w) if w.contains("needs 15 cheaper instance types")),
@@ -1154,6 +1172,7 @@ fn spot_to_spot_launches_from_the_cheapest_allowed_options() {
     );
     let opts = ConsolidationOptions {
         spot_to_spot_min_types: 3,
+        spot_to_spot: true,
         ..ConsolidationOptions::default()
     };
     let d = decide(
@@ -1245,22 +1264,32 @@ fn spot_to_spot_replaces_single_nodes_only() {
         instance_type_options: (0..options).map(|i| format!("t{i}")).collect(),
         ..crate::scheduling::fixtures::new_claim()
     };
+    let on = |min_types: usize| ConsolidationOptions {
+        spot_to_spot_min_types: min_types,
+        spot_to_spot: true,
+        ..ConsolidationOptions::default()
+    };
     let both = ReplacementLimits::of(&s, &names(&["a", "b"]));
     assert!((both.price_below - 0.12).abs() < 1e-9 && both.all_spot && both.nodes == 2);
     assert_eq!(both.exclude_types, names(&["c.xlarge"]));
     assert!(
-        both.refuse(&claim("spot", 20), 15)
+        both.refuse(&claim("spot", 20), &on(15))
             .unwrap()
             .contains("single nodes only")
     );
-    assert_eq!(both.refuse(&claim("on-demand", 1), 15), None);
+    assert_eq!(both.refuse(&claim("on-demand", 1), &on(15)), None);
     let one = ReplacementLimits::of(&s, &names(&["a"]));
-    assert_eq!(one.refuse(&claim("spot", 15), 15), None);
-    assert!(one.refuse(&claim("spot", 14), 15).unwrap().contains("found 14"));
+    assert!(
+        one.refuse(&claim("spot", 20), &ConsolidationOptions::default())
+            .unwrap()
+            .contains("is off")
+    );
+    assert_eq!(one.refuse(&claim("spot", 15), &on(15)), None);
+    assert!(one.refuse(&claim("spot", 14), &on(15)).unwrap().contains("found 14"));
     let mixed = ReplacementLimits::of(&s, &names(&["a", "c"]));
     assert!(!mixed.all_spot);
     assert_eq!(
-        mixed.refuse(&claim("spot", 1), 15),
+        mixed.refuse(&claim("spot", 1), &on(15)),
         None,
         "on-demand to spot is not spot-to-spot"
     );

@@ -7,6 +7,7 @@ use super::event::{Event, Kind, NOTICE};
 use crate::catalog::OfferingKey;
 use crate::draining::DrainPolicy;
 use crate::nodeclaim::{NodeClaim, Phase};
+use crate::termination_grace;
 
 /// How close to the deadline a drain stops honouring PDBs and do-not-disrupt:
 /// the cloud takes the node at the deadline whatever we do, so the last
@@ -96,12 +97,14 @@ pub fn decide(event: &Event, claim: Option<&NodeClaim>, rebalance: RebalanceMode
         _ => None,
     };
     let notice_deadline = event.deadline.or_else(|| now.checked_add(NOTICE).ok());
+    // The node's terminationGracePeriod bounds an interruption's drain too.
+    let bound = termination_grace::deadline(now, termination_grace::period(Some(claim), None));
     let forced_drain = DrainPolicy {
-        deadline: notice_deadline,
+        deadline: termination_grace::earlier(notice_deadline, bound),
         force_from: notice_deadline.and_then(|d| d.checked_sub(FORCE_BEFORE_DEADLINE).ok()),
     };
     let graceful = DrainPolicy {
-        deadline: event.deadline,
+        deadline: termination_grace::earlier(event.deadline, bound),
         force_from: None,
     };
     let steps = match &event.kind {

@@ -385,6 +385,31 @@ fn decisions_per_kind() {
 }
 
 #[test]
+fn a_termination_grace_period_bounds_interruption_drains() {
+    let now = ts("2026-03-02T14:20:06Z");
+    let mut c = claim(Phase::Initialized);
+    c.termination_grace_period = crate::apis::NillableDuration::parse("1h").ok();
+    // A scheduled change days away: the node's own hour bounds the drain.
+    let scheduled = parse(fixture!("scheduled-change"));
+    let Reaction::Act(h) = decide(&scheduled, Some(&c), RebalanceMode::Replace, now) else {
+        panic!()
+    };
+    assert_eq!(h.drain.unwrap().deadline, Some(ts("2026-03-02T15:20:06Z")));
+    // A spot warning's two minutes come first.
+    let spot = parse(fixture!("spot-interruption"));
+    let Reaction::Act(s) = decide(&spot, Some(&c), RebalanceMode::Replace, now) else {
+        panic!()
+    };
+    assert_eq!(s.drain.unwrap().deadline, Some(ts("2026-03-02T14:22:05Z")));
+    // A rebalance drain has no deadline of its own: the hour is it.
+    let rebalance = parse(fixture!("rebalance-recommendation"));
+    let Reaction::Act(r) = decide(&rebalance, Some(&c), RebalanceMode::Drain, now) else {
+        panic!()
+    };
+    assert_eq!(r.drain.unwrap().deadline, Some(ts("2026-03-02T15:20:06Z")));
+}
+
+#[test]
 fn rebalance_mode_parses() {
     assert_eq!("ignore".parse(), Ok(RebalanceMode::Ignore));
     assert_eq!("replace".parse(), Ok(RebalanceMode::Replace));

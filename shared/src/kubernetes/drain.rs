@@ -1,18 +1,24 @@
 //! Draining a node: which pods to evict, in what order, and what blocks.
 //! The choice is pure ([`plan`]); [`drain`] carries it out against a [`Cluster`].
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::cluster::{Cluster, ClusterError, EvictionOutcome};
 use super::events::EventSpec;
 use super::pods;
 
-/// How a drain treats `karpenter.sh/do-not-disrupt`.
+/// How a drain treats `karpenter.sh/do-not-disrupt`, and its deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DrainOptions {
     /// Evict do-not-disrupt pods too (only when the cloud imposes the
     /// disruption, e.g. a spot interruption, or a termination grace period ran out).
     pub ignore_do_not_disrupt: bool,
+    /// The moment of the pass (do-not-disrupt durations and the deadline count to it).
+    pub now: Timestamp,
+    /// When the node's termination must be over (its `terminationGracePeriod`):
+    /// each pod is deleted in time for its own grace period to end by then.
+    pub deadline: Option<Timestamp>,
 }
 
 /// Why a pod is left where it is.
@@ -41,6 +47,9 @@ pub enum PodAction {
     Skip(Skip),
     /// It blocks the drain: `karpenter.sh/do-not-disrupt`.
     DoNotDisrupt,
+    /// Delete it now, past PDBs and do-not-disrupt: its grace period would
+    /// otherwise outlast the drain's deadline.
+    Delete,
 }
 
 /// Why a pod stays with its node whatever a drain does (its DaemonSet
@@ -76,7 +85,9 @@ pub fn plan(pods_on_node: &[Pod], opts: DrainOptions) -> Vec<PodAction> {
                 PodAction::Skip(Skip::Terminating)
             } else if pods::tolerates_disrupted_taint(p) {
                 PodAction::Skip(Skip::ToleratesDisruption)
-            } else if pods::has_do_not_disrupt(p) && !opts.ignore_do_not_disrupt {
+            } else if crate::termination_grace::due(p, opts.deadline, opts.now) {
+                PodAction::Delete
+            } else if pods::has_do_not_disrupt(p, opts.now) && !opts.ignore_do_not_disrupt {
                 PodAction::DoNotDisrupt
             } else if pods::is_critical(p) {
                 PodAction::EvictLater
@@ -105,6 +116,8 @@ pub fn plan(pods_on_node: &[Pod], opts: DrainOptions) -> Vec<PodAction> {
 pub struct DrainReport {
     /// Pods evicted (`namespace/name`).
     pub evicted: Vec<String>,
+    /// Pods deleted to leave by the deadline.
+    pub deleted: Vec<String>,
     /// Pods a PDB kept, with the server's reason.
     pub blocked_by_pdb: Vec<(String, String)>,
     /// Pods with `karpenter.sh/do-not-disrupt`.
@@ -119,6 +132,7 @@ impl DrainReport {
     /// True when nothing evictable is left on the node (only skipped pods remain).
     pub fn is_complete(&self) -> bool {
         self.evicted.is_empty()
+            && self.deleted.is_empty()
             && self.blocked_by_pdb.is_empty()
             && self.do_not_disrupt.is_empty()
             && self.waiting.is_empty()
@@ -138,6 +152,11 @@ pub async fn drain<C: Cluster>(cluster: &C, node: &str, opts: DrainOptions) -> R
             PodAction::Skip(s) => report.skipped.push((key, s)),
             PodAction::DoNotDisrupt => report.do_not_disrupt.push(key),
             PodAction::EvictLater => report.waiting.push(key),
+            PodAction::Delete => {
+                tracing::info!(pod = %key, node, deadline = ?opts.deadline, "deleting a pod so its grace period ends by the node's deadline");
+                cluster.delete_pod(pod).await?;
+                report.deleted.push(key);
+            }
             PodAction::Evict => match cluster.evict(pod).await? {
                 EvictionOutcome::Evicted => {
                     if let Err(e) = cluster.emit_event(&EventSpec::evicted(pod)).await {
@@ -153,6 +172,7 @@ pub async fn drain<C: Cluster>(cluster: &C, node: &str, opts: DrainOptions) -> R
     tracing::info!(
         node,
         evicted = report.evicted.len(),
+        deleted = report.deleted.len(),
         blocked = report.blocked_by_pdb.len(),
         do_not_disrupt = report.do_not_disrupt.len(),
         waiting = report.waiting.len(),
@@ -218,7 +238,8 @@ mod tests {
             plan(
                 std::slice::from_ref(&dnd),
                 DrainOptions {
-                    ignore_do_not_disrupt: true
+                    ignore_do_not_disrupt: true,
+                    ..DrainOptions::default()
                 }
             ),
             vec![PodAction::Evict]
@@ -233,5 +254,51 @@ mod tests {
             plan(&[dnd, critical], DrainOptions::default()),
             vec![PodAction::DoNotDisrupt, PodAction::EvictLater]
         );
+    }
+
+    #[test]
+    fn pods_are_deleted_in_time_for_their_grace_to_end_by_the_deadline() {
+        let start: Timestamp = "2026-03-01T12:00:00Z".parse().unwrap();
+        let deadline = start + jiff::SignedDuration::from_hours(1);
+        let with_grace = |name: &str, grace: i64, annotations: serde_json::Value| {
+            pod(
+                json!({"name": name, "annotations": annotations}),
+                json!({"containers": [], "terminationGracePeriodSeconds": grace}),
+            )
+        };
+        let dnd = with_grace("dnd", 300, json!({"karpenter.sh/do-not-disrupt": "true"}));
+        let plain = with_grace("plain", 30, json!({}));
+        let long = with_grace("long", 7200, json!({}));
+        let at = |mins: i64| DrainOptions {
+            now: start + jiff::SignedDuration::from_mins(mins),
+            deadline: Some(deadline),
+            ..DrainOptions::default()
+        };
+        let all = [dnd, plain, long];
+        // A grace longer than the node's: deleted at once; the others wait or are evicted.
+        assert_eq!(
+            plan(&all, at(0)),
+            vec![PodAction::DoNotDisrupt, PodAction::Evict, PodAction::Delete]
+        );
+        // 55 minutes in, the do-not-disrupt pod's 300 s must start now.
+        assert_eq!(
+            plan(&all, at(55)),
+            vec![PodAction::Delete, PodAction::Evict, PodAction::Delete]
+        );
+        assert_eq!(
+            plan(&all, at(60)),
+            vec![PodAction::Delete, PodAction::Delete, PodAction::Delete]
+        );
+        // A do-not-disrupt duration that ran out no longer holds the pod.
+        let expired = pod(
+            json!({"name": "x", "creationTimestamp": "2026-03-01T10:00:00Z", "annotations": {"karpenter.sh/do-not-disrupt": "1h"}}),
+            json!({"containers": []}),
+        );
+        assert_eq!(plan(std::slice::from_ref(&expired), at(0)), vec![PodAction::Evict]);
+        let fresh = pod(
+            json!({"name": "x", "creationTimestamp": "2026-03-01T11:30:00Z", "annotations": {"karpenter.sh/do-not-disrupt": "1h"}}),
+            json!({"containers": []}),
+        );
+        assert_eq!(plan(std::slice::from_ref(&fresh), at(0)), vec![PodAction::DoNotDisrupt]);
     }
 }

@@ -2,8 +2,9 @@
 
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
-/// Pods with this annotation set to "true" are never voluntarily disrupted.
-pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+/// Pods and nodes with this annotation are not voluntarily disrupted
+/// (`"true"`, or for a duration: [`crate::do_not_disrupt`]).
+pub const DO_NOT_DISRUPT: &str = crate::do_not_disrupt::ANNOTATION;
 /// The taint put on nodes being disrupted.
 pub const DISRUPTED_TAINT_KEY: &str = "karpenter.sh/disrupted";
 /// Annotation ranking a ReplicaSet's pods for scale-down (and, in Karpenter, consolidation).
@@ -43,13 +44,9 @@ pub fn is_mirror_pod(pod: &Pod) -> bool {
             .any(|o| o.kind == "Node" && o.controller == Some(true))
 }
 
-/// Whether the pod asks not to be disrupted.
-pub fn has_do_not_disrupt(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DO_NOT_DISRUPT))
-        .is_some_and(|v| v == "true")
+/// Whether the pod's do-not-disrupt protection is in force at `now`.
+pub fn has_do_not_disrupt(pod: &Pod, now: jiff::Timestamp) -> bool {
+    crate::do_not_disrupt::pod_protected(pod, now)
 }
 
 /// Whether the pod has finished (Succeeded or Failed).
@@ -205,9 +202,10 @@ mod tests {
         let m = pod(json!({"metadata": {"name": "a", "annotations": {"kubernetes.io/config.mirror": "x"}}}));
         assert!(is_mirror_pod(&m));
         let d = pod(json!({"metadata": {"name": "a", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}}));
-        assert!(has_do_not_disrupt(&d));
+        let now = jiff::Timestamp::now();
+        assert!(has_do_not_disrupt(&d, now));
         let f = pod(json!({"metadata": {"name": "a", "annotations": {"karpenter.sh/do-not-disrupt": "false"}}}));
-        assert!(!has_do_not_disrupt(&f));
+        assert!(!has_do_not_disrupt(&f, now));
     }
 
     #[test]

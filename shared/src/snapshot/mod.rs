@@ -143,6 +143,10 @@ impl Snapshot {
         // Drift is judged against what the node was made from (Karpenter's static drift).
         claim.nodepool_hash = self.node_pool(&planned.node_pool).map(NodePool::hash);
         claim.nodeclass_hash = self.node_class(&planned.node_class).map(EC2NodeClass::hash);
+        if let Some(pool) = self.node_pool(&planned.node_pool) {
+            claim.annotations = pool.spec.template.metadata.annotations.clone();
+            claim.termination_grace_period = pool.spec.template.spec.termination_grace_period;
+        }
         claim
     }
 }

@@ -122,7 +122,7 @@ pub struct DisruptionRecord {
     pub step: DisruptionStep,
     /// NodeClaims that must be Initialized before the drain begins.
     pub replacements: Vec<String>,
-    /// The pool's `terminationGracePeriod` (ms) for a forceful method: PDBs and
+    /// The node's `terminationGracePeriod` (ms), whatever the reason: PDBs and
     /// do-not-disrupt hold pods only this long into the drain.
     pub grace_ms: Option<i64>,
     /// From when the drain is forced (epoch ms), once it began; None: never.

@@ -94,27 +94,16 @@ fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<Str
         .collect()
 }
 
-/// The pool's `terminationGracePeriod` in ms, for expiry (the forceful method).
-fn grace_ms(snapshot: &Snapshot, node: &str, reason: Reason) -> Option<i64> {
-    if reason != Reason::Expired {
-        return None;
-    }
+/// The node's `terminationGracePeriod` in ms (its claim's, else its pool's):
+/// it bounds the drain whatever the reason (Karpenter's termination).
+fn grace_ms(snapshot: &Snapshot, node: &str, claim: &NodeClaim) -> Option<i64> {
     let pool = snapshot
         .nodes
         .iter()
-        .find(|n| n.node.metadata.name.as_deref() == Some(node))?
-        .node
-        .metadata
-        .labels
-        .as_ref()?
-        .get(crate::labels::NODEPOOL)?;
-    let d = snapshot
-        .node_pool(pool)?
-        .spec
-        .template
-        .spec
-        .termination_grace_period?
-        .duration()?;
+        .find(|n| n.node.metadata.name.as_deref() == Some(node))
+        .and_then(|n| n.node.metadata.labels.as_ref()?.get(crate::labels::NODEPOOL))
+        .and_then(|p| snapshot.node_pool(p));
+    let d = crate::termination_grace::period(Some(claim), pool)?;
     i64::try_from(d.as_millis()).ok()
 }
 
@@ -215,6 +204,7 @@ impl<C: Cluster> Sweeper<C> {
             nominated: nomination::live(&nominations, &claims, snapshot.now),
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             consolidation: self.config.consolidation.clone(),
+            grace_period_bounds_eventual: true,
         };
         let decisions = decide(snapshot, &options);
         for e in &decisions.errors {
@@ -260,7 +250,7 @@ impl<C: Cluster> Sweeper<C> {
                     },
                     step: DisruptionStep::Tainted,
                     replacements: Vec::new(),
-                    grace_ms: grace_ms(snapshot, node, d.reason),
+                    grace_ms: grace_ms(snapshot, node, claim),
                     force_from_ms: None,
                     started_ms: now_ms(),
                     version: 0,
@@ -353,7 +343,7 @@ impl<C: Cluster> Sweeper<C> {
         let claim = self.store.get_node_claim(&r.claim).await?.map(|c| c.phase);
         let node_exists = self.cluster.node(&r.node).await?.is_some();
         let (undrained, do_not_disrupt_pod) = if node_exists {
-            draining::undrained(&self.cluster.pods_on_node(&r.node).await?)
+            draining::undrained(&self.cluster.pods_on_node(&r.node).await?, Timestamp::now())
         } else {
             (0, None)
         };

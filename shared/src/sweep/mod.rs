@@ -65,7 +65,8 @@ impl SweepConfig {
     /// the stack's identity `NODESMITH_STACK_NAME` and the share of the fleet
     /// one run may collect, `NODESMITH_COLLECT_MAX_PERCENT` (10); and
     /// consolidation's minimum saving, `NODESMITH_CONSOLIDATION_MIN_SAVING`
-    /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1).
+    /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1); and
+    /// Karpenter's `SpotToSpotConsolidation` gate, `NODESMITH_SPOT_TO_SPOT_CONSOLIDATION` (false).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
         Self::from_settings(&Settings::new(get))
     }
@@ -103,6 +104,7 @@ impl SweepConfig {
                 min_saving_percent: settings
                     .number("NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT", c.min_saving_percent)?,
                 replacement_cooldown: dur("NODESMITH_REPLACEMENT_COOLDOWN", c.replacement_cooldown)?,
+                spot_to_spot: settings.parsed("NODESMITH_SPOT_TO_SPOT_CONSOLIDATION", c.spot_to_spot)?,
                 ..c
             },
         })
@@ -941,6 +943,11 @@ mod tests {
         assert_eq!(c.consolidation.min_saving_per_hour, 0.05);
         assert_eq!(c.consolidation.min_saving_percent, 10.0);
         assert_eq!(c.consolidation.replacement_cooldown, Duration::from_secs(3600));
+        assert!(!c.consolidation.spot_to_spot, "off unless turned on");
+        let on = SweepConfig::from_lookup(lookup(&[("NODESMITH_SPOT_TO_SPOT_CONSOLIDATION", "true")])).unwrap();
+        assert!(on.consolidation.spot_to_spot);
+        let e = SweepConfig::from_lookup(lookup(&[("NODESMITH_SPOT_TO_SPOT_CONSOLIDATION", "yes")])).unwrap_err();
+        assert_eq!(e.name, "NODESMITH_SPOT_TO_SPOT_CONSOLIDATION");
         for bad in ["-1", "cheap", "NaN"] {
             let e = SweepConfig::from_lookup(lookup(&[("NODESMITH_CONSOLIDATION_MIN_SAVING", bad)])).unwrap_err();
             assert_eq!(e.name, "NODESMITH_CONSOLIDATION_MIN_SAVING");
