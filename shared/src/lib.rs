@@ -59,6 +59,7 @@ pub mod capacity;
 pub mod catalog_refresh;
 /// Drains in progress, for interruption and disruption alike.
 pub mod draining;
+pub mod static_capacity;
 
 // The function shells and what they share.
 /// Crash points for the crash tests (debug builds only).

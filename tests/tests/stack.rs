@@ -13,6 +13,7 @@ mod launch_runtime;
 mod lifecycle;
 mod provision;
 mod provision_runtime;
+mod static_capacity;
 mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_runtime;
