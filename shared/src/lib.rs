@@ -65,6 +65,7 @@ pub mod catalog_refresh;
 pub mod draining;
 /// A Node registered and initialized as it joins, on the forwarder's word.
 pub mod joining;
+pub mod static_capacity;
 
 // The function shells and what they share.
 /// Crash points for the crash tests (debug builds only).

@@ -325,13 +325,14 @@ async fn a_pod_recreated_under_its_old_name_does_not_stop_provisioning() {
 #[tokio::test]
 async fn a_nodepool_or_nodeclass_that_cannot_be_read_is_skipped_with_an_event_and_the_rest_still_solve() {
     let s = stack(None, &[("web-0", "1")]).await;
-    // What a newer Karpenter CRD accepts and this release cannot read: an
+    // What a newer Karpenter CRD might accept and this release cannot read: an
     // enum value it does not know (heaviest pool, so it would be tried first),
-    // and a class whose role is not a string.
+    // and a class whose role is not a string. (`Balanced`, once the example,
+    // is read since Karpenter 1.14's policy is honoured.)
     let mut balanced = pool(None);
     balanced["metadata"]["name"] = json!("balanced");
     balanced["spec"]["weight"] = json!(100);
-    balanced["spec"]["disruption"] = json!({"consolidationPolicy": "Balanced", "consolidateAfter": "1m"});
+    balanced["spec"]["disruption"] = json!({"consolidationPolicy": "WhenIdle", "consolidateAfter": "1m"});
     s.kube.apply(&balanced).unwrap();
     let mut broken = node_class();
     broken["metadata"]["name"] = json!("broken");
@@ -344,7 +345,7 @@ async fn a_nodepool_or_nodeclass_that_cannot_be_read_is_skipped_with_an_event_an
     assert_eq!(out.created[0].node_pool, "default");
 
     let events = s.kube.events();
-    for (kind, name, says) in [("NodePool", "balanced", "Balanced"), ("EC2NodeClass", "broken", "role")] {
+    for (kind, name, says) in [("NodePool", "balanced", "WhenIdle"), ("EC2NodeClass", "broken", "role")] {
         let e = events
             .iter()
             .find(|e| {

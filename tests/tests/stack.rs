@@ -15,6 +15,7 @@ mod lifecycle;
 mod provision;
 mod provision_runtime;
 mod region_prices;
+mod static_capacity;
 mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_nomination;

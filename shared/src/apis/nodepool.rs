@@ -39,8 +39,10 @@ pub struct NodePoolSpec {
     /// Priority among pools: higher weights are tried first (1..=100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
-    /// Replicas for static pools (not used by dynamic provisioning).
+    /// Static pool: keep exactly this many nodes (replaced when lost, never
+    /// consolidated; the pool is not used by dynamic provisioning).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub replicas: Option<i64>,
 }
 
@@ -143,6 +145,10 @@ pub enum ConsolidationPolicy {
     /// Empty and underutilized nodes are consolidated.
     #[default]
     WhenEmptyOrUnderutilized,
+    /// As `WhenEmptyOrUnderutilized`, but a move goes only when the share of
+    /// the pool's cost it saves is at least half the share of the pool's
+    /// disruption cost it causes (Karpenter 1.14, `disruption::balanced`).
+    Balanced,
 }
 
 /// Disruption settings.
@@ -277,6 +283,12 @@ impl NodePool {
         self.metadata.name.as_deref().unwrap_or_default()
     }
 
+    /// A static pool (`replicas` set): it keeps that many nodes, launched by
+    /// the sweep, and is never consolidated or used by dynamic provisioning.
+    pub fn is_static(&self) -> bool {
+        self.spec.replicas.is_some()
+    }
+
     /// The pool's weight (0 when unset).
     pub fn weight(&self) -> i32 {
         self.spec.weight.unwrap_or(0)
@@ -381,6 +393,21 @@ impl NodePool {
                 && let Err(e) = super::validation::validate_cron(s)
             {
                 errs.push(bp.field("schedule"), e);
+            }
+        }
+        // Karpenter's CEL rules for static pools (replicas set).
+        if let Some(r) = self.spec.replicas {
+            if r < 0 {
+                errs.push(spec.field("replicas"), format!("must be at least 0, got {r}"));
+            }
+            if self.spec.weight.is_some() {
+                errs.push(spec.field("weight"), "'weight' is not supported on static NodePools");
+            }
+            if self.spec.limits.keys().any(|k| k != "nodes") {
+                errs.push(
+                    spec.field("limits"),
+                    "only 'limits.nodes' is supported on static NodePools",
+                );
             }
         }
         if self.spec.limits.keys().any(String::is_empty) {
@@ -721,6 +748,58 @@ metadata: {name: hashed}
                 ),
             }
         }
+    }
+
+    /// A pool of `spec` lines (indented two spaces under `spec:`).
+    fn parsed(spec: &str) -> Result<NodePool, serde_yaml_ng::Error> {
+        serde_yaml_ng::from_str(&format!(
+            "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: p}}\nspec:\n  template:\n    spec:\n      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: d}}\n{spec}"
+        ))
+    }
+
+    #[test]
+    fn balanced_policy_is_read_and_consolidate_after_defaults_to_zero() {
+        let p = parsed("  disruption:\n    consolidationPolicy: Balanced\n").unwrap();
+        assert_eq!(format!("{:?}", p.spec.disruption.consolidation_policy), "Balanced");
+        assert_eq!(
+            p.spec.disruption.consolidate_after,
+            NillableDuration::parse("0s").unwrap()
+        );
+        assert!(p.validate().is_ok());
+        // A disruption block naming only budgets still gets consolidateAfter 0s.
+        let p = parsed("  disruption:\n    budgets: [{nodes: '1'}]\n").unwrap();
+        assert_eq!(
+            p.spec.disruption.consolidate_after,
+            NillableDuration::parse("0s").unwrap()
+        );
+        assert!(parsed("  disruption:\n    consolidationPolicy: WhenBored\n").is_err());
+    }
+
+    #[test]
+    fn static_pools_refuse_weight_and_limits_other_than_nodes() {
+        let paths = |spec: &str| -> Vec<String> {
+            parsed(spec)
+                .unwrap()
+                .validate()
+                .err()
+                .map(|e| e.fields.into_iter().map(|f| f.path).collect())
+                .unwrap_or_default()
+        };
+        let table: &[(&str, &[&str])] = &[
+            ("  replicas: 3\n", &[]),
+            ("  replicas: 0\n", &[]),
+            ("  replicas: 3\n  limits: {nodes: '5'}\n", &[]),
+            ("  replicas: -1\n", &["spec.replicas"]),
+            ("  replicas: 3\n  weight: 10\n", &["spec.weight"]),
+            ("  replicas: 3\n  limits: {cpu: '10', nodes: '5'}\n", &["spec.limits"]),
+            // Dynamic pools keep both.
+            ("  weight: 10\n  limits: {cpu: '10'}\n", &[]),
+        ];
+        for (spec, want) in table {
+            assert_eq!(paths(spec), *want, "{spec}");
+        }
+        assert!(parsed("  replicas: 2\n").unwrap().is_static());
+        assert!(!parsed("").unwrap().is_static());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Underutilized consolidation: nodes whose pods fit on the other nodes
 //! (delete), or on the other nodes plus one cheaper new node (replace), are
-//! removed. Pools with `consolidationPolicy: WhenEmptyOrUnderutilized` only,
-//! once `consolidateAfter` has passed since the node's last pod event.
+//! removed. Pools with `consolidationPolicy: WhenEmptyOrUnderutilized` or
+//! `Balanced` (whose moves must also pass [`super::balanced`]'s score), once
+//! `consolidateAfter` has passed since the node's last pod event; never a
+//! static pool's (`replicas`).
 //!
 //! Every question is a what-if solve on the pass's compiled snapshot, so a
 //! decision honours every scheduling constraint the provisioner does. Search:
@@ -31,6 +33,7 @@ use crate::requirements::Requirement;
 use crate::scheduling::{Compiled, ExistingPlacement, NewNodeClaim, Plan, PodRef, SolveOptions, TargetKind};
 use crate::snapshot::Snapshot;
 
+use super::balanced;
 use super::candidate::{self, Candidate};
 use super::{Context, Held, Method, Pass, Reason, Verdict};
 
@@ -81,8 +84,8 @@ impl Method for Underutilized {
 
     fn judge(&self, c: &Candidate, cx: &Context) -> Verdict {
         use crate::apis::nodepool::ConsolidationPolicy;
-        if c.pool.spec.disruption.consolidation_policy != ConsolidationPolicy::WhenEmptyOrUnderutilized || c.is_empty()
-        {
+        let policy = c.pool.spec.disruption.consolidation_policy;
+        if policy == ConsolidationPolicy::WhenEmpty || c.is_empty() || c.pool.is_static() {
             return Verdict::Skip;
         }
         if let Err(h) = c.consolidatable(cx.now) {
@@ -251,11 +254,16 @@ struct Accepted<'c> {
 fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
     let mut order: Vec<&Candidate> = Vec::new();
     let open: Vec<&Candidate> = pass.open(candidates).collect();
+    // Every managed node counts in its pool's totals, candidate or not.
+    let totals = balanced::totals(candidates);
     for c in open {
         match m.judge(c, &pass.cx) {
             Verdict::Skip => {}
             Verdict::Held(h) => pass.hold(c, h),
-            Verdict::Disrupt => order.push(c),
+            Verdict::Disrupt => match balanced::can_pass(c, &totals) {
+                Ok(()) => order.push(c),
+                Err(why) => pass.hold(c, Held::Unconsolidatable(why)),
+            },
         }
     }
     if order.is_empty() {
@@ -295,7 +303,7 @@ fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mu
     let mut best: Option<(usize, Plan, ReplacementLimits)> = None;
     while lo <= hi && !expired() {
         let mid = (lo + hi) / 2;
-        match probe(&pass.compiled, &acc, &prefix[..mid], opts, deadline) {
+        match probe(&pass.compiled, &acc, &prefix[..mid], opts, deadline, &totals) {
             Ok((plan, limits)) => {
                 best = Some((mid, plan, limits));
                 lo = mid + 1;
@@ -326,7 +334,7 @@ fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mu
             pass.blocked.insert(c.name.clone(), h);
             continue;
         }
-        match probe(&pass.compiled, &acc, &[c], opts, deadline) {
+        match probe(&pass.compiled, &acc, &[c], opts, deadline, &totals) {
             Ok((plan, limits)) => {
                 pass.blocked.remove(&c.name);
                 accept(&mut pass.compiled, &mut acc, &[c], plan, Some(limits));
@@ -426,6 +434,7 @@ fn probe(
     group: &[&Candidate],
     opts: &ConsolidationOptions,
     deadline: Option<Instant>,
+    totals: &BTreeMap<String, balanced::PoolTotals>,
 ) -> Result<(Plan, ReplacementLimits), Held> {
     let mut limits = ReplacementLimits {
         all_spot: true,
@@ -472,6 +481,7 @@ fn probe(
         return Err(Held::Unconsolidatable(why));
     }
     limits.pays(plan.total_price(), opts).map_err(Held::Unconsolidatable)?;
+    balanced::judge_move(group, limits.price_below - plan.total_price(), totals).map_err(Held::Unconsolidatable)?;
     Ok((plan, limits))
 }
 

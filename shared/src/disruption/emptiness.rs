@@ -1,8 +1,9 @@
 //! Emptiness: a managed node whose pods are only DaemonSet, mirror and
 //! finished ones, empty for `consolidateAfter` (since its last pod event), is
-//! deleted without replacement, within budgets. Both consolidation policies
-//! allow it; `consolidateAfter: Never` disables it. It must save money: the
-//! node's price must be known.
+//! deleted without replacement, within budgets. Every consolidation policy
+//! allows it; `consolidateAfter: Never` disables it; static pools
+//! (`replicas`) are never emptied. It must save money: the node's price
+//! must be known.
 
 use super::candidate::Candidate;
 use super::{Context, Held, Method, Reason, Verdict};
@@ -16,7 +17,8 @@ impl Method for Emptiness {
     }
 
     fn judge(&self, c: &Candidate, cx: &Context) -> Verdict {
-        if !c.is_empty() {
+        // A static pool keeps its replicas whatever they run (Karpenter: not a candidate).
+        if !c.is_empty() || c.pool.is_static() {
             return Verdict::Skip;
         }
         if let Err(h) = c.consolidatable(cx.now) {

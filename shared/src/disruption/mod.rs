@@ -20,6 +20,7 @@
 //! carries them out across runs ([`progress`] says the next step of each,
 //! `sweep::disrupt` acts; `docs/disruption.md`).
 
+pub mod balanced;
 pub mod budgets;
 pub(crate) mod candidate;
 pub mod consolidation;

@@ -364,6 +364,18 @@ fn emptiness_table() {
             vec![],
             Want::Held(Held::ConsolidationDisabled),
         ),
+        (
+            "Balanced empties empty nodes",
+            "disruption:\n  consolidationPolicy: Balanced\n",
+            vec![daemon("n")],
+            Want::Empty,
+        ),
+        (
+            "a static pool (replicas) keeps its empty nodes",
+            "replicas: 1\n",
+            vec![daemon("n")],
+            Want::Nothing,
+        ),
     ];
     for (what, extra, pods, want) in cases {
         let s = snapshot(pool_with(extra), vec![(node("n", 5.0, json!({})), pods)]);
@@ -1159,6 +1171,129 @@ fn consolidation_table() {
             }
         }
     }
+}
+
+/// A pod of `node` that is costly to disrupt (Karpenter's eviction cost 10,
+/// the most: `pod-deletion-cost` at its maximum).
+fn precious(name: &str, node: &str) -> Pod {
+    let mut p = sized(name, node, "500m");
+    merge_meta(
+        &mut p,
+        json!({"annotations": {"controller.kubernetes.io/pod-deletion-cost": "2147483647"}}),
+    );
+    p
+}
+
+/// Karpenter's Balanced policy (designs/balanced-consolidation.md): a move
+/// goes only when the share of the pool's cost it saves is at least half
+/// the share of the pool's disruption cost it causes (k = 2).
+#[test]
+fn balanced_consolidation_table() {
+    let types = |t: &str| {
+        format!("{ON_DEMAND_ONLY}      - {{key: node.kubernetes.io/instance-type, operator: In, values: [{t}]}}\n")
+    };
+    let recent = |name: &str| {
+        let mut p = sized(&format!("{name}-0"), name, "500m");
+        merge_meta(&mut p, json!({"creationTimestamp": ago(0.1)}));
+        (node(name, 2.0, json!({})), vec![p])
+    };
+    let lone = || vec![(node("a", 2.0, json!({})), vec![sized("a-0", "a", "500m")])];
+    let costly_a = || {
+        vec![
+            (
+                node("a", 2.0, json!({})),
+                vec![precious("a-0", "a"), precious("a-1", "a")],
+            ),
+            recent("b"),
+            recent("c"),
+        ]
+    };
+    // (what, policy, allowed types, nodes, want: Some(new node's type) to replace,
+    //  Some("") to delete, None to keep "a")
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(&str, &str, String, Vec<(Node, Vec<Pod>)>, Option<&str>)> = vec![
+        (
+            // saves 0.12 of 0.20 (60%) for all of the pool's disruption: 0.6 >= 0.5
+            "a replacement under half the price goes",
+            "Balanced",
+            types("m.xlarge, c.large"),
+            lone(),
+            Some("c.large"),
+        ),
+        (
+            // saves 0.07 of 0.20 (35%) for all of the pool's disruption: 0.35 < 0.5
+            "a replacement saving too little stays",
+            "Balanced",
+            types("m.xlarge, r.large"),
+            lone(),
+            None,
+        ),
+        (
+            "WhenEmptyOrUnderutilized takes any saving",
+            "WhenEmptyOrUnderutilized",
+            types("m.xlarge, r.large"),
+            lone(),
+            Some("r.large"),
+        ),
+        (
+            // a: 1 + 10 + 10 = 21 of 25 (84%) for a third of the cost: 0.40 < 0.5
+            "a delete of costly pods stays",
+            "Balanced",
+            types("m.xlarge"),
+            costly_a(),
+            None,
+        ),
+        (
+            "WhenEmptyOrUnderutilized deletes costly pods' node",
+            "WhenEmptyOrUnderutilized",
+            types("m.xlarge"),
+            costly_a(),
+            Some(""),
+        ),
+    ];
+    for (what, policy, reqs, nodes, want) in cases {
+        let s = snapshot(
+            pool_requiring(
+                &reqs,
+                &format!("disruption:\n  consolidationPolicy: {policy}\n  consolidateAfter: 1h\n"),
+            ),
+            nodes,
+        );
+        let d = run(&s);
+        let u = underutilized(&d);
+        match want {
+            Some(t) => {
+                let u = u.unwrap_or_else(|| panic!("{what}: no decision: {d:#?}"));
+                assert_eq!(u.nodes, ["a"], "{what}");
+                let got: Vec<&str> = u.replacements.iter().map(|r| r.instance_type.as_str()).collect();
+                let want: Vec<&str> = if t.is_empty() { vec![] } else { vec![t] };
+                assert_eq!(got, want, "{what}");
+            }
+            None => {
+                assert!(u.is_none(), "{what}: {d:#?}");
+                let h = held(&d, "a").unwrap_or_else(|| panic!("{what}: not held: {d:#?}"));
+                assert!(
+                    matches!(&h, Held::Unconsolidatable(why) if why.contains("score")),
+                    "{what}: {h:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_static_pool_is_never_consolidated() {
+    let s = snapshot(
+        pool_with("replicas: 3\n"),
+        vec![
+            (node("a", 2.0, json!({})), vec![sized("a-0", "a", "500m")]),
+            (node("b", 2.0, json!({})), vec![sized("b-0", "b", "500m")]),
+            (node("c", 2.0, json!({})), vec![]),
+        ],
+    );
+    let d = run(&s);
+    assert!(d.decisions.is_empty(), "{d:#?}");
+    assert!(d.blocked.is_empty(), "not candidates at all: {d:#?}");
 }
 
 #[test]

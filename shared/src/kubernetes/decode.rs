@@ -122,7 +122,8 @@ mod tests {
     fn one_bad_object_is_set_aside_and_the_rest_are_read() {
         let items = vec![
             pool("a", json!({"consolidationPolicy": "WhenEmpty"})),
-            pool("b", json!({"consolidationPolicy": "Balanced"})),
+            // An enum value this release does not know (`Balanced` was, before 1.14's was honoured).
+            pool("b", json!({"consolidationPolicy": "WhenIdle"})),
             pool("c", json!({})),
         ];
         let (good, bad) = decode_each::<NodePool>(items, "karpenter.sh/v1", "NodePool");
@@ -132,7 +133,7 @@ mod tests {
         assert_eq!(bad[0].object.name.as_deref(), Some("b"));
         assert_eq!(bad[0].object.uid.as_deref(), Some("uid-b"));
         assert_eq!(bad[0].object.kind.as_deref(), Some("NodePool"));
-        assert!(bad[0].error.contains("Balanced"), "{}", bad[0].error);
+        assert!(bad[0].error.contains("WhenIdle"), "{}", bad[0].error);
         assert!(
             bad[0].error.starts_with("spec.disruption.consolidationPolicy"),
             "{}",

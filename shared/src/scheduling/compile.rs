@@ -686,6 +686,11 @@ impl Pool {
         {
             error = Some(format!("spec.template.metadata.labels[{k:?}]: {why}"));
         }
+        // A static pool's nodes are its replicas, launched to keep their count
+        // (`static_capacity`), never for pods; pods still land on them.
+        if error.is_none() && np.is_static() {
+            error = Some("static NodePool (replicas): it launches only its replicas, not nodes for pods".into());
+        }
         reqs.add(Requirement::in_values(labels::EC2NODECLASS, &[node_class]));
         (reqs, error)
     }

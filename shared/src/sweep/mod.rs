@@ -10,6 +10,7 @@
 
 pub mod classes;
 pub mod disrupt;
+pub mod replicas;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -180,6 +181,8 @@ pub struct SweepReport {
     pub unreadable_claims: usize,
     /// Claims given up because the API server refused their registration (422).
     pub registrations_refused: Vec<String>,
+    /// What static pools (`replicas`) launched.
+    pub replicas: replicas::ReplicasReport,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -484,6 +487,8 @@ impl<C: Cluster> Sweeper<C> {
         // then the disruptions whose drain just finished are terminated.
         let drained = crate::draining::sweep_drains(&self.cluster, &self.store).await;
         self.finish_drained(&drained, &mut report.disruption).await;
+        // Static pools back to their count, after this run's removals.
+        report.replicas = self.keep_replicas(now).await;
         let removed_claims: Vec<&str> = removed.iter().map(|(_, c)| c.as_str()).collect();
         report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated);
         report.solve_requested = self.ask_for_solve(&removed, now).await;
