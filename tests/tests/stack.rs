@@ -16,3 +16,4 @@ mod provision_runtime;
 mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_runtime;
+mod termination;

@@ -39,6 +39,7 @@ mod markers;
 mod nodeclaims;
 mod offerings;
 mod table;
+mod terminations;
 
 pub use catalog::{PART_BYTES, RETIRED_GRACE_MS};
 pub use costs::{COST_TTL_DAYS, CostEntry, DayCost, FunctionCost, day_key};
@@ -51,6 +52,7 @@ pub use nodeclaims::{
 };
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::{TTL_ATTRIBUTE, create_table};
+pub use terminations::{PK_TERMINATION, TerminationRecord};
 
 use aws_sdk_dynamodb::Client;
 

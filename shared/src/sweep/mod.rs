@@ -10,6 +10,7 @@
 
 pub mod classes;
 pub mod disrupt;
+pub mod termination;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -178,6 +179,8 @@ pub struct SweepReport {
     pub unreadable_claims: usize,
     /// Claims given up because the API server refused their registration (422).
     pub registrations_refused: Vec<String>,
+    /// Terminations begun and carried out (deleted Nodes and NodePools, interruptions).
+    pub terminations: termination::TerminationReport,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -447,6 +450,8 @@ impl<C: Cluster> Sweeper<C> {
             }
         }
         self.report_held(&report.done, &instances).await;
+        // Deleted Nodes and NodePools: their drains are recorded before the run's drain pass.
+        Box::pin(self.begin_terminations(now, &claims, &nodes, &instances, &mut report.terminations)).await;
         if !report.deferred.is_empty() {
             tracing::info!(
                 left = report.deferred.len(),
@@ -460,8 +465,10 @@ impl<C: Cluster> Sweeper<C> {
         // then the disruptions whose drain just finished are terminated.
         let drained = crate::draining::sweep_drains(&self.cluster, &self.store).await;
         self.finish_drained(&drained, &mut report.disruption).await;
+        Box::pin(self.finish_terminations(now, &mut report.terminations)).await;
         let removed_claims: Vec<&str> = removed.iter().map(|(_, c)| c.as_str()).collect();
-        report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated);
+        report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated)
+            + report.terminations.usd_per_hour;
         report.solve_requested = self.ask_for_solve(&removed, now).await;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(
