@@ -48,12 +48,18 @@ async fn deleting_a_node_pool_drains_and_terminates_its_nodes() {
     let node = claim.node_name.clone().unwrap();
     s.kube.delete("karpenter.sh/v1", "NodePool", "", "default").unwrap();
 
-    // One run begins the termination, drains the node (no budget, no
-    // replacement) and, the drain complete, terminates it.
-    let report = s.sweeper(local_stack::fast()).run().await.unwrap();
+    // One run begins the termination and drains the node (no budget, no
+    // replacement); the next finds the drain complete and terminates it.
+    let sweeper = s.sweeper(local_stack::fast());
+    let report = sweeper.run().await.unwrap();
     assert_eq!(report.terminations.begun, vec![claim.name.clone()], "{report:?}");
-    assert_eq!(report.terminations.terminated, vec![claim.name.clone()], "{report:?}");
     assert!(pods_on(&s.kube, &node).is_empty(), "the pods were evicted");
+    assert!(
+        s.kube.node(&node).is_some(),
+        "the Node stays until the instance is terminated"
+    );
+    let report = sweeper.run().await.unwrap();
+    assert_eq!(report.terminations.terminated, vec![claim.name.clone()], "{report:?}");
     terminated(&s, &claim).await;
     assert!(s.claims().await.is_empty(), "no replacement: {:?}", s.claims().await);
 }
@@ -149,9 +155,11 @@ async fn kubectl_delete_node_drains_it_within_pdbs_then_terminates_it() {
     s.kube
         .delete("policy/v1", "PodDisruptionBudget", "default", "web")
         .unwrap();
+    sweeper.run().await.unwrap();
+    assert!(pods_on(&s.kube, &node).is_empty(), "the pods were evicted");
+    assert!(kubectl.json(&["get", "node", &node]).await["metadata"]["deletionTimestamp"].is_string());
     let report = sweeper.run().await.unwrap();
     assert_eq!(report.terminations.terminated, vec![claim.name.clone()], "{report:?}");
-    assert!(pods_on(&s.kube, &node).is_empty());
     terminated(&s, &claim).await;
     let gone = kubectl.run(&["get", "node", &node], None).await;
     assert!(!gone.ok && gone.stderr.contains("NotFound"), "{gone:?}");
