@@ -336,7 +336,7 @@ fn registered_node_carrying_every_registration_label_is_left_alone_once_initiali
     // Its initialized label removed by someone: put back.
     let bare: Vec<(&str, &str)> = update.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let n2 = node("ip-1", "i-1", mins_ago(4), &bare, &[], true);
-    let got: Vec<String> = run(std::slice::from_ref(&c), &[n2], &[i.clone()])
+    let got: Vec<String> = run(std::slice::from_ref(&c), &[n2], std::slice::from_ref(&i))
         .iter()
         .map(short)
         .collect();
