@@ -30,6 +30,9 @@ pub const REGISTERED: &str = "karpenter.sh/registered";
 /// The EC2NodeClass label.
 pub const EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
 
+/// Karpenter's finalizer on the Nodes it manages: a deleted Node stays until
+/// it is drained and its instance terminated.
+pub const TERMINATION_FINALIZER: &str = "karpenter.sh/termination";
 /// Taint a node registers with (in its user data) until nodesmith registers it.
 pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
 /// Taint the node lifecycle controller sets on a node that is not ready.

@@ -133,6 +133,9 @@ pub fn registration_update(claim: &NodeClaim, catalog: Option<&Catalog>) -> Node
         labels: node_labels(claim, catalog),
         annotations: node_annotations(claim),
         remove_taints: vec![labels::UNREGISTERED_TAINT_KEY.to_string()],
+        // A deleted Node waits for nodesmith to drain it and end its instance.
+        finalizers: vec![labels::TERMINATION_FINALIZER.to_string()],
+        ..NodeUpdate::default()
     }
 }
 

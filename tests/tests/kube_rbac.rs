@@ -732,6 +732,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "sweep/mod.rs",
             "sweep/classes.rs",
             "sweep/disrupt.rs",
+            "sweep/termination.rs",
             "snapshot/live.rs",
             "draining.rs",
             "kubernetes/drain.rs",

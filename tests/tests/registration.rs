@@ -122,7 +122,7 @@ async fn a_changed_hash_is_rewritten_and_what_others_wrote_stays() {
     let theirs = nodesmith::kubernetes::NodeUpdate {
         labels: BTreeMap::from([("example.com/rack".to_string(), "r7".to_string())]),
         annotations: BTreeMap::from([("example.com/owner".to_string(), "team-a".to_string())]),
-        remove_taints: vec![],
+        ..Default::default()
     };
     assert!(cluster.update_node("n1", &theirs).await.unwrap());
     cluster

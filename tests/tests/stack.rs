@@ -21,3 +21,4 @@ mod sweep_node_class_status;
 mod sweep_nomination;
 mod sweep_protections;
 mod sweep_runtime;
+mod termination;

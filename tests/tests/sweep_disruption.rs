@@ -124,19 +124,11 @@ fn held_by_do_not_disrupt(s: &Stack, node: &str) {
     );
 }
 
-/// Backdates a Node's creation (the test server keeps creationTimestamp on updates).
+/// Backdates a Node's creation (a delete and re-create would leave a Node
+/// holding the termination finalizer marked for deletion).
 fn age(s: &Stack, node: &str, hours: i64) {
-    let mut v = serde_json::to_value(s.kube.node(node).unwrap()).unwrap();
-    let when = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(hours);
-    let meta = v["metadata"].as_object_mut().unwrap();
-    meta.remove("resourceVersion");
-    meta.remove("uid");
-    meta.insert(
-        "creationTimestamp".into(),
-        json!(nodesmith::interruption::rfc3339(&when)),
-    );
-    s.kube.delete("v1", "Node", "", node).unwrap();
-    s.kube.apply(&v).unwrap();
+    let by = std::time::Duration::from_secs(u64::try_from(hours).unwrap() * 3600);
+    s.kube.age_node(node, by).unwrap();
 }
 
 /// Marks every bound pod Running and Ready (PDBs count healthy pods).

@@ -1006,6 +1006,8 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/disruptions.rs", "dynamodb:PutItem", ALL),
     ("state/drains.rs", "dynamodb:DeleteItem", ALL),
     ("state/drains.rs", "dynamodb:PutItem", ALL),
+    ("state/terminations.rs", "dynamodb:DeleteItem", ALL),
+    ("state/terminations.rs", "dynamodb:PutItem", ALL),
     ("state/idempotency.rs", "dynamodb:GetItem", ALL),
     ("state/idempotency.rs", "dynamodb:PutItem", ALL),
     ("state/leases.rs", "dynamodb:DeleteItem", ALL),

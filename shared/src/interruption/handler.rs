@@ -310,6 +310,16 @@ impl<C: Cluster> Interrupter<C> {
             if let (Some(policy), Some(node)) = (s.drain, &s.node) {
                 let record = draining::record(&claim.name, node, s.reason, policy, now);
                 self.store.begin_drain(&record).await?;
+                // The sweep terminates the node once drained, or at the deadline.
+                let end = crate::lifecycle::termination::Begin {
+                    claim: claim.name.clone(),
+                    node: Some(node.clone()),
+                    reason: s.reason,
+                    policy,
+                };
+                self.store
+                    .begin_termination(&crate::lifecycle::termination::record(&end, now))
+                    .await?;
             }
         }
         Ok(())

@@ -81,8 +81,9 @@ pub enum EvictionOutcome {
     Gone,
 }
 
-/// Labels and annotations to set on a node and taints to take off it, in one
-/// write (registration and initialization).
+/// Labels and annotations to set on a node, taints to take off it and
+/// finalizers to add or remove, in one write (registration, initialization,
+/// the end of a termination).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeUpdate {
     /// Labels set (others stay).
@@ -91,6 +92,10 @@ pub struct NodeUpdate {
     pub annotations: BTreeMap<String, String>,
     /// Keys of taints removed (all effects).
     pub remove_taints: Vec<String>,
+    /// Finalizers added (others stay).
+    pub finalizers: Vec<String>,
+    /// Finalizers removed.
+    pub remove_finalizers: Vec<String>,
 }
 
 impl NodeUpdate {
@@ -100,7 +105,10 @@ impl NodeUpdate {
             want.iter().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
         };
         let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
-        has(node.metadata.labels.as_ref(), &self.labels)
+        let finalizers = node.metadata.finalizers.as_deref().unwrap_or_default();
+        self.finalizers.iter().all(|f| finalizers.contains(f))
+            && !finalizers.iter().any(|f| self.remove_finalizers.contains(f))
+            && has(node.metadata.labels.as_ref(), &self.labels)
             && has(node.metadata.annotations.as_ref(), &self.annotations)
             && !taints.is_some_and(|ts| ts.iter().any(|t| self.remove_taints.contains(&t.key)))
     }

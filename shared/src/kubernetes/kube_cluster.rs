@@ -448,7 +448,7 @@ impl Cluster for KubeCluster {
                 .collect();
             // Maps merge key by key; the taint list is replaced whole, which the
             // resourceVersion makes safe against a concurrent writer.
-            let patch = json!({
+            let mut patch = json!({
                 "metadata": {
                     "resourceVersion": current.metadata.resource_version,
                     "labels": update.labels,
@@ -456,6 +456,24 @@ impl Cluster for KubeCluster {
                 },
                 "spec": {"taints": taints},
             });
+            let had = current.metadata.finalizers.clone().unwrap_or_default();
+            let mut finalizers: Vec<String> = had
+                .iter()
+                .filter(|f| !update.remove_finalizers.contains(f))
+                .cloned()
+                .collect();
+            // None added to a Node being deleted: the API server refuses that.
+            let deleting = current.metadata.deletion_timestamp.is_some();
+            for f in &update.finalizers {
+                if !deleting && !finalizers.contains(f) {
+                    finalizers.push(f.clone());
+                }
+            }
+            // The list goes only when it changes: a Node being deleted refuses any
+            // write that would add a finalizer, and this one adds none it had.
+            if finalizers != had {
+                patch["metadata"]["finalizers"] = json!(finalizers);
+            }
             let result = self
                 .call(&op, |c| {
                     let patch = patch.clone();
@@ -504,16 +522,36 @@ impl Cluster for KubeCluster {
             ..DeleteParams::default()
         };
         let params = &params;
-        self.call(&format!("delete node {name}"), |c| async move {
-            match Api::<Node>::all(c).delete(name, params).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-                // The precondition failed: the Node was recreated under this name.
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                Err(e) => Err(e),
+        let held = self
+            .call(&format!("delete node {name}"), |c| async move {
+                match Api::<Node>::all(c).delete(name, params).await {
+                    // The object back: finalizers hold it; is ours among them?
+                    Ok(answer) => Ok(Some(answer.left().is_some_and(|node| {
+                        node.metadata
+                            .finalizers
+                            .is_some_and(|f| f.iter().any(|f| f == crate::labels::TERMINATION_FINALIZER))
+                    }))),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                    // The precondition failed: the Node was recreated under this name.
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        match held {
+            None => Ok(false),
+            // nodesmith deletes a Node only once its capacity is given up: the
+            // termination finalizer has nothing left to wait for.
+            Some(true) => {
+                let release = NodeUpdate {
+                    remove_finalizers: vec![crate::labels::TERMINATION_FINALIZER.to_string()],
+                    ..NodeUpdate::default()
+                };
+                self.update_node(name, &release).await?;
+                Ok(true)
             }
-        })
-        .await
+            Some(false) => Ok(true),
+        }
     }
 
     async fn emit_event(&self, event: &EventSpec) -> Result<(), ClusterError> {

@@ -15,6 +15,7 @@
 //! neither a claim nor a live instance is deleted.
 
 pub mod adopt;
+pub mod termination;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -56,6 +56,8 @@ fn node(name: &str, instance: &str, created: Timestamp, labels: &[(&str, &str)],
             name: Some(name.into()),
             creation_timestamp: Some(jiff_to_time(created)),
             labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            // Registration adds it; a Node without it is written again.
+            finalizers: Some(vec![crate::labels::TERMINATION_FINALIZER.to_string()]),
             ..Default::default()
         },
         spec: Some(NodeSpec {
@@ -334,8 +336,21 @@ fn registered_node_carrying_every_registration_label_is_left_alone_once_initiali
     // Its initialized label removed by someone: put back.
     let bare: Vec<(&str, &str)> = update.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let n2 = node("ip-1", "i-1", mins_ago(4), &bare, &[], true);
-    let got: Vec<String> = run(std::slice::from_ref(&c), &[n2], &[i]).iter().map(short).collect();
+    let got: Vec<String> = run(std::slice::from_ref(&c), &[n2], std::slice::from_ref(&i))
+        .iter()
+        .map(short)
+        .collect();
     assert_eq!(got, vec!["initialize c ip-1"]);
+    // A Node registered without Karpenter's termination finalizer (adopted, or
+    // registered by an older release) is registered again: the write adds it.
+    let mut bare = n.clone();
+    bare.metadata.finalizers = None;
+    let got: Vec<String> = run(std::slice::from_ref(&c), &[bare], std::slice::from_ref(&i))
+        .iter()
+        .map(short)
+        .collect();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with("register c"), "{got:?}");
 }
 
 #[test]

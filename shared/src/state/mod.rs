@@ -42,6 +42,7 @@ mod nominations;
 mod offerings;
 mod prices;
 mod table;
+mod terminations;
 
 pub use catalog::{PART_BYTES, RETIRED_GRACE_MS};
 pub use costs::{COST_TTL_DAYS, CostEntry, DayCost, FunctionCost, day_key};
@@ -55,6 +56,7 @@ pub use nodeclaims::{
 pub use nominations::NominationRecord;
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
 pub use table::{TTL_ATTRIBUTE, create_table};
+pub use terminations::{PK_TERMINATION, TerminationRecord};
 
 use aws_sdk_dynamodb::Client;
 

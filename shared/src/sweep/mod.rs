@@ -11,6 +11,7 @@
 pub mod classes;
 pub mod disrupt;
 pub mod replicas;
+pub mod termination;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -183,6 +184,8 @@ pub struct SweepReport {
     pub registrations_refused: Vec<String>,
     /// What static pools (`replicas`) launched.
     pub replicas: replicas::ReplicasReport,
+    /// Terminations begun and carried out (deleted Nodes and NodePools, interruptions).
+    pub terminations: termination::TerminationReport,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -474,6 +477,8 @@ impl<C: Cluster> Sweeper<C> {
             }
         }
         self.report_held(&report.done, &instances).await;
+        // Deleted Nodes and NodePools: their drains are recorded before the run's drain pass.
+        Box::pin(self.begin_terminations(now, &claims, &nodes, &instances, &mut report.terminations)).await;
         if !report.deferred.is_empty() {
             tracing::info!(
                 left = report.deferred.len(),
@@ -487,10 +492,12 @@ impl<C: Cluster> Sweeper<C> {
         // then the disruptions whose drain just finished are terminated.
         let drained = crate::draining::sweep_drains(&self.cluster, &self.store).await;
         self.finish_drained(&drained, &mut report.disruption).await;
+        Box::pin(self.finish_terminations(now, &mut report.terminations)).await;
         // Static pools back to their count, after this run's removals.
-        report.replicas = self.keep_replicas(now).await;
+        report.replicas = Box::pin(self.keep_replicas(now)).await;
         let removed_claims: Vec<&str> = removed.iter().map(|(_, c)| c.as_str()).collect();
-        report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated);
+        report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated)
+            + report.terminations.usd_per_hour;
         report.solve_requested = self.ask_for_solve(&removed, now).await;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(

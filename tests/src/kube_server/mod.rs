@@ -26,9 +26,12 @@
 //! pods, nodes and Deployments only ([`table`]; other kinds print `NAME` and
 //! `AGE`); request bodies are JSON only (kubectl's typed writes such as
 //! `kubectl create namespace` send protobuf and get 415: use `kubectl apply`);
-//! deletes and evictions remove objects at once (no graceful termination or
-//! finalizers; dependents go on the next controller pass, whatever the
-//! propagation policy); deleting a namespace removes its objects at once;
+//! deletes and evictions remove objects without finalizers at once (no
+//! graceful termination; dependents go on the next controller pass, whatever
+//! the propagation policy), while an object with `metadata.finalizers` is
+//! kept with `deletionTimestamp` set until a write removes its last finalizer
+//! (a write that adds one to it is a 422, as on a real cluster); deleting a
+//! namespace deletes its objects at once;
 //! status is a separate subresource only for the NodePool and EC2NodeClass
 //! CRDs (`/status` writes change only their status, writes of the object
 //! never do, and a create drops it); for other kinds a write of the object

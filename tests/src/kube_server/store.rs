@@ -322,6 +322,9 @@ impl Store {
         );
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         meta.entry("creationTimestamp").or_insert_with(|| json!(now_rfc3339()));
+        // Only a DELETE starts a deletion.
+        meta.remove("deletionTimestamp");
+        meta.remove("deletionGracePeriodSeconds");
         if has_generation(res) {
             meta.insert("generation".into(), json!(1));
         } else {
@@ -362,8 +365,16 @@ impl Store {
         let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
             return Err(StoreError::Invalid("metadata must be an object".into()));
         };
-        // Identity fields are the server's, whatever the client sent.
-        for f in ["name", "namespace", "uid", "creationTimestamp", "generateName"] {
+        // Identity and deletion fields are the server's, whatever the client sent.
+        for f in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "generateName",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
             match old.pointer(&format!("/metadata/{f}")) {
                 Some(v) => meta.insert(f.into(), v.clone()),
                 None => meta.remove(f),
@@ -372,8 +383,30 @@ impl Store {
         if let Some(g) = generation {
             meta.insert("generation".into(), json!(g));
         }
+        let deleting = old.pointer("/metadata/deletionTimestamp").is_some();
+        if deleting {
+            // The API server's rule: an object being deleted may lose finalizers, never gain one.
+            let had = finalizers(&old);
+            let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !had.contains(f)).collect();
+            if !added.is_empty() {
+                return Err(StoreError::Invalid(format!(
+                    "{} \"{}\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {:?}",
+                    res.kind, name, added
+                )));
+            }
+        }
         if new == old {
             return Ok(old);
+        }
+        if deleting && finalizers(&new).is_empty() {
+            // The last finalizer is gone: the deletion completes.
+            self.objects.get_mut(&res.id()).and_then(|m| m.remove(&key));
+            let rv = self.bump();
+            if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("resourceVersion".into(), json!(rv.to_string()));
+            }
+            self.record(*res, Change::Deleted, new.clone(), None);
+            return Ok(new);
         }
         let rv = self.bump();
         if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -425,9 +458,29 @@ impl Store {
         Ok(new)
     }
 
-    /// Removes an object and returns it.
+    /// Deletes an object and returns it. An object with finalizers is kept,
+    /// marked with `deletionTimestamp` (and `deletionGracePeriodSeconds` 0),
+    /// until an update removes its last finalizer; deleting it again changes nothing.
     pub fn delete(&mut self, res: &Resource, ns: &str, name: &str) -> Result<Value, StoreError> {
         let key = (ns.to_string(), name.to_string());
+        if let Some(obj) = self.objects.get(&res.id()).and_then(|m| m.get(&key))
+            && !finalizers(obj).is_empty()
+        {
+            if obj.pointer("/metadata/deletionTimestamp").is_some() {
+                return Ok(obj.clone());
+            }
+            let old = obj.clone();
+            let mut new = old.clone();
+            let rv = self.bump();
+            if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("deletionTimestamp".into(), json!(now_rfc3339()));
+                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                meta.insert("resourceVersion".into(), json!(rv.to_string()));
+            }
+            self.objects.entry(res.id()).or_default().insert(key, new.clone());
+            self.record(*res, Change::Modified, new.clone(), Some(old));
+            return Ok(new);
+        }
         let Some(mut old) = self.objects.get_mut(&res.id()).and_then(|m| m.remove(&key)) else {
             return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
         };
@@ -438,6 +491,14 @@ impl Store {
         self.record(*res, Change::Deleted, old.clone(), None);
         Ok(old)
     }
+}
+
+/// An object's `metadata.finalizers`.
+fn finalizers(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|fs| fs.iter().filter_map(Value::as_str).map(String::from).collect())
+        .unwrap_or_default()
 }
 
 /// Whether objects of a resource carry `metadata.generation` (as the API
@@ -486,6 +547,61 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(store.get(NODES, "", "n1").unwrap()["metadata"]["labels"]["team"], "");
+    }
+
+    #[test]
+    fn finalizers_hold_a_deleted_object_until_the_last_is_removed() {
+        let mut store = Store::default();
+        let node = |finalizers: Value| json!({"metadata": {"name": "n1", "finalizers": finalizers}});
+        store
+            .create(NODES, "", node(json!(["karpenter.sh/termination", "example.com/x"])))
+            .unwrap();
+        let marked = store.delete(NODES, "", "n1").unwrap();
+        assert!(marked["metadata"]["deletionTimestamp"].is_string(), "{marked}");
+        assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 0);
+        assert_eq!(store.get(NODES, "", "n1"), Some(&marked));
+        // A second delete changes nothing.
+        assert_eq!(store.delete(NODES, "", "n1").unwrap(), marked);
+        // No finalizer may be added to an object being deleted.
+        let mut more = marked.clone();
+        more["metadata"]["finalizers"] = json!(["karpenter.sh/termination", "example.com/x", "example.com/y"]);
+        let e = store.update(NODES, "", "n1", more).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Invalid(m) if m.contains("no new finalizers can be added") && m.contains("example.com/y")),
+            "{e:?}"
+        );
+        // Nor can a write clear the deletion.
+        let mut undelete = marked.clone();
+        undelete["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("deletionTimestamp");
+        undelete["metadata"]["finalizers"] = json!(["example.com/x"]);
+        let kept = store.update(NODES, "", "n1", undelete).unwrap();
+        assert_eq!(
+            kept["metadata"]["deletionTimestamp"],
+            marked["metadata"]["deletionTimestamp"]
+        );
+        // The last finalizer removed: the object is gone.
+        let mut last = kept.clone();
+        last["metadata"]["finalizers"] = json!([]);
+        store.update(NODES, "", "n1", last).unwrap();
+        assert_eq!(store.get(NODES, "", "n1"), None);
+        // Without finalizers a delete removes at once, and a create cannot start a deletion.
+        store
+            .create(
+                NODES,
+                "",
+                json!({"metadata": {"name": "n2", "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            )
+            .unwrap();
+        assert!(
+            store.get(NODES, "", "n2").unwrap()["metadata"]
+                .get("deletionTimestamp")
+                .is_none()
+        );
+        store.delete(NODES, "", "n2").unwrap();
+        assert_eq!(store.get(NODES, "", "n2"), None);
     }
 
     #[test]
