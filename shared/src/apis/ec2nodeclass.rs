@@ -552,7 +552,8 @@ impl EC2NodeClass {
     /// changed term that selects the same resources is no drift), and the literal amiFamily,
     /// replaced by the family in force. Hashed: AMI family, userData, role, instanceProfile,
     /// tags, kubelet, blockDeviceMappings (a set), metadataOptions, associatePublicIPAddress,
-    /// detailedMonitoring, instanceStorePolicy and context. Defaults count as spelled out:
+    /// detailedMonitoring, instanceStorePolicy and context, and when set placementGroupSelector,
+    /// networkInterfaces, connectionTracking and cpuOptions (ipPrefixCount is not). Defaults count as spelled out:
     /// metadataOptions' are applied when the manifest is read, and detailedMonitoring `false`,
     /// an empty userData or kubelet block hash as unset. associatePublicIPAddress `false` does
     /// not hash as unset (unset lets the subnet decide), unlike Karpenter's zero-value rule.
@@ -1128,6 +1129,32 @@ spec:
             ("detailed monitoring off", |s| s.detailed_monitoring = Some(false)),
             ("instance store policy unset", |s| s.instance_store_policy = None),
             ("context", |s| s.context = Some("ctx-1".into())),
+            ("placement group", |s| {
+                s.placement_group_selector = Some(PlacementGroupSelector {
+                    name: Some("pg".into()),
+                    id: None,
+                })
+            }),
+            ("connection tracking", |s| {
+                s.connection_tracking = Some(ConnectionTracking {
+                    udp_timeout: Some(30),
+                    ..Default::default()
+                })
+            }),
+            ("cpu options", |s| {
+                s.cpu_options = Some(CpuOptions {
+                    nested_virtualization: Some("enabled".into()),
+                })
+            }),
+            ("network interfaces", |s| {
+                s.network_interfaces = vec![NetworkInterface {
+                    interface_type: "interface".into(),
+                    ..Default::default()
+                }]
+            }),
+            ("volume initialization rate", |s| {
+                ebs(&mut s.block_device_mappings[1]).volume_initialization_rate = Some(100)
+            }),
         ];
         let base = hashed_class().hash();
         let mut seen = std::collections::BTreeSet::from([base.clone()]);
@@ -1138,6 +1165,71 @@ spec:
             assert_ne!(h, base, "{what} must change the hash");
             assert!(seen.insert(h), "{what} collides with another edit");
         }
+    }
+
+    #[test]
+    fn karpenter_v1_14_launch_fields_are_checked_and_the_unbuilt_ones_refused_by_name() {
+        let with = |extra: &str| {
+            let y = format!(
+                "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {{name: c}}\nspec:\n  \
+                 role: R\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n  \
+                 subnetSelectorTerms: [{{id: subnet-1}}]\n  securityGroupSelectorTerms: [{{id: sg-1}}]\n{extra}"
+            );
+            serde_yaml_ng::from_str::<EC2NodeClass>(&y).unwrap()
+        };
+        let ok = "  placementGroupSelector: {id: pg-0abc}\n  ipPrefixCount: 1\n  \
+                  connectionTracking: {udpTimeout: 30}\n  cpuOptions: {nestedVirtualization: disabled}\n  \
+                  capacityReservationSelectorTerms: [{tags: {a: b}}]\n  \
+                  blockDeviceMappings: [{ebs: {snapshotID: snap-1, volumeInitializationRate: 100}}]\n";
+        assert_eq!(with(ok).validate(), Ok(()));
+        let cases = [
+            ("  placementGroupSelector: {}\n", "spec.placementGroupSelector"),
+            (
+                "  placementGroupSelector: {name: a, id: pg-1}\n",
+                "spec.placementGroupSelector",
+            ),
+            (
+                "  placementGroupSelector: {id: group-1}\n",
+                "spec.placementGroupSelector.id",
+            ),
+            ("  ipPrefixCount: -1\n", "spec.ipPrefixCount"),
+            ("  connectionTracking: {}\n", "spec.connectionTracking"),
+            (
+                "  connectionTracking: {udpTimeout: 61}\n",
+                "spec.connectionTracking.udpTimeout",
+            ),
+            (
+                "  cpuOptions: {nestedVirtualization: on}\n",
+                "spec.cpuOptions.nestedVirtualization",
+            ),
+            (
+                "  blockDeviceMappings: [{ebs: {volumeSize: 1Gi, volumeInitializationRate: 200}}]\n",
+                "spec.blockDeviceMappings[0].ebs.volumeInitializationRate",
+            ),
+            (
+                "  networkInterfaces: [{networkCardIndex: 0, deviceIndex: 0, interfaceType: interface}]\n",
+                "spec.networkInterfaces: is not supported by nodesmith",
+            ),
+            (
+                "  capacityReservationSelectorTerms: [{instanceMatchCriteria: open}]\n",
+                "spec.capacityReservationSelectorTerms[0].instanceMatchCriteria: is not supported by nodesmith",
+            ),
+            (
+                "  kubelet: {maxPods: 10, topologyManagerPolicy: none}\n",
+                "spec.kubelet.topologyManagerPolicy: is not supported by nodesmith",
+            ),
+        ];
+        for (extra, named) in cases {
+            let err = with(extra).validate().unwrap_err().to_string();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        // A kubelet field nodesmith does not read is kept, so its name reaches the status.
+        let k = with("  kubelet: {maxPods: 10, topologyManagerPolicy: none}\n");
+        let back = serde_json::to_value(&k.spec.kubelet).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"maxPods": 10, "topologyManagerPolicy": "none"})
+        );
     }
 
     #[test]
@@ -1168,6 +1260,9 @@ spec:
                 })
             }),
             ("block device order", |s| s.block_device_mappings.reverse()),
+            ("ipPrefixCount (Karpenter does not hash it)", |s| {
+                s.ip_prefix_count = Some(2)
+            }),
         ];
         let base = hashed_class().hash();
         for (what, edit) in edits {

@@ -447,4 +447,42 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn prefixes_tracking_cpu_and_placement_reach_the_request_and_leave_old_names_alone() {
+        // Unset, none of them changes a template's name (its content hash).
+        let json = serde_json::to_string(&spec()).unwrap();
+        for field in [
+            "ipPrefixCount",
+            "connectionTracking",
+            "nestedVirtualization",
+            "placementGroupId",
+        ] {
+            assert!(!json.contains(field), "{field} in {json}");
+        }
+        let data = request_data(&TemplateSpec {
+            ip_prefix_count: Some(3),
+            connection_tracking: Some(ConnectionTracking {
+                udp_timeout: Some(30),
+                ..Default::default()
+            }),
+            nested_virtualization: Some("enabled".into()),
+            placement_group_id: Some("pg-1".into()),
+            ..spec()
+        });
+        assert!(data.security_group_ids().is_empty());
+        let nic = &data.network_interfaces()[0];
+        assert_eq!(
+            (nic.ipv4_prefix_count(), nic.associate_public_ip_address()),
+            (Some(3), None)
+        );
+        assert_eq!(nic.groups(), ["sg-1"]);
+        let ct = nic.connection_tracking_specification().unwrap();
+        assert_eq!((ct.udp_timeout(), ct.tcp_established_timeout()), (Some(30), None));
+        assert_eq!(
+            data.cpu_options().and_then(|c| c.nested_virtualization()),
+            Some(&NestedVirtualizationSpecification::Enabled)
+        );
+        assert_eq!(data.placement().and_then(|p| p.group_id()), Some("pg-1"));
+    }
 }
