@@ -52,6 +52,10 @@ MaxResults outside 1-100, a format other than aws_v1 and a NextToken of
 another query; a filter on a field no product has is ignored, as AWS ignores
 it.
 
+moto has no placement groups; this adds CreatePlacementGroup and
+DescribePlacementGroups (by GroupNames or GroupIds, an unknown one refused
+as EC2 refuses it; filters group-name, group-arn, state, strategy,
+spread-level, tag:<key>, tag-key), groups `available` at once.
 """
 
 import base64
@@ -989,6 +993,88 @@ def set_prices(spec):
         PRICE_LIST.setdefault(region, {}).update({t: float(p) for t, p in prices.items()})
         PRICE_PRODUCTS.clear()
 
+PLACEMENT_GROUPS = {}
+PLACEMENT_GROUPS_LOCK = threading.Lock()
+PLACEMENT_GROUP_FILTERS = {"group-name": "GroupName", "group-arn": "GroupArn", "state": "State",
+                           "strategy": "Strategy", "spread-level": "SpreadLevel"}
+
+
+def placement_group_values(g, name):
+    """The values of a group a filter tests; None for a filter EC2 lacks."""
+    if name == "tag-key":
+        return [t["Key"] for t in g["Tags"]]
+    if name.startswith("tag:"):
+        return [t["Value"] for t in g["Tags"] if t["Key"] == name[4:]]
+    if name not in PLACEMENT_GROUP_FILTERS:
+        return None
+    value = g.get(PLACEMENT_GROUP_FILTERS[name])
+    return [] if value is None else [str(value)]
+
+
+def create_placement_group(self):
+    """CreatePlacementGroup: a named group of a strategy, available at once."""
+    name = self._get_param("GroupName")
+    if not name:
+        raise MissingParameterError("GroupName")
+    strategy = self._get_param("Strategy") or "cluster"
+    if strategy not in ec2_enum("PlacementStrategy"):
+        raise invalid(f"Invalid value '{strategy}' for Strategy.")
+    spread_level = self._get_param("SpreadLevel")
+    if spread_level and strategy != "spread":
+        raise invalid("SpreadLevel is only valid for spread placement groups.")
+    partitions = self._get_int_param("PartitionCount")
+    if partitions is not None and (strategy != "partition" or not 1 <= partitions <= 7):
+        raise invalid(f"Invalid value '{partitions}' for PartitionCount.")
+    tags = self._parse_tag_specification("placement-group").get("placement-group", {})
+    self.error_on_dryrun()
+    account, region = self.current_account, self.region
+    with PLACEMENT_GROUPS_LOCK:
+        groups = PLACEMENT_GROUPS.setdefault((account, region), {})
+        if name in groups:
+            raise EC2ClientError("InvalidPlacementGroup.Duplicate",
+                                 f"The placement group '{name}' already exists.")
+        gid = random_id("pg")
+        g = {
+            "GroupName": name,
+            "State": "available",
+            "Strategy": strategy,
+            "GroupId": gid,
+            "GroupArn": f"arn:{get_partition(region)}:ec2:{region}:{account}:placement-group/{name}",
+            "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+        }
+        if strategy == "partition":
+            g["PartitionCount"] = partitions or 2
+        if strategy == "spread":
+            g["SpreadLevel"] = spread_level or "rack"
+        groups[name] = g
+        return ActionResult({"PlacementGroup": dict(g)})
+
+
+def describe_placement_groups(self):
+    """DescribePlacementGroups: names or ids (each must exist), then filters, ANDed."""
+    names = self._get_param("GroupNames", [])
+    ids = self._get_param("GroupIds", [])
+    filters = self._filters_from_querystring()
+    for name in filters:
+        if placement_group_values({"Tags": []}, name) is None:
+            raise invalid(f"The filter '{name}' is invalid")
+    self.error_on_dryrun()
+    with PLACEMENT_GROUPS_LOCK:
+        groups = list(PLACEMENT_GROUPS.get((self.current_account, self.region), {}).values())
+    for n in names:
+        if not any(g["GroupName"] == n for g in groups):
+            raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{n}' is unknown.")
+    for i in ids:
+        if not any(g["GroupId"] == i for g in groups):
+            raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{i}' is unknown.")
+    found = [dict(g) for g in groups
+             if (not names or g["GroupName"] in names) and (not ids or g["GroupId"] in ids)]
+    for name, patterns in filters.items():
+        regexes = [re.compile(simple_aws_filter_to_re(p)) for p in patterns]
+        found = [g for g in found
+                 if any(x.match(v) for v in placement_group_values(g, name) for x in regexes)]
+    return ActionResult({"PlacementGroups": found})
+
 
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -1000,6 +1086,8 @@ def main():
     EC2Response.create_capacity_reservation = create_capacity_reservation
     EC2Response.describe_capacity_reservations = describe_capacity_reservations
     EC2Response.cancel_capacity_reservation = cancel_capacity_reservation
+    EC2Response.create_placement_group = create_placement_group
+    EC2Response.describe_placement_groups = describe_placement_groups
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     seed()
@@ -1013,6 +1101,8 @@ def main():
                 SPOT_PRICES.clear()
                 with RESERVATIONS_LOCK:
                     RESERVATIONS.clear()
+                with PLACEMENT_GROUPS_LOCK:
+                    PLACEMENT_GROUPS.clear()
                 seed()
             elif cmd == "param":
                 name, _, value = arg.partition(" ")

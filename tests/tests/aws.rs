@@ -15,6 +15,7 @@ mod launch_class;
 mod launch_exactly_once;
 mod launch_faults;
 mod launch_moto;
+mod launch_nodeclass_fields;
 mod launch_profiles;
 mod launch_reserved;
 mod leases;

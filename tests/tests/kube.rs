@@ -5,6 +5,7 @@
 mod launch_fixtures;
 
 mod forwarder;
+mod karpenter_crds;
 mod kube_adapter;
 mod kube_server;
 mod kubectl;

@@ -325,7 +325,24 @@ async fn a_pod_recreated_under_its_old_name_does_not_stop_provisioning() {
 #[tokio::test]
 async fn a_nodepool_or_nodeclass_that_cannot_be_read_is_skipped_with_an_event_and_the_rest_still_solve() {
     let s = stack(None, &[("web-0", "1")]).await;
-    // What a newer Karpenter CRD might accept and this release cannot read: an
+    // The cluster runs other CRDs than nodesmith's (the test server installs
+    // nodesmith's, and stores only what their schemas take): any object goes.
+    for (plural, group, kind) in [
+        ("nodepools", "karpenter.sh", "NodePool"),
+        ("ec2nodeclasses", "karpenter.k8s.aws", "EC2NodeClass"),
+    ] {
+        s.kube
+            .apply(&json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{plural}.{group}")},
+                "spec": {"group": group, "scope": "Cluster",
+                         "names": {"plural": plural, "kind": kind},
+                         "versions": [{"name": "v1", "served": true, "storage": true,
+                                       "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+            }))
+            .unwrap();
+    }
+    // What a newer Karpenter CRD accepts and this release cannot read: an
     // enum value it does not know (heaviest pool, so it would be tried first),
     // and a class whose role is not a string. (`Balanced`, once the example,
     // is read since Karpenter 1.14's policy is honoured.)

@@ -1111,6 +1111,11 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
         "ec2:DescribeCapacityReservations",
         &["LaunchFunction", "SweepFunction"],
     ),
+    (
+        "nodeclass/placementgroup.rs",
+        "ec2:DescribePlacementGroups",
+        &["LaunchFunction", "SweepFunction"],
+    ),
     ("launch/gc.rs", "ec2:DescribeLaunchTemplates", &["SweepFunction"]),
     ("launch/gc.rs", "ec2:DeleteLaunchTemplate", &["SweepFunction"]),
     // Which instance profiles live instances run with.

@@ -59,8 +59,10 @@ pub struct EC2NodeClassSpec {
     /// Instance metadata service options.
     #[serde(default)]
     pub metadata_options: MetadataOptions,
-    /// Kubelet settings that shape allocatable and eviction.
+    /// Kubelet settings that shape allocatable and eviction. Free-form in the
+    /// CRD, as Karpenter's: a key nodesmith does not read is refused by validation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::free_form_object")]
     pub kubelet: Option<KubeletConfiguration>,
     /// Whether instances get a public IPv4 address.
     #[serde(
@@ -78,6 +80,69 @@ pub struct EC2NodeClassSpec {
     /// EC2 Fleet context (for ODCR / ABIS integrations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// The placement group instances launch into, by name or id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_group_selector: Option<PlacementGroupSelector>,
+    /// IPv4 prefixes assigned to the primary network interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_prefix_count: Option<i32>,
+    /// Network interfaces to attach (EFA); not supported by nodesmith (refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_interfaces: Vec<NetworkInterface>,
+    /// Idle connection tracking timeouts of the primary network interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_tracking: Option<ConnectionTracking>,
+    /// CPU options of the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_options: Option<CpuOptions>,
+}
+
+/// `placementGroupSelector`: exactly one of a name or an id.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementGroupSelector {
+    /// The placement group's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The placement group's id, `pg-...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// One network interface of `networkInterfaces`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInterface {
+    /// The network card it attaches to.
+    pub network_card_index: i32,
+    /// Its device index.
+    pub device_index: i32,
+    /// `interface` or `efa-only`.
+    pub interface_type: String,
+}
+
+/// Idle connection tracking timeouts, in seconds.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionTracking {
+    /// Established TCP connections (60..=432000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_established_timeout: Option<i32>,
+    /// UDP flows seen in both directions more than once (60..=180).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_stream_timeout: Option<i32>,
+    /// Other UDP flows (30..=60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_timeout: Option<i32>,
+}
+
+/// CPU options.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuOptions {
+    /// `enabled` or `disabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested_virtualization: Option<String>,
 }
 
 /// Observed state of an EC2NodeClass, as Karpenter v1 writes it: what the
@@ -213,6 +278,8 @@ pub mod condition_types {
     pub const INSTANCE_PROFILE_READY: &str = "InstanceProfileReady";
     /// The capacity reservation selectors were read (selecting none is fine).
     pub const CAPACITY_RESERVATIONS_READY: &str = "CapacityReservationsReady";
+    /// `placementGroupSelector` selects an available placement group (listed when set).
+    pub const PLACEMENT_GROUP_READY: &str = "PlacementGroupReady";
     /// EC2 took the class's latest launch (listed once EC2 refused one; not
     /// part of Ready: a refusal is fixed outside the class, and only a later
     /// launch can show it fixed).
@@ -282,6 +349,9 @@ pub struct SelectorTerm {
     /// Owner account (capacity reservations only).
     #[serde(default, rename = "ownerID", skip_serializing_if = "Option::is_none")]
     pub owner_id: Option<String>,
+    /// `open` or `targeted` (capacity reservations only; not supported by nodesmith, refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_match_criteria: Option<String>,
 }
 
 /// A block device mapping.
@@ -321,6 +391,9 @@ pub struct BlockDevice {
     /// Throughput in MiB/s (gp3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput: Option<i64>,
+    /// MiB/s at which the snapshot's blocks are read into the volume (100..=300; needs snapshotID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_initialization_rate: Option<i32>,
     /// Size, as a quantity (e.g. 100Gi).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_size: Option<Quantity>,
@@ -419,6 +492,18 @@ pub struct KubeletConfiguration {
     /// Enforce CPU CFS quota.
     #[serde(default, rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]
     pub cpu_cfs_quota: Option<bool>,
+    /// Any other KubeletConfiguration field: kept so validation can name it (refused).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// What validation says of a Karpenter field nodesmith does not build.
+pub const UNSUPPORTED: &str = "is not supported by nodesmith: the class is not used to launch";
+
+/// Whether `id` is `prefix` then one or more of `[0-9a-z]`.
+fn is_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix)
+        .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
 }
 
 const RESERVED_KEYS: &[&str] = &["cpu", "memory", "ephemeral-storage", "pid"];
@@ -467,7 +552,8 @@ impl EC2NodeClass {
     /// changed term that selects the same resources is no drift), and the literal amiFamily,
     /// replaced by the family in force. Hashed: AMI family, userData, role, instanceProfile,
     /// tags, kubelet, blockDeviceMappings (a set), metadataOptions, associatePublicIPAddress,
-    /// detailedMonitoring, instanceStorePolicy and context. Defaults count as spelled out:
+    /// detailedMonitoring, instanceStorePolicy and context, and when set placementGroupSelector,
+    /// networkInterfaces, connectionTracking and cpuOptions (ipPrefixCount is not). Defaults count as spelled out:
     /// metadataOptions' are applied when the manifest is read, and detailedMonitoring `false`,
     /// an empty userData or kubelet block hash as unset. associatePublicIPAddress `false` does
     /// not hash as unset (unset lets the subnet decide), unlike Karpenter's zero-value rule.
@@ -476,7 +562,7 @@ impl EC2NodeClass {
     pub fn hash(&self) -> String {
         let s = &self.spec;
         let non_empty = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
-        hash::digest(&serde_json::json!({
+        let mut hashed = serde_json::json!({
             "amiFamily": self.ami_family(),
             "userData": non_empty(&s.user_data),
             "role": non_empty(&s.role),
@@ -491,7 +577,27 @@ impl EC2NodeClass {
             "detailedMonitoring": s.detailed_monitoring.filter(|m| *m),
             "instanceStorePolicy": non_empty(&s.instance_store_policy),
             "context": non_empty(&s.context),
-        }))
+        });
+        // Hashed as Karpenter does (ipPrefixCount is not), and only when set:
+        // a class without them keeps the hash it had before they existed.
+        let later = [
+            (
+                "placementGroupSelector",
+                serde_json::to_value(&s.placement_group_selector),
+            ),
+            ("networkInterfaces", serde_json::to_value(&s.network_interfaces)),
+            ("connectionTracking", serde_json::to_value(&s.connection_tracking)),
+            ("cpuOptions", serde_json::to_value(&s.cpu_options)),
+        ];
+        for (k, v) in later {
+            if let (Some(o), Ok(v)) = (hashed.as_object_mut(), v)
+                && !v.is_null()
+                && v != serde_json::json!([])
+            {
+                o.insert(k.into(), v);
+            }
+        }
+        hash::digest(&hashed)
     }
 
     /// The class's name.
@@ -599,6 +705,79 @@ impl EC2NodeClassSpec {
         {
             errs.push(p.field("instanceStorePolicy"), format!("must be RAID0, got {policy:?}"));
         }
+        self.validate_launch_shape(errs, p);
+        self.refuse_unsupported(errs, p);
+    }
+
+    /// Karpenter's CRD rules for the fields that shape the launch template
+    /// beyond the classic ones: placement group, prefixes, connection tracking, CPU.
+    fn validate_launch_shape(&self, errs: &mut Errors, p: &Path) {
+        if let Some(pg) = &self.placement_group_selector {
+            let pp = p.field("placementGroupSelector");
+            match (&pg.name, &pg.id) {
+                (None, None) => errs.push(pp, "expected at least one, got none, ['name', 'id']"),
+                (Some(_), Some(_)) => errs.push(pp, "'name' and 'id' are mutually exclusive"),
+                (Some(n), None) if n.is_empty() => errs.push(pp.field("name"), "must not be empty"),
+                (None, Some(id)) if !is_id(id, "pg-") => {
+                    errs.push(pp.field("id"), format!("must match pg-[0-9a-z]+, got {id:?}"))
+                }
+                _ => {}
+            }
+        }
+        if self.ip_prefix_count.is_some_and(|n| n < 0) {
+            errs.push(p.field("ipPrefixCount"), "must be at least 0");
+        }
+        if let Some(ct) = &self.connection_tracking {
+            let cp = p.field("connectionTracking");
+            if ct.tcp_established_timeout.is_none() && ct.udp_stream_timeout.is_none() && ct.udp_timeout.is_none() {
+                errs.push(
+                    cp.clone(),
+                    "at least one of tcpEstablishedTimeout, udpStreamTimeout, or udpTimeout must be set",
+                );
+            }
+            for (field, v, range) in [
+                ("tcpEstablishedTimeout", ct.tcp_established_timeout, 60..=432_000),
+                ("udpStreamTimeout", ct.udp_stream_timeout, 60..=180),
+                ("udpTimeout", ct.udp_timeout, 30..=60),
+            ] {
+                if v.is_some_and(|v| !range.contains(&v)) {
+                    errs.push(
+                        cp.field(field),
+                        format!("must be between {} and {}", range.start(), range.end()),
+                    );
+                }
+            }
+        }
+        if let Some(nv) = self.cpu_options.as_ref().and_then(|c| c.nested_virtualization.as_ref())
+            && !["enabled", "disabled"].contains(&nv.as_str())
+        {
+            errs.push(
+                p.field("cpuOptions").field("nestedVirtualization"),
+                format!("must be one of [\"enabled\", \"disabled\"], got {nv:?}"),
+            );
+        }
+    }
+
+    /// Karpenter v1 fields nodesmith does not build: named, so the class's
+    /// status says which, and the class is not launched from (launching
+    /// without them would give nodes other than the ones asked for).
+    fn refuse_unsupported(&self, errs: &mut Errors, p: &Path) {
+        if !self.network_interfaces.is_empty() {
+            errs.push(p.field("networkInterfaces"), UNSUPPORTED);
+        }
+        for (i, t) in self.capacity_reservation_selector_terms.iter().enumerate() {
+            if t.instance_match_criteria.is_some() {
+                errs.push(
+                    p.field("capacityReservationSelectorTerms")
+                        .index(i)
+                        .field("instanceMatchCriteria"),
+                    UNSUPPORTED,
+                );
+            }
+        }
+        for k in self.kubelet.iter().flat_map(|k| k.other.keys()) {
+            errs.push(p.field("kubelet").field(k), UNSUPPORTED);
+        }
     }
 
     /// The AMI family and the selector terms as a list: how many, and an
@@ -695,18 +874,29 @@ impl SelectorTerm {
     /// One subnet, security group or capacity reservation term: ids start
     /// with `id_prefix`; names only where `allow_name`.
     fn validate(&self, errs: &mut Errors, p: &Path, id_prefix: &str, allow_name: bool) {
-        if self.tags.is_empty() && self.id.is_none() && self.name.is_none() {
+        // Capacity reservation terms may select by instanceMatchCriteria alone.
+        let reservations = id_prefix == "cr-";
+        let criteria = reservations && self.instance_match_criteria.is_some();
+        if self.tags.is_empty() && self.id.is_none() && self.name.is_none() && !criteria {
             errs.push(
                 p.clone(),
-                if allow_name {
-                    "expected at least one, got none, ['tags', 'id', 'name']"
-                } else {
-                    "expected at least one, got none, ['tags', 'id']"
+                match (allow_name, reservations) {
+                    (true, _) => "expected at least one, got none, ['tags', 'id', 'name']",
+                    (false, true) => "expected at least one, got none, ['tags', 'id', 'instanceMatchCriteria']",
+                    (false, false) => "expected at least one, got none, ['tags', 'id']",
                 },
             );
         }
         if self.name.is_some() && !allow_name {
             errs.push(p.field("name"), "is not supported here");
+        }
+        match &self.instance_match_criteria {
+            Some(_) if !reservations => errs.push(p.field("instanceMatchCriteria"), "is not supported here"),
+            Some(c) if !["open", "targeted"].contains(&c.as_str()) => errs.push(
+                p.field("instanceMatchCriteria"),
+                format!("must be one of [\"open\", \"targeted\"], got {c:?}"),
+            ),
+            _ => {}
         }
         if let Some(id) = &self.id {
             let ok = id
@@ -715,7 +905,7 @@ impl SelectorTerm {
             if !ok {
                 errs.push(p.field("id"), format!("must match {id_prefix}[0-9a-z]+, got {id:?}"));
             }
-            if !self.tags.is_empty() || self.name.is_some() {
+            if !self.tags.is_empty() || self.name.is_some() || criteria {
                 errs.push(
                     p.field("id"),
                     "'id' is mutually exclusive, cannot be set with a combination of other fields",
@@ -735,6 +925,17 @@ impl BlockDevice {
         }
         if self.snapshot_id.is_none() && self.volume_size.is_none() {
             errs.push(p.clone(), "must specify snapshotID or volumeSize");
+        }
+        if let Some(rate) = self.volume_initialization_rate {
+            if !(100..=300).contains(&rate) {
+                errs.push(p.field("volumeInitializationRate"), "must be between 100 and 300");
+            }
+            if self.snapshot_id.as_deref().is_none_or(str::is_empty) {
+                errs.push(
+                    p.field("volumeInitializationRate"),
+                    "snapshotID must be set when volumeInitializationRate is set",
+                );
+            }
         }
     }
 }
@@ -928,6 +1129,32 @@ spec:
             ("detailed monitoring off", |s| s.detailed_monitoring = Some(false)),
             ("instance store policy unset", |s| s.instance_store_policy = None),
             ("context", |s| s.context = Some("ctx-1".into())),
+            ("placement group", |s| {
+                s.placement_group_selector = Some(PlacementGroupSelector {
+                    name: Some("pg".into()),
+                    id: None,
+                })
+            }),
+            ("connection tracking", |s| {
+                s.connection_tracking = Some(ConnectionTracking {
+                    udp_timeout: Some(30),
+                    ..Default::default()
+                })
+            }),
+            ("cpu options", |s| {
+                s.cpu_options = Some(CpuOptions {
+                    nested_virtualization: Some("enabled".into()),
+                })
+            }),
+            ("network interfaces", |s| {
+                s.network_interfaces = vec![NetworkInterface {
+                    interface_type: "interface".into(),
+                    ..Default::default()
+                }]
+            }),
+            ("volume initialization rate", |s| {
+                ebs(&mut s.block_device_mappings[1]).volume_initialization_rate = Some(100)
+            }),
         ];
         let base = hashed_class().hash();
         let mut seen = std::collections::BTreeSet::from([base.clone()]);
@@ -938,6 +1165,71 @@ spec:
             assert_ne!(h, base, "{what} must change the hash");
             assert!(seen.insert(h), "{what} collides with another edit");
         }
+    }
+
+    #[test]
+    fn karpenter_v1_14_launch_fields_are_checked_and_the_unbuilt_ones_refused_by_name() {
+        let with = |extra: &str| {
+            let y = format!(
+                "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata: {{name: c}}\nspec:\n  \
+                 role: R\n  amiSelectorTerms: [{{alias: al2023@latest}}]\n  \
+                 subnetSelectorTerms: [{{id: subnet-1}}]\n  securityGroupSelectorTerms: [{{id: sg-1}}]\n{extra}"
+            );
+            serde_yaml_ng::from_str::<EC2NodeClass>(&y).unwrap()
+        };
+        let ok = "  placementGroupSelector: {id: pg-0abc}\n  ipPrefixCount: 1\n  \
+                  connectionTracking: {udpTimeout: 30}\n  cpuOptions: {nestedVirtualization: disabled}\n  \
+                  capacityReservationSelectorTerms: [{tags: {a: b}}]\n  \
+                  blockDeviceMappings: [{ebs: {snapshotID: snap-1, volumeInitializationRate: 100}}]\n";
+        assert_eq!(with(ok).validate(), Ok(()));
+        let cases = [
+            ("  placementGroupSelector: {}\n", "spec.placementGroupSelector"),
+            (
+                "  placementGroupSelector: {name: a, id: pg-1}\n",
+                "spec.placementGroupSelector",
+            ),
+            (
+                "  placementGroupSelector: {id: group-1}\n",
+                "spec.placementGroupSelector.id",
+            ),
+            ("  ipPrefixCount: -1\n", "spec.ipPrefixCount"),
+            ("  connectionTracking: {}\n", "spec.connectionTracking"),
+            (
+                "  connectionTracking: {udpTimeout: 61}\n",
+                "spec.connectionTracking.udpTimeout",
+            ),
+            (
+                "  cpuOptions: {nestedVirtualization: on}\n",
+                "spec.cpuOptions.nestedVirtualization",
+            ),
+            (
+                "  blockDeviceMappings: [{ebs: {volumeSize: 1Gi, volumeInitializationRate: 200}}]\n",
+                "spec.blockDeviceMappings[0].ebs.volumeInitializationRate",
+            ),
+            (
+                "  networkInterfaces: [{networkCardIndex: 0, deviceIndex: 0, interfaceType: interface}]\n",
+                "spec.networkInterfaces: is not supported by nodesmith",
+            ),
+            (
+                "  capacityReservationSelectorTerms: [{instanceMatchCriteria: open}]\n",
+                "spec.capacityReservationSelectorTerms[0].instanceMatchCriteria: is not supported by nodesmith",
+            ),
+            (
+                "  kubelet: {maxPods: 10, topologyManagerPolicy: none}\n",
+                "spec.kubelet.topologyManagerPolicy: is not supported by nodesmith",
+            ),
+        ];
+        for (extra, named) in cases {
+            let err = with(extra).validate().unwrap_err().to_string();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        // A kubelet field nodesmith does not read is kept, so its name reaches the status.
+        let k = with("  kubelet: {maxPods: 10, topologyManagerPolicy: none}\n");
+        let back = serde_json::to_value(&k.spec.kubelet).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"maxPods": 10, "topologyManagerPolicy": "none"})
+        );
     }
 
     #[test]
@@ -968,6 +1260,9 @@ spec:
                 })
             }),
             ("block device order", |s| s.block_device_mappings.reverse()),
+            ("ipPrefixCount (Karpenter does not hash it)", |s| {
+                s.ip_prefix_count = Some(2)
+            }),
         ];
         let base = hashed_class().hash();
         for (what, edit) in edits {

@@ -23,6 +23,11 @@ pub(crate) fn free_form_objects(_: &mut schemars::SchemaGenerator) -> schemars::
     schemars::json_schema!({"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}})
 }
 
+/// Schema of a free-form object (the EC2NodeClass `kubelet` block, as Karpenter's CRD has it).
+pub(crate) fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+}
+
 /// A node taint.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]

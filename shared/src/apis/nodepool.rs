@@ -57,6 +57,12 @@ pub struct NodePoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::free_form_objects")]
     pub conditions: Vec<serde_json::Value>,
+    /// How many nodes the pool has (Karpenter's field; kept as written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i64>,
+    /// The NodeClass generation last observed (Karpenter's field; kept as written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_class_observed_generation: Option<i64>,
 }
 
 /// The NodeClaim template of a NodePool.

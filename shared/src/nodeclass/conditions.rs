@@ -13,12 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 
 use super::ami::AmiKey;
+use super::placementgroup::PLACEMENT_GROUP_NOT_FOUND;
 use super::resolved::{
     AMI_NOT_FOUND, NO_AMIS, NO_SECURITY_GROUPS, NO_SUBNETS, ResolvedClass, SECURITY_GROUPS_NOT_FOUND, SUBNETS_NOT_FOUND,
 };
 use crate::apis::ec2nodeclass::condition_types::{
-    AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, LAUNCH_SUCCEEDED, READY, SECURITY_GROUPS_READY,
-    SUBNETS_READY,
+    AMIS_READY, CAPACITY_RESERVATIONS_READY, INSTANCE_PROFILE_READY, LAUNCH_SUCCEEDED, PLACEMENT_GROUP_READY, READY,
+    SECURITY_GROUPS_READY, SUBNETS_READY,
 };
 use crate::apis::ec2nodeclass::{
     AmiStatus, Condition, EC2NodeClassStatus, SecurityGroupStatus, StatusRequirement, SubnetStatus,
@@ -78,7 +79,14 @@ pub fn compute(
         Some((reason, message)) => Err((reason.clone(), message.clone())),
         None => found(!amis.is_empty(), AMI_NOT_FOUND, NO_AMIS),
     };
-    let dependents: [(&str, Outcome); 4] = [
+    let placement = facts.placement_group_problem.as_ref().map(|why| {
+        (
+            PLACEMENT_GROUP_READY,
+            Err((PLACEMENT_GROUP_NOT_FOUND.to_string(), why.clone())),
+        )
+    });
+    let placement = placement.or_else(|| facts.placement_group.as_ref().map(|_| (PLACEMENT_GROUP_READY, Ok(()))));
+    let dependents: Vec<(&str, Outcome)> = vec![
         (SUBNETS_READY, found(!subnets.is_empty(), SUBNETS_NOT_FOUND, NO_SUBNETS)),
         (
             SECURITY_GROUPS_READY,
@@ -103,7 +111,10 @@ pub fn compute(
                 ),
             },
         ),
-    ];
+    ]
+    .into_iter()
+    .chain(placement)
+    .collect();
     let failed: Vec<&(String, String)> = dependents.iter().filter_map(|(_, o)| o.as_ref().err()).collect();
     // Ready names the first failing dependent's reason, and every failure's
     // message; a class that fails validation is never Ready (launch refuses it).
@@ -257,6 +268,8 @@ mod tests {
             invalid: None,
             missing_profile: None,
             last_launch: None,
+            placement_group: None,
+            placement_group_problem: None,
         }
     }
 

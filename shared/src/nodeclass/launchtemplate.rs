@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
-    CapacityReservationTarget, LaunchTemplateBlockDeviceMappingRequest,
-    LaunchTemplateCapacityReservationSpecificationRequest, LaunchTemplateEbsBlockDeviceRequest,
-    LaunchTemplateHttpTokensState, LaunchTemplateIamInstanceProfileSpecificationRequest,
-    LaunchTemplateInstanceMarketOptionsRequest, LaunchTemplateInstanceMetadataEndpointState,
-    LaunchTemplateInstanceMetadataOptionsRequest, LaunchTemplateInstanceMetadataProtocolIpv6,
-    LaunchTemplateInstanceNetworkInterfaceSpecificationRequest, LaunchTemplateTagSpecificationRequest,
-    LaunchTemplatesMonitoringRequest, MarketType, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification,
+    CapacityReservationTarget, ConnectionTrackingSpecificationRequest, LaunchTemplateBlockDeviceMappingRequest,
+    LaunchTemplateCapacityReservationSpecificationRequest, LaunchTemplateCpuOptionsRequest,
+    LaunchTemplateEbsBlockDeviceRequest, LaunchTemplateHttpTokensState,
+    LaunchTemplateIamInstanceProfileSpecificationRequest, LaunchTemplateInstanceMarketOptionsRequest,
+    LaunchTemplateInstanceMetadataEndpointState, LaunchTemplateInstanceMetadataOptionsRequest,
+    LaunchTemplateInstanceMetadataProtocolIpv6, LaunchTemplateInstanceNetworkInterfaceSpecificationRequest,
+    LaunchTemplatePlacementRequest, LaunchTemplateTagSpecificationRequest, LaunchTemplatesMonitoringRequest,
+    MarketType, NestedVirtualizationSpecification, RequestLaunchTemplateData, ResourceType, Tag, TagSpecification,
     VolumeType,
 };
 use base64::Engine;
@@ -19,7 +20,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::error::NodeClassError;
-use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+use crate::apis::ec2nodeclass::{BlockDeviceMapping, ConnectionTracking, MetadataOptions};
 use crate::nodeclaim::ReservationRef;
 
 /// The tag naming a template's AMI.
@@ -57,6 +58,19 @@ pub struct TemplateSpec {
     /// one template per reservation, since EC2 reads the target from the template).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_reservation: Option<ReservationRef>,
+    /// IPv4 prefixes of the primary interface (`ipPrefixCount`; set, the
+    /// primary interface is described in the template, with the security groups).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip_prefix_count: Option<i32>,
+    /// Connection tracking timeouts of the primary interface (set, as `ip_prefix_count`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection_tracking: Option<ConnectionTracking>,
+    /// `cpuOptions.nestedVirtualization`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nested_virtualization: Option<String>,
+    /// The placement group's id (`placementGroupSelector`, resolved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement_group_id: Option<String>,
 }
 
 /// One EBS volume.
@@ -81,6 +95,9 @@ pub struct LaunchVolume {
     pub kms_key_id: Option<String>,
     /// Snapshot.
     pub snapshot_id: Option<String>,
+    /// MiB/s the snapshot is read into the volume at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_initialization_rate: Option<i32>,
 }
 
 /// Block devices from the EC2NodeClass, or the family's defaults (pure):
@@ -96,6 +113,7 @@ pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<Launc
         throughput: None,
         kms_key_id: None,
         snapshot_id: None,
+        volume_initialization_rate: None,
     };
     if mappings.is_empty() {
         return match family {
@@ -120,6 +138,7 @@ pub fn block_devices(family: &str, mappings: &[BlockDeviceMapping]) -> Vec<Launc
                 throughput: ebs.throughput.map(|v| v as i32),
                 kms_key_id: ebs.kms_key_id.clone(),
                 snapshot_id: ebs.snapshot_id.clone(),
+                volume_initialization_rate: ebs.volume_initialization_rate,
             })
         })
         .collect()
@@ -159,18 +178,41 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
                 .http_tokens(LaunchTemplateHttpTokensState::from(md.http_tokens.as_str()))
                 .build(),
         );
-    data = match spec.associate_public_ip {
-        // EC2 refuses security groups both on the template and on an interface.
-        Some(public) => data.network_interfaces(
+    // EC2 takes these only on an interface, and refuses security groups both
+    // on the template and on an interface: set, the primary interface carries the groups.
+    let primary_interface =
+        spec.associate_public_ip.is_some() || spec.ip_prefix_count.is_some() || spec.connection_tracking.is_some();
+    data = if primary_interface {
+        let tracking = spec.connection_tracking.as_ref().map(|c| {
+            ConnectionTrackingSpecificationRequest::builder()
+                .set_tcp_established_timeout(c.tcp_established_timeout)
+                .set_udp_stream_timeout(c.udp_stream_timeout)
+                .set_udp_timeout(c.udp_timeout)
+                .build()
+        });
+        data.network_interfaces(
             LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
                 .device_index(0)
-                .associate_public_ip_address(public)
+                .set_associate_public_ip_address(spec.associate_public_ip)
+                .set_ipv4_prefix_count(spec.ip_prefix_count)
+                .set_connection_tracking_specification(tracking)
                 .set_groups(Some(spec.security_groups.clone()))
                 .delete_on_termination(true)
                 .build(),
-        ),
-        None => data.set_security_group_ids(Some(spec.security_groups.clone())),
+        )
+    } else {
+        data.set_security_group_ids(Some(spec.security_groups.clone()))
     };
+    if let Some(nv) = &spec.nested_virtualization {
+        data = data.cpu_options(
+            LaunchTemplateCpuOptionsRequest::builder()
+                .nested_virtualization(NestedVirtualizationSpecification::from(nv.as_str()))
+                .build(),
+        );
+    }
+    if let Some(pg) = &spec.placement_group_id {
+        data = data.placement(LaunchTemplatePlacementRequest::builder().group_id(pg).build());
+    }
     if let Some(r) = &spec.capacity_reservation {
         data = data.capacity_reservation_specification(
             LaunchTemplateCapacityReservationSpecificationRequest::builder()
@@ -206,6 +248,7 @@ pub fn request_data(spec: &TemplateSpec) -> RequestLaunchTemplateData {
             .set_throughput(b.throughput)
             .set_kms_key_id(b.kms_key_id.clone())
             .set_snapshot_id(b.snapshot_id.clone())
+            .set_volume_initialization_rate(b.volume_initialization_rate)
             .build();
         data = data.block_device_mappings(
             LaunchTemplateBlockDeviceMappingRequest::builder()
@@ -267,6 +310,10 @@ mod tests {
             associate_public_ip: None,
             tags: BTreeMap::new(),
             capacity_reservation: None,
+            ip_prefix_count: None,
+            connection_tracking: None,
+            nested_virtualization: None,
+            placement_group_id: None,
         }
     }
 
@@ -399,5 +446,43 @@ mod tests {
                 (Some(0), Some(public), &["sg-1".to_string()][..])
             );
         }
+    }
+
+    #[test]
+    fn prefixes_tracking_cpu_and_placement_reach_the_request_and_leave_old_names_alone() {
+        // Unset, none of them changes a template's name (its content hash).
+        let json = serde_json::to_string(&spec()).unwrap();
+        for field in [
+            "ipPrefixCount",
+            "connectionTracking",
+            "nestedVirtualization",
+            "placementGroupId",
+        ] {
+            assert!(!json.contains(field), "{field} in {json}");
+        }
+        let data = request_data(&TemplateSpec {
+            ip_prefix_count: Some(3),
+            connection_tracking: Some(ConnectionTracking {
+                udp_timeout: Some(30),
+                ..Default::default()
+            }),
+            nested_virtualization: Some("enabled".into()),
+            placement_group_id: Some("pg-1".into()),
+            ..spec()
+        });
+        assert!(data.security_group_ids().is_empty());
+        let nic = &data.network_interfaces()[0];
+        assert_eq!(
+            (nic.ipv4_prefix_count(), nic.associate_public_ip_address()),
+            (Some(3), None)
+        );
+        assert_eq!(nic.groups(), ["sg-1"]);
+        let ct = nic.connection_tracking_specification().unwrap();
+        assert_eq!((ct.udp_timeout(), ct.tcp_established_timeout()), (Some(30), None));
+        assert_eq!(
+            data.cpu_options().and_then(|c| c.nested_virtualization()),
+            Some(&NestedVirtualizationSpecification::Enabled)
+        );
+        assert_eq!(data.placement().and_then(|p| p.group_id()), Some("pg-1"));
     }
 }

@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod eks_cluster;
 pub mod error;
 pub mod launchtemplate;
+pub mod placementgroup;
 pub mod profile;
 pub mod resolved;
 pub mod securitygroup;

@@ -13,7 +13,7 @@ use super::capacityreservation;
 use super::error::NodeClassError;
 use super::securitygroup::{self, SecurityGroup};
 use super::subnet::{self, Subnet};
-use super::{eks_cluster, profile};
+use super::{eks_cluster, placementgroup, profile};
 use crate::apis::EC2NodeClass;
 
 /// The reason of `AMIsReady=False` for a class without an AMI family.
@@ -60,6 +60,11 @@ pub struct ResolvedClass {
     /// record: `Ok`, or what a refusal no launch has succeeded since says
     /// ([`super::conditions::refusal_message`]).
     pub last_launch: Option<Result<(), String>>,
+    /// The id of the placement group `placementGroupSelector` selects (None
+    /// when it selects none or is unset; see `placement_group_problem`).
+    pub placement_group: Option<String>,
+    /// Why `placementGroupSelector` selects no usable group, if it does not.
+    pub placement_group_problem: Option<String>,
 }
 
 impl ResolvedClass {
@@ -75,13 +80,16 @@ impl ResolvedClass {
 
     /// Why a claim whose instance types need the AMI `keys` cannot launch from
     /// the class, if it cannot (pure): the first of no subnets, no security
-    /// groups, an AMI selector nodesmith cannot use, no AMI for those keys.
+    /// groups, no placement group the selector names, an AMI selector nodesmith cannot use, no AMI for those keys.
     pub fn unusable_for(&self, keys: &BTreeSet<AmiKey>) -> Option<String> {
         if self.subnets.is_empty() {
             return Some(format!("{SUBNETS_NOT_FOUND}: {NO_SUBNETS}"));
         }
         if self.security_groups.is_empty() {
             return Some(format!("{SECURITY_GROUPS_NOT_FOUND}: {NO_SECURITY_GROUPS}"));
+        }
+        if let Some(why) = &self.placement_group_problem {
+            return Some(format!("{}: {why}", placementgroup::PLACEMENT_GROUP_NOT_FOUND));
         }
         match &self.ami_problem {
             Some((reason, what)) if reason == AMI_SELECTOR_INVALID => return Some(what.clone()),
@@ -144,7 +152,16 @@ pub async fn resolve(
     } else {
         Some(capacityreservation::resolve(ec2, terms).await?)
     };
+    let (placement_group, placement_group_problem) = match &class.spec.placement_group_selector {
+        None => (None, None),
+        Some(sel) => match placementgroup::resolve(ec2, sel).await? {
+            Ok(id) => (Some(id), None),
+            Err(why) => (None, Some(why)),
+        },
+    };
     Ok(ResolvedClass {
+        placement_group,
+        placement_group_problem,
         invalid: class.validate().err().map(|e| e.to_string()),
         missing_profile: None,
         last_launch: None,

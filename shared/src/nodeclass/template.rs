@@ -60,6 +60,14 @@ pub fn template_spec(
         associate_public_ip: class.spec.associate_public_ip_address,
         tags,
         capacity_reservation: image.reservation.map(capacityreservation::target),
+        ip_prefix_count: class.spec.ip_prefix_count,
+        connection_tracking: class.spec.connection_tracking.clone(),
+        nested_virtualization: class
+            .spec
+            .cpu_options
+            .as_ref()
+            .and_then(|c| c.nested_virtualization.clone()),
+        placement_group_id: resolved.placement_group.clone(),
     })
 }
 

@@ -62,6 +62,7 @@ pub mod kubelet;
 pub mod rbac;
 pub mod resources;
 pub mod scheduler;
+pub mod schema;
 pub mod selectors;
 pub mod store;
 pub mod table;
@@ -315,6 +316,14 @@ impl KubeServer {
         for ns in INITIAL_NAMESPACES {
             // A fresh store holds nothing, so this cannot collide.
             let _ = store.create(NAMESPACES, "", namespace_json(ns));
+        }
+        // nodesmith's CRDs are installed, as in a cluster the stack deployed
+        // to: NodePools and EC2NodeClasses are stored as the API server would.
+        for crd in nodesmith::kubernetes::crds::crds() {
+            let crd = serde_json::to_value(crd).map_err(std::io::Error::other)?;
+            store
+                .create(resources::CRDS, "", crd)
+                .map_err(|e| std::io::Error::other(format!("installing a CRD: {e:?}")))?;
         }
         let mut policies = BTreeMap::new();
         for identity in rbac::Identity::RESTRICTED {

@@ -89,6 +89,14 @@ pub const RESOURCES: &[Resource] = &[
     ),
     r("apps", "v1", "deployments", "Deployment", true, &["deploy"]),
     r("apps", "v1", "replicasets", "ReplicaSet", true, &["rs"]),
+    r(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        false,
+        &["crd", "crds"],
+    ),
 ];
 
 /// Looks a resource up by group, version and plural.
@@ -121,6 +129,9 @@ pub const PDBS: &Resource = &RESOURCES[7];
 pub const DEPLOYMENTS: &Resource = &RESOURCES[12];
 /// The ReplicaSets resource.
 pub const REPLICASETS: &Resource = &RESOURCES[13];
+/// The CustomResourceDefinitions resource: a CRD installed here makes the
+/// server prune and check its kind's objects against the CRD's schema.
+pub const CRDS: &Resource = &RESOURCES[14];
 
 /// Subresources the server serves: (resource plural, subresource, the kind
 /// it takes and returns as `group/version/kind`, or "" for the parent's kind).

@@ -269,6 +269,8 @@ impl Store {
             return Err(StoreError::Invalid("body must be a JSON object".into()));
         }
         check_labels(res, &obj)?;
+        let named = name_of(&obj).to_string();
+        self.fit_to_crd(res, &named, &mut obj)?;
         let meta = obj.as_object_mut().and_then(|o| {
             o.entry("metadata").or_insert_with(|| json!({}));
             o.get_mut("metadata").and_then(Value::as_object_mut)
@@ -340,6 +342,27 @@ impl Store {
         Ok(obj)
     }
 
+    /// A custom resource as the API server stores it: pruned to, and checked
+    /// against, the schema of its installed CRD (`<plural>.<group>`); kinds
+    /// without an installed CRD are stored as sent.
+    fn fit_to_crd(&self, res: &Resource, name: &str, obj: &mut Value) -> Result<(), StoreError> {
+        let crd_name = format!("{}.{}", res.plural, res.group);
+        let Some(schema) = self
+            .get(super::resources::CRDS, "", &crd_name)
+            .and_then(|crd| super::schema::version_schema(crd, res.version))
+        else {
+            return Ok(());
+        };
+        super::schema::fit(obj, schema).map_err(|errors| {
+            StoreError::Invalid(format!(
+                "{}.{} {name:?} is invalid: {}",
+                res.kind,
+                res.group,
+                errors.join(", ")
+            ))
+        })
+    }
+
     /// Replaces an object. A resourceVersion in `new` must match the stored one.
     pub fn update(&mut self, res: &Resource, ns: &str, name: &str, mut new: Value) -> Result<Value, StoreError> {
         let key = (ns.to_string(), name.to_string());
@@ -347,6 +370,7 @@ impl Store {
             return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
         };
         check_labels(res, &new)?;
+        self.fit_to_crd(res, name, &mut new)?;
         let sent = new
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
