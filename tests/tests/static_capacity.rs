@@ -1,7 +1,8 @@
 //! Static capacity (NodePool `replicas`) on the local stack: the sweep
 //! launches the pool's replicas through the capacity door (claims written,
 //! launch requests queued, `launch` runs them on moto), launches nothing
-//! more once at the count, and replaces a replica whose instance is lost.
+//! more once at the count, replaces a replica whose instance is lost, and
+//! drains and terminates the surplus when `replicas` is lowered.
 
 use crate::local_stack::{Stack, fast};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
@@ -68,4 +69,55 @@ async fn a_static_pool_keeps_its_replicas_launched_through_the_one_door_and_repl
         .filter(|c| c.instance_id.as_deref() != Some(ids[0].as_str()) && c.phase.holds_capacity())
         .collect();
     assert_eq!(live.len(), 2, "{claims:?}");
+}
+
+#[tokio::test]
+async fn a_lowered_replicas_drains_and_terminates_the_surplus_and_launches_nothing() {
+    let s = Stack::new("64", 0).await;
+    s.kube.apply(&static_pool(2)).unwrap();
+    let sweeper = s.sweeper(fast());
+    sweeper.run().await.unwrap();
+    s.launch_all().await;
+    // Both replicas join and are registered and initialized.
+    for _ in 0..3 {
+        s.kubelet_step().await;
+        sweeper.run().await.unwrap();
+    }
+    let claims = s.claims().await;
+    assert!(
+        fixed(&claims).iter().all(|c| c.phase == Phase::Initialized),
+        "{claims:?}"
+    );
+
+    s.kube.apply(&static_pool(1)).unwrap();
+    let report = sweeper.run().await.unwrap();
+    assert_eq!(report.replicas.surplus.len(), 1, "{:?}", report.replicas);
+    assert!(report.replicas.launched.is_empty(), "{:?}", report.replicas);
+    let gone = report.replicas.surplus[0].clone();
+    let claims = s.claims().await;
+    let draining = claims.iter().find(|c| c.name == gone).expect("the surplus claim");
+    assert_eq!(draining.phase, Phase::Draining, "{draining:?}");
+    let id = draining.instance_id.clone().expect("launched");
+
+    // The drain finishes (nothing to evict), then the instance and the claim go.
+    for _ in 0..3 {
+        s.kubelet_step().await;
+        let report = sweeper.run().await.unwrap();
+        assert!(
+            report.replicas.launched.is_empty(),
+            "no replacement: {:?}",
+            report.replicas
+        );
+        if !s.claims().await.iter().any(|c| c.name == gone) {
+            break;
+        }
+    }
+    let claims = s.claims().await;
+    assert!(!claims.iter().any(|c| c.name == gone), "{claims:?}");
+    assert_eq!(fixed(&claims).len(), 1, "{claims:?}");
+    let state = s.instance_states().await.get(&id).cloned();
+    assert!(
+        matches!(state.as_deref(), Some("terminated" | "shutting-down")),
+        "the surplus instance is terminated: {state:?}"
+    );
 }

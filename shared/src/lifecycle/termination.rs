@@ -31,6 +31,8 @@ use crate::state::TerminationRecord;
 pub const NODE_DELETED: &str = "node-deleted";
 /// Why a termination began: the claim's NodePool was deleted.
 pub const NODEPOOL_DELETED: &str = "nodepool-deleted";
+/// Why a termination began: its static NodePool's `replicas` was lowered.
+pub const REPLICAS_LOWERED: &str = "replicas-lowered";
 
 /// A termination to begin: taint the node, move the claim to Draining,
 /// record the drain (when there is a Node) and the termination.
@@ -40,7 +42,7 @@ pub struct Begin {
     pub claim: String,
     /// Its Node, when registered.
     pub node: Option<String>,
-    /// [`NODE_DELETED`] or [`NODEPOOL_DELETED`].
+    /// [`NODE_DELETED`], [`NODEPOOL_DELETED`] or [`REPLICAS_LOWERED`].
     pub reason: &'static str,
     /// How the node is drained; its deadline is when the instance goes whatever the drain says.
     pub policy: DrainPolicy,
@@ -134,6 +136,37 @@ pub fn to_begin(seen: &Seen<'_>) -> Vec<Begin> {
         });
     }
     out
+}
+
+/// The terminations that take a static pool down to its count (pure): each
+/// surplus claim drained within its grace period from `now`, then
+/// terminated, with no replacement and no budget (Karpenter's static
+/// scale-down). Claims a disruption or a termination already has are left.
+pub fn scale_down(
+    surplus: &[String],
+    claims: &[NodeClaim],
+    pool: &NodePool,
+    busy: &BTreeSet<String>,
+    now: Timestamp,
+) -> Vec<Begin> {
+    surplus
+        .iter()
+        .filter(|name| !busy.contains(*name))
+        .filter_map(|name| claims.iter().find(|c| &c.name == name))
+        .map(|c| {
+            let grace = crate::termination_grace::period(Some(c), Some(pool));
+            let deadline = crate::termination_grace::deadline(now, grace);
+            Begin {
+                claim: c.name.clone(),
+                node: c.node_name.clone(),
+                reason: REPLICAS_LOWERED,
+                policy: DrainPolicy {
+                    deadline,
+                    force_from: deadline,
+                },
+            }
+        })
+        .collect()
 }
 
 /// The record of a termination beginning at `now` (pure).

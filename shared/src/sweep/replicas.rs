@@ -1,8 +1,9 @@
 //! The sweep's static-capacity step: each static pool (`replicas`) is
 //! brought back to its count ([`crate::static_capacity`] decides) by new
 //! claims admitted through the one door for new capacity, under the
-//! provision lease, as provisioning's and disruption's are. Removing a
-//! surplus (a lowered `replicas`) is not carried out yet: it is reported.
+//! provision lease, as provisioning's and disruption's are. A surplus (a
+//! lowered `replicas`) is drained and terminated as a deleted Node is
+//! ([`crate::lifecycle::termination::scale_down`]).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use jiff::Timestamp;
 use super::{StepError, Sweeper};
 use crate::capacity::{self, Door};
 use crate::kubernetes::{Cluster, drain};
+use crate::lifecycle::termination;
 use crate::snapshot::live;
 use crate::static_capacity;
 
@@ -25,8 +27,10 @@ pub struct ReplicasReport {
     pub launched: Vec<String>,
     /// Static pools that could not launch, with why.
     pub refused: Vec<(String, String)>,
-    /// Claims over their static pool's count, left running.
+    /// Claims over their static pool's count whose termination began.
     pub surplus: Vec<String>,
+    /// Surplus claims whose termination could not begin, with why (the next run tries again).
+    pub failed: Vec<(String, StepError)>,
 }
 
 impl<C: Cluster> Sweeper<C> {
@@ -71,7 +75,11 @@ impl<C: Cluster> Sweeper<C> {
                     .collect();
                 let seed = capacity::seed(&lease, now);
                 let mut new = Vec::new();
+                let mut ends = Vec::new();
                 let mut out = ReplicasReport::default();
+                // Claims a disruption or a termination already takes down are not counted twice.
+                let mut busy: BTreeSet<String> = self.store.disruptions().await?.into_iter().map(|d| d.claim).collect();
+                busy.extend(self.store.terminations().await?.into_iter().map(|t| t.claim));
                 for pool in &snapshot.node_pools {
                     let Some(want) = static_capacity::decide(pool, &claims, &empty) else {
                         continue;
@@ -79,7 +87,7 @@ impl<C: Cluster> Sweeper<C> {
                     if want.limited {
                         tracing::info!(node_pool = %want.pool, "limits.nodes keeps the static pool below its replicas");
                     }
-                    out.surplus.extend(want.remove.iter().cloned());
+                    ends.extend(termination::scale_down(&want.remove, &claims, pool, &busy, now));
                     match static_capacity::plan_launches(
                         &snapshot,
                         &want.pool,
@@ -92,17 +100,26 @@ impl<C: Cluster> Sweeper<C> {
                 }
                 let created = door.admit(&lease, &new).await?;
                 out.launched = created.into_iter().map(|c| c.name).collect();
-                Ok::<_, StepError>(out)
+                Ok::<_, StepError>((out, ends))
             })
             .await?;
         match done {
-            Some(out) => {
-                let out = out?;
+            Some(done) => {
+                let (mut out, ends) = done?;
+                for b in ends {
+                    match self.begin_one(&b, now).await {
+                        Ok(()) => {
+                            tracing::info!(node_claim = %b.claim, node = ?b.node, "static pool above its replicas: the node is drained, then terminated");
+                            out.surplus.push(b.claim);
+                        }
+                        Err(e) => out.failed.push((b.claim, e)),
+                    }
+                }
                 for (pool, why) in &out.refused {
                     tracing::warn!(node_pool = %pool, %why, "static pool cannot launch its replicas");
                 }
-                if !out.surplus.is_empty() {
-                    tracing::warn!(claims = ?out.surplus, "static pools above their replicas: scale-down is not built, the nodes stay");
+                for (claim, e) in &out.failed {
+                    tracing::warn!(node_claim = %claim, error = %crate::telemetry::causes(e), "a surplus replica's termination did not begin; the next sweep tries again");
                 }
                 *report = out;
             }

@@ -79,7 +79,8 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
-    async fn begin_one(&self, b: &Begin, now: Timestamp) -> Result<(), StepError> {
+    /// Begins one termination: taint and event, claim Draining, drain record, termination record.
+    pub(super) async fn begin_one(&self, b: &Begin, now: Timestamp) -> Result<(), StepError> {
         if let Some(node) = &b.node {
             match self.cluster.taint_disrupted(node).await {
                 Ok(_) => {
