@@ -35,7 +35,8 @@ use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, VersionCheck, 
 const BLOCKED_EVENTS_PER_RUN: usize = 20;
 /// Steps one disruption may take in one run (a full walk takes five).
 const STEPS_PER_RUN: usize = 6;
-/// How long the sweep waits for `provision` to release its lease before leaving the launch to the next run.
+/// How long the sweep's launches wait for `provision` to release its lease
+/// before leaving them to the next run.
 const PROVISION_LEASE_WAIT: Duration = Duration::from_secs(10);
 /// How long the what-if solves of one pass may search for cheaper packings.
 const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
@@ -154,6 +155,19 @@ struct Batch<'r> {
 }
 
 impl<C: Cluster> Sweeper<C> {
+    /// The capacity door for the sweep's own launches (replacements, static
+    /// replicas): under the provision lease, waiting a while for `provision`.
+    pub(super) fn door<'a>(&'a self, launch_queue_url: &'a str) -> Door<'a> {
+        Door {
+            store: &self.store,
+            sqs: &self.sqs,
+            launch_queue_url,
+            holder: &self.config.holder,
+            lease_ttl: self.config.provision_lease,
+            lease_wait: PROVISION_LEASE_WAIT,
+        }
+    }
+
     /// The disruption part of a run: new decisions, then every recorded
     /// disruption moved on as far as it goes now.
     pub(super) async fn disrupt(
@@ -485,15 +499,7 @@ impl<C: Cluster> Sweeper<C> {
             tracing::warn!("replacements are due but NODESMITH_LAUNCH_QUEUE_URL is not set");
             return Ok(());
         };
-        let door = Door {
-            store: &self.store,
-            sqs: &self.sqs,
-            launch_queue_url: url,
-            holder: &self.config.holder,
-            lease_ttl: self.config.provision_lease,
-            lease_wait: PROVISION_LEASE_WAIT,
-        };
-        let door = &door;
+        let door = &self.door(url);
         let launched = door
             .under_lease(|lease| async move { self.launch_under(door, &lease, batch, report).await })
             .await?;

@@ -6,19 +6,15 @@
 //! ([`crate::lifecycle::termination::scale_down`]).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use jiff::Timestamp;
 
 use super::{StepError, Sweeper};
-use crate::capacity::{self, Door};
+use crate::capacity;
 use crate::kubernetes::{Cluster, drain};
 use crate::lifecycle::termination;
 use crate::snapshot::live;
 use crate::static_capacity;
-
-/// How long the step waits for `provision` to give the lease up.
-const PROVISION_LEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// What the static-capacity step did.
 #[derive(Debug, Default)]
@@ -53,15 +49,7 @@ impl<C: Cluster> Sweeper<C> {
             tracing::warn!("static pools need nodes but NODESMITH_LAUNCH_QUEUE_URL is not set");
             return Ok(());
         };
-        let door = Door {
-            store: &self.store,
-            sqs: &self.sqs,
-            launch_queue_url: url,
-            holder: &self.config.holder,
-            lease_ttl: self.config.provision_lease,
-            lease_wait: PROVISION_LEASE_WAIT,
-        };
-        let door = &door;
+        let door = &self.door(url);
         let done = door
             .under_lease(|lease| async move {
                 // Read under the lease: claims provision wrote meanwhile count.
