@@ -805,8 +805,11 @@ mod tests {
         let p = Policy::forwarder().unwrap();
         assert!(p.allows(&res(Method::GET, "/api/v1/pods", &[("watch", "true")])));
         assert!(p.allows(&res(Method::GET, "/api/v1/pods", &[])));
+        // Nodes too, to report nodesmith's joining Nodes; it may not change them.
+        assert!(p.allows(&res(Method::GET, "/api/v1/nodes", &[("watch", "true")])));
         for (m, path) in [
-            (Method::GET, "/api/v1/nodes"),
+            (Method::PATCH, "/api/v1/nodes/n"),
+            (Method::GET, "/api/v1/namespaces"),
             (Method::POST, "/api/v1/namespaces/ns/pods"),
             (Method::GET, "/api/v1/namespaces/ns/secrets/s"),
             (Method::POST, "/api/v1/namespaces/ns/pods/p/eviction"),
