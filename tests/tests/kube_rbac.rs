@@ -733,6 +733,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "sweep/classes.rs",
             "sweep/disrupt.rs",
             "sweep/termination.rs",
+            "sweep/replicas.rs",
             "snapshot/live.rs",
             "draining.rs",
             "kubernetes/drain.rs",

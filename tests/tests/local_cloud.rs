@@ -370,9 +370,18 @@ async fn play_story(options: DemoOptions) {
     // The function binaries and the forwarder ran the whole story within their ClusterRoles.
     assert!(denials.is_empty(), "RBAC refused calls: {denials:#?}");
     // The forwarder ran as its ServiceAccount (the admin's calls are not
-    // recorded), listing and watching pods and nothing else.
-    let pods = |verb: &str| (String::new(), "pods".to_string(), verb.to_string());
-    assert_eq!(forwarder_used, [pods("list"), pods("watch")].into());
+    // recorded), listing and watching pods and Nodes and nothing else.
+    let call = |kind: &str, verb: &str| (String::new(), kind.to_string(), verb.to_string());
+    assert_eq!(
+        forwarder_used,
+        [
+            call("pods", "list"),
+            call("pods", "watch"),
+            call("nodes", "list"),
+            call("nodes", "watch")
+        ]
+        .into()
+    );
     assert_eq!(summary.pods_scheduled, options.replicas, "{text}");
     assert_eq!(summary.pods_pending, 0);
     assert_eq!(summary.leaked_instances, 0, "{summary:?}");

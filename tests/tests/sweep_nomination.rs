@@ -136,7 +136,7 @@ async fn an_unplaceable_pending_pod_no_longer_freezes_consolidation_and_only_the
     );
 
     // `fits` is gone (deleted, or bound elsewhere): the recorded nomination
-    // alone holds `kept` until its window ends...
+    // alone holds `kept` until its window ends, as `stuck` is still pending...
     s.kube.delete("v1", "Pod", "default", "fits").unwrap();
     let report = sweeper.run_at(at(10)).await.unwrap();
     assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);

@@ -1028,6 +1028,8 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/offerings.rs", "dynamodb:BatchWriteItem", ALL),
     ("state/prices.rs", "dynamodb:GetItem", ALL),
     ("state/prices.rs", "dynamodb:PutItem", ALL),
+    // Provision records its nominations; the sweep reads them (state/mod.rs).
+    ("state/nominations.rs", "dynamodb:PutItem", ALL),
     // Only scripts/dev-stack and tests make the table; the stack makes it in AWS.
     ("state/table.rs", "dynamodb:CreateTable", &[]),
     ("messages/launch_requests.rs", "sqs:SendMessageBatch", LAUNCH_ASKERS),

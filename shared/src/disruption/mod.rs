@@ -345,7 +345,12 @@ impl<'a> Pass<'a> {
         );
         let pdbs = PdbLedger::new(&snapshot.pod_disruption_budgets, &snapshot.nodes);
         let mut compiled = snapshot.compile();
-        let mut nominated = options.nominated.clone();
+        // Recorded nominations keep room for pods still pending: once none is
+        // (all bound, or gone), they hold nothing, whatever their expiry.
+        let mut nominated = match snapshot.pods.is_empty() {
+            true => BTreeMap::new(),
+            false => options.nominated.clone(),
+        };
         if !snapshot.pods.is_empty() {
             // This pass's placement names the pods pending now: it goes first.
             nominated.extend(nomination::place_pending(&mut compiled, options.deadline));

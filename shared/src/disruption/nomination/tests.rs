@@ -207,7 +207,7 @@ fn pending_pods_keep_the_room_they_were_given_on_an_in_flight_claim() {
 }
 
 #[test]
-fn a_recorded_nomination_spares_its_node_from_voluntary_methods_only() {
+fn a_recorded_nomination_spares_its_node_from_voluntary_methods_only_while_pods_are_pending() {
     let until: Timestamp = "2026-03-01T12:00:20Z".parse().unwrap();
     let nomination = Nomination {
         pod: "default/gone".into(),
@@ -216,7 +216,12 @@ fn a_recorded_nomination_spares_its_node_from_voluntary_methods_only() {
     };
     let mut expiring = consolidating(&["m.xlarge"]);
     expiring.spec.template.spec.expire_after = serde_json::from_value(json!("1h")).unwrap();
-    let mut s = snapshot(&["m.xlarge"], vec![(node("a"), vec![]), (node("b"), vec![])], vec![]);
+    // Some pod is still pending (one that fits nowhere, so this pass nominates nothing itself).
+    let mut s = snapshot(
+        &["m.xlarge"],
+        vec![(node("a"), vec![]), (node("b"), vec![])],
+        vec![web("huge", "100", json!({}))],
+    );
     let options = DecideOptions {
         nominated: [("a".to_string(), nomination.clone())].into(),
         ..DecideOptions::default()
@@ -226,6 +231,15 @@ fn a_recorded_nomination_spares_its_node_from_voluntary_methods_only() {
     assert_eq!(
         held(&d, "a").map(|h| h.to_string()).as_deref(),
         Some("node is nominated for pending pod default/gone and 1 more by provisioning, until 2026-03-01T12:00:20Z")
+    );
+    // With no pod pending any more (all bound, or gone), the room is no longer
+    // wanted: the recorded nomination holds nothing before its expiry.
+    let mut none_pending = s.clone();
+    none_pending.pods.clear();
+    let d = decide(&none_pending, &options);
+    assert_eq!(
+        decided(&d),
+        [(Reason::Empty, "a".to_string()), (Reason::Empty, "b".to_string())]
     );
     // Expiry is forceful: a nomination does not keep an expired node.
     s.node_pools = vec![expiring];
