@@ -234,20 +234,52 @@ pub fn child_env(endpoint: &str) -> Vec<(&'static str, String)> {
 /// Runs one m5.large instance with `tags`, as a launch from outside the code
 /// under test would (a leak, another stack's node); its id.
 pub async fn run_tagged_instance(ec2: &aws_sdk_ec2::Client, tags: &[(String, String)]) -> String {
+    run_tagged_instances(ec2, &[tags.to_vec()]).await.remove(0)
+}
+
+/// Runs one instance per tag set in a single RunInstances call, so they
+/// share a launch time to the microsecond (a sweep sees all of them past a
+/// grace period, or none): the tags all sets share go on at launch, the rest
+/// on each instance after. Returns the ids in the order of `tag_sets`.
+pub async fn run_tagged_instances(ec2: &aws_sdk_ec2::Client, tag_sets: &[Vec<(String, String)>]) -> Vec<String> {
     use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
-    let spec = tags.iter().fold(
+    let tag = |(k, v): &(String, String)| Tag::builder().key(k).value(v).build();
+    let common: Vec<&(String, String)> = tag_sets
+        .first()
+        .into_iter()
+        .flatten()
+        .filter(|t| tag_sets.iter().all(|set| set.contains(t)))
+        .collect();
+    let spec = common.iter().fold(
         TagSpecification::builder().resource_type(ResourceType::Instance),
-        |b, (k, v)| b.tags(Tag::builder().key(k).value(v).build()),
+        |b, t| b.tags(tag(t)),
     );
+    let count = i32::try_from(tag_sets.len()).expect("a few instances");
     let out = ec2
         .run_instances()
         .image_id("ami-12c6146b")
         .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-        .min_count(1)
-        .max_count(1)
+        .min_count(count)
+        .max_count(count)
         .tag_specifications(spec.build())
         .send()
         .await
         .unwrap_or_else(|e| panic!("RunInstances: {e:?}"));
-    out.instances()[0].instance_id().expect("an instance id").to_string()
+    let ids: Vec<String> = out
+        .instances()
+        .iter()
+        .map(|i| i.instance_id().expect("an instance id").to_string())
+        .collect();
+    for (id, set) in ids.iter().zip(tag_sets) {
+        let own: Vec<Tag> = set.iter().filter(|t| !common.contains(t)).map(tag).collect();
+        if !own.is_empty() {
+            ec2.create_tags()
+                .resources(id)
+                .set_tags(Some(own))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("CreateTags on {id}: {e:?}"));
+        }
+    }
+    ids
 }
