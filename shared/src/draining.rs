@@ -134,8 +134,9 @@ pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore) -> Vec<Str
     }
 }
 
-/// One pass over one drain; true when it is finished.
-async fn pass(cluster: &impl Cluster, r: &DrainRecord, now: Timestamp) -> Result<bool, DrainError> {
+/// One pass over one drain; true when it is finished. `interrupt` makes the
+/// first right after recording the drain.
+pub async fn pass(cluster: &impl Cluster, r: &DrainRecord, now: Timestamp) -> Result<bool, DrainError> {
     if cluster.node(&r.node).await?.is_none() {
         tracing::info!(node = %r.node, "drained node is gone");
         return Ok(true);

@@ -35,7 +35,7 @@ pub fn sdk_calls() -> Vec<(String, String)> {
         "scan",
         "create_table",
     ];
-    // Operation names by prefix: EC2/EKS/SSM/IAM verbs, DynamoDB's, SQS's sends.
+    // Operation names by prefix: EC2/EKS/SSM/IAM verbs, DynamoDB's, SQS's sends and visibility changes.
     let verbs: Vec<&str> = [
         "describe_",
         "create_",
@@ -50,6 +50,7 @@ pub fn sdk_calls() -> Vec<(String, String)> {
         "get_instance_profile",
         "get_products",
         "send_message",
+        "change_message_visibility",
     ]
     .into_iter()
     .chain(DYNAMODB.iter().copied())
@@ -93,7 +94,7 @@ pub fn sdk_calls() -> Vec<(String, String)> {
             }
             let service = if DYNAMODB.contains(&op) {
                 "dynamodb"
-            } else if op.starts_with("send_message") {
+            } else if op.starts_with("send_message") || op == "change_message_visibility" {
                 "sqs"
             } else if op == "describe_cluster" {
                 "eks"

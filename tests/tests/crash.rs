@@ -437,6 +437,12 @@ const WRITES: &[(&str, Result<Phase, &str>)] = &[
     ),
     ("sqs:SendMessageBatch", Ok(Phase::Provision)),
     ("sqs:SendMessage", Ok(Phase::Interrupt)),
+    (
+        "sqs:ChangeMessageVisibility",
+        Err(
+            "only when an interruption event fails (no phase fails one); the interruption test of a failed event covers it",
+        ),
+    ),
     ("ec2:CreateFleet", Ok(Phase::Provision)),
     ("ec2:CreateLaunchTemplate", Ok(Phase::Provision)),
     ("ec2:TerminateInstances", Ok(Phase::Collect)),

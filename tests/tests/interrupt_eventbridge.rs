@@ -82,6 +82,7 @@ impl Bus {
         env.insert("NODESMITH_LAUNCH_QUEUE_URL".into(), self.s.launch_queue.clone());
         env.insert("NODESMITH_PENDING_QUEUE_URL".into(), self.s.pending_queue.clone());
         env.insert("NODESMITH_INTERRUPT_DRAIN_BUDGET".into(), "0".into());
+        env.insert("NODESMITH_INTERRUPTION_QUEUE_URL".into(), self.queue.clone());
         for (k, v) in extra {
             env.insert(k.to_string(), v.to_string());
         }

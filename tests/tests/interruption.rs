@@ -195,3 +195,248 @@ async fn the_sweep_continues_a_recorded_drain_and_forces_it_at_the_deadline() {
         "the finished drain is forgotten"
     );
 }
+
+/// `n` initialized nodes of one 2-vCPU type, each holding two of the stack's pods.
+async fn running_nodes(s: &Stack, n: usize) -> Vec<nodesmith::nodeclaim::NodeClaim> {
+    // Two pods a node: the pool may launch 2-vCPU types only.
+    s.kube
+        .apply(
+            &json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"}, "spec": {
+                "template": {
+                    "metadata": {"labels": {"team": "web"}},
+                    "spec": {
+                        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                        "requirements": [
+                            {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5", "c5"]},
+                            {"key": "karpenter.k8s.aws/instance-cpu", "operator": "In", "values": ["2"]},
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
+                        ]
+                    }
+                },
+                "limits": {"cpu": "64"}
+            }}),
+        )
+        .unwrap();
+    let pods: Vec<String> = (0..2 * n).map(|i| format!("web-{i}")).collect();
+    let refs: Vec<&str> = pods.iter().map(String::as_str).collect();
+    let claims = s.launched(&refs).await;
+    assert_eq!(claims.len(), n, "{claims:?}");
+    let sweeper = s.sweeper(local_stack::fast());
+    for _ in 0..4 {
+        s.kubelet_step().await;
+        sweeper.run().await.unwrap();
+    }
+    s.kube.schedule();
+    let mut out = Vec::new();
+    for c in claims {
+        let c = s.store.get_node_claim(&c.name).await.unwrap().unwrap();
+        assert_eq!(c.phase, Phase::Initialized, "{c:?}");
+        assert_eq!(pods_on(&s.kube, c.node_name.as_deref().unwrap()).len(), 2, "{c:?}");
+        out.push(c);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_spot_storm_while_provision_holds_the_lease_taints_records_and_evicts_every_node_at_once() {
+    let s = Stack::new("64", 8).await;
+    let claims = running_nodes(&s, 4).await;
+    // Provision is in the middle of a long solve: the lease stays taken
+    // for longer than the interrupt function waits for it.
+    let held = s
+        .store
+        .acquire_lease(
+            nodesmith::capacity::LEASE,
+            "provision-elsewhere",
+            120_000,
+            nodesmith::state::now_ms(),
+        )
+        .await
+        .unwrap()
+        .expect("the lease is free");
+    let now = jiff::Timestamp::now();
+    let warnings: Vec<String> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            ec2_event(
+                &format!("storm-{i}"),
+                "EC2 Spot Instance Interruption Warning",
+                now,
+                json!({"instance-id": c.instance_id.as_deref().unwrap(), "instance-action": "terminate"}),
+            )
+        })
+        .collect();
+    let wait = std::time::Duration::from_secs(2);
+    let h = s.interrupter(|c| c.lease_wait = wait);
+    let started = std::time::Instant::now();
+    let nodes: Vec<String> = claims.iter().map(|c| c.node_name.clone().unwrap()).collect();
+    // Watches while the batch runs: when is every drain recorded, and every node evicted?
+    let watch = async {
+        let (mut recorded_at, mut evicted_at) = (None, None);
+        while (recorded_at.is_none() || evicted_at.is_none()) && started.elapsed() < std::time::Duration::from_secs(10)
+        {
+            if recorded_at.is_none() && s.store.drains().await.unwrap().len() == nodes.len() {
+                recorded_at = Some(started.elapsed());
+            }
+            if evicted_at.is_none() && nodes.iter().all(|n| pods_on(&s.kube, n).is_empty()) {
+                evicted_at = Some(started.elapsed());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        (recorded_at, evicted_at)
+    };
+    let batch = event(warnings);
+    let run = async {
+        let out = h.handle(&batch).await;
+        (out, started.elapsed())
+    };
+    let ((out, took), (recorded_at, evicted_at)) = tokio::join!(run, watch);
+    eprintln!(
+        "spot storm of {}: every drain recorded after {recorded_at:?}, every node evicted after {evicted_at:?}; batch done after {took:?}",
+        nodes.len()
+    );
+    assert!(
+        out.failed.is_empty(),
+        "no event fails because provision holds the lease: {out:?}"
+    );
+    let mut tainted = out.tainted.clone();
+    tainted.sort();
+    let mut expected = nodes.clone();
+    expected.sort();
+    assert_eq!(tainted, expected, "{out:?}");
+    // Every drain was recorded (the watch saw them all), and the batch's
+    // drain pass found every node emptied by its first eviction pass.
+    let mut drained = out.drained.clone();
+    drained.sort();
+    assert_eq!(drained, expected, "{out:?}");
+    // Neither waits on the lease.
+    assert!(
+        recorded_at.is_some_and(|t| t < wait) && evicted_at.is_some_and(|t| t < wait),
+        "drains recorded and first evictions made before the lease wait runs out: {recorded_at:?} {evicted_at:?}"
+    );
+    for node in &nodes {
+        let n = s.cluster().node(node).await.unwrap().unwrap();
+        assert!(taint_keys(&n).contains(&"karpenter.sh/disrupted".to_string()), "{node}");
+        assert!(
+            pods_on(&s.kube, node).is_empty(),
+            "evicted within the invocation (no PDB): {node} {:?}",
+            pods_on(&s.kube, node)
+        );
+    }
+    // The replacements go to provision, which holds the lease, as a solve request.
+    assert_eq!(out.handed_to_provision.len(), nodes.len(), "{out:?}");
+    let asked = s.drain(&s.pending_queue).await;
+    assert!(asked.iter().any(|b| b.contains("\"solve\"")), "{asked:?}");
+    s.store.release_lease(&held, nodesmith::state::now_ms()).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_event_leaves_no_taint_behind_and_is_visible_again_within_seconds() {
+    use aws_sdk_dynamodb::config::retry::RetryConfig;
+    use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+    use nodesmith_tests::fault_proxy::FaultProxy;
+
+    let s = Stack::new("64", 2).await;
+    let claim = s.running_node().await;
+    let node = claim.node_name.clone().unwrap();
+    let queue = nodesmith_tests::sqs::create_queue(&s.sqs, "interruption").await;
+    // The template's visibility timeout.
+    s.sqs
+        .set_queue_attributes()
+        .queue_url(&queue)
+        .attributes(QueueAttributeName::VisibilityTimeout, "1800")
+        .send()
+        .await
+        .unwrap();
+    let warning = ec2_event(
+        "spot-fails",
+        "EC2 Spot Instance Interruption Warning",
+        jiff::Timestamp::now(),
+        json!({"instance-id": claim.instance_id.as_deref().unwrap(), "instance-action": "terminate"}),
+    );
+    s.sqs
+        .send_message()
+        .queue_url(&queue)
+        .message_body(&warning)
+        .send()
+        .await
+        .unwrap();
+    let receive = |wait: i32| {
+        s.sqs
+            .receive_message()
+            .queue_url(&queue)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .wait_time_seconds(wait)
+            .send()
+    };
+    let as_event = |m: &aws_sdk_sqs::types::Message| {
+        let mut e = aws_lambda_events::sqs::SqsMessage::default();
+        e.message_id = m.message_id().map(str::to_string);
+        e.receipt_handle = m.receipt_handle().map(str::to_string);
+        e.body = m.body().map(str::to_string);
+        e.attributes = m
+            .attributes()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str().to_string(), v.clone()))
+            .collect();
+        let mut batch = aws_lambda_events::sqs::SqsEvent::default();
+        batch.records = vec![e];
+        batch
+    };
+    let first = receive(0).await.unwrap().messages().to_vec();
+    assert_eq!(first.len(), 1);
+
+    // The state table refuses the first write after the taint: the drain cannot be recorded.
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    let sdk = s.m.sdk_config_at(proxy.endpoint()).await;
+    let dynamo = aws_sdk_dynamodb::config::Builder::from(&sdk).retry_config(RetryConfig::disabled());
+    let faulty = nodesmith::state::StateStore::new(
+        aws_sdk_dynamodb::Client::from_conf(dynamo.build()),
+        crate::launch_fixtures::TABLE,
+    );
+    proxy.fail_dynamo_next("PutItem", 1, 500, "InternalServerError", "Internal server error");
+    let lookup = |k: &str| match k {
+        "NODESMITH_LAUNCH_QUEUE_URL" => Some(s.launch_queue.clone()),
+        "NODESMITH_PENDING_QUEUE_URL" => Some(s.pending_queue.clone()),
+        "NODESMITH_INTERRUPTION_QUEUE_URL" => Some(queue.clone()),
+        "NODESMITH_INTERRUPT_DRAIN_BUDGET" => Some("0".into()),
+        _ => None,
+    };
+    let config = nodesmith::interruption::handler::InterruptConfig::from_lookup(lookup).unwrap();
+    let h = nodesmith::interruption::handler::Interrupter::new(s.cluster(), faulty, s.sqs.clone(), config.clone());
+    let out = h.handle(&as_event(&first[0])).await;
+    assert_eq!(out.failed, vec![first[0].message_id().unwrap().to_string()], "{out:?}");
+    assert!(proxy.failed("PutItem") >= 1);
+    let n = s.cluster().node(&node).await.unwrap().unwrap();
+    assert!(
+        !taint_keys(&n).contains(&"karpenter.sh/disrupted".to_string()),
+        "no tainted node without a recorded drain: {:?}",
+        taint_keys(&n)
+    );
+    assert!(s.store.drains().await.unwrap().is_empty());
+
+    // Visible again within seconds, not after the queue's 30 minutes: a
+    // long poll returns as soon as it is.
+    let given_back = std::time::Instant::now();
+    let again = receive(10).await.unwrap().messages().to_vec();
+    let back_after = given_back.elapsed();
+    eprintln!("failed interruption event visible again after {back_after:?}");
+    assert_eq!(again.len(), 1, "the failed event is visible again within seconds");
+    assert_eq!(
+        again[0]
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+            .map(String::as_str),
+        Some("2")
+    );
+    // Its redelivery acts on it.
+    let h = nodesmith::interruption::handler::Interrupter::new(s.cluster(), s.store.clone(), s.sqs.clone(), config);
+    let out = h.handle(&as_event(&again[0])).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert_eq!(out.tainted, vec![node.clone()]);
+    // Recorded, and finished by the batch's drain pass (no PDB holds the pods).
+    assert!(pods_on(&s.kube, &node).is_empty(), "{:?}", pods_on(&s.kube, &node));
+    assert_eq!(out.drained, vec![node.clone()], "{out:?}");
+}

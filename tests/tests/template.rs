@@ -1034,6 +1034,12 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
     ("state/table.rs", "dynamodb:CreateTable", &[]),
     ("messages/launch_requests.rs", "sqs:SendMessageBatch", LAUNCH_ASKERS),
     ("messages/pending_pods.rs", "sqs:SendMessage", SOLVE_ASKERS),
+    // A failed interruption event is given back within seconds.
+    (
+        "messages/redelivery.rs",
+        "sqs:ChangeMessageVisibility",
+        &["InterruptFunction"],
+    ),
     // Pending pods that cannot be read go to the dead-letter queue.
     ("provisioning/mod.rs", "sqs:SendMessage", &["ProvisionFunction"]),
     (

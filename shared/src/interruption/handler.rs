@@ -3,24 +3,38 @@
 //! unavailable, drain (honouring PDBs until the deadline nears), or remove
 //! capacity that is already gone. The decisions are [`super::decide`]'s.
 //!
+//! Each event's own steps come first and at once: taint the node, record its
+//! drain, make the first eviction pass. Then one read of the cluster and one
+//! replacement solve serve the whole batch ([`super::batch`]), under the
+//! provision lease; when provision keeps the lease past our wait, the
+//! replacement is handed to it as a solve request. So a storm of warnings
+//! never waits on the lease for its drains.
+//!
 //! Every message is acknowledged unless acting on it failed: unknown and
-//! foreign events are logged and dropped, never retried. An event is recorded
-//! as handled (keyed by its id) once acted on, and a handled event's
-//! redeliveries are dropped; one that failed or died midway is acted on
-//! again. Drains are recorded in DynamoDB ([`crate::state::DrainRecord`]) and continued by
+//! foreign events are logged and dropped, never retried. A failed message is
+//! made visible again within seconds ([`crate::messages::redelivery`]), not
+//! after the queue's visibility timeout. An event is recorded as handled
+//! (keyed by its id) once acted on, and a handled event's redeliveries are
+//! dropped; one that failed or died midway is acted on again. A node is never
+//! left tainted by a failed event without its drain recorded: when the record
+//! cannot be written, the taint this event added is taken off again. Drains
+//! are recorded in DynamoDB ([`crate::state::DrainRecord`]) and continued by
 //! every invocation and by the sweep ([`crate::draining`]).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use jiff::Timestamp;
 use sha2::Digest;
 
+use super::batch::{Batch, ToReplace};
 use super::decide::{Reaction, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
 use crate::capacity::{self, CapacityError, Door, LEASE};
 use crate::draining::{self, DrainError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
+use crate::messages::redelivery::{self, FIRST_RETRY};
 use crate::messages::{SolveRequest, TriggerError, request_solve};
 use crate::nodeclaim::{NodeClaim, Phase};
 use crate::scheduling::SolveOptions;
@@ -51,6 +65,12 @@ pub struct InterruptConfig {
     pub drain_budget: Duration,
     /// Pause between drain passes.
     pub drain_interval: Duration,
+    /// The interruption queue's URL, to give failed messages back early
+    /// (None: they return after the queue's visibility timeout).
+    pub interruption_queue_url: Option<String>,
+    /// How long a failed message stays invisible after its first receive
+    /// (doubling with each further receive).
+    pub retry_after: Duration,
 }
 
 impl InterruptConfig {
@@ -65,12 +85,15 @@ impl InterruptConfig {
             lease_wait: Duration::from_secs(20),
             drain_budget: Duration::from_secs(100),
             drain_interval: Duration::from_secs(5),
+            interruption_queue_url: None,
+            retry_after: FIRST_RETRY,
         }
     }
 
     /// Reads `NODESMITH_LAUNCH_QUEUE_URL`, `NODESMITH_PENDING_QUEUE_URL`,
-    /// `NODESMITH_REBALANCE` (ignore|replace|drain) and
-    /// `NODESMITH_INTERRUPT_DRAIN_BUDGET` (seconds).
+    /// `NODESMITH_REBALANCE` (ignore|replace|drain),
+    /// `NODESMITH_INTERRUPT_DRAIN_BUDGET` (seconds) and the optional
+    /// `NODESMITH_INTERRUPTION_QUEUE_URL`.
     pub fn from_env() -> Result<Self, SettingError> {
         Self::from_settings(&Settings::from_env())
     }
@@ -89,6 +112,7 @@ impl InterruptConfig {
         c.lease_ttl = crate::capacity::lease_ttl(settings)?;
         c.rebalance = settings.parsed("NODESMITH_REBALANCE", RebalanceMode::default())?;
         c.drain_budget = settings.seconds("NODESMITH_INTERRUPT_DRAIN_BUDGET", c.drain_budget)?;
+        c.interruption_queue_url = settings.optional("NODESMITH_INTERRUPTION_QUEUE_URL");
         Ok(c)
     }
 }
@@ -138,6 +162,9 @@ pub struct InterruptOutcome {
     pub unknown: usize,
     /// Drains finished in this invocation.
     pub drained: Vec<String>,
+    /// Nodes whose replacement was handed to provision (it held the lease
+    /// past our wait) as a solve request.
+    pub handed_to_provision: Vec<String>,
 }
 
 impl InterruptOutcome {
@@ -195,9 +222,13 @@ impl<C: Cluster> Interrupter<C> {
         }
     }
 
-    /// Handles one SQS batch now.
+    /// Handles one SQS batch now: each event's own steps at once, then the
+    /// batch's replacement, then the claims move to Draining.
     pub async fn handle(&self, batch: &SqsEvent) -> InterruptOutcome {
         let mut outcome = InterruptOutcome::default();
+        let mut pending = Batch::default();
+        // Acted on, to be recorded as handled once the batch's end succeeds.
+        let mut handled: Vec<(&SqsMessage, String, i64)> = Vec::new();
         for record in &batch.records {
             let message_id = record.message_id.clone().unwrap_or_default();
             let body = record.body.as_deref().unwrap_or("");
@@ -225,14 +256,57 @@ impl<C: Cluster> Interrupter<C> {
                 }
                 Err(e) => {
                     tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "cannot read the event's record; it will be retried");
-                    outcome.failed.push(message_id);
+                    self.give_back(record, &mut outcome).await;
                     continue;
                 }
             }
             tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
-            if let Err(e) = self.act(&event, now, &mut outcome).await {
-                tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "acting on the event failed; it will be retried");
-                outcome.failed.push(message_id);
+            match self.act(&event, now, &mut outcome).await {
+                Ok(acted) => {
+                    for (claim, replace) in acted {
+                        pending.acted(&message_id, &claim, replace);
+                    }
+                    handled.push((record, key, secs));
+                }
+                Err(e) => {
+                    tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "acting on the event failed; it will be retried");
+                    self.give_back(record, &mut outcome).await;
+                }
+            }
+        }
+        let mut failed: BTreeSet<String> = BTreeSet::new();
+        if let Err(e) = self.replace_batch(&pending, &mut outcome).await {
+            tracing::error!(nodes = ?pending.nodes(), error = %crate::telemetry::causes(&e),
+                "the batch's replacement failed; its events will be retried (their drains are recorded)");
+            failed.extend(pending.replacing());
+        }
+        // Draining only now: a Draining claim is never replaced again, so an
+        // event whose replacement failed is retried with its claim as it was.
+        let now = Timestamp::now();
+        for (message_id, claims) in pending.settling() {
+            if failed.contains(message_id) {
+                continue;
+            }
+            for claim in claims {
+                if let Err(e) = self.mark_draining(claim, now).await {
+                    tracing::error!(%message_id, claim = %claim.name, error = %crate::telemetry::causes(&e), "cannot move the claim to Draining; the event will be retried");
+                    failed.insert(message_id.clone());
+                    break;
+                }
+            }
+        }
+        let by_id: BTreeMap<String, &SqsMessage> = handled
+            .iter()
+            .map(|(r, _, _)| (r.message_id.clone().unwrap_or_default(), *r))
+            .collect();
+        for message_id in &failed {
+            if let Some(record) = by_id.get(message_id) {
+                self.give_back(record, &mut outcome).await;
+            }
+        }
+        for (record, key, secs) in handled {
+            let message_id = record.message_id.clone().unwrap_or_default();
+            if failed.contains(&message_id) {
                 continue;
             }
             if let Err(e) = self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs).await {
@@ -245,9 +319,35 @@ impl<C: Cluster> Interrupter<C> {
         outcome
     }
 
-    /// Acts on one event at `now`: fast steps for every instance first, a
-    /// single replacement solve for all of them, then the drains are recorded.
-    async fn act(&self, ev: &Event, now: Timestamp, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
+    /// Reports `record` failed and makes it visible again within seconds
+    /// (backing off with its receive count), so its retry comes while the
+    /// capacity it names is still there.
+    async fn give_back(&self, record: &SqsMessage, outcome: &mut InterruptOutcome) {
+        let message_id = record.message_id.clone().unwrap_or_default();
+        outcome.failed.push(message_id.clone());
+        let (Some(queue), Some(handle)) = (&self.config.interruption_queue_url, &record.receipt_handle) else {
+            tracing::warn!(%message_id, "NODESMITH_INTERRUPTION_QUEUE_URL not set: the failed message returns after the queue's visibility timeout");
+            return;
+        };
+        let after = redelivery::retry_delay(self.config.retry_after, redelivery::receive_count(&record.attributes));
+        match redelivery::redeliver_after(&self.sqs, queue, handle, after).await {
+            Ok(()) => tracing::info!(%message_id, after_secs = after.as_secs(), "failed message given back early"),
+            Err(e) => {
+                tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot give the failed message back early; it returns after the queue's visibility timeout")
+            }
+        }
+    }
+
+    /// Acts on one event at `now`: for each instance, capacity already gone
+    /// is removed; otherwise the node is tainted, its drain recorded and a
+    /// first eviction pass made, at once. Returns the claims acted on, with
+    /// what the batch's replacement needs of each.
+    async fn act(
+        &self,
+        ev: &Event,
+        now: Timestamp,
+        outcome: &mut InterruptOutcome,
+    ) -> Result<Vec<(NodeClaim, Option<ToReplace>)>, InterruptError> {
         let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
         for id in &ev.instance_ids {
             let claim = self.store.node_claim_by_instance(id).await?;
@@ -263,66 +363,141 @@ impl<C: Cluster> Interrupter<C> {
                 }
             }
         }
-        // 1. Nothing new lands on the nodes.
-        for (_, s) in &plans {
-            if let (true, Some(node)) = (s.taint, &s.node) {
-                match self.cluster.taint_disrupted(node).await {
-                    Ok(_) => {
-                        outcome.tainted.push(node.clone());
-                        let why = format!("interruption: {}", s.reason);
-                        if let Err(e) = self
-                            .cluster
-                            .emit_event(&EventSpec::disrupting(events::node_name_ref(node), &why))
-                            .await
-                        {
-                            tracing::warn!(node, error = %crate::telemetry::causes(&e), "cannot record the disruption event");
-                        }
-                    }
-                    Err(e) if e.code() == Some(404) => tracing::info!(node, "the node is gone already"),
-                    Err(e) => return Err(e.into()),
-                }
+        let mut acted = Vec::new();
+        for (claim, s) in &plans {
+            if s.remove {
+                self.remove(claim, s, outcome).await?;
+                continue;
             }
+            let replace = self.take_node_out(claim, s, now, outcome).await?;
+            acted.push((claim.clone(), replace));
         }
-        // 2. The interrupted offerings are not chosen for the replacement.
+        // The interrupted offerings are not chosen for the batch's replacement.
         let unavailable: Vec<_> = plans.iter().filter_map(|(_, s)| s.mark_unavailable.clone()).collect();
         if !unavailable.is_empty() {
             self.store
                 .mark_unavailable(&unavailable, "Interrupted", now.as_second() + UNAVAILABLE_TTL_SECS)
                 .await?;
         }
-        // 3. The replacement, before any pod is evicted.
-        let replace: Vec<String> = plans
-            .iter()
-            .filter(|(_, s)| s.replace)
-            .filter_map(|(c, _)| c.node_name.clone())
-            .collect();
-        if !replace.is_empty() {
-            let created = self.replace(&replace, now).await?;
-            outcome.replacements.extend(created);
-        }
-        // 4. The claims move to Draining (so a second notice replaces nothing) and drains are recorded.
-        for (claim, s) in &plans {
-            if s.remove {
-                self.remove(claim, s, outcome).await?;
-                continue;
+        Ok(acted)
+    }
+
+    /// Taint → record the drain → first eviction pass, for one claim's node.
+    /// When the drain cannot be recorded, the taint this call added comes off
+    /// again (as Karpenter untaints the candidates of a disruption it
+    /// abandons): a tainted node without a recorded drain would be emptied by
+    /// nobody. Returns the node and its pods before evicting when the event
+    /// asks for a replacement.
+    async fn take_node_out(
+        &self,
+        claim: &NodeClaim,
+        s: &Steps,
+        now: Timestamp,
+        outcome: &mut InterruptOutcome,
+    ) -> Result<Option<ToReplace>, InterruptError> {
+        let Some(node) = &s.node else {
+            return Ok(None);
+        };
+        let mut added = false;
+        if s.taint {
+            match self.cluster.taint_disrupted(node).await {
+                Ok(a) => {
+                    added = a;
+                    outcome.tainted.push(node.clone());
+                    let why = format!("interruption: {}", s.reason);
+                    if let Err(e) = self
+                        .cluster
+                        .emit_event(&EventSpec::disrupting(events::node_name_ref(node), &why))
+                        .await
+                    {
+                        tracing::warn!(node, error = %crate::telemetry::causes(&e), "cannot record the disruption event");
+                    }
+                }
+                Err(e) if e.code() == Some(404) => tracing::info!(node, "the node is gone already"),
+                Err(e) => return Err(e.into()),
             }
-            self.mark_draining(claim, now).await?;
-            if let (Some(policy), Some(node)) = (s.drain, &s.node) {
-                let record = draining::record(&claim.name, node, s.reason, policy, now);
-                self.store.begin_drain(&record).await?;
-                // The sweep terminates the node once drained, or at the deadline.
-                let end = crate::lifecycle::termination::Begin {
-                    claim: claim.name.clone(),
-                    node: Some(node.clone()),
-                    reason: s.reason,
-                    policy,
-                };
-                self.store
-                    .begin_termination(&crate::lifecycle::termination::record(&end, now))
-                    .await?;
+        }
+        let mut in_force = None;
+        if let Some(policy) = s.drain {
+            let record = draining::record(&claim.name, node, s.reason, policy, now);
+            match self.store.begin_drain(&record).await {
+                Ok(r) => in_force = Some(r),
+                Err(e) => {
+                    if added && let Err(u) = self.cluster.untaint_disrupted(node).await {
+                        tracing::error!(node, error = %crate::telemetry::causes(&u),
+                            "cannot take the taint off a node whose drain was not recorded; the event's retry records it");
+                    }
+                    outcome.tainted.retain(|n| n != node || !added);
+                    return Err(e.into());
+                }
+            }
+            // The sweep terminates the node once drained, or at the deadline.
+            let end = crate::lifecycle::termination::Begin {
+                claim: claim.name.clone(),
+                node: Some(node.clone()),
+                reason: s.reason,
+                policy,
+            };
+            self.store
+                .begin_termination(&crate::lifecycle::termination::record(&end, now))
+                .await?;
+        }
+        let replace = if s.replace {
+            let pods = match self.cluster.pods_on_node(node).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(node, error = %crate::telemetry::causes(&e), "cannot list the node's pods; the replacement sees what is left on it");
+                    Vec::new()
+                }
+            };
+            Some(ToReplace {
+                node: node.clone(),
+                pods,
+            })
+        } else {
+            None
+        };
+        if let Some(r) = in_force {
+            // The first eviction now; the rest at the batch's end and by later passes.
+            if let Err(e) = draining::pass(&self.cluster, &r, Timestamp::now()).await {
+                tracing::warn!(node, error = %crate::telemetry::causes(&e), "first eviction pass failed; the drain is recorded and continued");
             }
         }
-        Ok(())
+        Ok(replace)
+    }
+
+    /// The batch's replacement: one read of the cluster and one solve for the
+    /// pods of every node it replaces, under the provision lease; when
+    /// provision keeps the lease past our wait, a solve request instead.
+    async fn replace_batch(&self, batch: &Batch, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
+        let nodes = batch.nodes();
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        let now = Timestamp::now();
+        match self.replace(batch, &nodes, now).await {
+            Ok(created) => {
+                outcome.replacements.extend(created);
+                Ok(())
+            }
+            Err(InterruptError::Busy) => {
+                // Provision is solving: it places the evicted pods once they
+                // are pending, with every other pending pod.
+                request_solve(
+                    &self.sqs,
+                    &self.config.pending_queue_url,
+                    &SolveRequest::new("interruption", None),
+                )
+                .await?;
+                tracing::warn!(
+                    ?nodes,
+                    "provision holds the lease; replacements handed to it as a solve request"
+                );
+                outcome.handed_to_provision.extend(nodes);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Moves a claim to Draining (version-checked, once).
@@ -371,7 +546,7 @@ impl<C: Cluster> Interrupter<C> {
 
     /// A what-if solve with `nodes` removed, its new claims admitted through
     /// the capacity door.
-    async fn replace(&self, nodes: &[String], now: Timestamp) -> Result<Vec<NodeClaim>, InterruptError> {
+    async fn replace(&self, batch: &Batch, nodes: &[String], now: Timestamp) -> Result<Vec<NodeClaim>, InterruptError> {
         let c = &self.config;
         let door = Door {
             store: &self.store,
@@ -383,7 +558,8 @@ impl<C: Cluster> Interrupter<C> {
         };
         let door = &door;
         door.under_lease(|lease| async move {
-            let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+            let mut snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+            batch.restore(&mut snapshot);
             let (replaced, seed) = (nodes.to_vec(), capacity::seed(&lease, now));
             // Off the runtime's thread, so the lease is renewed during a long solve.
             let plan = capacity::off_task(move || {

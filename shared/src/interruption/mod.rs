@@ -6,6 +6,7 @@
 //! the steps to take (pure); the handler carries them out. `nodesmith event`
 //! prints the classification (`docs/interruption-format.md`).
 
+pub mod batch;
 pub mod decide;
 pub mod event;
 pub mod handler;

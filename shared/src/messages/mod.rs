@@ -12,11 +12,13 @@
 //!
 //! The interruption queue's shape is AWS's, so its parser stays with the
 //! interruption logic. Every consumer reports failed records through
-//! [`crate::lambda::batch_response`].
+//! [`crate::lambda::batch_response`]; `interrupt` also gives its failed
+//! records back within seconds ([`redelivery`]).
 
 pub mod launch_requests;
 pub mod node_events;
 pub mod pending_pods;
+pub mod redelivery;
 
 pub use launch_requests::{EnqueueError, LaunchRequest, RequestError};
 pub use node_events::NodeRef;

@@ -427,6 +427,7 @@ impl LocalCloud {
                 vec![
                     ("NODESMITH_PROVISION_LEASE", secs(settings.lease)),
                     ("NODESMITH_REBALANCE", "replace".to_string()),
+                    ("NODESMITH_INTERRUPTION_QUEUE_URL", world.interruption.url.clone()),
                     (
                         "NODESMITH_INTERRUPT_DRAIN_BUDGET",
                         settings.interrupt_drain_budget.as_secs().to_string(),
