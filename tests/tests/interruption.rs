@@ -267,7 +267,7 @@ async fn a_spot_storm_while_provision_holds_the_lease_taints_records_and_evicts_
             )
         })
         .collect();
-    let wait = std::time::Duration::from_secs(2);
+    let wait = std::time::Duration::from_secs(3);
     let h = s.interrupter(|c| c.lease_wait = wait);
     let started = std::time::Instant::now();
     let nodes: Vec<String> = claims.iter().map(|c| c.node_name.clone().unwrap()).collect();
