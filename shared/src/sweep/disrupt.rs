@@ -610,7 +610,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Nodes whose instance no longer matches what their class resolves to now
-    /// (AMI, subnet, security groups), with why, from this run's resolution of
+    /// (AMI, subnet, security groups, capacity reservation), with why, from this run's resolution of
     /// each class (`classes`; empty when resolution is not wired). A class not
     /// resolved this run drifts nothing.
     async fn resolved_drift(
@@ -659,6 +659,12 @@ impl<C: Cluster> Sweeper<C> {
             };
             let subnets = facts.subnet_ids();
             let security_groups = facts.security_group_ids();
+            let reservations: BTreeSet<String> = facts
+                .capacity_reservations
+                .iter()
+                .flatten()
+                .map(|r| r.id.clone())
+                .collect();
             for (node, i) in nodes
                 .into_iter()
                 .filter_map(|(node, id)| Some((node, instances.get(&id)?)))
@@ -668,11 +674,13 @@ impl<C: Cluster> Sweeper<C> {
                     amis: facts.amis.get(&key).cloned().into_iter().collect(),
                     subnets: subnets.clone(),
                     security_groups: security_groups.clone(),
+                    capacity_reservations: reservations.clone(),
                 };
                 let facts = InstanceFacts {
                     image_id: i.image_id.clone(),
                     subnet_id: i.subnet_id.clone(),
                     security_groups: i.security_group_ids.clone(),
+                    capacity_reservation: i.capacity_reservation.as_ref().map(|r| r.id.clone()),
                 };
                 if let Some(why) = resolved_drift::reason(&facts, &now) {
                     tracing::info!(node = %node, instance_id = %i.id, class = %class_name, reason = why, "drifted by live resolution");
