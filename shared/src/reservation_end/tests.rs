@@ -86,13 +86,17 @@ fn node(name: &str, ct: &str, reserved: bool) -> Node {
     .unwrap()
 }
 
+/// A case of the table below: its name, the claim, its instance and Node,
+/// and whether (Node relabelled, claim demoted).
+type Case = (&'static str, NodeClaim, Instance, Node, Option<(bool, bool)>);
+
 #[test]
 fn nodes_out_of_their_reservation_are_found_from_ec2_s_word() {
     let catalog = crate::scheduling::fixtures::catalog();
     let odcr = || Some(reservation("cr-1", "default"));
     let running = InstanceState::Running;
     // (case, claim, instance, node, expected (node relabelled, claim demoted))
-    let cases: Vec<(&str, NodeClaim, Instance, Node, Option<(bool, bool)>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "expired: claim and Node both move",
             claim("a", Phase::Initialized, odcr()),
