@@ -45,7 +45,10 @@ impl<C: Cluster> Sweeper<C> {
                     tracing::info!(node_claim = %left.claim, node = ?left.node, instance_id = %left.instance, price = ?left.on_demand_price, "instance left its capacity reservation: relabelled on-demand");
                     report.relabelled.push(left.claim);
                 }
-                Err(e) => report.failed.push((left.claim, e)),
+                Err(e) => {
+                    tracing::warn!(node_claim = %left.claim, error = %crate::telemetry::causes(&e), "relabelling a node out of its reservation failed; the next sweep tries again");
+                    report.failed.push((left.claim, e));
+                }
             }
         }
         let blocks = reservation_end::blocks_in_use(claims);
@@ -63,6 +66,7 @@ impl<C: Cluster> Sweeper<C> {
         let (ends, busy) = match facts.await {
             Ok(f) => f,
             Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "capacity blocks' ends not read; the next sweep tries again");
                 report.failed.push((String::new(), e));
                 return;
             }
@@ -73,7 +77,10 @@ impl<C: Cluster> Sweeper<C> {
                     tracing::info!(node_claim = %b.claim, node = ?b.node, deadline = ?b.policy.deadline, "capacity block expiring: the node is drained, then terminated");
                     report.expiring.push(b.claim);
                 }
-                Err(e) => report.failed.push((b.claim, e)),
+                Err(e) => {
+                    tracing::warn!(node_claim = %b.claim, error = %crate::telemetry::causes(&e), "beginning a capacity block node's termination failed; the next sweep tries again");
+                    report.failed.push((b.claim, e));
+                }
             }
         }
     }
