@@ -65,6 +65,8 @@ pub mod catalog_refresh;
 pub mod draining;
 /// A Node registered and initialized as it joins, on the forwarder's word.
 pub mod joining;
+/// Nodes whose capacity reservation ends: relabelled on-demand, or drained before a capacity block ends.
+pub mod reservation_end;
 pub mod static_capacity;
 
 // The function shells and what they share.

@@ -35,7 +35,9 @@ type (on-demand, or capacity-block with the capacity-block market), its free
 count (a shortfall is a ReservationCapacityExceeded entry in the response's
 Errors, as EC2 reports an instant fleet's failed overrides), and the instances
 it launches carry CapacityReservationId and give their slot back when
-terminated.
+terminated. A reservation that expires (at its EndDate) or is cancelled lets
+its instances run on outside it: DescribeInstances stops naming it. EC2
+terminates a capacity block's instances from 30 minutes before its end.
 
 moto has no AWS Price List API; this serves GetProducts (JSON 1.1,
 `AWSPriceListService.GetProducts`) for EC2 compute products as AWS shapes
@@ -275,6 +277,8 @@ def fleet_init(self, ec2_backend, fleet_id, on_demand_options, spot_options, cap
 RESERVATIONS = {}
 RESERVATIONS_LOCK = threading.RLock()
 RESERVATION_ID = re.compile(r"cr-[0-9a-f]{17}")
+# EC2 begins terminating a capacity block's instances this long before the block ends.
+BLOCK_RECLAIM_AHEAD = timedelta(minutes=30)
 # States CancelCapacityReservation accepts (EC2's API reference).
 CANCELLABLE = {"active", "assessing", "scheduled", "delayed"}
 # DescribeCapacityReservations filters on a plain field; tag filters aside.
@@ -309,14 +313,42 @@ def invalid(message):
 
 def reservations_in(account, region):
     """A region's reservations (hold RESERVATIONS_LOCK). EC2 expires a
-    reservation at its end date by itself, so do that on every look."""
+    reservation at its end date by itself, and terminates a capacity block's
+    instances from BLOCK_RECLAIM_AHEAD before its end, so do that on every look."""
     found = RESERVATIONS.setdefault((account, region), {})
     now = datetime.now(timezone.utc)
-    for r in found.values():
-        if r["State"] == "active" and r.get("EndDate") and r["EndDate"] <= now:
+    ended, reclaimed = set(), set()
+    for rid, r in found.items():
+        if r["State"] != "active" or not r.get("EndDate"):
+            continue
+        if r["ReservationType"] == "capacity-block" and r["EndDate"] - BLOCK_RECLAIM_AHEAD <= now:
+            reclaimed.add(rid)
+        if r["EndDate"] <= now:
             r["State"] = "expired"
             r["AvailableInstanceCount"] = 0
+            ended.add(rid)
+    if ended or reclaimed:
+        for instance in list(ec2_backends[account][region].all_instances()):
+            rid = getattr(instance, "capacity_reservation_id", None)
+            if rid in reclaimed and instance._state.name not in ("shutting-down", "terminated"):
+                instance.terminate()
+            elif rid in ended:
+                leave_reservation(instance)
     return found
+
+
+def leave_reservation(instance):
+    """An instance whose reservation expired or was cancelled runs on outside
+    it, at the On-Demand rate: DescribeInstances no longer names the
+    reservation (what Karpenter relabels a node by)."""
+    instance.capacity_reservation_id = None
+
+
+def instances_leave(account, region, rid):
+    """Every instance of a reservation that is no longer active leaves it."""
+    for instance in ec2_backends[account][region].all_instances():
+        if getattr(instance, "capacity_reservation_id", None) == rid:
+            leave_reservation(instance)
 
 
 def checked_reservation_id(rid):
@@ -494,7 +526,7 @@ def describe_capacity_reservations(self):
 
 def cancel_capacity_reservation(self):
     """CancelCapacityReservation: the capacity is released (instances in it
-    keep running); a capacity block cannot be cancelled."""
+    keep running, outside it); a capacity block cannot be cancelled."""
     rid = self._get_param("CapacityReservationId")
     if not rid:
         raise MissingParameterError("CapacityReservationId")
@@ -511,6 +543,7 @@ def cancel_capacity_reservation(self):
                                  f"The Capacity Reservation {rid} is {r['State']} and cannot be cancelled.")
         r["State"] = "cancelled"
         r["AvailableInstanceCount"] = 0
+        instances_leave(self.current_account, self.region, rid)
     return ActionResult({"Return": True})
 
 

@@ -734,6 +734,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "sweep/disrupt.rs",
             "sweep/termination.rs",
             "sweep/replicas.rs",
+            "sweep/reservations.rs",
             "snapshot/live.rs",
             "draining.rs",
             "kubernetes/drain.rs",

@@ -20,5 +20,6 @@ mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_nomination;
 mod sweep_protections;
+mod sweep_reservation_end;
 mod sweep_runtime;
 mod termination;

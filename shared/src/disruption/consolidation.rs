@@ -18,7 +18,10 @@
 //! pass's joint solve never opens more than one new node.
 //!
 //! Replacement rules: every option of the new node is cheaper than what it
-//! replaces and none is a replaced node's own type; a spot replacement may
+//! replaces and none is a replaced node's own type, unless the new node goes
+//! into a capacity reservation with room (paid for already, priced near
+//! zero: work moves there first, and such a node launches only into a
+//! reservation); a spot replacement may
 //! not fall back to on-demand; spot-to-spot only for a single node with at
 //! least [`ConsolidationOptions::spot_to_spot_min_types`] cheaper options,
 //! launching from the cheapest of those; a decision saves at least the
@@ -187,8 +190,15 @@ impl ReplacementLimits {
         }
     }
 
-    /// Why a new node planned for these nodes is not allowed (spot-to-spot rules).
+    /// Why a new node planned for these nodes is not allowed (a replaced
+    /// node's own type outside a reservation; spot-to-spot rules).
     pub fn refuse(&self, claim: &NewNodeClaim, opts: &ConsolidationOptions) -> Option<String> {
+        if claim.capacity_type != labels::CAPACITY_RESERVED && self.exclude_types.contains(&claim.instance_type) {
+            return Some(format!(
+                "its replacement would be another {} outside a reservation",
+                claim.instance_type
+            ));
+        }
         if !(self.all_spot && claim.capacity_type == "spot") {
             return None;
         }
@@ -217,10 +227,23 @@ impl ReplacementLimits {
         Ok(())
     }
 
-    /// Narrows a new node planned for these nodes to what was priced: a spot
+    /// Narrows a new node planned for these nodes to what was priced: a
+    /// reserved node launches only into a reservation (its price is near
+    /// zero; an on-demand fallback would not save what was planned), a spot
     /// node may not fall back to on-demand, and spot-to-spot launches from
-    /// the `min_types` cheapest options.
+    /// the `min_types` cheapest options. The replaced nodes' own types stay
+    /// options only inside a reservation.
     pub fn restrict(&self, claim: &mut NewNodeClaim, min_types: usize) {
+        if claim.capacity_type == labels::CAPACITY_RESERVED {
+            claim.requirements.add(Requirement::in_values(
+                labels::CAPACITY_TYPE,
+                &[labels::CAPACITY_RESERVED],
+            ));
+            return;
+        }
+        if !self.exclude_types.is_empty() {
+            claim.instance_type_options.retain(|t| !self.exclude_types.contains(t));
+        }
         if claim.capacity_type != "spot" {
             return;
         }

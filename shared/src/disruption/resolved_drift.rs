@@ -1,6 +1,6 @@
-//! Drift by live resolution (pure): an instance whose AMI, subnet or security
-//! groups are no longer what its EC2NodeClass resolves to now is drifted, with
-//! Karpenter's reason names. The sweep resolves each class and hands the
+//! Drift by live resolution (pure): an instance whose AMI, subnet, security
+//! groups or capacity reservation are no longer what its EC2NodeClass
+//! resolves to now is drifted, with Karpenter's reason names. The sweep resolves each class and hands the
 //! reasons to the core through [`super::DecideOptions::resolved_drift`].
 
 use std::collections::BTreeSet;
@@ -11,6 +11,8 @@ pub const AMI_DRIFT: &str = "AMIDrift";
 pub const SUBNET_DRIFT: &str = "SubnetDrift";
 /// The instance's security groups differ from the class's selected ones.
 pub const SECURITY_GROUP_DRIFT: &str = "SecurityGroupDrift";
+/// The instance runs in a capacity reservation the class no longer selects.
+pub const CAPACITY_RESERVATION_DRIFT: &str = "CapacityReservationDrift";
 
 /// What EC2 says an instance runs on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,6 +23,9 @@ pub struct InstanceFacts {
     pub subnet_id: Option<String>,
     /// Its security group ids.
     pub security_groups: BTreeSet<String>,
+    /// The capacity reservation it runs in now (EC2's `CapacityReservationId`;
+    /// none once the reservation expired or was cancelled).
+    pub capacity_reservation: Option<String>,
 }
 
 /// What the instance's class resolves to now, for the instance's AMI needs.
@@ -32,6 +37,9 @@ pub struct ClassResolution {
     pub subnets: BTreeSet<String>,
     /// Selected security group ids.
     pub security_groups: BTreeSet<String>,
+    /// Ids of the active reservations the class selects (empty: it selects
+    /// none, so every reserved instance of it drifts, as in Karpenter).
+    pub capacity_reservations: BTreeSet<String>,
 }
 
 /// The drift reason of an instance, if drifted (pure). An empty resolved set
@@ -56,6 +64,13 @@ pub fn reason(instance: &InstanceFacts, class: &ClassResolution) -> Option<&'sta
     {
         return Some(SECURITY_GROUP_DRIFT);
     }
+    // Only the instance's reservation now counts: one that left it (expired,
+    // cancelled) is relabelled on-demand instead (`crate::reservation_end`).
+    if let Some(id) = &instance.capacity_reservation
+        && !class.capacity_reservations.contains(id)
+    {
+        return Some(CAPACITY_RESERVATION_DRIFT);
+    }
     None
 }
 
@@ -72,6 +87,7 @@ mod tests {
             image_id: ami.map(str::to_string),
             subnet_id: subnet.map(str::to_string),
             security_groups: set(sgs),
+            capacity_reservation: None,
         }
     }
 
@@ -81,6 +97,7 @@ mod tests {
             amis: set(&["ami-1"]),
             subnets: set(&["subnet-a", "subnet-b"]),
             security_groups: set(&["sg-1", "sg-2"]),
+            capacity_reservations: BTreeSet::new(),
         };
         let cases: [(&str, InstanceFacts, &ClassResolution, Option<&str>); 10] = [
             (
@@ -144,6 +161,59 @@ mod tests {
         ];
         for (name, i, c, want) in cases {
             assert_eq!(reason(&i, c), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_reservation_the_class_no_longer_selects_drifts_its_instances() {
+        let in_reservation = |id: Option<&str>| InstanceFacts {
+            capacity_reservation: id.map(str::to_string),
+            ..facts(Some("ami-1"), Some("subnet-a"), &["sg-1"])
+        };
+        let selecting = |ids: &[&str]| ClassResolution {
+            amis: set(&["ami-1"]),
+            subnets: set(&["subnet-a"]),
+            security_groups: set(&["sg-1"]),
+            capacity_reservations: set(ids),
+        };
+        let cases: [(&str, InstanceFacts, ClassResolution, Option<&str>); 6] = [
+            (
+                "still selected",
+                in_reservation(Some("cr-1")),
+                selecting(&["cr-2", "cr-1"]),
+                None,
+            ),
+            (
+                "no longer selected",
+                in_reservation(Some("cr-1")),
+                selecting(&["cr-2"]),
+                Some(CAPACITY_RESERVATION_DRIFT),
+            ),
+            (
+                "the class selects no reservation at all",
+                in_reservation(Some("cr-1")),
+                selecting(&[]),
+                Some(CAPACITY_RESERVATION_DRIFT),
+            ),
+            (
+                "out of its reservation (expired): relabelled, not drifted",
+                in_reservation(None),
+                selecting(&[]),
+                None,
+            ),
+            ("never reserved", in_reservation(None), selecting(&["cr-1"]), None),
+            (
+                "security groups before the reservation",
+                InstanceFacts {
+                    security_groups: set(&["sg-9"]),
+                    ..in_reservation(Some("cr-1"))
+                },
+                selecting(&[]),
+                Some(SECURITY_GROUP_DRIFT),
+            ),
+        ];
+        for (name, i, c, want) in cases {
+            assert_eq!(reason(&i, &c), want, "{name}");
         }
     }
 }

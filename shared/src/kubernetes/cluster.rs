@@ -88,6 +88,9 @@ pub enum EvictionOutcome {
 pub struct NodeUpdate {
     /// Labels set (others stay).
     pub labels: BTreeMap<String, String>,
+    /// Keys of labels removed (a node that left its capacity reservation
+    /// loses the reservation's labels).
+    pub remove_labels: Vec<String>,
     /// Annotations set (others stay).
     pub annotations: BTreeMap<String, String>,
     /// Keys of taints removed (all effects).
@@ -109,6 +112,11 @@ impl NodeUpdate {
         self.finalizers.iter().all(|f| finalizers.contains(f))
             && !finalizers.iter().any(|f| self.remove_finalizers.contains(f))
             && has(node.metadata.labels.as_ref(), &self.labels)
+            && !node
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| self.remove_labels.iter().any(|k| l.contains_key(k)))
             && has(node.metadata.annotations.as_ref(), &self.annotations)
             && !taints.is_some_and(|ts| ts.iter().any(|t| self.remove_taints.contains(&t.key)))
     }

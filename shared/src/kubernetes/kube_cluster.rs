@@ -474,6 +474,10 @@ impl Cluster for KubeCluster {
             if finalizers != had {
                 patch["metadata"]["finalizers"] = json!(finalizers);
             }
+            // A merge patch removes a key whose value is null.
+            for k in &update.remove_labels {
+                patch["metadata"]["labels"][k] = serde_json::Value::Null;
+            }
             let result = self
                 .call(&op, |c| {
                     let patch = patch.clone();

@@ -701,7 +701,9 @@ impl<C: Cluster> Launcher<C> {
         for ct in &capacity_types {
             if ct == labels::CAPACITY_RESERVED {
                 for r in facts.capacity_reservations.iter().flatten().filter(|r| {
-                    r.available_instance_count.is_some_and(|n| n > 0)
+                    // An expiring capacity block takes no new node: its nodes are being drained.
+                    r.state.as_deref() != Some(capacityreservation::EXPIRING)
+                        && r.available_instance_count.is_some_and(|n| n > 0)
                         && claim.instance_type_options.contains(&r.instance_type)
                         && zones.as_ref().is_none_or(|z| z.contains(&r.availability_zone))
                 }) {

@@ -503,11 +503,19 @@ impl<'m> Run<'m> {
     }
 
     /// True when type `t` of pool `pi` is cheaper than the solve's price
-    /// ceiling and not excluded.
+    /// ceiling and not excluded. An excluded type (a replaced node's own)
+    /// stays when a reservation of it has room: moving a paid node into
+    /// capacity that is paid for already saves its whole price (the
+    /// consolidation then keeps it to that reservation).
     fn under_ceiling(&self, pi: usize, t: u32) -> bool {
         let ty = &self.m.pools[pi].types[t as usize];
-        self.m.price_below.is_none_or(|ceiling| ty.price < ceiling)
-            && (self.m.exclude_types.is_empty() || !self.m.exclude_types.contains(&ty.name))
+        let excluded = !self.m.exclude_types.is_empty()
+            && self.m.exclude_types.contains(&ty.name)
+            && !ty
+                .offerings
+                .iter()
+                .any(|o| o.reservation.as_ref().is_some_and(|r| r.available > 0));
+        self.m.price_below.is_none_or(|ceiling| ty.price < ceiling) && !excluded
     }
 
     /// Options of a new claim of pool `pi` that pod `i` could start: within

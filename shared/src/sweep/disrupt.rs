@@ -610,7 +610,7 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Nodes whose instance no longer matches what their class resolves to now
-    /// (AMI, subnet, security groups), with why, from this run's resolution of
+    /// (AMI, subnet, security groups, capacity reservation), with why, from this run's resolution of
     /// each class (`classes`; empty when resolution is not wired). A class not
     /// resolved this run drifts nothing.
     async fn resolved_drift(
@@ -619,8 +619,9 @@ impl<C: Cluster> Sweeper<C> {
         classes: &BTreeMap<String, ResolvedClass>,
     ) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
-        // Nodes of a NodePool, by class, with their instance ids.
-        let mut by_class: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        // Nodes of a NodePool, by class, with their instance ids and whether
+        // they are labelled reserved capacity.
+        let mut by_class: BTreeMap<String, Vec<(String, String, bool)>> = BTreeMap::new();
         for n in &snapshot.nodes {
             let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
             let Some(pool) = node_labels.get(labels::NODEPOOL).and_then(|p| snapshot.node_pool(p)) else {
@@ -640,7 +641,12 @@ impl<C: Cluster> Sweeper<C> {
                 continue;
             };
             let name = n.node.metadata.name.clone().unwrap_or_default();
-            by_class.entry(class).or_default().push((name, id.to_string()));
+            let reserved =
+                node_labels.get(labels::CAPACITY_TYPE).map(String::as_str) == Some(labels::CAPACITY_RESERVED);
+            by_class
+                .entry(class)
+                .or_default()
+                .push((name, id.to_string(), reserved));
         }
         by_class.retain(|c, _| classes.contains_key(c));
         if by_class.is_empty() {
@@ -659,20 +665,35 @@ impl<C: Cluster> Sweeper<C> {
             };
             let subnets = facts.subnet_ids();
             let security_groups = facts.security_group_ids();
-            for (node, i) in nodes
+            let reservations: BTreeSet<String> = facts
+                .capacity_reservations
+                .iter()
+                .flatten()
+                .map(|r| r.id.clone())
+                .collect();
+            for (node, i, reserved) in nodes
                 .into_iter()
-                .filter_map(|(node, id)| Some((node, instances.get(&id)?)))
+                .filter_map(|(node, id, reserved)| Some((node, instances.get(&id)?, reserved)))
             {
                 let key = crate::nodeclass::ami::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
                 let now = ClassResolution {
                     amis: facts.amis.get(&key).cloned().into_iter().collect(),
                     subnets: subnets.clone(),
                     security_groups: security_groups.clone(),
+                    capacity_reservations: reservations.clone(),
                 };
                 let facts = InstanceFacts {
                     image_id: i.image_id.clone(),
                     subnet_id: i.subnet_id.clone(),
                     security_groups: i.security_group_ids.clone(),
+                    // Only a node launched as reserved capacity: EC2 also matches plain
+                    // on-demand instances into open ODCRs, which is no reason to replace them
+                    // (Karpenter counts only instances launched into a reservation).
+                    capacity_reservation: i
+                        .capacity_reservation
+                        .as_ref()
+                        .filter(|_| reserved)
+                        .map(|r| r.id.clone()),
                 };
                 if let Some(why) = resolved_drift::reason(&facts, &now) {
                     tracing::info!(node = %node, instance_id = %i.id, class = %class_name, reason = why, "drifted by live resolution");

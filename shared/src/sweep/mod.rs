@@ -11,6 +11,7 @@
 pub mod classes;
 pub mod disrupt;
 pub mod replicas;
+pub mod reservations;
 pub mod termination;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -157,6 +158,9 @@ pub enum StepError {
     /// Replacements could not be admitted.
     #[error("adding replacements")]
     Capacity(#[from] crate::capacity::CapacityError),
+    /// The capacity reservations of nodes could not be read.
+    #[error("reading capacity reservations")]
+    Reservations(#[source] Box<crate::nodeclass::NodeClassError>),
 }
 
 /// What one run did.
@@ -186,6 +190,8 @@ pub struct SweepReport {
     pub replicas: replicas::ReplicasReport,
     /// Terminations begun and carried out (deleted Nodes and NodePools, interruptions).
     pub terminations: termination::TerminationReport,
+    /// Nodes relabelled out of their reservation, and capacity-block nodes whose termination began.
+    pub reservations: reservations::ReservationReport,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -479,6 +485,8 @@ impl<C: Cluster> Sweeper<C> {
         self.report_held(&report.done, &instances).await;
         // Deleted Nodes and NodePools: their drains are recorded before the run's drain pass.
         Box::pin(self.begin_terminations(now, &claims, &nodes, &instances, &mut report.terminations)).await;
+        // Reservations that ended or are about to: relabel, or drain before EC2 reclaims.
+        Box::pin(self.end_reservations(now, &claims, &nodes, &instances, &catalog, &mut report.reservations)).await;
         if !report.deferred.is_empty() {
             tracing::info!(
                 left = report.deferred.len(),
