@@ -201,7 +201,8 @@ impl<C: Cluster> Provisioner<C> {
     /// Handles one SQS batch at the current time, done by `deadline`: what
     /// would not fit is handed back to SQS, events are cut first.
     pub async fn handle_within(&self, event: &SqsEvent, deadline: Deadline) -> ProvisionOutcome {
-        self.handle_at_within(event, Timestamp::now(), deadline).await
+        // Boxed: the function's shell around it would pass the compiler's layout depth limit.
+        Box::pin(self.handle_at_within(event, Timestamp::now(), deadline)).await
     }
 
     /// Handles one SQS batch as of `now`, with no deadline but Lambda's longest.
