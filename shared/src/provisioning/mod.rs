@@ -99,6 +99,10 @@ const EVENT_BUDGET: usize = 500;
 /// 5,000 nodes is 10 s end to end; half as much again for the slow case.
 const SOLVE_RESERVE: Duration = Duration::from_secs(15);
 
+/// What writing a plan may take (claims, launch requests, nominations),
+/// kept free of the solver's optional passes.
+const PLAN_WRITE_RESERVE: Duration = Duration::from_secs(5);
+
 /// Karpenter's default `BATCH_MAX_DURATION`.
 const BATCH_MAX_DURATION: Duration = Duration::from_secs(10);
 
@@ -342,7 +346,7 @@ impl<C: Cluster> Provisioner<C> {
             .min(deadline.remaining().saturating_sub(self.config.solve_reserve));
         let solved = &mut *outcome;
         let events = door
-            .under_lease(|lease| async move { self.solve_under(&lease, refs, solved, now).await })
+            .under_lease(|lease| async move { self.solve_under(&lease, refs, solved, now, deadline).await })
             .await?
             .ok_or(ProvisionError::Busy)??;
         // After the lease: the next solve need not wait on a burst's thousands of events.
@@ -357,6 +361,7 @@ impl<C: Cluster> Provisioner<C> {
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut ProvisionOutcome,
         now: Timestamp,
+        deadline: Deadline,
     ) -> Result<Vec<EventSpec>, ProvisionError> {
         if let Some(ec2) = &self.ec2 {
             let sources = crate::catalog_refresh::OnDemandSources::new(self.price_list.clone())
@@ -373,8 +378,14 @@ impl<C: Cluster> Provisioner<C> {
         }
         let started = std::time::Instant::now();
         // Off the runtime's thread, so the lease is renewed during a long solve.
+        // The solver's extra packing passes stop in time to write the plan
+        // (plain first-fit-decreasing always runs).
+        let options = SolveOptions {
+            deadline: Some(deadline.earlier_by(PLAN_WRITE_RESERVE).instant().into_std()),
+            ..SolveOptions::default()
+        };
         let (snapshot, plan): (_, Plan) = capacity::off_task(move || {
-            let plan = snapshot.compile().solve(&SolveOptions::default());
+            let plan = snapshot.compile().solve(&options);
             (snapshot, plan)
         })
         .await;
