@@ -1,7 +1,8 @@
 //! The one Lambda shell the function binaries share: logging, configuration
 //! from the environment (through [`crate::settings`]), the AWS SDK
 //! configuration with retries, the partial-batch answer of every SQS
-//! consumer, and the meter every handler runs in.
+//! consumer, the meter every handler runs in, and each invocation's
+//! [`Deadline`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -10,6 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use lambda_runtime::LambdaEvent;
+
+use crate::deadline::Deadline;
 
 use crate::metering::{Invocation, Metered};
 use crate::settings::{SettingError, Settings};
@@ -17,6 +21,19 @@ use crate::state::{CostEntry, StateStore};
 
 /// When this process began its init phase (the first call of [`start`]).
 static INIT_STARTED: OnceLock<Instant> = OnceLock::new();
+
+/// What the shell keeps of every invocation for itself after the handler:
+/// the meter's write and the answer to the Runtime API.
+pub const ANSWER_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The deadline a handler works to: the invocation's (`context.deadline`,
+/// milliseconds since the epoch) less [`ANSWER_MARGIN`].
+pub fn invocation_deadline(context: &lambda_runtime::Context) -> Deadline {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Deadline::from_epoch_ms(context.deadline, now_ms, tokio::time::Instant::now()).earlier_by(ANSWER_MARGIN)
+}
 
 /// Reads a required environment variable, naming it when missing or blank
 /// (the process environment through [`Settings`]).
@@ -178,6 +195,17 @@ impl Meter {
         response
     }
 
+    /// Runs `handler` on one invocation's payload with its deadline
+    /// ([`invocation_deadline`]) and meters it ([`Meter::run`]): the way
+    /// every function takes its events.
+    pub async fn invoke<P, T, Fut>(&self, event: LambdaEvent<P>, handler: impl FnOnce(P, Deadline) -> Fut) -> T
+    where
+        Fut: Future<Output = (T, f64)>,
+    {
+        let deadline = invocation_deadline(&event.context);
+        self.run(handler(event.payload, deadline)).await
+    }
+
     /// Logs, publishes and counts one metered invocation.
     async fn record(&self, m: &Metered, now: jiff::Timestamp) {
         tracing::info!(
@@ -215,6 +243,37 @@ mod tests {
         assert_eq!(meter.run(async { ("first", 0.5) }).await, "first");
         assert!(meter.warm.load(Ordering::Relaxed));
         assert_eq!(meter.run(async { (7, -0.5) }).await, 7);
+    }
+
+    #[tokio::test]
+    async fn the_invocations_deadline_reaches_the_handler_less_the_answer_margin() {
+        let meter = Meter::new("provision", None);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let mut context = lambda_runtime::Context::default();
+        context.deadline = now_ms + 30_000;
+        let event = LambdaEvent::new("payload", context);
+        let before = tokio::time::Instant::now();
+        let (payload, deadline) = meter.invoke(event, |p, d| async move { ((p, d), 0.0) }).await;
+        assert_eq!(payload, "payload");
+        let left = deadline.remaining_at(before);
+        let expected = std::time::Duration::from_secs(30) - ANSWER_MARGIN;
+        // Milliseconds of the epoch clock's rounding and of the test's own run.
+        assert!(
+            left <= expected + std::time::Duration::from_millis(1)
+                && left + std::time::Duration::from_secs(2) > expected,
+            "{left:?}"
+        );
+        // A context without a deadline (0) leaves no time rather than forever.
+        let none = meter
+            .invoke(
+                LambdaEvent::new((), lambda_runtime::Context::default()),
+                |_, d| async move { (d, 0.0) },
+            )
+            .await;
+        assert!(none.passed());
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub mod static_capacity;
 // The function shells and what they share.
 /// Crash points for the crash tests (debug builds only).
 pub mod crash;
+/// The time an invocation has left.
+pub mod deadline;
 /// Interruption events, classified and decided, and the `interrupt` function.
 pub mod interruption;
 /// The one Lambda shell the function binaries share.

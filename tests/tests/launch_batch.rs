@@ -241,3 +241,36 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
         "only the poison message is dead-lettered"
     );
 }
+
+#[tokio::test]
+async fn requests_the_deadline_leaves_no_time_for_are_handed_back_unstarted() {
+    use nodesmith::deadline::Deadline;
+    use std::time::Duration;
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let l = launcher(&m, m.endpoint(), &kube).await;
+    let class = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim("late-1", &["m5.large"], &["on-demand"]), &class).await;
+    let mut event = SqsEvent::default();
+    event.records = vec![message("m-late", &req.to_body().unwrap())];
+    let near = Deadline::after(batch::LAUNCH_RESERVE - Duration::from_secs(1));
+    let (resp, results) = batch::handle_within(&l, &event, near).await;
+    let failed: Vec<&str> = resp
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(failed, ["m-late"]);
+    assert!(
+        matches!(results[0].result, Err(LaunchError::NotStarted { .. })),
+        "{:?}",
+        results[0].result
+    );
+    assert!(instances_of(&m, "late-1").await.is_empty(), "nothing launched");
+    // Redelivered with time: launched.
+    let (resp, _) = batch::handle_within(&l, &event, Deadline::after(Duration::from_secs(60))).await;
+    assert!(resp.batch_item_failures.is_empty());
+    assert_eq!(instances_of(&m, "late-1").await.len(), 1);
+}

@@ -97,6 +97,15 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
 
 impl Stack {
     fn provisioner(&self, holder: &str, dead_letter: bool) -> Provisioner<KubeCluster> {
+        self.provisioner_with(holder, dead_letter, |_| {})
+    }
+
+    fn provisioner_with(
+        &self,
+        holder: &str,
+        dead_letter: bool,
+        configure: impl FnOnce(&mut ProvisionConfig),
+    ) -> Provisioner<KubeCluster> {
         let cluster = KubeCluster::from_client(self.kube.lambda_client()).with_retry(RetryPolicy {
             attempts: 3,
             base_delay: Duration::from_millis(1),
@@ -108,6 +117,7 @@ impl Stack {
         if dead_letter {
             config.dead_letter_queue_url = Some(self.dlq.clone());
         }
+        configure(&mut config);
         Provisioner::new(cluster, self.store.clone(), self.sqs.clone(), config)
     }
 
@@ -390,4 +400,83 @@ async fn a_nodepool_or_nodeclass_that_cannot_be_read_is_skipped_with_an_event_an
         decode_events(&s.kube.events()) <= 2 * 3,
         "one per object per adapter at most"
     );
+}
+
+/// Issue 32's burst: the claims and launch requests are written first; the
+/// Nominated events come last, within the invocation's cap and deadline,
+/// each (pod, claim) once across solves; a batch the deadline leaves no time
+/// to solve is handed back to SQS unstarted.
+#[tokio::test]
+async fn a_burst_writes_its_claims_first_and_its_events_within_the_budget_and_the_deadline() {
+    use nodesmith::deadline::Deadline;
+    let names: Vec<String> = (0..24).map(|i| format!("burst-{i}")).collect();
+    let pods: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "500m")).collect();
+    let s = stack(None, &pods).await;
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    let batch = refs(&all);
+    let nominated = |s: &Stack| -> Vec<String> {
+        let mut pods: Vec<String> = s
+            .kube
+            .events()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Nominated"))
+            .filter_map(|e| e.involved_object.name)
+            .collect();
+        pods.sort();
+        pods
+    };
+    // One warm container: its provisioner (and what it remembers) serves every invocation.
+    let warm = s.provisioner_with("warm", false, |c| {
+        c.event_budget = 8;
+        c.solve_reserve = Duration::ZERO;
+    });
+
+    // A deadline that leaves the solve its reserve and nothing more.
+    let out = warm.handle_within(&batch, Deadline::after(Duration::ZERO)).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert!(pods_in(&out) >= names.len(), "every pod on a new claim: {out:?}");
+    let stored = s.store.in_flight_node_claims().await.unwrap();
+    assert_eq!(stored.len(), out.created.len());
+    assert_eq!(
+        s.drain_queue(&s.launch_queue).await.len(),
+        out.created.len(),
+        "one launch request per claim"
+    );
+    assert_eq!(nominated(&s), Vec::<String>::new(), "no event past the deadline");
+    assert_eq!(
+        (out.events.written, out.events.out_of_time, out.events.over_budget),
+        (0, 8, 16)
+    );
+
+    // Redeliveries with time to spare: 8 a solve (the cap), never one twice.
+    for round in 1..=3 {
+        let deadline = Deadline::after(Duration::from_secs(20));
+        let out = warm.handle_within(&batch, deadline).await;
+        assert!(deadline.remaining() > Duration::ZERO, "returned before the deadline");
+        assert!(out.failed.is_empty() && out.created.is_empty(), "{out:?}");
+        assert_eq!(out.placed_on_existing, names.len());
+        assert_eq!(out.events.written, 8, "round {round}: {:?}", out.events);
+        let seen = nominated(&s);
+        let mut distinct = seen.clone();
+        distinct.dedup();
+        assert_eq!((seen.len(), distinct.len()), (8 * round, 8 * round), "{seen:?}");
+    }
+    let out = warm
+        .handle_within(&batch, Deadline::after(Duration::from_secs(20)))
+        .await;
+    assert_eq!((out.events.written, out.events.duplicates), (0, names.len()));
+    assert_eq!(nominated(&s).len(), names.len());
+
+    // A deadline nearer than the solve's reserve: nothing started, all handed back.
+    let cold = s.provisioner_with("cold", false, |c| c.solve_reserve = Duration::from_secs(15));
+    let out = cold
+        .handle_within(&batch, Deadline::after(Duration::from_secs(5)))
+        .await;
+    assert_eq!(out.handed_on, names.len(), "{out:?}");
+    let mut failed = out.failed.clone();
+    failed.sort();
+    let mut ids: Vec<String> = names.clone();
+    ids.sort();
+    assert_eq!(failed, ids);
+    assert_eq!(out.placed_on_existing, 0, "no solve started");
 }

@@ -1,4 +1,5 @@
 //! The `launch` Lambda: SQS launch requests → EC2 instances, one per NodeClaim.
+//! A request the invocation's deadline leaves no time for is handed back unstarted.
 //! Metered with the price of every instance it launched as the fleet's change.
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
@@ -19,8 +20,8 @@ async fn main() -> Result<(), Error> {
     let (launcher, meter) = (&launcher, &meter);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         meter
-            .run(async {
-                let (response, results) = batch::handle(launcher, &event.payload).await;
+            .invoke(event, |payload, deadline| async move {
+                let (response, results) = batch::handle_within(launcher, &payload, deadline).await;
                 let added = batch::fleet_delta_usd_per_hour(&results);
                 let dimensions = std::collections::BTreeMap::from([("Function", "launch".to_string())]);
                 nodesmith::telemetry::publish(&dimensions, &batch::metrics(&results));

@@ -1,5 +1,7 @@
 //! The `provision` Lambda: a batch of pending-pod references from SQS → one
 //! solve → NodeClaims in DynamoDB and launch requests on the launch queue.
+//! Done by the invocation's deadline: a batch it leaves no time to solve is
+//! handed back, events come last and stop at the deadline.
 //! Metered with no change to the fleet's price: a planned claim is not
 //! capacity yet, and launch reports the price of the offering EC2 gave it.
 
@@ -28,14 +30,17 @@ async fn main() -> Result<(), Error> {
     let (provisioner, meter) = (&provisioner, &meter);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         meter
-            .run(async {
-                let outcome = provisioner.handle(&event.payload).await;
+            .invoke(event, |batch, deadline| async move {
+                let outcome = provisioner.handle_within(&batch, deadline).await;
                 tracing::info!(
                     created = outcome.created.len(),
                     joined = outcome.joined.len(),
                     placed_on_existing = outcome.placed_on_existing,
                     unschedulable = outcome.unschedulable.len(),
                     failed = outcome.failed.len(),
+                    handed_on = outcome.handed_on,
+                    events_written = outcome.events.written,
+                    events_skipped = outcome.events.skipped(),
                     "batch done"
                 );
                 (Ok::<SqsBatchResponse, Error>(outcome.response()), 0.0)

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::catalog::price_list::PriceList;
+use nodesmith::deadline::Deadline;
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
@@ -43,10 +44,10 @@ async fn main() -> Result<(), Error> {
     // Last before polling: the meter ends the init phase.
     let meter = Meter::new("sweep", Some(store));
     let (sweeper, meter) = (&sweeper, &meter);
-    run(service_fn(move |_: LambdaEvent<Value>| async move {
+    run(service_fn(move |event: LambdaEvent<Value>| async move {
         meter
-            .run(async {
-                match sweep(sweeper).await {
+            .invoke(event, |_, deadline| async move {
+                match sweep(sweeper, deadline).await {
                     Ok((response, removed)) => (Ok(response), 0.0 - removed),
                     Err(e) => (Err(e), 0.0),
                 }
@@ -56,10 +57,11 @@ async fn main() -> Result<(), Error> {
     .await
 }
 
-/// One sweep, its metrics published: its report as the response, and the
-/// $/h of the capacity it gave up.
-async fn sweep(sweeper: &Sweeper<KubeCluster>) -> Result<(Value, f64), Error> {
-    let report = sweeper.run().await?;
+/// One sweep within its budget and the invocation's `deadline`, its
+/// metrics published: its report as the response, and the $/h of the
+/// capacity it gave up.
+async fn sweep(sweeper: &Sweeper<KubeCluster>, deadline: Deadline) -> Result<(Value, f64), Error> {
+    let report = sweeper.run_within(deadline).await?;
     let dimensions = BTreeMap::from([("Function", "sweep".to_string())]);
     nodesmith::telemetry::publish(&dimensions, &report.metrics());
     let response = json!({

@@ -10,6 +10,7 @@ pub mod drain;
 pub mod events;
 pub mod kube_cluster;
 pub mod pods;
+pub mod recorder;
 pub mod retry;
 
 pub use cluster::{Cluster, ClusterError, EvictionOutcome, NodeUpdate};

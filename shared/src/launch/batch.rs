@@ -2,7 +2,10 @@
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 
+use std::time::Duration;
+
 use super::{LaunchError, LaunchOutcome, Launcher};
+use crate::deadline::Deadline;
 use crate::kubernetes::Cluster;
 use crate::messages::LaunchRequest;
 use crate::nodeclass::RunClasses;
@@ -51,7 +54,7 @@ pub fn metrics(results: &[RecordResult]) -> Vec<crate::telemetry::Metric> {
     let succeeded = count(|r| matches!(r, Ok(LaunchOutcome::Launched(_) | LaunchOutcome::Recovered(_))));
     let failed = count(|r| match r {
         Ok(o) => matches!(o, LaunchOutcome::NotLaunchable { .. }),
-        Err(e) => !matches!(e, LaunchError::Busy(_)),
+        Err(e) => !matches!(e, LaunchError::Busy(_) | LaunchError::NotStarted { .. }),
     });
     [("LaunchesSucceeded", succeeded), ("LaunchesFailed", failed)]
         .into_iter()
@@ -101,10 +104,26 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
     }
 }
 
+/// The least time one launch request may need (the claim's lease, its class
+/// resolved, CreateFleet with the SDK's retries, the launch recorded): one
+/// with less left before the deadline is not started but handed back.
+pub const LAUNCH_RESERVE: Duration = Duration::from_secs(20);
+
+/// [`handle_within`] with no deadline but Lambda's longest.
+pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
+    handle_within(launcher, event, Deadline::outside_lambda()).await
+}
+
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
-/// instead of its lease). Results are in record order.
-pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (SqsBatchResponse, Vec<RecordResult>) {
+/// instead of its lease). A record whose turn comes with less than
+/// [`LAUNCH_RESERVE`] left before `deadline` is not started and fails
+/// ([`LaunchError::NotStarted`]), so SQS redelivers it. Results are in record order.
+pub async fn handle_within<C: Cluster>(
+    launcher: &Launcher<C>,
+    event: &SqsEvent,
+    deadline: Deadline,
+) -> (SqsBatchResponse, Vec<RecordResult>) {
     let group = |i: usize, m: &SqsMessage| match LaunchRequest::parse(m.body.as_deref().unwrap_or_default()) {
         Ok(r) => format!("claim/{}", r.node_claim),
         // Unparseable records each get their own group.
@@ -113,7 +132,22 @@ pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (Sq
     // The batch is one run: each class is resolved once for all its claims.
     let run = RunClasses::default();
     let run = &run;
-    let (response, results) = crate::lambda::handle_records(event, group, |m| handle_record(launcher, run, m)).await;
+    let (response, results) = crate::lambda::handle_records(event, group, |m| async move {
+        if !deadline.leaves(LAUNCH_RESERVE) {
+            let left_ms = deadline.remaining().as_millis() as u64;
+            tracing::warn!(
+                message_id = m.message_id.as_deref().unwrap_or("<none>"),
+                left_ms,
+                "too little time left to launch; the request is handed back to SQS"
+            );
+            return Err(LaunchError::NotStarted {
+                left_ms,
+                needed_ms: LAUNCH_RESERVE.as_millis() as u64,
+            });
+        }
+        handle_record(launcher, run, m).await
+    })
+    .await;
     let results = event
         .records
         .iter()

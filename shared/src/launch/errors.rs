@@ -85,6 +85,15 @@ pub enum LaunchError {
     /// Another invocation is launching this NodeClaim right now.
     #[error("nodeclaim {0} is being launched by another invocation")]
     Busy(String),
+    /// The request was not started: too little of the invocation was left
+    /// for a launch, so it goes back to SQS whole.
+    #[error("not started: {left_ms} ms left of the invocation, a launch may need {needed_ms} ms")]
+    NotStarted {
+        /// Time left when the request's turn came.
+        left_ms: u64,
+        /// The launch's reserve.
+        needed_ms: u64,
+    },
     /// Reading the claim's EC2NodeClass from the cluster failed.
     #[error(transparent)]
     Cluster(#[from] ClusterError),

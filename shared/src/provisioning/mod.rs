@@ -18,7 +18,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::capacity::{self, CapacityError, Door};
+use crate::deadline::Deadline;
 use crate::disruption::nomination;
+use crate::kubernetes::recorder::{EventBudget, Recorded, Recorder};
 use crate::kubernetes::{Cluster, EventSpec};
 use crate::nodeclaim::NodeClaim;
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
@@ -46,6 +48,14 @@ pub struct ProvisionConfig {
     /// How long the nodes and in-flight claims a solve gives pending pods
     /// stay nominated (spared by consolidation): Karpenter's window.
     pub nomination_window: Duration,
+    /// At most this many events per invocation ([`EventBudget`]); the rest
+    /// wait for a later solve. 500 is 10 s of the Kubernetes client's 50
+    /// requests per second, a sixth of the function's timeout.
+    pub event_budget: usize,
+    /// The least time a solve needs (reading the cluster, solving, writing
+    /// the claims and launch requests): with less left before the deadline,
+    /// the batch is handed back to SQS instead of started.
+    pub solve_reserve: Duration,
 }
 
 impl ProvisionConfig {
@@ -76,9 +86,22 @@ impl ProvisionConfig {
             lease_wait: Duration::from_secs(20),
             holder: format!("provision-{}", now_ms()),
             nomination_window: nomination::window(BATCH_MAX_DURATION),
+            event_budget: EVENT_BUDGET,
+            solve_reserve: SOLVE_RESERVE,
         }
     }
 }
+
+/// Events per invocation ([`ProvisionConfig::event_budget`]).
+const EVENT_BUDGET: usize = 500;
+
+/// [`ProvisionConfig::solve_reserve`]: issue 32's target for 1,000 pods on
+/// 5,000 nodes is 10 s end to end; half as much again for the slow case.
+const SOLVE_RESERVE: Duration = Duration::from_secs(15);
+
+/// What writing a plan may take (claims, launch requests, nominations),
+/// kept free of the solver's optional passes.
+const PLAN_WRITE_RESERVE: Duration = Duration::from_secs(5);
 
 /// Karpenter's default `BATCH_MAX_DURATION`.
 const BATCH_MAX_DURATION: Duration = Duration::from_secs(10);
@@ -120,6 +143,11 @@ pub struct ProvisionOutcome {
     pub malformed: usize,
     /// Nodes this batch registered or initialized (the forwarder's Node messages).
     pub joined: Vec<String>,
+    /// Records handed back to SQS unstarted because the deadline was too near
+    /// (also in `failed`).
+    pub handed_on: usize,
+    /// What became of the solve's events.
+    pub events: Recorded,
 }
 
 impl ProvisionOutcome {
@@ -137,6 +165,8 @@ pub struct Provisioner<C> {
     config: ProvisionConfig,
     ec2: Option<aws_sdk_ec2::Client>,
     price_list: Option<crate::catalog::price_list::PriceList>,
+    /// The events written lately, kept from one invocation to the next.
+    recorder: Recorder,
 }
 
 impl<C: Cluster> Provisioner<C> {
@@ -149,6 +179,7 @@ impl<C: Cluster> Provisioner<C> {
             config,
             ec2: None,
             price_list: None,
+            recorder: Recorder::default(),
         }
     }
 
@@ -166,13 +197,26 @@ impl<C: Cluster> Provisioner<C> {
         self
     }
 
-    /// Handles one SQS batch at the current time.
+    /// Handles one SQS batch at the current time, with no deadline but Lambda's longest.
     pub async fn handle(&self, event: &SqsEvent) -> ProvisionOutcome {
-        self.handle_at(event, Timestamp::now()).await
+        self.handle_within(event, Deadline::outside_lambda()).await
     }
 
-    /// Handles one SQS batch as of `now`; never fails as a whole because of one record.
+    /// Handles one SQS batch at the current time, done by `deadline`: what
+    /// would not fit is handed back to SQS, events are cut first.
+    pub async fn handle_within(&self, event: &SqsEvent, deadline: Deadline) -> ProvisionOutcome {
+        // Boxed: the function's shell around it would pass the compiler's layout depth limit.
+        Box::pin(self.handle_at_within(event, Timestamp::now(), deadline)).await
+    }
+
+    /// Handles one SQS batch as of `now`, with no deadline but Lambda's longest.
     pub async fn handle_at(&self, event: &SqsEvent, now: Timestamp) -> ProvisionOutcome {
+        self.handle_at_within(event, now, Deadline::outside_lambda()).await
+    }
+
+    /// Handles one SQS batch as of `now`, done by `deadline`; never fails as
+    /// a whole because of one record.
+    pub async fn handle_at_within(&self, event: &SqsEvent, now: Timestamp, deadline: Deadline) -> ProvisionOutcome {
         let records = records::read_records(&event.records);
         let mut outcome = ProvisionOutcome::default();
         let mut refs = Vec::new();
@@ -201,11 +245,25 @@ impl<C: Cluster> Provisioner<C> {
         }
         // Joining Nodes first: a registration takes milliseconds and frees the
         // pods already waiting for that node, whatever the solve then does.
-        self.join_nodes(&nodes, &mut outcome, now).await;
+        self.join_nodes(&nodes, &mut outcome, now, deadline).await;
         if refs.is_empty() && requests.is_empty() {
             return outcome;
         }
-        match self.solve_and_record(&refs, &mut outcome, now).await {
+        if !deadline.leaves(self.config.solve_reserve) {
+            // Given back now, SQS redelivers them after the visibility
+            // timeout; cut off by Lambda's timeout, after it too, but half done.
+            let n = refs.len() + requests.len();
+            tracing::warn!(
+                records = n,
+                left_ms = deadline.remaining().as_millis() as u64,
+                "too little time left for a solve; the batch is handed back to SQS"
+            );
+            outcome.handed_on += n;
+            outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
+            outcome.failed.extend(requests);
+            return outcome;
+        }
+        match self.solve_and_record(&refs, &mut outcome, now, deadline).await {
             Ok(()) => {}
             Err(e) => {
                 tracing::error!(error = %crate::telemetry::causes(&e), records = refs.len() + requests.len(), "provisioning failed; the batch will be retried");
@@ -223,8 +281,14 @@ impl<C: Cluster> Provisioner<C> {
         nodes: &[(String, crate::messages::NodeRef)],
         outcome: &mut ProvisionOutcome,
         now: Timestamp,
+        deadline: Deadline,
     ) {
         for (message_id, node) in nodes {
+            if deadline.passed() {
+                outcome.handed_on += 1;
+                outcome.failed.push(message_id.clone());
+                continue;
+            }
             match crate::joining::join(&self.cluster, &self.store, node, now).await {
                 Ok(joined) => {
                     tracing::info!(node = %node.name, ?joined, "joining node handled");
@@ -273,14 +337,20 @@ impl<C: Cluster> Provisioner<C> {
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut ProvisionOutcome,
         now: Timestamp,
+        deadline: Deadline,
     ) -> Result<(), ProvisionError> {
-        let events = self
-            .door()
-            .under_lease(|lease| async move { self.solve_under(&lease, refs, outcome, now).await })
+        let mut door = self.door();
+        // Waiting for another solve must leave this one its reserve.
+        door.lease_wait = door
+            .lease_wait
+            .min(deadline.remaining().saturating_sub(self.config.solve_reserve));
+        let solved = &mut *outcome;
+        let events = door
+            .under_lease(|lease| async move { self.solve_under(&lease, refs, solved, now, deadline).await })
             .await?
             .ok_or(ProvisionError::Busy)??;
         // After the lease: the next solve need not wait on a burst's thousands of events.
-        self.record_events(events).await;
+        outcome.events = self.record_events(events, deadline).await;
         Ok(())
     }
 
@@ -291,6 +361,7 @@ impl<C: Cluster> Provisioner<C> {
         refs: &[(String, crate::messages::PendingPodRef)],
         outcome: &mut ProvisionOutcome,
         now: Timestamp,
+        deadline: Deadline,
     ) -> Result<Vec<EventSpec>, ProvisionError> {
         if let Some(ec2) = &self.ec2 {
             let sources = crate::catalog_refresh::OnDemandSources::new(self.price_list.clone())
@@ -307,8 +378,14 @@ impl<C: Cluster> Provisioner<C> {
         }
         let started = std::time::Instant::now();
         // Off the runtime's thread, so the lease is renewed during a long solve.
+        // The solver's extra packing passes stop in time to write the plan
+        // (plain first-fit-decreasing always runs).
+        let options = SolveOptions {
+            deadline: Some(deadline.earlier_by(PLAN_WRITE_RESERVE).instant().into_std()),
+            ..SolveOptions::default()
+        };
         let (snapshot, plan): (_, Plan) = capacity::off_task(move || {
-            let plan = snapshot.compile().solve(&SolveOptions::default());
+            let plan = snapshot.compile().solve(&options);
             (snapshot, plan)
         })
         .await;
@@ -361,18 +438,19 @@ impl<C: Cluster> Provisioner<C> {
         }
     }
 
-    /// Records events a few at a time; a failure is logged, never fatal.
-    async fn record_events(&self, events: Vec<EventSpec>) {
-        use futures::StreamExt;
-        let failed = futures::stream::iter(events)
-            .map(|e| async move { self.cluster.emit_event(&e).await.is_err() })
-            .buffer_unordered(EVENT_CONCURRENCY)
-            .filter(|failed| std::future::ready(*failed))
-            .count()
-            .await;
-        if failed > 0 {
-            tracing::warn!(failed, "could not record some events");
-        }
+    /// Records the events not written lately, a few at a time, within the
+    /// invocation's cap and before `deadline`; a failure is logged, never fatal.
+    async fn record_events(&self, events: Vec<EventSpec>, deadline: Deadline) -> Recorded {
+        let budget = EventBudget {
+            most: self.config.event_budget,
+            concurrency: EVENT_CONCURRENCY,
+        };
+        let cluster = &self.cluster;
+        self.recorder
+            .record(events, budget, deadline, |e| async move {
+                cluster.emit_event(&e).await.is_ok()
+            })
+            .await
     }
 }
 

@@ -381,11 +381,31 @@ impl<C: Cluster> Sweeper<C> {
         Box::pin(self.run_at(Timestamp::now())).await
     }
 
+    /// One run at the current time that starts no step after `deadline`
+    /// (nor after its own budget, whichever ends first).
+    pub async fn run_within(&self, deadline: crate::deadline::Deadline) -> Result<SweepReport, SweepError> {
+        Box::pin(self.run_at_within(Timestamp::now(), deadline)).await
+    }
+
     /// One run whose decisions (timeouts, leak windows, expiry) take `now`
     /// as the time: tests reach a timeout by passing a later time, not by
     /// waiting. The lease keeps the wall clock.
     pub async fn run_at(&self, now: Timestamp) -> Result<SweepReport, SweepError> {
-        let started = Instant::now();
+        self.run_at_within(now, crate::deadline::Deadline::outside_lambda())
+            .await
+    }
+
+    /// [`Self::run_at`] whose time budget ends by `deadline` at the latest.
+    pub async fn run_at_within(
+        &self,
+        now: Timestamp,
+        deadline: crate::deadline::Deadline,
+    ) -> Result<SweepReport, SweepError> {
+        // The budget is counted from `started`: moved back by what the
+        // deadline cuts off, it runs out at the earlier of the two.
+        let started = deadline
+            .budget_start(self.config.budget, tokio::time::Instant::now())
+            .into_std();
         let ttl = self.config.lease.as_millis() as i64;
         let Some(lease) = self
             .store
