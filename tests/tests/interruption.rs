@@ -36,6 +36,16 @@ async fn spot_interruption_taints_replaces_first_honours_pdbs_then_forces_at_the
         json!({"instance-id": "i-0123456789abcdef0"}),
     );
     let h = s.interrupter(|_| {});
+    // An invocation whose deadline leaves no time for the event's own steps
+    // gives it back untouched: nothing tainted, nothing recorded.
+    let short = nodesmith::deadline::Deadline::after(std::time::Duration::from_secs(1));
+    let out = h.handle_within(&event(vec![warning.clone()]), short).await;
+    assert_eq!(out.failed, vec!["m0".to_string()], "{out:?}");
+    assert!(out.tainted.is_empty(), "{out:?}");
+    let n = s.cluster().node(&node).await.unwrap().unwrap();
+    assert!(!taint_keys(&n).contains(&"karpenter.sh/disrupted".to_string()));
+    assert!(s.store.drains().await.unwrap().is_empty());
+
     let out = h.handle(&event(vec![warning.clone(), garbage, foreign])).await;
     assert!(out.failed.is_empty(), "{out:?}");
     assert_eq!((out.unknown, out.ignored), (1, 1), "{out:?}");

@@ -1,6 +1,7 @@
 //! The `interrupt` Lambda: a batch of EventBridge events from the interruption
 //! queue → taint, replace, drain or remove the capacity they name
-//! (`nodesmith::interruption::handler`), with partial batch failures.
+//! (`nodesmith::interruption::handler`), with partial batch failures; an
+//! event its deadline leaves no time for is given back untouched.
 //! Metered with the fleet's change: minus the price of every claim whose
 //! capacity it found gone and removed.
 
@@ -26,8 +27,8 @@ async fn main() -> Result<(), Error> {
     let (interrupter, meter) = (&interrupter, &meter);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         meter
-            .run(async {
-                let outcome = interrupter.handle(&event.payload).await;
+            .invoke(event, |payload, deadline| async move {
+                let outcome = interrupter.handle_within(&payload, deadline).await;
                 let dimensions = std::collections::BTreeMap::from([("Function", "interrupt".to_string())]);
                 nodesmith::telemetry::publish(&dimensions, &outcome.metrics());
                 tracing::info!(

@@ -32,6 +32,7 @@ use super::batch::{Batch, ToReplace};
 use super::decide::{Reaction, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
 use crate::capacity::{self, CapacityError, Door, LEASE};
+use crate::deadline::Deadline;
 use crate::draining::{self, DrainError};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
 use crate::messages::redelivery::{self, FIRST_RETRY};
@@ -44,6 +45,10 @@ use crate::state::{StateError, StateStore, UNAVAILABLE_TTL_SECS, VersionCheck};
 
 /// How long an event id is remembered (EventBridge redelivers within hours at most).
 const PROCESSED_TTL_SECS: i64 = 24 * 3600;
+
+/// The least time an event's own steps (taint, drain record, first
+/// evictions) are started with: less, and it is given back for a redelivery.
+pub const EVENT_RESERVE: Duration = Duration::from_secs(10);
 
 /// Settings of the interrupt function.
 #[derive(Debug, Clone)]
@@ -222,9 +227,17 @@ impl<C: Cluster> Interrupter<C> {
         }
     }
 
-    /// Handles one SQS batch now: each event's own steps at once, then the
-    /// batch's replacement, then the claims move to Draining.
+    /// Handles one SQS batch now, with no deadline but Lambda's longest.
     pub async fn handle(&self, batch: &SqsEvent) -> InterruptOutcome {
+        self.handle_within(batch, Deadline::outside_lambda()).await
+    }
+
+    /// Handles one SQS batch now, done by `deadline`: each event's own steps
+    /// at once, then the batch's replacement, then the claims move to
+    /// Draining, then the drains go on. An event the deadline leaves less
+    /// than [`EVENT_RESERVE`] for is given back untouched (visible again
+    /// within seconds), never cut between its taint and its drain record.
+    pub async fn handle_within(&self, batch: &SqsEvent, deadline: Deadline) -> InterruptOutcome {
         let mut outcome = InterruptOutcome::default();
         let mut pending = Batch::default();
         // Acted on, to be recorded as handled once the batch's end succeeds.
@@ -237,6 +250,12 @@ impl<C: Cluster> Interrupter<C> {
                 outcome.unknown += 1;
                 tracing::warn!(%message_id, %error, source = ?event.source, detail_type = ?event.detail_type,
                     "acknowledging an interruption message nodesmith does not act on");
+                continue;
+            }
+            if !deadline.leaves(EVENT_RESERVE) {
+                tracing::warn!(%message_id, left_ms = deadline.remaining().as_millis() as u64,
+                    "no time left for this event before the invocation's deadline; given back");
+                self.give_back(record, &mut outcome).await;
                 continue;
             }
             let now = Timestamp::now();
@@ -313,7 +332,11 @@ impl<C: Cluster> Interrupter<C> {
                 tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot record the event as handled; a redelivery acts on it again, harmlessly");
             }
         }
-        if let Err(e) = self.continue_drains(&mut outcome).await {
+        let budget = self
+            .config
+            .drain_budget
+            .min(deadline.earlier_by(EVENT_RESERVE).remaining());
+        if let Err(e) = self.continue_drains_for(budget, &mut outcome).await {
             tracing::warn!(error = %crate::telemetry::causes(&e), "drains not continued; the next invocation or the sweep continues them");
         }
         outcome
@@ -581,13 +604,16 @@ impl<C: Cluster> Interrupter<C> {
     /// Continues every recorded drain ([`draining::continue_drains`]) within
     /// this function's drain budget.
     pub async fn continue_drains(&self, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
-        let drained = draining::continue_drains(
-            &self.cluster,
-            &self.store,
-            self.config.drain_budget,
-            self.config.drain_interval,
-        )
-        .await?;
+        self.continue_drains_for(self.config.drain_budget, outcome).await
+    }
+
+    /// Continues every recorded drain for at most `budget`.
+    async fn continue_drains_for(
+        &self,
+        budget: Duration,
+        outcome: &mut InterruptOutcome,
+    ) -> Result<(), InterruptError> {
+        let drained = draining::continue_drains(&self.cluster, &self.store, budget, self.config.drain_interval).await?;
         outcome.drained.extend(drained);
         Ok(())
     }
