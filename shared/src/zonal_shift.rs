@@ -121,6 +121,13 @@ impl ZonalShifts {
         }
     }
 
+    /// A reader built from the environment when `ENABLE_ZONAL_SHIFT` is true;
+    /// `None` when zonal shift handling is off.
+    pub fn from_env(sdk: &aws_config::SdkConfig) -> Result<Option<Self>, SettingError> {
+        Ok(Self::cluster_arn(&Settings::from_env())?
+            .map(|arn| ZonalShifts::new(aws_sdk_arczonalshift::Client::new(sdk), arn)))
+    }
+
     /// The shifts ARC reports on the cluster: its zonal shifts and its autoshifts.
     pub async fn read(&self) -> Result<Vec<Shift>, ZonalShiftError> {
         let out = self
@@ -157,7 +164,7 @@ impl ZonalShifts {
             Ok(shifts) => {
                 let away = active(&shifts, now);
                 if !away.is_empty() {
-                    tracing::warn!(zone_ids = ?away, "zonal shift active: no new capacity in these zones");
+                    tracing::info!(zone_ids = ?away, "zonal shift active: no new capacity in these zones");
                 }
                 away
             }

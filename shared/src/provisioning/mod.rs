@@ -137,6 +137,7 @@ pub struct Provisioner<C> {
     config: ProvisionConfig,
     ec2: Option<aws_sdk_ec2::Client>,
     price_list: Option<crate::catalog::price_list::PriceList>,
+    zonal_shift: Option<crate::zonal_shift::ZonalShifts>,
 }
 
 impl<C: Cluster> Provisioner<C> {
@@ -149,7 +150,15 @@ impl<C: Cluster> Provisioner<C> {
             config,
             ec2: None,
             price_list: None,
+            zonal_shift: None,
         }
+    }
+
+    /// Reads ARC's zonal shifts before each solve and plans no new capacity
+    /// in a zone traffic is shifted away from (`None`: handling is off).
+    pub fn with_zonal_shift(mut self, zonal_shift: Option<crate::zonal_shift::ZonalShifts>) -> Self {
+        self.zonal_shift = zonal_shift;
+        self
     }
 
     /// Solves with a catalog of the EC2 client's region: when none is stored
@@ -297,7 +306,10 @@ impl<C: Cluster> Provisioner<C> {
                 .map_err(crate::catalog_refresh::RefreshError::from)?;
             crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &sources).await?;
         }
-        let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+        let mut snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+        snapshot.shifted_zones =
+            crate::zonal_shift::shifted_zones(self.zonal_shift.as_ref(), now, &snapshot.node_classes, &snapshot.nodes)
+                .await;
         let keys = records::pod_keys(&snapshot.pods);
         for (_, r) in refs {
             if records::pod_state(r, &keys) == PodState::Gone {
