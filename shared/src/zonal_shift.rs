@@ -234,6 +234,38 @@ mod tests {
     }
 
     #[test]
+    fn handling_is_off_unless_enabled_and_then_needs_the_cluster_arn() {
+        let with = |vars: &'static [(&'static str, &'static str)]| {
+            Settings::new(move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+        };
+        assert_eq!(
+            ZonalShifts::cluster_arn(&with(&[])).unwrap(),
+            None,
+            "Karpenter's default: off"
+        );
+        assert_eq!(
+            ZonalShifts::cluster_arn(&with(&[(ENABLE_SETTING, "false"), (CLUSTER_ARN_SETTING, "arn")])).unwrap(),
+            None
+        );
+        assert_eq!(
+            ZonalShifts::cluster_arn(&with(&[(ENABLE_SETTING, "true"), (CLUSTER_ARN_SETTING, "arn:x")])).unwrap(),
+            Some("arn:x".to_string())
+        );
+        assert_eq!(
+            ZonalShifts::cluster_arn(&with(&[(ENABLE_SETTING, "true")]))
+                .unwrap_err()
+                .name,
+            CLUSTER_ARN_SETTING
+        );
+        assert_eq!(
+            ZonalShifts::cluster_arn(&with(&[(ENABLE_SETTING, "yes")]))
+                .unwrap_err()
+                .name,
+            ENABLE_SETTING
+        );
+    }
+
+    #[test]
     fn zone_ids_map_to_names_through_the_classes_subnets() {
         let class: EC2NodeClass = serde_json::from_value(serde_json::json!({
             "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
