@@ -184,10 +184,17 @@ pub async fn shifted_zones(
     classes: &[EC2NodeClass],
     nodes: &[ExistingNode],
 ) -> BTreeSet<String> {
-    match reader {
-        Some(r) => zone_names(&r.away_from(now).await, classes, nodes),
-        None => BTreeSet::new(),
+    let Some(reader) = reader else {
+        return BTreeSet::new();
+    };
+    let ids = reader.away_from(now).await;
+    let names = zone_names(&ids, classes, nodes);
+    if names.len() < ids.len() {
+        // Until the sweep has resolved a class's subnets (or a node there
+        // carries its zone id), a zone id cannot be told by name.
+        tracing::warn!(zone_ids = ?ids, zones = ?names, "a shifted zone id matches no known zone; offerings there stay in use");
     }
+    names
 }
 
 #[cfg(test)]
