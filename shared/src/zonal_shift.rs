@@ -16,7 +16,11 @@ use aws_sdk_arczonalshift::operation::get_managed_resource::GetManagedResourceEr
 use aws_sdk_arczonalshift::types::{AppliedStatus, AutoshiftAppliedStatus};
 use jiff::Timestamp;
 
-use crate::apis::EC2NodeClass;
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use crate::apis::{EC2NodeClass, NodePool};
+use crate::kubernetes::EventSpec;
+use crate::kubernetes::events::EventType;
 use crate::scheduling::ExistingNode;
 use crate::settings::{SettingError, Settings};
 
@@ -47,23 +51,17 @@ pub fn active(shifts: &[Shift], now: Timestamp) -> BTreeSet<String> {
         .collect()
 }
 
-/// The zone names of the shifted zone `ids`, by the classes' resolved subnets
-/// and the nodes' `topology.k8s.aws/zone-id` labels; a value that already is
-/// a zone name stays (pure).
-pub fn zone_names(ids: &BTreeSet<String>, classes: &[EC2NodeClass], nodes: &[ExistingNode]) -> BTreeSet<String> {
-    if ids.is_empty() {
-        return BTreeSet::new();
-    }
-    let mut by_id: BTreeMap<&str, &str> = BTreeMap::new();
-    let mut names: BTreeSet<&str> = BTreeSet::new();
+/// Zone names by zone id, from the classes' resolved subnets and the nodes'
+/// `topology.k8s.aws/zone-id` labels (pure).
+pub fn zone_ids(classes: &[EC2NodeClass], nodes: &[ExistingNode]) -> BTreeMap<String, String> {
+    let mut by_id: BTreeMap<String, String> = BTreeMap::new();
     for s in classes
         .iter()
         .filter_map(|c| c.status.as_ref())
         .flat_map(|st| st.subnets.iter())
     {
-        names.insert(s.zone.as_str());
         if let Some(id) = &s.zone_id {
-            by_id.insert(id.as_str(), s.zone.as_str());
+            by_id.insert(id.clone(), s.zone.clone());
         }
     }
     for n in nodes {
@@ -71,13 +69,99 @@ pub fn zone_names(ids: &BTreeSet<String>, classes: &[EC2NodeClass], nodes: &[Exi
         let zone = labels.and_then(|l| l.get(crate::labels::ZONE));
         let id = labels.and_then(|l| l.get(crate::labels::ZONE_ID));
         if let (Some(zone), Some(id)) = (zone, id) {
-            by_id.insert(id.as_str(), zone.as_str());
+            by_id.insert(id.clone(), zone.clone());
         }
     }
+    by_id
+}
+
+/// The zone names of the shifted zone `ids`, by the classes' resolved subnets
+/// and the nodes' `topology.k8s.aws/zone-id` labels; a value that already is
+/// a zone name stays (pure).
+pub fn zone_names(ids: &BTreeSet<String>, classes: &[EC2NodeClass], nodes: &[ExistingNode]) -> BTreeSet<String> {
+    if ids.is_empty() {
+        return BTreeSet::new();
+    }
+    let by_id = zone_ids(classes, nodes);
+    let names: BTreeSet<&str> = classes
+        .iter()
+        .filter_map(|c| c.status.as_ref())
+        .flat_map(|st| st.subnets.iter())
+        .map(|s| s.zone.as_str())
+        .collect();
     ids.iter()
-        .filter_map(|id| by_id.get(id.as_str()).copied().or(names.get(id.as_str()).copied()))
-        .map(str::to_string)
+        .filter_map(|id| by_id.get(id).cloned().or(names.get(id.as_str()).map(|n| n.to_string())))
         .collect()
+}
+
+/// Karpenter's event reason on a NodePool when a zone it launches in is shifted away.
+pub const SHIFT_ACTIVE: &str = "ZonalShiftActive";
+/// Karpenter's event reason on a NodePool when that zone's shift has ended.
+pub const SHIFT_CLEARED: &str = "ZonalShiftCleared";
+
+/// True when the pool may launch in zone `name` (`id`): its requirements
+/// allow the zone and its class has a subnet there.
+fn pool_reaches(pool: &NodePool, classes: &[EC2NodeClass], id: &str, name: &str) -> bool {
+    let class = &pool.spec.template.spec.node_class_ref.name;
+    let has_subnet = classes
+        .iter()
+        .filter(|c| c.metadata.name.as_deref() == Some(class.as_str()))
+        .filter_map(|c| c.status.as_ref())
+        .flat_map(|st| st.subnets.iter())
+        .any(|s| s.zone == name);
+    let allowed = pool.requirements().is_ok_and(|r| {
+        r.get(crate::labels::ZONE).is_none_or(|z| z.has(name))
+            && r.get(crate::labels::ZONE_ID).is_none_or(|z| z.has(id))
+    });
+    has_subnet && allowed
+}
+
+/// The NodePool events for zone ids whose shift `started` or `ended` since
+/// the last pass: one per NodePool that may launch in the zone, as Karpenter
+/// emits them on a change only (pure).
+pub fn pool_events(
+    pools: &[NodePool],
+    classes: &[EC2NodeClass],
+    zones: &BTreeMap<String, String>,
+    started: &BTreeSet<String>,
+    ended: &BTreeSet<String>,
+) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    for pool in pools {
+        let object = ObjectReference {
+            api_version: Some("karpenter.sh/v1".into()),
+            kind: Some("NodePool".into()),
+            name: pool.metadata.name.clone(),
+            uid: pool.metadata.uid.clone(),
+            ..Default::default()
+        };
+        for (ids, active) in [(started, true), (ended, false)] {
+            for id in ids {
+                let Some(name) = zones.get(id) else { continue };
+                if !pool_reaches(pool, classes, id, name) {
+                    continue;
+                }
+                out.push(if active {
+                    EventSpec {
+                        object: object.clone(),
+                        type_: EventType::Warning,
+                        reason: SHIFT_ACTIVE.into(),
+                        message: format!(
+                            "ARC shifts traffic away from zone {name} ({id}): no new nodes of this NodePool there until it ends"
+                        ),
+                    }
+                } else {
+                    EventSpec {
+                        object: object.clone(),
+                        type_: EventType::Normal,
+                        reason: SHIFT_CLEARED.into(),
+                        message: format!("the zonal shift away from zone {name} ({id}) has ended: new nodes may launch there again"),
+                    }
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Why ARC could not be read.
@@ -270,6 +354,79 @@ mod tests {
                 .name,
             ENABLE_SETTING
         );
+    }
+
+    fn class(name: &str, subnets: serde_json::Value) -> EC2NodeClass {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+            "metadata": {"name": name},
+            "spec": {"role": "r", "amiSelectorTerms": [{"alias": "al2023@latest"}],
+                     "subnetSelectorTerms": [{"id": "subnet-1"}], "securityGroupSelectorTerms": [{"id": "sg-1"}]},
+            "status": {"subnets": subnets}
+        }))
+        .unwrap()
+    }
+
+    fn pool(name: &str, class: &str, zones: Option<&[&str]>) -> NodePool {
+        let reqs = match zones {
+            Some(z) => serde_json::json!([{"key": "topology.kubernetes.io/zone", "operator": "In", "values": z}]),
+            None => serde_json::json!([]),
+        };
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name, "uid": format!("uid-{name}")},
+            "spec": {"template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": class},
+                "requirements": reqs}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_shift_beginning_or_ending_is_told_to_each_nodepool_that_launches_there() {
+        let classes = [
+            class(
+                "default",
+                serde_json::json!([
+                    {"id": "subnet-a", "zone": "us-east-1a", "zoneID": "use1-az6"},
+                    {"id": "subnet-b", "zone": "us-east-1b", "zoneID": "use1-az1"},
+                    {"id": "subnet-c", "zone": "us-east-1c", "zoneID": "use1-az2"}]),
+            ),
+            class(
+                "narrow",
+                serde_json::json!([{"id": "subnet-c", "zone": "us-east-1c", "zoneID": "use1-az2"}]),
+            ),
+        ];
+        let pools = [
+            pool("default", "default", None),
+            pool("in-c", "default", Some(&["us-east-1c"])),
+            pool("narrow", "narrow", None),
+        ];
+        let zones = zone_ids(&classes, &[]);
+        let started = BTreeSet::from(["use1-az1".to_string()]);
+        let ended = BTreeSet::from(["use1-az6".to_string()]);
+        let got: Vec<(String, String, String)> = pool_events(&pools, &classes, &zones, &started, &ended)
+            .into_iter()
+            .map(|e| (e.object.name.unwrap_or_default(), e.reason, e.message))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "default".to_string(),
+                    SHIFT_ACTIVE.to_string(),
+                    "ARC shifts traffic away from zone us-east-1b (use1-az1): no new nodes of this NodePool there until it ends"
+                        .to_string()
+                ),
+                (
+                    "default".to_string(),
+                    SHIFT_CLEARED.to_string(),
+                    "the zonal shift away from zone us-east-1a (use1-az6) has ended: new nodes may launch there again"
+                        .to_string()
+                ),
+            ],
+            "in-c and narrow never launch in zones a or b"
+        );
+        assert!(pool_events(&pools, &classes, &zones, &BTreeSet::new(), &BTreeSet::new()).is_empty());
     }
 
     #[test]

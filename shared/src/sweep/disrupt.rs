@@ -187,9 +187,7 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
-        snapshot.shifted_zones =
-            crate::zonal_shift::shifted_zones(self.zonal_shift.as_ref(), now, &snapshot.node_classes, &snapshot.nodes)
-                .await;
+        snapshot.shifted_zones = self.zonal_shift_pass(&snapshot, now).await;
         let mut records = match self.store.disruptions().await {
             Ok(r) => r,
             Err(e) => {

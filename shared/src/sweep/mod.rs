@@ -12,6 +12,7 @@ pub mod classes;
 pub mod disrupt;
 pub mod replicas;
 pub mod termination;
+mod zonal;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
