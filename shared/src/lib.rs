@@ -55,6 +55,8 @@ pub mod messages;
 pub mod nodeclass;
 /// Durable state in one DynamoDB table.
 pub mod state;
+/// ARC zonal shifts: the zones traffic is shifted away from.
+pub mod zonal_shift;
 
 // Shared steps: how capacity comes, goes and stays current, whoever asks.
 /// The one door for new capacity: claims named, written fenced, launches queued.

@@ -18,6 +18,18 @@ listening on 127.0.0.1, then reads one command per line on stdin and answers
                      ("targeted")
   prices <json>      set the Price List's on-demand prices of a region's
                      products: {"region": "eu-west-1", "prices": {"m5.large": 0.107}}
+  arc-resource <json>  register an ARC managed resource, as EKS registers a
+                     cluster with zonal shift enabled: {"arn"} and optionally
+                     "name" (the ARN's last part)
+  zonal-shift <json> a zonal shift on a registered resource, as StartZonalShift
+                     (or ARC, for a practice run) starts one: {"resource",
+                     "awayFrom" (a zone id of the resource's region)} and
+                     optionally "expiresIn" (seconds, 1 hour) or "expiryTime"
+                     (ISO-8601), "status" (ACTIVE, EXPIRED or CANCELED),
+                     "appliedStatus" (APPLIED), "shiftType" (ZONAL_SHIFT),
+                     "comment"
+  autoshift <json>   an autoshift in progress on a registered resource:
+                     {"resource", "awayFrom"} and optionally "appliedStatus"
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -58,6 +70,18 @@ moto has no placement groups; this adds CreatePlacementGroup and
 DescribePlacementGroups (by GroupNames or GroupIds, an unknown one refused
 as EC2 refuses it; filters group-name, group-arn, state, strategy,
 spread-level, tag:<key>, tag-key), groups `available` at once.
+
+moto has no ARC zonal shift; this serves GetManagedResource (REST JSON,
+`GET /managedresources/{resourceIdentifier}`, signed for `arc-zonal-shift`)
+for resources the harness registered: the resource's ARN and name, its
+appliedWeights (1.0 per zone of its region, 0.0 away from an applied
+shift), the zonal shifts active now (expired and cancelled ones are gone,
+as ARC lists only active shifts; timestamps as epoch seconds), its
+autoshifts and zonalAutoshiftStatus. As strict as ARC: an identifier
+outside 8-1024 characters is a ValidationException, an unregistered one a
+404 ResourceNotFoundException, any other route an UnknownOperationException;
+a shift can only be seeded on a registered resource, away from a zone id
+of its region.
 """
 
 import base64
@@ -69,6 +93,8 @@ import os
 import re
 import sys
 import threading
+import uuid
+from urllib.parse import unquote
 from datetime import datetime, timedelta, timezone
 
 import botocore.session
@@ -127,6 +153,8 @@ class AtomicDynamoDB(DomainDispatcherApplication):
     def __call__(self, environ, start_response):
         if environ.get("HTTP_X_AMZ_TARGET", "").startswith("AWSPriceListService."):
             return price_list_app(environ, start_response)
+        if signing_service(environ) == "arc-zonal-shift":
+            return arc_app(environ, start_response)
         if environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB"):
             with self._lock:
                 return super().__call__(environ, start_response)
@@ -1109,6 +1137,147 @@ def describe_placement_groups(self):
     return ActionResult({"PlacementGroups": found})
 
 
+# ARC zonal shift: managed resources by ARN, each with its shifts.
+ARC_LOCK = threading.Lock()
+ARC_RESOURCES = {}
+ARC_SHIFT_STATUSES = {"ACTIVE", "EXPIRED", "CANCELED"}
+ARC_APPLIED = {"APPLIED", "NOT_APPLIED"}
+ARC_SHIFT_TYPES = {"ZONAL_SHIFT", "PRACTICE_RUN", "FIS_EXPERIMENT", "ZONAL_AUTOSHIFT"}
+ARC_ARN = re.compile(r"arn:aws:[a-z0-9-]+:([a-z0-9-]+):\d{12}:.+")
+
+
+def signing_service(environ):
+    scope = re.search(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request", environ.get("HTTP_AUTHORIZATION", ""))
+    return scope.group(1) if scope else None
+
+
+def arc_region(arn):
+    m = ARC_ARN.fullmatch(arn)
+    if not m:
+        raise ValueError(f"not a resource ARN: {arn}")
+    return m.group(1)
+
+
+def arc_zone_ids(region):
+    return [z.zone_id for z in ec2_backends[DEFAULT_ACCOUNT_ID][region].describe_availability_zones()]
+
+
+def register_arc_resource(spec):
+    arn = spec["arn"]
+    region = arc_region(arn)
+    with ARC_LOCK:
+        ARC_RESOURCES[arn] = {"name": spec.get("name", arn.rsplit("/", 1)[-1]), "region": region,
+                              "shifts": [], "autoshifts": []}
+
+
+def arc_resource(arn):
+    r = ARC_RESOURCES.get(arn)
+    if r is None:
+        raise ValueError(f"{arn} is not an ARC managed resource (register it with arc-resource)")
+    return r
+
+
+def checked_away_from(r, zone_id):
+    if zone_id not in arc_zone_ids(r["region"]):
+        raise ValueError(f"{zone_id} is not a zone id of {r['region']}")
+    return zone_id
+
+
+def seed_zonal_shift(spec):
+    now = datetime.now(timezone.utc)
+    if "expiryTime" in spec:
+        expiry = parse_timestamp(spec["expiryTime"])
+    else:
+        expiry = now + timedelta(seconds=int(spec.get("expiresIn", 3600)))
+    status = spec.get("status", "ACTIVE")
+    applied = spec.get("appliedStatus", "APPLIED")
+    shift_type = spec.get("shiftType", "ZONAL_SHIFT")
+    if status not in ARC_SHIFT_STATUSES or applied not in ARC_APPLIED or shift_type not in ARC_SHIFT_TYPES:
+        raise ValueError(f"bad status, appliedStatus or shiftType: {spec}")
+    with ARC_LOCK:
+        r = arc_resource(spec["resource"])
+        r["shifts"].append({
+            "zonalShiftId": spec.get("id") or str(uuid.uuid4()),
+            "resourceIdentifier": spec["resource"],
+            "awayFrom": checked_away_from(r, spec["awayFrom"]),
+            "startTime": now, "expiryTime": expiry, "status": status, "appliedStatus": applied,
+            "shiftType": shift_type, "comment": spec.get("comment", "seeded by the test harness")})
+
+
+def seed_autoshift(spec):
+    applied = spec.get("appliedStatus", "APPLIED")
+    if applied not in ARC_APPLIED:
+        raise ValueError(f"bad appliedStatus: {applied}")
+    with ARC_LOCK:
+        r = arc_resource(spec["resource"])
+        r["autoshifts"].append({"awayFrom": checked_away_from(r, spec["awayFrom"]), "appliedStatus": applied,
+                                "startTime": datetime.now(timezone.utc)})
+
+
+def epoch(t):
+    return t.timestamp()
+
+
+class ArcError(Exception):
+    def __init__(self, code, message, status):
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+def get_managed_resource(identifier):
+    if not 8 <= len(identifier) <= 1024:
+        raise ArcError("ValidationException",
+                             f"1 validation error detected: Value '{identifier}' at 'resourceIdentifier' failed to "
+                             "satisfy constraint: Member must have length between 8 and 1024", 400)
+    now = datetime.now(timezone.utc)
+    with ARC_LOCK:
+        r = ARC_RESOURCES.get(identifier)
+        if r is None:
+            raise ArcError("ResourceNotFoundException",
+                                 f"The resource {identifier} was not found or is not supported by zonal shift", 404)
+        active = [s for s in r["shifts"] if s["status"] == "ACTIVE" and s["expiryTime"] > now]
+        away = {s["awayFrom"] for s in active if s["appliedStatus"] == "APPLIED"}
+        away |= {a["awayFrom"] for a in r["autoshifts"] if a["appliedStatus"] == "APPLIED"}
+        return {
+            "arn": identifier,
+            "name": r["name"],
+            "appliedWeights": {z: 0.0 if z in away else 1.0 for z in arc_zone_ids(r["region"])},
+            "zonalShifts": [{
+                "appliedStatus": s["appliedStatus"], "zonalShiftId": s["zonalShiftId"],
+                "resourceIdentifier": s["resourceIdentifier"], "awayFrom": s["awayFrom"],
+                "expiryTime": epoch(s["expiryTime"]), "startTime": epoch(s["startTime"]),
+                "comment": s["comment"], "shiftType": s["shiftType"]} for s in active],
+            "autoshifts": [{"appliedStatus": a["appliedStatus"], "awayFrom": a["awayFrom"],
+                            "startTime": epoch(a["startTime"])} for a in r["autoshifts"]],
+            "zonalAutoshiftStatus": "ENABLED" if r["autoshifts"] else "DISABLED",
+        }
+
+
+def arc_app(environ, start_response):
+    """ARC zonal shift's REST JSON protocol for the operations nodesmith calls."""
+    def reply(status, doc, error=None):
+        body = json.dumps(doc).encode()
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        if error:
+            headers.append(("x-amzn-ErrorType", error))
+        start_response(status, headers)
+        return [body]
+
+    # The identifier is one URI label (an ARN's slashes arrive percent-encoded),
+    # so the route is read from the raw path, before any decoding.
+    path = (environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "")).split("?", 1)[0]
+    prefix = "/managedresources/"
+    label = path[len(prefix):]
+    if environ.get("REQUEST_METHOD") != "GET" or not path.startswith(prefix) or not label or "/" in label:
+        return reply("404 Not Found", {"message": f"no operation at {environ.get('REQUEST_METHOD')} {path}"},
+                     "UnknownOperationException")
+    try:
+        return reply("200 OK", get_managed_resource(unquote(label)))
+    except ArcError as e:
+        status = {400: "400 Bad Request", 404: "404 Not Found"}[e.status]
+        return reply(status, {"message": e.message}, e.code)
+
+
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
@@ -1136,6 +1305,8 @@ def main():
                     RESERVATIONS.clear()
                 with PLACEMENT_GROUPS_LOCK:
                     PLACEMENT_GROUPS.clear()
+                with ARC_LOCK:
+                    ARC_RESOURCES.clear()
                 seed()
             elif cmd == "param":
                 name, _, value = arg.partition(" ")
@@ -1144,6 +1315,12 @@ def main():
                 seed_reservation(json.loads(arg))
             elif cmd == "prices":
                 set_prices(json.loads(arg))
+            elif cmd == "arc-resource":
+                register_arc_resource(json.loads(arg))
+            elif cmd == "zonal-shift":
+                seed_zonal_shift(json.loads(arg))
+            elif cmd == "autoshift":
+                seed_autoshift(json.loads(arg))
             elif cmd == "spot":
                 for p in json.loads(arg):
                     SPOT_PRICES[(p["type"], p["zone"])] = float(p["price"])

@@ -49,6 +49,7 @@ pub fn sdk_calls() -> Vec<(String, String)> {
         "get_parameter",
         "get_instance_profile",
         "get_products",
+        "get_managed_resource",
         "send_message",
         "change_message_visibility",
     ]
@@ -104,6 +105,8 @@ pub fn sdk_calls() -> Vec<(String, String)> {
                 "iam"
             } else if op == "get_products" {
                 "pricing"
+            } else if op == "get_managed_resource" {
+                "arc-zonal-shift"
             } else {
                 "ec2"
             };

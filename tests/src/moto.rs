@@ -199,6 +199,16 @@ impl Moto {
         Self::run(|s| s.command(&format!("reservation {reservation}")));
     }
 
+    /// Seeds ARC zonal shift state, which moto lacks: `arc-resource`,
+    /// `zonal-shift` or `autoshift` with that command's JSON (`server.py`);
+    /// the fake's refusal, if it refuses.
+    pub fn seed_arc(&self, command: &str, spec: &serde_json::Value) -> Result<(), String> {
+        server()
+            .lock()
+            .map_err(|_| "moto harness poisoned".to_string())?
+            .command(&format!("{command} {spec}"))
+    }
+
     fn run(f: impl FnOnce(&mut MotoServer) -> Result<(), String>) {
         let done = server()
             .lock()

@@ -24,3 +24,4 @@ mod price_list;
 mod snapshot_live;
 mod state_store;
 mod status;
+mod zonal_shift;

@@ -12,6 +12,7 @@ use nodesmith::messages::LaunchRequest;
 use nodesmith::provisioning::{ProvisionConfig, ProvisionOutcome, Provisioner};
 use nodesmith::resources::CPU;
 use nodesmith::state::{self, StateStore};
+use nodesmith::zonal_shift::ZonalShifts;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
 use nodesmith_tests::sqs;
@@ -479,4 +480,51 @@ async fn a_burst_writes_its_claims_first_and_its_events_within_the_budget_and_th
     ids.sort();
     assert_eq!(failed, ids);
     assert_eq!(out.placed_on_existing, 0, "no solve started");
+}
+
+#[tokio::test]
+async fn a_zonal_shift_keeps_new_claims_out_of_the_shifted_zone_and_says_why_a_pinned_pod_waits() {
+    let s = stack(None, &[("web-0", "1"), ("web-1", "1"), ("web-2", "1")]).await;
+    let mut pinned = pod("pinned", "1");
+    pinned["spec"]["nodeSelector"] = json!({"topology.kubernetes.io/zone": "us-east-1a"});
+    s.kube.apply(&pinned).unwrap();
+    s.kube.schedule();
+    // The sweep has resolved the class: its subnets say which zone id is which zone.
+    let mut class = node_class();
+    class["status"] = json!({"subnets": [
+        {"id": "subnet-a", "zone": "us-east-1a", "zoneID": "use1-az6"},
+        {"id": "subnet-b", "zone": "us-east-1b", "zoneID": "use1-az1"},
+        {"id": "subnet-c", "zone": "us-east-1c", "zoneID": "use1-az2"}]});
+    s.kube.apply(&class).unwrap();
+    // ARC shifts the cluster away from us-east-1a (use1-az6).
+    let arn = "arn:aws:eks:us-east-1:123456789012:cluster/demo";
+    s._moto.seed_arc("arc-resource", &json!({"arn": arn})).unwrap();
+    s._moto
+        .seed_arc("zonal-shift", &json!({"resource": arn, "awayFrom": "use1-az6"}))
+        .unwrap();
+    let arc = aws_sdk_arczonalshift::Client::new(&s._moto.sdk_config().await);
+    let provisioner = s
+        .provisioner("a", false)
+        .with_zonal_shift(Some(ZonalShifts::new(arc, arn)));
+
+    let out = provisioner.handle(&refs(&["web-0", "web-1", "web-2", "pinned"])).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert!(!out.created.is_empty());
+    for c in s.store.in_flight_node_claims().await.unwrap() {
+        let reqs = c.requirements();
+        assert!(
+            reqs.get("topology.kubernetes.io/zone")
+                .is_some_and(|z| !z.has("us-east-1a")),
+            "{} may launch in the shifted zone: {:?}",
+            c.name,
+            c.requirements
+        );
+    }
+    assert_eq!(out.unschedulable.len(), 1, "{:?}", out.unschedulable);
+    let (pod, why) = &out.unschedulable[0];
+    assert_eq!(pod, "default/pinned");
+    assert!(
+        why.contains("zone us-east-1a is shifted away (ARC zonal shift)"),
+        "{why}"
+    );
 }

@@ -1073,6 +1073,12 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
         "pricing:GetProducts",
         &["ProvisionFunction", "SweepFunction"],
     ),
+    // ARC zonal shifts, read before a provisioning solve and once a disruption pass.
+    (
+        "zonal_shift.rs",
+        "arc-zonal-shift:GetManagedResource",
+        &["ProvisionFunction", "SweepFunction"],
+    ),
     (
         "ec2/instances.rs",
         "ec2:DescribeInstances",

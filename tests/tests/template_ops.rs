@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use serde_yaml_ng::Value;
 
-use super::template::{int, may_send, reference, resource, resources_of, strings, template};
+use super::template::{iam, int, may_send, reference, resource, resources_of, strings, template};
 
 /// The alarms of the template, by resource name.
 fn alarms(t: &Value) -> Vec<(String, &Value)> {
@@ -278,4 +278,40 @@ fn spot_to_spot_consolidation_is_off_unless_the_stack_turns_it_on_as_in_karpente
         Some("SpotToSpotConsolidation"),
         "the sweep reads the parameter"
     );
+}
+
+#[test]
+fn zonal_shift_handling_is_off_unless_the_stack_turns_it_on_and_reads_only_this_cluster() {
+    let t = template();
+    let p = &t["Parameters"]["EnableZonalShift"];
+    assert_eq!(
+        p["Default"].as_str(),
+        Some("false"),
+        "Karpenter's ENABLE_ZONAL_SHIFT default"
+    );
+    assert_eq!(strings(&p["AllowedValues"]), ["false", "true"]);
+    let cluster = |name: &str| format!("arn:aws:eks:{}:{}:cluster/{name}", iam::REGION, iam::ACCOUNT);
+    for f in ["ProvisionFunction", "SweepFunction"] {
+        let env = &t["Resources"][f]["Properties"]["Environment"]["Variables"];
+        assert_eq!(
+            reference(&env["ENABLE_ZONAL_SHIFT"]).as_deref(),
+            Some("EnableZonalShift"),
+            "{f}"
+        );
+        assert_eq!(
+            iam::resolve(&t, &env["NODESMITH_CLUSTER_ARN"]),
+            serde_json::json!(cluster(iam::CLUSTER)),
+            "{f}"
+        );
+        let s = iam::statements(&t, f);
+        let read = |c: &str| {
+            iam::Request::new("arc-zonal-shift:GetManagedResource", "*")
+                .key("arc-zonal-shift:ResourceIdentifier", &cluster(c))
+        };
+        assert!(iam::allows(&s, &read(iam::CLUSTER)), "{f}");
+        assert!(
+            !iam::allows(&s, &read("other")),
+            "{f} may read another resource's shifts"
+        );
+    }
 }

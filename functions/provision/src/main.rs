@@ -12,6 +12,7 @@ use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
 use nodesmith::state::StateStore;
+use nodesmith::zonal_shift::ZonalShifts;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -24,7 +25,8 @@ async fn main() -> Result<(), Error> {
     let config = ProvisionConfig::from_env()?;
     let provisioner = Provisioner::new(cluster, store.clone(), aws_sdk_sqs::Client::new(&sdk), config)
         .with_ec2(aws_sdk_ec2::Client::new(&sdk))
-        .with_price_list(PriceList::for_sdk(&sdk));
+        .with_price_list(PriceList::for_sdk(&sdk))
+        .with_zonal_shift(ZonalShifts::from_env(&sdk)?);
     // Last before polling: the meter ends the init phase.
     let meter = Meter::new("provision", Some(store));
     let (provisioner, meter) = (&provisioner, &meter);

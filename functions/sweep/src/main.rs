@@ -16,6 +16,7 @@ use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
 use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
+use nodesmith::zonal_shift::ZonalShifts;
 use serde_json::{Value, json};
 
 #[tokio::main]
@@ -40,7 +41,8 @@ async fn main() -> Result<(), Error> {
     )
     .with_iam(aws_sdk_iam::Client::new(&sdk))
     .with_resolution(aws_sdk_ssm::Client::new(&sdk), aws_sdk_eks::Client::new(&sdk))
-    .with_price_list(PriceList::for_sdk(&sdk));
+    .with_price_list(PriceList::for_sdk(&sdk))
+    .with_zonal_shift(ZonalShifts::from_env(&sdk)?);
     // Last before polling: the meter ends the init phase.
     let meter = Meter::new("sweep", Some(store));
     let (sweeper, meter) = (&sweeper, &meter);

@@ -1637,3 +1637,46 @@ fn a_committed_what_if_is_where_later_solves_start() {
         compiled.used_by(claim)
     );
 }
+
+#[test]
+fn consolidation_never_plans_a_replacement_into_a_shifted_zone() {
+    // An on-demand m.xlarge in zone b running 500m: a cheaper type replaces it,
+    // in zone a (the first of equal prices) unless zone a is shifted away.
+    let s = |shift: bool| {
+        let mut s = snapshot(
+            pool_requiring(ON_DEMAND_ONLY, ""),
+            vec![(
+                node(
+                    "b",
+                    2.0,
+                    json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "test-zone-b"}}}),
+                ),
+                vec![sized("b-0", "b", "500m")],
+            )],
+        );
+        if shift {
+            s.shifted_zones = BTreeSet::from(["test-zone-a".to_string()]);
+        }
+        s
+    };
+    let zones = |d: &Decisions| -> Vec<String> {
+        underutilized(d)
+            .unwrap_or_else(|| panic!("no consolidation: {d:?}"))
+            .replacements
+            .iter()
+            .map(|c| c.zone.clone())
+            .collect()
+    };
+    assert_eq!(
+        zones(&run(&s(false))),
+        ["test-zone-a"],
+        "the shift is what keeps zone a out"
+    );
+    let d = run(&s(true));
+    assert_eq!(zones(&d), ["test-zone-b"]);
+    let c = &underutilized(&d).unwrap().replacements[0];
+    assert!(
+        c.requirements.get(labels::ZONE).is_some_and(|z| !z.has("test-zone-a")),
+        "{c:?}"
+    );
+}

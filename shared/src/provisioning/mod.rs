@@ -167,6 +167,8 @@ pub struct Provisioner<C> {
     price_list: Option<crate::catalog::price_list::PriceList>,
     /// The events written lately, kept from one invocation to the next.
     recorder: Recorder,
+    /// ARC's zonal shifts, read before each solve (`None`: handling is off).
+    zonal_shift: Option<crate::zonal_shift::ZonalShifts>,
 }
 
 impl<C: Cluster> Provisioner<C> {
@@ -180,7 +182,15 @@ impl<C: Cluster> Provisioner<C> {
             ec2: None,
             price_list: None,
             recorder: Recorder::default(),
+            zonal_shift: None,
         }
+    }
+
+    /// Reads ARC's zonal shifts before each solve and plans no new capacity
+    /// in a zone traffic is shifted away from (`None`: handling is off).
+    pub fn with_zonal_shift(mut self, zonal_shift: Option<crate::zonal_shift::ZonalShifts>) -> Self {
+        self.zonal_shift = zonal_shift;
+        self
     }
 
     /// Solves with a catalog of the EC2 client's region: when none is stored
@@ -368,7 +378,10 @@ impl<C: Cluster> Provisioner<C> {
                 .map_err(crate::catalog_refresh::RefreshError::from)?;
             crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &sources).await?;
         }
-        let snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+        let mut snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+        snapshot.shifted_zones =
+            crate::zonal_shift::shifted_zones(self.zonal_shift.as_ref(), now, &snapshot.node_classes, &snapshot.nodes)
+                .await;
         let keys = records::pod_keys(&snapshot.pods);
         for (_, r) in refs {
             if records::pod_state(r, &keys) == PodState::Gone {

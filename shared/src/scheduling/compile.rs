@@ -164,6 +164,9 @@ pub struct Pool {
     pub offer_keys: OfferKeys,
     /// The zones where some type of it is sold as spot.
     pub spot_zones: BTreeSet<String>,
+    /// Zones it would launch in but for an ARC zonal shift (their offerings
+    /// are left out): a pod that can only go there is told so.
+    pub shifted_away: BTreeSet<String>,
 }
 
 /// Pending pods grouped by shape: pods with identical constraints (replicas
@@ -545,7 +548,7 @@ impl Compiled {
         pool_list.sort_by(|a, b| b.weight().cmp(&a.weight()).then_with(|| a.name().cmp(b.name())));
         pool_list
             .into_iter()
-            .map(|np| Pool::compile(np, resolved, daemons, &unavailable, res))
+            .map(|np| Pool::compile(np, resolved, daemons, (&unavailable, input.shifted_zones), res))
             .collect()
     }
 
@@ -566,7 +569,16 @@ impl Compiled {
             ..Holdings::default()
         };
         for n in input.nodes {
-            held.hold(Existing::from_node(n, res), pools);
+            let mut e = Existing::from_node(n, res);
+            // No pod is moved or placed into a zone traffic is shifted away
+            // from (EKS cordons those nodes too; this holds before it does).
+            if e.labels
+                .get(labels::ZONE)
+                .is_some_and(|z| input.shifted_zones.contains(z))
+            {
+                e.cordoned = true;
+            }
+            held.hold(e, pools);
         }
         for r in running {
             let e = &mut held.existing[r.node];
@@ -600,11 +612,22 @@ impl Pool {
         np: &crate::apis::NodePool,
         resolved: &ClassTypes,
         daemons: &[Daemon],
-        unavailable: &UnavailableSet,
+        (unavailable, shifted): (&UnavailableSet, &BTreeSet<String>),
         res: &ResourceTable,
     ) -> Pool {
         let node_class = np.spec.template.spec.node_class_ref.name.clone();
         let (reqs, error) = Self::requirements_of(np, &node_class);
+        let shifted_away: BTreeSet<String> = if shifted.is_empty() {
+            BTreeSet::new()
+        } else {
+            let wanted = OfferingRequirements::of(&reqs);
+            types_of(resolved, &node_class)
+                .iter()
+                .flat_map(|it| it.offerings.iter())
+                .filter(|o| o.available && shifted.contains(&o.zone) && wanted.allow(o))
+                .map(|o| o.zone.clone())
+                .collect()
+        };
         let taints = np.spec.template.spec.taints.clone();
         let overhead_daemons: Vec<&Daemon> = daemons
             .iter()
@@ -613,7 +636,7 @@ impl Pool {
         let (types, offer_keys) = Self::usable_types(
             types_of(resolved, &node_class),
             &reqs,
-            unavailable,
+            (unavailable, shifted),
             res,
             &overhead_daemons,
         );
@@ -659,6 +682,7 @@ impl Pool {
             error,
             offer_keys,
             spot_zones,
+            shifted_away,
         }
     }
 
@@ -700,7 +724,7 @@ impl Pool {
     fn usable_types(
         types_src: &[InstanceType],
         reqs: &Requirements,
-        unavailable: &UnavailableSet,
+        unavailable: (&UnavailableSet, &BTreeSet<String>),
         res: &ResourceTable,
         overhead_daemons: &[&Daemon],
     ) -> (Vec<TypeModel>, OfferKeys) {
@@ -903,7 +927,7 @@ impl Compiled {
 fn type_model(
     it: &InstanceType,
     pool_reqs: &Requirements,
-    unavailable: &BTreeSet<(&str, &str, &str)>,
+    (unavailable, shifted): (&BTreeSet<(&str, &str, &str)>, &BTreeSet<String>),
     res: &ResourceTable,
     daemons: &[&Daemon],
 ) -> Option<TypeModel> {
@@ -912,7 +936,9 @@ fn type_model(
         .offerings
         .iter()
         .filter(|o| {
-            o.available && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str()))
+            o.available
+                && !shifted.contains(&o.zone)
+                && !unavailable.contains(&(it.name.as_str(), o.zone.as_str(), o.capacity_type.as_str()))
         })
         .filter(|o| wanted.allow(o))
         .cloned()

@@ -60,6 +60,12 @@ pub enum Rejection {
     PriceCeiling,
     /// Scheduling constraints (topology, affinity, ports) cannot be met.
     Constraints(Vec<Constraint>),
+    /// The pod can only run in zones an ARC zonal shift moves traffic away
+    /// from: it waits until the shift ends.
+    ZoneShiftedAway {
+        /// Those zones, by name.
+        zones: Vec<String>,
+    },
 }
 
 /// A scheduling constraint that could not be met.
@@ -151,6 +157,11 @@ impl fmt::Display for PoolRejection {
             Rejection::Limits => write!(f, "NodePool {name} limits exceeded"),
             Rejection::NewClaimsForbidden => write!(f, "NodePool {name}: no new NodeClaims in this solve"),
             Rejection::PriceCeiling => write!(f, "NodePool {name}: no instance type under the price ceiling"),
+            Rejection::ZoneShiftedAway { zones } => write!(
+                f,
+                "NodePool {name}: zone {} is shifted away (ARC zonal shift); no new capacity there until the shift ends",
+                zones.join(", ")
+            ),
             Rejection::Constraints(list) if list.is_empty() => {
                 write!(f, "NodePool {name}: constraints cannot be satisfied")
             }

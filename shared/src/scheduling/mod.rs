@@ -132,7 +132,13 @@ pub struct SolveInput<'a> {
     pub catalog: &'a Catalog,
     /// Offerings not to use.
     pub unavailable: &'a [OfferingKey],
+    /// Zones (by name) an ARC zonal shift moves traffic away from: no new
+    /// capacity is planned there, and no pod moves onto a node there.
+    pub shifted_zones: &'a BTreeSet<String>,
 }
+
+/// No zone shifted away.
+static NO_ZONES: BTreeSet<String> = BTreeSet::new();
 
 impl<'a> SolveInput<'a> {
     /// An input with only a catalog; fill the rest field by field.
@@ -150,6 +156,7 @@ impl<'a> SolveInput<'a> {
             namespaces: &[],
             catalog,
             unavailable: &[],
+            shifted_zones: &NO_ZONES,
         }
     }
 }

@@ -705,6 +705,22 @@ impl<'m> Run<'m> {
             .copied()
             .filter(|t| accel_ok || !pool.types[*t].accelerator)
             .collect();
+        if matching.is_empty() && !pool.shifted_away.is_empty() {
+            let zones: Vec<String> = pool
+                .shifted_away
+                .iter()
+                .filter(|z| {
+                    pool.types.is_empty()
+                        || merged
+                            .iter()
+                            .any(|r| r.get(labels::ZONE).is_some_and(|want| want.has(z)))
+                })
+                .cloned()
+                .collect();
+            if !zones.is_empty() {
+                return Err(Rejection::ZoneShiftedAway { zones });
+            }
+        }
         if usable.is_empty() {
             return Err(Rejection::NoInstanceType {
                 accelerators_only: !matching.is_empty(),
@@ -938,7 +954,15 @@ fn new_node_claim(m: &Model<'_>, c: &Claim, priced: &Priced, name: String, pods:
         .iter()
         .map(|t| pool.types[*t as usize].name.clone())
         .collect();
-    let requirements = c.reqs.clone();
+    let mut requirements = c.reqs.clone();
+    if !pool.shifted_away.is_empty() {
+        // The launch tries every zone its requirements allow: keep it out of shifted ones.
+        let zones: Vec<&str> = pool.shifted_away.iter().map(String::as_str).collect();
+        if let Ok(r) = crate::requirements::Requirement::new(labels::ZONE, crate::requirements::Operator::NotIn, &zones)
+        {
+            requirements.add(r);
+        }
+    }
     let mut labels_map: BTreeMap<String, String> = ty.labels.clone();
     labels_map.extend(pool.labels.clone());
     labels_map.extend(c.reqs.single_valued_labels());

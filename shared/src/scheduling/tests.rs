@@ -23,6 +23,7 @@ struct Case {
     pvcs: Vec<PersistentVolumeClaim>,
     scs: Vec<StorageClass>,
     unavailable: Vec<OfferingKey>,
+    shifted_zones: std::collections::BTreeSet<String>,
     classes: Vec<crate::apis::EC2NodeClass>,
     namespaces: Vec<k8s_openapi::api::core::v1::Namespace>,
     improve: bool,
@@ -43,6 +44,7 @@ impl Case {
             namespaces: &self.namespaces,
             catalog: &self.catalog,
             unavailable: &self.unavailable,
+            shifted_zones: &self.shifted_zones,
         }
     }
     fn new(pods: Vec<Pod>) -> Self {
@@ -57,6 +59,7 @@ impl Case {
             pvcs: vec![],
             scs: vec![],
             unavailable: vec![],
+            shifted_zones: Default::default(),
             classes: vec![],
             namespaces: vec![],
             improve: true,
@@ -1616,3 +1619,79 @@ const WEB_AND_BATCH: [(usize, &str, usize, &str); 5] = [
     (6, "3", 90, "250m"),
     (9, "1500m", 200, "250m"),
 ];
+
+// ---------- ARC zonal shift ----------
+
+fn shifted(zone: &str) -> std::collections::BTreeSet<String> {
+    std::collections::BTreeSet::from([zone.to_string()])
+}
+
+#[test]
+fn a_zonal_shift_places_no_new_capacity_in_the_shifted_zone() {
+    // Zone a is the cheapest (ties go to the first name) and spreads use every zone.
+    let mut case = Case::new(pods(
+        "web",
+        6,
+        "500m",
+        "512Mi",
+        spread(labels::ZONE, 1, "ScheduleAnyway", "web"),
+    ));
+    case.pods.extend(pods("p", 3, "1", "1Gi", json!({})));
+    // An uncordoned node in the shifted zone with room takes no pending pod either.
+    case.nodes = vec![ExistingNode {
+        node: node("old-a", "test-zone-a", "8", "32Gi", json!({})),
+        pods: vec![],
+    }];
+    case.shifted_zones = shifted("test-zone-a");
+    let plan = case.solve();
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert!(
+        plan.existing.is_empty(),
+        "nothing placed on the node in the shifted zone: {:?}",
+        plan.existing
+    );
+    assert!(!plan.node_claims.is_empty());
+    for c in &plan.node_claims {
+        assert_ne!(c.zone, "test-zone-a", "{c:?}");
+        let zone = c.requirements.get(labels::ZONE).expect("the claim's zones are bounded");
+        assert!(
+            !zone.has("test-zone-a"),
+            "the launch may not try the shifted zone: {zone:?}"
+        );
+    }
+}
+
+#[test]
+fn a_pod_that_can_only_run_in_a_shifted_zone_waits_with_the_reason() {
+    let mut case = Case::new(pods(
+        "pinned",
+        1,
+        "1",
+        "1Gi",
+        json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "test-zone-a"}}}),
+    ));
+    case.pods.extend(pods("free", 1, "1", "1Gi", json!({})));
+    case.shifted_zones = shifted("test-zone-a");
+    let plan = case.solve();
+    assert!(
+        plan.node_claims.iter().all(|c| c.zone != "test-zone-a"),
+        "{:?}",
+        plan.node_claims
+    );
+    assert_eq!(plan.unschedulable.len(), 1, "{:?}", plan.unschedulable);
+    let u = &plan.unschedulable[0];
+    assert_eq!(u.pod.name, "pinned-0");
+    assert_eq!(
+        u.reason,
+        PlacementFailure::Pools(vec![PoolRejection {
+            pool: "default".into(),
+            why: Rejection::ZoneShiftedAway {
+                zones: vec!["test-zone-a".into()]
+            },
+        }])
+    );
+    assert_eq!(
+        u.reason.to_string(),
+        "NodePool default: zone test-zone-a is shifted away (ARC zonal shift); no new capacity there until the shift ends"
+    );
+}

@@ -68,6 +68,7 @@ pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) ->
         namespaces: cluster.namespaces().await?,
         catalog,
         unavailable,
+        shifted_zones: BTreeSet::new(),
     })
 }
 

@@ -7,7 +7,7 @@
 pub mod live;
 mod manifests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -52,6 +52,8 @@ pub struct Snapshot {
     pub catalog: Arc<Catalog>,
     /// Offerings that recently failed and are not to be used.
     pub unavailable: Vec<OfferingKey>,
+    /// Zones (by name) an ARC zonal shift moves traffic away from ([`crate::zonal_shift`]).
+    pub shifted_zones: BTreeSet<String>,
 }
 
 impl Snapshot {
@@ -72,6 +74,7 @@ impl Snapshot {
             namespaces: Vec::new(),
             catalog,
             unavailable: Vec::new(),
+            shifted_zones: BTreeSet::new(),
         }
     }
 
@@ -90,6 +93,7 @@ impl Snapshot {
             namespaces: &self.namespaces,
             catalog: &self.catalog,
             unavailable: &self.unavailable,
+            shifted_zones: &self.shifted_zones,
         }
     }
 

@@ -152,6 +152,8 @@ struct Batch<'r> {
     which: &'r [usize],
     /// Every node being disrupted (gone from the what-if solve).
     removed: &'r BTreeSet<String>,
+    /// Zones an ARC zonal shift moves traffic away from, read once a pass.
+    shifted_zones: &'r BTreeSet<String>,
 }
 
 impl<C: Cluster> Sweeper<C> {
@@ -177,7 +179,7 @@ impl<C: Cluster> Sweeper<C> {
         classes: &BTreeMap<String, ResolvedClass>,
     ) -> DisruptionRunReport {
         let mut report = DisruptionRunReport::default();
-        let snapshot = match live::read(&self.cluster, &self.store, now).await {
+        let mut snapshot = match live::read(&self.cluster, &self.store, now).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "no snapshot; disruption waits for the next sweep");
@@ -185,6 +187,7 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
+        snapshot.shifted_zones = self.zonal_shift_pass(&snapshot, now).await;
         let mut records = match self.store.disruptions().await {
             Ok(r) => r,
             Err(e) => {
@@ -196,7 +199,8 @@ impl<C: Cluster> Sweeper<C> {
             tracing::warn!(error = %crate::telemetry::causes(&e), "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
-        self.move_on(&mut records, started, &mut report).await;
+        self.move_on(&mut records, started, &snapshot.shifted_zones, &mut report)
+            .await;
         report
     }
 
@@ -284,7 +288,13 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// Moves every record on; replacement launches are batched into one solve.
-    async fn move_on(&self, records: &mut [DisruptionRecord], started: Instant, report: &mut DisruptionRunReport) {
+    async fn move_on(
+        &self,
+        records: &mut [DisruptionRecord],
+        started: Instant,
+        shifted_zones: &BTreeSet<String>,
+        report: &mut DisruptionRunReport,
+    ) {
         let mut launch: Vec<usize> = Vec::new();
         for (i, r) in records.iter_mut().enumerate() {
             if started.elapsed() >= self.config.budget {
@@ -313,6 +323,7 @@ impl<C: Cluster> Sweeper<C> {
             records: &mut *records,
             which: &launch,
             removed: &removed,
+            shifted_zones,
         };
         match self.launch(batch, report).await {
             Ok(()) => {
@@ -523,10 +534,12 @@ impl<C: Cluster> Sweeper<C> {
             records,
             which,
             removed,
+            shifted_zones,
         } = batch;
         // Re-read under the lease: claims provision wrote since count as capacity.
         let now = Timestamp::now();
-        let fresh = live::read_launchable(&self.cluster, &self.store, now).await?;
+        let mut fresh = live::read_launchable(&self.cluster, &self.store, now).await?;
+        fresh.shifted_zones = shifted_zones.clone();
         let chosen: Vec<DisruptionRecord> = which.iter().map(|i| records[*i].clone()).collect();
         let consolidating = chosen.iter().all(|r| r.reason == Reason::Underutilized);
         let limits = consolidating.then(|| {

@@ -13,6 +13,7 @@ pub mod disrupt;
 pub mod replicas;
 pub mod reservations;
 pub mod termination;
+mod zonal;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -323,6 +324,7 @@ pub struct Sweeper<C> {
     iam: Option<aws_sdk_iam::Client>,
     resolution: Option<Resolution>,
     price_list: Option<crate::catalog::price_list::PriceList>,
+    zonal_shift: Option<crate::zonal_shift::ZonalShifts>,
 }
 
 /// The clients that resolve EC2NodeClasses for drift (AMIs through SSM need
@@ -351,7 +353,15 @@ impl<C: Cluster> Sweeper<C> {
             iam: None,
             resolution: None,
             price_list: None,
+            zonal_shift: None,
         }
+    }
+
+    /// Reads ARC's zonal shifts once a disruption pass: consolidation plans
+    /// no replacement in a zone traffic is shifted away from (`None`: off).
+    pub fn with_zonal_shift(mut self, zonal_shift: Option<crate::zonal_shift::ZonalShifts>) -> Self {
+        self.zonal_shift = zonal_shift;
+        self
     }
 
     /// The catalog refresh reads the region's on-demand prices from the AWS
