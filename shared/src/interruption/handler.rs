@@ -249,8 +249,20 @@ impl<C: Cluster> Interrupter<C> {
     /// single replacement solve for all of them, then the drains are recorded.
     async fn act(&self, ev: &Event, now: Timestamp, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
         let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
+        let mut repairing: Option<Vec<String>> = None;
         for id in &ev.instance_ids {
             let claim = self.store.node_claim_by_instance(id).await?;
+            if let Some(c) = &claim {
+                if repairing.is_none() {
+                    repairing = Some(self.repairing().await?);
+                }
+                if repairing.as_ref().is_some_and(|r| r.contains(&c.name)) {
+                    // The sweep's repair drains it by force and terminates it: one record, one termination.
+                    outcome.ignored += 1;
+                    tracing::info!(instance = %id, claim = %c.name, "node repair is replacing the node already");
+                    continue;
+                }
+            }
             match decide(ev, claim.as_ref(), self.config.rebalance, now) {
                 Reaction::Ignore { why } => {
                     outcome.ignored += 1;
@@ -323,6 +335,18 @@ impl<C: Cluster> Interrupter<C> {
             }
         }
         Ok(())
+    }
+
+    /// The claims the sweep's node repair is taking down.
+    async fn repairing(&self) -> Result<Vec<String>, InterruptError> {
+        Ok(self
+            .store
+            .disruptions()
+            .await?
+            .into_iter()
+            .filter(|d| d.reason == crate::disruption::Reason::Unhealthy)
+            .map(|d| d.claim)
+            .collect())
     }
 
     /// Moves a claim to Draining (version-checked, once).

@@ -19,7 +19,7 @@ use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved_drift::{self, ClassResolution, InstanceFacts};
 use crate::disruption::{DecideOptions, Held, Reason, decide, nomination};
 use crate::draining::{self, DrainPolicy};
-use crate::ec2::Instance;
+use crate::ec2::{Impaired, Instance};
 use crate::kubernetes::{Cluster, EventSpec, events};
 use crate::labels;
 use crate::nodeclaim::{NodeClaim, Phase};
@@ -138,6 +138,36 @@ fn replacements_for(
     plan
 }
 
+/// The managed nodes whose instance is impaired, by node (pure): `impaired`
+/// lists the account's instances, the nodes' provider ids name theirs.
+fn impaired_nodes(snapshot: &Snapshot, impaired: &[Impaired]) -> BTreeMap<String, Option<Timestamp>> {
+    let by_instance: BTreeMap<&str, &str> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.node
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(labels::NODEPOOL))
+        })
+        .filter_map(|n| {
+            let id = n
+                .node
+                .spec
+                .as_ref()?
+                .provider_id
+                .as_deref()
+                .and_then(registration::instance_id)?;
+            Some((id, n.node.metadata.name.as_deref()?))
+        })
+        .collect();
+    impaired
+        .iter()
+        .filter_map(|i| Some((by_instance.get(i.id.as_str())?.to_string(), i.since)))
+        .collect()
+}
+
 /// Why a pod of `node` has nowhere to go, if one has not.
 fn stuck(plan: &Replacements, node: &str) -> Option<String> {
     let u = plan.stuck.get(node)?.first()?;
@@ -219,6 +249,8 @@ impl<C: Cluster> Sweeper<C> {
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             consolidation: self.config.consolidation.clone(),
             grace_period_bounds_eventual: true,
+            repair: self.config.repair.clone(),
+            impaired: self.impaired(snapshot).await,
         };
         let decisions = decide(snapshot, &options);
         for e in &decisions.errors {
@@ -606,6 +638,22 @@ impl<C: Cluster> Sweeper<C> {
     pub(super) async fn event(&self, e: EventSpec) {
         if let Err(err) = self.cluster.emit_event(&e).await {
             tracing::warn!(reason = %e.reason, error = %crate::telemetry::causes(&err), "could not record an event");
+        }
+    }
+
+    /// The managed nodes whose EC2 status check is impaired (none when
+    /// repair is off; none this run when EC2 cannot be read: repair by node
+    /// conditions goes on).
+    async fn impaired(&self, snapshot: &Snapshot) -> BTreeMap<String, Option<Timestamp>> {
+        if !self.config.repair.enabled {
+            return BTreeMap::new();
+        }
+        match self.instances.impaired().await {
+            Ok(list) => impaired_nodes(snapshot, &list),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "status checks not read; no repair by them this run");
+                BTreeMap::new()
+            }
         }
     }
 
