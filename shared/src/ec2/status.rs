@@ -42,8 +42,8 @@ impl Instances {
     /// is impaired, all pages (EC2 has no tag filter for status checks: the
     /// caller keeps its own instances).
     pub async fn impaired(&self) -> Result<Vec<Impaired>, InstancesError> {
-        let mut pages = self
-            .ec2()
+        let ec2 = self.ec2();
+        let mut pages = ec2
             .describe_instance_status()
             .include_all_instances(false)
             .max_results(self.page_size())
