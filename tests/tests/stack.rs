@@ -20,5 +20,6 @@ mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_nomination;
 mod sweep_protections;
+mod sweep_repair;
 mod sweep_runtime;
 mod termination;
