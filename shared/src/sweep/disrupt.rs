@@ -772,6 +772,55 @@ mod tests {
     }
 
     #[test]
+    fn impaired_instances_name_their_managed_nodes_and_a_held_repair_is_an_event() {
+        let node = |name: &str, id: &str, managed: bool| {
+            let mut labels = serde_json::json!({});
+            if managed {
+                labels[labels::NODEPOOL] = "default".into();
+            }
+            crate::scheduling::ExistingNode {
+                node: serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": labels},
+                    "spec": {"providerID": format!("aws:///us-east-1a/{id}")}}))
+                .unwrap(),
+                pods: vec![],
+            }
+        };
+        let mut s = Snapshot::new(
+            std::sync::Arc::new(crate::scheduling::fixtures::catalog()),
+            Timestamp::from_second(1_000).unwrap(),
+        );
+        s.nodes = vec![
+            node("a", "i-0a", true),
+            node("b", "i-0b", true),
+            node("unmanaged", "i-0c", false),
+        ];
+        let since = Timestamp::from_second(10).ok();
+        let impaired = [
+            Impaired {
+                id: "i-0a".into(),
+                since,
+            },
+            Impaired {
+                id: "i-0c".into(),
+                since: None,
+            },
+            Impaired {
+                id: "i-0ther".into(),
+                since: None,
+            },
+        ];
+        assert_eq!(
+            impaired_nodes(&s, &impaired),
+            BTreeMap::from([("a".to_string(), since)])
+        );
+        assert!(worth_an_event(&Held::RepairCapped {
+            pool: "default".into(),
+            unhealthy: 2,
+            total: 4
+        }));
+    }
+
+    #[test]
     fn only_protections_and_budgets_are_worth_an_event() {
         assert!(worth_an_event(&Held::DoNotDisruptNode));
         assert!(!worth_an_event(&Held::ConsolidateAfter { remaining_secs: 3 }));
