@@ -68,6 +68,7 @@ async fn an_impaired_node_is_repaired_once_whichever_path_hears_of_it() {
     let records = s.store.disruptions().await.unwrap();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].reason, Reason::Unhealthy);
+    assert!(records[0].detail.contains("EC2 status check impaired"), "{records:?}");
 
     // The sweep carries the repair out: forced past the PDB, then terminated.
     let sweeper = s.sweeper(fast());

@@ -17,7 +17,7 @@ use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved_drift::{self, ClassResolution, InstanceFacts};
-use crate::disruption::{DecideOptions, Held, Reason, decide, nomination};
+use crate::disruption::{DecideOptions, Held, Reason, decide, nomination, repair};
 use crate::draining::{self, DrainPolicy};
 use crate::ec2::{Impaired, Instance};
 use crate::kubernetes::{Cluster, EventSpec, events};
@@ -168,6 +168,19 @@ fn impaired_nodes(snapshot: &Snapshot, impaired: &[Impaired]) -> BTreeMap<String
         .collect()
 }
 
+/// The health problem that has `node` repaired, if it has one (pure).
+fn unhealthy_because(snapshot: &Snapshot, options: &DecideOptions, node: &str) -> Option<String> {
+    let n = snapshot
+        .nodes
+        .iter()
+        .find(|n| n.node.metadata.name.as_deref() == Some(node))?;
+    let impaired = options.impaired.get(node).copied();
+    match repair::health(&n.node, impaired, &options.repair, snapshot.now) {
+        repair::Health::Due(p) | repair::Health::Tolerated(p) => Some(p.to_string()),
+        repair::Health::Healthy => None,
+    }
+}
+
 /// Why a pod of `node` has nowhere to go, if one has not.
 fn stuck(plan: &Replacements, node: &str) -> Option<String> {
     let u = plan.stuck.get(node)?.first()?;
@@ -292,6 +305,11 @@ impl<C: Cluster> Sweeper<C> {
                         Some(why) if d.reason == Reason::Drifted => {
                             format!("{} ({why}) by nodesmith's sweep", d.reason)
                         }
+                        // Which condition or status check, for events and logs.
+                        _ if d.reason == Reason::Unhealthy => match unhealthy_because(snapshot, &options, node) {
+                            Some(why) => format!("{} ({why}) by nodesmith's sweep", d.reason),
+                            None => format!("{} by nodesmith's sweep", d.reason),
+                        },
                         _ => format!("{} by nodesmith's sweep", d.reason),
                     },
                     step: DisruptionStep::Tainted,
