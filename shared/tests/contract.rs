@@ -11,3 +11,4 @@ mod simulate_cli;
 mod simulate_disruption;
 mod simulate_examples;
 mod simulate_nomination;
+mod simulate_repair;

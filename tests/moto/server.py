@@ -30,6 +30,10 @@ listening on 127.0.0.1, then reads one command per line on stdin and answers
                      "comment"
   autoshift <json>   an autoshift in progress on a registered resource:
                      {"resource", "awayFrom"} and optionally "appliedStatus"
+  impaired <json>    fail a running instance's status checks, which moto always
+                     passes: {"instanceId"} and optionally "checks" (["system"],
+                     or "instance", or both), "since" (ISO-8601 with a timezone;
+                     now when absent) and "region" (us-east-1)
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -65,6 +69,12 @@ does not know, empty or missing filter members, more than 50 filters,
 MaxResults outside 1-100, a format other than aws_v1 and a NextToken of
 another query; a filter on a field no product has is ignored, as AWS ignores
 it.
+
+moto passes every status check and answers DescribeInstanceStatus in one
+page; here an instance seeded `impaired` reports the checks named failed
+(Status impaired, its reachability detail failed with ImpairedSince) while it
+runs, and DescribeInstanceStatus pages by MaxResults (5-1000, refused outside,
+and refused together with InstanceIds, as EC2 refuses them) and NextToken.
 
 moto has no placement groups; this adds CreatePlacementGroup and
 DescribePlacementGroups (by GroupNames or GroupIds, an unknown one refused
@@ -139,6 +149,10 @@ EKS_AMIS = [
 ]
 
 SPOT_PRICES = {}
+# Instances whose status checks fail: id -> {"checks": {"system", "instance"}, "since": datetime}.
+IMPAIRED = {}
+IMPAIRED_LOCK = threading.Lock()
+STATUS_CHECKS = {"system", "instance"}
 
 
 class AtomicDynamoDB(DomainDispatcherApplication):
@@ -1278,6 +1292,70 @@ def arc_app(environ, start_response):
         return reply(status, {"message": e.message}, e.code)
 
 
+def status_summary(check):
+    """An Instance's InstanceStatus or SystemStatus, failed while seeded impaired."""
+    def summary(self):
+        if self.state_code != 16:
+            return {"Status": "not-applicable"}
+        with IMPAIRED_LOCK:
+            bad = IMPAIRED.get(self.id)
+        if bad and check in bad["checks"]:
+            return {"Status": "impaired", "Details": [
+                {"Name": "reachability", "Status": "failed", "ImpairedSince": bad["since"]}]}
+        return {"Status": "ok", "Details": [{"Name": "reachability", "Status": "passed"}]}
+    return property(summary)
+
+
+def seed_impaired(spec):
+    """The `impaired` command: the named checks of a running instance fail."""
+    unknown = set(spec) - {"instanceId", "checks", "since", "region"}
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)}")
+    region = spec.get("region", REGION)
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+    instance = backend.get_instance(spec["instanceId"])
+    checks = set(spec.get("checks", ["system"]))
+    if not checks or not checks <= STATUS_CHECKS:
+        raise ValueError(f"checks must be a non-empty subset of {sorted(STATUS_CHECKS)}")
+    since = spec.get("since")
+    if since:
+        since = datetime.fromisoformat(since)
+        if since.tzinfo is None:
+            raise ValueError("since needs a timezone (e.g. a trailing Z)")
+        since = since.astimezone(timezone.utc)
+    else:
+        since = datetime.now(timezone.utc).replace(microsecond=0)
+    with IMPAIRED_LOCK:
+        IMPAIRED[instance.id] = {"checks": checks, "since": since}
+
+
+def describe_instance_status(self):
+    """DescribeInstanceStatus in pages, as EC2 answers it."""
+    instance_ids = self._get_param("InstanceIds", [])
+    include_all = self._get_bool_param("IncludeAllInstances", False)
+    max_results = self._get_int_param("MaxResults")
+    token = self._get_param("NextToken")
+    if max_results is not None and instance_ids:
+        raise EC2ClientError("InvalidParameterCombination",
+                             "The parameter instancesSet cannot be used with the parameter maxResults")
+    if max_results is not None and not 5 <= max_results <= 1000:
+        raise EC2ClientError("InvalidParameterValue",
+                             f"Value ( {max_results} ) for parameter maxResults is invalid. "
+                             "Expecting a value greater than 5.")
+    if token is not None and not re.fullmatch(r"i-[0-9a-f]+", token):
+        raise EC2ClientError("InvalidParameterValue", f"Invalid value '{token}' for nextToken")
+    filters = [{"name": k, "values": v} for k, v in self._filters_from_querystring().items()]
+    found = sorted(self.ec2_backend.describe_instance_status(instance_ids, include_all, filters),
+                   key=lambda i: i.id)
+    if token is not None:
+        # The token is the first id of the next page: an instance gone since does not break it.
+        found = [i for i in found if i.id >= token]
+    result = {"InstanceStatuses": found}
+    if max_results is not None and len(found) > max_results:
+        result = {"InstanceStatuses": found[:max_results], "NextToken": found[max_results].id}
+    return ActionResult(result)
+
+
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
@@ -1285,6 +1363,9 @@ def main():
     Fleet.__init__ = fleet_init
     fleet_responses.Fleets.create_fleet = create_fleet_response
     Instance.terminate = instance_terminate
+    Instance.instance_status = status_summary("instance")
+    Instance.system_status = status_summary("system")
+    EC2Response.describe_instance_status = describe_instance_status
     EC2Response.create_capacity_reservation = create_capacity_reservation
     EC2Response.describe_capacity_reservations = describe_capacity_reservations
     EC2Response.cancel_capacity_reservation = cancel_capacity_reservation
@@ -1307,12 +1388,16 @@ def main():
                     PLACEMENT_GROUPS.clear()
                 with ARC_LOCK:
                     ARC_RESOURCES.clear()
+                with IMPAIRED_LOCK:
+                    IMPAIRED.clear()
                 seed()
             elif cmd == "param":
                 name, _, value = arg.partition(" ")
                 set_public_parameter(name, value)
             elif cmd == "reservation":
                 seed_reservation(json.loads(arg))
+            elif cmd == "impaired":
+                seed_impaired(json.loads(arg))
             elif cmd == "prices":
                 set_prices(json.loads(arg))
             elif cmd == "arc-resource":

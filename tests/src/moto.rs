@@ -209,6 +209,13 @@ impl Moto {
             .command(&format!("{command} {spec}"))
     }
 
+    /// Fails a running instance's status checks, which moto always passes:
+    /// the `impaired` command's JSON (`server.py`), e.g.
+    /// `{"instanceId": "i-...", "checks": ["system"], "since": "2026-01-01T00:00:00Z"}`.
+    pub fn seed_impaired(&self, spec: &serde_json::Value) {
+        Self::run(|s| s.command(&format!("impaired {spec}")));
+    }
+
     fn run(f: impl FnOnce(&mut MotoServer) -> Result<(), String>) {
         let done = server()
             .lock()

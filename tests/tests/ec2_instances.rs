@@ -264,3 +264,50 @@ async fn more_than_a_thousand_ids_go_in_batches_of_at_most_a_thousand() {
     assert_eq!(ids_per_call(&proxy, "TerminateInstances"), vec![TERMINATE_BATCH, 1]);
     assert!(Instances::new(ec2, CLUSTER).list_owned().await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn impaired_status_checks_are_read_over_every_page_with_since_when() {
+    let m = moto().await;
+    let ec2 = ec2(&m).await;
+    let ids = run(&ec2, &claim_tags(CLUSTER, "status-a"), 7).await;
+    // moto passes every check: the harness fails them (tests/moto/server.py, `impaired`).
+    m.seed_impaired(&serde_json::json!({"instanceId": ids[2], "checks": ["system"], "since": "2026-01-01T00:00:00Z"}));
+    m.seed_impaired(
+        &serde_json::json!({"instanceId": ids[5], "checks": ["instance"], "since": "2026-01-02T00:00:00Z"}),
+    );
+    m.seed_impaired(&serde_json::json!({"instanceId": ids[6], "checks": ["instance"]}));
+    let stopped = ids[6].clone();
+    ec2.stop_instances().instance_ids(&stopped).send().await.unwrap();
+
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    let client = aws_sdk_ec2::Client::new(&m.sdk_config_at(proxy.endpoint()).await);
+    let impaired = Instances::new(client, CLUSTER)
+        .with_page_size(5)
+        .impaired()
+        .await
+        .unwrap();
+
+    // Other tests' instances share the account: only ours are checked.
+    let mine: BTreeMap<&str, Option<jiff::Timestamp>> = impaired
+        .iter()
+        .filter(|i| ids.contains(&i.id))
+        .map(|i| (i.id.as_str(), i.since))
+        .collect();
+    let at = |s: &str| Some(s.parse::<jiff::Timestamp>().unwrap());
+    assert_eq!(
+        mine,
+        BTreeMap::from([
+            (ids[2].as_str(), at("2026-01-01T00:00:00Z")),
+            (ids[5].as_str(), at("2026-01-02T00:00:00Z")),
+        ]),
+        "a stopped instance has no status checks to fail"
+    );
+    let pages = proxy.forms("DescribeInstanceStatus");
+    assert!(pages.len() >= 2, "several pages: {}", pages.len());
+    assert!(
+        pages
+            .iter()
+            .all(|f| f.iter().any(|(k, v)| k == "MaxResults" && v == "5"))
+    );
+    assert!(pages[1..].iter().all(|f| f.iter().any(|(k, _)| k == "NextToken")));
+}

@@ -20,6 +20,7 @@ mod sweep_disruption;
 mod sweep_node_class_status;
 mod sweep_nomination;
 mod sweep_protections;
+mod sweep_repair;
 mod sweep_reservation_end;
 mod sweep_runtime;
 mod termination;

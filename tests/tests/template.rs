@@ -1089,6 +1089,8 @@ const CALLERS: &[(&str, &str, &[&str])] = &[
         "ec2:TerminateInstances",
         &["LaunchFunction", "SweepFunction"],
     ),
+    // Node repair: the sweep reads impaired status checks.
+    ("ec2/status.rs", "ec2:DescribeInstanceStatus", &["SweepFunction"]),
     (
         "nodeclass/eks_cluster.rs",
         "eks:DescribeCluster",

@@ -267,6 +267,20 @@ fn a_rebalance_recommendation_does_nothing_unless_asked_as_in_karpenter() {
 }
 
 #[test]
+fn node_repair_is_on_unless_the_stack_turns_it_off() {
+    let t = template();
+    let p = &t["Parameters"]["NodeRepair"];
+    assert_eq!(p["Default"].as_str(), Some("true"));
+    assert_eq!(strings(&p["AllowedValues"]), ["true", "false"]);
+    let f = &t["Resources"]["SweepFunction"]["Properties"]["Environment"]["Variables"];
+    assert_eq!(
+        reference(&f["NODESMITH_NODE_REPAIR"]).as_deref(),
+        Some("NodeRepair"),
+        "the sweep reads the parameter"
+    );
+}
+
+#[test]
 fn spot_to_spot_consolidation_is_off_unless_the_stack_turns_it_on_as_in_karpenter() {
     let t = template();
     let p = &t["Parameters"]["SpotToSpotConsolidation"];

@@ -114,11 +114,13 @@ impl Method for Underutilized {
             .then_with(|| a.name.cmp(&b.name))
     }
 
-    /// Only in passes where expiry and drift chose nothing: Karpenter runs
+    /// Only in passes where repair, expiry and drift chose nothing: Karpenter runs
     /// one command at a time, and their replacements would muddle the price
     /// checks.
     fn runs_after(&self, earlier: &[Reason]) -> bool {
-        !earlier.iter().any(|r| matches!(r, Reason::Expired | Reason::Drifted))
+        !earlier
+            .iter()
+            .any(|r| matches!(r, Reason::Unhealthy | Reason::Expired | Reason::Drifted))
     }
 
     /// Multi-node, then single-node probes, at most one new node a pass.

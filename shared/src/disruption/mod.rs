@@ -3,8 +3,9 @@
 //! pod goes and the money saved, plus the nodes a rule held and which rule.
 //!
 //! Made of small methods behind one trait ([`Method`]: judge, order, select),
-//! one file each, tried in Karpenter's priority order: expiry first
-//! (forceful, it happens anyway), then drift (the node is wrong), then
+//! one file each, tried in Karpenter's priority order: repair of unhealthy
+//! nodes first (`repair.rs`: forceful, and not waiting for PDBs or
+//! replacements), then expiry (forceful, it happens anyway), then drift (the node is wrong), then
 //! emptiness (the node is idle), then consolidation of underutilized nodes
 //! (`consolidation.rs`, only in passes where expiry and drift chose nothing,
 //! as Karpenter runs one command at a time: their replacements would muddle
@@ -30,6 +31,7 @@ pub(crate) mod expiration;
 pub mod nomination;
 pub mod progress;
 pub(crate) mod protection;
+pub mod repair;
 pub mod resolved_drift;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,6 +128,16 @@ pub enum Held {
     Nominated(Nomination),
     /// No consolidation of it is worth doing, and why (Karpenter's `Unconsolidatable`).
     Unconsolidatable(String),
+    /// Node repair waits: more of its NodePool's nodes are unhealthy than
+    /// the cap allows ([`repair::over_cap`]).
+    RepairCapped {
+        /// The NodePool.
+        pool: String,
+        /// Its nodes with a health problem.
+        unhealthy: usize,
+        /// Its nodes.
+        total: usize,
+    },
     /// A pod of it cannot be placed anywhere with it gone.
     CannotPlace {
         /// The pod.
@@ -159,6 +171,11 @@ impl fmt::Display for Held {
             Held::Nominated(n) => write!(f, "node is {n}"),
             Held::Unconsolidatable(why) => write!(f, "cannot consolidate: {why}"),
             Held::CannotPlace { pod, why } => write!(f, "pod {pod} cannot be placed elsewhere: {why}"),
+            Held::RepairCapped { pool, unhealthy, total } => write!(
+                f,
+                "node repair blocked: {unhealthy} of {total} nodes of NodePool {pool} are unhealthy (more than {}%)",
+                repair::ALLOWED_UNHEALTHY_PERCENT
+            ),
         }
     }
 }
@@ -211,6 +228,11 @@ pub struct DecideOptions {
     /// past do-not-disrupt pods and PDBs (Karpenter's eventual methods): the
     /// sweep sets it; `simulate`'s contract does not read that field.
     pub grace_period_bounds_eventual: bool,
+    /// Node repair: on or off, and the tolerations.
+    pub repair: repair::RepairOptions,
+    /// Nodes whose EC2 status check is impaired, with since when (None: EC2
+    /// did not say): the sweep reads them, `simulate` has none.
+    pub impaired: BTreeMap<String, Option<Timestamp>>,
 }
 
 /// What the methods look at besides the candidate.
@@ -266,12 +288,13 @@ pub(crate) trait Method {
     }
 }
 
-/// The methods in priority order: expiry happens regardless, so it goes
-/// first; a drifted node is wrong, an empty one merely idle; consolidation
+/// The methods in priority order: an unhealthy node is of no use, so repair
+/// goes first; expiry happens regardless; a drifted node is wrong, an empty one merely idle; consolidation
 /// comes last and only runs when expiry and drift chose nothing
 /// ([`consolidation::Underutilized`]'s `runs_after`).
-fn methods() -> [&'static dyn Method; 4] {
+fn methods() -> [&'static dyn Method; 5] {
     [
+        &repair::Repair,
         &expiration::Expiration,
         &drift::Drift,
         &emptiness::Emptiness,
@@ -324,6 +347,9 @@ pub(crate) struct Pass<'a> {
     owner: BTreeMap<PodRef, &'a str>,
     /// Nodes chosen so far.
     removed: BTreeSet<String>,
+    /// Chosen nodes that go whether or not their pods fit elsewhere (repair):
+    /// what-ifs leave those pods to provisioning.
+    forced: BTreeSet<String>,
     /// The last feasible solve with `removed` gone (none while nothing needed one).
     plan: Option<Plan>,
 }
@@ -380,6 +406,7 @@ impl<'a> Pass<'a> {
             blocked,
             owner,
             removed: BTreeSet::new(),
+            forced: BTreeSet::new(),
             plan: None,
         }
     }
@@ -441,6 +468,11 @@ impl<'a> Pass<'a> {
         Ok(())
     }
 
+    /// Whether the pod runs on a node that goes whatever becomes of it.
+    fn forced_pod(&self, pod: &PodRef) -> bool {
+        self.owner.get(pod).is_some_and(|n| self.forced.contains(*n))
+    }
+
     /// Undoes [`Pass::admit`].
     fn release(&mut self, c: &Candidate) {
         self.ledger.give_back(c.pool.name());
@@ -485,7 +517,13 @@ impl<'a> Pass<'a> {
             let mut removed = self.removed.clone();
             removed.extend(batch.iter().map(|c| c.name.clone()));
             let plan = if needs_solve { Some(self.solve(&removed)) } else { None };
-            let stuck = plan.as_ref().and_then(|p| p.unschedulable.first().map(|u| (p, u)));
+            // Pods of repaired nodes that fit nowhere wait for provisioning: they hold no one back.
+            let stuck = plan.as_ref().and_then(|p| {
+                p.unschedulable
+                    .iter()
+                    .find(|u| !self.forced_pod(&u.pod))
+                    .map(|u| (p, u))
+            });
             let Some((plan, first)) = stuck else {
                 self.removed = removed;
                 if plan.is_some() {
@@ -498,6 +536,7 @@ impl<'a> Pass<'a> {
             let stuck_nodes: BTreeMap<&str, (&PodRef, String)> = plan
                 .unschedulable
                 .iter()
+                .filter(|u| !self.forced_pod(&u.pod))
                 .filter_map(|u| self.owner.get(&u.pod).map(|n| (*n, (&u.pod, u.reason.to_string()))))
                 .collect();
             let before = batch.len();

@@ -78,7 +78,7 @@ pub fn launching_together(due: &[Reason]) -> Vec<usize> {
 pub fn next(f: &Facts) -> Next {
     let r = f.record;
     let reason = r.reason;
-    let forceful = reason == Reason::Expired;
+    let forceful = reason.forceful();
     if f.claim.is_none() {
         return Next::Forget;
     }
@@ -86,6 +86,10 @@ pub fn next(f: &Facts) -> Next {
         return Next::Terminate;
     }
     let force_from = || {
+        // Repair waits for no PDB: its drain is forced from the start.
+        if reason == Reason::Unhealthy {
+            return Some(f.now);
+        }
         r.grace_ms
             .and_then(|g| f.now.checked_add(jiff::SignedDuration::from_millis(g)).ok())
     };
@@ -270,6 +274,22 @@ mod tests {
             ..facts(&under)
         };
         assert!(matches!(next(&dnd), Next::Abandon(w) if w.contains("do-not-disrupt")));
+    }
+
+    #[test]
+    fn repair_drains_at_once_by_force_and_never_rolls_back() {
+        let r = record("Unhealthy", DisruptionStep::Tainted);
+        let f = Facts {
+            do_not_disrupt_pod: Some("default/p".into()),
+            undrained: 2,
+            ..facts(&r)
+        };
+        assert_eq!(
+            next(&f),
+            Next::BeginDrain {
+                force_from: Some(f.now)
+            }
+        );
     }
 
     #[test]

@@ -106,6 +106,7 @@ fn pdb(name: &str, app: &str, max_unavailable: Value) -> PodDisruptionBudget {
 }
 
 mod protections;
+mod repair;
 mod reserved;
 
 #[test]

@@ -70,7 +70,7 @@ pub enum InstancesError {
 }
 
 impl InstancesError {
-    fn aws<E>(op: &'static str, err: E) -> Self
+    pub(super) fn aws<E>(op: &'static str, err: E) -> Self
     where
         E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
     {
@@ -284,6 +284,11 @@ impl Instances {
     pub fn with_page_size(mut self, size: i32) -> Self {
         self.page_size = size.clamp(5, 1000);
         self
+    }
+
+    /// The page size of its Describe calls.
+    pub fn page_size(&self) -> i32 {
+        self.page_size
     }
 
     /// The cluster name.

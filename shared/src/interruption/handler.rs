@@ -238,6 +238,12 @@ impl<C: Cluster> Interrupter<C> {
     /// than [`EVENT_RESERVE`] for is given back untouched (visible again
     /// within seconds), never cut between its taint and its drain record.
     pub async fn handle_within(&self, batch: &SqsEvent, deadline: Deadline) -> InterruptOutcome {
+        // Boxed: the function's shell around it would pass the compiler's layout depth limit.
+        Box::pin(self.handle_batch(batch, deadline)).await
+    }
+
+    /// [`Self::handle_within`]'s body.
+    async fn handle_batch(&self, batch: &SqsEvent, deadline: Deadline) -> InterruptOutcome {
         let mut outcome = InterruptOutcome::default();
         let mut pending = Batch::default();
         // Acted on, to be recorded as handled once the batch's end succeeds.
@@ -372,8 +378,20 @@ impl<C: Cluster> Interrupter<C> {
         outcome: &mut InterruptOutcome,
     ) -> Result<Vec<(NodeClaim, Option<ToReplace>)>, InterruptError> {
         let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
+        let mut repairing: Option<Vec<String>> = None;
         for id in &ev.instance_ids {
             let claim = self.store.node_claim_by_instance(id).await?;
+            if let Some(c) = &claim {
+                if repairing.is_none() {
+                    repairing = Some(self.repairing().await?);
+                }
+                if repairing.as_ref().is_some_and(|r| r.contains(&c.name)) {
+                    // The sweep's repair drains it by force and terminates it: one record, one termination.
+                    outcome.ignored += 1;
+                    tracing::info!(instance = %id, claim = %c.name, "node repair is replacing the node already");
+                    continue;
+                }
+            }
             match decide(ev, claim.as_ref(), self.config.rebalance, now) {
                 Reaction::Ignore { why } => {
                     outcome.ignored += 1;
@@ -521,6 +539,18 @@ impl<C: Cluster> Interrupter<C> {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The claims the sweep's node repair is taking down.
+    async fn repairing(&self) -> Result<Vec<String>, InterruptError> {
+        Ok(self
+            .store
+            .disruptions()
+            .await?
+            .into_iter()
+            .filter(|d| d.reason == crate::disruption::Reason::Unhealthy)
+            .map(|d| d.claim)
+            .collect())
     }
 
     /// Moves a claim to Draining (version-checked, once).

@@ -17,6 +17,8 @@ use super::{PK_DISRUPTION, StateError, StateStore};
 /// and printed by its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Reason {
+    /// A failed health condition or EC2 status check past its toleration (node repair).
+    Unhealthy,
     /// Older than the pool's `expireAfter`.
     Expired,
     /// No longer what its pool and class would launch.
@@ -28,10 +30,10 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// The reason as budgets name it; `None` for expiry, which budgets do not hold.
+    /// The reason as budgets name it; `None` for repair and expiry, which budgets do not hold.
     pub fn budget_reason(self) -> Option<DisruptionReason> {
         match self {
-            Reason::Expired => None,
+            Reason::Unhealthy | Reason::Expired => None,
             Reason::Drifted => Some(DisruptionReason::Drifted),
             Reason::Empty => Some(DisruptionReason::Empty),
             Reason::Underutilized => Some(DisruptionReason::Underutilized),
@@ -41,11 +43,17 @@ impl Reason {
     /// The name in the simulate contract.
     pub fn as_str(self) -> &'static str {
         match self {
+            Reason::Unhealthy => "Unhealthy",
             Reason::Expired => "Expired",
             Reason::Drifted => "Drifted",
             Reason::Empty => "Empty",
             Reason::Underutilized => "Underutilized",
         }
+    }
+
+    /// Happens whatever budgets and do-not-disrupt say (repair, expiry).
+    pub fn forceful(self) -> bool {
+        matches!(self, Reason::Unhealthy | Reason::Expired)
     }
 }
 
@@ -58,10 +66,16 @@ impl std::str::FromStr for Reason {
     type Err = UnknownReason;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Reason::Expired, Reason::Drifted, Reason::Empty, Reason::Underutilized]
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownReason(s.to_string()))
+        [
+            Reason::Unhealthy,
+            Reason::Expired,
+            Reason::Drifted,
+            Reason::Empty,
+            Reason::Underutilized,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+        .ok_or_else(|| UnknownReason(s.to_string()))
     }
 }
 
@@ -114,7 +128,7 @@ pub struct DisruptionRecord {
     pub claim: String,
     /// Its Node.
     pub node: String,
-    /// Why (stored as its name: `Expired`, `Drifted`, `Empty`, `Underutilized`).
+    /// Why (stored as its name: `Unhealthy`, `Expired`, `Drifted`, `Empty`, `Underutilized`).
     pub reason: Reason,
     /// A sentence for events and logs (e.g. which hash changed).
     pub detail: String,
@@ -306,6 +320,7 @@ mod tests {
     #[test]
     fn reasons_are_stored_and_serialized_by_name() {
         for (reason, name) in [
+            (Reason::Unhealthy, "Unhealthy"),
             (Reason::Expired, "Expired"),
             (Reason::Drifted, "Drifted"),
             (Reason::Empty, "Empty"),

@@ -17,9 +17,9 @@ use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved_drift::{self, ClassResolution, InstanceFacts};
-use crate::disruption::{DecideOptions, Held, Reason, decide, nomination};
+use crate::disruption::{DecideOptions, Held, Reason, decide, nomination, repair};
 use crate::draining::{self, DrainPolicy};
-use crate::ec2::Instance;
+use crate::ec2::{Impaired, Instance};
 use crate::kubernetes::{Cluster, EventSpec, events};
 use crate::labels;
 use crate::nodeclaim::{NodeClaim, Phase};
@@ -138,6 +138,49 @@ fn replacements_for(
     plan
 }
 
+/// The managed nodes whose instance is impaired, by node (pure): `impaired`
+/// lists the account's instances, the nodes' provider ids name theirs.
+fn impaired_nodes(snapshot: &Snapshot, impaired: &[Impaired]) -> BTreeMap<String, Option<Timestamp>> {
+    let by_instance: BTreeMap<&str, &str> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.node
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(labels::NODEPOOL))
+        })
+        .filter_map(|n| {
+            let id = n
+                .node
+                .spec
+                .as_ref()?
+                .provider_id
+                .as_deref()
+                .and_then(registration::instance_id)?;
+            Some((id, n.node.metadata.name.as_deref()?))
+        })
+        .collect();
+    impaired
+        .iter()
+        .filter_map(|i| Some((by_instance.get(i.id.as_str())?.to_string(), i.since)))
+        .collect()
+}
+
+/// The health problem that has `node` repaired, if it has one (pure).
+fn unhealthy_because(snapshot: &Snapshot, options: &DecideOptions, node: &str) -> Option<String> {
+    let n = snapshot
+        .nodes
+        .iter()
+        .find(|n| n.node.metadata.name.as_deref() == Some(node))?;
+    let impaired = options.impaired.get(node).copied();
+    match repair::health(&n.node, impaired, &options.repair, snapshot.now) {
+        repair::Health::Due(p) | repair::Health::Tolerated(p) => Some(p.to_string()),
+        repair::Health::Healthy => None,
+    }
+}
+
 /// Why a pod of `node` has nowhere to go, if one has not.
 fn stuck(plan: &Replacements, node: &str) -> Option<String> {
     let u = plan.stuck.get(node)?.first()?;
@@ -223,6 +266,8 @@ impl<C: Cluster> Sweeper<C> {
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             consolidation: self.config.consolidation.clone(),
             grace_period_bounds_eventual: true,
+            repair: self.config.repair.clone(),
+            impaired: self.impaired(snapshot).await,
         };
         let decisions = decide(snapshot, &options);
         for e in &decisions.errors {
@@ -264,6 +309,11 @@ impl<C: Cluster> Sweeper<C> {
                         Some(why) if d.reason == Reason::Drifted => {
                             format!("{} ({why}) by nodesmith's sweep", d.reason)
                         }
+                        // Which condition or status check, for events and logs.
+                        _ if d.reason == Reason::Unhealthy => match unhealthy_because(snapshot, &options, node) {
+                            Some(why) => format!("{} ({why}) by nodesmith's sweep", d.reason),
+                            None => format!("{} by nodesmith's sweep", d.reason),
+                        },
                         _ => format!("{} by nodesmith's sweep", d.reason),
                     },
                     step: DisruptionStep::Tainted,
@@ -622,6 +672,22 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
+    /// The managed nodes whose EC2 status check is impaired (none when
+    /// repair is off; none this run when EC2 cannot be read: repair by node
+    /// conditions goes on).
+    async fn impaired(&self, snapshot: &Snapshot) -> BTreeMap<String, Option<Timestamp>> {
+        if !self.config.repair.enabled {
+            return BTreeMap::new();
+        }
+        match self.instances.impaired().await {
+            Ok(list) => impaired_nodes(snapshot, &list),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "status checks not read; no repair by them this run");
+                BTreeMap::new()
+            }
+        }
+    }
+
     /// Nodes whose instance no longer matches what their class resolves to now
     /// (AMI, subnet, security groups, capacity reservation), with why, from this run's resolution of
     /// each class (`classes`; empty when resolution is not wired). A class not
@@ -755,6 +821,55 @@ mod tests {
             BTreeMap::from([("n-a".to_string(), "n-old".to_string())])
         );
         assert!(receiving(&[], &claims).is_empty());
+    }
+
+    #[test]
+    fn impaired_instances_name_their_managed_nodes_and_a_held_repair_is_an_event() {
+        let node = |name: &str, id: &str, managed: bool| {
+            let mut labels = serde_json::json!({});
+            if managed {
+                labels[labels::NODEPOOL] = "default".into();
+            }
+            crate::scheduling::ExistingNode {
+                node: serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": labels},
+                    "spec": {"providerID": format!("aws:///us-east-1a/{id}")}}))
+                .unwrap(),
+                pods: vec![],
+            }
+        };
+        let mut s = Snapshot::new(
+            std::sync::Arc::new(crate::scheduling::fixtures::catalog()),
+            Timestamp::from_second(1_000).unwrap(),
+        );
+        s.nodes = vec![
+            node("a", "i-0a", true),
+            node("b", "i-0b", true),
+            node("unmanaged", "i-0c", false),
+        ];
+        let since = Timestamp::from_second(10).ok();
+        let impaired = [
+            Impaired {
+                id: "i-0a".into(),
+                since,
+            },
+            Impaired {
+                id: "i-0c".into(),
+                since: None,
+            },
+            Impaired {
+                id: "i-0ther".into(),
+                since: None,
+            },
+        ];
+        assert_eq!(
+            impaired_nodes(&s, &impaired),
+            BTreeMap::from([("a".to_string(), since)])
+        );
+        assert!(worth_an_event(&Held::RepairCapped {
+            pool: "default".into(),
+            unhealthy: 2,
+            total: 4
+        }));
     }
 
     #[test]

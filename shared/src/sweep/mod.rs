@@ -57,6 +57,8 @@ pub struct SweepConfig {
     pub holder: String,
     /// Consolidation's minimum saving and churn cooldown.
     pub consolidation: crate::disruption::consolidation::ConsolidationOptions,
+    /// Node repair: on or off, and its tolerations.
+    pub repair: crate::disruption::repair::RepairOptions,
 }
 
 impl SweepConfig {
@@ -70,7 +72,8 @@ impl SweepConfig {
     /// one run may collect, `NODESMITH_COLLECT_MAX_PERCENT` (10); and
     /// consolidation's minimum saving, `NODESMITH_CONSOLIDATION_MIN_SAVING`
     /// ($/h, 0.001) and `NODESMITH_CONSOLIDATION_MIN_SAVING_PERCENT` (1); and
-    /// Karpenter's `SpotToSpotConsolidation` gate, `NODESMITH_SPOT_TO_SPOT_CONSOLIDATION` (false).
+    /// Karpenter's `SpotToSpotConsolidation` gate, `NODESMITH_SPOT_TO_SPOT_CONSOLIDATION` (false);
+    /// node repair's switch and tolerations ([`crate::disruption::repair::RepairOptions::from_settings`]).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
         Self::from_settings(&Settings::new(get))
     }
@@ -111,6 +114,7 @@ impl SweepConfig {
                 spot_to_spot: settings.parsed("NODESMITH_SPOT_TO_SPOT_CONSOLIDATION", c.spot_to_spot)?,
                 ..c
             },
+            repair: crate::disruption::repair::RepairOptions::from_settings(settings)?,
         })
     }
 }
