@@ -4,7 +4,12 @@
 //! than smaller ones, that is wasteful, and sorting by cpu alone leaves the
 //! first nodes short of memory and the last short of cpu. So the solve also
 //! runs other passes and keeps whichever complete plan schedules the most
-//! pods at the lowest price (ties go to plain FFD):
+//! pods at the lowest price (ties go to plain FFD). A pass that schedules as
+//! many pods as Karpenter's order but not the same ones is never kept, however cheap:
+//! which pods wait is Karpenter's call (its first-fit-decreasing order), and
+//! a cheaper plan that leaves a larger pod pending for a smaller one (say a
+//! zone-pinned pod for one that must avoid it) is a different answer, not a
+//! better price. Only a pass that schedules strictly more may change the set.
 //!
 //! - Karpenter's own order (claims with the fewest pods first), up to
 //!   [`FEWEST_PODS_MAX`] pods, so that a plan is never dearer than the one
@@ -84,6 +89,20 @@ fn better(a: &Assignment, b: &Assignment) -> bool {
     ua < ub || (ua == ub && a.cost < b.cost - 1e-9)
 }
 
+/// The pods a pass leaves pending, sorted.
+fn left_pending(a: &Assignment) -> Vec<usize> {
+    let mut left: Vec<usize> = a.unschedulable.iter().map(|(i, _)| *i).collect();
+    left.sort_unstable();
+    left
+}
+
+/// True when a pass may be kept against Karpenter's order, which left
+/// `reference` pending: it schedules strictly more pods, or the same ones.
+fn admissible(a: &Assignment, reference: &[usize]) -> bool {
+    a.unschedulable.len() < reference.len()
+        || (a.unschedulable.len() == reference.len() && left_pending(a) == reference)
+}
+
 /// The passes tried after plain FFD, in order.
 fn strategies(m: &Model) -> Vec<Strategy> {
     let mut out = Vec::new();
@@ -108,15 +127,25 @@ fn strategies(m: &Model) -> Vec<Strategy> {
 }
 
 /// The cheapest plan among plain FFD and the passes of [`strategies`] the
-/// deadline (checked between passes) allows.
+/// deadline (checked between passes) allows, among those [`admissible`].
 pub fn best(m: &Model, deadline: Option<Instant>) -> Assignment {
     let mut best = Run::new(m, Strategy::default()).schedule();
+    // The pods Karpenter's order leaves pending: its own pass's when that
+    // runs (first of the strategies), plain FFD's otherwise.
+    let mut reference = left_pending(&best);
     for strategy in strategies(m) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
         let o = Run::new(m, strategy).schedule();
-        if better(&o, &best) {
+        if strategy.fewest_pods {
+            reference = left_pending(&o);
+            if !admissible(&best, &reference) {
+                best = o;
+                continue;
+            }
+        }
+        if admissible(&o, &reference) && better(&o, &best) {
             best = o;
         }
     }

@@ -1529,6 +1529,7 @@ fn capped_packing_beats_ffd_when_big_types_cost_more_per_cpu() {
     assert_eq!(better.node_claims.len(), 4);
 }
 
+mod anti_affinity;
 mod properties;
 
 /// Issue 15, item 1: spot only in two zones, so pods spread over three
