@@ -12,7 +12,15 @@
 //! and deletion cost, times the share of the node's lifetime left), then (1) multi-node: a binary search for the longest prefix that can go
 //! for at most one new node, as Karpenter does (prefixes of up to 200 nodes
 //! and 2,000 pods; Karpenter: 100 nodes); (2) single-node: every other
-//! candidate is tried on its own, which Karpenter cannot afford at scale.
+//! candidate is tried on its own, which Karpenter cannot afford at scale;
+//! (3) regrouping: the binary search assumes that when n nodes cannot go
+//! together more cannot either, which is false (two m5.xlarge cost exactly an
+//! m5.2xlarge, three fit one for a third less), so what is left is tried in
+//! groups: the longest admissible prefix, nodes alike in pool, instance
+//! family and zone, then shorter prefixes, within `REGROUP_PROBES` probes
+//! and the deadline, while the pass has no new node yet. (3) only adds to
+//! what (1) and (2) took, so a pass never saves less than the binary search
+//! alone.
 //! Each accepted group is committed to the compiled snapshot
 //! ([`Compiled::commit`]), so a probe only solves its own group's pods. A pass takes any number of deletes but one replacement, so the
 //! pass's joint solve never opens more than one new node.
@@ -45,6 +53,10 @@ use super::{Context, Held, Method, Pass, Reason, Verdict};
 const MULTI_NODE_MAX: usize = 200;
 /// ... and at most this many pods: every probe re-solves the whole prefix.
 const MULTI_NODE_MAX_PODS: usize = 2_000;
+/// Regrouping tries at most this many groups a pass, besides stopping at the
+/// deadline: each is a solve of up to [`MULTI_NODE_MAX_PODS`] pods over the
+/// whole cluster (16 doubled a 1,000-node pass on the benchmark).
+const REGROUP_PROBES: usize = 8;
 
 /// The knobs of consolidation (the sweep reads them from its environment).
 #[derive(Debug, Clone, PartialEq)]
@@ -123,9 +135,37 @@ impl Method for Underutilized {
             .any(|r| matches!(r, Reason::Unhealthy | Reason::Expired | Reason::Drifted))
     }
 
-    /// Multi-node, then single-node probes, at most one new node a pass.
+    /// Multi-node, single-node, then regrouping probes, at most one new node a pass.
     fn select<'a>(&self, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
-        consolidate(self, candidates, pass)
+        consolidate(self, candidates, pass, true)
+    }
+}
+
+/// Underutilized as it searched before regrouping (binary search, then single
+/// nodes): the reference the tests hold the pass's saving against.
+#[cfg(test)]
+pub(crate) struct BinarySearchOnly;
+
+#[cfg(test)]
+impl Method for BinarySearchOnly {
+    fn reason(&self) -> Reason {
+        Underutilized.reason()
+    }
+
+    fn judge(&self, c: &Candidate, cx: &Context) -> Verdict {
+        Underutilized.judge(c, cx)
+    }
+
+    fn order(&self, a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+        Underutilized.order(a, b)
+    }
+
+    fn runs_after(&self, earlier: &[Reason]) -> bool {
+        Underutilized.runs_after(earlier)
+    }
+
+    fn select<'a>(&self, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
+        consolidate(&Underutilized, candidates, pass, false)
     }
 }
 
@@ -276,7 +316,12 @@ struct Accepted<'c> {
 /// leaves the pass's plan as every move and the new node of the decision.
 /// Each accepted group is committed to the pass's compiled snapshot, so a
 /// probe only ever solves its own group's pods.
-fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mut Pass<'a>) -> Vec<&'a Candidate<'a>> {
+fn consolidate<'a>(
+    m: &Underutilized,
+    candidates: &'a [Candidate<'a>],
+    pass: &mut Pass<'a>,
+    regrouping: bool,
+) -> Vec<&'a Candidate<'a>> {
     let mut order: Vec<&Candidate> = Vec::new();
     let open: Vec<&Candidate> = pass.open(candidates).collect();
     // Every managed node counts in its pool's totals, candidate or not.
@@ -348,7 +393,8 @@ fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mu
     // the one that holds it.
     let chosen: BTreeSet<&str> = acc.nodes.iter().map(|c| c.name.as_str()).collect();
     let rest: Vec<&Candidate> = order
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|c| !chosen.contains(c.name.as_str()))
         .collect();
     for c in rest {
@@ -371,6 +417,14 @@ fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mu
         }
     }
 
+    // (3) Regrouping what is left, unless the deadline cut (2) short or the
+    // pass's one new node is taken: then a group could only go by deletes,
+    // and nodes whose pods found no room one at a time seldom find it with
+    // more nodes gone, so the probes would cost a lot for next to nothing.
+    if regrouping && acc.replaced.is_none() && !expired() {
+        regroup(m, &order, pass, &mut acc, &totals);
+    }
+
     pass.removed = acc.gone;
     pass.plan = Some(merged(
         &pass.compiled,
@@ -380,6 +434,119 @@ fn consolidate<'a>(m: &Underutilized, candidates: &'a [Candidate<'a>], pass: &mu
         opts,
     ));
     acc.nodes
+}
+
+/// Tries groups of the candidates no step took yet and takes the first that
+/// goes (see the module's (3)), then looks again at what is left; stops after
+/// [`REGROUP_PROBES`] probes, at the deadline, or when no group goes. A group
+/// that does not go leaves its nodes held as (2) held them.
+fn regroup<'a>(
+    m: &Underutilized,
+    order: &[&'a Candidate<'a>],
+    pass: &mut Pass<'a>,
+    acc: &mut Accepted<'a>,
+    totals: &BTreeMap<String, balanced::PoolTotals>,
+) {
+    let options = pass.cx.options;
+    let (opts, deadline) = (&options.consolidation, options.deadline);
+    let expired = || deadline.is_some_and(|d| Instant::now() >= d);
+    let mut tried: BTreeSet<Vec<&str>> = BTreeSet::new();
+    let mut probes = 0;
+    'search: loop {
+        let taken: BTreeSet<&str> = acc.nodes.iter().map(|c| c.name.as_str()).collect();
+        // Only nodes a probe refused: a budget, a PDB or a protection that
+        // held one in (2) holds it still (accepted groups only use them up).
+        let rest: Vec<&Candidate> = order
+            .iter()
+            .copied()
+            .filter(|c| !taken.contains(c.name.as_str()))
+            .filter(|c| matches!(pass.blocked.get(&c.name), None | Some(Held::Unconsolidatable(_))))
+            .collect();
+        for group in groups(&rest) {
+            if probes >= REGROUP_PROBES || expired() {
+                break 'search;
+            }
+            if !tried.insert(group.iter().map(|c| c.name.as_str()).collect()) {
+                continue;
+            }
+            let mut admitted: Vec<&Candidate> = Vec::new();
+            for c in group {
+                if pass.admit(m, c).is_ok() {
+                    admitted.push(c);
+                }
+            }
+            if admitted.len() >= 2 {
+                probes += 1;
+                if let Ok((plan, limits)) = probe(&pass.compiled, acc, &admitted, opts, deadline, totals) {
+                    for c in &admitted {
+                        pass.blocked.remove(&c.name);
+                    }
+                    accept(&mut pass.compiled, acc, &admitted, plan, Some(limits));
+                    continue 'search;
+                }
+            }
+            for c in admitted {
+                pass.release(c);
+            }
+        }
+        break;
+    }
+}
+
+/// The groups regrouping tries, likeliest first, each of two nodes or more
+/// and within the multi-node caps: the longest prefix of `rest`; the nodes
+/// alike in pool, instance family and zone, then in pool and family, the
+/// dearest group first (the most to save); then halves, quarters, ... of the
+/// longest prefix.
+fn groups<'a>(rest: &[&'a Candidate<'a>]) -> Vec<Vec<&'a Candidate<'a>>> {
+    fn capped<'a>(nodes: impl IntoIterator<Item = &'a Candidate<'a>>) -> Vec<&'a Candidate<'a>> {
+        let (mut group, mut pods) = (Vec::new(), 0);
+        for c in nodes {
+            pods += c.evicted().count();
+            if group.len() >= MULTI_NODE_MAX || pods > MULTI_NODE_MAX_PODS {
+                break;
+            }
+            group.push(c);
+        }
+        group
+    }
+    let label = |c: &Candidate, key: &str| c.labels.get(key).cloned().unwrap_or_default();
+    // Nodes carry Karpenter's family label; the type's prefix stands in for it.
+    let family = |c: &Candidate| match c.labels.get(labels::aws::FAMILY) {
+        Some(f) => f.clone(),
+        None => label(c, labels::INSTANCE_TYPE)
+            .split('.')
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    };
+    let price = |g: &[&Candidate]| g.iter().filter_map(|c| c.price).sum::<f64>();
+    let longest = capped(rest.iter().copied());
+    let mut out = vec![longest.clone()];
+    for with_zone in [true, false] {
+        let mut alike: BTreeMap<(String, String, String), Vec<&Candidate>> = BTreeMap::new();
+        for c in rest {
+            let zone = if with_zone {
+                label(c, labels::ZONE)
+            } else {
+                String::new()
+            };
+            alike
+                .entry((c.pool.name().to_string(), family(c), zone))
+                .or_default()
+                .push(c);
+        }
+        let mut found: Vec<Vec<&Candidate>> = alike.into_values().map(capped).collect();
+        found.sort_by(|a, b| price(b).total_cmp(&price(a)));
+        out.extend(found);
+    }
+    let mut n = longest.len() / 2;
+    while n >= 2 {
+        out.push(longest[..n].to_vec());
+        n /= 2;
+    }
+    out.retain(|g| g.len() >= 2);
+    out
 }
 
 /// Takes `group` into the pass: its solve is committed and its moves recorded.

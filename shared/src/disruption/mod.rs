@@ -308,10 +308,15 @@ fn methods() -> [&'static dyn Method; 5] {
 /// stays taken in every what-if ([`nomination`]); pods that fit on no
 /// existing capacity are provisioning's business and hold nothing back.
 pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
+    decide_with(snapshot, options, &methods())
+}
+
+/// [`decide`] with these methods, in this order (tests swap one for a reference).
+fn decide_with(snapshot: &Snapshot, options: &DecideOptions, methods: &[&dyn Method]) -> Decisions {
     let candidates = candidate::collect(snapshot, &options.receiving);
     let mut pass = Pass::new(snapshot, options, &candidates);
     let mut chosen: Vec<(Reason, Vec<&Candidate>)> = Vec::new();
-    for m in methods() {
+    for m in methods {
         let earlier: Vec<Reason> = chosen.iter().map(|(r, _)| *r).collect();
         if !m.runs_after(&earlier) {
             continue;

@@ -1681,3 +1681,181 @@ fn consolidation_never_plans_a_replacement_into_a_shifted_zone() {
         "{c:?}"
     );
 }
+
+// ---- Regrouping: what the binary search over prefixes misses ----
+
+/// The pass with consolidation searching as it did before regrouping.
+fn run_binary_search_only(s: &Snapshot) -> Decisions {
+    let mut ms = methods();
+    // The last method is consolidation (`methods`).
+    let last = ms.len() - 1;
+    ms[last] = &consolidation::BinarySearchOnly;
+    decide_with(s, &DecideOptions::default(), &ms)
+}
+
+/// What a pass saves per hour.
+fn saving(d: &Decisions) -> f64 {
+    d.price_before - d.price_after
+}
+
+/// An on-demand node of the built-in catalog (`m5.xlarge` or `m5.2xlarge`)
+/// in `zone`, with one pod per entry of `cpus`.
+fn m5(name: &str, size: &str, zone: &str, cpus: &[&str]) -> (Node, Vec<Pod>) {
+    let alloc = match size {
+        "m5.xlarge" => json!({"cpu": "3920m", "memory": "14162Mi", "pods": "58"}),
+        _ => json!({"cpu": "7910m", "memory": "29317Mi", "pods": "58"}),
+    };
+    let n = node(
+        name,
+        2.0,
+        json!({"metadata": {"labels": {"node.kubernetes.io/instance-type": size, "topology.kubernetes.io/zone": zone,
+            "karpenter.k8s.aws/instance-family": "m5"}},
+            "status": {"allocatable": alloc, "capacity": alloc}}),
+    );
+    let pods = cpus
+        .iter()
+        .enumerate()
+        .map(|(i, cpu)| sized(&format!("{name}-{i}"), name, cpu))
+        .collect();
+    (n, pods)
+}
+
+/// The nodes on the built-in catalog, in an on-demand pool of `families` with
+/// budgets of `budget`.
+fn on_demand_snapshot(families: &str, budget: &str, nodes: Vec<(Node, Vec<Pod>)>) -> Snapshot {
+    let p = pool_requiring(
+        &format!(
+            "{ON_DEMAND_ONLY}      - {{key: karpenter.k8s.aws/instance-family, operator: In, values: [{families}]}}\n"
+        ),
+        &format!("disruption:\n  budgets: [{{nodes: '{budget}'}}]\n"),
+    );
+    let mut catalog = crate::catalog::builtin().unwrap().clone();
+    // The pool allows these families only: the rest would only slow the tests.
+    catalog
+        .instance_types
+        .retain(|t| ["m5.", "c5."].iter().any(|f| t.name.starts_with(f)));
+    let mut s = snapshot(p, nodes);
+    s.catalog = Arc::new(catalog);
+    s
+}
+
+/// `n` m5.xlarge nodes, each running one 2.2-CPU pod, in an m5-only pool.
+fn three_m5_case(n: usize) -> Snapshot {
+    let nodes = (0..n)
+        .map(|i| m5(&format!("n{i}"), "m5.xlarge", "us-east-1a", &["2200m"]))
+        .collect();
+    on_demand_snapshot("m5", "100%", nodes)
+}
+
+#[test]
+fn regrouping_table() {
+    /// The nodes that go, and the one instance type their replacement may be.
+    struct Merge(&'static [&'static str], &'static str);
+    // (what, how many nodes, the merge wanted)
+    let cases: Vec<(&str, usize, Option<Merge>)> = vec![
+        (
+            "three m5.xlarge with one 2.2-CPU pod each go onto one m5.2xlarge, a third cheaper",
+            3,
+            Some(Merge(&["n0", "n1", "n2"], "m5.2xlarge")),
+        ),
+        ("two of them stay: an m5.2xlarge costs exactly what they do", 2, None),
+    ];
+    for (what, n, want) in cases {
+        let s = three_m5_case(n);
+        let d = run(&s);
+        let u = underutilized(&d);
+        match want {
+            Some(Merge(nodes, instance_type)) => {
+                let u = u.unwrap_or_else(|| panic!("{what}: no decision: {:#?}", d.blocked));
+                assert_eq!(u.nodes, nodes, "{what}");
+                assert_eq!(u.replacements.len(), 1, "{what}: {u:#?}");
+                let r = &u.replacements[0];
+                assert_eq!(r.instance_type_options, [instance_type], "{what}");
+                assert_eq!(r.capacity_type, "on-demand", "{what}");
+                assert!((r.price - 0.384).abs() < 1e-9, "{what}: {}", r.price);
+                assert!(
+                    (u.savings_per_hour - 0.192).abs() < 1e-9,
+                    "{what}: {}",
+                    u.savings_per_hour
+                );
+                assert_eq!(u.moves.len(), n, "{what}: every pod moves once");
+                assert!(u.moves.iter().all(|m| m.to == r.name), "{what}: {:?}", u.moves);
+            }
+            None => {
+                assert!(u.is_none(), "{what}: {d:#?}");
+                let h = held(&d, "n0").unwrap_or_else(|| panic!("{what}: n0 not held: {d:#?}"));
+                assert!(matches!(h, Held::Unconsolidatable(_)), "{what}: {h:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn regrouping_saves_more_than_the_binary_search_where_it_misses() {
+    let s = three_m5_case(3);
+    let (new, old) = (run(&s), run_binary_search_only(&s));
+    assert!(saving(&old).abs() < 1e-9, "the binary search keeps all three: {old:#?}");
+    assert!(
+        saving(&new) > saving(&old) + 0.19,
+        "regrouping saves {} against {}",
+        saving(&new),
+        saving(&old)
+    );
+}
+
+/// Random underused clusters on the built-in catalog: on-demand m5.xlarge and
+/// m5.2xlarge nodes in two zones, each running up to three pods of 0.5 to 2.2
+/// CPUs (as many as fit), in an m5-only or an m5-and-c5 pool.
+fn arb_m5_cluster() -> impl Strategy<Value = Snapshot> {
+    let node_strategy = (
+        proptest::bool::weighted(0.3),              // m5.2xlarge
+        proptest::bool::ANY,                        // zone b
+        proptest::collection::vec(0usize..4, 0..4), // pods: size
+    );
+    (
+        proptest::collection::vec(node_strategy, 2..8),
+        proptest::bool::ANY,
+        prop_oneof![Just("100%"), Just("50%")],
+    )
+        .prop_map(|(spec, with_c5, budget)| {
+            const CPU: [(&str, i64); 4] = [("500m", 500), ("1000m", 1000), ("1500m", 1500), ("2200m", 2200)];
+            let nodes = spec
+                .into_iter()
+                .enumerate()
+                .map(|(i, (big, zone_b, sizes))| {
+                    let (size, room) = if big { ("m5.2xlarge", 7910) } else { ("m5.xlarge", 3920) };
+                    let mut used = 0;
+                    let cpus: Vec<&str> = sizes
+                        .into_iter()
+                        .filter_map(|s| {
+                            let (cpu, milli) = CPU[s];
+                            used += milli;
+                            (used <= room).then_some(cpu)
+                        })
+                        .collect();
+                    let zone = if zone_b { "us-east-1b" } else { "us-east-1a" };
+                    m5(&format!("n{i}"), size, zone, &cpus)
+                })
+                .collect();
+            on_demand_snapshot(if with_c5 { "m5, c5" } else { "m5" }, budget, nodes)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn regrouping_never_saves_less_than_the_binary_search(s in arb_m5_cluster()) {
+        let (new, old) = (run(&s), run_binary_search_only(&s));
+        prop_assert!(new.price_after <= new.price_before + 1e-9, "{} > {}", new.price_after, new.price_before);
+        prop_assert!(
+            saving(&new) >= saving(&old) - 1e-9,
+            "regrouping saves {}/h, the binary search {}/h",
+            saving(&new),
+            saving(&old)
+        );
+        if let Some(u) = underutilized(&new) {
+            prop_assert!(u.replacements.len() <= 1, "one new node per pass");
+        }
+    }
+}
