@@ -529,9 +529,14 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
     use nodesmith::requirements::{Requirement, Requirements};
     let m = moto().await;
     let st = store(&m).await;
-    let names: Vec<String> = (0..800).map(|i| format!("c{}g{}.{}xlarge", i % 9, i / 9, i % 48)).collect();
+    let names: Vec<String> = (0..800)
+        .map(|i| format!("c{}g{}.{}xlarge", i % 9, i / 9, i % 48))
+        .collect();
     let mut requirements = Requirements::default();
-    requirements.add(Requirement::in_values(nodesmith::labels::CAPACITY_TYPE, &["spot", "on-demand"]));
+    requirements.add(Requirement::in_values(
+        nodesmith::labels::CAPACITY_TYPE,
+        &["spot", "on-demand"],
+    ));
     let planned = nodesmith::scheduling::NewNodeClaim {
         name: "default-w8h3k".into(),
         node_pool: "default".into(),
@@ -596,7 +601,10 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
         .client()
         .get_item()
         .table_name("nodesmith")
-        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(state::PK_NODECLAIM.into()))
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(state::PK_NODECLAIM.into()),
+        )
         .key("sk", aws_sdk_dynamodb::types::AttributeValue::S(c.name.clone()))
         .send()
         .await
@@ -611,7 +619,9 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
     assert_eq!(back, c);
     assert_eq!(back.instance_type_options, names[..60], "the cheapest 60, in order");
     assert_eq!(
-        back.requirements().get(nodesmith::labels::INSTANCE_TYPE).map(|r| r.values.len()),
+        back.requirements()
+            .get(nodesmith::labels::INSTANCE_TYPE)
+            .map(|r| r.values.len()),
         Some(60)
     );
 }

@@ -492,9 +492,14 @@ mod tests {
     fn wide_claim(types: usize) -> NodeClaim {
         use crate::requirements::{Requirement, Requirements};
         use crate::scheduling::NewNodeClaim;
-        let names: Vec<String> = (0..types).map(|i| format!("c{}g{}.{}xlarge", i % 9, i / 9, i % 48)).collect();
+        let names: Vec<String> = (0..types)
+            .map(|i| format!("c{}g{}.{}xlarge", i % 9, i / 9, i % 48))
+            .collect();
         let mut requirements = Requirements::default();
-        requirements.add(Requirement::in_values(crate::labels::CAPACITY_TYPE, &["spot", "on-demand"]));
+        requirements.add(Requirement::in_values(
+            crate::labels::CAPACITY_TYPE,
+            &["spot", "on-demand"],
+        ));
         requirements.add(Requirement::in_values(crate::labels::NODEPOOL, &["default"]));
         let planned = NewNodeClaim {
             name: "default-x7k2q".into(),
@@ -540,7 +545,9 @@ mod tests {
             client_token: "nodesmith-default-x7k2q-1-0123456789abcdef".into(),
             capacity_type: "spot".into(),
             overrides,
-            tags: (0..8).map(|i| (format!("karpenter.sh/tag-{i}"), format!("value-{i}"))).collect(),
+            tags: (0..8)
+                .map(|i| (format!("karpenter.sh/tag-{i}"), format!("value-{i}")))
+                .collect(),
             concluded: false,
             context: None,
         }
@@ -567,18 +574,41 @@ mod tests {
     fn a_claim_for_a_pod_that_fits_800_types_is_a_small_item_and_reads_back_whole() {
         let pending = wide_claim(800);
         let created = to_item(&pending, 1).unwrap();
-        assert!(item_bytes(&created) < 8 * 1024, "created: {} bytes", item_bytes(&created));
-        assert_eq!(from_item(&created).unwrap(), NodeClaim { version: 1, ..pending.clone() });
+        assert!(
+            item_bytes(&created) < 8 * 1024,
+            "created: {} bytes",
+            item_bytes(&created)
+        );
+        assert_eq!(
+            from_item(&created).unwrap(),
+            NodeClaim {
+                version: 1,
+                ..pending.clone()
+            }
+        );
 
         let claim = launched(pending);
         let it = to_item(&claim, 3).unwrap();
         assert!(item_bytes(&it) < 8 * 1024, "launched: {} bytes", item_bytes(&it));
         let back = from_item(&it).unwrap();
-        assert_eq!(back, NodeClaim { version: 3, ..claim.clone() });
-        assert_eq!(back.requirements(), claim.requirements(), "the instance-type requirement is read back");
+        assert_eq!(
+            back,
+            NodeClaim {
+                version: 3,
+                ..claim.clone()
+            }
+        );
+        assert_eq!(
+            back.requirements(),
+            claim.requirements(),
+            "the instance-type requirement is read back"
+        );
         assert_eq!(back.instance_type_options.len(), 60, "the cheapest 60 are kept");
         let a = back.launch_attempt.expect("which request launched it is kept");
-        assert_eq!((a.number, a.client_token.as_str()), (1, "nodesmith-default-x7k2q-1-0123456789abcdef"));
+        assert_eq!(
+            (a.number, a.client_token.as_str()),
+            (1, "nodesmith-default-x7k2q-1-0123456789abcdef")
+        );
     }
 
     #[test]
@@ -589,7 +619,11 @@ mod tests {
         old.instance_type_options = (0..800).map(|i| format!("old{i}.large")).collect();
         let mut sorted = old.instance_type_options.clone();
         sorted.sort();
-        for r in old.requirements.iter_mut().filter(|r| r.key == crate::labels::INSTANCE_TYPE) {
+        for r in old
+            .requirements
+            .iter_mut()
+            .filter(|r| r.key == crate::labels::INSTANCE_TYPE)
+        {
             r.values = sorted.clone();
         }
         old.launch_attempt = Some(attempt_for(&old));
