@@ -11,6 +11,12 @@ use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::Resources;
 
+/// How many instance types a claim keeps, cheapest first: CreateFleet is sent
+/// at most this many (as Karpenter's AWS provider does), so a type past them
+/// is never launched, and a claim item stays a few kilobytes however many
+/// types fit its pods.
+pub const MAX_INSTANCE_TYPE_OPTIONS: usize = 60;
+
 /// Where a NodeClaim is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
@@ -159,6 +165,16 @@ pub struct LaunchAttempt {
     pub context: Option<String>,
 }
 
+impl LaunchAttempt {
+    /// Drops what only a repeat of the request needs (overrides, tags,
+    /// context), keeping which request it was (number, token, capacity type).
+    pub fn settle(&mut self) {
+        self.overrides = Vec::new();
+        self.tags = BTreeMap::new();
+        self.context = None;
+    }
+}
+
 /// One override of a [`LaunchAttempt`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -267,6 +283,11 @@ impl NodeClaim {
         self.capacity_type = Some(instance.capacity_type);
         self.price = instance.price;
         self.capacity_reservation = instance.capacity_reservation;
+        // Launched: no request is ever repeated, so only its identity is kept
+        // (the overrides alone made a claim item tens of kilobytes).
+        if let Some(a) = self.launch_attempt.as_mut() {
+            a.settle();
+        }
         Ok(())
     }
 

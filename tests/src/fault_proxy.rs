@@ -122,6 +122,8 @@ struct Rules {
     transaction_conflicts: usize,
     forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
+    /// The bodies of JSON-protocol calls (DynamoDB), by action, to count reads by what they ask.
+    json_bodies: HashMap<String, Vec<String>>,
     throttled: HashMap<String, usize>,
     failed: HashMap<String, usize>,
     fleets: Vec<SeenFleet>,
@@ -240,6 +242,15 @@ impl FaultProxy {
     /// How many calls of `action` reached the proxy (throttled ones included).
     pub fn calls(&self, action: &str) -> usize {
         self.rules().calls.get(action).copied().unwrap_or(0)
+    }
+
+    /// How many JSON-protocol calls of `action` (DynamoDB's `Query`, ...) had a
+    /// body containing `needle` (e.g. `"S":"DRAIN"` for reads of that partition).
+    pub fn calls_matching(&self, action: &str, needle: &str) -> usize {
+        self.rules()
+            .json_bodies
+            .get(action)
+            .map_or(0, |bodies| bodies.iter().filter(|b| b.contains(needle)).count())
     }
 
     /// The next `times` calls of `action` (a query-protocol API such as EC2) are answered with
@@ -431,6 +442,12 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         *r.calls.entry(act.clone()).or_default() += 1;
         if !form.is_empty() {
             r.forms.entry(act.clone()).or_default().push(form.clone());
+        }
+        if headers.contains_key("x-amz-target") {
+            r.json_bodies
+                .entry(act.clone())
+                .or_default()
+                .push(String::from_utf8_lossy(&body).into_owned());
         }
         if let Some(n) = r.throttle.get_mut(&act).filter(|n| **n > 0) {
             *n -= 1;

@@ -443,3 +443,31 @@ async fn a_node_now_backed_by_another_instance_is_left_alone() {
     assert!(cluster.node("n1").await.unwrap().is_none());
     assert!(!delete_of("i-n1").await.unwrap(), "nothing left to delete");
 }
+
+/// A list longer than one page is read over several requests (the adapter
+/// pages as client-go's pager does), every object arrives once, and managed
+/// fields are not kept.
+#[tokio::test]
+async fn a_list_longer_than_a_page_is_read_over_several_requests() {
+    let server = KubeServer::start().await;
+    let page = nodesmith::kubernetes::kube_cluster::LIST_PAGE_SIZE as usize;
+    let total = 2 * page + 5;
+    for i in 0..total {
+        let managed = json!({"managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}}}}]});
+        server
+            .apply(&pod(&format!("p{i:04}"), json!({"app": "web"}), json!({}), managed))
+            .unwrap();
+    }
+    let before = server.count_requests(&Method::GET, "/api/v1/pods");
+    let pods = adapter(&server).pods().await.unwrap();
+    let requests = server.count_requests(&Method::GET, "/api/v1/pods") - before;
+    assert_eq!(pods.len(), total);
+    let names: std::collections::BTreeSet<_> = pods.iter().map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(names.len(), total, "each object once");
+    assert_eq!(requests, 3, "{total} pods in pages of {page}");
+    assert!(
+        pods.iter().all(|p| p.metadata.managed_fields.is_none()),
+        "managed fields are dropped"
+    );
+}

@@ -519,3 +519,109 @@ async fn a_replaced_catalog_generation_stays_readable_for_a_while() {
     assert_eq!((catalog_parts(&m, &g3).await, catalog_parts(&m, &g4).await), (1, 1));
     assert_eq!(cold.get_catalog().await.unwrap(), Some(catalog(4)));
 }
+
+/// A claim for a small pod that fits 800 instance types, made, sent to
+/// CreateFleet and launched as launch does it, is a small item at rest and
+/// reads back whole (issue 32: claim items were 55-85 KB).
+#[tokio::test]
+async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole() {
+    use nodesmith::nodeclaim::{AttemptOverride, LaunchAttempt, LaunchedInstance};
+    use nodesmith::requirements::{Requirement, Requirements};
+    let m = moto().await;
+    let st = store(&m).await;
+    let names: Vec<String> = (0..800)
+        .map(|i| format!("c{}g{}.{}xlarge", i % 9, i / 9, i % 48))
+        .collect();
+    let mut requirements = Requirements::default();
+    requirements.add(Requirement::in_values(
+        nodesmith::labels::CAPACITY_TYPE,
+        &["spot", "on-demand"],
+    ));
+    let planned = nodesmith::scheduling::NewNodeClaim {
+        name: "default-w8h3k".into(),
+        node_pool: "default".into(),
+        node_class: "default".into(),
+        requirements,
+        instance_type_options: names.clone(),
+        instance_type: names[0].clone(),
+        zone: "us-east-1a".into(),
+        capacity_type: "spot".into(),
+        price: 0.0123,
+        allocatable: Resources::new(),
+        labels: BTreeMap::new(),
+        template_labels: BTreeMap::new(),
+        taints: Vec::new(),
+        startup_taints: Vec::new(),
+        pods: Vec::new(),
+        requests: Resources::new(),
+    };
+    let mut c = st
+        .create_node_claim(&planned.to_node_claim(jiff::Timestamp::now()))
+        .await
+        .unwrap();
+    let overrides = c
+        .instance_type_options
+        .iter()
+        .flat_map(|t| {
+            nodesmith_tests::moto::ZONES.iter().map(|z| AttemptOverride {
+                instance_type: t.clone(),
+                zone: z.to_string(),
+                subnet_id: "subnet-0123456789abcdef0".into(),
+                template: "nodesmith-0f3c9a1b2d4e5f60718293a4b5c6d7e8f9012345".into(),
+                price: Some(0.0456),
+                capacity_reservation: None,
+            })
+        })
+        .collect();
+    c.launch_attempt = Some(LaunchAttempt {
+        number: 1,
+        client_token: "token-1".into(),
+        capacity_type: "spot".into(),
+        overrides,
+        tags: BTreeMap::from([("karpenter.sh/nodepool".to_string(), "default".to_string())]),
+        concluded: false,
+        context: None,
+    });
+    let mut c = st.update_node_claim(&c).await.unwrap();
+    c.launched(
+        LaunchedInstance {
+            instance_id: "i-0123456789abcdef0".into(),
+            instance_type: names[0].clone(),
+            zone: "us-east-1a".into(),
+            capacity_type: "spot".into(),
+            price: Some(0.0123),
+            capacity_reservation: None,
+        },
+        jiff::Timestamp::now(),
+    )
+    .unwrap();
+    let c = st.update_node_claim(&c).await.unwrap();
+
+    let raw = st
+        .client()
+        .get_item()
+        .table_name("nodesmith")
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(state::PK_NODECLAIM.into()),
+        )
+        .key("sk", aws_sdk_dynamodb::types::AttributeValue::S(c.name.clone()))
+        .send()
+        .await
+        .unwrap();
+    let it = raw.item().unwrap();
+    let bytes: usize = it
+        .iter()
+        .map(|(k, v)| k.len() + v.as_s().or(v.as_n()).map_or(0, String::len))
+        .sum();
+    assert!(bytes < 8 * 1024, "stored claim item: {bytes} bytes");
+    let back = st.get_node_claim(&c.name).await.unwrap().unwrap();
+    assert_eq!(back, c);
+    assert_eq!(back.instance_type_options, names[..60], "the cheapest 60, in order");
+    assert_eq!(
+        back.requirements()
+            .get(nodesmith::labels::INSTANCE_TYPE)
+            .map(|r| r.values.len()),
+        Some(60)
+    );
+}

@@ -846,3 +846,57 @@ async fn a_do_not_disrupt_pod_keeps_its_node_while_the_others_consolidate_onto_i
     pods.sort();
     assert_eq!(pods, ["web-0", "web-1", "web-2"], "the others' pods fit on it");
 }
+
+/// One sweep over three empty nodes consolidated together reads the claim
+/// partition and the drain partition a fixed few times, not once per step of
+/// every disruption (issue 32: three full claim lists per sweep and the whole
+/// drain partition re-read at every step). Counted at a proxy in front of DynamoDB.
+#[tokio::test]
+async fn a_sweep_reads_claims_and_drains_a_few_times_not_at_every_step() {
+    use nodesmith::ec2::Instances;
+    use nodesmith::state::StateStore;
+    use nodesmith::sweep::{SweepConfig, Sweeper};
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    let names = ["web-0", "web-1", "web-2"];
+    let (s, _) = one_node_per_pod("large", &names, "1500m").await;
+    for n in names {
+        s.kube.delete("v1", "Pod", "default", n).unwrap();
+    }
+    s.kube
+        .apply(&pool(
+            &["on-demand"],
+            Some(&["large"]),
+            json!({"consolidateAfter": "0s", "budgets": [{"nodes": "100%"}]}),
+            json!({}),
+        ))
+        .unwrap();
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    let conf = s.m.sdk_config().await;
+    let dynamo = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&conf)
+            .endpoint_url(proxy.endpoint())
+            .build(),
+    );
+    let mut config = SweepConfig::from_lookup(|_| None).unwrap();
+    config.lifecycle = fast();
+    config.pending_queue_url = Some(s.pending_queue.clone());
+    config.launch_queue_url = Some(s.launch_queue.clone());
+    config.budget = std::time::Duration::from_secs(2);
+    config.lease = std::time::Duration::from_secs(1);
+    let sweeper = Sweeper::new(
+        s.cluster(),
+        StateStore::new(dynamo, TABLE),
+        Instances::new(s.ec2.clone(), CLUSTER),
+        s.sqs.clone(),
+        config,
+    );
+    let report = sweeper.run().await.unwrap();
+    assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+    assert_eq!(report.disruption.terminated.len(), 3, "{report:?}");
+    let claim_lists = proxy.calls_matching("Query", r#""S":"NODECLAIM""#);
+    let drain_reads = proxy.calls_matching("Query", r#""S":"DRAIN""#);
+    assert!(
+        claim_lists <= 3 && drain_reads <= 4,
+        "one sweep listed the claims {claim_lists} times and the drains {drain_reads} times"
+    );
+}

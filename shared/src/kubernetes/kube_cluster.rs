@@ -30,6 +30,12 @@ pub const KUBE_URL_ENV: &str = "NODESMITH_KUBE_URL";
 /// server takes `nodesmith-lambda` as the functions' RBAC identity).
 pub const KUBE_TOKEN_ENV: &str = "NODESMITH_KUBE_TOKEN";
 
+/// Objects asked for per list request (client-go's pager asks for 500).
+pub const LIST_PAGE_SIZE: u32 = 500;
+
+/// How many times a paged list starts again after its continue token expired.
+const LIST_RESTARTS: usize = 3;
+
 /// The Kubernetes adapter used by the functions.
 pub struct KubeCluster {
     source: ClientSource,
@@ -177,15 +183,53 @@ impl KubeCluster {
         })
     }
 
+    /// Lists every object, [`LIST_PAGE_SIZE`] per request as client-go's pager
+    /// does (a whole cluster's pods in one answer is more than a function's
+    /// memory), each page retried on its own. A continue token the server has
+    /// compacted away (410) starts the list again, a few times. Managed
+    /// fields are dropped as pages arrive: nothing reads them, and they are
+    /// often half an object.
     async fn list_all<K>(&self, op: &str, lp: ListParams) -> Result<Vec<K>, ClusterError>
     where
         K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        self.call(op, |c| {
-            let lp = lp.clone();
-            async move { Api::<K>::all(c).list(&lp).await.map(|l| l.items) }
-        })
-        .await
+        let mut restarts = 0;
+        'list: loop {
+            let mut items = Vec::new();
+            let mut token: Option<String> = None;
+            loop {
+                let mut page_params = lp.clone().limit(LIST_PAGE_SIZE);
+                if let Some(t) = &token {
+                    page_params = page_params.continue_token(t);
+                }
+                let page = self
+                    .call(op, |c| {
+                        let lp = page_params.clone();
+                        async move { Api::<K>::all(c).list(&lp).await }
+                    })
+                    .await;
+                let page = match page {
+                    Err(e) if e.code() == Some(410) && token.is_some() && restarts < LIST_RESTARTS => {
+                        restarts += 1;
+                        tracing::info!(
+                            op,
+                            restarts,
+                            "the list's continue token expired; listing again from the start"
+                        );
+                        continue 'list;
+                    }
+                    other => other?,
+                };
+                items.extend(page.items.into_iter().map(|mut o: K| {
+                    o.meta_mut().managed_fields = None;
+                    o
+                }));
+                match page.metadata.continue_.filter(|t| !t.is_empty()) {
+                    Some(t) => token = Some(t),
+                    None => return Ok(items),
+                }
+            }
+        }
     }
 
     /// Reads each listed object on its own: those that do not read as `K`

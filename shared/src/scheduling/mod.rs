@@ -241,16 +241,20 @@ impl NewNodeClaim {
     /// The NodeClaim record (phase Pending) created at `now`, labelled with
     /// [`NewNodeClaim::labels_before_launch`]; its requirements name its
     /// instance-type options, since it is launched as one of them.
+    /// Only the cheapest [`crate::nodeclaim::MAX_INSTANCE_TYPE_OPTIONS`] options are kept
+    /// (more when the instance-type requirement's minValues asks for more).
     pub fn to_node_claim(&self, now: jiff::Timestamp) -> NodeClaim {
         let mut reqs = self.requirements.clone();
         let min_values = reqs.get(crate::labels::INSTANCE_TYPE).and_then(|r| r.min_values);
+        let keep = crate::nodeclaim::MAX_INSTANCE_TYPE_OPTIONS.max(min_values.unwrap_or(0));
+        let options = &self.instance_type_options[..self.instance_type_options.len().min(keep)];
         reqs.add(
-            crate::requirements::Requirement::in_values(crate::labels::INSTANCE_TYPE, &self.instance_type_options)
+            crate::requirements::Requirement::in_values(crate::labels::INSTANCE_TYPE, options)
                 .with_min_values(min_values),
         );
         let mut claim = NodeClaim {
             resources: self.requests.clone(),
-            instance_type_options: self.instance_type_options.clone(),
+            instance_type_options: options.to_vec(),
             labels: self.labels_before_launch(),
             taints: self.taints.clone(),
             startup_taints: self.startup_taints.clone(),

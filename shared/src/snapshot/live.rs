@@ -35,9 +35,20 @@ pub enum SnapshotError {
 /// volumes, the catalog (the stored one, else the built-in snapshot) and the
 /// offerings still unavailable at `now`.
 pub async fn read(cluster: &impl Cluster, store: &StateStore, now: Timestamp) -> Result<Snapshot, SnapshotError> {
+    let claims = store.in_flight_node_claims().await?;
+    read_with_claims(cluster, store, now, claims).await
+}
+
+/// [`read`] with the in-flight claims the caller already read (a sweep reads
+/// the claim partition once for its snapshot and its decisions).
+pub async fn read_with_claims(
+    cluster: &impl Cluster,
+    store: &StateStore,
+    now: Timestamp,
+    claims: Vec<crate::nodeclaim::NodeClaim>,
+) -> Result<Snapshot, SnapshotError> {
     let pods = cluster.pending_pods().await?;
     let all_pods = cluster.pods().await?;
-    let claims = store.in_flight_node_claims().await?;
     let catalog = match store.get_catalog().await? {
         Some(c) => Arc::new(c),
         None => Arc::new(catalog::builtin()?.clone()),

@@ -5,7 +5,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWrite
 use super::item::{self, Item, get_i64, get_s, n, s};
 use super::leases::{CONFLICT_TRIES, Lease, conflict_backoff};
 use super::{INSTANCE_INDEX, PK_LEASE, PK_NODECLAIM, StateError, StateStore};
+use crate::apis::nodepool::NodeSelectorRequirementWithMinValues;
+use crate::labels;
 use crate::nodeclaim::NodeClaim;
+use crate::requirements::Operator;
 
 /// DynamoDB allows 100 actions per transaction; one is the lease check.
 const CLAIMS_PER_TRANSACTION: usize = 99;
@@ -53,10 +56,27 @@ pub enum VersionCheck {
     Regardless,
 }
 
-/// The item for a claim at a given version (pure).
+/// True for the requirement that names the claim's instance-type options:
+/// `In` exactly the options (sorted, as the requirement keeps them).
+fn names_the_options(r: &NodeSelectorRequirementWithMinValues, sorted_options: &[&String]) -> bool {
+    r.key == labels::INSTANCE_TYPE
+        && r.operator == Operator::In
+        && !sorted_options.is_empty()
+        && r.values.iter().eq(sorted_options.iter().copied())
+}
+
+/// The item for a claim at a given version (pure). The instance-type
+/// requirement that names the options is stored without its values (they are
+/// the options: each name is stored once); [`from_item`] puts them back.
 pub fn to_item(claim: &NodeClaim, version: u64) -> Result<Item, StateError> {
     let mut c = claim.clone();
     c.version = version;
+    let mut sorted: Vec<&String> = claim.instance_type_options.iter().collect();
+    sorted.sort();
+    sorted.dedup();
+    if let Some(r) = c.requirements.iter_mut().find(|r| names_the_options(r, &sorted)) {
+        r.values = Vec::new();
+    }
     let body = serde_json::to_string(&c).map_err(|e| StateError::Corrupt {
         what: "nodeclaim",
         key: claim.name.clone(),
@@ -81,6 +101,19 @@ pub fn from_item(it: &Item) -> Result<NodeClaim, StateError> {
         .map_err(|e| item::corrupt(it, "nodeclaim", format!("body is not a NodeClaim: {e}")))?;
     claim.version =
         u64::try_from(version).map_err(|_| item::corrupt(it, "nodeclaim", format!("negative version {version}")))?;
+    // An `In` without values is one stored by `to_item` (a real one names at
+    // least one type); items written before keep their values and read as they are.
+    if !claim.instance_type_options.is_empty()
+        && let Some(r) = claim
+            .requirements
+            .iter_mut()
+            .find(|r| r.key == labels::INSTANCE_TYPE && r.operator == Operator::In && r.values.is_empty())
+    {
+        let mut values = claim.instance_type_options.clone();
+        values.sort();
+        values.dedup();
+        r.values = values;
+    }
     Ok(claim)
 }
 
@@ -370,8 +403,11 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
 
+    use std::collections::BTreeMap;
+
     use super::*;
-    use crate::nodeclaim::Phase;
+    use crate::nodeclaim::{AttemptOverride, LaunchAttempt, Phase};
+    use crate::resources::Resources;
 
     fn claim() -> NodeClaim {
         NodeClaim {
@@ -435,6 +471,170 @@ mod tests {
         assert_eq!(u.name, "default-x2");
         assert_eq!(u.instance_id.as_deref(), Some("i-new"));
         assert!(u.error.to_string().contains("Repairing"), "{}", u.error);
+    }
+
+    /// An item's size as DynamoDB counts it: names plus values (UTF-8 bytes;
+    /// a number counted at its text length, an upper bound).
+    fn item_bytes(it: &Item) -> usize {
+        it.iter()
+            .map(|(k, v)| {
+                k.len()
+                    + match v {
+                        AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
+                        _ => 0,
+                    }
+            })
+            .sum()
+    }
+
+    /// A claim as the solver makes it for a small pod that fits `types`
+    /// instance types, cheapest first.
+    fn wide_claim(types: usize) -> NodeClaim {
+        use crate::requirements::{Requirement, Requirements};
+        use crate::scheduling::NewNodeClaim;
+        let names: Vec<String> = (0..types)
+            .map(|i| format!("c{}g{}.{}xlarge", i % 9, i / 9, i % 48))
+            .collect();
+        let mut requirements = Requirements::default();
+        requirements.add(Requirement::in_values(
+            crate::labels::CAPACITY_TYPE,
+            &["spot", "on-demand"],
+        ));
+        requirements.add(Requirement::in_values(crate::labels::NODEPOOL, &["default"]));
+        let planned = NewNodeClaim {
+            name: "default-x7k2q".into(),
+            node_pool: "default".into(),
+            node_class: "default".into(),
+            requirements,
+            instance_type_options: names.clone(),
+            instance_type: names[0].clone(),
+            zone: "us-east-1a".into(),
+            capacity_type: "spot".into(),
+            price: 0.0123,
+            allocatable: Resources::new(),
+            labels: BTreeMap::new(),
+            template_labels: BTreeMap::from([("team".to_string(), "web".to_string())]),
+            taints: Vec::new(),
+            startup_taints: Vec::new(),
+            pods: Vec::new(),
+            requests: Resources::new(),
+        };
+        planned.to_node_claim(jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    /// The CreateFleet request launch writes before its call: every kept
+    /// option in three zones, spot and on-demand.
+    fn attempt_for(c: &NodeClaim) -> LaunchAttempt {
+        let overrides = c
+            .instance_type_options
+            .iter()
+            .take(60)
+            .flat_map(|t| {
+                ["us-east-1a", "us-east-1b", "us-east-1c"].map(|z| AttemptOverride {
+                    instance_type: t.clone(),
+                    zone: z.into(),
+                    subnet_id: "subnet-0123456789abcdef0".into(),
+                    template: "nodesmith-0f3c9a1b2d4e5f60718293a4b5c6d7e8f9012345".into(),
+                    price: Some(0.0456),
+                    capacity_reservation: None,
+                })
+            })
+            .collect();
+        LaunchAttempt {
+            number: 1,
+            client_token: "nodesmith-default-x7k2q-1-0123456789abcdef".into(),
+            capacity_type: "spot".into(),
+            overrides,
+            tags: (0..8)
+                .map(|i| (format!("karpenter.sh/tag-{i}"), format!("value-{i}")))
+                .collect(),
+            concluded: false,
+            context: None,
+        }
+    }
+
+    fn launched(mut c: NodeClaim) -> NodeClaim {
+        c.launch_attempt = Some(attempt_for(&c));
+        c.launched(
+            crate::nodeclaim::LaunchedInstance {
+                instance_id: "i-0123456789abcdef0".into(),
+                instance_type: c.instance_type_options[0].clone(),
+                zone: "us-east-1a".into(),
+                capacity_type: "spot".into(),
+                price: Some(0.0123),
+                capacity_reservation: None,
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+        .unwrap();
+        c
+    }
+
+    #[test]
+    fn a_claim_for_a_pod_that_fits_800_types_is_a_small_item_and_reads_back_whole() {
+        let pending = wide_claim(800);
+        let created = to_item(&pending, 1).unwrap();
+        assert!(
+            item_bytes(&created) < 8 * 1024,
+            "created: {} bytes",
+            item_bytes(&created)
+        );
+        assert_eq!(
+            from_item(&created).unwrap(),
+            NodeClaim {
+                version: 1,
+                ..pending.clone()
+            }
+        );
+
+        let claim = launched(pending);
+        let it = to_item(&claim, 3).unwrap();
+        assert!(item_bytes(&it) < 8 * 1024, "launched: {} bytes", item_bytes(&it));
+        let back = from_item(&it).unwrap();
+        assert_eq!(
+            back,
+            NodeClaim {
+                version: 3,
+                ..claim.clone()
+            }
+        );
+        assert_eq!(
+            back.requirements(),
+            claim.requirements(),
+            "the instance-type requirement is read back"
+        );
+        assert_eq!(back.instance_type_options.len(), 60, "the cheapest 60 are kept");
+        let a = back.launch_attempt.expect("which request launched it is kept");
+        assert_eq!(
+            (a.number, a.client_token.as_str()),
+            (1, "nodesmith-default-x7k2q-1-0123456789abcdef")
+        );
+    }
+
+    #[test]
+    fn an_item_written_before_compaction_reads_as_written() {
+        // The old shape: every option twice (field and requirement), the whole
+        // request kept after launch, hundreds of options.
+        let mut old = wide_claim(60);
+        old.instance_type_options = (0..800).map(|i| format!("old{i}.large")).collect();
+        let mut sorted = old.instance_type_options.clone();
+        sorted.sort();
+        for r in old
+            .requirements
+            .iter_mut()
+            .filter(|r| r.key == crate::labels::INSTANCE_TYPE)
+        {
+            r.values = sorted.clone();
+        }
+        old.launch_attempt = Some(attempt_for(&old));
+        old.phase = Phase::Launched;
+        old.version = 9;
+        let body = serde_json::to_string(&old).unwrap();
+        assert!(body.contains("\"overrides\":[{"), "the old shape");
+        let mut it = item::key(super::super::PK_NODECLAIM, &old.name);
+        it.insert("version".into(), n(9));
+        it.insert("body".into(), s(body));
+        assert_eq!(from_item(&it).unwrap(), old);
     }
 
     #[test]

@@ -222,7 +222,16 @@ impl<C: Cluster> Sweeper<C> {
         classes: &BTreeMap<String, ResolvedClass>,
     ) -> DisruptionRunReport {
         let mut report = DisruptionRunReport::default();
-        let mut snapshot = match live::read(&self.cluster, &self.store, now).await {
+        // One claim read for the snapshot and the decisions both.
+        let claims = match self.store.list_node_claims().await {
+            Ok(c) => c,
+            Err(e) => {
+                report.failed.push((String::new(), e.into()));
+                return report;
+            }
+        };
+        let in_flight = claims.iter().filter(|c| c.phase.holds_capacity()).cloned().collect();
+        let mut snapshot = match live::read_with_claims(&self.cluster, &self.store, now, in_flight).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "no snapshot; disruption waits for the next sweep");
@@ -238,7 +247,10 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
-        if let Err(e) = self.begin_new(&snapshot, classes, &mut records, &mut report).await {
+        if let Err(e) = self
+            .begin_new(&snapshot, &claims, classes, &mut records, &mut report)
+            .await
+        {
             tracing::warn!(error = %crate::telemetry::causes(&e), "new disruptions not started; the next sweep decides again");
             report.failed.push((String::new(), e));
         }
@@ -251,18 +263,18 @@ impl<C: Cluster> Sweeper<C> {
     async fn begin_new(
         &self,
         snapshot: &Snapshot,
+        claims: &[NodeClaim],
         classes: &BTreeMap<String, ResolvedClass>,
         records: &mut Vec<DisruptionRecord>,
         report: &mut DisruptionRunReport,
     ) -> Result<(), StepError> {
-        let claims = self.store.list_node_claims().await?;
         // Unreadable nominations stop new disruptions this run (the `?`): a
         // node may be where pods are about to bind.
         let nominations = self.store.live_nominations(snapshot.now.as_millisecond()).await?;
         let options = DecideOptions {
             resolved_drift: self.resolved_drift(snapshot, classes).await,
-            receiving: receiving(records, &claims),
-            nominated: nomination::live(&nominations, &claims, snapshot.now),
+            receiving: receiving(records, claims),
+            nominated: nomination::live(&nominations, claims, snapshot.now),
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             consolidation: self.config.consolidation.clone(),
             grace_period_bounds_eventual: true,
@@ -345,13 +357,23 @@ impl<C: Cluster> Sweeper<C> {
         shifted_zones: &BTreeSet<String>,
         report: &mut DisruptionRunReport,
     ) {
+        if records.is_empty() {
+            return;
+        }
+        let mut drains = match self.store.drains().await {
+            Ok(d) => d,
+            Err(e) => {
+                report.failed.push((String::new(), e.into()));
+                return;
+            }
+        };
         let mut launch: Vec<usize> = Vec::new();
         for (i, r) in records.iter_mut().enumerate() {
             if started.elapsed() >= self.config.budget {
                 report.deferred += 1;
                 continue;
             }
-            match self.walk(r, report).await {
+            match self.walk(r, &mut drains, report).await {
                 Ok(Some(Next::Launch)) => launch.push(i),
                 Ok(_) => {}
                 Err(e) => {
@@ -382,7 +404,7 @@ impl<C: Cluster> Sweeper<C> {
                     if report.abandoned.iter().any(|(n, _)| *n == records[i].node) {
                         continue;
                     }
-                    if let Err(e) = self.walk(&mut records[i], report).await {
+                    if let Err(e) = self.walk(&mut records[i], &mut drains, report).await {
                         report.failed.push((records[i].node.clone(), e));
                     }
                 }
@@ -406,8 +428,15 @@ impl<C: Cluster> Sweeper<C> {
                 return;
             }
         };
+        let mut drains = match self.store.drains().await {
+            Ok(d) => d,
+            Err(e) => {
+                report.failed.push((String::new(), e.into()));
+                return;
+            }
+        };
         for mut r in records.into_iter().filter(|r| drained.contains(&r.node)) {
-            if let Err(e) = self.walk(&mut r, report).await {
+            if let Err(e) = self.walk(&mut r, &mut drains, report).await {
                 report.failed.push((r.node.clone(), e));
             }
         }
@@ -441,14 +470,17 @@ impl<C: Cluster> Sweeper<C> {
 
     /// Takes the steps of one disruption until it waits (or needs a launch,
     /// which is returned so launches share one solve).
+    /// `drains` is the drain partition as read once for a whole pass, kept
+    /// current here as steps begin and end drains (re-reading it at every step
+    /// of every disruption cost a full partition read each).
     async fn walk(
         &self,
         r: &mut DisruptionRecord,
+        drains: &mut Vec<DrainRecord>,
         report: &mut DisruptionRunReport,
     ) -> Result<Option<Next>, StepError> {
         for _ in 0..STEPS_PER_RUN {
-            let drains = self.store.drains().await?;
-            let next = progress::next(&self.facts(r, &drains).await?);
+            let next = progress::next(&self.facts(r, drains).await?);
             tracing::debug!(node = %r.node, step = r.step.as_str(), next = ?next, "disruption");
             match next {
                 Next::Launch => {
@@ -466,6 +498,8 @@ impl<C: Cluster> Sweeper<C> {
                     let reason = format!("disruption-{}", r.reason.as_str().to_lowercase());
                     let drain = draining::record(&r.claim, &r.node, &reason, policy, Timestamp::now());
                     self.store.begin_drain(&drain).await?;
+                    drains.retain(|d| d.claim != drain.claim);
+                    drains.push(drain.clone());
                     self.claim_to(&r.claim, Phase::Draining).await?;
                     let mut moved = r.clone();
                     moved.step = DisruptionStep::Draining;
@@ -476,6 +510,7 @@ impl<C: Cluster> Sweeper<C> {
                 }
                 Next::Terminate => {
                     self.terminate_disrupted(r).await?;
+                    drains.retain(|d| d.claim != r.claim);
                     report.terminated.push(r.node.clone());
                     return Ok(None);
                 }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use super::Shared;
 use super::resources::{self, NAMESPACES, PDBS, PODS, RESOURCES, Resource};
 use super::selectors::{FieldSelector, LabelSelector, labels_of};
-use super::store::{Change, Recorded, StoreError, namespace_of};
+use super::store::{Change, Recorded, StoreError, name_of, namespace_of};
 use super::{discovery, disruption, table, workloads};
 
 /// A Kubernetes `Status` failure response.
@@ -350,6 +350,50 @@ fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelecto
     Ok((ls, fs))
 }
 
+/// Where a paged list goes on from: the snapshot's resourceVersion and the
+/// last object returned, base64 JSON as the apiserver's tokens are (clients
+/// treat it as opaque).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    v: String,
+    rv: u64,
+    start: String,
+}
+
+impl ContinueToken {
+    fn encode(rv: u64, last: &Value) -> String {
+        use base64::Engine as _;
+        let t = ContinueToken {
+            v: "meta.k8s.io/v1".into(),
+            rv,
+            start: format!("{}/{}", namespace_of(last), name_of(last)),
+        };
+        base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(&t).unwrap_or_default())
+    }
+
+    fn decode(s: &str) -> Result<Self, String> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map_err(|e| e.to_string())?;
+        let t: ContinueToken = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        if t.v != "meta.k8s.io/v1" {
+            return Err(format!("unknown version {:?}", t.v));
+        }
+        Ok(t)
+    }
+
+    /// The (namespace, name) key the next page starts after.
+    fn after(&self) -> (&str, &str) {
+        self.start.split_once('/').unwrap_or(("", &self.start))
+    }
+}
+
+/// Serves a LIST as the apiserver does: with `limit`, a page of at most that
+/// many objects and a `continue` token while more remain (and
+/// `remainingItemCount` when no selector narrows the list); with `continue`,
+/// the next page of the same snapshot (the same resourceVersion), or 410
+/// Expired once that revision is compacted.
 fn list(
     shared: &Shared,
     res: &'static Resource,
@@ -361,16 +405,58 @@ fn list(
         Ok(s) => s,
         Err(r) => return r,
     };
+    let limit: usize = match q.get("limit").map(|l| l.parse::<i64>()) {
+        None => 0,
+        Some(Ok(n)) if n >= 0 => n as usize,
+        Some(_) => return status(400, "BadRequest", "limit must be a non-negative integer", None),
+    };
+    let token = match q.get("continue").filter(|c| !c.is_empty()) {
+        None => None,
+        Some(_) if q.get("resourceVersion").is_some_and(|rv| !rv.is_empty()) => {
+            return status(
+                400,
+                "BadRequest",
+                "specifying resource version is not allowed when using continue",
+                None,
+            );
+        }
+        Some(c) => match ContinueToken::decode(c) {
+            Ok(t) => Some(t),
+            Err(e) => return status(400, "BadRequest", &format!("invalid continue token: {e}"), None),
+        },
+    };
     let store = shared.lock_store();
     let pods = if res == PDBS {
         typed_pods(&store.list(PODS, None))
     } else {
         Vec::new()
     };
-    let items: Vec<Value> = store
-        .list(res, ns)
+    let (snapshot_rv, objects) = match &token {
+        None => (store.resource_version(), store.list(res, ns)),
+        Some(t) => match store.list_at(res, ns, t.rv) {
+            Some(objects) => (t.rv, objects),
+            None => {
+                return status(
+                    410,
+                    "Expired",
+                    &format!(
+                        "the continue token's resourceVersion {} is compacted (oldest kept {}): start the list again",
+                        t.rv,
+                        store.oldest_resumable()
+                    ),
+                    None,
+                );
+            }
+        },
+    };
+    let after = token.as_ref().map(ContinueToken::after);
+    let mut matching = objects
         .into_iter()
-        .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
+        .filter(|o| after.is_none_or(|(n, m)| (namespace_of(o), name_of(o)) > (n, m)))
+        .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o));
+    let items: Vec<Value> = matching
+        .by_ref()
+        .take(if limit == 0 { usize::MAX } else { limit })
         .map(|o| {
             if res == PDBS {
                 disruption::with_status(o, &pods)
@@ -379,13 +465,27 @@ fn list(
             }
         })
         .collect();
-    if as_table && let Some(tbl) = table::table(res, &items, store.resource_version()) {
+    let remaining = matching.count();
+    let mut metadata = json!({"resourceVersion": snapshot_rv.to_string()});
+    if remaining > 0
+        && let Some(last) = items.last()
+    {
+        metadata["continue"] = json!(ContinueToken::encode(snapshot_rv, last));
+        let selected = ["labelSelector", "fieldSelector"]
+            .iter()
+            .any(|k| q.get(*k).is_some_and(|v| !v.is_empty()));
+        if !selected {
+            metadata["remainingItemCount"] = json!(remaining);
+        }
+    }
+    if as_table && let Some(mut tbl) = table::table(res, &items, snapshot_rv) {
+        tbl["metadata"] = metadata;
         return ok_json(StatusCode::OK, &tbl);
     }
     let body = json!({
         "apiVersion": res.api_version(),
         "kind": format!("{}List", res.kind),
-        "metadata": {"resourceVersion": store.resource_version().to_string()},
+        "metadata": metadata,
         "items": items,
     });
     ok_json(StatusCode::OK, &body)

@@ -603,6 +603,18 @@ impl KubeServer {
         self.shared.watch_breaker.send_modify(|g| *g += 1);
     }
 
+    /// Keeps only the last `changes` changes for watches and paged lists
+    /// (as etcd's compaction and the watch cache's window do): older ones are
+    /// dropped, and a watch or a continued list from before them gets 410.
+    pub fn set_history_limit(&self, changes: usize) {
+        self.shared.lock_store().set_history_limit(changes);
+    }
+
+    /// How many changes the server keeps now.
+    pub fn history_len(&self) -> usize {
+        self.shared.lock_store().history_len()
+    }
+
     /// Forgets watch history and ends open watches: reconnecting clients get
     /// 410 Gone and must re-list, as after an etcd compaction.
     pub fn expire_watch_history(&self) {

@@ -1,7 +1,7 @@
 //! The in-memory object store: objects by resource, a global resourceVersion,
 //! and an event log that watches replay from and subscribe to.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
 use serde_json::{Value, json};
@@ -66,7 +66,11 @@ pub struct Store {
     objects: BTreeMap<(&'static str, &'static str), BTreeMap<Key, Value>>,
     rv: u64,
     uid: u64,
-    log: Vec<Recorded>,
+    /// The recent changes, oldest first: at most `history_limit` of them.
+    log: VecDeque<Recorded>,
+    /// How many changes the log keeps, as etcd keeps a window of revisions
+    /// and the apiserver's watch cache a window of events.
+    history_limit: usize,
     /// The resourceVersion of each resource's latest change, so a controller
     /// can tell that nothing it reads has moved since its last pass.
     changed: BTreeMap<(&'static str, &'static str), u64>,
@@ -75,13 +79,19 @@ pub struct Store {
     tx: broadcast::Sender<Recorded>,
 }
 
+/// How many changes the store keeps for watches and paged lists by default:
+/// enough for any test's watch to resume, small enough that a burst of
+/// thousands of pods does not keep every version of every pod.
+pub const DEFAULT_HISTORY_LIMIT: usize = 20_000;
+
 impl Default for Store {
     fn default() -> Self {
         Store {
             objects: BTreeMap::new(),
             rv: 1,
             uid: 0,
-            log: Vec::new(),
+            log: VecDeque::new(),
+            history_limit: DEFAULT_HISTORY_LIMIT,
             changed: BTreeMap::new(),
             compacted_below: 0,
             tx: broadcast::channel(4096).0,
@@ -191,6 +201,67 @@ impl Store {
         Some(self.log.iter().filter(|r| r.rv > rv).cloned().collect())
     }
 
+    /// Keeps at most `limit` changes from now on (compacting the older ones now).
+    pub fn set_history_limit(&mut self, limit: usize) {
+        self.history_limit = limit;
+        self.trim_history();
+    }
+
+    /// How many changes are kept.
+    pub fn history_len(&self) -> usize {
+        self.log.len()
+    }
+
+    /// The oldest resourceVersion a watch or a continued list can start from.
+    pub fn oldest_resumable(&self) -> u64 {
+        self.compacted_below
+    }
+
+    /// Drops the changes past the window: a watch or a continued list from
+    /// before the newest dropped one gets 410 Gone.
+    fn trim_history(&mut self) {
+        while self.log.len() > self.history_limit {
+            if let Some(r) = self.log.pop_front() {
+                self.compacted_below = self.compacted_below.max(r.rv);
+            }
+        }
+    }
+
+    /// The objects of `res` (in one namespace, or all) as they were at `rv`,
+    /// sorted by namespace and name; None when the log no longer reaches back
+    /// that far (the revision is compacted). Undoes, newest first, every
+    /// change made since.
+    pub fn list_at(&self, res: &Resource, ns: Option<&str>, rv: u64) -> Option<Vec<Value>> {
+        if rv < self.compacted_below || rv > self.rv {
+            return None;
+        }
+        let mut objects: BTreeMap<Key, Value> = self.objects.get(&res.id()).cloned().unwrap_or_default();
+        for r in self.log.iter().rev().take_while(|r| r.rv > rv) {
+            if r.resource.id() != res.id() {
+                continue;
+            }
+            let key = (namespace_of(&r.object).to_string(), name_of(&r.object).to_string());
+            match (r.change, &r.old) {
+                (Change::Added, _) => {
+                    objects.remove(&key);
+                }
+                (Change::Modified, Some(old)) => {
+                    objects.insert(key, old.clone());
+                }
+                (Change::Modified, None) | (Change::Deleted, _) => {
+                    objects.insert(key, r.object.clone());
+                }
+            }
+        }
+        Some(
+            objects
+                .into_iter()
+                .filter(|((n, _), _)| ns.is_none_or(|want| n == want))
+                .map(|(_, v)| v)
+                .collect(),
+        )
+    }
+
     /// Forgets the change log: watches from an older resourceVersion get 410 Gone.
     /// The resourceVersion moves on, so every version a client holds is too old,
     /// while a fresh list returns a version that can be watched from.
@@ -234,7 +305,8 @@ impl Store {
             object,
             old,
         };
-        self.log.push(r.clone());
+        self.log.push_back(r.clone());
+        self.trim_history();
         // Nobody listening is fine.
         let _ = self.tx.send(r);
     }
