@@ -25,8 +25,9 @@ fn simulate(now: &str) -> Value {
     simulate_in("disruption", now)
 }
 
-/// The pass over `tests/fixtures/<fixture>` at `now`.
-fn simulate_in(fixture: &str, now: &str) -> Value {
+/// The pass over `tests/fixtures/<fixture>` at `now` (the other disruption
+/// contract tests use it too).
+pub(crate) fn simulate_in(fixture: &str, now: &str) -> Value {
     let dir = root().join("tests/fixtures").join(fixture);
     let out = nodesmith(&[
         "simulate",

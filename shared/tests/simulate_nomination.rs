@@ -3,26 +3,11 @@
 //! in `blocked`, the reason naming the nomination), a pending pod that fits on
 //! no node nominates nothing and keeps nothing, and pending pods are not moves.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
 
 /// The pass over `tests/fixtures/nomination` at `now`.
 fn simulate(now: &str) -> Value {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nomination");
-    let out = Command::new(env!("CARGO_BIN_EXE_nodesmith"))
-        .args(["simulate", "--disruption", "--now", now, "--output", "json"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::simulate_disruption::simulate_in("nomination", now)
 }
 
 #[test]

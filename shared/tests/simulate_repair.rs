@@ -5,26 +5,11 @@
 //! where more than 20% of the nodes are unhealthy none is repaired and the
 //! unhealthy nodes are `blocked`, the reason naming the cap.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::{Value, json};
 
 /// The pass over `tests/fixtures/repair` at `now`.
 fn simulate(now: &str) -> Value {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/repair");
-    let out = Command::new(env!("CARGO_BIN_EXE_nodesmith"))
-        .args(["simulate", "--disruption", "--now", now, "--output", "json"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::simulate_disruption::simulate_in("repair", now)
 }
 
 #[test]
