@@ -188,6 +188,41 @@ impl Harness {
                 p.push(format!("{n} messages dead-lettered in {dlq}"));
             }
         }
+        // Settled in the table too: a disruption, drain or termination still
+        // recorded is work a crash left, which would otherwise run into the
+        // next play and count against its sweeps. An interruption's drain is
+        // allowed while its node is.
+        if except_tainted.is_none() {
+            p.extend(self.records_in_progress().await);
+        }
+        p
+    }
+
+    /// The disruptions, drains and terminations the state table still records.
+    async fn records_in_progress(&self) -> Problems {
+        let store = nodesmith::state::StateStore::new(
+            aws_sdk_dynamodb::Client::new(&self.cloud.sdk),
+            nodesmith_tests::local_cloud::aws::TABLE,
+        );
+        let mut p = Vec::new();
+        let disruptions: Vec<String> = store.disruptions().await.unwrap().into_iter().map(|r| r.node).collect();
+        if !disruptions.is_empty() {
+            p.push(format!("disruptions still recorded for {disruptions:?}"));
+        }
+        let drains: Vec<String> = store.drains().await.unwrap().into_iter().map(|r| r.claim).collect();
+        if !drains.is_empty() {
+            p.push(format!("drains still recorded for claims {drains:?}"));
+        }
+        let terminations: Vec<String> = store
+            .terminations()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.claim)
+            .collect();
+        if !terminations.is_empty() {
+            p.push(format!("terminations still recorded for claims {terminations:?}"));
+        }
         p
     }
 
