@@ -114,7 +114,7 @@ struct Seed {
 /// The mix: half general on-demand, 40% spot, 10% memory on-demand; zones round-robin.
 fn seed_of(n: usize) -> Seed {
     let zone = ZONES[n % ZONES.len()];
-    let flip = (n / ZONES.len()) % 2 == 0;
+    let flip = (n / ZONES.len()).is_multiple_of(2);
     let (pool, capacity_type, instance_type, cpu, memory) = match n % 10 {
         0..=4 if flip => ("general", "on-demand", "m5.xlarge", "4", "16Gi"),
         0..=4 => ("general", "on-demand", "c5.2xlarge", "8", "16Gi"),
