@@ -244,6 +244,11 @@ impl FaultProxy {
         self.rules().calls.get(action).copied().unwrap_or(0)
     }
 
+    /// How many calls of each action reached the proxy so far.
+    pub fn all_calls(&self) -> BTreeMap<String, usize> {
+        self.rules().calls.iter().map(|(a, n)| (a.clone(), *n)).collect()
+    }
+
     /// How many JSON-protocol calls of `action` (DynamoDB's `Query`, ...) had a
     /// body containing `needle` (e.g. `"S":"DRAIN"` for reads of that partition).
     pub fn calls_matching(&self, action: &str, needle: &str) -> usize {

@@ -3,6 +3,7 @@
 //! declares them, and a Lambda Runtime API for running
 //! the function binaries — shared by every integration test.
 
+pub mod bench_scale;
 pub mod calls;
 pub mod eventbridge;
 pub mod fault_proxy;

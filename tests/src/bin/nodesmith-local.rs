@@ -4,6 +4,7 @@
 //! nodesmith-local stack [--env-file PATH]   run until SIGINT/SIGTERM; print (and write) the exports
 //! nodesmith-local demo [--json] [--replicas N] [--faults]
 //! nodesmith-local burst [--json] [--pods N] [--deployments N]
+//! nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario sweep,provision,interrupt]
 //! ```
 //!
 //! The function and forwarder binaries are expected next to this one.
@@ -11,11 +12,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use nodesmith_tests::bench_scale::{self, BenchOptions, Scenario};
 use nodesmith_tests::local_cloud::burst::{self, BurstOptions};
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{LocalCloud, Settings, write_atomically};
 
-const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N]";
+const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N] | nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario sweep,provision,interrupt]";
 
 fn settings() -> Result<Settings, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
@@ -149,6 +151,28 @@ async fn run_burst(json: bool, options: BurstOptions) -> Result<bool, String> {
     Ok(report.seconds_to_all_running.is_some() && report.double_launches == 0 && report.leaked_instances == 0)
 }
 
+/// `bench-scale`: one JSON line per scenario on stdout, progress on stderr.
+fn bench_scale(args: &[&str]) -> Result<BenchOptions, String> {
+    let mut options = BenchOptions::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        let number = || value.parse::<usize>().map_err(|_| format!("{a} needs a number"));
+        match *a {
+            "--nodes" => options.nodes = number()?,
+            "--pods-per-node" => options.pods_per_node = number()?,
+            "--scenario" => {
+                options.scenarios = value
+                    .split(',')
+                    .map(|s| Scenario::parse(s).ok_or_else(|| format!("unknown scenario {s:?}")))
+                    .collect::<Result<_, _>>()?
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(options)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -189,6 +213,16 @@ fn main() -> ExitCode {
                 runtime.block_on(run_burst(f.json, options))
             }
             Ok(_) => Err(format!("an option that {command} does not take\n{USAGE}")),
+        },
+        ["bench-scale", rest @ ..] => match bench_scale(rest) {
+            Err(b) => Err(format!("{b}\n{USAGE}")),
+            Ok(options) => runtime
+                .block_on(bench_scale::run(
+                    &options,
+                    &mut |line| println!("{line}"),
+                    &mut |note| eprintln!("bench-scale: {note}"),
+                ))
+                .map(|_| true),
         },
         _ => Err(USAGE.to_string()),
     };

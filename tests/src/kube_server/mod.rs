@@ -150,6 +150,9 @@ pub struct Shared {
     policies: BTreeMap<rbac::Identity, rbac::Policy>,
     denials: Mutex<Vec<(rbac::Identity, String)>>,
     used: Mutex<BTreeMap<rbac::Identity, BTreeSet<Permission>>>,
+    /// Bytes of every response body whose size was known when it was sent
+    /// (not watch streams): what the scale harness reports as bytes read.
+    response_bytes: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -232,6 +235,18 @@ impl Shared {
         faults.retain(|f| f.times > 0);
         Some(code)
     }
+}
+
+/// Adds a response's body size, when known, to the server's byte count.
+async fn count_response_bytes(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    response: axum::response::Response,
+) -> axum::response::Response {
+    use axum::body::HttpBody;
+    if let Some(n) = response.body().size_hint().exact() {
+        shared.response_bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    response
 }
 
 /// Sets a pod as bound to a node and running/ready (the kubelet's part is instant here).
@@ -340,8 +355,15 @@ impl KubeServer {
             requests: Mutex::new(Vec::new()),
             touch_after_get: Mutex::new(Vec::new()),
             watch_breaker: tokio::sync::watch::channel(0).0,
+            response_bytes: std::sync::atomic::AtomicU64::new(0),
         });
-        let app = Router::new().fallback(api::handle).with_state(shared.clone());
+        let app = Router::new()
+            .fallback(api::handle)
+            .layer(axum::middleware::map_response_with_state(
+                shared.clone(),
+                count_response_bytes,
+            ))
+            .with_state(shared.clone());
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "kubernetes test server stopped");
@@ -583,6 +605,11 @@ impl KubeServer {
     /// based on what was read carries a stale resourceVersion and gets 409.
     pub fn modify_after_get(&self, path: &str, times: usize) {
         lock(&self.shared.touch_after_get).push((path.to_string(), times));
+    }
+
+    /// Bytes of the response bodies sent so far (watch streams not counted).
+    pub fn response_bytes(&self) -> u64 {
+        self.shared.response_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every request seen so far.

@@ -1,0 +1,684 @@
+//! The scale harness behind `scripts/bench-scale` (`nodesmith-local bench-scale`):
+//! seeds moto and the Kubernetes API test server directly with a cluster of N
+//! nodes and P pods per node, then runs the real function code once per
+//! scenario and prints one JSON line per scenario.
+//!
+//! The cluster: three NodePools (on-demand m5/c5, spot m5/r5, on-demand r5),
+//! three zones, one EC2 instance per node (RunInstances in batches, then the
+//! claim tag per instance), a registered Ready Node, an Initialized claim in
+//! the state table, P pods bound to it (five PDB-covered apps among fifty),
+//! and one pod of a DaemonSet on every node. About 1% more instances have a
+//! Launched claim and an unregistered Node, for the sweep to register.
+//!
+//! Scenarios share one cluster and run in the order given, so a later one
+//! sees what an earlier one changed (the sweep's drains, provision's claims).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use aws_lambda_events::sqs::SqsEvent;
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use nodesmith::apis::ec2nodeclass::EC2NodeClass;
+use nodesmith::apis::nodepool::NodePool;
+use nodesmith::ec2::Instances;
+use nodesmith::interruption::handler::{InterruptConfig, Interrupter};
+use nodesmith::kubernetes::KubeCluster;
+use nodesmith::labels;
+use nodesmith::nodeclaim::{NodeClaim, Phase};
+use nodesmith::provisioning::{ProvisionConfig, Provisioner};
+use nodesmith::state::StateStore;
+use nodesmith::sweep::{SweepConfig, Sweeper};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::fault_proxy::FaultProxy;
+use crate::kube_server::{KubeServer, NodeRegistration, bind_json};
+use crate::local_cloud::aws::{self, DISCOVERY, TABLE};
+use crate::moto::{ZONES, moto};
+
+const CLUSTER: &str = "bench";
+/// Concurrent seeding calls to moto (one Python process).
+const SEED_CONCURRENCY: usize = 8;
+/// Instances per RunInstances call while seeding.
+const RUN_BATCH: usize = 250;
+/// Apps the pods belong to; the first [`PDB_APPS`] have a PodDisruptionBudget.
+const APPS: usize = 50;
+const PDB_APPS: usize = 5;
+
+/// A scenario of the harness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// One sweep over the whole cluster.
+    Sweep,
+    /// 1,000 pending pods through one provision invocation.
+    Provision,
+    /// A batch of 10 spot interruption warnings through one interrupt invocation.
+    Interrupt,
+}
+
+impl Scenario {
+    /// The scenario of a name (`sweep`, `provision`, `interrupt`).
+    pub fn parse(name: &str) -> Option<Scenario> {
+        match name {
+            "sweep" => Some(Scenario::Sweep),
+            "provision" => Some(Scenario::Provision),
+            "interrupt" => Some(Scenario::Interrupt),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Sweep => "sweep",
+            Scenario::Provision => "provision",
+            Scenario::Interrupt => "interrupt",
+        }
+    }
+}
+
+/// What to seed and run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Registered, initialized nodes.
+    pub nodes: usize,
+    /// Application pods bound to each node (plus one DaemonSet pod).
+    pub pods_per_node: usize,
+    /// Scenarios, run in this order on the same cluster.
+    pub scenarios: Vec<Scenario>,
+    /// The build profile the binary was made with, printed on every line.
+    pub profile: &'static str,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            nodes: 5_000,
+            pods_per_node: 30,
+            scenarios: vec![Scenario::Sweep, Scenario::Provision, Scenario::Interrupt],
+            profile: if cfg!(debug_assertions) { "debug" } else { "optimised" },
+        }
+    }
+}
+
+/// One node of the seeded cluster.
+struct Seed {
+    pool: &'static str,
+    capacity_type: &'static str,
+    instance_type: &'static str,
+    zone: &'static str,
+    cpu: &'static str,
+    memory: &'static str,
+}
+
+/// The mix: half general on-demand, 40% spot, 10% memory on-demand; zones round-robin.
+fn seed_of(n: usize) -> Seed {
+    let zone = ZONES[n % ZONES.len()];
+    let flip = (n / ZONES.len()).is_multiple_of(2);
+    let (pool, capacity_type, instance_type, cpu, memory) = match n % 10 {
+        0..=4 if flip => ("general", "on-demand", "m5.xlarge", "4", "16Gi"),
+        0..=4 => ("general", "on-demand", "c5.2xlarge", "8", "16Gi"),
+        5..=8 if flip => ("spot", "spot", "m5.2xlarge", "8", "32Gi"),
+        5..=8 => ("spot", "spot", "r5.xlarge", "4", "32Gi"),
+        _ => ("memory", "on-demand", "r5.xlarge", "4", "32Gi"),
+    };
+    Seed {
+        pool,
+        capacity_type,
+        instance_type,
+        zone,
+        cpu,
+        memory,
+    }
+}
+
+fn pool_json(name: &str, families: &[&str], capacity_type: &str) -> Value {
+    json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name}, "spec": {
+        "template": {"spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+            "requirements": [
+                {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": families},
+                {"key": labels::CAPACITY_TYPE, "operator": "In", "values": [capacity_type]}
+            ]
+        }},
+        "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}
+    }})
+}
+
+fn pod_json(name: &str, app: &str, owner: (&str, &str), cpu: &str, memory: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": {"app": app},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner.0, "name": owner.1, "uid": format!("uid-{}", owner.1), "controller": true}]},
+        "spec": {"containers": [{"name": "c", "image": app, "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}})
+}
+
+/// The seeded cluster and the clients the functions use (through the counting proxy).
+struct Bench {
+    kube: KubeServer,
+    proxy: FaultProxy,
+    store: StateStore,
+    sqs: aws_sdk_sqs::Client,
+    ec2: aws_sdk_ec2::Client,
+    world: aws::World,
+    /// Spot instances with a registered node, for the interruption warnings.
+    spot_instances: Vec<String>,
+    pods: usize,
+}
+
+fn err(step: &str) -> impl Fn(String) -> String + '_ {
+    move |e| format!("{step}: {e}")
+}
+
+/// Seeds the cluster; progress goes to `log`.
+async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Bench, Vec<crate::moto::Moto>), String> {
+    let m = moto().await;
+    let direct = m.sdk_config().await;
+    let world = aws::create(&direct, CLUSTER, 30).await.map_err(|e| e.to_string())?;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    let counted = m.sdk_config_at(proxy.endpoint()).await;
+    let kube = KubeServer::start().await;
+    // Watches are not used here: old versions only cost memory.
+    kube.set_history_limit(1_000);
+    let class = kube
+        .apply(&json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": {
+            "role": world.node_role,
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "subnetSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}],
+            "securityGroupSelectorTerms": [{"tags": {DISCOVERY: CLUSTER}}]
+        }}))
+        .map_err(err("EC2NodeClass"))?;
+    let class: EC2NodeClass = serde_json::from_value(class).map_err(|e| e.to_string())?;
+    let mut pool_hash = BTreeMap::new();
+    for (name, families, ct) in [
+        ("general", &["m5", "c5"][..], "on-demand"),
+        ("spot", &["m5", "r5"][..], "spot"),
+        ("memory", &["r5"][..], "on-demand"),
+    ] {
+        let v = kube.apply(&pool_json(name, families, ct)).map_err(err("NodePool"))?;
+        let pool: NodePool = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        pool_hash.insert(name, pool.hash());
+    }
+    kube.apply(&json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "node-agent", "namespace": "default", "uid": "uid-node-agent"},
+        "spec": {"selector": {"matchLabels": {"app": "node-agent"}}, "template": {"metadata": {"labels": {"app": "node-agent"}},
+            "spec": {"containers": [{"name": "c", "image": "agent", "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}}}))
+        .map_err(err("DaemonSet"))?;
+    for a in 0..PDB_APPS {
+        kube.apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": format!("app-{a}"), "namespace": "default"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": format!("app-{a}")}}}}))
+            .map_err(err("PodDisruptionBudget"))?;
+    }
+
+    // Instances: registered nodes, then ~1% more whose nodes have not registered.
+    let unregistered = (options.nodes / 100).clamp(1, 50);
+    let total = options.nodes + unregistered;
+    let started = Instant::now();
+    let ec2 = aws_sdk_ec2::Client::new(&direct);
+    let mut groups: BTreeMap<(&str, &str, &str), Vec<usize>> = BTreeMap::new();
+    for n in 0..total {
+        let s = seed_of(n);
+        groups.entry((s.pool, s.instance_type, s.zone)).or_default().push(n);
+    }
+    let mut ids = vec![String::new(); total];
+    for ((pool, instance_type, zone), nodes) in &groups {
+        for chunk in nodes.chunks(RUN_BATCH) {
+            let tag = |k: &str, v: &str| aws_sdk_ec2::types::Tag::builder().key(k).value(v).build();
+            let tags = aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                .tags(tag(&nodesmith::ec2::instances::owned_tag_key(CLUSTER), "owned"))
+                .tags(tag(nodesmith::ec2::instances::CLUSTER_NAME_TAG, CLUSTER))
+                .tags(tag(nodesmith::ec2::instances::LAUNCHED_BY_TAG, CLUSTER))
+                .tags(tag(labels::NODEPOOL, pool))
+                .tags(tag(labels::EC2NODECLASS, "default"))
+                .build();
+            let count = i32::try_from(chunk.len()).map_err(|e| e.to_string())?;
+            let out = ec2
+                .run_instances()
+                .image_id("ami-12c6146b")
+                .instance_type(aws_sdk_ec2::types::InstanceType::from(*instance_type))
+                .placement(
+                    aws_sdk_ec2::types::Placement::builder()
+                        .availability_zone(*zone)
+                        .build(),
+                )
+                .min_count(count)
+                .max_count(count)
+                .tag_specifications(tags)
+                .send()
+                .await
+                .map_err(|e| format!("RunInstances: {e:?}"))?;
+            for (n, i) in chunk.iter().zip(out.instances()) {
+                ids[*n] = i.instance_id().unwrap_or_default().to_string();
+            }
+        }
+    }
+    log(format!(
+        "{total} instances run in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+
+    let claim_name = |n: usize| format!("{}-{n:05}", seed_of(n).pool);
+    let node_name = |n: usize| format!("ip-node-{n:05}.ec2.internal");
+    let started = Instant::now();
+    let tagged: Vec<Result<(), String>> = futures::stream::iter(0..total)
+        .map(|n| {
+            let (ec2, id, name) = (ec2.clone(), ids[n].clone(), claim_name(n));
+            async move {
+                ec2.create_tags()
+                    .resources(id)
+                    .tags(
+                        aws_sdk_ec2::types::Tag::builder()
+                            .key(labels::NODECLAIM)
+                            .value(name)
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("CreateTags: {e:?}"))
+            }
+        })
+        .buffer_unordered(SEED_CONCURRENCY)
+        .collect()
+        .await;
+    tagged.into_iter().collect::<Result<Vec<()>, String>>()?;
+    log(format!("claim tags in {:.1} s", started.elapsed().as_secs_f64()));
+
+    // Claims, written straight to the table (not through the proxy: seeding is not measured).
+    let seed_store = StateStore::new(aws_sdk_dynamodb::Client::new(&direct), TABLE);
+    let two_hours_ago = Timestamp::now()
+        .checked_sub(SignedDuration::from_hours(2))
+        .map_err(|e| e.to_string())?;
+    let class_hash = class.hash();
+    let started = Instant::now();
+    let claims: Vec<NodeClaim> = (0..total)
+        .map(|n| {
+            let s = seed_of(n);
+            let registered = n < options.nodes;
+            let requirement = serde_json::from_value(
+                json!({"key": labels::CAPACITY_TYPE, "operator": "In", "values": [s.capacity_type]}),
+            );
+            let mut c = NodeClaim::pending(claim_name(n), s.pool, "default");
+            c.requirements = requirement.into_iter().collect();
+            c.instance_type_options = vec![s.instance_type.to_string()];
+            c.phase = if registered {
+                Phase::Initialized
+            } else {
+                Phase::Launched
+            };
+            c.instance_id = Some(ids[n].clone());
+            c.provider_id = Some(format!("aws:///{}/{}", s.zone, ids[n]));
+            c.instance_type = Some(s.instance_type.to_string());
+            c.zone = Some(s.zone.to_string());
+            c.capacity_type = Some(s.capacity_type.to_string());
+            c.price = Some(crate::local_cloud::census::offering_price(
+                s.instance_type,
+                s.zone,
+                s.capacity_type,
+            ));
+            c.node_name = registered.then(|| node_name(n));
+            c.nodepool_hash = pool_hash.get(s.pool).cloned();
+            c.nodeclass_hash = Some(class_hash.clone());
+            c.timestamps.created = Some(two_hours_ago);
+            c.timestamps.launched = Some(two_hours_ago);
+            if registered {
+                c.timestamps.registered = Some(two_hours_ago);
+                c.timestamps.initialized = Some(two_hours_ago);
+            }
+            c
+        })
+        .collect();
+    let written: Vec<Result<NodeClaim, String>> = futures::stream::iter(claims.iter())
+        .map(|c| {
+            let store = seed_store.clone();
+            async move { store.create_node_claim(c).await.map_err(|e| e.to_string()) }
+        })
+        .buffer_unordered(SEED_CONCURRENCY)
+        .collect()
+        .await;
+    written.into_iter().collect::<Result<Vec<_>, String>>()?;
+    log(format!(
+        "{total} claims written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+
+    // Nodes and pods, straight into the test server's store.
+    let catalog = nodesmith::catalog::builtin().ok();
+    let started = Instant::now();
+    let mut pods = 0;
+    let mut spot_instances = Vec::new();
+    for n in 0..total {
+        let s = seed_of(n);
+        let registered = n < options.nodes;
+        let mut node_labels = BTreeMap::from([
+            (labels::NODEPOOL.to_string(), s.pool.to_string()),
+            (labels::EC2NODECLASS.to_string(), "default".to_string()),
+        ]);
+        let mut taints = Vec::new();
+        if registered {
+            node_labels.insert(labels::REGISTERED.to_string(), "true".to_string());
+            node_labels.insert(labels::INITIALIZED.to_string(), "true".to_string());
+        } else {
+            taints.push(format!("{}=:NoExecute", labels::UNREGISTERED_TAINT_KEY));
+        }
+        let reg = NodeRegistration {
+            name: node_name(n),
+            instance_id: ids[n].clone(),
+            instance_type: s.instance_type.to_string(),
+            zone: s.zone.to_string(),
+            capacity_type: s.capacity_type.to_string(),
+            arch: "amd64".to_string(),
+            labels: node_labels,
+            taints,
+            capacity: BTreeMap::from([
+                ("cpu".to_string(), s.cpu.to_string()),
+                ("memory".to_string(), s.memory.to_string()),
+                ("pods".to_string(), "58".to_string()),
+            ]),
+            allocatable: BTreeMap::new(),
+        };
+        if !registered {
+            kube.register_node(&reg).map_err(err("Node"))?;
+            continue;
+        }
+        // A registered Node carries what the sweep's registration writes, so
+        // the sweep finds it joined (and does not register it again).
+        let update = nodesmith::registration::registration_update(&claims[n], catalog);
+        let mut node = reg.to_node();
+        let meta = &mut node["metadata"];
+        for (k, v) in &update.labels {
+            meta["labels"][k] = json!(v);
+        }
+        for (k, v) in &update.annotations {
+            meta["annotations"][k] = json!(v);
+        }
+        meta["finalizers"] = json!(update.finalizers);
+        kube.apply(&node).map_err(err("Node"))?;
+        if s.capacity_type == "spot" {
+            spot_instances.push(ids[n].clone());
+        }
+        let mut agent = pod_json(
+            &format!("node-agent-{n:05}"),
+            "node-agent",
+            ("DaemonSet", "node-agent"),
+            "100m",
+            "128Mi",
+        );
+        bind_json(&mut agent, &node_name(n));
+        kube.apply(&agent).map_err(err("Pod"))?;
+        for p in 0..options.pods_per_node {
+            let app = format!("app-{}", (n * options.pods_per_node + p) % APPS);
+            let mut pod = pod_json(
+                &format!("{app}-{n:05}-{p:02}"),
+                &app,
+                ("ReplicaSet", &app),
+                "100m",
+                "256Mi",
+            );
+            bind_json(&mut pod, &node_name(n));
+            kube.apply(&pod).map_err(err("Pod"))?;
+        }
+        pods += options.pods_per_node + 1;
+    }
+    log(format!(
+        "{} nodes ({unregistered} unregistered) and {pods} pods in {:.1} s",
+        total,
+        started.elapsed().as_secs_f64()
+    ));
+    let bench = Bench {
+        kube,
+        store: StateStore::new(aws_sdk_dynamodb::Client::new(&counted), TABLE),
+        sqs: aws_sdk_sqs::Client::new(&counted),
+        ec2: aws_sdk_ec2::Client::new(&counted),
+        proxy,
+        world,
+        spot_instances,
+        pods,
+    };
+    Ok((bench, vec![m]))
+}
+
+/// What is measured around one scenario.
+#[derive(Serialize)]
+struct Figures {
+    scenario: &'static str,
+    nodes: usize,
+    pods: usize,
+    profile: &'static str,
+    wall_ms: u128,
+    rss_before_mb: u64,
+    peak_rss_mb: u64,
+    rss_note: &'static str,
+    kube_requests: usize,
+    kube_response_bytes: u64,
+    dynamodb_calls: BTreeMap<String, usize>,
+    dynamodb_consumed_capacity: Option<f64>,
+    aws_other_calls: BTreeMap<String, usize>,
+    outcome: Value,
+}
+
+const DYNAMODB_ACTIONS: &[&str] = &[
+    "GetItem",
+    "PutItem",
+    "UpdateItem",
+    "DeleteItem",
+    "Query",
+    "Scan",
+    "BatchGetItem",
+    "BatchWriteItem",
+    "TransactWriteItems",
+    "TransactGetItems",
+];
+
+/// `VmRSS` or `VmHWM` of this process, in MB.
+fn status_mb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
+}
+
+fn calls_since(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
+    after
+        .iter()
+        .map(|(a, n)| (a.clone(), n - before.get(a).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+fn cluster(kube: &KubeServer) -> KubeCluster {
+    KubeCluster::from_client(kube.lambda_client())
+}
+
+/// Counts of values by the name of their variant (the text before `(` or `{`).
+fn kinds<T: std::fmt::Debug>(items: &[T]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for i in items {
+        let s = format!("{i:?}");
+        let kind = s.split(['(', '{', ' ']).next().unwrap_or_default().to_string();
+        *out.entry(kind).or_insert(0) += 1;
+    }
+    out
+}
+
+async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario) -> Result<Value, String> {
+    let calls_before = bench.proxy.all_calls();
+    let requests_before = bench.kube.requests().len();
+    let bytes_before = bench.kube.response_bytes();
+    let rss_before_mb = status_mb("VmRSS:");
+    // Resets VmHWM to the current RSS (Linux 4.0+), so the peak is this scenario's.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let started = Instant::now();
+    let outcome = match scenario {
+        Scenario::Sweep => {
+            let mut config = SweepConfig::from_lookup(|_| None).map_err(|e| e.to_string())?;
+            config.pending_queue_url = Some(bench.world.pending.url.clone());
+            config.launch_queue_url = Some(bench.world.launch.url.clone());
+            let sweeper = Sweeper::new(
+                cluster(&bench.kube),
+                bench.store.clone(),
+                Instances::new(bench.ec2.clone(), CLUSTER),
+                bench.sqs.clone(),
+                config,
+            );
+            let report = sweeper.run().await.map_err(|e| e.to_string())?;
+            json!({
+                "skipped": report.skipped,
+                "done": kinds(&report.done),
+                "failed": report.failed.len(),
+                "deferred": report.deferred.len(),
+                "solve_requested": report.solve_requested.is_some(),
+                "disruption": {
+                    "started": report.disruption.started.len(),
+                    "launched": report.disruption.launched.len(),
+                    "draining": report.disruption.draining.len(),
+                    "terminated": report.disruption.terminated.len(),
+                    "abandoned": report.disruption.abandoned.len(),
+                    "blocked": report.disruption.blocked.len(),
+                    "failed": report.disruption.failed.len(),
+                    "deferred": report.disruption.deferred,
+                },
+                "unreadable_claims": report.unreadable_claims,
+            })
+        }
+        Scenario::Provision => {
+            let pending = 1_000;
+            for i in 0..pending {
+                let app = format!("burst-{}", i % 10);
+                let mut pod = pod_json(&format!("{app}-{i:04}"), &app, ("ReplicaSet", &app), "500m", "1Gi");
+                // As the scheduler leaves a pod no node can take.
+                pod["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]});
+                bench.kube.apply(&pod).map_err(err("Pod"))?;
+            }
+            let refs = (0..pending).map(|i| {
+                let name = format!("burst-{}-{i:04}", i % 10);
+                json!({"namespace": "default", "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"})
+                    .to_string()
+            });
+            let event: SqsEvent = crate::sqs::event(refs.enumerate().map(|(i, b)| (format!("m{i}"), b)));
+            // Pods are created above, before the clock that matters here starts.
+            let started = Instant::now();
+            let provisioner = Provisioner::new(
+                cluster(&bench.kube),
+                bench.store.clone(),
+                bench.sqs.clone(),
+                ProvisionConfig::new(&bench.world.launch.url),
+            );
+            let outcome = provisioner.handle(&event).await;
+            json!({
+                "pending_pods": pending,
+                "handle_ms": started.elapsed().as_millis(),
+                "claims_created": outcome.created.len(),
+                "placed_on_existing": outcome.placed_on_existing,
+                "unschedulable": outcome.unschedulable.len(),
+                "gone": outcome.gone,
+                "malformed": outcome.malformed,
+                "failed_messages": outcome.failed.len(),
+                "handed_on": outcome.handed_on,
+                "events": format!("{:?}", outcome.events),
+            })
+        }
+        Scenario::Interrupt => {
+            let now = Timestamp::now();
+            let warnings: Vec<(String, String)> = bench
+                .spot_instances
+                .iter()
+                .rev()
+                .take(10)
+                .enumerate()
+                .map(|(i, id)| {
+                    let body = json!({"version": "0", "id": format!("warning-{i}"), "detail-type": "EC2 Spot Instance Interruption Warning",
+                        "source": "aws.ec2", "account": "123456789012", "time": nodesmith::interruption::rfc3339(&now),
+                        "region": "us-east-1", "resources": [], "detail": {"instance-id": id, "instance-action": "terminate"}});
+                    (format!("m{i}"), body.to_string())
+                })
+                .collect();
+            let sent = warnings.len();
+            let interrupter = Interrupter::new(
+                cluster(&bench.kube),
+                bench.store.clone(),
+                bench.sqs.clone(),
+                InterruptConfig::new(&bench.world.launch.url, &bench.world.pending.url),
+            );
+            let outcome = interrupter.handle(&crate::sqs::event(warnings)).await;
+            let drains = bench.store.drains().await.map_err(|e| e.to_string())?;
+            json!({
+                "warnings": sent,
+                "tainted": outcome.tainted.len(),
+                "drain_records_after": drains.len(),
+                "drained": outcome.drained.len(),
+                "replacements": outcome.replacements.len(),
+                "handed_to_provision": outcome.handed_to_provision.len(),
+                "removed": outcome.removed.len(),
+                "failed_messages": outcome.failed.len(),
+                "ignored": outcome.ignored,
+            })
+        }
+    };
+    let wall_ms = started.elapsed().as_millis();
+    let peak_rss_mb = status_mb("VmHWM:");
+    let mut calls = calls_since(&calls_before, &bench.proxy.all_calls());
+    let dynamodb_calls: BTreeMap<String, usize> = DYNAMODB_ACTIONS
+        .iter()
+        .filter_map(|a| calls.remove(*a).map(|n| (a.to_string(), n)))
+        .collect();
+    let figures = Figures {
+        scenario: scenario.name(),
+        nodes: options.nodes,
+        pods: bench.pods,
+        profile: options.profile,
+        wall_ms,
+        rss_before_mb,
+        peak_rss_mb,
+        rss_note: "the harness process: nodesmith's code plus the Kubernetes test server and the proxy (moto is another process)",
+        kube_requests: bench.kube.requests().len() - requests_before,
+        kube_response_bytes: bench.kube.response_bytes() - bytes_before,
+        dynamodb_calls,
+        // nodesmith does not ask for ReturnConsumedCapacity: calls are counted at the proxy instead.
+        dynamodb_consumed_capacity: None,
+        aws_other_calls: calls,
+        outcome,
+    };
+    serde_json::to_value(&figures).map_err(|e| e.to_string())
+}
+
+/// Seeds the cluster and runs each scenario; one JSON line per scenario on
+/// `lines`, progress on `log`. Fails on a seeding error; a scenario's error
+/// is its line's `error`.
+pub async fn run(
+    options: &BenchOptions,
+    lines: &mut dyn FnMut(String),
+    log: &mut dyn FnMut(String),
+) -> Result<(), String> {
+    log(format!(
+        "seeding {} nodes x {} pods ({} build: figures of a debug build overstate times)",
+        options.nodes, options.pods_per_node, options.profile
+    ));
+    let started = Instant::now();
+    let (bench, _moto) = seed(options, log).await?;
+    log(format!("seeded in {:.1} s", started.elapsed().as_secs_f64()));
+    for &scenario in &options.scenarios {
+        log(format!("running {}", scenario.name()));
+        let line = match tokio::time::timeout(Duration::from_secs(900), run_scenario(&bench, options, scenario)).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => json!({"scenario": scenario.name(), "nodes": options.nodes, "error": e}),
+            Err(_) => {
+                json!({"scenario": scenario.name(), "nodes": options.nodes, "error": "did not finish within 900 s"})
+            }
+        };
+        lines(line.to_string());
+    }
+    let denials = bench.kube.denials();
+    if !denials.is_empty() {
+        log(format!(
+            "the functions' RBAC refused {} calls, e.g. {}",
+            denials.len(),
+            denials[0]
+        ));
+    }
+    Ok(())
+}
