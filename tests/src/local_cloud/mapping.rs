@@ -266,6 +266,16 @@ impl Pool {
         answer
     }
 
+    /// Recycles every process once none is busy (waiting for those that are).
+    pub async fn recycle(&self) {
+        let n = u32::try_from(self.processes.len()).unwrap_or(u32::MAX);
+        if let Ok(_all) = self.permits.acquire_many(n).await {
+            for f in &self.processes {
+                f.recycle().await;
+            }
+        }
+    }
+
     /// Stops every process.
     pub async fn stop(&self) {
         self.permits.close();

@@ -581,6 +581,15 @@ impl LocalCloud {
         invoke_scheduled(pool, &self.activity).await
     }
 
+    /// Ends every function's processes once idle, as Lambda reclaims idle
+    /// sandboxes: each next invocation is a cold start, remembering nothing
+    /// of earlier ones (e.g. the events a warm process would not repeat).
+    pub async fn recycle(&self) {
+        for p in &self.pools {
+            p.recycle().await;
+        }
+    }
+
     /// Messages visible and in flight in the queue at `url`, or what SQS said.
     pub async fn queued(&self, url: &str) -> Result<usize, String> {
         use aws_sdk_sqs::types::QueueAttributeName as A;

@@ -165,7 +165,7 @@ pub struct Function {
     memory_mb: u64,
     timeout: Duration,
     jobs: mpsc::Sender<Job>,
-    kill: mpsc::UnboundedSender<()>,
+    kill: mpsc::UnboundedSender<&'static str>,
     stop: watch::Sender<bool>,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pids: Arc<Mutex<Option<u32>>>,
@@ -236,7 +236,7 @@ impl Function {
             Ok(Err(_)) => Err(InvokeError::Stopped(self.name.clone())),
             Err(_) => {
                 // Lambda ends an invocation at its timeout by ending the sandbox.
-                let _ = self.kill.send(());
+                let _ = self.kill.send("killed at its timeout");
                 Ok(Answer {
                     result: Err(format!(
                         "Task timed out after {:.2} seconds",
@@ -248,6 +248,22 @@ impl Function {
                     process_ended: true,
                 })
             }
+        }
+    }
+
+    /// Ends the process as Lambda ends an idle sandbox: the next invocation
+    /// starts a cold one, with nothing kept in memory.
+    /// Returns once the new process runs (or after 10 s, if none starts).
+    pub async fn recycle(&self) {
+        let before = self.pid();
+        if before.is_none() || self.kill.send("recycled while idle").is_err() {
+            return;
+        }
+        for _ in 0..500 {
+            if self.pid().is_some_and(|p| Some(p) != before) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -270,7 +286,7 @@ impl Drop for Function {
 async fn supervise(
     spec: FunctionSpec,
     jobs: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
-    mut kill: mpsc::UnboundedReceiver<()>,
+    mut kill: mpsc::UnboundedReceiver<&'static str>,
     mut stop: watch::Receiver<bool>,
     pids: Arc<Mutex<Option<u32>>>,
 ) {
@@ -364,9 +380,9 @@ async fn supervise(
                         c.logs.push(line);
                     }
                 }
-                Some(()) = kill.recv() => {
+                Some(why) = kill.recv() => {
                     let _ = child.kill().await;
-                    break "killed at its timeout".to_string();
+                    break why.to_string();
                 }
                 _ = stop.changed() => {
                     let _ = child.kill().await;
