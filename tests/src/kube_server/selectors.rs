@@ -84,6 +84,11 @@ impl LabelSelector {
         Ok(LabelSelector(terms))
     }
 
+    /// Whether the selector has no terms (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether the labels satisfy every term.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.0.iter().all(|t| match t {
@@ -140,6 +145,11 @@ impl FieldSelector {
             terms.push((k.to_string(), eq, v.trim().to_string()));
         }
         Ok(FieldSelector(terms))
+    }
+
+    /// Whether the selector has no terms (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Whether the object's fields satisfy every term (absent fields read as "").
