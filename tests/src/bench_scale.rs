@@ -547,19 +547,21 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
         }
         Scenario::Provision => {
             let pending = 1_000;
+            let mut refs = Vec::new();
             for i in 0..pending {
                 let app = format!("burst-{}", i % 10);
-                let mut pod = pod_json(&format!("{app}-{i:04}"), &app, ("ReplicaSet", &app), "500m", "1Gi");
+                let name = format!("{app}-{i:04}");
+                let mut pod = pod_json(&name, &app, ("ReplicaSet", &app), "500m", "1Gi");
                 // As the scheduler leaves a pod no node can take.
                 pod["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]});
-                bench.kube.apply(&pod).map_err(err("Pod"))?;
+                let made = bench.kube.apply(&pod).map_err(err("Pod"))?;
+                // The reference names the pod the server made (its uid, not the one sent).
+                refs.push(
+                    json!({"namespace": "default", "name": name, "uid": made["metadata"]["uid"], "resourceVersion": made["metadata"]["resourceVersion"]})
+                        .to_string(),
+                );
             }
-            let refs = (0..pending).map(|i| {
-                let name = format!("burst-{}-{i:04}", i % 10);
-                json!({"namespace": "default", "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"})
-                    .to_string()
-            });
-            let event: SqsEvent = crate::sqs::event(refs.enumerate().map(|(i, b)| (format!("m{i}"), b)));
+            let event: SqsEvent = crate::sqs::event(refs.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)));
             // Pods are created above, before the clock that matters here starts.
             let started = Instant::now();
             let provisioner = Provisioner::new(
@@ -604,11 +606,29 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
                 bench.sqs.clone(),
                 InterruptConfig::new(&bench.world.launch.url, &bench.world.pending.url),
             );
+            let t0 = Instant::now();
             let outcome = interrupter.handle(&crate::sqs::event(warnings)).await;
             let drains = bench.store.drains().await.map_err(|e| e.to_string())?;
+            // When the last node was tainted (a node PATCH: the only node
+            // writes here) and the first pod evicted, from the test server's log.
+            let requests = bench.kube.requests();
+            let since = |r: &crate::kube_server::RequestRecord| r.at.saturating_duration_since(t0).as_millis();
+            let seen = &requests[requests_before..];
+            let last_taint_ms = seen
+                .iter()
+                .filter(|r| r.method == http::Method::PATCH && r.uri.starts_with("/api/v1/nodes/"))
+                .map(since)
+                .max();
+            let first_eviction_ms = seen
+                .iter()
+                .filter(|r| r.method == http::Method::POST && r.uri.contains("/eviction"))
+                .map(since)
+                .min();
             json!({
                 "warnings": sent,
                 "tainted": outcome.tainted.len(),
+                "last_taint_ms": last_taint_ms,
+                "first_eviction_ms": first_eviction_ms,
                 "drain_records_after": drains.len(),
                 "drained": outcome.drained.len(),
                 "replacements": outcome.replacements.len(),

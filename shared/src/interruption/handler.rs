@@ -4,7 +4,9 @@
 //! capacity that is already gone. The decisions are [`super::decide`]'s.
 //!
 //! Each event's own steps come first and at once: taint the node, record its
-//! drain, make the first eviction pass. Then one read of the cluster and one
+//! drain; once every event of the batch has done so, the first eviction pass
+//! over each node (so the last node of a storm is not left schedulable while
+//! the others are evicted). Then one read of the cluster and one
 //! replacement solve serve the whole batch ([`super::batch`]), under the
 //! provision lease; when provision keeps the lease past our wait, the
 //! replacement is handed to it as a solve request. So a storm of warnings
@@ -41,7 +43,7 @@ use crate::nodeclaim::{NodeClaim, Phase};
 use crate::scheduling::SolveOptions;
 use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
-use crate::state::{StateError, StateStore, UNAVAILABLE_TTL_SECS, VersionCheck};
+use crate::state::{DrainRecord, StateError, StateStore, UNAVAILABLE_TTL_SECS, VersionCheck};
 
 /// How long an event id is remembered (EventBridge redelivers within hours at most).
 const PROCESSED_TTL_SECS: i64 = 24 * 3600;
@@ -248,6 +250,8 @@ impl<C: Cluster> Interrupter<C> {
         let mut pending = Batch::default();
         // Acted on, to be recorded as handled once the batch's end succeeds.
         let mut handled: Vec<(&SqsMessage, String, i64)> = Vec::new();
+        // Drains recorded by this batch, for their first eviction pass.
+        let mut recorded: Vec<DrainRecord> = Vec::new();
         for record in &batch.records {
             let message_id = record.message_id.clone().unwrap_or_default();
             let body = record.body.as_deref().unwrap_or("");
@@ -286,7 +290,7 @@ impl<C: Cluster> Interrupter<C> {
                 }
             }
             tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
-            match self.act(&event, now, &mut outcome).await {
+            match self.act(&event, now, &mut outcome, &mut recorded).await {
                 Ok(acted) => {
                     for (claim, replace) in acted {
                         pending.acted(&message_id, &claim, replace);
@@ -297,6 +301,14 @@ impl<C: Cluster> Interrupter<C> {
                     tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "acting on the event failed; it will be retried");
                     self.give_back(record, &mut outcome).await;
                 }
+            }
+        }
+        // Every event's taint and drain record came first: now the first
+        // eviction pass over each node, so a storm's last node is not
+        // tainted only after every other node's evictions.
+        for r in &recorded {
+            if let Err(e) = draining::pass(&self.cluster, r, Timestamp::now()).await {
+                tracing::warn!(node = %r.node, error = %crate::telemetry::causes(&e), "first eviction pass failed; the drain is recorded and continued");
             }
         }
         let mut failed: BTreeSet<String> = BTreeSet::new();
@@ -368,14 +380,15 @@ impl<C: Cluster> Interrupter<C> {
     }
 
     /// Acts on one event at `now`: for each instance, capacity already gone
-    /// is removed; otherwise the node is tainted, its drain recorded and a
-    /// first eviction pass made, at once. Returns the claims acted on, with
-    /// what the batch's replacement needs of each.
+    /// is removed; otherwise the node is tainted and its drain recorded (in
+    /// `recorded`, for the batch's first eviction passes). Returns the claims
+    /// acted on, with what the batch's replacement needs of each.
     async fn act(
         &self,
         ev: &Event,
         now: Timestamp,
         outcome: &mut InterruptOutcome,
+        recorded: &mut Vec<DrainRecord>,
     ) -> Result<Vec<(NodeClaim, Option<ToReplace>)>, InterruptError> {
         let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
         let mut repairing: Option<Vec<String>> = None;
@@ -410,7 +423,8 @@ impl<C: Cluster> Interrupter<C> {
                 self.remove(claim, s, outcome).await?;
                 continue;
             }
-            let replace = self.take_node_out(claim, s, now, outcome).await?;
+            let (replace, drain) = self.take_node_out(claim, s, now, outcome).await?;
+            recorded.extend(drain);
             acted.push((claim.clone(), replace));
         }
         // The interrupted offerings are not chosen for the batch's replacement.
@@ -423,21 +437,22 @@ impl<C: Cluster> Interrupter<C> {
         Ok(acted)
     }
 
-    /// Taint → record the drain → first eviction pass, for one claim's node.
+    /// Taint → record the drain, for one claim's node (the batch makes the
+    /// first eviction pass once every event's node is tainted and recorded).
     /// When the drain cannot be recorded, the taint this call added comes off
     /// again (as Karpenter untaints the candidates of a disruption it
     /// abandons): a tainted node without a recorded drain would be emptied by
     /// nobody. Returns the node and its pods before evicting when the event
-    /// asks for a replacement.
+    /// asks for a replacement, and the drain in force.
     async fn take_node_out(
         &self,
         claim: &NodeClaim,
         s: &Steps,
         now: Timestamp,
         outcome: &mut InterruptOutcome,
-    ) -> Result<Option<ToReplace>, InterruptError> {
+    ) -> Result<(Option<ToReplace>, Option<DrainRecord>), InterruptError> {
         let Some(node) = &s.node else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let mut added = false;
         if s.taint {
@@ -498,13 +513,7 @@ impl<C: Cluster> Interrupter<C> {
         } else {
             None
         };
-        if let Some(r) = in_force {
-            // The first eviction now; the rest at the batch's end and by later passes.
-            if let Err(e) = draining::pass(&self.cluster, &r, Timestamp::now()).await {
-                tracing::warn!(node, error = %crate::telemetry::causes(&e), "first eviction pass failed; the drain is recorded and continued");
-            }
-        }
-        Ok(replace)
+        Ok((replace, in_force))
     }
 
     /// The batch's replacement: one read of the cluster and one solve for the

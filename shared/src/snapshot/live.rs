@@ -55,7 +55,7 @@ pub async fn read_with_claims(
     };
     let nodes = existing_nodes(
         initializing_as_claimed(cluster.nodes().await?, &claims, &catalog),
-        &all_pods,
+        all_pods,
     );
     let node_claims = in_flight(claims, &nodes);
     let unavailable = store
@@ -98,11 +98,12 @@ pub async fn read_launchable(
 }
 
 /// Groups bound pods by node; pods on nodes that are not listed are dropped.
-pub fn existing_nodes(nodes: Vec<Node>, pods: &[Pod]) -> Vec<ExistingNode> {
-    let mut by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
+/// Takes the pods by value: a whole cluster's pods are not copied.
+pub fn existing_nodes(nodes: Vec<Node>, pods: Vec<Pod>) -> Vec<ExistingNode> {
+    let mut by_node: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
     for p in pods {
-        if let Some(n) = pods::node_name(p).filter(|_| !pods::is_terminal(p)) {
-            by_node.entry(n).or_default().push(p.clone());
+        if let Some(n) = pods::node_name(&p).filter(|_| !pods::is_terminal(&p)) {
+            by_node.entry(n.to_string()).or_default().push(p);
         }
     }
     nodes
@@ -222,7 +223,7 @@ mod tests {
             provider_id: Some("aws:///us-east-1a/i-1".into()),
             ..Default::default()
         });
-        let nodes = existing_nodes(vec![node], &[]);
+        let nodes = existing_nodes(vec![node], Vec::new());
         let claims = vec![
             claim("a", Phase::Pending, None),
             claim("b", Phase::Launched, Some("aws:///us-east-1a/i-1")),
@@ -252,7 +253,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let nodes = existing_nodes(vec![node], &[pod("Running"), pod("Succeeded"), pod("Failed")]);
+        let nodes = existing_nodes(vec![node], vec![pod("Running"), pod("Succeeded"), pod("Failed")]);
         assert_eq!(nodes[0].pods.len(), 1);
     }
 }

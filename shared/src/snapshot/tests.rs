@@ -265,7 +265,7 @@ fn pods_waiting_for_a_registering_node_do_not_launch_a_second_one() {
         let mut s = Snapshot::new(Arc::new(catalog()), now());
         s.node_pools = vec![default_pool()];
         let nodes = live::initializing_as_claimed(vec![registering_node("ip-10-0-0-1", "i-1")], &claims, &s.catalog);
-        s.nodes = live::existing_nodes(nodes, &[]);
+        s.nodes = live::existing_nodes(nodes, Vec::new());
         s.node_claims = live::in_flight(claims, &s.nodes);
         assert!(s.node_claims.is_empty(), "the claim is counted as its node");
         s.pods = (0..3).map(|i| pod(&format!("p{i}"), "1", "1Gi", json!({}))).collect();

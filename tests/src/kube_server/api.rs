@@ -226,11 +226,7 @@ pub async fn handle(
                 );
                 let _ = store.update(t.res, &ns, &name, touched);
             }
-            let v = if t.res == PDBS {
-                disruption::with_status(v, &typed_pods(&store.list(PODS, None)))
-            } else {
-                v
-            };
+            let v = if t.res == PDBS { pdb_with_status(&store, v) } else { v };
             if t.sub.is_none()
                 && table::wants_table(&headers)
                 && let Some(tbl) = table::table(t.res, std::slice::from_ref(&v), store.resource_version())
@@ -334,11 +330,38 @@ pub async fn handle(
     }
 }
 
-fn typed_pods(values: &[Value]) -> Vec<Pod> {
-    values
+/// The pods of namespace `ns` that any of `pdbs` selects, typed: what their
+/// budgets are computed over (typing every pod of the cluster for each
+/// eviction or budget read is most of a large list's cost).
+fn selected_pods(store: &super::store::Store, ns: &str, pdbs: &[&PodDisruptionBudget]) -> Vec<Pod> {
+    let selectors: Vec<_> = pdbs
         .iter()
-        .filter_map(|v| serde_json::from_value(v.clone()).ok())
-        .collect()
+        .filter_map(|b| b.spec.as_ref().and_then(|s| s.selector.as_ref()))
+        .collect();
+    let mut pods = Vec::new();
+    if selectors.is_empty() {
+        return pods;
+    }
+    store.scan(PODS, Some(ns), None, None, |v| {
+        let labels = labels_of(v);
+        if selectors.iter().any(|s| disruption::selector_matches(s, &labels))
+            && let Ok(p) = serde_json::from_value::<Pod>(v.clone())
+        {
+            pods.push(p);
+        }
+        true
+    });
+    pods
+}
+
+/// A PodDisruptionBudget with its status computed from the pods it selects.
+fn pdb_with_status(store: &super::store::Store, v: Value) -> Value {
+    let Ok(pdb) = serde_json::from_value::<PodDisruptionBudget>(v.clone()) else {
+        return v;
+    };
+    let ns = pdb.metadata.namespace.clone().unwrap_or_default();
+    let pods = selected_pods(store, &ns, &[&pdb]);
+    disruption::with_status(v, &pods)
 }
 
 #[allow(clippy::result_large_err)] // the error is the response to send
@@ -426,46 +449,42 @@ fn list(
         },
     };
     let store = shared.lock_store();
-    let pods = if res == PDBS {
-        typed_pods(&store.list(PODS, None))
-    } else {
-        Vec::new()
+    let (snapshot_rv, at) = match &token {
+        None => (store.resource_version(), None),
+        Some(t) => (t.rv, Some(t.rv)),
     };
-    let (snapshot_rv, objects) = match &token {
-        None => (store.resource_version(), store.list(res, ns)),
-        Some(t) => match store.list_at(res, ns, t.rv) {
-            Some(objects) => (t.rv, objects),
-            None => {
-                return status(
-                    410,
-                    "Expired",
-                    &format!(
-                        "the continue token's resourceVersion {} is compacted (oldest kept {}): start the list again",
-                        t.rv,
-                        store.oldest_resumable()
-                    ),
-                    None,
-                );
-            }
-        },
-    };
-    let after = token.as_ref().map(ContinueToken::after);
-    let mut matching = objects
-        .into_iter()
-        .filter(|o| after.is_none_or(|(n, m)| (namespace_of(o), name_of(o)) > (n, m)))
-        .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o));
-    let items: Vec<Value> = matching
-        .by_ref()
-        .take(if limit == 0 { usize::MAX } else { limit })
-        .map(|o| {
-            if res == PDBS {
-                disruption::with_status(o, &pods)
-            } else {
-                o
-            }
-        })
-        .collect();
-    let remaining = matching.count();
+    let selected = |o: &Value| (ls.is_empty() || ls.matches(&labels_of(o))) && fs.matches(o);
+    // Without a selector the apiserver counts what remains; with one it only
+    // says whether more remain, so the walk stops at the first further match.
+    let counting = ls.is_empty() && fs.is_empty();
+    let page = if limit == 0 { usize::MAX } else { limit };
+    let mut items: Vec<Value> = Vec::new();
+    let mut remaining = 0usize;
+    let walked = store.scan(res, ns, at, token.as_ref().map(ContinueToken::after), |o| {
+        if !selected(o) {
+            return true;
+        }
+        if items.len() < page {
+            items.push(o.clone());
+            return true;
+        }
+        remaining += 1;
+        counting
+    });
+    if walked.is_none() {
+        return status(
+            410,
+            "Expired",
+            &format!(
+                "the continue token's resourceVersion {snapshot_rv} is compacted (oldest kept {}): start the list again",
+                store.oldest_resumable()
+            ),
+            None,
+        );
+    }
+    if res == PDBS {
+        items = items.into_iter().map(|o| pdb_with_status(&store, o)).collect();
+    }
     let mut metadata = json!({"resourceVersion": snapshot_rv.to_string()});
     if remaining > 0
         && let Some(last) = items.last()
@@ -699,12 +718,18 @@ fn evict(shared: &Shared, ns: &str, name: &str) -> Response {
     let Ok(pod) = serde_json::from_value::<Pod>(pod_json) else {
         return status(500, "InternalError", "stored pod does not parse", None);
     };
-    let pods = typed_pods(&store.list(PODS, None));
     let pdbs: Vec<PodDisruptionBudget> = store
         .list(PDBS, Some(ns))
         .into_iter()
         .filter_map(|v| serde_json::from_value(v).ok())
         .collect();
+    // Only the pods a budget covering this one selects count toward it.
+    let covering: Vec<&PodDisruptionBudget> = pdbs.iter().filter(|b| disruption::covers(b, &pod)).collect();
+    let pods = if covering.is_empty() {
+        Vec::new()
+    } else {
+        selected_pods(&store, ns, &covering)
+    };
     if let Some(why) = disruption::eviction_blocked_by(&pod, &pdbs, &pods) {
         return status(
             429,

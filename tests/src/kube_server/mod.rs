@@ -137,6 +137,8 @@ pub struct RequestRecord {
     pub uri: String,
     /// The Authorization header, if any (tests check how clients authenticate).
     pub authorization: Option<String>,
+    /// When it arrived (the scale harness times steps by it).
+    pub at: std::time::Instant,
 }
 
 /// State shared between the server's handlers and the test's handle.
@@ -175,6 +177,7 @@ impl Shared {
             method: method.clone(),
             uri: uri.to_string(),
             authorization,
+            at: std::time::Instant::now(),
         });
     }
 

@@ -84,6 +84,11 @@ impl LabelSelector {
         Ok(LabelSelector(terms))
     }
 
+    /// Whether the selector has no terms (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether the labels satisfy every term.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.0.iter().all(|t| match t {
@@ -142,17 +147,26 @@ impl FieldSelector {
         Ok(FieldSelector(terms))
     }
 
+    /// Whether the selector has no terms (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether the object's fields satisfy every term (absent fields read as "").
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, eq, want)| {
-            let ptr = format!("/{}", path.replace('.', "/"));
-            let got = match obj.pointer(&ptr) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Bool(b)) => b.to_string(),
-                Some(Value::Number(n)) => n.to_string(),
-                _ => String::new(),
+            // Walked segment by segment: no pointer string built per object.
+            let got = path.split('.').try_fold(obj, |v, seg| match v {
+                Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
+                _ => v.get(seg),
+            });
+            let same = match got {
+                Some(Value::String(s)) => s == want,
+                Some(Value::Bool(b)) => b.to_string() == *want,
+                Some(Value::Number(n)) => n.to_string() == *want,
+                _ => want.is_empty(),
             };
-            (got == *want) == *eq
+            same == *eq
         })
     }
 }

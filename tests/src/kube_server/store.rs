@@ -229,37 +229,82 @@ impl Store {
 
     /// The objects of `res` (in one namespace, or all) as they were at `rv`,
     /// sorted by namespace and name; None when the log no longer reaches back
-    /// that far (the revision is compacted). Undoes, newest first, every
-    /// change made since.
+    /// that far (the revision is compacted).
     pub fn list_at(&self, res: &Resource, ns: Option<&str>, rv: u64) -> Option<Vec<Value>> {
-        if rv < self.compacted_below || rv > self.rv {
-            return None;
+        let mut out = Vec::new();
+        self.scan(res, ns, Some(rv), None, |o| {
+            out.push(o.clone());
+            true
+        })?;
+        Some(out)
+    }
+
+    /// Visits the objects of `res` (in one namespace, or all) in namespace and
+    /// name order, as they are now (`at` None) or were at revision `at`,
+    /// starting after the key `after` when given, until `visit` returns false.
+    /// None (nothing visited) when `at` is compacted. Objects are lent, not
+    /// copied: a page of a large list costs its page, not the whole list.
+    pub fn scan(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        at: Option<u64>,
+        after: Option<(&str, &str)>,
+        mut visit: impl FnMut(&Value) -> bool,
+    ) -> Option<()> {
+        // What the changes since `at` undo, by key: None where the object did
+        // not exist then, else its version then. Undone newest first, so the
+        // oldest change since `at` has the last word.
+        let mut then: BTreeMap<Key, Option<&Value>> = BTreeMap::new();
+        if let Some(rv) = at {
+            if rv < self.compacted_below || rv > self.rv {
+                return None;
+            }
+            for r in self.log.iter().rev().take_while(|r| r.rv > rv) {
+                if r.resource.id() != res.id() {
+                    continue;
+                }
+                let key = (namespace_of(&r.object).to_string(), name_of(&r.object).to_string());
+                let was = match (r.change, &r.old) {
+                    (Change::Added, _) => None,
+                    (Change::Modified, Some(old)) => Some(old),
+                    (Change::Modified, None) | (Change::Deleted, _) => Some(&r.object),
+                };
+                then.insert(key, was);
+            }
         }
-        let mut objects: BTreeMap<Key, Value> = self.objects.get(&res.id()).cloned().unwrap_or_default();
-        for r in self.log.iter().rev().take_while(|r| r.rv > rv) {
-            if r.resource.id() != res.id() {
+        let empty = BTreeMap::new();
+        let now = self.objects.get(&res.id()).unwrap_or(&empty);
+        let start = match after {
+            Some((n, m)) => std::ops::Bound::Excluded((n.to_string(), m.to_string())),
+            None => std::ops::Bound::Unbounded,
+        };
+        let range = || (start.clone(), std::ops::Bound::Unbounded);
+        let mut current = now.range::<Key, _>(range()).peekable();
+        let mut undone = then.range::<Key, _>(range()).peekable();
+        loop {
+            // The next key of either side; the undone version wins a tie.
+            let next = match (current.peek(), undone.peek()) {
+                (None, None) => return Some(()),
+                (Some((k, _)), Some((u, _))) if u <= k => {
+                    if u == k {
+                        current.next();
+                    }
+                    undone.next().and_then(|(k, v)| (*v).map(|v| (k, v)))
+                }
+                (Some(_), _) => current.next(),
+                (None, Some(_)) => undone.next().and_then(|(k, v)| (*v).map(|v| (k, v))),
+            };
+            let Some(((n, _), v)) = next else {
+                continue;
+            };
+            if ns.is_some_and(|want| n != want) {
                 continue;
             }
-            let key = (namespace_of(&r.object).to_string(), name_of(&r.object).to_string());
-            match (r.change, &r.old) {
-                (Change::Added, _) => {
-                    objects.remove(&key);
-                }
-                (Change::Modified, Some(old)) => {
-                    objects.insert(key, old.clone());
-                }
-                (Change::Modified, None) | (Change::Deleted, _) => {
-                    objects.insert(key, r.object.clone());
-                }
+            if !visit(v) {
+                return Some(());
             }
         }
-        Some(
-            objects
-                .into_iter()
-                .filter(|((n, _), _)| ns.is_none_or(|want| n == want))
-                .map(|(_, v)| v)
-                .collect(),
-        )
     }
 
     /// Forgets the change log: watches from an older resourceVersion get 410 Gone.
