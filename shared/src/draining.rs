@@ -90,23 +90,35 @@ pub fn undrained(pods_on_node: &[Pod], now: Timestamp) -> (usize, Option<String>
 /// Continues every recorded drain: passes until each node is empty, its node
 /// gone, or `budget` spent (pausing `interval` between passes; a zero budget
 /// makes one pass). Honours PDBs and do-not-disrupt until the record's force
-/// time, then deletes what evictions cannot move. Returns the nodes whose
-/// drain finished (their records are removed).
+/// time, then deletes what evictions cannot move. No node's pass starts at or
+/// after `stop_at` (the invocation's time is up: at a storm's size one pass
+/// over every drain can outlast it), and each pass starts at a different
+/// record ([`turn`]), so the same first drains do not take every invocation's
+/// time. Returns the nodes whose drain finished (their records are removed).
 pub async fn continue_drains(
     cluster: &impl Cluster,
     store: &StateStore,
     budget: Duration,
     interval: Duration,
+    stop_at: std::time::Instant,
 ) -> Result<Vec<String>, DrainError> {
     let started = std::time::Instant::now();
     let mut drained = Vec::new();
     loop {
-        let records = store.drains().await?;
+        let mut records = store.drains().await?;
         if records.is_empty() {
             return Ok(drained);
         }
+        turn(&mut records, Timestamp::now());
         let mut left = 0;
-        for r in &records {
+        for (i, r) in records.iter().enumerate() {
+            if std::time::Instant::now() >= stop_at {
+                tracing::info!(
+                    left = records.len() - i,
+                    "no time left for more drain passes; the next invocation goes on"
+                );
+                return Ok(drained);
+            }
             if pass(cluster, r, Timestamp::now()).await? {
                 drained.push(r.node.clone());
                 store.end_drain(&r.claim).await?;
@@ -121,11 +133,21 @@ pub async fn continue_drains(
     }
 }
 
-/// The sweep's share: one pass over every recorded drain, so a drain
-/// outlives the invocation that began it even when no further event arrives.
+/// Puts `records` in the order a pass at `now` takes them: turned by the
+/// seconds of `now`, so over successive passes each record comes first (pure).
+pub fn turn<T>(records: &mut [T], now: Timestamp) {
+    if !records.is_empty() {
+        let by = now.as_second().rem_euclid(records.len() as i64) as usize;
+        records.rotate_left(by);
+    }
+}
+
+/// The sweep's share: one pass over every recorded drain (none started at or
+/// after `stop_at`), so a drain outlives the invocation that began it even
+/// when no further event arrives.
 /// Failures are logged; the next sweep tries again.
-pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore) -> Vec<String> {
-    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO).await {
+pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore, stop_at: std::time::Instant) -> Vec<String> {
+    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO, stop_at).await {
         Ok(drained) => drained,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::causes(&e), "recorded drains not continued; the next sweep tries again");
@@ -171,6 +193,22 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn each_record_comes_first_in_some_pass() {
+        let base: Timestamp = "2026-03-02T14:20:00Z".parse().unwrap();
+        let firsts: std::collections::BTreeSet<u32> = (0..3)
+            .map(|s| {
+                let mut records = vec![1, 2, 3];
+                turn(&mut records, base + jiff::SignedDuration::from_secs(s));
+                records[0]
+            })
+            .collect();
+        assert_eq!(firsts, [1, 2, 3].into());
+        let mut none: Vec<u32> = Vec::new();
+        turn(&mut none, base);
+        assert!(none.is_empty());
     }
 
     #[test]

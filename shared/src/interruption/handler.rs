@@ -350,11 +350,12 @@ impl<C: Cluster> Interrupter<C> {
                 tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot record the event as handled; a redelivery acts on it again, harmlessly");
             }
         }
-        let budget = self
-            .config
-            .drain_budget
-            .min(deadline.earlier_by(EVENT_RESERVE).remaining());
-        if let Err(e) = self.continue_drains_for(budget, &mut outcome).await {
+        let stop_at = deadline.earlier_by(EVENT_RESERVE);
+        let budget = self.config.drain_budget.min(stop_at.remaining());
+        if let Err(e) = self
+            .continue_drains_for(budget, stop_at.instant().into_std(), &mut outcome)
+            .await
+        {
             tracing::warn!(error = %crate::telemetry::causes(&e), "drains not continued; the next invocation or the sweep continues them");
         }
         outcome
@@ -640,19 +641,16 @@ impl<C: Cluster> Interrupter<C> {
         .ok_or(InterruptError::Busy)?
     }
 
-    /// Continues every recorded drain ([`draining::continue_drains`]) within
-    /// this function's drain budget.
-    pub async fn continue_drains(&self, outcome: &mut InterruptOutcome) -> Result<(), InterruptError> {
-        self.continue_drains_for(self.config.drain_budget, outcome).await
-    }
-
-    /// Continues every recorded drain for at most `budget`.
+    /// Continues every recorded drain for at most `budget`, starting no
+    /// node's pass at or after `stop_at`.
     async fn continue_drains_for(
         &self,
         budget: Duration,
+        stop_at: std::time::Instant,
         outcome: &mut InterruptOutcome,
     ) -> Result<(), InterruptError> {
-        let drained = draining::continue_drains(&self.cluster, &self.store, budget, self.config.drain_interval).await?;
+        let drained =
+            draining::continue_drains(&self.cluster, &self.store, budget, self.config.drain_interval, stop_at).await?;
         outcome.drained.extend(drained);
         Ok(())
     }

@@ -35,6 +35,12 @@ use crate::telemetry::Metric;
 
 /// The lease that keeps sweeps from acting at once.
 pub const LEASE: &str = "sweep";
+/// The least time the run's drain pass gets, however much of the budget the
+/// steps before it spent.
+const DRAIN_SHARE: Duration = Duration::from_secs(15);
+/// Time kept after the drain pass, before the invocation's deadline, for
+/// what the run does after it (terminations, collection, the catalog).
+const DRAIN_RESERVE: Duration = Duration::from_secs(20);
 
 /// Settings of the sweep function.
 #[derive(Debug, Clone, PartialEq)]
@@ -439,7 +445,11 @@ impl<C: Cluster> Sweeper<C> {
         };
         let result = self
             .store
-            .while_holding(&lease, self.config.lease, self.run_leased(started, now))
+            .while_holding(
+                &lease,
+                self.config.lease,
+                self.run_leased(started, deadline.earlier_by(DRAIN_RESERVE).instant().into_std(), now),
+            )
             .await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
             tracing::warn!(error = %crate::telemetry::causes(&e), "could not release the sweep lease; it expires by itself");
@@ -447,7 +457,13 @@ impl<C: Cluster> Sweeper<C> {
         result
     }
 
-    async fn run_leased(&self, started: Instant, now: Timestamp) -> Result<SweepReport, SweepError> {
+    /// One run under the lease; `drains_by`: no drain pass starts after it.
+    async fn run_leased(
+        &self,
+        started: Instant,
+        drains_by: Instant,
+        now: Timestamp,
+    ) -> Result<SweepReport, SweepError> {
         let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
         let nodes = self.cluster.nodes().await?;
         let catalog = match self.store.get_catalog().await {
@@ -532,7 +548,12 @@ impl<C: Cluster> Sweeper<C> {
         report.disruption = self.disrupt(started, now, &resolved).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
-        let drained = crate::draining::sweep_drains(&self.cluster, &self.store).await;
+        // Drains get what the budget left, and at least DRAIN_SHARE even when
+        // the steps before took it all, so disruptions never starve them.
+        let stop_at = (started + self.config.budget)
+            .max(Instant::now() + DRAIN_SHARE)
+            .min(drains_by);
+        let drained = crate::draining::sweep_drains(&self.cluster, &self.store, stop_at).await;
         self.finish_drained(&drained, &mut report.disruption).await;
         Box::pin(self.finish_terminations(now, &mut report.terminations)).await;
         // Static pools back to their count, after this run's removals.
