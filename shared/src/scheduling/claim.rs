@@ -66,6 +66,8 @@ pub struct Ctx<'a> {
     pub counts: &'a Counts,
     /// Domains.
     pub domains: &'a Domains,
+    /// Break domain ties by name, ignoring price (Karpenter's choice).
+    pub by_name: bool,
 }
 
 impl Claim {
@@ -377,7 +379,7 @@ impl Claim {
     ) -> Option<Requirements> {
         let m = cx.m;
         let pool = &m.pools[self.pool];
-        let mut best: Option<(DomainScore, Requirements, Vec<u32>)> = None;
+        let mut best: Option<(DomainScore, DomainId, Requirements)> = None;
         for &d in &choice.candidates {
             let mut r = reqs.clone();
             r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
@@ -410,12 +412,21 @@ impl Claim {
                     .map_or(f64::INFINITY, |o| o.price)
                 })
                 .fold(f64::INFINITY, f64::min);
-            let score = (spread, -aff, (price * 1e6) as u64, d);
-            if best.as_ref().is_none_or(|(s, _, _)| score < *s) {
-                best = Some((score, r, opts));
+            let score = (spread, -aff, if cx.by_name { 0 } else { (price * 1e6) as u64 });
+            let wins = best.as_ref().is_none_or(|(s, bd, _)| {
+                score < *s
+                    || score == *s
+                        && if cx.by_name {
+                            cx.domains.name(d) < cx.domains.name(*bd)
+                        } else {
+                            d < *bd
+                        }
+            });
+            if wins {
+                best = Some((score, d, r));
             }
         }
-        best.map(|(_, r, _)| r)
+        best.map(|(_, _, r)| r)
     }
 
     /// Options that fit `used` and satisfy the changed requirement keys.
@@ -443,8 +454,9 @@ impl Claim {
 }
 
 /// How good a domain is for a pod, lower first: spread count, minus affinity
-/// count, price in micro-dollars, then the domain itself (a stable tie-break).
-type DomainScore = (i64, i64, u64, DomainId);
+/// count, price in micro-dollars (0 when choosing as Karpenter does); ties go
+/// to the lower domain id, or name as Karpenter's choice.
+type DomainScore = (i64, i64, u64);
 
 /// The domains a claim may take for one topology key, with the pod's groups on that key.
 struct DomainChoice {

@@ -11,9 +11,11 @@
 //! zone-pinned pod for one that must avoid it) is a different answer, not a
 //! better price. Only a pass that schedules strictly more may change the set.
 //!
-//! - Karpenter's own order (claims with the fewest pods first), up to
-//!   [`FEWEST_PODS_MAX`] pods, so that a plan is never dearer than the one
-//!   Karpenter would make for the same pods;
+//! - Karpenter's own order (claims with the fewest pods first, topology
+//!   domains chosen as Karpenter chooses them), up to [`FEWEST_PODS_MAX`]
+//!   pods, so that a plan is never dearer than the one Karpenter would make
+//!   for the same pods, nor on more nodes at the same price; and that order
+//!   with domains chosen for price;
 //! - a balanced pass (pods picked to fill each node's cpu and memory
 //!   together) that keeps pods able to run on spot off nodes that can only be
 //!   on-demand (`Strategy::spot_first`);
@@ -84,9 +86,11 @@ pub fn candidate_caps(m: &Model) -> Vec<Cap> {
     caps
 }
 
+/// True when `a` schedules more pods than `b`, or as many for less, or as
+/// many for the same price on fewer nodes.
 fn better(a: &Assignment, b: &Assignment) -> bool {
     let (ua, ub) = (a.unschedulable.len(), b.unschedulable.len());
-    ua < ub || (ua == ub && a.cost < b.cost - 1e-9)
+    ua < ub || (ua == ub && (a.cost < b.cost - 1e-9 || (a.cost <= b.cost + 1e-9 && a.claims.len() < b.claims.len())))
 }
 
 /// The pods a pass leaves pending, sorted.
@@ -107,6 +111,14 @@ fn admissible(a: &Assignment, reference: &[usize]) -> bool {
 fn strategies(m: &Model) -> Vec<Strategy> {
     let mut out = Vec::new();
     if m.pods.len() <= FEWEST_PODS_MAX {
+        // Karpenter's plan itself (claims by fewest pods, domains chosen as
+        // Karpenter chooses them), then the same order with each claim's
+        // domain chosen for price.
+        out.push(Strategy {
+            fewest_pods: true,
+            karpenter_domains: true,
+            ..Strategy::default()
+        });
         out.push(Strategy {
             fewest_pods: true,
             ..Strategy::default()
@@ -138,7 +150,7 @@ pub fn best(m: &Model, deadline: Option<Instant>) -> Assignment {
             break;
         }
         let o = Run::new(m, strategy).schedule();
-        if strategy.fewest_pods {
+        if strategy.karpenter_domains {
             reference = left_pending(&o);
             if !admissible(&best, &reference) {
                 best = o;

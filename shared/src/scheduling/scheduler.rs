@@ -28,6 +28,10 @@ pub struct Strategy {
     /// Try new claims with the fewest pods first (Karpenter's order) rather
     /// than in the order they were opened.
     pub fewest_pods: bool,
+    /// Choose a claim's topology domain as Karpenter does (fewest spread
+    /// pods, most affinity pods, then the first by name) rather than the
+    /// cheapest: the pass then makes Karpenter's own plan.
+    pub karpenter_domains: bool,
     /// Take pods in a balanced order (see [`Picker`]) rather than
     /// first-fit-decreasing.
     pub balanced: bool,
@@ -299,6 +303,7 @@ impl<'m> Run<'m> {
                 m,
                 counts: &self.counts,
                 domains: &self.domains,
+                by_name: self.strategy.karpenter_domains,
             };
             match self.claims[ci].try_add(&cx, i, a) {
                 // The claim only fills and narrows, so it stays refused to
@@ -380,6 +385,7 @@ impl<'m> Run<'m> {
                 m: self.m,
                 counts: &self.counts,
                 domains: &self.domains,
+                by_name: self.strategy.karpenter_domains,
             };
             if let Ok(u) = self.claims[ci].try_add(&cx, i, a) {
                 self.commit_claim(ci, i, a, u);
@@ -592,6 +598,7 @@ impl<'m> Run<'m> {
                 m,
                 counts: &self.counts,
                 domains: &self.domains,
+                by_name: self.strategy.karpenter_domains,
             };
             if let Ok(u) = claim.try_add(&cx, i, a) {
                 self.claims.push(claim);

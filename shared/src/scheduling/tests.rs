@@ -1530,6 +1530,7 @@ fn capped_packing_beats_ffd_when_big_types_cost_more_per_cpu() {
 }
 
 mod anti_affinity;
+mod mix;
 mod properties;
 
 /// Issue 15, item 1: spot only in two zones, so pods spread over three

@@ -95,3 +95,68 @@ proptest! {
         }
     }
 }
+
+/// A small catalog: two families (2 and 4 GiB per vCPU) of six sizes, the
+/// on-demand price per vCPU falling, flat or rising with size (`exponent`
+/// below, at or above 1), spot in zones a and b at their own discounts (and
+/// in zone c when `spot_c` is given).
+fn sized_catalog(exponent: f64, spot: [f64; 2], spot_c: Option<f64>) -> crate::catalog::Catalog {
+    let mut instance_types = Vec::new();
+    for (family, gib, per_cpu) in [("c", 2i64, 0.04), ("m", 4, 0.05)] {
+        for (si, cpu) in [1i64, 2, 4, 8, 16, 32].into_iter().enumerate() {
+            let od = per_cpu * (cpu as f64).powf(exponent);
+            // Discounts also vary a little by type, as they do on EC2.
+            let wobble = 0.05 * ((si * 3 + gib as usize) % 4) as f64;
+            let discounts = [Some(spot[0]), Some(spot[1]), spot_c];
+            let offer = move |z: usize| discounts[z].map(|d| od * (d + wobble).min(0.95));
+            let mut t = super::mix::synthetic_type(&format!("{family}.{cpu}x"), cpu, od, &offer);
+            t.capacity
+                .set("memory", crate::quantity::Quantity::from_mib(gib * cpu * 1024));
+            t.allocatable = Some(t.capacity.clone());
+            t.labels.insert(labels::aws::FAMILY.into(), family.into());
+            instance_types.push(t);
+        }
+    }
+    crate::catalog::Catalog {
+        region: "test-region".into(),
+        instance_types,
+    }
+}
+
+/// Pods of the benchmark's five kinds: (kind, cpu, memory, label, selector).
+fn arb_mix_pods() -> impl Strategy<Value = Vec<(usize, usize, usize, usize, usize)>> {
+    prop::collection::vec(
+        (0..super::mix::KINDS, 0..5usize, 0..6usize, 0..3usize, 0..3usize),
+        1..40,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Issue 32: on any catalog shape, nodesmith's plan is never dearer than
+    /// Karpenter's order for the same pods, and never uses more nodes unless
+    /// it is strictly cheaper.
+    #[test]
+    fn never_dearer_than_karpenters_order_nor_more_nodes_unless_cheaper(
+        specs in arb_mix_pods(),
+        exponent in prop::sample::select(vec![0.8f64, 1.0, 1.15]),
+        spot_a in 0.25f64..0.8,
+        spot_b in 0.25f64..0.8,
+        spot_c in prop::option::weighted(0.25, 0.25f64..0.8),
+    ) {
+        use super::mix::{CPU, MEM, kind_extra};
+        let pods: Vec<Pod> = specs.iter().enumerate().map(|(i, (k, c, m, l, s))| fixtures::pod(&format!("p{i}"), CPU[*c], MEM[*m], kind_extra(*k, *l, *s))).collect();
+        let mut case = Case::new(pods);
+        case.catalog = sized_catalog(exponent, [spot_a, spot_b], spot_c);
+        let karpenter = super::mix::karpenter_order(&case);
+        let plan = case.solve();
+        prop_assert!(plan.unschedulable.len() <= karpenter.unschedulable.len(), "pending {} > {}", plan.unschedulable.len(), karpenter.unschedulable.len());
+        if plan.unschedulable.len() == karpenter.unschedulable.len() {
+            let (ours, theirs) = (plan.total_price(), karpenter.total_price());
+            prop_assert!(ours <= theirs + 1e-9, "${} > Karpenter's ${}", ours, theirs);
+            prop_assert!(ours < theirs - 1e-9 || plan.node_claims.len() <= karpenter.node_claims.len(),
+                "{} nodes at ${} where Karpenter's order uses {} at ${}", plan.node_claims.len(), ours, karpenter.node_claims.len(), theirs);
+        }
+    }
+}
