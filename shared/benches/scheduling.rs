@@ -11,15 +11,12 @@
 //! generic mix (the same pods without topology constraints).
 //! `NODESMITH_BENCH_REFERENCE=0` skips the reference (slow at 20,000 pods).
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, criterion_main};
 use k8s_openapi::api::core::v1::Pod;
 use nodesmith::apis::NodePool;
 use nodesmith::catalog::{Catalog, InstanceTypeInfo, Offering};
-use nodesmith::quantity::Quantity;
-use nodesmith::resources::Resources;
 use nodesmith::scheduling::{Compiled, SolveInput, SolveOptions, solve};
 use serde_json::json;
 
@@ -59,28 +56,7 @@ fn catalog() -> Catalog {
                     });
                 }
             }
-            let capacity = Resources::from_pairs([
-                ("cpu", Quantity::from_units(cpu)),
-                ("memory", Quantity::from_mib(mem_gib * 1024)),
-                ("pods", Quantity::from_units(10 * (i + 1))),
-            ]);
-            let labels: BTreeMap<String, String> = [
-                ("kubernetes.io/arch", "amd64".to_string()),
-                ("kubernetes.io/os", "linux".to_string()),
-                ("karpenter.k8s.aws/instance-cpu", cpu.to_string()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-            InstanceTypeInfo {
-                name: format!("fake-{i}"),
-                labels,
-                allocatable: Some(capacity.clone()),
-                capacity,
-                vcpus: cpu,
-                eni_max_pods: 10 * (i + 1),
-                offerings,
-            }
+            InstanceTypeInfo::synthetic(&format!("fake-{i}"), cpu, mem_gib * 1024, 10 * (i + 1), offerings)
         })
         .collect();
     Catalog {

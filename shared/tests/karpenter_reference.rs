@@ -396,28 +396,7 @@ fn benchmark_mix(n: usize) -> (Catalog, Vec<Pod>) {
                     offerings.push(Offering::new(z, "spot", od * discount));
                 }
             }
-            let capacity = Resources::from_pairs([
-                ("cpu", Quantity::from_units(cpu)),
-                ("memory", Quantity::from_mib(2 * cpu * 1024)),
-                ("pods", Quantity::from_units(10 * cpu)),
-            ]);
-            let labels: BTreeMap<String, String> = [
-                ("kubernetes.io/arch", "amd64".to_string()),
-                ("kubernetes.io/os", "linux".to_string()),
-                ("karpenter.k8s.aws/instance-cpu", cpu.to_string()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-            InstanceTypeInfo {
-                name: format!("fake-{i:03}"),
-                labels,
-                allocatable: Some(capacity.clone()),
-                capacity,
-                vcpus: cpu,
-                eni_max_pods: 10 * cpu,
-                offerings,
-            }
+            InstanceTypeInfo::synthetic(&format!("fake-{i:03}"), cpu, 2 * cpu * 1024, 10 * cpu, offerings)
         })
         .collect();
     let catalog = Catalog {

@@ -216,6 +216,22 @@ async fn the_sweep_continues_a_recorded_drain_and_forces_it_at_the_deadline() {
     );
 }
 
+/// A spot interruption warning for each claim's instance, ids `prefix-N`.
+fn spot_warnings(claims: &[nodesmith::nodeclaim::NodeClaim], prefix: &str, now: jiff::Timestamp) -> Vec<String> {
+    claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            ec2_event(
+                &format!("{prefix}-{i}"),
+                "EC2 Spot Instance Interruption Warning",
+                now,
+                json!({"instance-id": c.instance_id.as_deref().unwrap(), "instance-action": "terminate"}),
+            )
+        })
+        .collect()
+}
+
 /// `n` initialized nodes of one 2-vCPU type, each holding two of the stack's pods.
 async fn running_nodes(s: &Stack, n: usize) -> Vec<nodesmith::nodeclaim::NodeClaim> {
     // Two pods a node: the pool may launch 2-vCPU types only.
@@ -275,18 +291,7 @@ async fn a_spot_storm_while_provision_holds_the_lease_taints_records_and_evicts_
         .unwrap()
         .expect("the lease is free");
     let now = jiff::Timestamp::now();
-    let warnings: Vec<String> = claims
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            ec2_event(
-                &format!("storm-{i}"),
-                "EC2 Spot Instance Interruption Warning",
-                now,
-                json!({"instance-id": c.instance_id.as_deref().unwrap(), "instance-action": "terminate"}),
-            )
-        })
-        .collect();
+    let warnings = spot_warnings(&claims, "storm", now);
     let wait = std::time::Duration::from_secs(3);
     let h = s.interrupter(|c| c.lease_wait = wait);
     let started = std::time::Instant::now();
@@ -470,18 +475,7 @@ async fn a_batch_taints_and_records_every_node_before_its_first_eviction() {
     let s = Stack::new("64", 8).await;
     let claims = running_nodes(&s, 4).await;
     let now = jiff::Timestamp::now();
-    let warnings: Vec<String> = claims
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            ec2_event(
-                &format!("batch-{i}"),
-                "EC2 Spot Instance Interruption Warning",
-                now,
-                json!({"instance-id": c.instance_id.as_deref().unwrap(), "instance-action": "terminate"}),
-            )
-        })
-        .collect();
+    let warnings = spot_warnings(&claims, "batch", now);
     let h = s.interrupter(|c| c.drain_budget = std::time::Duration::ZERO);
     let before = s.kube.requests().len();
     let out = h.handle(&event(warnings)).await;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::apis::KubeletConfiguration;
 use crate::apis::ec2nodeclass::{CapacityReservationStatus, RESERVATION_DEFAULT};
 use crate::labels;
+use crate::quantity::Quantity;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::Resources;
 
@@ -260,6 +261,34 @@ impl Catalog {
 }
 
 impl InstanceTypeInfo {
+    /// A type known only by its size and offerings, as synthetic catalogs
+    /// (benchmarks, property tests) make them: amd64 Linux, allocatable equal
+    /// to capacity, `max_pods` pods.
+    pub fn synthetic(name: &str, cpu: i64, memory_mib: i64, max_pods: i64, offerings: Vec<Offering>) -> Self {
+        let capacity = Resources::from_pairs([
+            ("cpu", Quantity::from_units(cpu)),
+            ("memory", Quantity::from_mib(memory_mib)),
+            ("pods", Quantity::from_units(max_pods)),
+        ]);
+        let labels = [
+            (labels::ARCH, "amd64".to_string()),
+            (labels::OS, "linux".to_string()),
+            (labels::aws::CPU, cpu.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        InstanceTypeInfo {
+            name: name.into(),
+            labels,
+            allocatable: Some(capacity.clone()),
+            capacity,
+            vcpus: cpu,
+            eni_max_pods: max_pods,
+            offerings,
+        }
+    }
+
     /// The `reserved` offering a selected reservation of this type adds, when
     /// it has room.
     fn reserved_offering(&self, r: &CapacityReservationStatus) -> Option<Offering> {

@@ -13,8 +13,6 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::catalog::{Catalog, InstanceTypeInfo, Offering};
-use crate::quantity::Quantity;
-use crate::resources::Resources;
 use crate::scheduling::fixtures::ZONES;
 use crate::scheduling::model::Model;
 use crate::scheduling::scheduler::{Run, Strategy};
@@ -41,28 +39,7 @@ pub(super) fn synthetic_type(name: &str, cpu: i64, od: f64, spot: &dyn Fn(usize)
             offerings.push(Offering::new(z, "spot", s));
         }
     }
-    let capacity = Resources::from_pairs([
-        ("cpu", Quantity::from_units(cpu)),
-        ("memory", Quantity::from_mib(2 * cpu * 1024)),
-        ("pods", Quantity::from_units(10 * cpu)),
-    ]);
-    let labels = [
-        (labels::ARCH, "amd64".to_string()),
-        (labels::OS, "linux".to_string()),
-        (labels::aws::CPU, cpu.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    InstanceTypeInfo {
-        name: name.into(),
-        labels,
-        allocatable: Some(capacity.clone()),
-        capacity,
-        vcpus: cpu,
-        eni_max_pods: 10 * cpu,
-        offerings,
-    }
+    InstanceTypeInfo::synthetic(name, cpu, 2 * cpu * 1024, 10 * cpu, offerings)
 }
 
 /// The benchmark's 400 types (type i: i+1 vCPUs).
