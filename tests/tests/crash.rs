@@ -599,18 +599,28 @@ fn chosen(reached: &BTreeSet<(String, Point)>, full: bool, seed: u64) -> Vec<(St
 /// rare as two in a row, and every play must converge either way.
 const PLAYS_PER_POINT: usize = 2;
 
-/// Writes a function makes when the wall clock says so, not because of what
-/// the phase did: the sweep asks for a solve once a pod has waited longer
-/// than the batch window since the last solve, so whether a play reaches
-/// that call depends on how fast the previous steps ran. Crash-free plays
-/// can make it and an armed play not (seen as "the point never fired"), so
-/// these are crash points only in the phase [`WRITES`] gives their call.
-const TIME_DRIVEN: &[(&str, &str)] = &[("sweep", "sqs:SendMessage")];
+/// Whether `function` makes `call` in `phase` when the wall clock says so,
+/// not because of what the phase did. Crash-free plays can make such a write
+/// and an armed play not (seen as "the point never fired"), so it is not a
+/// crash point there; the phases where it is the phase's own still crash
+/// after it.
+fn time_driven(function: &str, call: &str, phase: Phase) -> bool {
+    match (function, call) {
+        // A solve once a pod has waited longer than the batch window since
+        // the last one; in the Interrupt phase it is the "instance gone" solve.
+        ("sweep", "sqs:SendMessage") => phase != Phase::Interrupt,
+        // DisruptionBlocked on a node a pending pod is nominated to: written
+        // only when a sweep runs before the pod binds (the Consolidate and
+        // Drift phases crash after the sweep's own events).
+        ("sweep", "kube:create events") => phase == Phase::Provision,
+        _ => false,
+    }
+}
 
 /// The writes each function logged, as crash points. `provision` and
 /// `launch` do the same whatever the phase, so they are played in the
 /// phases where their work is the phase's own (provisioning, interruption
-/// replacements); the sweep in every phase, but for its [`TIME_DRIVEN`]
+/// replacements); the sweep in every phase, but for its [`time_driven`]
 /// writes.
 fn points(phase: Phase, calls: &BTreeMap<String, Vec<Logged>>) -> BTreeSet<(String, Point)> {
     let played = |f: &str| match f {
@@ -618,16 +628,13 @@ fn points(phase: Phase, calls: &BTreeMap<String, Vec<Logged>>) -> BTreeSet<(Stri
         "interrupt" => phase == Phase::Interrupt,
         _ => true,
     };
-    let off_phase_clock = |f: &str, call: &str| {
-        TIME_DRIVEN.contains(&(f, call)) && !WRITES.iter().any(|(c, p)| *c == call && *p == Ok(phase))
-    };
     calls
         .iter()
         .filter(|(f, _)| played(f))
         .flat_map(|(f, logged)| {
             logged
                 .iter()
-                .filter(move |l| l.write && l.occurrence <= MAX_OCCURRENCE && !off_phase_clock(f, &l.call))
+                .filter(move |l| l.write && l.occurrence <= MAX_OCCURRENCE && !time_driven(f, &l.call, phase))
                 .map(move |l| {
                     (
                         f.clone(),
