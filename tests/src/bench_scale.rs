@@ -45,6 +45,8 @@ const RUN_BATCH: usize = 250;
 /// Apps the pods belong to; the first [`PDB_APPS`] have a PodDisruptionBudget.
 const APPS: usize = 50;
 const PDB_APPS: usize = 5;
+/// Spot warnings of the storm scenario.
+const STORM: usize = 200;
 
 /// A scenario of the harness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,15 +57,18 @@ pub enum Scenario {
     Provision,
     /// A batch of 10 spot interruption warnings through one interrupt invocation.
     Interrupt,
+    /// 200 spot interruption warnings through 20 concurrent invocations of 10.
+    Storm,
 }
 
 impl Scenario {
-    /// The scenario of a name (`sweep`, `provision`, `interrupt`).
+    /// The scenario of a name (`sweep`, `provision`, `interrupt`, `storm`).
     pub fn parse(name: &str) -> Option<Scenario> {
         match name {
             "sweep" => Some(Scenario::Sweep),
             "provision" => Some(Scenario::Provision),
             "interrupt" => Some(Scenario::Interrupt),
+            "storm" => Some(Scenario::Storm),
             _ => None,
         }
     }
@@ -73,6 +78,7 @@ impl Scenario {
             Scenario::Sweep => "sweep",
             Scenario::Provision => "provision",
             Scenario::Interrupt => "interrupt",
+            Scenario::Storm => "storm",
         }
     }
 }
@@ -95,7 +101,12 @@ impl Default for BenchOptions {
         BenchOptions {
             nodes: 5_000,
             pods_per_node: 30,
-            scenarios: vec![Scenario::Sweep, Scenario::Provision, Scenario::Interrupt],
+            scenarios: vec![
+                Scenario::Sweep,
+                Scenario::Provision,
+                Scenario::Interrupt,
+                Scenario::Storm,
+            ],
             profile: if cfg!(debug_assertions) { "debug" } else { "optimised" },
         }
     }
@@ -257,7 +268,6 @@ async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Be
     ));
 
     let claim_name = |n: usize| format!("{}-{n:05}", seed_of(n).pool);
-    let node_name = |n: usize| format!("ip-node-{n:05}.ec2.internal");
     let started = Instant::now();
     let tagged: Vec<Result<(), String>> = futures::stream::iter(0..total)
         .map(|n| {
@@ -505,6 +515,50 @@ fn kinds<T: std::fmt::Debug>(items: &[T]) -> BTreeMap<String, usize> {
     out
 }
 
+/// The seeded Node of index `n`.
+fn node_name(n: usize) -> String {
+    format!("ip-node-{n:05}.ec2.internal")
+}
+
+/// Spot interruption warnings for `instances`, as SQS records.
+fn spot_warnings<'a>(instances: impl Iterator<Item = &'a String>, now: Timestamp) -> Vec<(String, String)> {
+    instances
+        .enumerate()
+        .map(|(i, id)| {
+            let body = json!({"version": "0", "id": format!("warning-{id}"), "detail-type": "EC2 Spot Instance Interruption Warning",
+                "source": "aws.ec2", "account": "123456789012", "time": nodesmith::interruption::rfc3339(&now),
+                "region": "us-east-1", "resources": [], "detail": {"instance-id": id, "instance-action": "terminate"}});
+            (format!("m{i}"), body.to_string())
+        })
+        .collect()
+}
+
+/// An interrupt function with its own Kubernetes client.
+fn interrupter(bench: &Bench) -> Interrupter<KubeCluster> {
+    Interrupter::new(
+        cluster(&bench.kube),
+        bench.store.clone(),
+        bench.sqs.clone(),
+        InterruptConfig::new(&bench.world.launch.url, &bench.world.pending.url),
+    )
+}
+
+/// A node PATCH (the interrupt scenarios' only node writes: taints).
+fn is_taint(r: &crate::kube_server::RequestRecord) -> bool {
+    r.method == http::Method::PATCH && r.uri.starts_with("/api/v1/nodes/")
+}
+
+/// A pod eviction.
+fn is_eviction(r: &crate::kube_server::RequestRecord) -> bool {
+    r.method == http::Method::POST && r.uri.contains("/eviction")
+}
+
+/// The middle value (the lower of the two middle ones), if any.
+fn median(mut values: Vec<u128>) -> Option<u128> {
+    values.sort_unstable();
+    values.get(values.len().saturating_sub(1) / 2).copied()
+}
+
 async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario) -> Result<Value, String> {
     let calls_before = bench.proxy.all_calls();
     let requests_before = bench.kube.requests().len();
@@ -585,27 +639,9 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
             })
         }
         Scenario::Interrupt => {
-            let now = Timestamp::now();
-            let warnings: Vec<(String, String)> = bench
-                .spot_instances
-                .iter()
-                .rev()
-                .take(10)
-                .enumerate()
-                .map(|(i, id)| {
-                    let body = json!({"version": "0", "id": format!("warning-{i}"), "detail-type": "EC2 Spot Instance Interruption Warning",
-                        "source": "aws.ec2", "account": "123456789012", "time": nodesmith::interruption::rfc3339(&now),
-                        "region": "us-east-1", "resources": [], "detail": {"instance-id": id, "instance-action": "terminate"}});
-                    (format!("m{i}"), body.to_string())
-                })
-                .collect();
+            let warnings = spot_warnings(bench.spot_instances.iter().rev().take(10), Timestamp::now());
             let sent = warnings.len();
-            let interrupter = Interrupter::new(
-                cluster(&bench.kube),
-                bench.store.clone(),
-                bench.sqs.clone(),
-                InterruptConfig::new(&bench.world.launch.url, &bench.world.pending.url),
-            );
+            let interrupter = interrupter(bench);
             let t0 = Instant::now();
             let outcome = interrupter.handle(&crate::sqs::event(warnings)).await;
             let drains = bench.store.drains().await.map_err(|e| e.to_string())?;
@@ -614,16 +650,8 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
             let requests = bench.kube.requests();
             let since = |r: &crate::kube_server::RequestRecord| r.at.saturating_duration_since(t0).as_millis();
             let seen = &requests[requests_before..];
-            let last_taint_ms = seen
-                .iter()
-                .filter(|r| r.method == http::Method::PATCH && r.uri.starts_with("/api/v1/nodes/"))
-                .map(since)
-                .max();
-            let first_eviction_ms = seen
-                .iter()
-                .filter(|r| r.method == http::Method::POST && r.uri.contains("/eviction"))
-                .map(since)
-                .min();
+            let last_taint_ms = seen.iter().filter(|r| is_taint(r)).map(since).max();
+            let first_eviction_ms = seen.iter().filter(|r| is_eviction(r)).map(since).min();
             json!({
                 "warnings": sent,
                 "tainted": outcome.tainted.len(),
@@ -636,6 +664,71 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
                 "removed": outcome.removed.len(),
                 "failed_messages": outcome.failed.len(),
                 "ignored": outcome.ignored,
+            })
+        }
+        Scenario::Storm => {
+            // The first spot nodes (the interrupt scenario takes the last
+            // ones), ten warnings per invocation as the queue's batch size,
+            // all invocations at once as Lambda runs them.
+            let warnings = spot_warnings(bench.spot_instances.iter().take(STORM), Timestamp::now());
+            let sent = warnings.len();
+            let batches: Vec<SqsEvent> = warnings.chunks(10).map(|b| crate::sqs::event(b.to_vec())).collect();
+            let invocations = batches.len();
+            let t0 = Instant::now();
+            let outcomes = futures::future::join_all(batches.iter().map(|b| async move {
+                // Each invocation its own client (and rate limit), as in Lambda.
+                interrupter(bench).handle(b).await
+            }))
+            .await;
+            let requests = bench.kube.requests();
+            let since = |r: &crate::kube_server::RequestRecord| r.at.saturating_duration_since(t0).as_millis();
+            let seen = &requests[requests_before..];
+            // Per node: when it was tainted, and when its first pod was evicted
+            // (the seeded pods are named `<app>-<node index>-<pod index>`).
+            let mut tainted_at: BTreeMap<String, u128> = BTreeMap::new();
+            let mut first_eviction_at: BTreeMap<String, u128> = BTreeMap::new();
+            for r in seen {
+                if is_taint(r) {
+                    let node = r
+                        .uri
+                        .trim_start_matches("/api/v1/nodes/")
+                        .split('?')
+                        .next()
+                        .unwrap_or_default();
+                    tainted_at.entry(node.to_string()).or_insert_with(|| since(r));
+                } else if is_eviction(r) {
+                    let node = r
+                        .uri
+                        .rsplit('/')
+                        .nth(1)
+                        .and_then(|pod| pod.rsplit('-').nth(1))
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .map(node_name);
+                    if let Some(node) = node {
+                        first_eviction_at.entry(node).or_insert_with(|| since(r));
+                    }
+                }
+            }
+            let drains = bench.store.drains().await.map_err(|e| e.to_string())?;
+            let sum = |f: fn(&nodesmith::interruption::handler::InterruptOutcome) -> usize| {
+                outcomes.iter().map(f).sum::<usize>()
+            };
+            json!({
+                "warnings": sent,
+                "invocations": invocations,
+                "tainted": sum(|o| o.tainted.len()),
+                "nodes_tainted": tainted_at.len(),
+                "last_taint_ms": tainted_at.values().max(),
+                "evictions": seen.iter().filter(|r| is_eviction(r)).count(),
+                "nodes_with_an_eviction": first_eviction_at.len(),
+                "last_first_eviction_ms": first_eviction_at.values().max(),
+                "median_first_eviction_ms": median(first_eviction_at.values().copied().collect()),
+                "drain_records_after": drains.len(),
+                "drained": sum(|o| o.drained.len()),
+                "replacements": sum(|o| o.replacements.len()),
+                "handed_to_provision": sum(|o| o.handed_to_provision.len()),
+                "failed_messages": sum(|o| o.failed.len()),
+                "slowest_invocation_ms": t0.elapsed().as_millis(),
             })
         }
     };
