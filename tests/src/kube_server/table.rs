@@ -216,7 +216,11 @@ pub fn table(res: &Resource, crd: Option<&Value>, items: &[Value], resource_vers
             let mut defs = vec![json!({"name": "Name", "type": "string", "format": "name",
                 "description": "Name of the object", "priority": 0})];
             defs.extend(cols.iter().map(|c| {
-                json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.json_path,
+                let description = format!(
+                    "Custom resource definition column (in JSONPath format): {}",
+                    c.json_path
+                );
+                json!({"name": c.name, "type": c.type_, "format": c.format, "description": description,
                     "priority": c.priority})
             }));
             let rows = items
