@@ -1,5 +1,5 @@
-//! nodesmith's CRDs accept what Karpenter v1.14's accept: NodePools and
-//! EC2NodeClasses with every field set (tests/fixtures/karpenter-v1.14),
+//! nodesmith's CRDs accept what Karpenter v1.14's accept: NodePools,
+//! EC2NodeClasses and a NodeClaim with every field set (tests/fixtures/karpenter-v1.14),
 //! applied to the test server, which prunes and checks custom resources
 //! against the installed CRD's schema as the API server does, read back
 //! unchanged — spec, status and metadata.
@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 const NODEPOOLS: &str = include_str!("../fixtures/karpenter-v1.14/nodepool.yaml");
 const EC2NODECLASSES: &str = include_str!("../fixtures/karpenter-v1.14/ec2nodeclass.yaml");
+const NODECLAIMS: &str = include_str!("../fixtures/karpenter-v1.14/nodeclaim.yaml");
 
 fn documents(yaml: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(yaml)
@@ -25,6 +26,7 @@ fn api(server: &KubeServer, doc: &Value) -> Api<DynamicObject> {
     let plural = match kind {
         "NodePool" => "nodepools",
         "EC2NodeClass" => "ec2nodeclasses",
+        "NodeClaim" => "nodeclaims",
         other => panic!("no plural for {other}"),
     };
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
@@ -53,8 +55,9 @@ async fn karpenter_v1_14_manifests_with_every_field_read_back_unchanged() {
     let docs: Vec<Value> = documents(NODEPOOLS)
         .into_iter()
         .chain(documents(EC2NODECLASSES))
+        .chain(documents(NODECLAIMS))
         .collect();
-    assert_eq!(docs.len(), 4);
+    assert_eq!(docs.len(), 5);
     for doc in &docs {
         let name = doc["metadata"]["name"].as_str().unwrap();
         let got = round_trip(&server, doc)

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use nodesmith_tests::kube_server::{KubeServer, NodeRegistration};
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use nodesmith_tests::kube_server::{Function, Identity, KubeServer, NodeRegistration};
 use nodesmith_tests::kubectl::Kubectl;
 use serde_json::{Value, json};
 
@@ -511,4 +513,184 @@ async fn deleting_a_deployment_collects_its_replica_sets_and_pods() {
     assert!(c.json(&["get", "pods"]).await["items"].as_array().unwrap().is_empty());
     let r = c.run(&["get", "deploy", "inflate"], None).await;
     assert!(!r.ok && r.stderr.contains("not found"), "{r:?}");
+}
+
+/// A NodeClaim as Karpenter writes one (labels, spec), created by the test as the admin.
+const NODECLAIM: &str = r#"
+apiVersion: karpenter.sh/v1
+kind: NodeClaim
+metadata:
+  name: default-x7k2p
+  labels:
+    karpenter.sh/nodepool: default
+    karpenter.sh/capacity-type: spot
+    node.kubernetes.io/instance-type: m5.large
+    topology.kubernetes.io/zone: us-east-1a
+spec:
+  nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}
+  requirements:
+    - {key: karpenter.sh/capacity-type, operator: In, values: ["spot"]}
+    - {key: node.kubernetes.io/instance-type, operator: In, values: ["m5.large"], minValues: 1}
+  taints: [{key: example.com/gpu, effect: NoSchedule}]
+  expireAfter: 720h
+  terminationGracePeriod: 48h
+  resources: {requests: {cpu: 100m, memory: 256Mi, pods: "1"}}
+"#;
+
+/// The header of kubectl's table output (no column name has a space).
+fn header(out: &str) -> Vec<&str> {
+    out.lines().next().unwrap_or("").split_whitespace().collect()
+}
+
+/// The row of a table whose first cell is `name`, as column name -> cell,
+/// cut at the header's column starts (an empty cell prints as nothing).
+fn row<'a>(out: &'a str, name: &str) -> BTreeMap<&'a str, &'a str> {
+    let head = out.lines().next().unwrap_or("");
+    let starts: Vec<usize> = head
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || head.as_bytes()[i - 1] == b' '))
+        .map(|(i, _)| i)
+        .collect();
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{out}"));
+    let cell = |k: usize| {
+        let end = starts.get(k + 1).copied().unwrap_or(line.len()).min(line.len());
+        line.get(starts[k].min(end)..end).unwrap_or("").trim()
+    };
+    header(out).into_iter().enumerate().map(|(k, h)| (h, cell(k))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn karpenter_kinds_print_karpenters_columns_and_nodeclaims_are_served_strictly() {
+    let c = Cluster::start().await;
+    c.apply(&MANIFEST[..MANIFEST.find("---\napiVersion: apps/v1").unwrap()])
+        .await;
+    let condition = |t: &str, s: &str| json!({"type": t, "status": s, "reason": t, "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    // The admin writes the statuses (no nodesmith function writes these yet).
+    let pool_status = json!({"status": {"nodes": 1, "resources": {"cpu": "2", "memory": "8Gi", "pods": "29"},
+        "conditions": [condition("Ready", "True")]}});
+    let class_status = json!({"status": {"conditions": [condition("Ready", "True")]}});
+    for (kind, st) in [("nodepool", &pool_status), ("ec2nodeclass", &class_status)] {
+        c.ok(&[
+            "patch",
+            kind,
+            "default",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &st.to_string(),
+        ])
+        .await;
+    }
+    let out = c.apply(NODECLAIM).await;
+    assert!(out.contains("nodeclaim.karpenter.sh/default-x7k2p created"), "{out}");
+    let claim_status = json!({"status": {"nodeName": NODE, "providerID": "aws:///us-east-1a/i-0123456789abcdef0",
+        "imageID": "ami-0123456789abcdef0", "capacity": {"cpu": "2", "memory": "8Gi"},
+        "allocatable": {"cpu": "1930m", "memory": "7Gi"}, "lastPodEventTime": "2026-01-01T00:00:00Z",
+        "conditions": [condition("Launched", "True"), condition("Registered", "True"), condition("Ready", "True")]}});
+    c.ok(&[
+        "patch",
+        "nodeclaim",
+        "default-x7k2p",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &claim_status.to_string(),
+    ])
+    .await;
+
+    // Karpenter's columns; priority-1 columns only with -o wide.
+    let out = c.ok(&["get", "nodepools"]).await;
+    assert_eq!(header(&out), ["NAME", "NODECLASS", "NODES", "READY", "AGE"], "{out}");
+    let r = row(&out, "default");
+    assert_eq!(
+        (r["NODECLASS"], r["NODES"], r["READY"]),
+        ("default", "1", "True"),
+        "{out}"
+    );
+    let out = c.ok(&["get", "nodepools", "-o", "wide"]).await;
+    assert_eq!(
+        header(&out),
+        ["NAME", "NODECLASS", "NODES", "READY", "AGE", "WEIGHT", "CPU", "MEMORY"],
+        "{out}"
+    );
+    let r = row(&out, "default");
+    assert_eq!((r["WEIGHT"], r["CPU"], r["MEMORY"]), ("", "2", "8Gi"), "{out}");
+
+    let out = c.ok(&["get", "ec2nodeclass"]).await;
+    assert_eq!(header(&out), ["NAME", "READY", "AGE"], "{out}");
+    assert_eq!(row(&out, "default")["READY"], "True", "{out}");
+    let out = c.ok(&["get", "ec2ncs", "-o", "wide"]).await;
+    assert_eq!(row(&out, "default")["ROLE"], "KarpenterNodeRole", "{out}");
+
+    let out = c.ok(&["get", "nodeclaims"]).await;
+    assert_eq!(
+        header(&out),
+        ["NAME", "TYPE", "CAPACITY", "ZONE", "NODE", "READY", "AGE"],
+        "{out}"
+    );
+    let r = row(&out, "default-x7k2p");
+    assert_eq!(
+        (r["TYPE"], r["CAPACITY"], r["ZONE"], r["NODE"], r["READY"]),
+        ("m5.large", "spot", "us-east-1a", NODE, "True"),
+        "{out}"
+    );
+    let out = c.ok(&["get", "nodeclaim", "default-x7k2p", "-o", "wide"]).await;
+    let r = row(&out, "default-x7k2p");
+    assert_eq!(
+        (r["IMAGEID"], r["ID"], r["NODEPOOL"], r["NODECLASS"], r["DRIFTED"]),
+        (
+            "ami-0123456789abcdef0",
+            "aws:///us-east-1a/i-0123456789abcdef0",
+            "default",
+            "default",
+            ""
+        ),
+        "{out}"
+    );
+    // The status came through the status subresource and reads back whole.
+    let got = c.json(&["get", "nodeclaim", "default-x7k2p"]).await;
+    assert_eq!(got["status"], claim_status["status"]);
+    assert_eq!(got["spec"]["resources"]["requests"]["cpu"], "100m");
+
+    // `kubectl get karpenter`: the category names all three kinds.
+    let out = c.ok(&["get", "karpenter"]).await;
+    for name in [
+        "nodepool.karpenter.sh/default",
+        "nodeclaim.karpenter.sh/default-x7k2p",
+        "ec2nodeclass.karpenter.k8s.aws/default",
+    ] {
+        assert!(out.lines().any(|l| l.starts_with(name)), "{name} in:\n{out}");
+    }
+
+    // What Karpenter's NodeClaim schema refuses is refused, naming the field.
+    let bad = NODECLAIM
+        .replace("name: default-x7k2p", "name: bad")
+        .replace("effect: NoSchedule", "effect: Sometimes");
+    let r = c.run(&["apply", "-f", "-"], Some(&bad)).await;
+    assert!(!r.ok && r.stderr.contains("spec.taints[0].effect"), "{r:?}");
+    let bad = NODECLAIM.replace("name: default-x7k2p", "name: bad").replace(
+        "  nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n",
+        "",
+    );
+    let r = c.run(&["apply", "-f", "-"], Some(&bad)).await;
+    assert!(!r.ok && r.stderr.contains("spec.nodeClassRef: Required value"), "{r:?}");
+    assert_eq!(names(&c.json(&["get", "nodeclaims"]).await), ["default-x7k2p"]);
+
+    // RBAC as for the other kinds: no function's role grants NodeClaims yet.
+    // (kubectl sends no bearer token over plain HTTP, so the function's own
+    // client asks, as the functions do.)
+    let sweep = c.server.client_as(Identity::Function(Function::Sweep));
+    let ar = |kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("karpenter.sh", "v1", kind), plural)
+    };
+    let claims: Api<DynamicObject> = Api::all_with(sweep.clone(), &ar("NodeClaim", "nodeclaims"));
+    match claims.list(&ListParams::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => panic!("expected 403, got {other:?}"),
+    }
+    let pools: Api<DynamicObject> = Api::all_with(sweep, &ar("NodePool", "nodepools"));
+    assert_eq!(pools.list(&ListParams::default()).await.unwrap().items.len(), 1);
 }

@@ -21,7 +21,12 @@ pub const INSTANCE_STORE_RAID0: &str = "RAID0";
     kind = "EC2NodeClass",
     plural = "ec2nodeclasses",
     shortname = "ec2nc",
-    status = "EC2NodeClassStatus"
+    shortname = "ec2ncs",
+    category = "karpenter",
+    status = "EC2NodeClassStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EC2NodeClassSpec {

@@ -1,9 +1,10 @@
-//! Karpenter v1 API types (NodePool, EC2NodeClass), their defaults and validation.
+//! Karpenter v1 API types (NodePool, EC2NodeClass, NodeClaim), their defaults and validation.
 
 pub mod duration;
 pub mod ec2nodeclass;
 pub(crate) mod hash;
 pub mod manifest;
+pub mod nodeclaim;
 pub mod nodepool;
 pub mod validation;
 

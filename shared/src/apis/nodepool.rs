@@ -21,10 +21,15 @@ use crate::requirements::{Operator, Requirement, Requirements};
     version = "v1",
     kind = "NodePool",
     plural = "nodepools",
-    shortname = "np",
+    category = "karpenter",
     status = "NodePoolStatus",
     printcolumn = r#"{"name":"NodeClass","type":"string","jsonPath":".spec.template.spec.nodeClassRef.name"}"#,
-    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight","priority":1}"#
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight","priority":1}"#,
+    printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.resources.cpu","priority":1}"#,
+    printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".status.resources.memory","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolSpec {

@@ -229,7 +229,12 @@ pub async fn handle(
             let v = if t.res == PDBS { pdb_with_status(&store, v) } else { v };
             if t.sub.is_none()
                 && table::wants_table(&headers)
-                && let Some(tbl) = table::table(t.res, std::slice::from_ref(&v), store.resource_version())
+                && let Some(tbl) = table::table(
+                    t.res,
+                    store.crd_of(t.res),
+                    std::slice::from_ref(&v),
+                    store.resource_version(),
+                )
             {
                 return ok_json(StatusCode::OK, &tbl);
             }
@@ -497,7 +502,7 @@ fn list(
             metadata["remainingItemCount"] = json!(remaining);
         }
     }
-    if as_table && let Some(mut tbl) = table::table(res, &items, snapshot_rv) {
+    if as_table && let Some(mut tbl) = table::table(res, store.crd_of(res), &items, snapshot_rv) {
         tbl["metadata"] = metadata;
         return ok_json(StatusCode::OK, &tbl);
     }
@@ -557,7 +562,7 @@ fn apply_patch(doc: &mut Value, headers: &HeaderMap, body: &[u8]) -> Result<(), 
 
 /// Resources whose status is written only through `/status`, as the API
 /// server does for custom resources that declare the status subresource (the
-/// NodePool and EC2NodeClass CRDs do); other kinds take either write whole.
+/// NodePool, EC2NodeClass and NodeClaim CRDs do); other kinds take either write whole.
 pub fn separates_status(res: &Resource) -> bool {
     matches!(res.group, "karpenter.sh" | "karpenter.k8s.aws")
 }

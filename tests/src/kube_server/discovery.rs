@@ -39,9 +39,14 @@ fn group_version(group: &str, version: &str) -> String {
     }
 }
 
-/// Kinds that `kubectl get all` lists.
-fn in_category_all(r: &Resource) -> bool {
-    matches!(r.plural, "pods" | "deployments" | "replicasets" | "daemonsets")
+/// The categories a kind is in: `kubectl get all` lists the workloads,
+/// `kubectl get karpenter` the Karpenter kinds (their CRDs say so).
+fn categories(r: &Resource) -> &'static [&'static str] {
+    match (r.group, r.plural) {
+        (_, "pods" | "deployments" | "replicasets" | "daemonsets") => &["all"],
+        ("karpenter.sh" | "karpenter.k8s.aws", _) => &["karpenter"],
+        _ => &[],
+    }
 }
 
 fn resource_list(group: &str, version: &str) -> Option<Value> {
@@ -57,8 +62,8 @@ fn resource_list(group: &str, version: &str) -> Option<Value> {
         if !r.short_names.is_empty() {
             entry["shortNames"] = json!(r.short_names);
         }
-        if in_category_all(r) {
-            entry["categories"] = json!(["all"]);
+        if !categories(r).is_empty() {
+            entry["categories"] = json!(categories(r));
         }
         resources.push(entry);
         for (_, sub, kind) in SUBRESOURCES.iter().filter(|(p, _, _)| *p == r.plural) {
@@ -233,6 +238,29 @@ mod tests {
             .find(|r| r["name"] == "pods")
             .unwrap();
         assert_eq!(pods["shortNames"], json!(["po"]));
+    }
+
+    #[test]
+    fn the_installed_crds_short_names_and_categories_are_discovered() {
+        for crd in nodesmith::kubernetes::crds::crds() {
+            let (group, names) = (&crd.spec.group, &crd.spec.names);
+            let listed = document(&format!("/apis/{group}/v1")).unwrap();
+            let entry = listed["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == names.plural.as_str())
+                .unwrap_or_else(|| panic!("{} not served", names.plural));
+            let short = names.short_names.clone().unwrap_or_default();
+            let listed_short: Vec<String> = serde_json::from_value(entry["shortNames"].clone()).unwrap_or_default();
+            assert_eq!(listed_short, short, "{}", names.plural);
+            assert_eq!(
+                entry["categories"],
+                json!(names.categories.clone().unwrap_or_default()),
+                "{}",
+                names.plural
+            );
+        }
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! core/v1 namespaces, pods, nodes, events, PVs, PVCs; apps/v1 Deployments,
 //! ReplicaSets (both with the `/scale` subresource) and DaemonSets;
 //! policy/v1 PDBs and the `pods/eviction` subresource (PDBs enforced with
-//! 429); storage.k8s.io/v1 StorageClasses; the NodePool and EC2NodeClass
-//! CRDs. It answers API discovery (`/api`, `/apis`, see [`discovery`]) and
+//! 429); storage.k8s.io/v1 StorageClasses; the NodePool, EC2NodeClass and
+//! NodeClaim CRDs. It answers API discovery (`/api`, `/apis`, see [`discovery`]) and
 //! the OpenAPI v3 that `kubectl apply` consults, and writes a kubeconfig
 //! ([`KubeServer::write_kubeconfig`]). Lists take label and field selectors;
 //! writes bump a global resourceVersion and answer 409 on stale versions;
@@ -23,8 +23,8 @@
 //! Simplifications, on purpose: strategic-merge and apply patches are applied
 //! as JSON merge patches (lists replaced whole); lists are not paginated,
 //! watches send no bookmarks; `kubectl get` tables come from the server for
-//! pods, nodes and Deployments only ([`table`]; other kinds print `NAME` and
-//! `AGE`); request bodies are JSON only (kubectl's typed writes such as
+//! pods, nodes, Deployments and the custom resources (their CRD's printer
+//! columns) only ([`table`]; other kinds print `NAME` and `AGE`); request bodies are JSON only (kubectl's typed writes such as
 //! `kubectl create namespace` send protobuf and get 415: use `kubectl apply`);
 //! deletes and evictions remove objects without finalizers at once (no
 //! graceful termination; dependents go on the next controller pass, whatever
@@ -32,8 +32,8 @@
 //! kept with `deletionTimestamp` set until a write removes its last finalizer
 //! (a write that adds one to it is a 422, as on a real cluster); deleting a
 //! namespace deletes its objects at once;
-//! status is a separate subresource only for the NodePool and EC2NodeClass
-//! CRDs (`/status` writes change only their status, writes of the object
+//! status is a separate subresource only for the NodePool, EC2NodeClass and
+//! NodeClaim CRDs (`/status` writes change only their status, writes of the object
 //! never do, and a create drops it); for other kinds a write of the object
 //! can change its status; objects are not validated beyond being JSON with a name; a PDB's
 //! expected pods are the pods its selector matches; binding a pod also makes
@@ -336,7 +336,7 @@ impl KubeServer {
             let _ = store.create(NAMESPACES, "", namespace_json(ns));
         }
         // nodesmith's CRDs are installed, as in a cluster the stack deployed
-        // to: NodePools and EC2NodeClasses are stored as the API server would.
+        // to: NodePools, EC2NodeClasses and NodeClaims are stored as the API server would.
         for crd in nodesmith::kubernetes::crds::crds() {
             let crd = serde_json::to_value(crd).map_err(std::io::Error::other)?;
             store

@@ -85,7 +85,7 @@ pub const RESOURCES: &[Resource] = &[
         "ec2nodeclasses",
         "EC2NodeClass",
         false,
-        &["ec2nc"],
+        &["ec2nc", "ec2ncs"],
     ),
     r("apps", "v1", "deployments", "Deployment", true, &["deploy"]),
     r("apps", "v1", "replicasets", "ReplicaSet", true, &["rs"]),
@@ -97,6 +97,7 @@ pub const RESOURCES: &[Resource] = &[
         false,
         &["crd", "crds"],
     ),
+    r("karpenter.sh", "v1", "nodeclaims", "NodeClaim", false, &[]),
 ];
 
 /// Looks a resource up by group, version and plural.
@@ -149,4 +150,5 @@ pub const SUBRESOURCES: &[(&str, &str, &str)] = &[
     ("poddisruptionbudgets", "status", ""),
     ("nodepools", "status", ""),
     ("ec2nodeclasses", "status", ""),
+    ("nodeclaims", "status", ""),
 ];

@@ -459,13 +459,17 @@ impl Store {
         Ok(obj)
     }
 
+    /// The installed CRD (`<plural>.<group>`) that defines `res`, if any.
+    pub fn crd_of(&self, res: &Resource) -> Option<&Value> {
+        self.get(super::resources::CRDS, "", &format!("{}.{}", res.plural, res.group))
+    }
+
     /// A custom resource as the API server stores it: pruned to, and checked
     /// against, the schema of its installed CRD (`<plural>.<group>`); kinds
     /// without an installed CRD are stored as sent.
     fn fit_to_crd(&self, res: &Resource, name: &str, obj: &mut Value) -> Result<(), StoreError> {
-        let crd_name = format!("{}.{}", res.plural, res.group);
         let Some(schema) = self
-            .get(super::resources::CRDS, "", &crd_name)
+            .crd_of(res)
             .and_then(|crd| super::schema::version_schema(crd, res.version))
         else {
             return Ok(());
