@@ -87,7 +87,7 @@ pub fn undrained(pods_on_node: &[Pod], now: Timestamp) -> (usize, Option<String>
     (left, dnd)
 }
 
-/// Continues every recorded drain: passes until each node is empty, its node
+/// Continues the recorded drains `mine` keeps: passes until each node is empty, its node
 /// gone, or `budget` spent (pausing `interval` between passes; a zero budget
 /// makes one pass). Honours PDBs and do-not-disrupt until the record's force
 /// time, then deletes what evictions cannot move. No node's pass starts at or
@@ -101,11 +101,13 @@ pub async fn continue_drains(
     budget: Duration,
     interval: Duration,
     stop_at: std::time::Instant,
+    mine: impl Fn(&DrainRecord) -> bool,
 ) -> Result<Vec<String>, DrainError> {
     let started = std::time::Instant::now();
     let mut drained = Vec::new();
     loop {
         let mut records = store.drains().await?;
+        records.retain(&mine);
         if records.is_empty() {
             return Ok(drained);
         }
@@ -147,7 +149,7 @@ pub fn turn<T>(records: &mut [T], now: Timestamp) {
 /// when no further event arrives.
 /// Failures are logged; the next sweep tries again.
 pub async fn sweep_drains(cluster: &impl Cluster, store: &StateStore, stop_at: std::time::Instant) -> Vec<String> {
-    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO, stop_at).await {
+    match continue_drains(cluster, store, Duration::ZERO, Duration::ZERO, stop_at, |_| true).await {
         Ok(drained) => drained,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::causes(&e), "recorded drains not continued; the next sweep tries again");

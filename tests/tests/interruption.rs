@@ -216,6 +216,48 @@ async fn the_sweep_continues_a_recorded_drain_and_forces_it_at_the_deadline() {
     );
 }
 
+#[tokio::test]
+async fn an_invocation_continues_its_own_batchs_drains_and_leaves_the_others_to_theirs() {
+    let s = Stack::new("64", 4).await;
+    let claims = running_nodes(&s, 2).await;
+    let now = jiff::Timestamp::now();
+    // Another invocation's drain of the first node: tainted and recorded, its
+    // force time a minute away.
+    let other = claims[0].node_name.clone().unwrap();
+    s.cluster().taint_disrupted(&other).await.unwrap();
+    let policy = nodesmith::draining::DrainPolicy {
+        deadline: Some(now + jiff::SignedDuration::from_secs(120)),
+        force_from: Some(now + jiff::SignedDuration::from_secs(60)),
+    };
+    let mut record = nodesmith::draining::record(&claims[0].name, &other, "spot-interruption", policy, now);
+    s.store.begin_drain(&record).await.unwrap();
+    let held: Vec<String> = pods_on(&s.kube, &other);
+    assert_eq!(held.len(), 2, "{held:?}");
+
+    // This invocation's batch warns for the second node only.
+    let own = claims[1].node_name.clone().unwrap();
+    let out = s
+        .interrupter(|_| {})
+        .handle(&event(spot_warnings(&claims[1..], "own", now)))
+        .await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert!(pods_on(&s.kube, &own).is_empty(), "its own drain is continued");
+    assert_eq!(out.drained, vec![own.clone()], "{out:?}");
+    assert_eq!(
+        pods_on(&s.kube, &other),
+        held,
+        "another invocation's drain is left to it and to the sweep"
+    );
+
+    // Once that drain's force time has come, any invocation continues it.
+    record.force_from_ms = Some(jiff::Timestamp::now().as_millisecond() - 1);
+    s.store.end_drain(&record.claim).await.unwrap();
+    s.store.begin_drain(&record).await.unwrap();
+    let out = s.interrupter(|_| {}).handle(&event(vec![])).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert!(pods_on(&s.kube, &other).is_empty(), "{:?}", pods_on(&s.kube, &other));
+}
+
 /// A spot interruption warning for each claim's instance, ids `prefix-N`.
 fn spot_warnings(claims: &[nodesmith::nodeclaim::NodeClaim], prefix: &str, now: jiff::Timestamp) -> Vec<String> {
     claims

@@ -51,7 +51,7 @@ pub struct NodeClaimObjectSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub startup_taints: Vec<Taint>,
     /// Node lifetime before it is replaced, or `Never` (default 720h).
-    #[serde(default = "default_expire_after")]
+    #[serde(default = "super::nodepool::default_expire_after")]
     pub expire_after: NillableDuration,
     /// Longest the node may take to drain before it is forcibly deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,10 +59,6 @@ pub struct NodeClaimObjectSpec {
     /// What the claim's pods request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequests>,
-}
-
-fn default_expire_after() -> NillableDuration {
-    NillableDuration::parse("720h").unwrap_or(NillableDuration::Never)
 }
 
 /// Resource requests of a NodeClaim.

@@ -116,7 +116,8 @@ pub struct NodeClaimTemplateSpec {
     pub termination_grace_period: Option<NillableDuration>,
 }
 
-fn default_expire_after() -> NillableDuration {
+/// Karpenter's default `expireAfter` (720h), for NodePools and NodeClaims alike.
+pub(crate) fn default_expire_after() -> NillableDuration {
     NillableDuration::parse("720h").unwrap_or(NillableDuration::Never)
 }
 

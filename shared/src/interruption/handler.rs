@@ -21,7 +21,8 @@
 //! left tainted by a failed event without its drain recorded: when the record
 //! cannot be written, the taint this event added is taken off again. Drains
 //! are recorded in DynamoDB ([`crate::state::DrainRecord`]) and continued by
-//! every invocation and by the sweep ([`crate::draining`]).
+//! the invocation that recorded them, by any invocation once their force
+//! time has come, and by the sweep ([`crate::draining`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -35,7 +36,7 @@ use super::decide::{Reaction, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
 use crate::capacity::{self, CapacityError, Door, LEASE};
 use crate::deadline::Deadline;
-use crate::draining::{self, DrainError};
+use crate::draining::{self, DrainError, DrainPolicy};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
 use crate::messages::redelivery::{self, FIRST_RETRY};
 use crate::messages::{SolveRequest, TriggerError, request_solve};
@@ -357,8 +358,9 @@ impl<C: Cluster> Interrupter<C> {
         }
         let stop_at = deadline.earlier_by(EVENT_RESERVE);
         let budget = self.config.drain_budget.min(stop_at.remaining());
+        let mine: BTreeSet<String> = recorded.into_iter().map(|r| r.claim).collect();
         if let Err(e) = self
-            .continue_drains_for(budget, stop_at.instant().into_std(), &mut outcome)
+            .continue_drains_for(&mine, budget, stop_at.instant().into_std(), &mut outcome)
             .await
         {
             tracing::warn!(error = %crate::telemetry::causes(&e), "drains not continued; the next invocation or the sweep continues them");
@@ -646,16 +648,29 @@ impl<C: Cluster> Interrupter<C> {
         .ok_or(InterruptError::Busy)?
     }
 
-    /// Continues every recorded drain for at most `budget`, starting no
-    /// node's pass at or after `stop_at`.
+    /// Continues this batch's drains (claims in `mine`) and any drain whose
+    /// force time has come for at most `budget`, starting no node's pass at
+    /// or after `stop_at`. Other drains are their own invocation's and the
+    /// sweep's: in a storm, 20 invocations each passing over every drain
+    /// repeated each other's work 20 times over; a drain at its deadline is
+    /// still forced by whichever invocation runs then.
     async fn continue_drains_for(
         &self,
+        mine: &BTreeSet<String>,
         budget: Duration,
         stop_at: std::time::Instant,
         outcome: &mut InterruptOutcome,
     ) -> Result<(), InterruptError> {
-        let drained =
-            draining::continue_drains(&self.cluster, &self.store, budget, self.config.drain_interval, stop_at).await?;
+        let keep = |r: &DrainRecord| mine.contains(&r.claim) || DrainPolicy::of(r).forced_at(Timestamp::now());
+        let drained = draining::continue_drains(
+            &self.cluster,
+            &self.store,
+            budget,
+            self.config.drain_interval,
+            stop_at,
+            keep,
+        )
+        .await?;
         outcome.drained.extend(drained);
         Ok(())
     }

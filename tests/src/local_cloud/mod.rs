@@ -71,7 +71,7 @@ pub enum QueueName {
 pub const FUNCTIONS: [FunctionDef; 4] = [
     FunctionDef {
         binary: "provision",
-        memory_mb: 2048,
+        memory_mb: 3008,
         timeout_secs: 60,
         queue: Some((QueueName::Pending, 1000, true)),
         concurrency: 2,
@@ -85,14 +85,14 @@ pub const FUNCTIONS: [FunctionDef; 4] = [
     },
     FunctionDef {
         binary: "interrupt",
-        memory_mb: 512,
+        memory_mb: 2048,
         timeout_secs: 300,
         queue: Some((QueueName::Interruption, 10, false)),
         concurrency: 20,
     },
     FunctionDef {
         binary: "sweep",
-        memory_mb: 2048,
+        memory_mb: 3008,
         timeout_secs: 120,
         queue: None,
         concurrency: 1,
