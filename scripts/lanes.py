@@ -2,26 +2,37 @@
 """Runs the workspace's test executables in lanes, as `cargo test` would run
 them one after another, but using both cores:
 
-  1. the crash suite (it counts sweeps, not seconds, so load does not change
-     its outcome) runs alongside every other executable but the local cloud's;
+  1. two lanes take executables from one queue, heaviest first; one lane
+     starts with the crash suite (it counts sweeps, not seconds, so load
+     does not change its outcome) and takes from the queue once it is done.
+     The stack executable is split into shards (by test name, each its own
+     process with its own moto server), so the lane that finishes first
+     takes part of it instead of waiting;
   2. then the local cloud's executable runs alone: its stories have timed goals.
 
 Usage: lanes.py ARTIFACTS [ARGS...]
   ARTIFACTS is the JSON cargo printed for `cargo test --no-run
-  --message-format=json-render-diagnostics`; ARGS go to every executable.
+  --message-format=json-render-diagnostics`; ARGS go to every executable
+  (an executable is not split when they name tests).
 Prints each executable's output as cargo test does ("Running ..." then its
-own lines), and a closing `suite: N passed, N failed` line; exits non-zero
-when any executable failed.
+own lines; a shard's source carries `[k/n]`), and a closing `suite: N
+passed, N failed` line; exits non-zero when any executable failed.
 """
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
 import threading
 
-ALONGSIDE = {"crash"}
+FIRST = "crash"
 ALONE = {"cloud"}
+# Executables split into this many shards, and the queue's order (heaviest first).
+SHARDS = {"stack": 3}
+WEIGHT = {"stack": 3, "aws": 2, "kube": 1}
+# libtest options that take a value (anything else not starting with '-' names tests).
+TAKES_VALUE = {"--skip", "--test-threads", "--format", "--color", "--logfile", "-Z"}
 RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
 
 
@@ -47,16 +58,52 @@ def executables(path):
     return found
 
 
-def run(exe, args, out):
-    """Runs one executable, writing its output to `out` (a list of lines, or
-    None to print as it goes); returns (passed, failed, exit code)."""
+def names_tests(args):
+    """Whether the arguments include a test name filter."""
+    value_next = False
+    for a in args:
+        if value_next:
+            value_next = False
+        elif a in TAKES_VALUE:
+            value_next = True
+        elif not a.startswith("-") or a == "--exact":
+            return True
+    return False
+
+
+def shards(exe, args):
+    """The runs of one executable: (exe, label, extra args). Split into
+    SHARDS[name] runs of whole test names (`--exact`) unless ARGS name tests."""
+    n = SHARDS.get(exe[0], 1)
+    if n == 1 or names_tests(args):
+        return [(exe, "", [])]
+    listed = subprocess.run(
+        [exe[3], "--list", "--format", "terse"], cwd=exe[1], capture_output=True, text=True, check=True
+    ).stdout
+    tests = sorted(line[: -len(": test")] for line in listed.splitlines() if line.endswith(": test"))
+    size = -(-len(tests) // n)
+    parts = [tests[k : k + size] for k in range(0, len(tests), size)]
+    if len(parts) < 2:
+        return [(exe, "", [])]
+    return [(exe, f"[{k + 1}/{len(parts)}]", ["--exact", *part]) for k, part in enumerate(parts)]
+
+
+def run(exe, args, out, label="", extra=()):
+    """Runs one executable (or one shard: `label`, with `extra` arguments),
+    writing its output to `out` (a list of lines, or None to print as it
+    goes); returns (passed, failed, exit code)."""
     name, package_dir, source, path = exe
     kind = "unittests " if source.startswith("src/") else ""
-    header = f"     Running {kind}{source} ({os.path.relpath(path)})"
+    header = f"     Running {kind}{source}{label} ({os.path.relpath(path)})"
     emit = print if out is None else out.append
     emit(header)
     proc = subprocess.Popen(
-        [path, *args], cwd=package_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        [path, *extra, *args],
+        cwd=package_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
     )
     passed = failed = 0
     for line in proc.stdout:
@@ -73,23 +120,42 @@ def main():
         sys.exit(__doc__.strip())
     args = sys.argv[2:]
     all_exes = executables(sys.argv[1])
-    alongside = [e for e in all_exes if e[0] in ALONGSIDE]
+    first = [e for e in all_exes if e[0] == FIRST]
     alone = [e for e in all_exes if e[0] in ALONE]
-    rest = [e for e in all_exes if e[0] not in ALONGSIDE | ALONE]
+    rest = [e for e in all_exes if e[0] != FIRST and e[0] not in ALONE]
+    rest.sort(key=lambda e: -WEIGHT.get(e[0], 0))  # stable: cargo's order among equals
+    work = queue.Queue()
+    for e in rest:
+        for shard in shards(e, args):
+            work.put(shard)
     results = []
+    lock = threading.Lock()
     buffered = []
 
-    def background():
-        for e in alongside:
-            lines = []
-            results.append((e, run(e, args, lines)))
-            buffered.append(lines)
+    def take(out):
+        while True:
+            try:
+                exe, label, extra = work.get_nowait()
+            except queue.Empty:
+                return
+            result = run(exe, args, out, label, extra)
+            with lock:
+                results.append((exe, result))
+            if out is None:
+                sys.stdout.flush()
 
-    side = threading.Thread(target=background)
+    def first_lane():
+        lines = []
+        for e in first:
+            result = run(e, args, lines)
+            with lock:
+                results.append((e, result))
+        take(lines)
+        buffered.append(lines)
+
+    side = threading.Thread(target=first_lane)
     side.start()
-    for e in rest:
-        results.append((e, run(e, args, None)))
-        sys.stdout.flush()
+    take(None)
     side.join()
     for lines in buffered:
         print("\n".join(lines))
@@ -97,7 +163,7 @@ def main():
         results.append((e, run(e, args, None)))
     passed = sum(r[0] for _, r in results)
     failed = sum(r[1] for _, r in results)
-    broken = [e[0] for e, r in results if r[2] != 0]
+    broken = sorted({e[0] for e, r in results if r[2] != 0})
     if broken:
         print(f"lanes: failed: {', '.join(broken)}", file=sys.stderr)
         failed = max(failed, len(broken))

@@ -29,6 +29,8 @@ pub mod disruption;
 pub mod do_not_disrupt;
 /// A node's life after launch: registration, timeouts, garbage collection.
 pub mod lifecycle;
+/// What `kubectl` shows of nodesmith: NodeClaim objects and NodePool status, from the state table.
+pub mod mirror;
 /// Linking a Node to its NodeClaim.
 pub mod registration;
 /// The provisioning solver.

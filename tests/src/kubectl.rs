@@ -88,3 +88,28 @@ impl Kubectl {
         r.stdout
     }
 }
+
+/// The header of kubectl's table output (no column name has a space).
+pub fn header(out: &str) -> Vec<&str> {
+    out.lines().next().unwrap_or("").split_whitespace().collect()
+}
+
+/// The row of a table whose first cell is `name`, as column name -> cell,
+/// cut at the header's column starts (an empty cell prints as nothing).
+pub fn row<'a>(out: &'a str, name: &str) -> std::collections::BTreeMap<&'a str, &'a str> {
+    let head = out.lines().next().unwrap_or("");
+    let starts: Vec<usize> = head
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || head.as_bytes()[i - 1] == b' '))
+        .map(|(i, _)| i)
+        .collect();
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{out}"));
+    let cell = |k: usize| {
+        let end = starts.get(k + 1).copied().unwrap_or(line.len()).min(line.len());
+        line.get(starts[k].min(end)..end).unwrap_or("").trim()
+    };
+    header(out).into_iter().enumerate().map(|(k, h)| (h, cell(k))).collect()
+}

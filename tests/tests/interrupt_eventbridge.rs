@@ -189,10 +189,7 @@ async fn spot_warning_through_eventbridge_taints_replaces_before_evicting_and_fo
     let claim = b.s.running_node().await;
     let node = claim.node_name.clone().unwrap();
     let instance = claim.instance_id.clone().unwrap();
-    b.s.kube
-        .apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}))
-        .unwrap();
+    b.s.kube.apply(&crate::local_stack::web_pdb()).unwrap();
     let now = jiff::Timestamp::now();
     let spot = "EC2 Spot Instance Interruption Warning";
     b.put(

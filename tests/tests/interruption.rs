@@ -17,10 +17,7 @@ async fn spot_interruption_taints_replaces_first_honours_pdbs_then_forces_at_the
     let node = claim.node_name.clone().unwrap();
     let instance = claim.instance_id.clone().unwrap();
     // A budget that allows no disruption at all.
-    s.kube
-        .apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}))
-        .unwrap();
+    s.kube.apply(&crate::local_stack::web_pdb()).unwrap();
     let now = jiff::Timestamp::now();
     let warning = ec2_event(
         "spot-1",
@@ -180,10 +177,7 @@ async fn the_sweep_continues_a_recorded_drain_and_forces_it_at_the_deadline() {
     let claim = s.running_node().await;
     let node = claim.node_name.clone().unwrap();
     let instance = claim.instance_id.clone().unwrap();
-    s.kube
-        .apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}))
-        .unwrap();
+    s.kube.apply(&crate::local_stack::web_pdb()).unwrap();
     let now = jiff::Timestamp::now();
     let warning = ec2_event(
         "spot-sweep",

@@ -369,17 +369,26 @@ fn rbac_grants_what_the_code_calls_and_no_more() {
         (
             "interrupt",
             [snapshot.as_slice(), &drains].concat(),
-            vec!["karpenter.k8s.aws/ec2nodeclasses/status:update"],
+            vec![
+                "karpenter.k8s.aws/ec2nodeclasses/status:update",
+                "karpenter.sh/nodeclaims:create",
+            ],
         ),
         (
             "sweep",
             [
                 snapshot.as_slice(),
                 &drains,
-                &["karpenter.k8s.aws/ec2nodeclasses/status:update"],
+                &[
+                    "karpenter.k8s.aws/ec2nodeclasses/status:update",
+                    "karpenter.sh/nodeclaims:create",
+                    "karpenter.sh/nodeclaims:delete",
+                    "karpenter.sh/nodeclaims/status:update",
+                    "karpenter.sh/nodepools/status:update",
+                ],
             ]
             .concat(),
-            vec![],
+            vec!["karpenter.sh/nodepools:update", "karpenter.sh/nodepools:patch"],
         ),
     ] {
         let granted = role(f);

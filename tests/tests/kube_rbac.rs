@@ -19,6 +19,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
+use nodesmith::apis::nodeclaim::NodeClaimObject;
 use nodesmith::apis::{EC2NodeClass, NodePool};
 use nodesmith::kubernetes::events::{EventSpec, node_name_ref};
 use nodesmith::kubernetes::{Cluster, EvictionOutcome, KubeCluster, NodeUpdate};
@@ -287,6 +288,23 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
     let web2 = server.pod("default", "web-2").unwrap();
     assert!(cluster.delete_pod(&web2).await.unwrap());
     assert!(cluster.delete_node("n1", None).await.unwrap());
+    // The mirror: NodeClaim objects and NodePool status.
+    let mut claim = nodesmith::nodeclaim::NodeClaim::pending("default-a1b2c", "default", "default");
+    claim.timestamps.created = Some(jiff::Timestamp::now());
+    let object = nodesmith::mirror::object(&claim, None, None);
+    assert!(cluster.create_node_claim_object(&object).await.unwrap());
+    let listed = cluster.node_claim_objects().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(cluster.replace_node_claim_object(&listed[0]).await.unwrap().is_some());
+    assert!(cluster.release_node_claim_object("default-a1b2c").await.unwrap());
+    assert!(cluster.node_claim_objects().await.unwrap().is_empty());
+    server
+        .apply(&json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+            "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}}}}}))
+        .unwrap();
+    let mut pool = cluster.node_pools().await.unwrap().remove(0);
+    pool.status = Some(serde_json::from_value(json!({"nodes": 0})).unwrap());
+    assert!(cluster.replace_node_pool_status(&pool).await.unwrap());
 
     assert!(server.denials().is_empty(), "{:#?}", server.denials());
     // Every grant was exercised: the roles hold nothing this adapter does not use.
@@ -446,6 +464,7 @@ fn kinds() -> BTreeMap<&'static str, (String, String)> {
         ("Namespace", gr::<Namespace>()),
         ("NodePool", gr::<NodePool>()),
         ("EC2NodeClass", gr::<EC2NodeClass>()),
+        ("NodeClaimObject", gr::<NodeClaimObject>()),
     ])
 }
 
@@ -732,6 +751,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "sweep/mod.rs",
             "sweep/classes.rs",
             "sweep/disrupt.rs",
+            "sweep/mirror.rs",
             "sweep/termination.rs",
             "sweep/replicas.rs",
             "sweep/reservations.rs",

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use nodesmith_tests::kube_server::{Function, Identity, KubeServer, NodeRegistration};
-use nodesmith_tests::kubectl::Kubectl;
+use nodesmith_tests::kubectl::{Kubectl, header, row};
 use serde_json::{Value, json};
 
 /// The example manifest's style: a NodePool, an EC2NodeClass and a Deployment.
@@ -537,39 +537,14 @@ spec:
   resources: {requests: {cpu: 100m, memory: 256Mi, pods: "1"}}
 "#;
 
-/// The header of kubectl's table output (no column name has a space).
-fn header(out: &str) -> Vec<&str> {
-    out.lines().next().unwrap_or("").split_whitespace().collect()
-}
-
-/// The row of a table whose first cell is `name`, as column name -> cell,
-/// cut at the header's column starts (an empty cell prints as nothing).
-fn row<'a>(out: &'a str, name: &str) -> BTreeMap<&'a str, &'a str> {
-    let head = out.lines().next().unwrap_or("");
-    let starts: Vec<usize> = head
-        .char_indices()
-        .filter(|&(i, c)| c != ' ' && (i == 0 || head.as_bytes()[i - 1] == b' '))
-        .map(|(i, _)| i)
-        .collect();
-    let line = out
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .unwrap_or_else(|| panic!("no row {name} in:\n{out}"));
-    let cell = |k: usize| {
-        let end = starts.get(k + 1).copied().unwrap_or(line.len()).min(line.len());
-        line.get(starts[k].min(end)..end).unwrap_or("").trim()
-    };
-    header(out).into_iter().enumerate().map(|(k, h)| (h, cell(k))).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn karpenter_kinds_print_karpenters_columns_and_nodeclaims_are_served_strictly() {
     let c = Cluster::start().await;
     c.apply(&MANIFEST[..MANIFEST.find("---\napiVersion: apps/v1").unwrap()])
         .await;
     let condition = |t: &str, s: &str| json!({"type": t, "status": s, "reason": t, "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"});
-    // The admin writes the statuses (no nodesmith function writes these yet).
-    let pool_status = json!({"status": {"nodes": 1, "resources": {"cpu": "2", "memory": "8Gi", "pods": "29"},
+    // The admin writes the statuses (as the sweep would).
+    let pool_status = json!({"status": {"nodes": 1, "resources": {"cpu": "2", "memory": "8Gi", "pods": "29", "nodes": "1"},
         "conditions": [condition("Ready", "True")]}});
     let class_status = json!({"status": {"conditions": [condition("Ready", "True")]}});
     for (kind, st) in [("nodepool", &pool_status), ("ec2nodeclass", &class_status)] {
@@ -679,14 +654,17 @@ async fn karpenter_kinds_print_karpenters_columns_and_nodeclaims_are_served_stri
     assert!(!r.ok && r.stderr.contains("spec.nodeClassRef: Required value"), "{r:?}");
     assert_eq!(names(&c.json(&["get", "nodeclaims"]).await), ["default-x7k2p"]);
 
-    // RBAC as for the other kinds: no function's role grants NodeClaims yet.
-    // (kubectl sends no bearer token over plain HTTP, so the function's own
-    // client asks, as the functions do.)
+    // RBAC as for the other kinds: the sweep, which mirrors the claims, may
+    // list NodeClaims; provision may not. (kubectl sends no bearer token over
+    // plain HTTP, so the function's own client asks, as the functions do.)
     let sweep = c.server.client_as(Identity::Function(Function::Sweep));
     let ar = |kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("karpenter.sh", "v1", kind), plural)
     };
     let claims: Api<DynamicObject> = Api::all_with(sweep.clone(), &ar("NodeClaim", "nodeclaims"));
+    assert_eq!(claims.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    let provision = c.server.client_as(Identity::Function(Function::Provision));
+    let claims: Api<DynamicObject> = Api::all_with(provision, &ar("NodeClaim", "nodeclaims"));
     match claims.list(&ListParams::default()).await {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
         other => panic!("expected 403, got {other:?}"),

@@ -12,6 +12,7 @@ mod interruption;
 mod joining;
 mod launch_runtime;
 mod lifecycle;
+mod nodeclaims;
 mod provision;
 mod provision_runtime;
 mod region_prices;

@@ -22,10 +22,7 @@ async fn an_impaired_node_is_repaired_once_whichever_path_hears_of_it() {
     let claim = s.running_node().await;
     let node = claim.node_name.clone().unwrap();
     let instance = claim.instance_id.clone().unwrap();
-    s.kube
-        .apply(&json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}))
-        .unwrap();
+    s.kube.apply(&crate::local_stack::web_pdb()).unwrap();
     s.m.seed_impaired(&json!({"instanceId": instance, "checks": ["system"], "since": "2026-01-01T00:00:00Z"}));
 
     // A run with no time left records the repair (and taints) but takes no step.

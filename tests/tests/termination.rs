@@ -4,18 +4,11 @@
 //! the real `kubectl` are drained, then their instances terminated, their
 //! Nodes and claims gone.
 
-use crate::local_stack::{self, Stack, ec2_event, event, pods_on, taint_keys};
+use crate::local_stack::{self, Stack, ec2_event, event, pods_on, taint_keys, web_pdb};
 use nodesmith::nodeclaim::NodeClaim;
-use nodesmith_tests::kubectl::Kubectl;
 use serde_json::json;
 
 const FINALIZER: &str = "karpenter.sh/termination";
-
-/// A budget that lets no `app=web` pod go.
-fn pdb() -> serde_json::Value {
-    json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}})
-}
 
 /// EC2's state of the instance.
 async fn state(s: &Stack, id: &str) -> String {
@@ -92,7 +85,7 @@ async fn a_node_an_interruption_cannot_drain_is_terminated_at_its_deadline() {
     let claim = s.running_node().await;
     let node = claim.node_name.clone().unwrap();
     let instance = claim.instance_id.clone().unwrap();
-    s.kube.apply(&pdb()).unwrap();
+    s.kube.apply(&web_pdb()).unwrap();
     let now = jiff::Timestamp::now();
     let warning = ec2_event(
         "spot-held",
@@ -126,15 +119,9 @@ async fn kubectl_delete_node_drains_it_within_pdbs_then_terminates_it() {
         vec![FINALIZER.to_string()],
         "registration adds Karpenter's finalizer"
     );
-    s.kube.apply(&pdb()).unwrap();
+    s.kube.apply(&web_pdb()).unwrap();
 
-    let dir = std::env::temp_dir().join(format!("nodesmith-termination-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    s.kube.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-    let kubectl = Kubectl {
-        kubeconfig: dir.join("kubeconfig"),
-        dir: dir.clone(),
-    };
+    let kubectl = s.kubectl("termination");
     let out = kubectl.ok(&["delete", "node", &node, "--wait=false"]).await;
     assert!(out.contains(&format!("node \"{node}\" deleted")), "{out}");
     // The finalizer holds the Node, marked for deletion, with its pods.
@@ -163,5 +150,5 @@ async fn kubectl_delete_node_drains_it_within_pdbs_then_terminates_it() {
     terminated(&s, &claim).await;
     let gone = kubectl.run(&["get", "node", &node], None).await;
     assert!(!gone.ok && gone.stderr.contains("NotFound"), "{gone:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&kubectl.dir);
 }

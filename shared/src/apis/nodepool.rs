@@ -24,7 +24,7 @@ use crate::requirements::{Operator, Requirement, Requirements};
     category = "karpenter",
     status = "NodePoolStatus",
     printcolumn = r#"{"name":"NodeClass","type":"string","jsonPath":".spec.template.spec.nodeClassRef.name"}"#,
-    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.resources.nodes"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight","priority":1}"#,

@@ -11,6 +11,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::client::ClientError;
 use super::events::EventSpec;
+use crate::apis::nodeclaim::NodeClaimObject;
 use crate::apis::{EC2NodeClass, NodePool};
 
 /// A failed cluster call, with what was being done.
@@ -172,6 +173,34 @@ pub trait Cluster: Send + Sync {
         &self,
         class: &EC2NodeClass,
     ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Replaces a NodePool's status through the status subresource, guarded
+    /// by the resourceVersion `pool` carries. Ok(false) when the pool does not exist.
+    fn replace_node_pool_status(&self, pool: &NodePool) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// nodesmith's NodeClaim objects ([`crate::mirror::MANAGED_BY_LABEL`]).
+    fn node_claim_objects(&self) -> impl Future<Output = Result<Vec<NodeClaimObject>, ClusterError>> + Send;
+    /// Creates a NodeClaim object, then writes its status (a create drops
+    /// it). Ok(false) when one of that name exists already.
+    fn create_node_claim_object(
+        &self,
+        object: &NodeClaimObject,
+    ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Replaces a NodeClaim object's metadata and spec, guarded by its
+    /// resourceVersion (409 when it changed since it was read); the object
+    /// as written, or None when it does not exist.
+    fn replace_node_claim_object(
+        &self,
+        object: &NodeClaimObject,
+    ) -> impl Future<Output = Result<Option<NodeClaimObject>, ClusterError>> + Send;
+    /// Replaces a NodeClaim object's status through the status subresource,
+    /// guarded by its resourceVersion. Ok(false) when it does not exist.
+    fn replace_node_claim_object_status(
+        &self,
+        object: &NodeClaimObject,
+    ) -> impl Future<Output = Result<bool, ClusterError>> + Send;
+    /// Lets a NodeClaim object go once its claim is gone: the termination
+    /// finalizer off, and deleted unless it was being deleted already.
+    /// Ok(false) when it did not exist.
+    fn release_node_claim_object(&self, name: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Adds `karpenter.sh/disrupted:NoSchedule` to a node. Ok(false) when it was already there.
     fn taint_disrupted(&self, node: &str) -> impl Future<Output = Result<bool, ClusterError>> + Send;
     /// Removes `karpenter.sh/disrupted` from a node (a disruption was abandoned). Ok(false) when absent.

@@ -19,6 +19,7 @@ use super::decode;
 use super::events::EventSpec;
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
+use crate::apis::nodeclaim::NodeClaimObject;
 use crate::apis::{EC2NodeClass, NodePool};
 use crate::settings::{SettingError, SettingProblem, Settings};
 
@@ -426,6 +427,140 @@ impl Cluster for KubeCluster {
                 )
                 .map(|o| o.is_some())
             }
+        })
+        .await
+    }
+
+    async fn replace_node_pool_status(&self, pool: &NodePool) -> Result<bool, ClusterError> {
+        let name = pool.name().to_string();
+        self.call(&format!("replace status of nodepool {name}"), |c| {
+            let name = name.clone();
+            async move {
+                get_opt(
+                    Api::<NodePool>::all(c)
+                        .replace_status(&name, &PostParams::default(), pool)
+                        .await,
+                )
+                .map(|o| o.is_some())
+            }
+        })
+        .await
+    }
+
+    async fn node_claim_objects(&self) -> Result<Vec<NodeClaimObject>, ClusterError> {
+        let selector = format!("{}={}", crate::mirror::MANAGED_BY_LABEL, crate::mirror::MANAGED_BY);
+        self.list_all("list nodeclaims", ListParams::default().labels(&selector))
+            .await
+    }
+
+    async fn create_node_claim_object(&self, object: &NodeClaimObject) -> Result<bool, ClusterError> {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let created = self
+            .call(&format!("create nodeclaim {name}"), |c| async move {
+                match Api::<NodeClaimObject>::all(c)
+                    .create(&PostParams::default(), object)
+                    .await
+                {
+                    Ok(o) => Ok(Some(o)),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        let Some(mut created) = created else {
+            return Ok(false);
+        };
+        created.status = object.status.clone();
+        self.replace_node_claim_object_status(&created).await?;
+        Ok(true)
+    }
+
+    async fn replace_node_claim_object(
+        &self,
+        object: &NodeClaimObject,
+    ) -> Result<Option<NodeClaimObject>, ClusterError> {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        self.call(&format!("replace nodeclaim {name}"), |c| {
+            let name = name.clone();
+            async move {
+                get_opt(
+                    Api::<NodeClaimObject>::all(c)
+                        .replace(&name, &PostParams::default(), object)
+                        .await,
+                )
+            }
+        })
+        .await
+    }
+
+    async fn replace_node_claim_object_status(&self, object: &NodeClaimObject) -> Result<bool, ClusterError> {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        self.call(&format!("replace status of nodeclaim {name}"), |c| {
+            let name = name.clone();
+            async move {
+                get_opt(
+                    Api::<NodeClaimObject>::all(c)
+                        .replace_status(&name, &PostParams::default(), object)
+                        .await,
+                )
+                .map(|o| o.is_some())
+            }
+        })
+        .await
+    }
+
+    async fn release_node_claim_object(&self, name: &str) -> Result<bool, ClusterError> {
+        let op = format!("release nodeclaim {name}");
+        self.with_conflict_retry(&op, || async {
+            let current = self
+                .call(&format!("get nodeclaim {name}"), |c| async move {
+                    get_opt(Api::<NodeClaimObject>::all(c).get(name).await)
+                })
+                .await?;
+            let Some(mut current) = current else {
+                return Ok(Step::Done(false));
+            };
+            let deleting = current.metadata.deletion_timestamp.is_some();
+            let finalizers = current.metadata.finalizers.take().unwrap_or_default();
+            let kept: Vec<String> = finalizers
+                .iter()
+                .filter(|f| *f != crate::labels::TERMINATION_FINALIZER)
+                .cloned()
+                .collect();
+            if kept != finalizers {
+                current.metadata.finalizers = Some(kept);
+                let current = &current;
+                let written = self
+                    .call(&format!("replace nodeclaim {name}"), |c| async move {
+                        get_opt(
+                            Api::<NodeClaimObject>::all(c)
+                                .replace(name, &PostParams::default(), current)
+                                .await,
+                        )
+                    })
+                    .await;
+                match written {
+                    // Gone once the finalizer came off a deleting object.
+                    Ok(_) if deleting => return Ok(Step::Done(true)),
+                    Ok(_) => {}
+                    Err(e) if e.code() == Some(409) => return Ok(Step::Conflict),
+                    Err(e) => return Err(e),
+                }
+            }
+            if !deleting {
+                self.call(&format!("delete nodeclaim {name}"), |c| async move {
+                    match Api::<NodeClaimObject>::all(c)
+                        .delete(name, &DeleteParams::default())
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+            }
+            Ok(Step::Done(true))
         })
         .await
     }

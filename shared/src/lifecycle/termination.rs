@@ -2,12 +2,14 @@
 //! must now be drained and then terminated ([`to_begin`]), and when a
 //! termination in progress is carried out ([`due`]).
 //!
-//! Three things terminate a node. Its Node is deleted (`kubectl delete
+//! Four things terminate a node. Its Node is deleted (`kubectl delete
 //! node`): nodesmith's Nodes carry Karpenter's termination finalizer
 //! ([`crate::labels::TERMINATION_FINALIZER`]), so the Node stays, marked for
 //! deletion, while it is drained gracefully — PDBs honoured until the pool's
 //! `terminationGracePeriod` has passed since the deletion — then its instance
-//! is terminated and the finalizer removed. Its NodePool is deleted: every
+//! is terminated and the finalizer removed. Its NodeClaim object is deleted
+//! (`kubectl delete nodeclaim`, [`crate::mirror`]): the same, the object held
+//! by the same finalizer until the claim is gone. Its NodePool is deleted: every
 //! claim of the pool is drained and terminated, with no replacement and no
 //! budget, as Karpenter's NodePool deletion does through the NodeClaims it
 //! owns. An interruption drains it (`interrupt` records the termination with
@@ -29,6 +31,8 @@ use crate::state::TerminationRecord;
 
 /// Why a termination began: the claim's Node was deleted.
 pub const NODE_DELETED: &str = "node-deleted";
+/// Why a termination began: the claim's NodeClaim object was deleted.
+pub const NODECLAIM_DELETED: &str = "nodeclaim-deleted";
 /// Why a termination began: the claim's NodePool was deleted.
 pub const NODEPOOL_DELETED: &str = "nodepool-deleted";
 /// Why a termination began: its static NodePool's `replicas` was lowered.
@@ -42,7 +46,7 @@ pub struct Begin {
     pub claim: String,
     /// Its Node, when registered.
     pub node: Option<String>,
-    /// [`NODE_DELETED`], [`NODEPOOL_DELETED`] or [`REPLICAS_LOWERED`].
+    /// [`NODE_DELETED`], [`NODECLAIM_DELETED`], [`NODEPOOL_DELETED`] or [`REPLICAS_LOWERED`].
     pub reason: &'static str,
     /// How the node is drained; its deadline is when the instance goes whatever the drain says.
     pub policy: DrainPolicy,
@@ -65,6 +69,9 @@ pub struct Seen<'a> {
     pub terminations: &'a [TerminationRecord],
     /// Claims a disruption is taking down (it terminates them itself).
     pub disrupting: &'a BTreeSet<String>,
+    /// Claims whose NodeClaim object is marked for deletion and still held
+    /// by the finalizer ([`crate::mirror::deleted_at`]), and since when.
+    pub objects_deleted: &'a BTreeMap<String, Timestamp>,
 }
 
 /// When the Node was deleted, if it was and our finalizer holds it.
@@ -81,8 +88,9 @@ fn deleting_with_finalizer(n: &Node) -> Option<Timestamp> {
 }
 
 /// The terminations to begin now (pure): claims with a live instance whose
-/// Node is being deleted and still holds the finalizer, or whose NodePool no
-/// longer exists, unless a termination or a disruption has them already.
+/// Node or NodeClaim object is being deleted and still holds the finalizer,
+/// or whose NodePool no longer exists, unless a termination or a disruption
+/// has them already.
 /// A claim whose instance is gone is the lifecycle's to remove.
 pub fn to_begin(seen: &Seen<'_>) -> Vec<Begin> {
     let live: BTreeSet<&str> = seen
@@ -120,10 +128,12 @@ pub fn to_begin(seen: &Seen<'_>) -> Vec<Begin> {
         // the claim at launch, else the pool's): from the Node's deletion, or
         // from now when its pool is gone.
         let grace = crate::termination_grace::period(Some(c), pool.flatten());
-        let (reason, deadline) = match (node.and_then(deleting_with_finalizer), pool) {
-            (Some(deleted), _) => (NODE_DELETED, crate::termination_grace::deadline(deleted, grace)),
-            (None, Some(None)) => (NODEPOOL_DELETED, crate::termination_grace::deadline(seen.now, grace)),
-            (None, _) => continue,
+        let object_deleted = seen.objects_deleted.get(&c.name).copied();
+        let (reason, deadline) = match (node.and_then(deleting_with_finalizer), object_deleted, pool) {
+            (Some(deleted), _, _) => (NODE_DELETED, crate::termination_grace::deadline(deleted, grace)),
+            (None, Some(deleted), _) => (NODECLAIM_DELETED, crate::termination_grace::deadline(deleted, grace)),
+            (None, None, Some(None)) => (NODEPOOL_DELETED, crate::termination_grace::deadline(seen.now, grace)),
+            (None, None, _) => continue,
         };
         out.push(Begin {
             claim: c.name.clone(),
@@ -275,6 +285,7 @@ mod tests {
             pools: Some(&pools),
             terminations: &[],
             disrupting: &none,
+            objects_deleted: &BTreeMap::new(),
         };
         let deadline = ts("2026-11-27T12:59:00Z");
         assert_eq!(
@@ -322,6 +333,60 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_nodeclaim_object_drains_its_node_within_the_grace_period_from_its_deletion() {
+        let now = ts("2026-11-27T12:00:00Z");
+        let claims = [
+            claim("a", "web", "i-a", Phase::Initialized),
+            claim("b", "web", "i-b", Phase::Initialized),
+        ];
+        // b's Node is deleted too, earlier: the Node's deletion is the reason.
+        let nodes = [
+            node("n-a", "i-a", None, true),
+            node("n-b", "i-b", Some("2026-11-27T11:50:00Z"), true),
+        ];
+        let instances = [
+            instance("i-a", InstanceState::Running),
+            instance("i-b", InstanceState::Running),
+        ];
+        let pools = [pool("web", Some("30m"))];
+        let none = BTreeSet::new();
+        let deleted = BTreeMap::from([
+            ("a".to_string(), ts("2026-11-27T11:58:00Z")),
+            ("b".to_string(), ts("2026-11-27T11:59:00Z")),
+        ]);
+        let got: Vec<(String, Option<String>, &str, Option<Timestamp>)> = to_begin(&Seen {
+            now,
+            claims: &claims,
+            nodes: &nodes,
+            instances: &instances,
+            pools: Some(&pools),
+            terminations: &[],
+            disrupting: &none,
+            objects_deleted: &deleted,
+        })
+        .into_iter()
+        .map(|b| (b.claim, b.node, b.reason, b.policy.deadline))
+        .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "a".into(),
+                    Some("n-a".into()),
+                    NODECLAIM_DELETED,
+                    Some(ts("2026-11-27T12:28:00Z"))
+                ),
+                (
+                    "b".into(),
+                    Some("n-b".into()),
+                    NODE_DELETED,
+                    Some(ts("2026-11-27T12:20:00Z"))
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn a_deleted_pools_claims_are_terminated_when_the_pools_were_read() {
         let now = ts("2026-11-27T12:00:00Z");
         let claims = [
@@ -346,6 +411,7 @@ mod tests {
             pools: Some(&pools),
             terminations: &[],
             disrupting: &none,
+            objects_deleted: &BTreeMap::new(),
         };
         let got: Vec<(String, Option<String>, &str)> = to_begin(&seen)
             .into_iter()

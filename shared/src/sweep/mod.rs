@@ -7,9 +7,12 @@
 //! too long, it asks `provision` for a solve. Then it resolves each
 //! EC2NodeClass and writes its status back ([`classes`]), decides a
 //! disruption pass and moves every recorded disruption on ([`disrupt`]).
+//! Last, it mirrors the claims as NodeClaim objects and writes NodePool
+//! status ([`mirror`]).
 
 pub mod classes;
 pub mod disrupt;
+pub mod mirror;
 pub mod replicas;
 pub mod reservations;
 pub mod termination;
@@ -39,8 +42,12 @@ pub const LEASE: &str = "sweep";
 /// steps before it spent.
 const DRAIN_SHARE: Duration = Duration::from_secs(15);
 /// Time kept after the drain pass, before the invocation's deadline, for
-/// what the run does after it (terminations, collection, the catalog).
+/// what the run does after it (terminations, the mirror, collection, the catalog).
 const DRAIN_RESERVE: Duration = Duration::from_secs(20);
+/// The least time the mirror's writes get (taken from [`DRAIN_RESERVE`]
+/// when the run is late): a few hundred writes, so a large first mirror
+/// spreads over a few runs instead of holding up their real work.
+const MIRROR_SHARE: Duration = Duration::from_secs(5);
 
 /// Settings of the sweep function.
 #[derive(Debug, Clone, PartialEq)]
@@ -203,6 +210,8 @@ pub struct SweepReport {
     pub terminations: termination::TerminationReport,
     /// Nodes relabelled out of their reservation, and capacity-block nodes whose termination began.
     pub reservations: reservations::ReservationReport,
+    /// NodeClaim objects and NodePool statuses written.
+    pub mirror: mirror::MirrorReport,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -466,6 +475,19 @@ impl<C: Cluster> Sweeper<C> {
     ) -> Result<SweepReport, SweepError> {
         let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
         let nodes = self.cluster.nodes().await?;
+        let objects = match self.cluster.node_claim_objects().await {
+            Ok(o) => Some(o),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "NodeClaim objects not listed: none is mirrored, and none deleted counts, this run");
+                None
+            }
+        };
+        let objects_deleted: BTreeMap<String, Timestamp> = objects
+            .iter()
+            .flatten()
+            .filter(|o| crate::mirror::is_ours(o))
+            .filter_map(|o| Some((o.metadata.name.clone()?, crate::mirror::deleted_at(o)?)))
+            .collect();
         let catalog = match self.store.get_catalog().await {
             Ok(Some(c)) => c,
             Ok(None) => catalog::builtin()?.clone(),
@@ -534,7 +556,15 @@ impl<C: Cluster> Sweeper<C> {
         }
         self.report_held(&report.done, &instances).await;
         // Deleted Nodes and NodePools: their drains are recorded before the run's drain pass.
-        Box::pin(self.begin_terminations(now, &claims, &nodes, &instances, &mut report.terminations)).await;
+        Box::pin(self.begin_terminations(
+            now,
+            &claims,
+            &nodes,
+            &instances,
+            &objects_deleted,
+            &mut report.terminations,
+        ))
+        .await;
         // Reservations that ended or are about to: relabel, or drain before EC2 reclaims.
         Box::pin(self.end_reservations(now, &claims, &nodes, &instances, &catalog, &mut report.reservations)).await;
         if !report.deferred.is_empty() {
@@ -562,6 +592,20 @@ impl<C: Cluster> Sweeper<C> {
         report.removed_usd_per_hour = removed_usd_per_hour(&claims, &removed_claims, &report.disruption.terminated)
             + report.terminations.usd_per_hour;
         report.solve_requested = self.ask_for_solve(&removed, now).await;
+        // kubectl's view, from what this run read less what it removed.
+        let disrupted = &report.disruption.terminated;
+        let terminated = &report.terminations.terminated;
+        let live: Vec<&NodeClaim> = claims
+            .iter()
+            .filter(|c| !c.node_name.as_ref().is_some_and(|n| disrupted.contains(n)))
+            .filter(|c| !removed_claims.contains(&c.name.as_str()) && !terminated.contains(&c.name))
+            .collect();
+        let mirror_by = (started + self.config.budget)
+            .max(Instant::now() + MIRROR_SHARE)
+            .min(drains_by + MIRROR_SHARE);
+        let mut mirrored = mirror::MirrorReport::default();
+        Box::pin(self.mirror(now, &live, &nodes, objects.as_deref(), mirror_by, &mut mirrored)).await;
+        report.mirror = mirrored;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(
             &self.cluster,

@@ -1,10 +1,11 @@
 //! The sweep's share of termination ([`crate::lifecycle::termination`]):
-//! it begins the terminations the world calls for (a deleted Node, a deleted
-//! NodePool) before the run's drain pass, and after it carries out every
-//! recorded termination that is due: the instance terminated, the Node
-//! deleted and its finalizer removed, the claim and its records forgotten.
+//! it begins the terminations the world calls for (a deleted Node or
+//! NodeClaim object, a deleted NodePool) before the run's drain pass, and
+//! after it carries out every recorded termination that is due: the instance
+//! terminated, the Node deleted and its finalizer removed, the claim and its
+//! records forgotten, its NodeClaim object let go.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -38,6 +39,7 @@ impl<C: Cluster> Sweeper<C> {
         claims: &[NodeClaim],
         nodes: &[Node],
         instances: &[Instance],
+        objects_deleted: &BTreeMap<String, Timestamp>,
         report: &mut TerminationReport,
     ) {
         let facts = async {
@@ -67,6 +69,7 @@ impl<C: Cluster> Sweeper<C> {
             pools: pools.as_deref(),
             terminations: &terminations,
             disrupting: &disrupting,
+            objects_deleted,
         });
         for b in begins {
             match self.begin_one(&b, now).await {
@@ -153,6 +156,10 @@ impl<C: Cluster> Sweeper<C> {
         self.store.remove_node_claim(&claim, VersionCheck::Regardless).await?;
         self.store.end_drain(&r.claim).await?;
         self.store.end_termination(&r.claim).await?;
+        // `kubectl delete nodeclaim` waits for this; a failure is the mirror's to repair next run.
+        if let Err(e) = self.cluster.release_node_claim_object(&r.claim).await {
+            tracing::warn!(node_claim = %r.claim, error = %crate::telemetry::causes(&e), "NodeClaim object not let go; the next sweep does");
+        }
         Ok(Some(claim))
     }
 }

@@ -110,10 +110,7 @@ impl Stack {
         }}))
         .unwrap();
         for i in 0..pods {
-            let n = format!("web-{i}");
-            kube.apply(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default", "uid": format!("uid-{n}"), "labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "900m", "memory": "1Gi"}}}]}}))
-                .unwrap();
+            kube.apply(&web_pod(&format!("web-{i}"))).unwrap();
         }
         kube.schedule();
         Stack {
@@ -223,6 +220,18 @@ impl Stack {
     }
 }
 
+/// A pod of the `web` app (900m, 1Gi: two fit on one 2-vCPU node).
+pub fn web_pod(name: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "web", "resources": {"requests": {"cpu": "900m", "memory": "1Gi"}}}]}})
+}
+
+/// A budget that lets no `app=web` pod go (two must stay available).
+pub fn web_pdb() -> serde_json::Value {
+    json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}})
+}
+
 pub fn taint_keys(n: &Node) -> Vec<String> {
     n.spec
         .as_ref()
@@ -253,6 +262,18 @@ impl Stack {
         config.drain_budget = Duration::ZERO;
         configure(&mut config);
         Interrupter::new(self.cluster(), self.store.clone(), self.sqs.clone(), config)
+    }
+
+    /// The real kubectl as the cluster admin, its caches in a scratch
+    /// directory named for `test` (removed by the caller).
+    pub fn kubectl(&self, test: &str) -> nodesmith_tests::kubectl::Kubectl {
+        let dir = std::env::temp_dir().join(format!("nodesmith-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        self.kube.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
+        nodesmith_tests::kubectl::Kubectl {
+            kubeconfig: dir.join("kubeconfig"),
+            dir,
+        }
     }
 
     /// Provisions and launches for these pods; returns the claims, all Launched.
