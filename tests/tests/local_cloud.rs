@@ -235,35 +235,6 @@ async fn the_stack_serves_kubectl_and_the_aws_sdk_and_stops_on_sigterm_leaving_n
         );
     }
 
-    // kubectl's view: the sweep mirrors one Ready NodeClaim per node, by name.
-    let node_names: BTreeSet<String> = nodes
-        .iter()
-        .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let claims = k.json(&["get", "nodeclaims"]).await;
-        let ready: BTreeSet<String> = claims["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| {
-                c["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-            })
-            .filter_map(|c| c["status"]["nodeName"].as_str().map(String::from))
-            .collect();
-        if ready == node_names {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no Ready NodeClaim per node after 120 s: nodes {node_names:?}, {claims}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-
     // Draining a node through the Eviction API: its pods come back and run elsewhere.
     let mut busiest = (0, String::new());
     for n in nodes {
