@@ -217,8 +217,7 @@ impl Meter {
             memory_mb = self.memory_mb,
             "invocation metered"
         );
-        let dimensions = std::collections::BTreeMap::from([("Function", self.function.to_string())]);
-        crate::telemetry::publish(&dimensions, &m.metrics());
+        crate::telemetry::publish(self.function, &[crate::telemetry::Series::plain(m.metrics())]);
         let Some(store) = &self.store else { return };
         let entry = CostEntry {
             function: self.function.to_string(),

@@ -86,6 +86,8 @@ pub mod lambda;
 pub mod launch;
 /// What the autoscaler itself costs.
 pub mod metering;
+/// Every metric nodesmith emits (Karpenter's names where it has one), and the series built from what a function did.
+pub mod metrics;
 /// The `provision` function.
 pub mod provisioning;
 /// The one reader of settings.

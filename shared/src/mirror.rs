@@ -82,6 +82,30 @@ fn resource_list(
         .collect()
 }
 
+/// The summed capacity of a pool's registered nodes, with `nodes` (their
+/// count) among the resources as Karpenter counts it there (pure).
+pub fn pool_resources(pool: &str, claims: &[&NodeClaim], nodes: &[Node]) -> BTreeMap<String, Quantity> {
+    let nodes: BTreeMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
+    let mut resources: BTreeMap<String, Quantity> = BTreeMap::new();
+    let mut count: i64 = 0;
+    for c in claims.iter().filter(|c| c.node_pool == pool) {
+        let Some(node) = c.node_name.as_deref().and_then(|n| nodes.get(n)) else {
+            continue;
+        };
+        count += 1;
+        let capacity = resource_list(node.status.as_ref().and_then(|s| s.capacity.as_ref()));
+        for (k, v) in capacity {
+            let sum = resources.entry(k).or_insert(Quantity::ZERO);
+            *sum = Quantity(sum.0.saturating_add(v.0));
+        }
+    }
+    resources.insert("nodes".to_string(), Quantity::from_units(count));
+    resources
+}
+
 /// The conditions of a claim's object (pure): each of Launched, Registered
 /// and Initialized True from the moment the claim reached it, Ready once all
 /// three are, and DisruptionReason while it is drained or terminated.
@@ -323,25 +347,8 @@ pub fn pool_status(
     class: Option<&EC2NodeClass>,
     now: Timestamp,
 ) -> NodePoolStatus {
-    let nodes: BTreeMap<&str, &Node> = nodes
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
-        .collect();
-    let mut resources: BTreeMap<String, Quantity> = BTreeMap::new();
-    let mut count: i64 = 0;
-    for c in claims.iter().filter(|c| c.node_pool == pool.name()) {
-        let Some(node) = c.node_name.as_deref().and_then(|n| nodes.get(n)) else {
-            continue;
-        };
-        count += 1;
-        let capacity = resource_list(node.status.as_ref().and_then(|s| s.capacity.as_ref()));
-        for (k, v) in capacity {
-            let sum = resources.entry(k).or_insert(Quantity::ZERO);
-            *sum = Quantity(sum.0.saturating_add(v.0));
-        }
-    }
-    // Karpenter counts the nodes among the resources too (its NODES column reads it there).
-    resources.insert("nodes".to_string(), Quantity::from_units(count));
+    let resources = pool_resources(pool.name(), claims, nodes);
+    let count = resources.get("nodes").map_or(0, |n| n.units_ceil());
     let validation = pool.validate().map_err(|e| e.to_string());
     let class_name = &pool.spec.template.spec.node_class_ref.name;
     let class_ready = match class {

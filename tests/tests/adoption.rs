@@ -53,11 +53,9 @@ async fn a_run_terminates_at_most_a_tenth_of_the_fleet_and_says_so() {
             run,
             "run {run}: three instances, so one a run"
         );
-        let held = report
-            .metrics()
-            .iter()
-            .find(|m| m.name == "InstancesCollectionHeld")
-            .map(|m| m.value);
+        let held = nodesmith::telemetry::totals(&report.metrics())
+            .get("InstancesCollectionHeld")
+            .copied();
         assert_eq!(
             held,
             Some((3 - run) as f64),

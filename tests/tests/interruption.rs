@@ -48,6 +48,32 @@ async fn spot_interruption_taints_replaces_first_honours_pdbs_then_forces_at_the
     assert_eq!((out.unknown, out.ignored), (1, 1), "{out:?}");
     assert_eq!(out.tainted, vec![node.clone()]);
     assert_eq!(out.replacements.len(), 1, "{out:?}");
+    // Karpenter's interruption metrics: three received (the warnings and the
+    // unreadable one), all three done with, one replacement for the pool.
+    let series = out.metrics();
+    let received = |t| {
+        nodesmith::telemetry::value(
+            &series,
+            "karpenter_interruption_received_messages_total",
+            &[("message_type", t)],
+        )
+    };
+    assert_eq!(
+        (received("spot_interrupted"), received("no_op")),
+        (Some(2.0), Some(1.0))
+    );
+    assert_eq!(
+        nodesmith::telemetry::value(&series, "karpenter_interruption_deleted_messages_total", &[]),
+        Some(3.0)
+    );
+    assert_eq!(
+        nodesmith::telemetry::value(
+            &series,
+            "karpenter_nodeclaims_created_total",
+            &[("nodepool", "default"), ("reason", "interruption")]
+        ),
+        Some(1.0)
+    );
 
     // Tainted, replacement written and queued, the pods still where they were (PDB).
     let n = s.cluster().node(&node).await.unwrap().unwrap();

@@ -381,7 +381,7 @@ async fn a_registration_the_api_server_refuses_ends_the_claim_instead_of_retryin
     let sweeper = s.sweeper(fast());
     let report = sweeper.run().await.unwrap();
     assert!(report.failed.is_empty(), "{:?}", report.failed);
-    let metrics: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+    let metrics = nodesmith::telemetry::totals(&report.metrics());
     assert_eq!(metrics["RegistrationsRefused"], 1.0);
     assert_eq!(metrics["NodesRegistered"], 0.0);
     assert!(s.claims().await.is_empty(), "the claim is given up");
@@ -474,11 +474,8 @@ async fn a_claim_item_a_newer_release_wrote_neither_stops_the_sweep_nor_loses_it
         "the unreadable claim's instance and Node are not collected: {done:?}"
     );
     assert_eq!(s.instance_states().await.get(&id).map(String::as_str), Some("running"));
-    let metrics = report.metrics();
-    let unreadable_count = metrics
-        .iter()
-        .find(|m| m.name == "NodeClaimsUnreadable")
-        .map(|m| m.value);
+    let metrics = nodesmith::telemetry::totals(&report.metrics());
+    let unreadable_count = metrics.get("NodeClaimsUnreadable").copied();
     assert_eq!(unreadable_count, Some(1.0), "{metrics:?}");
     // The item is left as it is for the release that wrote it.
     assert!(s.store.get_node_claim(&unreadable.name).await.is_err());

@@ -5,6 +5,7 @@
 //! its node, and an object whose claim is gone is let go.
 
 use crate::local_stack::{self, Stack, pods_on, web_pdb, web_pod};
+use nodesmith::telemetry::value;
 use nodesmith_tests::kubectl::{header, row};
 use serde_json::{Value, json};
 
@@ -53,6 +54,27 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
         (0, 0, 0, 0, 0),
         "{m:?}"
     );
+    // The run's metrics say what kubectl shows (docs/metrics.md).
+    let series = report.metrics();
+    let pool_has = |r| {
+        value(
+            &series,
+            "karpenter_nodepools_usage",
+            &[("nodepool", "default"), ("resource_type", r)],
+        )
+    };
+    assert_eq!(pool_has("nodes"), Some(1.0), "{series:?}");
+    assert!(pool_has("cpu").is_some_and(|cpu| cpu >= 1.0), "{series:?}");
+    assert_eq!(
+        value(
+            &series,
+            "NodeClaims",
+            &[("nodepool", "default"), ("capacity_type", "on-demand")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&series, "karpenter_cluster_state_node_count", &[]), Some(1.0));
+    assert_eq!(value(&series, "FleetUsdPerHour", &[]), Some(claim.price.unwrap_or(0.0)));
     let o = kubectl.json(&["get", "nodeclaim", &claim.name]).await;
     for t in ["Launched", "Registered", "Initialized", "Ready"] {
         assert_eq!(condition(&o, t), "True", "{t}: {o}");
@@ -80,6 +102,16 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
     s.kube.schedule();
     let outcome = s.provision(&["web-2", "web-3"]).await;
     assert_eq!(outcome.created.len(), 1, "{outcome:?}");
+    let series = outcome.metrics();
+    assert_eq!(
+        value(
+            &series,
+            "karpenter_nodeclaims_created_total",
+            &[("nodepool", "default"), ("reason", "provisioning")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&series, "karpenter_scheduler_queue_depth", &[]), Some(2.0));
     s.launch_all().await;
     for _ in 0..3 {
         s.kubelet_step().await;
@@ -108,10 +140,16 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
         .send()
         .await
         .unwrap();
+    let mut terminated = 0.0;
     for _ in 0..3 {
-        sweeper.run().await.unwrap();
+        let series = sweeper.run().await.unwrap().metrics();
+        terminated += nodesmith::telemetry::totals(&series)
+            .get("karpenter_nodeclaims_terminated_total")
+            .copied()
+            .unwrap_or_default();
     }
     assert_eq!(s.store.get_node_claim(&claim.name).await.unwrap(), None);
+    assert_eq!(terminated, 1.0, "the claim's end is counted once");
     let gone = kubectl.run(&["get", "nodeclaim", &claim.name], None).await;
     assert!(!gone.ok && gone.stderr.contains("NotFound"), "{gone:?}");
     assert_eq!(row(&kubectl.ok(&["get", "nodepools"]).await, "default")["NODES"], "1");

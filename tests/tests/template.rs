@@ -289,6 +289,17 @@ fn every_function_logs_json_to_a_group_with_retention() {
     for (name, f) in functions {
         let logging = &f["Properties"]["LoggingConfig"];
         assert_eq!(logging["LogFormat"].as_str(), Some("JSON"), "{name}");
+        // The functions filter by Lambda's level (AWS_LAMBDA_LOG_LEVEL): no
+        // RUST_LOG may override it.
+        assert_eq!(
+            reference(&logging["ApplicationLogLevel"]).as_deref(),
+            Some("LogLevel"),
+            "{name}"
+        );
+        assert!(
+            f["Properties"]["Environment"]["Variables"]["RUST_LOG"].is_null(),
+            "{name}"
+        );
         let group = reference(&logging["LogGroup"]).unwrap_or_else(|| panic!("{name} has no log group"));
         let g = resource(&t, &group);
         assert_eq!(g["Type"].as_str(), Some("AWS::Logs::LogGroup"));
@@ -297,6 +308,12 @@ fn every_function_logs_json_to_a_group_with_retention() {
             "{group} keeps logs forever"
         );
     }
+    assert!(t["Globals"]["Function"]["Environment"]["Variables"]["RUST_LOG"].is_null());
+    assert_eq!(
+        strings(&t["Parameters"]["LogLevel"]["AllowedValues"]),
+        ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"],
+        "Lambda's application log levels"
+    );
 }
 
 #[test]

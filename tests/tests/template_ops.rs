@@ -5,8 +5,9 @@
 //! from the forwarder and the functions, and CloudWatch alarms cover what an
 //! operator must hear about (README, "Operations").
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use nodesmith::metrics;
 use serde_yaml_ng::Value;
 
 use super::template::{iam, int, may_send, reference, resource, resources_of, strings, template};
@@ -234,14 +235,12 @@ fn nodes_left_unregistered_and_launches_failing_raise_alarms() {
     }
 }
 
-/// The code emits every metric an alarm of the `nodesmith` namespace watches.
+/// Every alarm of the `nodesmith` namespace watches a metric the code emits
+/// (the catalogue, checked against the code in `nodesmith::metrics`), in
+/// a function that emits it.
 #[test]
 fn alarms_watch_metrics_the_code_emits() {
     let t = template();
-    let src = |p: &str| {
-        std::fs::read_to_string(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p)).unwrap()
-    };
-    let code = [src("shared/src/sweep/mod.rs"), src("shared/src/launch/batch.rs")].concat();
     let mut watched = 0;
     for (name, a) in alarms(&t) {
         if a["Properties"]["Namespace"].as_str() != Some("nodesmith") {
@@ -249,13 +248,190 @@ fn alarms_watch_metrics_the_code_emits() {
         }
         watched += 1;
         let metric = a["Properties"]["MetricName"].as_str().unwrap();
+        let def = metrics::def(metric).unwrap_or_else(|| panic!("{name} watches {metric}, which no code emits"));
+        let function = dimension(a, "Function").unwrap_or_else(|| panic!("{name} names no function"));
         assert!(
-            code.contains(&format!("\"{metric}\"")),
-            "{name} watches {metric}, which no code emits"
+            def.functions.contains(&function.as_str()),
+            "{name}: {function} does not emit {metric}"
         );
-        assert!(strings(&a["Properties"]["Dimensions"]).contains(&"Function".to_string()));
+        assert!(
+            def.labels.is_empty(),
+            "{name}: {metric} is labelled, an alarm would see one series"
+        );
     }
     assert_eq!(watched, 3);
+}
+
+/// One metric a dashboard widget shows: its namespace, name, and dimension
+/// names with their values (None for a SEARCH's dimension schema).
+#[derive(Debug)]
+struct Shown {
+    namespace: String,
+    name: String,
+    dimensions: BTreeMap<String, Option<String>>,
+}
+
+/// The dashboard's body with `${...}` resolved, and the metrics it shows.
+fn dashboard(t: &Value) -> (serde_json::Value, Vec<Shown>) {
+    let d = resource(t, "Dashboard");
+    assert_eq!(d["Type"].as_str(), Some("AWS::CloudWatch::Dashboard"));
+    let body = match &d["Properties"]["DashboardBody"] {
+        Value::Tagged(tagged) if tagged.tag == "!Sub" => tagged.value.as_str().unwrap().to_string(),
+        other => panic!("DashboardBody is not a !Sub string: {other:?}"),
+    };
+    // Every substitution is the region or a resource of the stack.
+    let mut resolved = String::new();
+    let mut rest = body.as_str();
+    while let Some(at) = rest.find("${") {
+        resolved.push_str(&rest[..at]);
+        let end = rest[at..].find('}').unwrap() + at;
+        let name = &rest[at + 2..end];
+        if name != "AWS::Region" {
+            resource(t, name);
+        }
+        resolved.push_str(name);
+        rest = &rest[end + 1..];
+    }
+    resolved.push_str(rest);
+    let body: serde_json::Value = serde_json::from_str(&resolved).expect("the dashboard body is JSON");
+    let mut shown = Vec::new();
+    for w in body["widgets"].as_array().expect("widgets") {
+        for m in w["properties"]["metrics"]
+            .as_array()
+            .expect("each widget shows metrics")
+        {
+            let m = m.as_array().unwrap();
+            if let Some(expression) = m[0]["expression"].as_str() {
+                shown.push(searched(expression));
+                continue;
+            }
+            let parts: Vec<&str> = m.iter().filter_map(|p| p.as_str()).collect();
+            let dimensions = parts[2..]
+                .chunks(2)
+                .map(|kv| (kv[0].to_string(), Some(kv[1].to_string())))
+                .collect();
+            shown.push(Shown {
+                namespace: parts[0].to_string(),
+                name: parts[1].to_string(),
+                dimensions,
+            });
+        }
+    }
+    (body, shown)
+}
+
+/// The metric of `SEARCH('{namespace,dim,...} MetricName="name" ...', ...)`.
+fn searched(expression: &str) -> Shown {
+    let inner = expression
+        .strip_prefix("SEARCH('{")
+        .unwrap_or_else(|| panic!("{expression}: only SEARCH expressions are expected"));
+    let (schema, rest) = inner.split_once('}').unwrap();
+    let mut schema = schema.split(',');
+    let namespace = schema.next().unwrap().to_string();
+    let name = rest
+        .split_once("MetricName=\"")
+        .and_then(|(_, r)| r.split_once('"'))
+        .unwrap_or_else(|| panic!("{expression} names no metric"))
+        .0
+        .to_string();
+    Shown {
+        namespace,
+        name,
+        dimensions: schema.map(|d| (d.to_string(), None)).collect(),
+    }
+}
+
+#[test]
+fn the_dashboard_shows_only_metrics_the_code_emits_with_the_labels_it_emits_them_with() {
+    let t = template();
+    let (_, shown) = dashboard(&t);
+    let functions: BTreeSet<String> = resources_of(&t, "AWS::Serverless::Function")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let mut names = BTreeSet::new();
+    for s in &shown {
+        match s.namespace.as_str() {
+            "nodesmith" => {
+                let def = metrics::def(&s.name)
+                    .unwrap_or_else(|| panic!("the dashboard shows {}, which no code emits", s.name));
+                let want: BTreeSet<&str> = def.labels.iter().copied().chain(["Function"]).collect();
+                let got: BTreeSet<&str> = s.dimensions.keys().map(String::as_str).collect();
+                assert_eq!(
+                    got, want,
+                    "{}: CloudWatch keeps a series per dimension set, so these must be exact",
+                    s.name
+                );
+                if let Some(Some(function)) = s.dimensions.get("Function") {
+                    assert!(
+                        def.functions.contains(&function.as_str()),
+                        "{function} does not emit {}",
+                        s.name
+                    );
+                }
+                names.insert(s.name.clone());
+            }
+            "AWS/Lambda" => {
+                let f = s.dimensions["FunctionName"].clone().unwrap();
+                assert!(functions.contains(&f), "{f} is no function of the stack");
+                names.insert(format!("AWS/Lambda {}", s.name));
+            }
+            other => panic!("the dashboard shows a metric in namespace {other}"),
+        }
+    }
+    // What an operator looks at first (issue: fleet $/h, nodes by pool and
+    // capacity type, pending pods, scale-out, disruptions by reason,
+    // interruptions, errors, nodesmith's own cost).
+    for want in [
+        "FleetUsdPerHour",
+        "NodeClaims",
+        "karpenter_scheduler_queue_depth",
+        "karpenter_scheduler_scheduling_duration_seconds",
+        "karpenter_nodeclaims_created_total",
+        "karpenter_nodeclaims_disrupted_total",
+        "karpenter_interruption_received_messages_total",
+        "karpenter_cloudprovider_errors_total",
+        "InvocationCostUsd",
+        "AWS/Lambda Errors",
+    ] {
+        assert!(names.contains(want), "the dashboard does not show {want}");
+    }
+    let errors = shown
+        .iter()
+        .filter(|s| s.namespace == "AWS/Lambda" && s.name == "Errors")
+        .filter_map(|s| s.dimensions["FunctionName"].clone())
+        .collect::<BTreeSet<_>>();
+    assert_eq!(errors, functions, "every function's errors are on the dashboard");
+}
+
+#[test]
+fn metrics_md_lists_every_metric_with_its_labels_and_functions() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let cell = |c: &str| c.trim().trim_matches('`').to_string();
+    let list =
+        |c: &str| -> BTreeSet<String> { c.split(',').map(cell).filter(|s| !s.is_empty() && s != "—").collect() };
+    let rows: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = doc
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').collect();
+            (cell(cells[0]), (list(cells[2]), list(cells[3])))
+        })
+        .collect();
+    for d in metrics::CATALOG {
+        let (labels, functions) = rows
+            .get(d.name)
+            .unwrap_or_else(|| panic!("docs/metrics.md does not list {}", d.name));
+        let want = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(labels, &want(d.labels), "{}'s labels", d.name);
+        assert_eq!(functions, &want(d.functions), "{}'s functions", d.name);
+    }
+    assert_eq!(
+        rows.len(),
+        metrics::CATALOG.len(),
+        "docs/metrics.md lists a metric no code emits"
+    );
 }
 
 #[test]

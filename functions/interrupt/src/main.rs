@@ -29,8 +29,7 @@ async fn main() -> Result<(), Error> {
         meter
             .invoke(event, |payload, deadline| async move {
                 let outcome = interrupter.handle_within(&payload, deadline).await;
-                let dimensions = std::collections::BTreeMap::from([("Function", "interrupt".to_string())]);
-                nodesmith::telemetry::publish(&dimensions, &outcome.metrics());
+                nodesmith::telemetry::publish("interrupt", &outcome.metrics());
                 tracing::info!(
                     tainted = outcome.tainted.len(),
                     replacements = outcome.replacements.len(),

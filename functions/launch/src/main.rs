@@ -23,8 +23,7 @@ async fn main() -> Result<(), Error> {
             .invoke(event, |payload, deadline| async move {
                 let (response, results) = batch::handle_within(launcher, &payload, deadline).await;
                 let added = batch::fleet_delta_usd_per_hour(&results);
-                let dimensions = std::collections::BTreeMap::from([("Function", "launch".to_string())]);
-                nodesmith::telemetry::publish(&dimensions, &batch::metrics(&results));
+                nodesmith::telemetry::publish("launch", &batch::metrics(&results));
                 (Ok::<SqsBatchResponse, Error>(response), added)
             })
             .await

@@ -34,6 +34,7 @@ async fn main() -> Result<(), Error> {
         meter
             .invoke(event, |batch, deadline| async move {
                 let outcome = provisioner.handle_within(&batch, deadline).await;
+                nodesmith::telemetry::publish("provision", &outcome.metrics());
                 tracing::info!(
                     created = outcome.created.len(),
                     joined = outcome.joined.len(),

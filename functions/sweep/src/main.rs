@@ -6,8 +6,6 @@
 //! fleet's change: minus the price of every claim it removed or whose
 //! disruption it finished.
 
-use std::collections::BTreeMap;
-
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::catalog::price_list::PriceList;
 use nodesmith::deadline::Deadline;
@@ -64,8 +62,7 @@ async fn main() -> Result<(), Error> {
 /// capacity it gave up.
 async fn sweep(sweeper: &Sweeper<KubeCluster>, deadline: Deadline) -> Result<(Value, f64), Error> {
     let report = sweeper.run_within(deadline).await?;
-    let dimensions = BTreeMap::from([("Function", "sweep".to_string())]);
-    nodesmith::telemetry::publish(&dimensions, &report.metrics());
+    nodesmith::telemetry::publish("sweep", &report.metrics());
     let response = json!({
         "skipped": report.skipped,
         "done": report.done.len(),

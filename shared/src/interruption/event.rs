@@ -74,6 +74,20 @@ impl Kind {
         }
     }
 
+    /// The kind as Karpenter's `message_type` label names it
+    /// (`spot_interrupted`, …; a state change as `instance_<state>`, and
+    /// what nodesmith does not act on as `no_op`).
+    pub fn message_type(&self) -> String {
+        match self {
+            Kind::SpotInterruption => "spot_interrupted".to_string(),
+            Kind::RebalanceRecommendation => "rebalance_recommendation".to_string(),
+            Kind::ScheduledChange => "scheduled_change".to_string(),
+            Kind::StateChange { state } => format!("instance_{}", state.replace('-', "_")),
+            Kind::CapacityReservationInterruption => "capacity_reservation_interrupted".to_string(),
+            Kind::Unknown { .. } => "no_op".to_string(),
+        }
+    }
+
     /// True for a state change that means the capacity is gone or going.
     pub fn capacity_gone(&self) -> bool {
         matches!(self, Kind::StateChange { state } if is_gone_state(state))

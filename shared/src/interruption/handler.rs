@@ -45,6 +45,7 @@ use crate::scheduling::SolveOptions;
 use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{DrainRecord, StateError, StateStore, UNAVAILABLE_TTL_SECS, VersionCheck};
+use crate::telemetry::Series;
 
 /// How long an event id is remembered (EventBridge redelivers within hours at most).
 const PROCESSED_TTL_SECS: i64 = 24 * 3600;
@@ -173,6 +174,8 @@ pub struct InterruptOutcome {
     /// Nodes whose replacement was handed to provision (it held the lease
     /// past our wait) as a solve request.
     pub handed_to_provision: Vec<String>,
+    /// Messages received, by Karpenter's `message_type` ([`event::Kind::message_type`]).
+    pub received: Vec<String>,
 }
 
 impl InterruptOutcome {
@@ -184,19 +187,29 @@ impl InterruptOutcome {
     /// The batch as CloudWatch metrics (EMF): `InterruptionMessagesUnreadable`
     /// counts messages acknowledged because nodesmith cannot read them (an
     /// unknown detail-type, a malformed event), so they are not dropped
-    /// silently; `InterruptionMessagesFailed` those given back to SQS.
-    pub fn metrics(&self) -> Vec<crate::telemetry::Metric> {
-        let count = |name: &'static str, n: usize| crate::telemetry::Metric {
-            name,
-            value: n as f64,
-            unit: "Count",
-        };
-        vec![
+    /// silently; `InterruptionMessagesFailed` those given back to SQS; and
+    /// Karpenter's messages received by type, messages done with, and
+    /// replacement claims created by pool.
+    pub fn metrics(&self) -> Vec<Series> {
+        let count = crate::metrics::count;
+        let mut series = vec![Series::plain(vec![
             count("InterruptionMessagesUnreadable", self.unknown),
             count("InterruptionMessagesFailed", self.failed.len()),
             count("InterruptionNodesTainted", self.tainted.len()),
             count("InterruptionReplacements", self.replacements.len()),
-        ]
+            count(
+                "karpenter_interruption_deleted_messages_total",
+                self.received.len().saturating_sub(self.failed.len()),
+            ),
+        ])];
+        series.extend(crate::metrics::tally(
+            "karpenter_interruption_received_messages_total",
+            self.received
+                .iter()
+                .map(|t| crate::metrics::labels([("message_type", t.as_str())])),
+        ));
+        series.extend(crate::metrics::created(&self.replacements, "interruption"));
+        series
     }
 }
 
@@ -257,6 +270,7 @@ impl<C: Cluster> Interrupter<C> {
             let message_id = record.message_id.clone().unwrap_or_default();
             let body = record.body.as_deref().unwrap_or("");
             let event = event::parse(body);
+            outcome.received.push(event.kind.message_type());
             if let event::Kind::Unknown { error } = &event.kind {
                 outcome.unknown += 1;
                 tracing::warn!(%message_id, %error, source = ?event.source, detail_type = ?event.detail_type,

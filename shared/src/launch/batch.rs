@@ -8,7 +8,9 @@ use super::{LaunchError, LaunchOutcome, Launcher};
 use crate::deadline::Deadline;
 use crate::kubernetes::Cluster;
 use crate::messages::LaunchRequest;
+use crate::metrics;
 use crate::nodeclass::RunClasses;
+use crate::telemetry::Series;
 
 /// What happened to one record.
 #[derive(Debug)]
@@ -48,22 +50,29 @@ pub fn fleet_delta_usd_per_hour(results: &[RecordResult]) -> f64 {
 /// The batch as CloudWatch metrics (EMF): `LaunchesSucceeded` (new or
 /// recovered instances) and `LaunchesFailed` (records that failed, but for
 /// one another invocation holds, and claims given up because their class
-/// cannot launch), which the template's `LaunchesFailingAlarm` watches (pure).
-pub fn metrics(results: &[RecordResult]) -> Vec<crate::telemetry::Metric> {
+/// cannot launch), which the template's `LaunchesFailingAlarm` watches, and
+/// Karpenter's `karpenter_cloudprovider_errors_total` by EC2's error code (pure).
+pub fn metrics(results: &[RecordResult]) -> Vec<Series> {
     let count = |f: fn(&Result<LaunchOutcome, LaunchError>) -> bool| results.iter().filter(|r| f(&r.result)).count();
     let succeeded = count(|r| matches!(r, Ok(LaunchOutcome::Launched(_) | LaunchOutcome::Recovered(_))));
     let failed = count(|r| match r {
         Ok(o) => matches!(o, LaunchOutcome::NotLaunchable { .. }),
         Err(e) => !matches!(e, LaunchError::Busy(_) | LaunchError::NotStarted { .. }),
     });
-    [("LaunchesSucceeded", succeeded), ("LaunchesFailed", failed)]
-        .into_iter()
-        .map(|(name, n)| crate::telemetry::Metric {
-            name,
-            value: n as f64,
-            unit: "Count",
-        })
-        .collect()
+    let refused = results.iter().filter_map(|r| match &r.result {
+        Ok(LaunchOutcome::NoCapacity { .. }) => Some("InsufficientInstanceCapacity"),
+        Err(e) => e.refusal().map(|(code, _)| code),
+        Ok(_) => None,
+    });
+    let mut series = vec![Series::plain(vec![
+        metrics::count("LaunchesSucceeded", succeeded),
+        metrics::count("LaunchesFailed", failed),
+    ])];
+    series.extend(metrics::tally(
+        "karpenter_cloudprovider_errors_total",
+        refused.map(|code| metrics::labels([("method", "create"), ("error", code)])),
+    ));
+    series
 }
 
 async fn handle_record<C: Cluster>(
@@ -208,9 +217,21 @@ mod tests {
             })),
             rec(Err(LaunchError::Busy("d".into()))),
         ];
-        let m: std::collections::BTreeMap<&str, f64> = metrics(&results).iter().map(|m| (m.name, m.value)).collect();
+        let series = metrics(&results);
+        let m = crate::telemetry::totals(&series);
         assert_eq!(m["LaunchesSucceeded"], 1.0);
         assert_eq!(m["LaunchesFailed"], 2.0);
+        // EC2's refusal by its code, as Karpenter labels cloud provider errors.
+        let errors: Vec<_> = series.iter().filter(|s| !s.labels.is_empty()).collect();
+        assert_eq!(errors.len(), 1, "{series:?}");
+        assert_eq!(
+            errors[0].labels,
+            crate::metrics::labels([("method", "create"), ("error", "InvalidAMIID.NotFound")])
+        );
+        assert_eq!(
+            errors[0].metrics,
+            vec![crate::metrics::count("karpenter_cloudprovider_errors_total", 1)]
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
 use crate::settings::{SettingError, Settings};
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
+use crate::telemetry::{Metric, Series};
 
 use records::{PodState, Record};
 
@@ -148,12 +149,32 @@ pub struct ProvisionOutcome {
     pub handed_on: usize,
     /// What became of the solve's events.
     pub events: Recorded,
+    /// The solve's time and the pending pods it considered, when it ran.
+    pub solve: Option<(Duration, usize)>,
 }
 
 impl ProvisionOutcome {
     /// The Lambda response: partial batch failures.
     pub fn response(&self) -> SqsBatchResponse {
         crate::lambda::batch_response(&self.failed)
+    }
+
+    /// The batch as CloudWatch metrics (EMF): the solve's time and pending
+    /// pods under Karpenter's scheduler names, the pods it could place
+    /// nowhere, and the claims created by pool (pure).
+    pub fn metrics(&self) -> Vec<Series> {
+        let mut plain = vec![crate::metrics::count("PodsUnschedulable", self.unschedulable.len())];
+        if let Some((took, pods)) = self.solve {
+            plain.push(Metric {
+                name: "karpenter_scheduler_scheduling_duration_seconds",
+                value: took.as_secs_f64(),
+                unit: "Seconds",
+            });
+            plain.push(crate::metrics::count("karpenter_scheduler_queue_depth", pods));
+        }
+        let mut series = vec![Series::plain(plain)];
+        series.extend(crate::metrics::created(&self.created, "provisioning"));
+        series
     }
 }
 
@@ -402,6 +423,7 @@ impl<C: Cluster> Provisioner<C> {
             (snapshot, plan)
         })
         .await;
+        outcome.solve = Some((started.elapsed(), snapshot.pods.len()));
         tracing::info!(
             pods = snapshot.pods.len(),
             new_claims = plan.node_claims.len(),

@@ -30,6 +30,8 @@ pub struct MirrorReport {
     pub deferred: usize,
     /// What failed, with why.
     pub failed: Vec<(String, String)>,
+    /// The fleet's gauges, from the claims, nodes and pools this step read ([`crate::metrics::fleet`]).
+    pub gauges: Vec<crate::telemetry::Series>,
 }
 
 impl<C: Cluster> Sweeper<C> {
@@ -55,6 +57,7 @@ impl<C: Cluster> Sweeper<C> {
                 Vec::new()
             }
         };
+        report.gauges = crate::metrics::fleet(claims, nodes, &pools);
         if let Some(objects) = objects {
             let plan = mirror::plan(claims, nodes, &pools, objects);
             self.write_plan(plan, stop_at, report).await;

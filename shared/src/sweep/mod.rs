@@ -34,7 +34,7 @@ use crate::nodeclaim::{InvalidTransition, NodeClaim, Phase};
 use crate::registration;
 use crate::settings::{SettingError, Settings};
 use crate::state::{Advance, ClaimListing, LAST_SOLVE, StateError, StateStore, UnreadableClaim, VersionCheck, now_ms};
-use crate::telemetry::Metric;
+use crate::telemetry::{Metric, Series};
 
 /// The lease that keeps sweeps from acting at once.
 pub const LEASE: &str = "sweep";
@@ -212,6 +212,8 @@ pub struct SweepReport {
     pub reservations: reservations::ReservationReport,
     /// NodeClaim objects and NodePool statuses written.
     pub mirror: mirror::MirrorReport,
+    /// The run's labelled metrics: what it changed by pool, and the fleet's gauges.
+    pub series: Vec<Series>,
 }
 
 /// Garbage collection without what an unreadable claim item names: its
@@ -277,13 +279,17 @@ impl SweepReport {
     /// The run as CloudWatch metrics (EMF): actions done by kind, failures,
     /// deferred work, and `SweepsCompleted` (1 for a run that held the lease
     /// and finished, 0 for a skipped one), whose absence for minutes is the
-    /// template's `SweepStalledAlarm`.
-    pub fn metrics(&self) -> Vec<Metric> {
-        let count = |name: &'static str, value: usize| Metric {
-            name,
-            value: value as f64,
-            unit: "Count",
-        };
+    /// template's `SweepStalledAlarm`; then the labelled series
+    /// ([`crate::metrics::sweep_changes`], [`crate::metrics::fleet`]).
+    pub fn metrics(&self) -> Vec<Series> {
+        let mut series = vec![Series::plain(self.counts())];
+        series.extend(self.series.iter().cloned());
+        series
+    }
+
+    /// The run's counts, unlabelled.
+    fn counts(&self) -> Vec<Metric> {
+        let count = crate::metrics::count;
         let done = |f: fn(&Action) -> bool| self.done.iter().filter(|a| f(a)).count();
         vec![
             count("SweepsCompleted", usize::from(!self.skipped)),
@@ -605,6 +611,10 @@ impl<C: Cluster> Sweeper<C> {
             .min(drains_by + MIRROR_SHARE);
         let mut mirrored = mirror::MirrorReport::default();
         Box::pin(self.mirror(now, &live, &nodes, objects.as_deref(), mirror_by, &mut mirrored)).await;
+        let changes =
+            crate::metrics::sweep_changes(&claims, &report.done, &report.disruption.started, disrupted, terminated);
+        report.series = changes;
+        report.series.append(&mut mirrored.gauges);
         report.mirror = mirrored;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(
@@ -916,7 +926,7 @@ mod tests {
             deferred: vec![Action::CollectNode { node: "m".into() }],
             ..SweepReport::default()
         };
-        let m: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+        let m = crate::telemetry::totals(&report.metrics());
         assert_eq!(m["NodesCollected"], 1.0);
         assert_eq!(m["NodesInitialized"], 1.0);
         assert_eq!(m["NodesRegistered"], 0.0);
@@ -936,7 +946,7 @@ mod tests {
             done: vec![remove(Removal::RegistrationTimeout), remove(Removal::InstanceGone)],
             ..SweepReport::default()
         };
-        let m: BTreeMap<&str, f64> = report.metrics().iter().map(|m| (m.name, m.value)).collect();
+        let m = crate::telemetry::totals(&report.metrics());
         assert_eq!(m["SweepsCompleted"], 1.0);
         assert_eq!(m["NodeClaimsRegistrationTimedOut"], 1.0);
         assert_eq!(m["NodeClaimsRemoved"], 2.0);
@@ -945,7 +955,7 @@ mod tests {
             skipped: true,
             ..SweepReport::default()
         };
-        let m: BTreeMap<&str, f64> = skipped.metrics().iter().map(|m| (m.name, m.value)).collect();
+        let m = crate::telemetry::totals(&skipped.metrics());
         assert_eq!(m["SweepsCompleted"], 0.0);
     }
 

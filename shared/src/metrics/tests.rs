@@ -1,0 +1,260 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::apis::nodepool::NodePoolSpec;
+use crate::kubernetes::NodeUpdate;
+use crate::lifecycle::Removal;
+use crate::quantity::Quantity;
+use crate::telemetry::value;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn claim(name: &str, pool: &str, capacity_type: &str, node: Option<&str>, price: f64) -> NodeClaim {
+    let mut c = NodeClaim::pending(name, pool, "default");
+    c.instance_id = Some(format!("i-{name}"));
+    c.capacity_type = Some(capacity_type.into());
+    c.price = Some(price);
+    c.node_name = node.map(str::to_string);
+    c
+}
+
+fn node(name: &str, cpu: &str) -> Result<Node, serde_json::Error> {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "status": {"capacity": {"cpu": cpu, "memory": "8Gi", "pods": "29"}}
+    }))
+}
+
+fn pool(name: &str, limits: serde_json::Value) -> Result<NodePool, serde_json::Error> {
+    let spec: NodePoolSpec = serde_json::from_value(json!({
+        "template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}}},
+        "limits": limits,
+    }))?;
+    Ok(NodePool::new(name, spec))
+}
+
+fn register(claim: &str, node: &str) -> Action {
+    Action::Register {
+        claim: claim.into(),
+        node: node.into(),
+        update: NodeUpdate::default(),
+    }
+}
+
+fn remove(claim: &str, node: Option<&str>) -> Action {
+    Action::Remove {
+        claim: claim.into(),
+        reason: Removal::InstanceGone,
+        instance: None,
+        node: node.map(str::to_string),
+    }
+}
+
+#[test]
+fn the_fleet_is_priced_counted_by_pool_and_capacity_type_and_measured_against_limits() -> TestResult {
+    let a = claim("a", "general", "spot", Some("n-a"), 0.1);
+    let b = claim("b", "general", "on-demand", Some("n-b"), 0.4);
+    let c = claim("c", "gpu", "spot", None, 1.0);
+    let mut planned = NodeClaim::pending("d", "gpu", "default");
+    planned.price = Some(9.0);
+    let nodes = [node("n-a", "2")?, node("n-b", "4")?];
+    let pools = [pool("general", json!({"cpu": "100"}))?, pool("gpu", json!({}))?];
+    let series = fleet(&[&a, &b, &c, &planned], &nodes, &pools);
+    // A planned claim has no instance yet: it costs nothing and counts nowhere.
+    assert_eq!(value(&series, "FleetUsdPerHour", &[]), Some(1.5));
+    assert_eq!(value(&series, "karpenter_cluster_state_node_count", &[]), Some(2.0));
+    let by = |pool, ct| value(&series, "NodeClaims", &[("nodepool", pool), ("capacity_type", ct)]);
+    assert_eq!(by("general", "spot"), Some(1.0));
+    assert_eq!(by("general", "on-demand"), Some(1.0));
+    assert_eq!(by("gpu", "spot"), Some(1.0));
+    assert_eq!(by("gpu", "on-demand"), None);
+    let usage = |pool, r| {
+        value(
+            &series,
+            "karpenter_nodepools_usage",
+            &[("nodepool", pool), ("resource_type", r)],
+        )
+    };
+    assert_eq!(usage("general", "cpu"), Some(6.0));
+    assert_eq!(usage("general", "nodes"), Some(2.0));
+    assert_eq!(
+        usage("general", "memory"),
+        Some(2.0 * Quantity::from_mib(8192).as_f64())
+    );
+    assert_eq!(
+        usage("gpu", "nodes"),
+        Some(0.0),
+        "a pool without nodes shows zero, not nothing"
+    );
+    let limit = |pool, r| {
+        value(
+            &series,
+            "karpenter_nodepools_limit",
+            &[("nodepool", pool), ("resource_type", r)],
+        )
+    };
+    assert_eq!(limit("general", "cpu"), Some(100.0));
+    assert_eq!(limit("gpu", "cpu"), None, "no limit, no series");
+    Ok(())
+}
+
+#[test]
+fn a_runs_changes_are_counted_by_the_pool_of_the_claim_they_touched() {
+    let claims = [
+        claim("a", "general", "spot", Some("n-a"), 0.1),
+        claim("b", "general", "on-demand", Some("n-b"), 0.4),
+        claim("c", "gpu", "spot", None, 1.0),
+        claim("d", "gpu", "spot", Some("n-d"), 1.0),
+    ];
+    let series = sweep_changes(
+        &claims,
+        &[
+            register("a", "n-a"),
+            register("b", "n-b"),
+            remove("c", None),
+            // An action naming a claim the run did not read counts nowhere.
+            remove("zz", None),
+        ],
+        &[
+            ("n-b".to_string(), Reason::Underutilized),
+            ("n-d".to_string(), Reason::Drifted),
+        ],
+        &["n-b".to_string()],
+        // A claim terminated twice over (its drain and a deletion) counts once.
+        &["b".to_string()],
+    );
+    assert_eq!(
+        value(&series, "karpenter_nodes_created_total", &[("nodepool", "general")]),
+        Some(2.0)
+    );
+    let terminated = |pool, ct| {
+        value(
+            &series,
+            "karpenter_nodeclaims_terminated_total",
+            &[("nodepool", pool), ("capacity_type", ct)],
+        )
+    };
+    assert_eq!(terminated("general", "on-demand"), Some(1.0));
+    assert_eq!(terminated("gpu", "spot"), Some(1.0));
+    assert_eq!(terminated("general", "spot"), None);
+    // Only b had a Node.
+    assert_eq!(
+        value(&series, "karpenter_nodes_terminated_total", &[("nodepool", "general")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&series, "karpenter_nodes_terminated_total", &[("nodepool", "gpu")]),
+        None
+    );
+    let disrupted = |pool, reason| {
+        value(
+            &series,
+            "karpenter_nodeclaims_disrupted_total",
+            &[("nodepool", pool), ("reason", reason)],
+        )
+    };
+    assert_eq!(disrupted("general", "underutilized"), Some(1.0));
+    assert_eq!(disrupted("gpu", "drifted"), Some(1.0));
+}
+
+/// (function, metric name) → (unit, label names).
+type Emitted = BTreeMap<(&'static str, &'static str), (&'static str, BTreeSet<&'static str>)>;
+
+/// What each function's metrics code emits, from samples that fill every labelled series.
+fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
+    let claims = [
+        claim("a", "general", "spot", Some("n-a"), 0.1),
+        claim("b", "general", "on-demand", Some("n-b"), 0.4),
+    ];
+    let refs: Vec<&NodeClaim> = claims.iter().collect();
+    let nodes = [node("n-a", "2")?, node("n-b", "2")?];
+    let pools = [pool("general", json!({"cpu": "100"}))?];
+    let sweep = crate::sweep::SweepReport {
+        series: [
+            sweep_changes(
+                &claims,
+                &[register("a", "n-a"), remove("b", Some("n-b"))],
+                &[("n-a".to_string(), Reason::Empty)],
+                &[],
+                &[],
+            ),
+            fleet(&refs, &nodes, &pools),
+        ]
+        .concat(),
+        ..Default::default()
+    };
+    let provision = crate::provisioning::ProvisionOutcome {
+        created: claims.to_vec(),
+        solve: Some((Duration::from_millis(40), 12)),
+        ..Default::default()
+    };
+    let interrupt = crate::interruption::handler::InterruptOutcome {
+        received: vec!["spot_interrupted".into()],
+        replacements: claims.to_vec(),
+        ..Default::default()
+    };
+    let launch = crate::launch::batch::metrics(&[crate::launch::batch::RecordResult {
+        message_id: None,
+        result: Ok(crate::launch::LaunchOutcome::NoCapacity {
+            node_claim: "a".into(),
+            tried: Vec::new(),
+        }),
+    }]);
+    let metered = crate::metering::Metered::new(
+        &crate::metering::Invocation {
+            duration: Duration::from_millis(100),
+            init: None,
+            memory_mb: 512,
+        },
+        0.0,
+    );
+    let mut out = BTreeMap::new();
+    for (function, series) in [
+        ("sweep", sweep.metrics()),
+        ("provision", provision.metrics()),
+        ("interrupt", interrupt.metrics()),
+        ("launch", launch),
+    ] {
+        // Every function's shell also publishes its metering.
+        for s in series.iter().chain(&[Series::plain(metered.metrics())]) {
+            for m in &s.metrics {
+                let now = (m.unit, s.labels.keys().copied().collect());
+                if let Some(before) = out.insert((function, m.name), now.clone()) {
+                    assert_eq!(before, now, "{function} emits {} two ways", m.name);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn every_metric_emitted_is_catalogued_with_its_unit_and_labels_and_every_catalogued_one_is_emitted() -> TestResult {
+    let emitted = emitted()?;
+    for ((function, name), (unit, labels)) in &emitted {
+        let d = def(name).ok_or_else(|| format!("{function} emits {name}, which the catalogue lacks"))?;
+        assert!(
+            d.functions.contains(function),
+            "{name}: the catalogue does not say {function} emits it"
+        );
+        assert_eq!(*unit, d.unit, "{name}'s unit");
+        assert_eq!(
+            labels,
+            &d.labels.iter().copied().collect::<BTreeSet<_>>(),
+            "{name}'s labels"
+        );
+    }
+    for d in CATALOG {
+        for f in d.functions {
+            assert!(emitted.contains_key(&(*f, d.name)), "{f} never emits {}", d.name);
+        }
+        assert!(d.functions.iter().all(|f| FUNCTIONS.contains(f)), "{}", d.name);
+        assert_eq!(d.karpenter, d.name.starts_with("karpenter_"), "{}", d.name);
+    }
+    let names: BTreeSet<&str> = CATALOG.iter().map(|d| d.name).collect();
+    assert_eq!(names.len(), CATALOG.len(), "a name catalogued twice");
+    Ok(())
+}
