@@ -45,6 +45,9 @@ pub const UNINITIALIZED_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/unin
 /// not part of a node's configuration.
 pub const EPHEMERAL_TAINT_KEYS: &[&str] = &[NOT_READY_TAINT_KEY, UNREACHABLE_TAINT_KEY, UNINITIALIZED_TAINT_KEY];
 
+/// Node annotation: `nodesmith rotate` asked for this node to be replaced
+/// (the time of the request); the drift method replaces it like a drifted node.
+pub const ROTATE_ANNOTATION: &str = "nodesmith/rotate-requested";
 /// Node annotation: the disruption reason a node was launched to replace nodes for
 /// (consolidation leaves such a node alone for a while).
 pub const REPLACEMENT_ANNOTATION: &str = "nodesmith/disruption-replacement";

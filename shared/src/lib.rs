@@ -90,6 +90,8 @@ pub mod metering;
 pub mod metrics;
 /// The `provision` function.
 pub mod provisioning;
+/// `nodesmith rotate`: replacing a pool's nodes, or one node, as drift does.
+pub mod rotation;
 /// The one reader of settings.
 pub mod settings;
 /// The `sweep` function.

@@ -900,3 +900,125 @@ async fn a_sweep_reads_claims_and_drains_a_few_times_not_at_every_step() {
         "one sweep listed the claims {claim_lists} times and the drains {drain_reads} times"
     );
 }
+
+/// `nodesmith rotate ARGS --table TABLE --output json` against the stack, as its admin.
+async fn rotate(s: &Stack, args: &[&str]) -> (std::process::ExitStatus, Value, String) {
+    let out = tokio::process::Command::new(nodesmith_tests::binary("nodesmith"))
+        .arg("rotate")
+        .args(args)
+        .args(["--table", TABLE, "--output", "json"])
+        .env_remove("NODESMITH_TABLE")
+        .env_remove("KUBECONFIG")
+        .envs(s.m.env())
+        .envs(s.kube.env())
+        .output()
+        .await
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status, json, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn nodesmith_rotate_replaces_a_node_then_a_pools_nodes_one_at_a_time_replacement_first() {
+    // Two nodes, a 1500m pod on each; the budget lets one node go at a time
+    // (a disruption block is not part of the pool's hash: nothing drifts).
+    let (s, old) = one_node_per_pod("large", &["web-0", "web-1"], "1500m").await;
+    s.kube.schedule();
+    s.kube
+        .apply(&pool(
+            &["on-demand"],
+            Some(&["large"]),
+            json!({"consolidateAfter": "Never", "budgets": [{"nodes": "1"}]}),
+            json!({}),
+        ))
+        .unwrap();
+    let (first, second) = (&old[0], &old[1]);
+    let first_node = first.node_name.clone().unwrap();
+
+    let (status, _, stderr) = rotate(&s, &["--node", "ip-10-9-9-9.ec2.internal"]).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node ip-10-9-9-9.ec2.internal is not a registered nodesmith node"),
+        "{stderr}"
+    );
+
+    // One node: marked once; asking again keeps the first request.
+    let (status, out, stderr) = rotate(&s, &["--node", &first_node]).await;
+    assert!(status.success(), "{stderr}");
+    let asked = &out["rotations"];
+    assert_eq!(asked.as_array().map(Vec::len), Some(1), "{out}");
+    assert_eq!(
+        (&asked[0]["node"], &asked[0]["nodeClaim"], &asked[0]["alreadyRequested"]),
+        (&json!(first_node), &json!(first.name), &json!(false))
+    );
+    let (_, again, _) = rotate(&s, &["--node", &first_node]).await;
+    assert_eq!(again["rotations"][0]["alreadyRequested"], json!(true), "{again}");
+    assert_eq!(again["rotations"][0]["requestedAt"], asked[0]["requestedAt"]);
+
+    let sweeper = s.sweeper(fast());
+    let w = walk(&s, first, || async {
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        assert!(
+            records(&s).await.iter().all(|r| r.claim == first.name),
+            "only the node asked for is disrupted"
+        );
+    })
+    .await;
+    assert_eq!(w.at_first_eviction, vec![Some(Phase::Initialized)], "replacement first");
+    assert_gone(&s, first).await;
+    assert_eq!(
+        events(&s, "DisruptionTerminating"),
+        vec!["Disrupting Node: Drifted".to_string()]
+    );
+    assert!(claim_of(&s.claims().await, &second.name).is_some());
+
+    // The pool: its two nodes now (the other one and the replacement), one
+    // at a time. The evicted pod is not re-created (no controller here): the
+    // workload comes back as it would, one pod per node.
+    for p in s.kube.pods() {
+        s.kube
+            .delete("v1", "Pod", "default", p.metadata.name.as_deref().unwrap())
+            .unwrap();
+    }
+    for n in ["web-0", "web-1"] {
+        s.kube.apply(&web_pod(n, "1500m", json!({}))).unwrap();
+    }
+    s.kube.schedule();
+    let live: Vec<String> = s.claims().await.iter().filter_map(|c| c.node_name.clone()).collect();
+    assert!(live.iter().all(|n| pods_on(&s.kube, n).len() == 1), "one pod a node");
+    let (status, out, stderr) = rotate(&s, &["--pool", "default"]).await;
+    assert!(status.success(), "{stderr}");
+    let marked: Vec<String> = out["rotations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["nodeClaim"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(marked.len(), 2, "{out}");
+    assert!(marked.contains(&second.name) && w.replacements.iter().all(|r| marked.contains(r)));
+    let mut runs = 0;
+    while s.claims().await.iter().any(|c| marked.contains(&c.name)) {
+        runs += 1;
+        assert!(runs <= 24, "not rotated after {runs} runs: {:?}", records(&s).await);
+        let report = sweeper.run().await.unwrap();
+        assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
+        assert!(records(&s).await.len() <= 1, "over the budget: {:?}", records(&s).await);
+        s.launch_all().await;
+        s.kubelet_step().await;
+    }
+    // New nodes only, not marked: the rotation is over. (The first drain's
+    // pod is not re-created here, so the second rotated node's pod fits on
+    // the first replacement and needs none of its own.)
+    let claims = s.claims().await;
+    assert!(
+        !claims.is_empty() && claims.iter().all(|c| !marked.contains(&c.name)),
+        "{claims:?}"
+    );
+    for c in &claims {
+        let node = s.kube.node(c.node_name.as_deref().unwrap()).unwrap();
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        assert!(!annotations.contains_key("nodesmith/rotate-requested"), "{}", c.name);
+    }
+    assert_eq!(events(&s, "DisruptionTerminating").len(), 3);
+}

@@ -3,6 +3,7 @@
 //! `--disruption`, what one sweep pass would disrupt in a running cluster.
 //! `nodesmith event` classifies EventBridge events as the `interrupt` function does.
 //! `nodesmith status` shows what nodesmith is doing in a cluster and what it costs.
+//! `nodesmith rotate` asks for a pool's nodes, or one node, to be replaced.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -65,6 +66,27 @@ enum Command {
         #[arg(long)]
         now: Option<jiff::Timestamp>,
     },
+    /// Replace a NodePool's nodes, or one node, as drift does: a replacement
+    /// first, within the pool's disruption budgets, one sweep at a time.
+    ///
+    /// Marks each node (annotation `nodesmith/rotate-requested`); the sweep
+    /// replaces marked nodes, records each like any disruption and resumes
+    /// after a failure. Nodes launched later are not marked. Reads the state
+    /// table and the cluster as `status` does.
+    Rotate {
+        /// Every node of this NodePool.
+        #[arg(long, required_unless_present = "node", conflicts_with = "node")]
+        pool: Option<String>,
+        /// This node.
+        #[arg(long)]
+        node: Option<String>,
+        /// The state table (default: NODESMITH_TABLE).
+        #[arg(long)]
+        table: Option<String>,
+        /// Output format (json when stdout is not a terminal, else table).
+        #[arg(long, value_enum)]
+        output: Option<Output>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -78,6 +100,19 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Event { rebalance, files } => event(rebalance, &files),
         Command::Status { table, output, now } => status(table, output, now),
+        Command::Rotate {
+            pool,
+            node,
+            table,
+            output,
+        } => {
+            let selection = match (pool, node) {
+                (Some(p), _) => nodesmith::rotation::Selection::Pool(p),
+                (None, Some(n)) => nodesmith::rotation::Selection::Node(n),
+                (None, None) => return bad_input(&"name a --pool or a --node"),
+            };
+            rotate(&selection, table, output)
+        }
         Command::Simulate {
             catalog,
             output,
@@ -133,25 +168,8 @@ fn output_or_default(output: Option<Output>) -> Output {
 /// `nodesmith status` (`docs/status-format.md`): exit 2 when the table is not
 /// named, 1 when the table or the cluster cannot be read.
 fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Timestamp>) -> ExitCode {
-    let Some(table) = table
-        .or_else(|| Settings::from_env().optional("NODESMITH_TABLE"))
-        .filter(|t| !t.trim().is_empty())
-    else {
-        return bad_input(&"no state table: pass --table or set NODESMITH_TABLE");
-    };
-    let output = output_or_default(output);
     let now = now.unwrap_or_else(jiff::Timestamp::now);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let gathered = runtime.block_on(async {
-        let sdk = nodesmith::lambda::sdk_defaults().load().await;
-        let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
-        let cluster = cluster(sdk).await?;
+    let gathered = with_state(table, |store, cluster| async move {
         nodesmith::status::gather(&store, &cluster, now)
             .await
             .map_err(|e| error_chain(&e))
@@ -160,19 +178,93 @@ fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Times
         Ok(input) => {
             let report = nodesmith::status::report(&input);
             emit(
-                output,
+                output_or_default(output),
                 || nodesmith::status::to_json(&report),
                 || nodesmith::status::to_table(&report),
             )
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(1)
-        }
+        Err(code) => code,
     }
 }
 
-/// The cluster `status` reads: NODESMITH_KUBE_URL when set, else the
+/// `nodesmith rotate`: the nodes marked, as a table or `{"rotations": [...]}`;
+/// exit 2 when the table is not named or the pool or node is not
+/// nodesmith's, 1 when the table or the cluster cannot be read or written.
+fn rotate(selection: &nodesmith::rotation::Selection, table: Option<String>, output: Option<Output>) -> ExitCode {
+    use nodesmith::rotation::RotateError;
+    let now = jiff::Timestamp::now();
+    let asked = with_state(table, |store, cluster| async move {
+        Ok(nodesmith::rotation::request(&store, &cluster, selection, now).await)
+    });
+    let rotations = match asked {
+        Ok(Ok(r)) => r,
+        Ok(Err(e @ (RotateError::NotManaged(_) | RotateError::EmptyPool(_)))) => return bad_input(&e),
+        Ok(Err(e)) => {
+            eprintln!("error: {}", error_chain(&e));
+            return ExitCode::from(1);
+        }
+        Err(code) => return code,
+    };
+    emit(
+        output_or_default(output),
+        || serde_json::json!({"rotations": rotations}),
+        || {
+            let mut rows = vec![
+                ["NODE", "NODECLAIM", "NODEPOOL", "REQUESTED"]
+                    .map(String::from)
+                    .to_vec(),
+            ];
+            rows.extend(rotations.iter().map(|r| {
+                let at = if r.already_requested {
+                    format!("{} (asked before)", r.requested_at)
+                } else {
+                    r.requested_at.clone()
+                };
+                vec![r.node.clone(), r.node_claim.clone(), r.node_pool.clone(), at]
+            }));
+            format!(
+                "{}\nThe sweep replaces each node as drift does: a replacement first, within the NodePool's disruption budgets.\n",
+                nodesmith::text_table::columns(&rows)
+            )
+        },
+    )
+}
+
+/// Runs `work` on its own runtime with the state table (`--table`, else
+/// NODESMITH_TABLE) and the cluster; the exit code when the table is not
+/// named (2) or the runtime, the table or the cluster fails (1).
+fn with_state<T, F, Fut>(table: Option<String>, work: F) -> Result<T, ExitCode>
+where
+    F: FnOnce(nodesmith::state::StateStore, nodesmith::kubernetes::KubeCluster) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let Some(table) = table
+        .or_else(|| Settings::from_env().optional("NODESMITH_TABLE"))
+        .filter(|t| !t.trim().is_empty())
+    else {
+        return Err(bad_input(&"no state table: pass --table or set NODESMITH_TABLE"));
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return Err(ExitCode::from(1));
+        }
+    };
+    runtime
+        .block_on(async {
+            let sdk = nodesmith::lambda::sdk_defaults().load().await;
+            let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
+            let cluster = cluster(sdk).await?;
+            work(store, cluster).await
+        })
+        .map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        })
+}
+
+/// The cluster `status` and `rotate` use: NODESMITH_KUBE_URL when set, else the
 /// kubeconfig or the in-cluster service account.
 async fn cluster(sdk: aws_config::SdkConfig) -> Result<nodesmith::kubernetes::KubeCluster, String> {
     use nodesmith::kubernetes::KubeCluster;

@@ -7,7 +7,8 @@
 //! requirements (e.g. spot removed). Drift that needs live resolution (a new
 //! AMI, subnets or security groups no longer selected) is found by the shell
 //! and handed in through [`super::DecideOptions::resolved_drift`].
-//! Drifted nodes are replaced within budgets.
+//! A node `nodesmith rotate` marked ([`labels::ROTATE_ANNOTATION`]) counts
+//! as drifted too. Drifted nodes are replaced within budgets.
 
 use crate::apis::EC2NodeClass;
 use crate::apis::ec2nodeclass::EC2NODECLASS_HASH_VERSION;
@@ -22,6 +23,9 @@ pub(crate) struct Drift;
 
 /// Why a node is drifted, if it is.
 pub(crate) fn drifted(c: &Candidate, cx: &Context) -> Option<String> {
+    if let Some(at) = c.annotations.get(labels::ROTATE_ANNOTATION) {
+        return Some(format!("rotation requested at {at} (nodesmith rotate)"));
+    }
     let stamped = |hash: &str, version: &str, current: &str| -> Option<String> {
         let h = c.annotations.get(hash)?;
         (c.annotations.get(version).map(String::as_str) == Some(current)).then(|| h.clone())

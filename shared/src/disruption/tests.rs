@@ -227,6 +227,12 @@ fn drift_table() {
         ),
         ("no annotations", json!({}), p.clone(), false),
         (
+            "nodesmith rotate asked for it",
+            json!({"metadata": {"annotations": {labels::ROTATE_ANNOTATION: "2026-11-28T12:00:00Z"}}}),
+            p.clone(),
+            true,
+        ),
+        (
             "on-demand node, pool now spot only",
             json!({}),
             pool(
