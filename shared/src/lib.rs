@@ -78,6 +78,8 @@ pub mod static_capacity;
 pub mod crash;
 /// The time an invocation has left.
 pub mod deadline;
+/// `nodesmith explain`: why a node is or is not being disrupted, why a pod is pending.
+pub mod explain;
 /// Interruption events, classified and decided, and the `interrupt` function.
 pub mod interruption;
 /// The one Lambda shell the function binaries share.

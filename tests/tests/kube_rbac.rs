@@ -764,9 +764,9 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
     ),
 ];
 
-/// Files that call the adapter but run in no function (the CLI's status and
-/// rotate, with the user's own kubeconfig).
-const NOT_A_FUNCTION: [&str; 2] = ["status.rs", "rotation.rs"];
+/// Files that call the adapter but run in no function (the CLI's status,
+/// rotate and explain, with the user's own kubeconfig).
+const NOT_A_FUNCTION: [&str; 3] = ["status.rs", "rotation.rs", "explain.rs"];
 
 /// The names of the `Cluster` methods `KubeCluster` implements.
 fn cluster_methods(src: &str) -> BTreeSet<String> {

@@ -903,17 +903,27 @@ async fn a_sweep_reads_claims_and_drains_a_few_times_not_at_every_step() {
 
 /// `nodesmith rotate ARGS --table TABLE --output json` against the stack, as its admin.
 async fn rotate(s: &Stack, args: &[&str]) -> (std::process::ExitStatus, Value, String) {
+    cli(s, "rotate", args).await
+}
+
+/// `nodesmith COMMAND ARGS --table TABLE --output json` against the stack,
+/// as its admin through a kubeconfig (as a user runs it).
+async fn cli(s: &Stack, command: &str, args: &[&str]) -> (std::process::ExitStatus, Value, String) {
+    use nodesmith::kubernetes::kube_cluster::{KUBE_TOKEN_ENV, KUBE_URL_ENV};
+    let kubectl = s.kubectl(command);
     let out = tokio::process::Command::new(nodesmith_tests::binary("nodesmith"))
-        .arg("rotate")
+        .arg(command)
         .args(args)
         .args(["--table", TABLE, "--output", "json"])
         .env_remove("NODESMITH_TABLE")
-        .env_remove("KUBECONFIG")
+        .env_remove(KUBE_URL_ENV)
+        .env_remove(KUBE_TOKEN_ENV)
+        .env("KUBECONFIG", &kubectl.kubeconfig)
         .envs(s.m.env())
-        .envs(s.kube.env())
         .output()
         .await
         .unwrap();
+    let _ = std::fs::remove_dir_all(&kubectl.dir);
     let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (out.status, json, String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -1021,4 +1031,51 @@ async fn nodesmith_rotate_replaces_a_node_then_a_pools_nodes_one_at_a_time_repla
         assert!(!annotations.contains_key("nodesmith/rotate-requested"), "{}", c.name);
     }
     assert_eq!(events(&s, "DisruptionTerminating").len(), 3);
+}
+
+#[tokio::test]
+async fn nodesmith_explain_says_which_rule_holds_a_node_and_why_a_pod_is_pending() {
+    let (s, old) = one_node().await;
+    let node = old.node_name.clone().unwrap();
+    let explain = |subject: String| {
+        let s = &s;
+        async move {
+            let (status, out, stderr) = cli(s, "explain", &[&subject]).await;
+            assert!(status.success(), "{subject}: {stderr}");
+            out["verdict"].as_str().unwrap_or_default().to_string()
+        }
+    };
+    // The pool never consolidates, and nothing else wants the node.
+    assert_eq!(explain(format!("node/{node}")).await, "held: consolidateAfter is Never");
+    // Asked to rotate, behind a PDB that allows no eviction: the PDB holds it.
+    s.kube.apply(&crate::local_stack::web_pdb()).unwrap();
+    let (status, _, stderr) = rotate(&s, &["--node", &node]).await;
+    assert!(status.success(), "{stderr}");
+    let held = explain(format!("node/{node}")).await;
+    assert!(
+        held.starts_with("held: PodDisruptionBudget default/web does not allow evicting pod default/web-"),
+        "{held}"
+    );
+    // Pods: one bound, one no node could hold, one nodesmith does not know.
+    assert_eq!(
+        explain("pod/default/web-0".into()).await,
+        format!("not pending: bound to node {node}")
+    );
+    s.kube.apply(&web_pod("huge", "1000", json!({}))).unwrap();
+    // Pending only once the kube-scheduler marks it Unschedulable (as for Karpenter).
+    let waiting = explain("pod/default/huge".into()).await;
+    assert!(
+        waiting.starts_with("not pending for nodesmith: the kube-scheduler"),
+        "{waiting}"
+    );
+    s.kube.schedule();
+    let huge = explain("pod/default/huge".into()).await;
+    assert!(huge.starts_with("cannot be scheduled: "), "{huge}");
+    assert_eq!(explain("pod/default/nope".into()).await, "no such pod");
+    let (status, _, stderr) = cli(&s, "explain", &["deployment/web"]).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("name node/NAME, pod/NAMESPACE/NAME or pod/NAME"),
+        "{stderr}"
+    );
 }

@@ -4,6 +4,7 @@
 //! `nodesmith event` classifies EventBridge events as the `interrupt` function does.
 //! `nodesmith status` shows what nodesmith is doing in a cluster and what it costs.
 //! `nodesmith rotate` asks for a pool's nodes, or one node, to be replaced.
+//! `nodesmith explain` says why a node is or is not being disrupted, and why a pod is pending.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -66,6 +67,21 @@ enum Command {
         #[arg(long)]
         now: Option<jiff::Timestamp>,
     },
+    /// Why a node is or is not being disrupted right now, or why a pod is pending.
+    ///
+    /// Runs the sweep's disruption decisions, or provision's solve, on the
+    /// live cluster and state table (acts on nothing). Reads them as
+    /// `status` does.
+    Explain {
+        /// `node/NAME`, `pod/NAMESPACE/NAME` or `pod/NAME`.
+        subject: String,
+        /// The state table (default: NODESMITH_TABLE).
+        #[arg(long)]
+        table: Option<String>,
+        /// Output format (json when stdout is not a terminal, else table).
+        #[arg(long, value_enum)]
+        output: Option<Output>,
+    },
     /// Replace a NodePool's nodes, or one node, as drift does: a replacement
     /// first, within the pool's disruption budgets, one sweep at a time.
     ///
@@ -100,6 +116,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Event { rebalance, files } => event(rebalance, &files),
         Command::Status { table, output, now } => status(table, output, now),
+        Command::Explain { subject, table, output } => explain(&subject, table, output),
         Command::Rotate {
             pool,
             node,
@@ -183,6 +200,29 @@ fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Times
                 || nodesmith::status::to_table(&report),
             )
         }
+        Err(code) => code,
+    }
+}
+
+/// `nodesmith explain`: the verdict and why, as text or JSON; exit 2 when
+/// the subject or table is not named right, 1 when they cannot be read.
+fn explain(subject: &str, table: Option<String>, output: Option<Output>) -> ExitCode {
+    let subject: nodesmith::explain::Subject = match subject.parse() {
+        Ok(s) => s,
+        Err(e) => return bad_input(&e),
+    };
+    let now = jiff::Timestamp::now();
+    let explained = with_state(table, |store, cluster| async move {
+        nodesmith::explain::explain(&store, &cluster, &subject, now)
+            .await
+            .map_err(|e| error_chain(&e))
+    });
+    match explained {
+        Ok(e) => emit(
+            output_or_default(output),
+            || serde_json::to_value(&e).unwrap_or_default(),
+            || e.to_text(),
+        ),
         Err(code) => code,
     }
 }

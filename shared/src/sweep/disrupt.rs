@@ -79,7 +79,7 @@ fn worth_an_event(h: &Held) -> bool {
 /// The nodes of replacements that disruptions in progress launched, with the
 /// node each replaces (pure): until that node is gone they are where its pods
 /// go, so no pass may take them for empty.
-fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<String, String> {
+pub(crate) fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<String, String> {
     let nodes: BTreeMap<&str, &str> = claims
         .iter()
         .filter_map(|c| Some((c.name.as_str(), c.node_name.as_deref()?)))
