@@ -433,4 +433,46 @@ fn the_forwarder_deployment_is_small_and_locked_down() {
         .map(|p| p.unwrap().http_get.as_ref().unwrap().path.as_deref().unwrap())
         .collect();
     assert_eq!(paths, vec!["/healthz", "/readyz"]);
+    // It runs while nodesmith's nodes come and go: high priority, never on one of them.
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));
+    let terms = &pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .expect("a required node affinity")
+        .node_selector_terms;
+    assert!(!terms.is_empty());
+    for t in terms {
+        let e = t.match_expressions.as_deref().unwrap_or_default();
+        assert!(
+            e.iter()
+                .any(|e| e.key == "karpenter.sh/nodepool" && e.operator == "DoesNotExist"),
+            "every term keeps it off nodes with karpenter.sh/nodepool: {t:?}"
+        );
+    }
+}
+
+/// The image's build context (the repository root) leaves out the build
+/// outputs, the venvs and git's history: gigabytes a `docker build` would send.
+#[test]
+fn the_forwarder_images_build_context_leaves_out_builds_and_venvs() {
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let lines: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    for want in ["target/", ".venv/", ".venv-*/", ".git/"] {
+        assert!(lines.contains(&want), ".dockerignore lacks {want}");
+    }
+    // Every workspace member stays in (cargo reads their manifests).
+    for member in ["shared", "functions", "tests", "infra"] {
+        assert!(
+            !lines.iter().any(|l| l.trim_end_matches('/') == member),
+            "{member} is ignored"
+        );
+    }
+    let dockerfile = std::fs::read_to_string(repo().join("infra/forwarder/Dockerfile")).unwrap();
+    assert!(dockerfile.contains("--locked"), "the image builds what Cargo.lock pins");
 }
