@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
 use crate::apis::ec2nodeclass::Condition;
@@ -80,6 +81,20 @@ fn resource_list(
         .flatten()
         .filter_map(|(k, v)| Some((k.clone(), Quantity::parse(&v.0).ok()?)))
         .collect()
+}
+
+/// The reference from a claim's object to its NodePool, as Karpenter sets
+/// it (a NodePool deleted takes its NodeClaims with it); None until the
+/// pool has a uid. No `blockOwnerDeletion`: that would need update rights
+/// on the pool's finalizers where the API server enforces them.
+fn owner(pool: &NodePool) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "karpenter.sh/v1".to_string(),
+        kind: "NodePool".to_string(),
+        name: pool.name().to_string(),
+        uid: pool.metadata.uid.clone()?,
+        ..OwnerReference::default()
+    })
 }
 
 /// The summed capacity of a pool's registered nodes, with `nodes` (their
@@ -189,6 +204,7 @@ pub fn object(claim: &NodeClaim, node: Option<&Node>, pool: Option<&NodePool>) -
             labels: Some(labels_),
             annotations: Some(annotations).filter(|a| !a.is_empty()),
             finalizers: Some(vec![labels::TERMINATION_FINALIZER.to_string()]),
+            owner_references: pool.and_then(owner).map(|o| vec![o]),
             ..ObjectMeta::default()
         },
         spec: NodeClaimObjectSpec {
@@ -295,8 +311,10 @@ pub fn plan(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool], existing:
             continue;
         };
         let deleting = have.metadata.deletion_timestamp.is_some();
+        let owned = |o: &OwnerReference| have.metadata.owner_references.iter().flatten().any(|h| h == o);
         let meta_differs = !holds(&have.metadata.labels, &want.metadata.labels)
             || !holds(&have.metadata.annotations, &want.metadata.annotations)
+            || !want.metadata.owner_references.iter().flatten().all(owned)
             || !have
                 .metadata
                 .finalizers
@@ -318,6 +336,12 @@ pub fn plan(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool], existing:
                 finalizers.push(labels::TERMINATION_FINALIZER.to_string());
             }
             next.metadata.finalizers = Some(finalizers);
+            if let Some(mine) = &want.metadata.owner_references {
+                // Ours replaces any earlier reference to a pool of that name; others stay.
+                let refs = next.metadata.owner_references.get_or_insert_default();
+                refs.retain(|r| !mine.iter().any(|m| m.kind == r.kind && m.name == r.name));
+                refs.extend(mine.iter().cloned());
+            }
             next.spec = want.spec.clone();
             next.status = want.status;
             out.update.push(next);

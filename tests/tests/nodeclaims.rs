@@ -93,6 +93,10 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
     for t in ["ValidationSucceeded", "NodeClassReady", "Ready"] {
         assert_eq!(condition(&pool, t), "True", "{t}: {pool}");
     }
+    // Owned by its NodePool, as Karpenter's NodeClaims are.
+    let owner = &o["metadata"]["ownerReferences"][0];
+    assert_eq!((&owner["kind"], &owner["name"]), (&json!("NodePool"), &json!("default")), "{o}");
+    assert_eq!(owner["uid"], pool["metadata"]["uid"], "{o}");
 
     // Two more pods on a second node: one more object, the pool counts two.
     let sweeper = s.sweeper(local_stack::fast());

@@ -200,6 +200,21 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
     let p = plan(&[&a], &nodes, &pools, std::slice::from_ref(&edited));
     assert!(p.update.is_empty());
     assert_eq!(deleted_at(&edited), Some(at("2026-11-28T11:00:00Z")?));
+    // Once the pool has a uid, each object is owned by it, as Karpenter's are.
+    let mut owning = pool("default", "default")?;
+    owning.metadata.uid = Some("uid-default".into());
+    let p = plan(&[&a], &nodes, std::slice::from_ref(&owning), &written[..1]);
+    assert_eq!(p.update.len(), 1, "{p:?}");
+    let refs = p.update[0].metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        refs.iter()
+            .map(|r| (r.kind.as_str(), r.name.as_str(), r.uid.as_str()))
+            .collect::<Vec<_>>(),
+        [("NodePool", "default", "uid-default")]
+    );
+    let mut owned = p.update[0].clone();
+    owned.metadata.resource_version = Some("8".into());
+    assert!(plan(&[&a], &nodes, std::slice::from_ref(&owning), &[owned]).is_empty());
     Ok(())
 }
 
