@@ -95,7 +95,11 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
     }
     // Owned by its NodePool, as Karpenter's NodeClaims are.
     let owner = &o["metadata"]["ownerReferences"][0];
-    assert_eq!((&owner["kind"], &owner["name"]), (&json!("NodePool"), &json!("default")), "{o}");
+    assert_eq!(
+        (&owner["kind"], &owner["name"]),
+        (&json!("NodePool"), &json!("default")),
+        "{o}"
+    );
     assert_eq!(owner["uid"], pool["metadata"]["uid"], "{o}");
 
     // Two more pods on a second node: one more object, the pool counts two.

@@ -907,14 +907,23 @@ async fn rotate(s: &Stack, args: &[&str]) -> (std::process::ExitStatus, Value, S
 }
 
 /// `nodesmith COMMAND ARGS --table TABLE --output json` against the stack,
-/// as its admin through a kubeconfig (as a user runs it).
+/// as its admin through a kubeconfig (as a user runs it): exit status, the
+/// JSON printed, stderr.
 async fn cli(s: &Stack, command: &str, args: &[&str]) -> (std::process::ExitStatus, Value, String) {
+    let args = [args, &["--output", "json"]].concat();
+    let (status, stdout, stderr) = cli_raw(s, command, &args).await;
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (status, json, stderr)
+}
+
+/// `nodesmith COMMAND ARGS --table TABLE`: exit status, stdout and stderr as text.
+async fn cli_raw(s: &Stack, command: &str, args: &[&str]) -> (std::process::ExitStatus, String, String) {
     use nodesmith::kubernetes::kube_cluster::{KUBE_TOKEN_ENV, KUBE_URL_ENV};
     let kubectl = s.kubectl(command);
     let out = tokio::process::Command::new(nodesmith_tests::binary("nodesmith"))
         .arg(command)
         .args(args)
-        .args(["--table", TABLE, "--output", "json"])
+        .args(["--table", TABLE])
         .env_remove("NODESMITH_TABLE")
         .env_remove(KUBE_URL_ENV)
         .env_remove(KUBE_TOKEN_ENV)
@@ -924,8 +933,8 @@ async fn cli(s: &Stack, command: &str, args: &[&str]) -> (std::process::ExitStat
         .await
         .unwrap();
     let _ = std::fs::remove_dir_all(&kubectl.dir);
-    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status, json, String::from_utf8_lossy(&out.stderr).into_owned())
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status, text(&out.stdout), text(&out.stderr))
 }
 
 #[tokio::test]

@@ -19,6 +19,23 @@ use nodesmith::settings::Settings;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    access: Access,
+}
+
+/// Where `status`, `explain` and `rotate` reach AWS and the cluster, as the
+/// AWS CLI and kubectl take it.
+#[derive(clap::Args, Clone, Default)]
+struct Access {
+    /// AWS region of the state table (default: the AWS SDK's, e.g. AWS_REGION).
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// AWS profile (default: the AWS SDK's, e.g. AWS_PROFILE).
+    #[arg(long, global = true)]
+    profile: Option<String>,
+    /// kubeconfig context (default: the current one; overrides NODESMITH_KUBE_URL).
+    #[arg(long, global = true)]
+    context: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -29,7 +46,7 @@ enum Command {
         #[arg(long)]
         catalog: Option<PathBuf>,
         /// Output format (json when stdout is not a terminal, else table).
-        #[arg(long, value_enum)]
+        #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
         /// Decide one disruption pass over the running cluster instead.
         #[arg(long)]
@@ -61,7 +78,7 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
         /// Output format (json when stdout is not a terminal, else table).
-        #[arg(long, value_enum)]
+        #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
         /// The moment the report describes, RFC 3339 (default: now).
         #[arg(long)]
@@ -79,7 +96,7 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
         /// Output format (json when stdout is not a terminal, else table).
-        #[arg(long, value_enum)]
+        #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
     },
     /// Replace a NodePool's nodes, or one node, as drift does: a replacement
@@ -100,7 +117,7 @@ enum Command {
         #[arg(long)]
         table: Option<String>,
         /// Output format (json when stdout is not a terminal, else table).
-        #[arg(long, value_enum)]
+        #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
     },
 }
@@ -108,15 +125,17 @@ enum Command {
 #[derive(Clone, Copy, ValueEnum)]
 enum Output {
     Json,
+    Yaml,
     Table,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let access = cli.access;
     match cli.command {
         Command::Event { rebalance, files } => event(rebalance, &files),
-        Command::Status { table, output, now } => status(table, output, now),
-        Command::Explain { subject, table, output } => explain(&subject, table, output),
+        Command::Status { table, output, now } => status(&access, table, output, now),
+        Command::Explain { subject, table, output } => explain(&access, &subject, table, output),
         Command::Rotate {
             pool,
             node,
@@ -128,7 +147,7 @@ fn main() -> ExitCode {
                 (None, Some(n)) => nodesmith::rotation::Selection::Node(n),
                 (None, None) => return bad_input(&"name a --pool or a --node"),
             };
-            rotate(&selection, table, output)
+            rotate(&access, &selection, table, output)
         }
         Command::Simulate {
             catalog,
@@ -184,9 +203,9 @@ fn output_or_default(output: Option<Output>) -> Output {
 
 /// `nodesmith status` (`docs/status-format.md`): exit 2 when the table is not
 /// named, 1 when the table or the cluster cannot be read.
-fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Timestamp>) -> ExitCode {
+fn status(access: &Access, table: Option<String>, output: Option<Output>, now: Option<jiff::Timestamp>) -> ExitCode {
     let now = now.unwrap_or_else(jiff::Timestamp::now);
-    let gathered = with_state(table, |store, cluster| async move {
+    let gathered = with_state(access, table, |store, cluster| async move {
         nodesmith::status::gather(&store, &cluster, now)
             .await
             .map_err(|e| error_chain(&e))
@@ -206,13 +225,13 @@ fn status(table: Option<String>, output: Option<Output>, now: Option<jiff::Times
 
 /// `nodesmith explain`: the verdict and why, as text or JSON; exit 2 when
 /// the subject or table is not named right, 1 when they cannot be read.
-fn explain(subject: &str, table: Option<String>, output: Option<Output>) -> ExitCode {
+fn explain(access: &Access, subject: &str, table: Option<String>, output: Option<Output>) -> ExitCode {
     let subject: nodesmith::explain::Subject = match subject.parse() {
         Ok(s) => s,
         Err(e) => return bad_input(&e),
     };
     let now = jiff::Timestamp::now();
-    let explained = with_state(table, |store, cluster| async move {
+    let explained = with_state(access, table, |store, cluster| async move {
         nodesmith::explain::explain(&store, &cluster, &subject, now)
             .await
             .map_err(|e| error_chain(&e))
@@ -230,10 +249,15 @@ fn explain(subject: &str, table: Option<String>, output: Option<Output>) -> Exit
 /// `nodesmith rotate`: the nodes marked, as a table or `{"rotations": [...]}`;
 /// exit 2 when the table is not named or the pool or node is not
 /// nodesmith's, 1 when the table or the cluster cannot be read or written.
-fn rotate(selection: &nodesmith::rotation::Selection, table: Option<String>, output: Option<Output>) -> ExitCode {
+fn rotate(
+    access: &Access,
+    selection: &nodesmith::rotation::Selection,
+    table: Option<String>,
+    output: Option<Output>,
+) -> ExitCode {
     use nodesmith::rotation::RotateError;
     let now = jiff::Timestamp::now();
-    let asked = with_state(table, |store, cluster| async move {
+    let asked = with_state(access, table, |store, cluster| async move {
         Ok(nodesmith::rotation::request(&store, &cluster, selection, now).await)
     });
     let rotations = match asked {
@@ -273,7 +297,7 @@ fn rotate(selection: &nodesmith::rotation::Selection, table: Option<String>, out
 /// Runs `work` on its own runtime with the state table (`--table`, else
 /// NODESMITH_TABLE) and the cluster; the exit code when the table is not
 /// named (2) or the runtime, the table or the cluster fails (1).
-fn with_state<T, F, Fut>(table: Option<String>, work: F) -> Result<T, ExitCode>
+fn with_state<T, F, Fut>(access: &Access, table: Option<String>, work: F) -> Result<T, ExitCode>
 where
     F: FnOnce(nodesmith::state::StateStore, nodesmith::kubernetes::KubeCluster) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
@@ -293,9 +317,16 @@ where
     };
     runtime
         .block_on(async {
-            let sdk = nodesmith::lambda::sdk_defaults().load().await;
+            let mut loader = nodesmith::lambda::sdk_defaults();
+            if let Some(r) = &access.region {
+                loader = loader.region(aws_config::Region::new(r.clone()));
+            }
+            if let Some(p) = &access.profile {
+                loader = loader.profile_name(p);
+            }
+            let sdk = loader.load().await;
             let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
-            let cluster = cluster(sdk).await?;
+            let cluster = cluster(sdk, access.context.as_deref()).await?;
             work(store, cluster).await
         })
         .map_err(|e| {
@@ -304,24 +335,38 @@ where
         })
 }
 
-/// The cluster `status` and `rotate` use: NODESMITH_KUBE_URL when set, else the
-/// kubeconfig or the in-cluster service account.
-async fn cluster(sdk: aws_config::SdkConfig) -> Result<nodesmith::kubernetes::KubeCluster, String> {
+/// The cluster `status`, `explain` and `rotate` use: the kubeconfig's
+/// `context` when named, else NODESMITH_KUBE_URL when set, else the
+/// kubeconfig's current context or the in-cluster service account.
+async fn cluster(
+    sdk: aws_config::SdkConfig,
+    context: Option<&str>,
+) -> Result<nodesmith::kubernetes::KubeCluster, String> {
     use nodesmith::kubernetes::KubeCluster;
     use nodesmith::kubernetes::kube_cluster::KUBE_URL_ENV;
-    if Settings::from_env().optional(KUBE_URL_ENV).is_some() {
+    if context.is_none() && Settings::from_env().optional(KUBE_URL_ENV).is_some() {
         return KubeCluster::from_env(sdk).map_err(|e| format!("{KUBE_URL_ENV}: {}", error_chain(&e)));
     }
     nodesmith::kubernetes::client::install_crypto_provider();
-    kube::Client::try_default()
-        .await
-        .map(KubeCluster::from_client)
-        .map_err(|e| {
+    let client = match context {
+        Some(c) => {
+            let options = kube::config::KubeConfigOptions {
+                context: Some(c.to_string()),
+                ..Default::default()
+            };
+            let config = kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| format!("kubeconfig context {c}: {}", error_chain(&e)))?;
+            kube::Client::try_from(config).map_err(|e| format!("kubeconfig context {c}: {}", error_chain(&e)))?
+        }
+        None => kube::Client::try_default().await.map_err(|e| {
             format!(
                 "no cluster: set {KUBE_URL_ENV}, or a kubeconfig (KUBECONFIG, ~/.kube/config): {}",
                 error_chain(&e)
             )
-        })
+        })?,
+    };
+    Ok(KubeCluster::from_client(client))
 }
 
 /// An error and its causes, `: `-separated.
@@ -355,6 +400,13 @@ fn emit(output: Output, json: impl FnOnce() -> serde_json::Value, table: impl Fn
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("error: cannot render JSON: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Output::Yaml => match serde_yaml_ng::to_string(&json()) {
+            Ok(s) => print!("{s}"),
+            Err(e) => {
+                eprintln!("error: cannot render YAML: {e}");
                 return ExitCode::from(1);
             }
         },
