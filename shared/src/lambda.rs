@@ -121,9 +121,11 @@ pub async fn start() -> aws_config::SdkConfig {
 /// crash hook (debug builds only).
 pub fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
     use aws_smithy_http_client::tls;
-    let client = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-        .build_https();
+    let client = crate::usage::aws::wrap(
+        aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https(),
+    );
     #[cfg(debug_assertions)]
     if crate::crash::enabled() {
         return crate::crash::aws::wrap(client);
@@ -181,6 +183,8 @@ impl Meter {
     pub async fn run<T>(&self, work: impl Future<Output = (T, f64)>) -> T {
         let started = Instant::now();
         crate::crash::begin_invocation();
+        // What came before (init, the previous invocation's last lines) is not this one's.
+        let _ = crate::usage::take();
         let init = (!self.warm.swap(true, Ordering::Relaxed)).then_some(self.init);
         let (response, fleet_delta) = work.await;
         let metered = Metered::new(
@@ -189,6 +193,7 @@ impl Meter {
                 init,
                 memory_mb: self.memory_mb,
             },
+            &crate::usage::take(),
             fleet_delta,
         );
         self.record(&metered, jiff::Timestamp::now()).await;
@@ -217,7 +222,7 @@ impl Meter {
             memory_mb = self.memory_mb,
             "invocation metered"
         );
-        crate::telemetry::publish(self.function, &[crate::telemetry::Series::plain(m.metrics())]);
+        crate::telemetry::publish(self.function, &m.series());
         let Some(store) = &self.store else { return };
         let entry = CostEntry {
             function: self.function.to_string(),

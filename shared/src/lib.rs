@@ -100,3 +100,5 @@ pub mod settings;
 pub mod sweep;
 /// Structured logs and CloudWatch EMF metrics.
 pub mod telemetry;
+/// What an invocation used of DynamoDB, SQS and the log, counted where every call passes.
+pub mod usage;

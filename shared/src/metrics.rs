@@ -163,7 +163,15 @@ pub const CATALOG: &[Def] = &[
         labels: &[],
         functions: ALL,
         karpenter: false,
-        help: "What one invocation cost in Lambda compute (duration × memory, plus the request).",
+        help: "What one invocation cost: Lambda (duration × memory, plus the request), and the DynamoDB, SQS and log ingestion it used.",
+    },
+    Def {
+        name: "OwnCostUsd",
+        unit: "None",
+        labels: &["service"],
+        functions: ALL,
+        karpenter: false,
+        help: "That cost by service: `lambda`, `dynamodb` (request units, estimated from the calls' sizes), `sqs` (requests), `logs` (bytes ingested).",
     },
     Def {
         name: "FleetDeltaUsdPerHour",

@@ -67,7 +67,10 @@ pub fn init() {
     let settings = LogSettings::read(&crate::settings::Settings::from_env());
     let filter = tracing_subscriber::EnvFilter::try_new(&settings.filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(crate::usage::LogWriter);
     // A second init (tests, warm containers) is harmless: keep the first.
     let _ = if settings.json {
         builder.json().with_current_span(false).with_ansi(false).try_init()
@@ -180,7 +183,9 @@ pub fn publish(function: &str, series: &[Series]) {
     for s in series.iter().filter(|s| !s.metrics.is_empty()) {
         let mut dimensions: BTreeMap<&str, String> = s.labels.iter().map(|(k, v)| (*k, v.clone())).collect();
         dimensions.insert("Function", function.to_string());
-        println!("{}", emf(now, metric_level(), &dimensions, &s.metrics));
+        let line = emf(now, metric_level(), &dimensions, &s.metrics);
+        crate::usage::logged(line.len() + 1);
+        println!("{line}");
     }
 }
 

@@ -625,3 +625,44 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
         Some(60)
     );
 }
+
+/// The meter prices DynamoDB and SQS from every call the SDK makes (through
+/// `nodesmith::lambda::sdk_defaults`, as in the functions): the real clients
+/// against moto, counted where the calls pass.
+#[tokio::test]
+async fn every_dynamodb_and_sqs_call_is_counted_for_the_meter() {
+    let m = moto().await;
+    let st = store(&m).await;
+    let sqs = aws_sdk_sqs::Client::new(&m.sdk_config().await);
+    let queue = sqs
+        .create_queue()
+        .queue_name("usage")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    // Whatever came before is not this test's (moto's lock keeps other tests' calls out).
+    let _ = nodesmith::usage::take();
+    st.create_node_claim(&claim("default-a")).await.unwrap();
+    let listed = st.list_node_claims().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    // 100 KB: two of SQS's 64 KB request units.
+    sqs.send_message()
+        .queue_url(&queue)
+        .message_body("x".repeat(100 * 1024))
+        .send()
+        .await
+        .unwrap();
+    let used = nodesmith::usage::take();
+    assert!((1.0..=4.0).contains(&used.dynamodb_write_units), "{used:?}");
+    assert!((0.5..=4.0).contains(&used.dynamodb_read_units), "{used:?}");
+    assert_eq!(used.sqs_requests, 2, "{used:?}");
+    let inv = nodesmith::metering::Invocation {
+        duration: std::time::Duration::from_millis(100),
+        init: None,
+        memory_mb: 512,
+    };
+    let costs = nodesmith::metering::ServiceCosts::of(&inv, &used);
+    assert!(costs.dynamodb > 0.0 && costs.sqs > 0.0, "{costs:?}");
+}

@@ -391,7 +391,7 @@ fn the_dashboard_shows_only_metrics_the_code_emits_with_the_labels_it_emits_them
         "karpenter_nodeclaims_disrupted_total",
         "karpenter_interruption_received_messages_total",
         "karpenter_cloudprovider_errors_total",
-        "InvocationCostUsd",
+        "OwnCostUsd",
         "AWS/Lambda Errors",
     ] {
         assert!(names.contains(want), "the dashboard does not show {want}");

@@ -209,6 +209,7 @@ fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
             init: None,
             memory_mb: 512,
         },
+        &crate::usage::Usage::default(),
         0.0,
     );
     let mut out = BTreeMap::new();
@@ -219,7 +220,7 @@ fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
         ("launch", launch),
     ] {
         // Every function's shell also publishes its metering.
-        for s in series.iter().chain(&[Series::plain(metered.metrics())]) {
+        for s in series.iter().chain(&metered.series()) {
             for m in &s.metrics {
                 let now = (m.unit, s.labels.keys().copied().collect());
                 if let Some(before) = out.insert((function, m.name), now.clone()) {
