@@ -194,7 +194,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn emf_has_the_documented_shape() {
+    fn emf_has_the_documented_shape() -> Result<(), serde_json::Error> {
         let dims = BTreeMap::from([("Function", "provision".to_string())]);
         let line = emf(
             1_700_000_000_000,
@@ -206,7 +206,7 @@ mod tests {
                 unit: "Count",
             }],
         );
-        let v: Value = serde_json::from_str(&line).expect("json");
+        let v: Value = serde_json::from_str(&line)?;
         assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000i64);
         assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Namespace"], "nodesmith");
         assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0][0], "Function");
@@ -217,6 +217,7 @@ mod tests {
         assert_eq!(v["Function"], "provision");
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["NodeClaimsCreated"], 3.0);
+        Ok(())
     }
 
     #[test]
