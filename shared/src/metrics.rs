@@ -93,6 +93,14 @@ pub const CATALOG: &[Def] = &[
         help: "Disruptions begun, by reason: `unhealthy`, `expired`, `drifted`, `empty`, `underutilized`.",
     },
     Def {
+        name: "karpenter_voluntary_disruption_decisions_total",
+        unit: COUNT,
+        labels: &["decision", "reason", "consolidation_type"],
+        functions: SWEEP,
+        karpenter: true,
+        help: "Disruption decisions begun: `decision` `delete` or `replace`, `reason` as above, `consolidation_type` `empty`, `single` or `multi` (`none` for the other reasons: CloudWatch takes no empty value).",
+    },
+    Def {
         name: "karpenter_nodepools_usage",
         unit: "None",
         labels: &["nodepool", "resource_type"],
@@ -316,6 +324,37 @@ pub const CATALOG: &[Def] = &[
         "EC2NodeClasses that could not be resolved this run.",
     ),
 ];
+
+/// One disruption decision a sweep began (pure data for the metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecisionTaken {
+    /// Why.
+    pub reason: Reason,
+    /// Whether replacements are launched first.
+    pub replace: bool,
+    /// How many nodes it takes.
+    pub nodes: usize,
+}
+
+/// `karpenter_voluntary_disruption_decisions_total` for `decisions` (pure).
+pub fn decisions(decisions: &[DecisionTaken]) -> Vec<Series> {
+    tally(
+        "karpenter_voluntary_disruption_decisions_total",
+        decisions.iter().map(|d| {
+            let consolidation = match (d.reason, d.nodes) {
+                (Reason::Empty, _) => "empty",
+                (Reason::Underutilized, 1) => "single",
+                (Reason::Underutilized, _) => "multi",
+                _ => "none",
+            };
+            labels([
+                ("decision", if d.replace { "replace" } else { "delete" }),
+                ("reason", &d.reason.as_str().to_ascii_lowercase()),
+                ("consolidation_type", consolidation),
+            ])
+        }),
+    )
+}
 
 /// The catalogue's entry for `name`.
 pub fn def(name: &str) -> Option<&'static Def> {

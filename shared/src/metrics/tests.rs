@@ -160,6 +160,30 @@ fn a_runs_changes_are_counted_by_the_pool_of_the_claim_they_touched() {
     assert_eq!(disrupted("gpu", "drifted"), Some(1.0));
 }
 
+#[test]
+fn decisions_are_labelled_as_karpenter_labels_them() {
+    let d = |reason, replace, nodes| DecisionTaken { reason, replace, nodes };
+    let series = decisions(&[
+        d(Reason::Underutilized, true, 1),
+        d(Reason::Underutilized, false, 3),
+        d(Reason::Underutilized, false, 2),
+        d(Reason::Empty, false, 4),
+        d(Reason::Drifted, true, 1),
+    ]);
+    let got = |decision, reason, ct| {
+        value(
+            &series,
+            "karpenter_voluntary_disruption_decisions_total",
+            &[("decision", decision), ("reason", reason), ("consolidation_type", ct)],
+        )
+    };
+    assert_eq!(got("replace", "underutilized", "single"), Some(1.0));
+    assert_eq!(got("delete", "underutilized", "multi"), Some(2.0));
+    assert_eq!(got("delete", "empty", "empty"), Some(1.0));
+    assert_eq!(got("replace", "drifted", "none"), Some(1.0));
+    assert_eq!(series.len(), 4);
+}
+
 /// (function, metric name) → (unit, label names).
 type Emitted = BTreeMap<(&'static str, &'static str), (&'static str, BTreeSet<&'static str>)>;
 
@@ -182,6 +206,11 @@ fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
                 &[],
             ),
             fleet(&refs, &nodes, &pools),
+            decisions(&[DecisionTaken {
+                reason: Reason::Drifted,
+                replace: true,
+                nodes: 1,
+            }]),
         ]
         .concat(),
         ..Default::default()

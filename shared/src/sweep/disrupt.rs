@@ -60,6 +60,9 @@ pub struct DisruptionRunReport {
     pub failed: Vec<(String, StepError)>,
     /// Disruptions left for the next run (the time budget ran out).
     pub deferred: usize,
+    /// The decisions this run began, as Karpenter counts them
+    /// (`karpenter_voluntary_disruption_decisions_total`).
+    pub decisions: Vec<crate::metrics::DecisionTaken>,
 }
 
 /// Whether a blocked rule is worth an event: a protection or a budget, not
@@ -304,6 +307,7 @@ impl<C: Cluster> Sweeper<C> {
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
         for d in &decisions.decisions {
+            let before = report.started.len();
             for node in &d.nodes {
                 let Some(claim) = by_node.get(node.as_str()) else {
                     tracing::warn!(node, reason = %d.reason, "no NodeClaim for a node chosen for disruption; left alone");
@@ -344,6 +348,13 @@ impl<C: Cluster> Sweeper<C> {
                 tracing::info!(node, claim = %record.claim, reason = %d.reason, "disruption begins");
                 report.started.push((node.clone(), d.reason));
                 records.push(record);
+            }
+            if report.started.len() > before {
+                report.decisions.push(crate::metrics::DecisionTaken {
+                    reason: d.reason,
+                    replace: !d.replacements.is_empty(),
+                    nodes: d.nodes.len(),
+                });
             }
         }
         Ok(())

@@ -614,6 +614,9 @@ impl<C: Cluster> Sweeper<C> {
         let changes =
             crate::metrics::sweep_changes(&claims, &report.done, &report.disruption.started, disrupted, terminated);
         report.series = changes;
+        report
+            .series
+            .extend(crate::metrics::decisions(&report.disruption.decisions));
         report.series.append(&mut mirrored.gauges);
         report.mirror = mirrored;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
