@@ -975,6 +975,7 @@ async fn nodesmith_rotate_replaces_a_node_then_a_pools_nodes_one_at_a_time_repla
     assert_eq!(again["rotations"][0]["requestedAt"], asked[0]["requestedAt"]);
 
     let sweeper = s.sweeper(fast());
+    let decided = std::cell::Cell::new(0.0);
     let w = walk(&s, first, || async {
         let report = sweeper.run().await.unwrap();
         assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
@@ -982,9 +983,18 @@ async fn nodesmith_rotate_replaces_a_node_then_a_pools_nodes_one_at_a_time_repla
             records(&s).await.iter().all(|r| r.claim == first.name),
             "only the node asked for is disrupted"
         );
+        let labels = [
+            ("decision", "replace"),
+            ("reason", "drifted"),
+            ("consolidation_type", "none"),
+        ];
+        let metric = "karpenter_voluntary_disruption_decisions_total";
+        let n = nodesmith::telemetry::value(&report.metrics(), metric, &labels).unwrap_or_default();
+        decided.set(decided.get() + n);
     })
     .await;
     assert_eq!(w.at_first_eviction, vec![Some(Phase::Initialized)], "replacement first");
+    assert_eq!(decided.get(), 1.0, "one decision, counted as Karpenter counts it");
     assert_gone(&s, first).await;
     assert_eq!(
         events(&s, "DisruptionTerminating"),
