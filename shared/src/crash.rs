@@ -259,21 +259,34 @@ pub fn enabled() -> bool {
     false
 }
 
-/// The AWS SDK's HTTP client with every call passing through [`after`].
-#[cfg(debug_assertions)]
-pub mod aws {
+/// The AWS SDK's HTTP client with every call seen by an observer once it
+/// completes: the crash hook's [`after`] (debug builds) and the usage meter
+/// ([`crate::usage`], every build) both watch the calls through it.
+pub mod observe {
     use aws_smithy_runtime_api::client::http::{
         HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
     };
     use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
     use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 
-    /// Wraps an HTTP client.
-    #[derive(Debug)]
-    pub struct Client(pub SharedHttpClient);
+    use super::Call;
+
+    /// One call, once its response came (or failed).
+    #[derive(Debug, Clone)]
+    pub struct Observed {
+        /// The call, as IAM names it.
+        pub call: Call,
+        /// The request body's size.
+        pub request_bytes: u64,
+        /// The response body's size (None: no response).
+        pub response_bytes: Option<u64>,
+    }
 
     #[derive(Debug)]
-    struct Connector(SharedHttpConnector);
+    struct Client(SharedHttpClient, fn(&Observed));
+
+    #[derive(Debug)]
+    struct Connector(SharedHttpConnector, fn(&Observed));
 
     impl HttpClient for Client {
         fn http_connector(
@@ -281,7 +294,7 @@ pub mod aws {
             settings: &HttpConnectorSettings,
             components: &RuntimeComponents,
         ) -> SharedHttpConnector {
-            SharedHttpConnector::new(Connector(self.0.http_connector(settings, components)))
+            SharedHttpConnector::new(Connector(self.0.http_connector(settings, components), self.1))
         }
     }
 
@@ -295,18 +308,42 @@ pub mod aws {
                 .and_then(|(_, rest)| rest.find('/').map(|i| &rest[i..]))
                 .unwrap_or(uri);
             let call = super::aws_call_of_request(&headers, request.body().bytes(), request.method(), path);
+            let request_bytes = request.body().content_length().unwrap_or_default();
             let inner = self.0.call(request);
+            let observe = self.1;
             HttpConnectorFuture::new(async move {
                 let response = inner.await;
-                super::after(&call);
+                let response_bytes = response.as_ref().ok().map(|r| {
+                    r.headers()
+                        .get("content-length")
+                        .and_then(|v| v.parse().ok())
+                        .or_else(|| r.body().content_length())
+                        .unwrap_or_default()
+                });
+                observe(&Observed {
+                    call,
+                    request_bytes,
+                    response_bytes,
+                });
                 response
             })
         }
     }
 
+    /// `inner` with every call passed to `observe` once it completes.
+    pub fn observe(inner: SharedHttpClient, observe: fn(&Observed)) -> SharedHttpClient {
+        SharedHttpClient::new(Client(inner, observe))
+    }
+}
+
+/// The AWS SDK's HTTP client with every call passing through [`after`].
+#[cfg(debug_assertions)]
+pub mod aws {
+    use aws_smithy_runtime_api::client::http::SharedHttpClient;
+
     /// `inner` with every call passing the hook.
     pub fn wrap(inner: SharedHttpClient) -> SharedHttpClient {
-        SharedHttpClient::new(Client(inner))
+        super::observe::observe(inner, |o| super::after(&o.call))
     }
 }
 

@@ -1,7 +1,8 @@
 //! What one invocation used of the services nodesmith pays for besides
 //! Lambda: DynamoDB request units, SQS requests and the log bytes it wrote.
 //! Counted where every call passes (the AWS SDK's HTTP client from
-//! [`crate::lambda::https_client`], the log writer of [`crate::telemetry`]),
+//! [`crate::lambda::https_client`], through [`crate::crash::observe`], and
+//! the log writer of [`crate::telemetry`]),
 //! so no call site needs marking; [`crate::metering`] prices it.
 //!
 //! DynamoDB's units are estimated from the HTTP bodies (a write: one unit a
@@ -101,55 +102,16 @@ fn count(u: CallUnits) {
 
 /// The AWS SDK's HTTP client with every call counted.
 pub mod aws {
-    use aws_smithy_runtime_api::client::http::{
-        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
-    };
-    use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
-    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-
-    #[derive(Debug)]
-    struct Client(SharedHttpClient);
-
-    #[derive(Debug)]
-    struct Connector(SharedHttpConnector);
-
-    impl HttpClient for Client {
-        fn http_connector(
-            &self,
-            settings: &HttpConnectorSettings,
-            components: &RuntimeComponents,
-        ) -> SharedHttpConnector {
-            SharedHttpConnector::new(Connector(self.0.http_connector(settings, components)))
-        }
-    }
-
-    impl HttpConnector for Connector {
-        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
-            let headers: Vec<(&str, &str)> = request.headers().iter().collect();
-            let call = crate::crash::aws_call_of_request(&headers, request.body().bytes(), request.method(), "");
-            let request_bytes = request.body().content_length().unwrap_or_default();
-            let inner = self.0.call(request);
-            HttpConnectorFuture::new(async move {
-                let response = inner.await;
-                if let Ok(r) = &response {
-                    let response_bytes = r
-                        .headers()
-                        .get("content-length")
-                        .and_then(|v| v.parse().ok())
-                        .or_else(|| r.body().content_length())
-                        .unwrap_or_default();
-                    if let Some((service, operation)) = call.name.split_once(':') {
-                        super::count(super::units(service, operation, request_bytes, response_bytes));
-                    }
-                }
-                response
-            })
-        }
-    }
+    use aws_smithy_runtime_api::client::http::SharedHttpClient;
 
     /// `inner` with every call counted.
     pub fn wrap(inner: SharedHttpClient) -> SharedHttpClient {
-        SharedHttpClient::new(Client(inner))
+        crate::crash::observe::observe(inner, |o| {
+            if let (Some(response_bytes), Some((service, operation))) = (o.response_bytes, o.call.name.split_once(':'))
+            {
+                super::count(super::units(service, operation, o.request_bytes, response_bytes));
+            }
+        })
     }
 }
 
