@@ -10,7 +10,7 @@ use std::str::FromStr;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::disruption::{self, DecideOptions, Decisions, nomination};
+use crate::disruption::{self, DecideOptions, Decisions};
 use crate::kubernetes::{Cluster, ClusterError};
 use crate::nodeclaim::NodeClaim;
 use crate::scheduling::{Plan, PodRef, SolveOptions};
@@ -267,14 +267,7 @@ pub async fn gather_node<C: Cluster>(
     let snapshot = live::read_with_claims(cluster, store, now, in_flight).await?;
     let records = store.disruptions().await?;
     let nominations = store.live_nominations(now.as_millisecond()).await?;
-    let options = DecideOptions {
-        receiving: crate::sweep::disrupt::receiving(&records, &claims),
-        nominated: nomination::live(&nominations, &claims, now),
-        consolidation: config.consolidation,
-        grace_period_bounds_eventual: true,
-        repair: config.repair,
-        ..DecideOptions::default()
-    };
+    let options = crate::sweep::disrupt::pass_options(&config, &records, &claims, &nominations, now);
     Ok(NodeInput {
         snapshot,
         claims,

@@ -6,8 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
-
 use crate::apis::nodepool::NodePool;
 use crate::lifecycle::Action;
 use crate::nodeclaim::NodeClaim;
@@ -405,8 +403,13 @@ pub fn created(claims: &[NodeClaim], reason: &str) -> Vec<Series> {
 }
 
 /// The fleet as the sweep read it (gauges, pure): its price, node count,
-/// claims by pool and capacity type, and each pool's usage and limits.
-pub fn fleet(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool]) -> Vec<Series> {
+/// claims by pool and capacity type, and each pool's usage
+/// ([`crate::mirror::pool_resources`]) and limits.
+pub fn fleet(
+    claims: &[&NodeClaim],
+    pools: &[NodePool],
+    resources: &BTreeMap<String, BTreeMap<String, crate::quantity::Quantity>>,
+) -> Vec<Series> {
     let launched = || claims.iter().filter(|c| c.instance_id.is_some());
     // Plus zero: an empty float sum is -0.0.
     let usd_per_hour: f64 = launched().filter_map(|c| c.price).sum::<f64>() + 0.0;
@@ -437,7 +440,7 @@ pub fn fleet(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool]) -> Vec<S
         }],
     };
     for pool in pools {
-        for (r, q) in crate::mirror::pool_resources(pool.name(), claims, nodes) {
+        for (r, q) in crate::mirror::resources_of(resources, pool.name()) {
             series.push(resource("karpenter_nodepools_usage", pool.name(), &r, q.as_f64()));
         }
         for (r, q) in &pool.spec.limits {

@@ -97,28 +97,38 @@ fn owner(pool: &NodePool) -> Option<OwnerReference> {
     })
 }
 
-/// The summed capacity of a pool's registered nodes, with `nodes` (their
-/// count) among the resources as Karpenter counts it there (pure).
-pub fn pool_resources(pool: &str, claims: &[&NodeClaim], nodes: &[Node]) -> BTreeMap<String, Quantity> {
+/// Each pool's summed capacity of its registered nodes, with `nodes` (their
+/// count) among the resources as Karpenter counts it there, in one pass
+/// over the claims (pure). A pool without registered nodes is absent: see
+/// [`resources_of`].
+pub fn pool_resources(claims: &[&NodeClaim], nodes: &[Node]) -> BTreeMap<String, BTreeMap<String, Quantity>> {
     let nodes: BTreeMap<&str, &Node> = nodes
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
         .collect();
-    let mut resources: BTreeMap<String, Quantity> = BTreeMap::new();
-    let mut count: i64 = 0;
-    for c in claims.iter().filter(|c| c.node_pool == pool) {
+    let mut out: BTreeMap<String, BTreeMap<String, Quantity>> = BTreeMap::new();
+    for c in claims {
         let Some(node) = c.node_name.as_deref().and_then(|n| nodes.get(n)) else {
             continue;
         };
-        count += 1;
+        let resources = out.entry(c.node_pool.clone()).or_default();
         let capacity = resource_list(node.status.as_ref().and_then(|s| s.capacity.as_ref()));
-        for (k, v) in capacity {
+        for (k, v) in capacity
+            .into_iter()
+            .chain([("nodes".to_string(), Quantity::from_units(1))])
+        {
             let sum = resources.entry(k).or_insert(Quantity::ZERO);
             *sum = Quantity(sum.0.saturating_add(v.0));
         }
     }
-    resources.insert("nodes".to_string(), Quantity::from_units(count));
-    resources
+    out
+}
+
+/// One pool's entry of [`pool_resources`]; `nodes` 0 when it has no registered node.
+pub fn resources_of(all: &BTreeMap<String, BTreeMap<String, Quantity>>, pool: &str) -> BTreeMap<String, Quantity> {
+    all.get(pool)
+        .cloned()
+        .unwrap_or_else(|| BTreeMap::from([("nodes".to_string(), Quantity::ZERO)]))
 }
 
 /// The conditions of a claim's object (pure): each of Launched, Registered
@@ -366,12 +376,11 @@ pub fn plan(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool], existing:
 /// kept for conditions whose status did not change.
 pub fn pool_status(
     pool: &NodePool,
-    claims: &[&NodeClaim],
-    nodes: &[Node],
+    resources: &BTreeMap<String, BTreeMap<String, Quantity>>,
     class: Option<&EC2NodeClass>,
     now: Timestamp,
 ) -> NodePoolStatus {
-    let resources = pool_resources(pool.name(), claims, nodes);
+    let resources = resources_of(resources, pool.name());
     let count = resources.get("nodes").map_or(0, |n| n.units_ceil());
     let validation = pool.validate().map_err(|e| e.to_string());
     let class_name = &pool.spec.template.spec.node_class_ref.name;

@@ -49,7 +49,10 @@ pub enum RotateError {
     /// The state table could not be read.
     #[error("cannot read the state table")]
     State(#[source] StateError),
-    /// A Node could not be read or annotated.
+    /// The Nodes could not be listed.
+    #[error("cannot list the nodes")]
+    List(#[source] ClusterError),
+    /// A Node could not be annotated.
     #[error("node {node}")]
     Cluster {
         /// The node.
@@ -88,14 +91,17 @@ pub async fn request<C: Cluster>(
     now: Timestamp,
 ) -> Result<Vec<Rotation>, RotateError> {
     let claims = store.list_node_claims().await.map_err(RotateError::State)?;
+    let selected = select(&claims, selection)?;
+    // One list for a pool of any size, not a read per node.
+    let listed = cluster.nodes().await.map_err(RotateError::List)?;
+    let by_name: std::collections::BTreeMap<&str, &k8s_openapi::api::core::v1::Node> = listed
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
     let mut out = Vec::new();
-    for claim in select(&claims, selection)? {
+    for claim in selected {
         let node = claim.node_name.clone().unwrap_or_default();
-        let failed = |source| RotateError::Cluster {
-            node: node.clone(),
-            source,
-        };
-        let Some(current) = cluster.node(&node).await.map_err(failed)? else {
+        let Some(current) = by_name.get(node.as_str()) else {
             return Err(RotateError::NotManaged(node));
         };
         let earlier = current
@@ -112,7 +118,13 @@ pub async fn request<C: Cluster>(
                     annotations: [(labels::ROTATE_ANNOTATION.to_string(), at.clone())].into(),
                     ..NodeUpdate::default()
                 };
-                cluster.update_node(&node, &update).await.map_err(failed)?;
+                cluster
+                    .update_node(&node, &update)
+                    .await
+                    .map_err(|source| RotateError::Cluster {
+                        node: node.clone(),
+                        source,
+                    })?;
                 at
             }
         };

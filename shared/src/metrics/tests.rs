@@ -1,6 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
 use super::*;
@@ -62,7 +63,8 @@ fn the_fleet_is_priced_counted_by_pool_and_capacity_type_and_measured_against_li
     planned.price = Some(9.0);
     let nodes = [node("n-a", "2")?, node("n-b", "4")?];
     let pools = [pool("general", json!({"cpu": "100"}))?, pool("gpu", json!({}))?];
-    let series = fleet(&[&a, &b, &c, &planned], &nodes, &pools);
+    let claims = [&a, &b, &c, &planned];
+    let series = fleet(&claims, &pools, &crate::mirror::pool_resources(&claims, &nodes));
     // A planned claim has no instance yet: it costs nothing and counts nowhere.
     assert_eq!(value(&series, "FleetUsdPerHour", &[]), Some(1.5));
     assert_eq!(value(&series, "karpenter_cluster_state_node_count", &[]), Some(2.0));
@@ -205,7 +207,7 @@ fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
                 &[],
                 &[],
             ),
-            fleet(&refs, &nodes, &pools),
+            fleet(&refs, &pools, &crate::mirror::pool_resources(&refs, &nodes)),
             decisions(&[DecisionTaken {
                 reason: Reason::Drifted,
                 replace: true,

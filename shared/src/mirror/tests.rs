@@ -230,7 +230,8 @@ fn a_pool_status_sums_its_nodes_and_is_ready_only_with_a_ready_class() -> Result
     let claims = [&a, &b, &c];
     let nodes = [node("node-a", "2", "8Gi")?, node("node-b", "4", "16Gi")?];
     let class = EC2NodeClass::new("default", Default::default());
-    let s = pool_status(&p, &claims, &nodes, Some(&class), now);
+    let resources = pool_resources(&claims, &nodes);
+    let s = pool_status(&p, &resources, Some(&class), now);
     assert_eq!(s.nodes, Some(2));
     assert_eq!(s.resources.get("cpu"), Some(&Quantity::from_units(6)));
     assert_eq!(s.resources.get("memory"), Some(&Quantity::parse("24Gi")?));
@@ -247,17 +248,11 @@ fn a_pool_status_sums_its_nodes_and_is_ready_only_with_a_ready_class() -> Result
     let mut p2 = p.clone();
     p2.status = Some(s.clone());
     assert_eq!(
-        pool_status(
-            &p2,
-            &claims,
-            &nodes,
-            Some(&class),
-            now + jiff::SignedDuration::from_hours(1)
-        ),
+        pool_status(&p2, &resources, Some(&class), now + jiff::SignedDuration::from_hours(1)),
         s
     );
     // The class gone: NodeClassReady and Ready turn False.
-    let s = pool_status(&p2, &claims, &nodes, None, now);
+    let s = pool_status(&p2, &resources, None, now);
     assert_eq!(cond(&s, "NodeClassReady").map(|c| c.0), Some("False".into()));
     assert_eq!(cond(&s, "Ready").map(|c| c.0), Some("False".into()));
     assert_eq!(cond(&s, "ValidationSucceeded").map(|c| c.0), Some("True".into()));

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
-use super::{StepError, Sweeper};
+use super::{StepError, SweepConfig, Sweeper};
 use crate::capacity::{self, Door, Replacements};
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
@@ -79,10 +79,32 @@ fn worth_an_event(h: &Held) -> bool {
     )
 }
 
+/// How a pass is decided from what the table holds (pure): the sweep's
+/// consolidation and repair settings, the replacements receiving pods, and
+/// the live nominations. The sweep adds what needs EC2 (drift by live
+/// resolution, impaired status checks) and its deadline; `nodesmith explain`
+/// decides with exactly this.
+pub(crate) fn pass_options(
+    config: &SweepConfig,
+    records: &[DisruptionRecord],
+    claims: &[NodeClaim],
+    nominations: &[crate::state::NominationRecord],
+    now: Timestamp,
+) -> DecideOptions {
+    DecideOptions {
+        receiving: receiving(records, claims),
+        nominated: nomination::live(nominations, claims, now),
+        consolidation: config.consolidation.clone(),
+        grace_period_bounds_eventual: true,
+        repair: config.repair.clone(),
+        ..DecideOptions::default()
+    }
+}
+
 /// The nodes of replacements that disruptions in progress launched, with the
 /// node each replaces (pure): until that node is gone they are where its pods
 /// go, so no pass may take them for empty.
-pub(crate) fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<String, String> {
+fn receiving(records: &[DisruptionRecord], claims: &[NodeClaim]) -> BTreeMap<String, String> {
     let nodes: BTreeMap<&str, &str> = claims
         .iter()
         .filter_map(|c| Some((c.name.as_str(), c.node_name.as_deref()?)))
@@ -276,13 +298,9 @@ impl<C: Cluster> Sweeper<C> {
         let nominations = self.store.live_nominations(snapshot.now.as_millisecond()).await?;
         let options = DecideOptions {
             resolved_drift: self.resolved_drift(snapshot, classes).await,
-            receiving: receiving(records, claims),
-            nominated: nomination::live(&nominations, claims, snapshot.now),
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
-            consolidation: self.config.consolidation.clone(),
-            grace_period_bounds_eventual: true,
-            repair: self.config.repair.clone(),
             impaired: self.impaired(snapshot).await,
+            ..pass_options(&self.config, records, claims, &nominations, snapshot.now)
         };
         let decisions = decide(snapshot, &options);
         for e in &decisions.errors {

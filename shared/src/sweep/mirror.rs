@@ -57,7 +57,9 @@ impl<C: Cluster> Sweeper<C> {
                 Vec::new()
             }
         };
-        report.gauges = crate::metrics::fleet(claims, nodes, &pools);
+        // Summed once, for the gauges and every pool's status.
+        let resources = mirror::pool_resources(claims, nodes);
+        report.gauges = crate::metrics::fleet(claims, &pools, &resources);
         if let Some(objects) = objects {
             let plan = mirror::plan(claims, nodes, &pools, objects);
             self.write_plan(plan, stop_at, report).await;
@@ -81,7 +83,7 @@ impl<C: Cluster> Sweeper<C> {
             let class = classes
                 .iter()
                 .find(|c| c.name() == pool.spec.template.spec.node_class_ref.name);
-            let status = mirror::pool_status(pool, claims, nodes, class, now);
+            let status = mirror::pool_status(pool, &resources, class, now);
             if pool.status.as_ref() == Some(&status) {
                 continue;
             }
