@@ -129,6 +129,27 @@ impl KubeCluster {
         self
     }
 
+    /// Replaces the status subresource of the cluster-scoped `object` named
+    /// `name` (a `kind` for logs); false when it does not exist.
+    async fn replace_status<K>(&self, kind: &str, name: &str, object: &K) -> Result<bool, ClusterError>
+    where
+        K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+            + serde::Serialize
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+    {
+        self.call(&format!("replace status of {kind} {name}"), |c| async move {
+            get_opt(
+                Api::<K>::all(c)
+                    .replace_status(name, &PostParams::default(), object)
+                    .await,
+            )
+            .map(|o| o.is_some())
+        })
+        .await
+    }
+
     /// Runs one API call with rate limiting and retries of transient failures.
     async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
     where
@@ -416,35 +437,12 @@ impl Cluster for KubeCluster {
     }
 
     async fn replace_node_class_status(&self, class: &EC2NodeClass) -> Result<bool, ClusterError> {
-        let name = class.name().to_string();
-        self.call(&format!("replace status of ec2nodeclass {name}"), |c| {
-            let name = name.clone();
-            async move {
-                get_opt(
-                    Api::<EC2NodeClass>::all(c)
-                        .replace_status(&name, &PostParams::default(), class)
-                        .await,
-                )
-                .map(|o| o.is_some())
-            }
-        })
-        .await
+        self.replace_status::<EC2NodeClass>("ec2nodeclass", class.name(), class)
+            .await
     }
 
     async fn replace_node_pool_status(&self, pool: &NodePool) -> Result<bool, ClusterError> {
-        let name = pool.name().to_string();
-        self.call(&format!("replace status of nodepool {name}"), |c| {
-            let name = name.clone();
-            async move {
-                get_opt(
-                    Api::<NodePool>::all(c)
-                        .replace_status(&name, &PostParams::default(), pool)
-                        .await,
-                )
-                .map(|o| o.is_some())
-            }
-        })
-        .await
+        self.replace_status::<NodePool>("nodepool", pool.name(), pool).await
     }
 
     async fn node_claim_objects(&self) -> Result<Vec<NodeClaimObject>, ClusterError> {
@@ -494,19 +492,8 @@ impl Cluster for KubeCluster {
     }
 
     async fn replace_node_claim_object_status(&self, object: &NodeClaimObject) -> Result<bool, ClusterError> {
-        let name = object.metadata.name.clone().unwrap_or_default();
-        self.call(&format!("replace status of nodeclaim {name}"), |c| {
-            let name = name.clone();
-            async move {
-                get_opt(
-                    Api::<NodeClaimObject>::all(c)
-                        .replace_status(&name, &PostParams::default(), object)
-                        .await,
-                )
-                .map(|o| o.is_some())
-            }
-        })
-        .await
+        self.replace_status::<NodeClaimObject>("nodeclaim", object.metadata.name.as_deref().unwrap_or_default(), object)
+            .await
     }
 
     async fn release_node_claim_object(&self, name: &str) -> Result<bool, ClusterError> {
