@@ -171,6 +171,13 @@ pub const DOMAIN_EXCEPTIONS: &[&str] = &["kops.k8s.io", "node.kubernetes.io", "n
 /// Labels that may never be constrained or set by users.
 pub const RESTRICTED: &[&str] = &[NODEPOOL, HOSTNAME, EC2NODECLASS];
 
+/// The label that marks a NodeClaim object as nodesmith's mirror
+/// ([`crate::mirror`]): only these are written or deleted (a Karpenter
+/// NodeClaim left from before a move is not nodesmith's).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// [`MANAGED_BY_LABEL`]'s value.
+pub const MANAGED_BY: &str = "nodesmith";
+
 /// Maps a deprecated alias to its well-known key; other keys are returned as is.
 pub fn normalize(key: &str) -> &str {
     ALIASES.iter().find(|(alias, _)| *alias == key).map_or(key, |(_, k)| k)

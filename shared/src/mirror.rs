@@ -1,9 +1,10 @@
 //! What `kubectl` shows of nodesmith, as it shows Karpenter: every claim of
 //! the state table as a `karpenter.sh/v1` NodeClaim object, and each
 //! NodePool's `status` (resources, node count, conditions). DynamoDB stays
-//! the source of truth; this module computes the objects from it (pure), the
-//! sweep writes them ([`crate::sweep`]), and a failed write never holds up
-//! real work: the next sweep writes again.
+//! the source of truth; this module computes the objects from it (pure),
+//! launch writes a claim's object once its instance exists and the sweep
+//! repairs them all ([`write`]), and a failed write never holds up real
+//! work: the next sweep writes again.
 //!
 //! A NodeClaim object carries Karpenter's termination finalizer, so `kubectl
 //! delete nodeclaim` marks it for deletion and the sweep drains and
@@ -21,16 +22,12 @@ use crate::apis::ec2nodeclass::Condition;
 use crate::apis::nodeclaim::{NodeClaimObject, NodeClaimObjectSpec, NodeClaimObjectStatus, ResourceRequests};
 use crate::apis::nodepool::{NodeClassReference, NodePoolStatus};
 use crate::apis::{EC2NodeClass, NodePool};
+use crate::disruption::NodeState;
 use crate::labels;
 use crate::nodeclaim::{NodeClaim, Phase};
 use crate::quantity::Quantity;
 
-/// The label that marks a NodeClaim object as nodesmith's mirror: only
-/// these are written or deleted (a Karpenter NodeClaim left from before a
-/// move is not nodesmith's).
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// [`MANAGED_BY_LABEL`]'s value.
-pub const MANAGED_BY: &str = "nodesmith";
+pub use crate::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// Karpenter's NodeClaim and NodePool condition types.
 pub mod condition_types {
@@ -44,6 +41,10 @@ pub mod condition_types {
     pub const READY: &str = "Ready";
     /// The claim is being drained and terminated.
     pub const DISRUPTION_REASON: &str = "DisruptionReason";
+    /// Its node no longer matches what its NodePool and EC2NodeClass would launch now.
+    pub const DRIFTED: &str = "Drifted";
+    /// `consolidateAfter` has passed since its node's last pod event.
+    pub const CONSOLIDATABLE: &str = "Consolidatable";
     /// The NodePool's spec passes validation.
     pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
     /// The NodePool's EC2NodeClass exists and is Ready.
@@ -236,7 +237,7 @@ pub fn object(claim: &NodeClaim, node: Option<&Node>, pool: Option<&NodePool>) -
         status: Some(NodeClaimObjectStatus {
             node_name: claim.node_name.clone(),
             provider_id: claim.provider_id.clone(),
-            image_id: None,
+            image_id: claim.image_id.clone(),
             capacity: resource_list(status.and_then(|s| s.capacity.as_ref())),
             allocatable: resource_list(status.and_then(|s| s.allocatable.as_ref())),
             conditions: claim_conditions(claim),
@@ -296,10 +297,80 @@ fn holds(have: &Option<BTreeMap<String, String>>, want: &Option<BTreeMap<String,
         .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
 }
 
+/// What the NodeClaim objects are computed from.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// The claims to mirror.
+    pub claims: &'a [&'a NodeClaim],
+    /// The Nodes (a registered claim's capacity).
+    pub nodes: &'a [Node],
+    /// The NodePools (owner, `expireAfter`).
+    pub pools: &'a [NodePool],
+    /// Each node's drift and consolidatability from a disruption pass, by
+    /// node; None when no pass ran: an existing object keeps its `Drifted`
+    /// and `Consolidatable` conditions as they are.
+    pub states: Option<&'a BTreeMap<String, NodeState>>,
+}
+
+/// The `Drifted` and `Consolidatable` conditions of a claim's object (pure):
+/// from its node's state, each True since it was already True on `have`,
+/// else `now` (drift) or the moment consolidateAfter passed; absent when
+/// not so, as Karpenter clears them; as on `have` when the state is not known.
+fn disruption_conditions(
+    state: Option<Option<&NodeState>>,
+    have: Option<&NodeClaimObject>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let had = |type_: &str| {
+        have.and_then(|h| h.status.as_ref())
+            .into_iter()
+            .flat_map(|s| s.conditions.iter())
+            .find(|c| c.type_ == type_ && c.status == "True")
+            .cloned()
+    };
+    let Some(state) = state else {
+        return [condition_types::DRIFTED, condition_types::CONSOLIDATABLE]
+            .iter()
+            .filter_map(|t| had(t))
+            .collect();
+    };
+    let mut out = Vec::new();
+    if let Some(why) = state.and_then(|s| s.drifted.as_ref()) {
+        let mut c = condition(
+            condition_types::DRIFTED,
+            Some(true),
+            condition_types::DRIFTED,
+            why,
+            Some(now),
+        );
+        if let Some(before) = had(condition_types::DRIFTED) {
+            c.last_transition_time = before.last_transition_time;
+        }
+        out.push(c);
+    }
+    if let Some(since) = state.and_then(|s| s.consolidatable_since) {
+        out.push(condition(
+            condition_types::CONSOLIDATABLE,
+            Some(true),
+            condition_types::CONSOLIDATABLE,
+            "",
+            Some(since),
+        ));
+    }
+    out
+}
+
 /// What to write so that `existing` (the objects of [`is_ours`]) mirror
-/// `claims` (pure). An object marked for deletion keeps its spec (a
-/// deleting object's finalizers cannot be added back) but still gets status.
-pub fn plan(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool], existing: &[NodeClaimObject]) -> Plan {
+/// the claims of `facts` at `now` (pure). An object marked for deletion
+/// keeps its spec (a deleting object's finalizers cannot be added back) but
+/// still gets status.
+pub fn plan(facts: &Facts<'_>, existing: &[NodeClaimObject], now: Timestamp) -> Plan {
+    let Facts {
+        claims,
+        nodes,
+        pools,
+        states,
+    } = *facts;
     let nodes: BTreeMap<&str, &Node> = nodes
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
@@ -315,8 +386,13 @@ pub fn plan(claims: &[&NodeClaim], nodes: &[Node], pools: &[NodePool], existing:
     for claim in claims {
         mirrored.insert(claim.name.as_str());
         let node = claim.node_name.as_deref().and_then(|n| nodes.get(n).copied());
-        let want = object(claim, node, pools.get(claim.node_pool.as_str()).copied());
-        let Some(have) = existing.get(claim.name.as_str()) else {
+        let mut want = object(claim, node, pools.get(claim.node_pool.as_str()).copied());
+        let state = states.map(|s| claim.node_name.as_deref().and_then(|n| s.get(n)));
+        let have = existing.get(claim.name.as_str()).copied();
+        if let Some(status) = want.status.as_mut() {
+            status.conditions.extend(disruption_conditions(state, have, now));
+        }
+        let Some(have) = have else {
             out.create.push(want);
             continue;
         };
@@ -434,6 +510,8 @@ pub fn pool_status(
         node_class_observed_generation: class.and_then(|c| c.metadata.generation),
     }
 }
+
+pub mod write;
 
 #[cfg(test)]
 mod tests;

@@ -116,6 +116,10 @@ pub struct NodeClaim {
     /// The capacity reservation the instance launched into (`reserved` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_reservation: Option<ReservationRef>,
+    /// The AMI the instance was launched from, when launch knew it (the
+    /// NodeClaim object's `status.imageID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
     /// The Kubernetes node name once registered.
     #[serde(default)]
     pub node_name: Option<String>,
@@ -219,6 +223,7 @@ impl NodeClaim {
             capacity_type: None,
             price: None,
             capacity_reservation: None,
+            image_id: None,
             node_name: None,
             nodepool_hash: None,
             nodeclass_hash: None,
@@ -283,6 +288,7 @@ impl NodeClaim {
         self.capacity_type = Some(instance.capacity_type);
         self.price = instance.price;
         self.capacity_reservation = instance.capacity_reservation;
+        self.image_id = instance.image_id;
         // Launched: no request is ever repeated, so only its identity is kept
         // (the overrides alone made a claim item tens of kilobytes).
         if let Some(a) = self.launch_attempt.as_mut() {
@@ -352,6 +358,8 @@ pub struct LaunchedInstance {
     pub price: Option<f64>,
     /// The capacity reservation it runs in, if reserved.
     pub capacity_reservation: Option<ReservationRef>,
+    /// The AMI it was launched from, when known.
+    pub image_id: Option<String>,
 }
 
 /// A capacity reservation an instance is launched into: what its launch
@@ -544,10 +552,12 @@ mod tests {
             capacity_type: "spot".into(),
             price: Some(0.03),
             capacity_reservation: None,
+            image_id: Some("ami-1".into()),
         };
         c.launched(i.clone(), at("2026-01-01T00:00:00Z")).unwrap();
         assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
         assert_eq!(c.instance_type.as_deref(), Some("m5.large"));
+        assert_eq!(c.image_id.as_deref(), Some("ami-1"));
         assert!(c.launched(i, at("2026-01-01T00:01:00Z")).is_err());
     }
 

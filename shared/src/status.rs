@@ -130,6 +130,8 @@ pub struct ClaimRow {
     pub node: Option<String>,
     /// The launched offering's $/h.
     pub price_per_hour: Option<f64>,
+    /// Its EC2 instance (null before launch).
+    pub instance_id: Option<String>,
 }
 
 /// One pending pod.
@@ -207,6 +209,7 @@ pub fn report(input: &StatusInput) -> StatusReport {
             age_seconds: c.timestamps.created.map(seconds_since),
             node: c.node_name.clone(),
             price_per_hour: c.price,
+            instance_id: c.instance_id.clone(),
         })
         .collect();
     node_claims.sort_by(|a, b| a.name.cmp(&b.name));
@@ -299,6 +302,15 @@ pub fn human_age(seconds: i64) -> String {
 
 /// The report as text tables for a terminal.
 pub fn to_table(report: &StatusReport) -> String {
+    table(report, false)
+}
+
+/// [`to_table`] with more columns (`-o wide`, as kubectl's): each claim's instance too.
+pub fn to_wide_table(report: &StatusReport) -> String {
+    table(report, true)
+}
+
+fn table(report: &StatusReport, wide: bool) -> String {
     let dash = || "-".to_string();
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(dash);
     let mut out = String::new();
@@ -313,8 +325,11 @@ pub fn to_table(report: &StatusReport) -> String {
             .map(String::from)
             .to_vec(),
         ];
+        if wide {
+            rows[0].push("INSTANCE".to_string());
+        }
         for c in &report.node_claims {
-            rows.push(vec![
+            let mut row = vec![
                 c.name.clone(),
                 c.node_pool.clone(),
                 opt(&c.instance_type),
@@ -324,7 +339,11 @@ pub fn to_table(report: &StatusReport) -> String {
                 c.age_seconds.map(human_age).unwrap_or_else(dash),
                 opt(&c.node),
                 c.price_per_hour.map(|p| format!("{p:.4}")).unwrap_or_else(dash),
-            ]);
+            ];
+            if wide {
+                row.push(opt(&c.instance_id));
+            }
+            rows.push(row);
         }
         out.push_str(&crate::text_table::columns(&rows));
     }

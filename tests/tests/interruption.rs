@@ -48,6 +48,16 @@ async fn spot_interruption_taints_replaces_first_honours_pdbs_then_forces_at_the
     assert_eq!((out.unknown, out.ignored), (1, 1), "{out:?}");
     assert_eq!(out.tainted, vec![node.clone()]);
     assert_eq!(out.replacements.len(), 1, "{out:?}");
+    // `kubectl describe` shows the disruption on the node and on its NodeClaim.
+    let kubectl = s.kubectl("interrupted");
+    for (kind, name) in [("node", &node), ("nodeclaim", &claim.name)] {
+        let described = kubectl.ok(&["describe", kind, name]).await;
+        assert!(
+            described.contains("Disrupting") && described.contains("interruption: spot-interruption"),
+            "{described}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&kubectl.dir);
     // Karpenter's interruption metrics: three received (the warnings and the
     // unreadable one), all three done with, one replacement for the pool.
     let series = out.metrics();

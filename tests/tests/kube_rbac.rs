@@ -295,6 +295,14 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
     assert!(cluster.create_node_claim_object(&object).await.unwrap());
     let listed = cluster.node_claim_objects().await.unwrap();
     assert_eq!(listed.len(), 1);
+    assert_eq!(
+        cluster
+            .node_claim_object("default-a1b2c")
+            .await
+            .unwrap()
+            .map(|o| o.metadata.uid),
+        Some(listed[0].metadata.uid.clone())
+    );
     assert!(cluster.replace_node_claim_object(&listed[0]).await.unwrap().is_some());
     assert!(cluster.release_node_claim_object("default-a1b2c").await.unwrap());
     assert!(cluster.node_claim_objects().await.unwrap().is_empty());
@@ -303,6 +311,11 @@ async fn the_adapter_as_the_functions_may_do_everything_it_does() {
             "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}}}}}))
         .unwrap();
     let mut pool = cluster.node_pools().await.unwrap().remove(0);
+    assert_eq!(
+        cluster.node_pool("default").await.unwrap().map(|p| p.metadata.uid),
+        Some(pool.metadata.uid.clone())
+    );
+    assert!(cluster.node_pool("absent").await.unwrap().is_none());
     pool.status = Some(serde_json::from_value(json!({"nodes": 0})).unwrap());
     assert!(cluster.replace_node_pool_status(&pool).await.unwrap());
 
@@ -734,7 +747,7 @@ fn kube_cluster_source() -> String {
 /// so a new call site cannot go unassigned.
 const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
     ("provision", &["provisioning/mod.rs", "snapshot/live.rs", "joining.rs"]),
-    ("launch", &["launch/mod.rs"]),
+    ("launch", &["launch/mod.rs", "mirror/write.rs"]),
     (
         "interrupt",
         &[
@@ -752,6 +765,7 @@ const FUNCTION_SOURCES: [(&str, &[&str]); 4] = [
             "sweep/classes.rs",
             "sweep/disrupt.rs",
             "sweep/mirror.rs",
+            "mirror/write.rs",
             "sweep/termination.rs",
             "sweep/replicas.rs",
             "sweep/reservations.rs",

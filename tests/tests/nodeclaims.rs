@@ -80,6 +80,12 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
         assert_eq!(condition(&o, t), "True", "{t}: {o}");
     }
     assert_eq!(o["status"]["providerID"], json!(claim.provider_id), "{o}");
+    // The AMI launch chose, recorded with the claim.
+    assert!(
+        claim.image_id.as_deref().is_some_and(|i| i.starts_with("ami-")),
+        "{claim:?}"
+    );
+    assert_eq!(o["status"]["imageID"], json!(claim.image_id), "{o}");
     assert_eq!(o["metadata"]["labels"]["karpenter.sh/nodepool"], "default");
     assert_eq!(o["metadata"]["finalizers"], json!(["karpenter.sh/termination"]));
     assert!(o["status"]["capacity"]["cpu"].is_string(), "{o}");
@@ -121,6 +127,26 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
     );
     assert_eq!(value(&series, "karpenter_scheduler_queue_depth", &[]), Some(2.0));
     s.launch_all().await;
+    // Launch writes the new claim's object itself: kubectl shows it
+    // launched before any sweep has run.
+    let o = kubectl.json(&["get", "nodeclaim", &outcome.created[0].name]).await;
+    assert_eq!(
+        (
+            condition(&o, "Launched"),
+            condition(&o, "Registered"),
+            condition(&o, "Ready")
+        ),
+        ("True".to_string(), "Unknown".to_string(), "Unknown".to_string()),
+        "{o}"
+    );
+    assert!(
+        o["status"]["imageID"].as_str().is_some_and(|i| i.starts_with("ami-")),
+        "{o}"
+    );
+    assert_eq!(
+        o["metadata"]["ownerReferences"][0]["uid"], pool["metadata"]["uid"],
+        "{o}"
+    );
     for _ in 0..3 {
         s.kubelet_step().await;
         sweeper.run().await.unwrap();

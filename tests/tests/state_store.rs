@@ -591,6 +591,7 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
             capacity_type: "spot".into(),
             price: Some(0.0123),
             capacity_reservation: None,
+            image_id: None,
         },
         jiff::Timestamp::now(),
     )

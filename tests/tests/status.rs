@@ -127,7 +127,8 @@ async fn status_reports_claims_pods_disruptions_and_costs_as_json() {
     assert_eq!(
         claims[0],
         json!({"name": "default-a", "nodePool": "default", "instanceType": "m6g.large", "zone": "us-east-1b",
-            "capacityType": "spot", "phase": "Initialized", "ageSeconds": 1800, "node": "ip-10-0-1-5", "pricePerHour": 0.0385})
+            "capacityType": "spot", "phase": "Initialized", "ageSeconds": 1800, "node": "ip-10-0-1-5", "pricePerHour": 0.0385,
+            "instanceId": null})
     );
     assert_eq!(claims[1]["phase"], "Pending");
     assert_eq!(claims[1]["pricePerHour"], Value::Null);
@@ -150,6 +151,13 @@ async fn status_reports_claims_pods_disruptions_and_costs_as_json() {
         json!({"today": "2026-11-24", "todayUsd": 0.002, "todayInvocations": 2,
             "month": "2026-11", "monthUsd": 0.005, "monthInvocations": 3})
     );
+
+    // Piped without --output: a table, as kubectl prints (scripts ask for JSON).
+    let out = run(&["status", "--table", TABLE, "--now", NOW], &env).await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.starts_with("NODECLAIMS\nNAME "), "{table}");
+    assert!(table.contains("FLEET: $0.0385/h over 2 live claims"), "{table}");
 
     // The table names what is wrong when it cannot be read.
     let out = run(

@@ -108,6 +108,8 @@ fn events(s: &Stack, reason: &str) -> Vec<String> {
         .events()
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
+        // The node's or pod's own (a node's disruption events are on its NodeClaim too).
+        .filter(|e| e.involved_object.kind.as_deref() != Some("NodeClaim"))
         .filter_map(|e| e.message)
         .collect()
 }
@@ -307,6 +309,28 @@ async fn an_expired_node_is_replaced_first_then_drained_and_terminated_by_the_bi
         events(&s, "DisruptionTerminating"),
         vec!["Disrupting Node: Expired".to_string()]
     );
+    // Each on the NodeClaim too, as Karpenter records them.
+    let on_claim: Vec<(String, String)> = s
+        .kube
+        .events()
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some("NodeClaim") && e.involved_object.name == Some(old.name.clone())
+        })
+        .filter_map(|e| Some((e.reason?, e.message?)))
+        .collect();
+    for (reason, message) in [
+        ("DisruptionTerminating", "Disrupting NodeClaim: Expired".to_string()),
+        (
+            "DisruptionLaunching",
+            format!("Launching NodeClaim: Expired (nodeclaim/{})", w.replacements[0]),
+        ),
+    ] {
+        assert!(
+            on_claim.contains(&(reason.to_string(), message)),
+            "{reason}: {on_claim:?}"
+        );
+    }
     assert_eq!(events(&s, "Evicted").len(), 2, "both pods evicted");
     let replacement = s.store.get_node_claim(&w.replacements[0]).await.unwrap().unwrap();
     assert_eq!(replacement.phase, Phase::Initialized);

@@ -53,6 +53,8 @@ fn events(s: &Stack, reason: &str) -> Vec<String> {
         .events()
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
+        // The node's or pod's own (a node's disruption events are on its NodeClaim too).
+        .filter(|e| e.involved_object.kind.as_deref() != Some("NodeClaim"))
         .filter_map(|e| e.message)
         .collect()
 }
@@ -105,6 +107,25 @@ async fn a_pool_wide_do_not_disrupt_is_written_onto_its_nodes_and_holds_them() {
             .any(|m| m.contains("node has karpenter.sh/do-not-disrupt")),
         "{blocked:?}"
     );
+    // kubectl shows the claim drifted (and, with consolidateAfter Never, not
+    // consolidatable), and the block on the NodeClaim too, as Karpenter does.
+    let kubectl = s.kubectl("drifted");
+    let o = kubectl.json(&["get", "nodeclaim", &old.name]).await;
+    let conditions = o["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let of = |t: &str| conditions.iter().find(|c| c["type"] == t).cloned();
+    let drifted = of("Drifted").unwrap_or_default();
+    assert_eq!(
+        (&drifted["status"], drifted["message"].as_str()),
+        (&json!("True"), Some("NodePool default changed")),
+        "{o}"
+    );
+    assert_eq!(of("Consolidatable"), None, "{o}");
+    let described = kubectl.ok(&["describe", "nodeclaim", &old.name]).await;
+    assert!(
+        described.contains("DisruptionBlocked") && described.contains("Cannot disrupt NodeClaim:"),
+        "{described}"
+    );
+    let _ = std::fs::remove_dir_all(&kubectl.dir);
 }
 
 #[tokio::test]

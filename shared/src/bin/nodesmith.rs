@@ -45,7 +45,7 @@ enum Command {
         /// Instance catalog file (JSON); the built-in us-east-1 catalog without it.
         #[arg(long)]
         catalog: Option<PathBuf>,
-        /// Output format (json when stdout is not a terminal, else table).
+        /// Output format (json when stdout is not a terminal, else table; wide is table).
         #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
         /// Decide one disruption pass over the running cluster instead.
@@ -77,7 +77,7 @@ enum Command {
         /// The state table (default: NODESMITH_TABLE).
         #[arg(long)]
         table: Option<String>,
-        /// Output format (json when stdout is not a terminal, else table).
+        /// Output format (default table, even when piped, as kubectl's).
         #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
         /// The moment the report describes, RFC 3339 (default: now).
@@ -95,7 +95,7 @@ enum Command {
         /// The state table (default: NODESMITH_TABLE).
         #[arg(long)]
         table: Option<String>,
-        /// Output format (json when stdout is not a terminal, else table).
+        /// Output format (default table, even when piped, as kubectl's).
         #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
     },
@@ -116,7 +116,7 @@ enum Command {
         /// The state table (default: NODESMITH_TABLE).
         #[arg(long)]
         table: Option<String>,
-        /// Output format (json when stdout is not a terminal, else table).
+        /// Output format (default table, even when piped, as kubectl's).
         #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
     },
@@ -127,6 +127,8 @@ enum Output {
     Json,
     Yaml,
     Table,
+    /// A table with more columns where there are more to show.
+    Wide,
 }
 
 fn main() -> ExitCode {
@@ -168,7 +170,7 @@ fn main() -> ExitCode {
                         emit(
                             output,
                             || nodesmith::simulate::disruption_to_json(&report),
-                            || nodesmith::simulate::disruption_to_table(&report),
+                            |_| nodesmith::simulate::disruption_to_table(&report),
                         )
                     }
                     Err(e) => bad_input(&e),
@@ -183,7 +185,7 @@ fn main() -> ExitCode {
                     emit(
                         output,
                         || nodesmith::simulate::to_json(&report),
-                        || nodesmith::simulate::to_table(&report),
+                        |_| nodesmith::simulate::to_table(&report),
                     )
                 }
                 Err(e) => bad_input(&e),
@@ -192,7 +194,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The format asked for, else a table on a terminal and JSON elsewhere.
+/// `simulate`'s format: the one asked for, else a table on a terminal and
+/// JSON elsewhere (its contract, `docs/simulate-format.md`; the commands
+/// about a running cluster print a table unless asked, as kubectl does).
 fn output_or_default(output: Option<Output>) -> Output {
     output.unwrap_or(if std::io::stdout().is_terminal() {
         Output::Table
@@ -214,9 +218,15 @@ fn status(access: &Access, table: Option<String>, output: Option<Output>, now: O
         Ok(input) => {
             let report = nodesmith::status::report(&input);
             emit(
-                output_or_default(output),
+                output.unwrap_or(Output::Table),
                 || nodesmith::status::to_json(&report),
-                || nodesmith::status::to_table(&report),
+                |wide| {
+                    if wide {
+                        nodesmith::status::to_wide_table(&report)
+                    } else {
+                        nodesmith::status::to_table(&report)
+                    }
+                },
             )
         }
         Err(code) => code,
@@ -238,9 +248,9 @@ fn explain(access: &Access, subject: &str, table: Option<String>, output: Option
     });
     match explained {
         Ok(e) => emit(
-            output_or_default(output),
+            output.unwrap_or(Output::Table),
             || serde_json::to_value(&e).unwrap_or_default(),
-            || e.to_text(),
+            |_| e.to_text(),
         ),
         Err(code) => code,
     }
@@ -270,9 +280,9 @@ fn rotate(
         Err(code) => return code,
     };
     emit(
-        output_or_default(output),
+        output.unwrap_or(Output::Table),
         || serde_json::json!({"rotations": rotations}),
-        || {
+        |_| {
             let mut rows = vec![
                 ["NODE", "NODECLAIM", "NODEPOOL", "REQUESTED"]
                     .map(String::from)
@@ -393,8 +403,8 @@ fn warn_documents(warnings: &[nodesmith::apis::manifest::Warning]) {
     }
 }
 
-/// Prints a report as JSON or a table; exit 1 only when JSON cannot be rendered.
-fn emit(output: Output, json: impl FnOnce() -> serde_json::Value, table: impl FnOnce() -> String) -> ExitCode {
+/// Prints a report as JSON, YAML or a table (`table(true)`: the wide one); exit 1 only when JSON cannot be rendered.
+fn emit(output: Output, json: impl FnOnce() -> serde_json::Value, table: impl FnOnce(bool) -> String) -> ExitCode {
     match output {
         Output::Json => match serde_json::to_string_pretty(&json()) {
             Ok(s) => println!("{s}"),
@@ -410,7 +420,8 @@ fn emit(output: Output, json: impl FnOnce() -> serde_json::Value, table: impl Fn
                 return ExitCode::from(1);
             }
         },
-        Output::Table => print!("{}", table()),
+        Output::Table => print!("{}", table(false)),
+        Output::Wide => print!("{}", table(true)),
     }
     ExitCode::SUCCESS
 }

@@ -85,6 +85,15 @@ impl<'a> Candidate<'a> {
             .map(PodRef::of)
     }
 
+    /// Since when the node has been consolidatable: `consolidateAfter` after
+    /// its last pod event (or its creation), once that is past; None before,
+    /// or with consolidation off.
+    pub fn consolidatable_since(&self, now: Timestamp) -> Option<Timestamp> {
+        self.consolidatable(now).ok()?;
+        let after = jiff::SignedDuration::try_from(self.pool.spec.disruption.consolidate_after.duration()?).ok()?;
+        self.last_pod_event.or(self.created)?.checked_add(after).ok()
+    }
+
     /// Whether `consolidateAfter` has passed since the node's last pod event
     /// (shared by both consolidation methods), else the rule that holds it.
     pub fn consolidatable(&self, now: Timestamp) -> Result<(), Held> {

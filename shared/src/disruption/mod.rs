@@ -189,6 +189,18 @@ pub struct Blocked {
     pub rule: Held,
 }
 
+/// What a pass found of one managed node besides its decisions: what
+/// Karpenter shows as the NodeClaim's `Drifted` and `Consolidatable`
+/// conditions ([`crate::mirror`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeState {
+    /// Why it is drifted; None when it is not.
+    pub drifted: Option<String>,
+    /// Since when `consolidateAfter` has passed since its last pod event;
+    /// None while it has not, or with consolidation off (`Never`).
+    pub consolidatable_since: Option<Timestamp>,
+}
+
 /// Everything one pass decides.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decisions {
@@ -202,6 +214,8 @@ pub struct Decisions {
     pub price_before: f64,
     /// And after it (removed nodes gone, replacements added).
     pub price_after: f64,
+    /// Every managed node's [`NodeState`], by node name.
+    pub nodes: BTreeMap<String, NodeState>,
 }
 
 /// How a pass is decided.
@@ -327,7 +341,20 @@ fn decide_with(snapshot: &Snapshot, options: &DecideOptions, methods: &[&dyn Met
         }
     }
     let errors = pass.ledger.errors();
-    assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
+    let states = candidates
+        .iter()
+        .map(|c| {
+            let state = NodeState {
+                drifted: drift::drifted(c, &pass.cx),
+                consolidatable_since: c.consolidatable_since(snapshot.now),
+            };
+            (c.name.clone(), state)
+        })
+        .collect();
+    Decisions {
+        nodes: states,
+        ..assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
+    }
 }
 
 /// The state of one pass: the what-if solves, the ledgers every method
@@ -663,6 +690,7 @@ fn assemble(
         errors,
         price_before,
         price_after: price_before - savings,
+        nodes: BTreeMap::new(),
     }
 }
 

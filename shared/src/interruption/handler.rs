@@ -483,12 +483,16 @@ impl<C: Cluster> Interrupter<C> {
                     added = a;
                     outcome.tainted.push(node.clone());
                     let why = format!("interruption: {}", s.reason);
-                    if let Err(e) = self
-                        .cluster
-                        .emit_event(&EventSpec::disrupting(events::node_name_ref(node), &why))
-                        .await
-                    {
-                        tracing::warn!(node, error = %crate::telemetry::causes(&e), "cannot record the disruption event");
+                    let on_node = EventSpec::disrupting(events::node_name_ref(node), &why);
+                    // On the NodeClaim too, as Karpenter records it (its uid, for kubectl describe).
+                    let uid = match self.cluster.node_claim_object(&claim.name).await {
+                        Ok(o) => o.and_then(|o| o.metadata.uid),
+                        Err(_) => None,
+                    };
+                    for e in [on_node.on_node_claim(&claim.name, uid), on_node] {
+                        if let Err(err) = self.cluster.emit_event(&e).await {
+                            tracing::warn!(node, error = %crate::telemetry::causes(&err), "cannot record the disruption event");
+                        }
                     }
                 }
                 Err(e) if e.code() == Some(404) => tracing::info!(node, "the node is gone already"),

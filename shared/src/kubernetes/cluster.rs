@@ -165,6 +165,8 @@ pub trait Cluster: Send + Sync {
     fn usable_node_classes(&self) -> impl Future<Output = Result<Vec<EC2NodeClass>, ClusterError>> + Send;
     /// One EC2NodeClass, or None when it does not exist.
     fn node_class(&self, name: &str) -> impl Future<Output = Result<Option<EC2NodeClass>, ClusterError>> + Send;
+    /// One NodePool, or None when it does not exist.
+    fn node_pool(&self, name: &str) -> impl Future<Output = Result<Option<NodePool>, ClusterError>> + Send;
     /// Replaces an EC2NodeClass's status through the status subresource (the
     /// spec is not touched), guarded by the resourceVersion `class` carries: a
     /// 409 means someone wrote the class since it was read. Ok(false) when the
@@ -176,8 +178,13 @@ pub trait Cluster: Send + Sync {
     /// Replaces a NodePool's status through the status subresource, guarded
     /// by the resourceVersion `pool` carries. Ok(false) when the pool does not exist.
     fn replace_node_pool_status(&self, pool: &NodePool) -> impl Future<Output = Result<bool, ClusterError>> + Send;
-    /// nodesmith's NodeClaim objects ([`crate::mirror::MANAGED_BY_LABEL`]).
+    /// nodesmith's NodeClaim objects ([`crate::labels::MANAGED_BY_LABEL`]).
     fn node_claim_objects(&self) -> impl Future<Output = Result<Vec<NodeClaimObject>, ClusterError>> + Send;
+    /// One NodeClaim object (nodesmith's or not), or None when it does not exist.
+    fn node_claim_object(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<NodeClaimObject>, ClusterError>> + Send;
     /// Creates a NodeClaim object, then writes its status (a create drops
     /// it). Ok(false) when one of that name exists already.
     fn create_node_claim_object(

@@ -99,20 +99,22 @@ pub fn node_ref(node: &Node) -> ObjectReference {
     }
 }
 
-/// A reference to a node by name only (when the Node object is not at hand).
+/// A reference to a node by name only (when the Node object is not at
+/// hand). Its uid is the name, as the kubelet records its own node events:
+/// `kubectl describe node` looks for events by the node's uid and by its
+/// name as uid, so one without a uid would not be shown.
 pub fn node_name_ref(name: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
         name: Some(name.into()),
+        uid: Some(name.into()),
         ..Default::default()
     }
 }
 
-/// A reference to a NodeClaim by name. nodesmith keeps NodeClaims in its
-/// state table, not in the API server; events about a claim before it has a
-/// Node (its launch) name it as Karpenter's API would, so `kubectl get
-/// events` shows them beside the node's later ones.
+/// A reference to a NodeClaim by name: nodesmith's mirror of the claim
+/// ([`crate::mirror`]), so `kubectl describe nodeclaim` shows its events.
 pub fn nodeclaim_ref(name: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("karpenter.sh/v1".into()),
@@ -205,8 +207,7 @@ impl EventSpec {
         }
     }
 
-    /// `DisruptionLaunching`: replacement `claim` is launched for the node's disruption
-    /// (on the node: nodesmith's NodeClaims are not Kubernetes objects).
+    /// `DisruptionLaunching`: replacement `claim` is launched for the node's disruption.
     pub fn disruption_launching(node: ObjectReference, claim: &str, reason: &str) -> Self {
         EventSpec {
             object: node,
@@ -266,6 +267,21 @@ impl EventSpec {
             type_: EventType::Warning,
             reason: reasons::FAILED_SCHEDULING.into(),
             message: why.to_string(),
+        }
+    }
+
+    /// The same event on the node's NodeClaim `claim` (its object's `uid`
+    /// when known: `kubectl describe` selects events by it): Karpenter
+    /// records its disruption events on both, saying "NodeClaim" where the
+    /// node's says "Node".
+    pub fn on_node_claim(&self, claim: &str, uid: Option<String>) -> Self {
+        EventSpec {
+            object: ObjectReference {
+                uid,
+                ..nodeclaim_ref(claim)
+            },
+            message: self.message.replacen(" Node:", " NodeClaim:", 1),
+            ..self.clone()
         }
     }
 

@@ -150,6 +150,20 @@ impl KubeCluster {
         .await
     }
 
+    /// One cluster-scoped object of kind `K` by name; None when it does not exist.
+    async fn get<K>(&self, kind: &str, name: &str) -> Result<Option<K>, ClusterError>
+    where
+        K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+    {
+        self.call(&format!("get {kind} {name}"), |c| async move {
+            get_opt(Api::<K>::all(c).get(name).await)
+        })
+        .await
+    }
+
     /// Runs one API call with rate limiting and retries of transient failures.
     async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T, ClusterError>
     where
@@ -430,10 +444,11 @@ impl Cluster for KubeCluster {
     }
 
     async fn node_class(&self, name: &str) -> Result<Option<EC2NodeClass>, ClusterError> {
-        self.call(&format!("get ec2nodeclass {name}"), |c| async move {
-            get_opt(Api::<EC2NodeClass>::all(c).get(name).await)
-        })
-        .await
+        self.get::<EC2NodeClass>("ec2nodeclass", name).await
+    }
+
+    async fn node_pool(&self, name: &str) -> Result<Option<NodePool>, ClusterError> {
+        self.get::<NodePool>("nodepool", name).await
     }
 
     async fn replace_node_class_status(&self, class: &EC2NodeClass) -> Result<bool, ClusterError> {
@@ -446,9 +461,13 @@ impl Cluster for KubeCluster {
     }
 
     async fn node_claim_objects(&self) -> Result<Vec<NodeClaimObject>, ClusterError> {
-        let selector = format!("{}={}", crate::mirror::MANAGED_BY_LABEL, crate::mirror::MANAGED_BY);
+        let selector = format!("{}={}", crate::labels::MANAGED_BY_LABEL, crate::labels::MANAGED_BY);
         self.list_all("list nodeclaims", ListParams::default().labels(&selector))
             .await
+    }
+
+    async fn node_claim_object(&self, name: &str) -> Result<Option<NodeClaimObject>, ClusterError> {
+        self.get::<NodeClaimObject>("nodeclaim", name).await
     }
 
     async fn create_node_claim_object(&self, object: &NodeClaimObject) -> Result<bool, ClusterError> {
@@ -499,11 +518,7 @@ impl Cluster for KubeCluster {
     async fn release_node_claim_object(&self, name: &str) -> Result<bool, ClusterError> {
         let op = format!("release nodeclaim {name}");
         self.with_conflict_retry(&op, || async {
-            let current = self
-                .call(&format!("get nodeclaim {name}"), |c| async move {
-                    get_opt(Api::<NodeClaimObject>::all(c).get(name).await)
-                })
-                .await?;
+            let current = self.get::<NodeClaimObject>("nodeclaim", name).await?;
             let Some(mut current) = current else {
                 return Ok(Step::Done(false));
             };

@@ -71,6 +71,9 @@ pub const PROFILE_RETRY_BASE: std::time::Duration = std::time::Duration::from_mi
 pub const LAUNCH_FAILED: &str = "LaunchFailed";
 /// CreateFleet rounds before giving up (each round removes failed offerings).
 pub const MAX_FLEET_ROUNDS: usize = 10;
+/// How long a launch may spend writing its claim's NodeClaim object before
+/// leaving the rest to the sweep (it is a read and two writes).
+const MIRROR_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a launch request came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -196,12 +199,12 @@ fn launched_from(i: &Instance) -> Launched {
     }
 }
 
-/// Records a launched instance on the claim (pure).
+/// Records a launched instance on the claim, and the AMI when known (pure).
 pub fn record(
     claim: &NodeClaim,
     launched: &Launched,
     zone: &str,
-    price: Option<f64>,
+    (price, image_id): (Option<f64>, Option<String>),
     at: Timestamp,
 ) -> Result<NodeClaim, LaunchError> {
     let mut c = claim.clone();
@@ -213,6 +216,7 @@ pub fn record(
             capacity_type: launched.capacity_type.clone(),
             price,
             capacity_reservation: launched.capacity_reservation.clone(),
+            image_id,
         },
         at,
     )?;
@@ -324,8 +328,38 @@ impl<C: Cluster> Launcher<C> {
         }
         if let Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) = &result {
             self.launched_event(c).await;
+            self.mirror(c).await;
         }
         result
+    }
+
+    /// Writes the claim's NodeClaim object now, so `kubectl get nodeclaims`
+    /// shows the launch before the next sweep ([`crate::mirror`]); the sweep
+    /// repairs whatever this misses, so a failure is only logged.
+    async fn mirror(&self, c: &NodeClaim) {
+        let read = async {
+            let pool = self.kube.node_pool(&c.node_pool).await?;
+            let existing = self.kube.node_claim_object(&c.name).await?;
+            Ok::<_, crate::kubernetes::ClusterError>((pool, existing))
+        };
+        let (pool, existing) = match read.await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(node_claim = %c.name, error = %crate::telemetry::causes(&e), "NodeClaim object not written; the next sweep writes it");
+                return;
+            }
+        };
+        // The claim's own object only: nothing here is an orphan to release.
+        let facts = crate::mirror::Facts {
+            claims: &[c],
+            nodes: &[],
+            pools: pool.as_slice(),
+            states: None,
+        };
+        let plan = crate::mirror::plan(&facts, existing.as_slice(), clock());
+        let stop_at = std::time::Instant::now() + MIRROR_TIME;
+        let mut report = crate::mirror::write::MirrorReport::default();
+        crate::mirror::write::write(&self.kube, &plan, stop_at, &mut report).await;
     }
 
     /// Records `Launched` on the claim; a failure is logged, never fatal.
@@ -454,7 +488,9 @@ impl<C: Cluster> Launcher<C> {
                         .unwrap_or_default();
                     let price = chosen.and_then(|c| c.price);
                     l.capacity_reservation = chosen.and_then(|c| c.reservation.clone());
-                    let launched = record(&claim, &l, &zone, price, clock())?;
+                    // A request repeated after a lost answer has no resolution at hand: the AMI stays unknown.
+                    let image = resolved.as_ref().and_then(|r| r.images.get(&l.instance_type)).cloned();
+                    let launched = record(&claim, &l, &zone, (price, image), clock())?;
                     let c =
                         self.store
                             .update_node_claim(&launched)
@@ -623,7 +659,13 @@ impl<C: Cluster> Launcher<C> {
             .and_then(|o| o.price);
         let c = self
             .store
-            .update_node_claim(&record(claim, &existing, &zone, price, clock())?)
+            .update_node_claim(&record(
+                claim,
+                &existing,
+                &zone,
+                (price, keep.image_id.clone()),
+                clock(),
+            )?)
             .await
             .map_err(|source| LaunchError::Unrecorded {
                 node_claim: claim.name.clone(),
@@ -670,6 +712,10 @@ impl<C: Cluster> Launcher<C> {
             return Err(unusable(why));
         }
         let amis = facts.amis_for(&keys);
+        let images = key_by_type
+            .iter()
+            .filter_map(|(t, k)| Some((t.clone(), amis.get(k)?.clone())))
+            .collect();
         let subnets = subnet::per_zone(&facts.subnets);
 
         // Made ready before any template names it; the name is the one resolved.
@@ -756,6 +802,7 @@ impl<C: Cluster> Launcher<C> {
             catalog,
             tags,
             context: class.spec.context.clone(),
+            images,
         })
     }
 }
@@ -786,6 +833,8 @@ struct LaunchInputs {
     tags: BTreeMap<String, String>,
     /// The class's CreateFleet `Context`.
     context: Option<String>,
+    /// The AMI each instance type launches from.
+    images: BTreeMap<String, String>,
 }
 
 impl LaunchInputs {
@@ -849,10 +898,11 @@ mod tests {
             capacity_reservation: None,
         };
         let t: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
-        let c = record(&claim(vec![]), &l, "us-east-1a", Some(0.03), t).unwrap();
+        let c = record(&claim(vec![]), &l, "us-east-1a", (Some(0.03), Some("ami-1".into())), t).unwrap();
         assert_eq!(c.phase, Phase::Launched);
         assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
         assert_eq!(c.price, Some(0.03));
-        assert!(record(&c, &l, "us-east-1a", None, t).is_err());
+        assert_eq!(c.image_id.as_deref(), Some("ami-1"));
+        assert!(record(&c, &l, "us-east-1a", (None, None), t).is_err());
     }
 }

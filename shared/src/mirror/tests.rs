@@ -144,6 +144,94 @@ fn each_phase_shows_its_conditions() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// [`plan`] with no disruption pass known, as launch calls it.
+fn plan_without_states(
+    claims: &[&NodeClaim],
+    nodes: &[Node],
+    pools: &[NodePool],
+    existing: &[NodeClaimObject],
+) -> Plan {
+    let facts = Facts {
+        claims,
+        nodes,
+        pools,
+        states: None,
+    };
+    plan(&facts, existing, Timestamp::UNIX_EPOCH)
+}
+
+#[test]
+fn drifted_and_consolidatable_follow_the_pass_and_keep_their_times() -> Result<(), Box<dyn std::error::Error>> {
+    let a = launched("a", Some("node-a"))?;
+    let nodes = [node("node-a", "2", "8Gi")?];
+    let pools = [pool("default", "default")?];
+    let (t1, t2) = (at("2026-11-28T11:00:00Z")?, at("2026-11-28T11:05:00Z")?);
+    let conditions = |o: &NodeClaimObject| -> Vec<(String, String, String, String)> {
+        o.status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .filter(|c| c.type_ == "Drifted" || c.type_ == "Consolidatable")
+            .map(|c| {
+                (
+                    c.type_.clone(),
+                    c.status.clone(),
+                    c.message.clone(),
+                    c.last_transition_time.clone(),
+                )
+            })
+            .collect()
+    };
+    let with = |states: Option<&BTreeMap<String, NodeState>>, existing: &[NodeClaimObject], now| {
+        let facts = Facts {
+            claims: &[&a],
+            nodes: &nodes,
+            pools: &pools,
+            states,
+        };
+        plan(&facts, existing, now)
+    };
+    let state = |drifted: Option<&str>, since: Option<Timestamp>| {
+        BTreeMap::from([(
+            "node-a".to_string(),
+            NodeState {
+                drifted: drifted.map(String::from),
+                consolidatable_since: since,
+            },
+        )])
+    };
+    // A pass finds the node drifted and consolidatable since 10:30.
+    let since = at("2026-11-28T10:30:00Z")?;
+    let both = state(Some("NodePool default changed"), Some(since));
+    let created = with(Some(&both), &[], t1).create;
+    let want = vec![
+        (
+            "Drifted".into(),
+            "True".into(),
+            "NodePool default changed".into(),
+            "2026-11-28T11:00:00Z".into(),
+        ),
+        (
+            "Consolidatable".into(),
+            "True".into(),
+            String::new(),
+            "2026-11-28T10:30:00Z".into(),
+        ),
+    ];
+    assert_eq!(created.iter().map(conditions).collect::<Vec<_>>(), [want]);
+    // The next pass finds the same: the drift keeps its time, nothing is written.
+    assert!(with(Some(&both), &created, t2).is_empty());
+    // A run without a pass keeps what the object shows.
+    assert!(with(None, &created, t2).is_empty());
+    // No longer drifted nor consolidatable (a pod landed): both cleared, as Karpenter does.
+    let p = with(Some(&state(None, None)), &created, t2);
+    assert_eq!(p.status.len(), 1, "{p:?}");
+    assert!(conditions(&p.status[0]).is_empty(), "{p:?}");
+    // A node the pass did not see (not registered yet): neither.
+    let p = with(Some(&BTreeMap::new()), &[], t2);
+    assert!(conditions(&p.create[0]).is_empty());
+    Ok(())
+}
+
 #[test]
 fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<dyn std::error::Error>> {
     let a = launched("a", Some("node-a"))?;
@@ -151,7 +239,7 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
     let nodes = [node("node-a", "2", "8Gi")?];
     let pools = [pool("default", "default")?];
     // Nothing yet: both created.
-    let first = plan(&[&a, &b], &nodes, &pools, &[]);
+    let first = plan_without_states(&[&a, &b], &nodes, &pools, &[]);
     assert_eq!(first.create.len(), 2);
     assert!(first.update.is_empty() && first.status.is_empty() && first.orphans.is_empty());
     // As created (the server keeps what was written): nothing to write.
@@ -159,11 +247,11 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
     for o in &mut written {
         o.metadata.resource_version = Some("7".into());
     }
-    assert!(plan(&[&a, &b], &nodes, &pools, &written).is_empty());
+    assert!(plan_without_states(&[&a, &b], &nodes, &pools, &written).is_empty());
     // b registers: a status write only, on the object as read.
     let mut b2 = launched("b", Some("node-b"))?;
     b2.version = 3;
-    let p = plan(&[&a, &b2], &nodes, &pools, &written);
+    let p = plan_without_states(&[&a, &b2], &nodes, &pools, &written);
     assert!(p.create.is_empty() && p.update.is_empty() && p.orphans.is_empty());
     assert_eq!(p.status.len(), 1);
     assert_eq!(p.status[0].metadata.resource_version.as_deref(), Some("7"));
@@ -175,7 +263,7 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
     let mut theirs = written[1].clone();
     theirs.metadata.name = Some("karpenters".into());
     theirs.metadata.labels = Some(BTreeMap::new());
-    let p = plan(&[&a], &nodes, &pools, &[written[0].clone(), written[1].clone(), theirs]);
+    let p = plan_without_states(&[&a], &nodes, &pools, &[written[0].clone(), written[1].clone(), theirs]);
     assert_eq!(p.orphans, vec!["b".to_string()]);
     assert!(p.create.is_empty() && p.update.is_empty() && p.status.is_empty());
     // A label someone added alone is no change; one of ours removed comes
@@ -187,9 +275,9 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
         .labels
         .get_or_insert_default()
         .insert("example.com/owner".into(), "me".into());
-    assert!(plan(&[&a], &nodes, &pools, std::slice::from_ref(&edited)).is_empty());
+    assert!(plan_without_states(&[&a], &nodes, &pools, std::slice::from_ref(&edited)).is_empty());
     edited.metadata.labels.as_mut().map(|l| l.remove(labels::ZONE));
-    let p = plan(&[&a], &nodes, &pools, std::slice::from_ref(&edited));
+    let p = plan_without_states(&[&a], &nodes, &pools, std::slice::from_ref(&edited));
     assert_eq!(p.update.len(), 1);
     let relabelled = labels_of(&p.update[0]);
     assert_eq!(relabelled.get(labels::ZONE).map(String::as_str), Some("us-east-1a"));
@@ -197,13 +285,13 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
     edited.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(
         "2026-11-28T11:00:00Z",
     )?));
-    let p = plan(&[&a], &nodes, &pools, std::slice::from_ref(&edited));
+    let p = plan_without_states(&[&a], &nodes, &pools, std::slice::from_ref(&edited));
     assert!(p.update.is_empty());
     assert_eq!(deleted_at(&edited), Some(at("2026-11-28T11:00:00Z")?));
     // Once the pool has a uid, each object is owned by it, as Karpenter's are.
     let mut owning = pool("default", "default")?;
     owning.metadata.uid = Some("uid-default".into());
-    let p = plan(&[&a], &nodes, std::slice::from_ref(&owning), &written[..1]);
+    let p = plan_without_states(&[&a], &nodes, std::slice::from_ref(&owning), &written[..1]);
     assert_eq!(p.update.len(), 1, "{p:?}");
     let refs = p.update[0].metadata.owner_references.clone().unwrap_or_default();
     assert_eq!(
@@ -214,7 +302,7 @@ fn the_plan_creates_updates_and_releases_only_what_differs() -> Result<(), Box<d
     );
     let mut owned = p.update[0].clone();
     owned.metadata.resource_version = Some("8".into());
-    assert!(plan(&[&a], &nodes, std::slice::from_ref(&owning), &[owned]).is_empty());
+    assert!(plan_without_states(&[&a], &nodes, std::slice::from_ref(&owning), &[owned]).is_empty());
     Ok(())
 }
 

@@ -563,6 +563,7 @@ mod tests {
                 capacity_type: "spot".into(),
                 price: Some(0.0123),
                 capacity_reservation: None,
+                image_id: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         )

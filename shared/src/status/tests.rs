@@ -20,6 +20,7 @@ fn claim(name: &str, phase: Phase, price: Option<f64>) -> NodeClaim {
         instance_type: price.map(|_| "m6g.large".to_string()),
         zone: price.map(|_| "us-east-1a".to_string()),
         capacity_type: price.map(|_| "spot".to_string()),
+        instance_id: price.map(|_| format!("i-{name}")),
         ..NodeClaim::pending(name, "default", "default")
     };
     c.timestamps.created = Some(at("2026-11-24T10:00:00Z"));
@@ -212,6 +213,24 @@ fn the_table_shows_every_section() {
     assert!(
         t.contains("ON-DEMAND PRICES: AWS Price List API for eu-west-1, read 2h ago; the Price List API failed 5m ago: Price List GetProducts for eu-west-1: throttled"),
         "{t}"
+    );
+}
+
+#[test]
+fn the_wide_table_adds_each_claims_instance() {
+    let r = report(&input());
+    let (narrow, wide) = (to_table(&r), to_wide_table(&r));
+    assert!(
+        !narrow.contains("INSTANCE") && !narrow.contains("i-default-a"),
+        "{narrow}"
+    );
+    assert!(wide.contains("$/H     INSTANCE\n"), "{wide}");
+    assert!(wide.contains("0.0770  i-default-a\n"), "{wide}");
+    // Before launch: a dash, as every unknown cell.
+    assert!(wide.contains("default-c  default  -"), "{wide}");
+    assert!(
+        wide.lines().any(|l| l.starts_with("default-c") && l.ends_with(" -")),
+        "{wide}"
     );
 }
 

@@ -63,6 +63,9 @@ pub struct DisruptionRunReport {
     /// The decisions this run began, as Karpenter counts them
     /// (`karpenter_voluntary_disruption_decisions_total`).
     pub decisions: Vec<crate::metrics::DecisionTaken>,
+    /// Each managed node's drift and consolidatability as this run's pass
+    /// found them, by node; None when no pass was decided this run.
+    pub node_states: Option<BTreeMap<String, crate::disruption::NodeState>>,
 }
 
 /// Whether a blocked rule is worth an event: a protection or a budget, not
@@ -303,9 +306,14 @@ impl<C: Cluster> Sweeper<C> {
             ..pass_options(&self.config, records, claims, &nominations, snapshot.now)
         };
         let decisions = decide(snapshot, &options);
+        report.node_states = Some(decisions.nodes.clone());
         for e in &decisions.errors {
             tracing::error!(error = %crate::telemetry::causes(&e), "a disruption budget cannot be parsed; its NodePool allows no disruption");
         }
+        let by_node: BTreeMap<&str, &NodeClaim> = claims
+            .iter()
+            .filter_map(|c| Some((c.node_name.as_deref()?, c)))
+            .collect();
         for b in decisions
             .blocked
             .iter()
@@ -313,14 +321,14 @@ impl<C: Cluster> Sweeper<C> {
             .take(BLOCKED_EVENTS_PER_RUN)
         {
             let why = b.rule.to_string();
-            self.event(EventSpec::disruption_blocked(events::node_name_ref(&b.node), &why))
-                .await;
+            let claim = by_node.get(b.node.as_str()).map(|c| c.name.as_str());
+            self.node_event(
+                EventSpec::disruption_blocked(events::node_name_ref(&b.node), &why),
+                claim,
+            )
+            .await;
             report.blocked.push((b.node.clone(), why));
         }
-        let by_node: BTreeMap<&str, &NodeClaim> = claims
-            .iter()
-            .filter_map(|c| Some((c.node_name.as_deref()?, c)))
-            .collect();
         let recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
@@ -567,8 +575,11 @@ impl<C: Cluster> Sweeper<C> {
             tracing::warn!(node = %r.node, "could not untaint an abandoned disruption's node");
         }
         self.store.end_disruption(&r.claim, r.version).await?;
-        self.event(EventSpec::disruption_blocked(events::node_name_ref(&r.node), why))
-            .await;
+        self.node_event(
+            EventSpec::disruption_blocked(events::node_name_ref(&r.node), why),
+            Some(&r.claim),
+        )
+        .await;
         tracing::info!(node = %r.node, %why, "disruption abandoned");
         report.abandoned.push((r.node.clone(), why.to_string()));
         Ok(())
@@ -581,10 +592,10 @@ impl<C: Cluster> Sweeper<C> {
             let mut moved = r.clone();
             moved.step = DisruptionStep::Terminating;
             *r = self.store.update_disruption(&moved).await?;
-            self.event(EventSpec::disruption_terminating(
-                events::node_name_ref(&r.node),
-                r.reason.as_str(),
-            ))
+            self.node_event(
+                EventSpec::disruption_terminating(events::node_name_ref(&r.node), r.reason.as_str()),
+                Some(&r.claim),
+            )
             .await;
         }
         let claim = self.claim_to(&r.claim, Phase::Terminating).await?;
@@ -711,17 +722,14 @@ impl<C: Cluster> Sweeper<C> {
             moved.replacements = mine.clone();
             records[*i] = self.store.update_disruption(&moved).await?;
             let node_ref = || events::node_name_ref(&node);
+            let claim = Some(records[*i].claim.as_str());
             for c in new {
-                self.event(EventSpec::disruption_launching(
-                    node_ref(),
-                    &c.name,
-                    records[*i].reason.as_str(),
-                ))
-                .await;
+                let launching = EventSpec::disruption_launching(node_ref(), &c.name, records[*i].reason.as_str());
+                self.node_event(launching, claim).await;
                 report.launched.push(c.name.clone());
             }
             if !mine.is_empty() {
-                self.event(EventSpec::disruption_waiting_readiness(node_ref(), &mine))
+                self.node_event(EventSpec::disruption_waiting_readiness(node_ref(), &mine), claim)
                     .await;
             }
             tracing::info!(node = %node, replacements = ?mine, "replacements launched");
@@ -734,6 +742,16 @@ impl<C: Cluster> Sweeper<C> {
         if let Err(err) = self.cluster.emit_event(&e).await {
             tracing::warn!(reason = %e.reason, error = %crate::telemetry::causes(&err), "could not record an event");
         }
+    }
+
+    /// Records a node's disruption event on the node and, as Karpenter
+    /// does, on its NodeClaim (`claim`, when the node has one).
+    pub(super) async fn node_event(&self, e: EventSpec, claim: Option<&str>) {
+        if let Some(claim) = claim {
+            let uid = self.object_uids.lock().ok().and_then(|u| u.get(claim).cloned());
+            self.event(e.on_node_claim(claim, uid)).await;
+        }
+        self.event(e).await;
     }
 
     /// The managed nodes whose EC2 status check is impaired (none when

@@ -6,49 +6,43 @@
 
 use std::time::Instant;
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
 use super::Sweeper;
 use crate::apis::nodeclaim::NodeClaimObject;
+use crate::disruption::NodeState;
 use crate::kubernetes::Cluster;
 use crate::mirror;
 use crate::nodeclaim::NodeClaim;
 
-/// What the mirror part of one run did.
-#[derive(Debug, Default)]
-pub struct MirrorReport {
-    /// NodeClaim objects created.
-    pub created: usize,
-    /// NodeClaim objects whose metadata, spec or status was rewritten.
-    pub updated: usize,
-    /// NodeClaim objects let go (their claims are gone).
-    pub released: usize,
-    /// NodePools whose status was written.
-    pub pools_written: usize,
-    /// Writes left for the next run (the run's time was up).
-    pub deferred: usize,
-    /// What failed, with why.
-    pub failed: Vec<(String, String)>,
-    /// The fleet's gauges, from the claims, nodes and pools this step read ([`crate::metrics::fleet`]).
-    pub gauges: Vec<crate::telemetry::Series>,
+pub use crate::mirror::write::MirrorReport;
+
+/// What a run read that the mirror is written from.
+pub(super) struct Read<'a> {
+    /// The claims the run read, less those it removed.
+    pub claims: &'a [&'a NodeClaim],
+    /// The Nodes it read.
+    pub nodes: &'a [Node],
+    /// nodesmith's NodeClaim objects as listed this run (None: they could
+    /// not be listed, so none is created or let go).
+    pub objects: Option<&'a [NodeClaimObject]>,
+    /// Each node's drift and consolidatability from this run's pass (None: no pass ran).
+    pub states: Option<&'a BTreeMap<String, NodeState>>,
 }
 
 impl<C: Cluster> Sweeper<C> {
     /// Writes what [`mirror::plan`] calls for, and the NodePool statuses
-    /// that changed, starting no write after `stop_at`. `claims`: those the
-    /// run read, less those it removed; `objects`: nodesmith's NodeClaim
-    /// objects as listed this run (None: they could not be listed, so none
-    /// is created or let go).
-    pub(super) async fn mirror(
-        &self,
-        now: Timestamp,
-        claims: &[&NodeClaim],
-        nodes: &[Node],
-        objects: Option<&[NodeClaimObject]>,
-        stop_at: Instant,
-        report: &mut MirrorReport,
-    ) {
+    /// that changed, starting no write after `stop_at`.
+    pub(super) async fn mirror(&self, now: Timestamp, read: Read<'_>, stop_at: Instant, report: &mut MirrorReport) {
+        let Read {
+            claims,
+            nodes,
+            objects,
+            states,
+        } = read;
         let pools = match self.cluster.usable_node_pools().await {
             Ok(p) => p,
             Err(e) => {
@@ -61,8 +55,18 @@ impl<C: Cluster> Sweeper<C> {
         let resources = mirror::pool_resources(claims, nodes);
         report.gauges = crate::metrics::fleet(claims, &pools, &resources);
         if let Some(objects) = objects {
-            let plan = mirror::plan(claims, nodes, &pools, objects);
-            self.write_plan(plan, stop_at, report).await;
+            let plan = mirror::plan(
+                &mirror::Facts {
+                    claims,
+                    nodes,
+                    pools: &pools,
+                    states,
+                },
+                objects,
+                now,
+            );
+            mirror::write::write(&self.cluster, &plan, stop_at, report).await;
+            self.release(&plan.orphans, stop_at, report).await;
         }
         if pools.is_empty() {
             return;
@@ -100,81 +104,25 @@ impl<C: Cluster> Sweeper<C> {
         }
     }
 
-    async fn write_plan(&self, plan: mirror::Plan, stop_at: Instant, report: &mut MirrorReport) {
-        let name = |o: &NodeClaimObject| o.metadata.name.clone().unwrap_or_default();
-        let mut failed = |what: String, e: &dyn std::fmt::Display| {
-            tracing::warn!(node_claim = %what, error = %e, "NodeClaim object not written; the next sweep tries again");
-            report.failed.push((what, e.to_string()));
-        };
-        let mut deferred = 0;
-        // Past `stop_at` every write left is counted for the next run.
-        let late = |deferred: &mut usize| {
-            let late = Instant::now() >= stop_at;
-            *deferred += usize::from(late);
-            late
-        };
-        for o in &plan.create {
-            if late(&mut deferred) {
+    /// Lets go of the objects whose claims are gone, once a fresh read
+    /// confirms it (a claim written since the listing is not gone).
+    async fn release(&self, orphans: &[String], stop_at: Instant, report: &mut MirrorReport) {
+        for orphan in orphans {
+            if report.late(stop_at) {
                 continue;
             }
-            match self.cluster.create_node_claim_object(o).await {
-                Ok(true) => report.created += 1,
-                Ok(false) => {}
-                Err(e) => failed(name(o), &crate::telemetry::causes(&e)),
-            }
-        }
-        for o in &plan.update {
-            if late(&mut deferred) {
-                continue;
-            }
-            let written = match self.cluster.replace_node_claim_object(o).await {
-                Ok(Some(w)) => w,
-                Ok(None) => continue,
-                Err(e) => {
-                    failed(name(o), &crate::telemetry::causes(&e));
-                    continue;
-                }
-            };
-            report.updated += 1;
-            // The status goes through its own subresource, on the version just written.
-            if written.status != o.status {
-                let with_status = NodeClaimObject {
-                    status: o.status.clone(),
-                    ..written
-                };
-                if let Err(e) = self.cluster.replace_node_claim_object_status(&with_status).await {
-                    failed(name(o), &crate::telemetry::causes(&e));
-                }
-            }
-        }
-        for o in &plan.status {
-            if late(&mut deferred) {
-                continue;
-            }
-            match self.cluster.replace_node_claim_object_status(o).await {
-                Ok(_) => report.updated += 1,
-                // 409: someone wrote it since the listing; the next run writes.
-                Err(e) => failed(name(o), &crate::telemetry::causes(&e)),
-            }
-        }
-        for orphan in &plan.orphans {
-            if late(&mut deferred) {
-                continue;
-            }
-            // A claim written since the listing is not gone: read it again first.
             match self.store.get_node_claim(orphan).await {
                 Ok(Some(_)) => continue,
                 Ok(None) => {}
                 Err(e) => {
-                    failed(orphan.clone(), &crate::telemetry::causes(&e));
+                    report.failed(orphan.clone(), &crate::telemetry::causes(&e));
                     continue;
                 }
             }
             match self.cluster.release_node_claim_object(orphan).await {
                 Ok(_) => report.released += 1,
-                Err(e) => failed(orphan.clone(), &crate::telemetry::causes(&e)),
+                Err(e) => report.failed(orphan.clone(), &crate::telemetry::causes(&e)),
             }
         }
-        report.deferred += deferred;
     }
 }

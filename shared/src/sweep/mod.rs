@@ -350,6 +350,9 @@ pub struct Sweeper<C> {
     resolution: Option<Resolution>,
     price_list: Option<crate::catalog::price_list::PriceList>,
     zonal_shift: Option<crate::zonal_shift::ZonalShifts>,
+    /// The uid of each claim's NodeClaim object as the last run listed
+    /// them: events on a NodeClaim name it so `kubectl describe` finds them.
+    object_uids: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 /// The clients that resolve EC2NodeClasses for drift (AMIs through SSM need
@@ -379,6 +382,7 @@ impl<C: Cluster> Sweeper<C> {
             resolution: None,
             price_list: None,
             zonal_shift: None,
+            object_uids: std::sync::Mutex::default(),
         }
     }
 
@@ -488,6 +492,14 @@ impl<C: Cluster> Sweeper<C> {
                 None
             }
         };
+        if let Some(objects) = &objects
+            && let Ok(mut uids) = self.object_uids.lock()
+        {
+            *uids = objects
+                .iter()
+                .filter_map(|o| Some((o.metadata.name.clone()?, o.metadata.uid.clone()?)))
+                .collect();
+        }
         let objects_deleted: BTreeMap<String, Timestamp> = objects
             .iter()
             .flatten()
@@ -610,7 +622,13 @@ impl<C: Cluster> Sweeper<C> {
             .max(Instant::now() + MIRROR_SHARE)
             .min(drains_by + MIRROR_SHARE);
         let mut mirrored = mirror::MirrorReport::default();
-        Box::pin(self.mirror(now, &live, &nodes, objects.as_deref(), mirror_by, &mut mirrored)).await;
+        let read = mirror::Read {
+            claims: &live,
+            nodes: &nodes,
+            objects: objects.as_deref(),
+            states: report.disruption.node_states.as_ref(),
+        };
+        Box::pin(self.mirror(now, read, mirror_by, &mut mirrored)).await;
         let changes =
             crate::metrics::sweep_changes(&claims, &report.done, &report.disruption.started, disrupted, terminated);
         report.series = changes;

@@ -88,7 +88,7 @@ impl<C: Cluster> Sweeper<C> {
             match self.cluster.taint_disrupted(node).await {
                 Ok(_) => {
                     let why = format!("termination: {}", b.reason);
-                    self.event(EventSpec::disrupting(events::node_name_ref(node), &why))
+                    self.node_event(EventSpec::disrupting(events::node_name_ref(node), &why), Some(&b.claim))
                         .await;
                 }
                 Err(e) if e.code() == Some(404) => {}
