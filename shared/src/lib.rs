@@ -80,6 +80,8 @@ pub mod crash;
 pub mod deadline;
 /// `nodesmith explain`: why a node is or is not being disrupted, why a pod is pending.
 pub mod explain;
+/// `nodesmith install`: the in-cluster manifests with the stack's outputs filled in.
+pub mod install;
 /// Interruption events, classified and decided, and the `interrupt` function.
 pub mod interruption;
 /// The one Lambda shell the function binaries share.

@@ -179,8 +179,127 @@ async fn status_without_a_table_says_how_to_name_one() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("no state table: pass --table or set NODESMITH_TABLE"),
+        stderr.contains("no state table: pass --table or --stack, or set NODESMITH_TABLE"),
         "{stderr}"
     );
     assert!(out.stdout.is_empty());
+}
+
+/// A stack in moto's CloudFormation with the outputs nodesmith's template
+/// has that `--stack` reads: the pending-pods queue (a real queue) and the
+/// state table's name.
+async fn stack(m: &nodesmith_tests::moto::Moto, name: &str, table: &str) -> String {
+    let template = json!({
+        "Parameters": {"ForwarderOidcProvider": {"Type": "String", "Default": ""}},
+        "Resources": {"PendingPodsQueue": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": format!("{name}-pending")}}},
+        "Outputs": {
+            "PendingPodsQueueUrl": {"Value": {"Ref": "PendingPodsQueue"}},
+            "StateTableName": {"Value": table},
+            "ForwarderIrsaAnnotation": {"Value": "eks.amazonaws.com/role-arn: arn:aws:iam::123456789012:role/fwd"},
+        },
+    });
+    let cfn = aws_sdk_cloudformation::Client::new(&m.sdk_config().await);
+    cfn.create_stack()
+        .stack_name(name)
+        .template_body(template.to_string())
+        .send()
+        .await
+        .unwrap();
+    let described = cfn.describe_stacks().stack_name(name).send().await.unwrap();
+    described.stacks()[0]
+        .outputs()
+        .iter()
+        .find(|o| o.output_key() == Some("PendingPodsQueueUrl"))
+        .and_then(|o| o.output_value())
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn install_and_status_find_what_they_need_in_the_stack() {
+    let m = moto().await;
+    let dynamo = aws_sdk_dynamodb::Client::new(&m.sdk_config().await);
+    state::create_table(&dynamo, TABLE).await.unwrap();
+    StateStore::new(dynamo, TABLE)
+        .create_node_claim(&claim("default-a", Phase::Pending, None, None))
+        .await
+        .unwrap();
+    let queue = stack(&m, "nodesmith-test", TABLE).await;
+    let kube = KubeServer::start().await;
+    let mut env = m.env();
+    env.extend(kube.env());
+
+    // status: the table from the stack's outputs.
+    let out = run(
+        &["status", "--stack", "nodesmith-test", "-o", "json", "--now", NOW],
+        &env,
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(v["nodeClaims"][0]["name"], "default-a");
+
+    // install: the in-cluster part with the stack's queue and the image,
+    // applied by the real kubectl as a user would pipe it.
+    let out = run(
+        &[
+            "install",
+            "--stack",
+            "nodesmith-test",
+            "--image",
+            "registry.example/nodesmith-forwarder:0.1.0",
+        ],
+        &env,
+    )
+    .await;
+    let manifests = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = std::env::temp_dir().join(format!("nodesmith-install-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    kube.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
+    let kubectl = nodesmith_tests::kubectl::Kubectl {
+        kubeconfig: dir.join("kubeconfig"),
+        dir: dir.clone(),
+    };
+    let applied = kubectl.run(&["apply", "-f", "-"], Some(&manifests)).await;
+    assert!(applied.ok, "{applied:?}\n{manifests}");
+    let config = kubectl
+        .json(&["-n", "nodesmith", "get", "configmap", "nodesmith-forwarder"])
+        .await;
+    assert_eq!(config["data"]["QUEUE_URL"], json!(queue));
+    let deployment = kubectl
+        .json(&["-n", "nodesmith", "get", "deployment", "nodesmith-forwarder"])
+        .await;
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example/nodesmith-forwarder:0.1.0"
+    );
+    // Pod Identity (no OIDC provider among the parameters): no IRSA annotation.
+    let account = kubectl
+        .json(&["-n", "nodesmith", "get", "serviceaccount", "nodesmith-forwarder"])
+        .await;
+    assert!(
+        account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].is_null(),
+        "{account}"
+    );
+    let role = kubectl.json(&["get", "clusterrole", "nodesmith-sweep"]).await;
+    assert!(role["rules"].as_array().is_some_and(|r| !r.is_empty()), "{role}");
+    // Never the CRDs: those come apart, from --crds.
+    assert!(!manifests.contains("CustomResourceDefinition"));
+    let crds = run(&["install", "--crds"], &[]).await;
+    let crds = String::from_utf8_lossy(&crds.stdout);
+    assert_eq!(crds.matches("kind: CustomResourceDefinition").count(), 3, "{crds}");
+
+    // A stack that is not there, or not named: said so.
+    let out = run(&["install", "--stack", "no-such-stack", "--image", "x"], &env).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot read stack no-such-stack"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["install", "--image", "x"], &env).await;
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
 }

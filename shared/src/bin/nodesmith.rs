@@ -36,6 +36,10 @@ struct Access {
     /// kubeconfig context (default: the current one; overrides NODESMITH_KUBE_URL).
     #[arg(long, global = true)]
     context: Option<String>,
+    /// The nodesmith CloudFormation stack: its outputs name the state table
+    /// (when --table does not) and, for `install`, the queue.
+    #[arg(long, global = true)]
+    stack: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -99,6 +103,19 @@ enum Command {
         #[arg(short = 'o', long, value_enum)]
         output: Option<Output>,
     },
+    /// Print the in-cluster part (namespace, forwarder, the functions' RBAC)
+    /// for `kubectl apply -f -`, with the stack's queue and the image filled in.
+    ///
+    /// Needs --stack (CloudFormation DescribeStacks). The CRDs are printed
+    /// apart, with --crds, so that deleting the rest never deletes them.
+    Install {
+        /// The forwarder's image, e.g. REGISTRY/nodesmith-forwarder:TAG.
+        #[arg(long, required_unless_present = "crds")]
+        image: Option<String>,
+        /// Print the CRDs instead (`kubectl apply --server-side -f -`).
+        #[arg(long)]
+        crds: bool,
+    },
     /// Replace a NodePool's nodes, or one node, as drift does: a replacement
     /// first, within the pool's disruption budgets, one sweep at a time.
     ///
@@ -136,6 +153,7 @@ fn main() -> ExitCode {
     let access = cli.access;
     match cli.command {
         Command::Event { rebalance, files } => event(rebalance, &files),
+        Command::Install { image, crds } => install(&access, image, crds),
         Command::Status { table, output, now } => status(&access, table, output, now),
         Command::Explain { subject, table, output } => explain(&access, &subject, table, output),
         Command::Rotate {
@@ -304,37 +322,93 @@ fn rotate(
     )
 }
 
+/// `nodesmith install`: the CRDs, or the rest for `--stack` with the
+/// image filled in; exit 2 when the stack is not named or lacks an output,
+/// 1 when it cannot be read.
+fn install(access: &Access, image: Option<String>, crds: bool) -> ExitCode {
+    use nodesmith::install::InstallError;
+    if crds {
+        print!("{}", nodesmith::install::CRDS);
+        return ExitCode::SUCCESS;
+    }
+    let (Some(stack), Some(image)) = (&access.stack, image) else {
+        return bad_input(&"name the stack (--stack NAME) and the forwarder's image (--image REF)");
+    };
+    let made = runtime().and_then(|rt| {
+        rt.block_on(async {
+            let sdk = sdk(access).await;
+            let found = nodesmith::install::describe_stack(&aws_sdk_cloudformation::Client::new(&sdk), stack).await;
+            Ok(found.and_then(|s| nodesmith::install::manifests(&s, &image)))
+        })
+    });
+    match made {
+        Ok(Ok(text)) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e @ InstallError::MissingOutput { .. })) => bad_input(&e),
+        Ok(Err(e)) => {
+            eprintln!("error: {}", error_chain(&e));
+            ExitCode::from(1)
+        }
+        Err(code) => code,
+    }
+}
+
+/// A runtime for one command; exit 1 when none can be started.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::from(1)
+        })
+}
+
+/// The AWS SDK's configuration, with `--region` and `--profile`.
+async fn sdk(access: &Access) -> aws_config::SdkConfig {
+    let mut loader = nodesmith::lambda::sdk_defaults();
+    if let Some(r) = &access.region {
+        loader = loader.region(aws_config::Region::new(r.clone()));
+    }
+    if let Some(p) = &access.profile {
+        loader = loader.profile_name(p);
+    }
+    loader.load().await
+}
+
 /// Runs `work` on its own runtime with the state table (`--table`, else
-/// NODESMITH_TABLE) and the cluster; the exit code when the table is not
-/// named (2) or the runtime, the table or the cluster fails (1).
+/// the `--stack`'s, else NODESMITH_TABLE) and the cluster; the exit code
+/// when the table is not named (2) or the runtime, the stack, the table or
+/// the cluster fails (1).
 fn with_state<T, F, Fut>(access: &Access, table: Option<String>, work: F) -> Result<T, ExitCode>
 where
     F: FnOnce(nodesmith::state::StateStore, nodesmith::kubernetes::KubeCluster) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    let Some(table) = table
-        .or_else(|| Settings::from_env().optional("NODESMITH_TABLE"))
-        .filter(|t| !t.trim().is_empty())
-    else {
-        return Err(bad_input(&"no state table: pass --table or set NODESMITH_TABLE"));
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return Err(ExitCode::from(1));
-        }
-    };
-    runtime
+    let nonempty = |t: &String| !t.trim().is_empty();
+    let named = table.filter(nonempty);
+    let from_env = || Settings::from_env().optional("NODESMITH_TABLE").filter(nonempty);
+    if named.is_none() && access.stack.is_none() && from_env().is_none() {
+        return Err(bad_input(
+            &"no state table: pass --table or --stack, or set NODESMITH_TABLE",
+        ));
+    }
+    runtime()?
         .block_on(async {
-            let mut loader = nodesmith::lambda::sdk_defaults();
-            if let Some(r) = &access.region {
-                loader = loader.region(aws_config::Region::new(r.clone()));
-            }
-            if let Some(p) = &access.profile {
-                loader = loader.profile_name(p);
-            }
-            let sdk = loader.load().await;
+            let sdk = sdk(access).await;
+            let table = match (named, &access.stack) {
+                (Some(t), _) => t,
+                (None, Some(stack)) => {
+                    let cfn = aws_sdk_cloudformation::Client::new(&sdk);
+                    let found = nodesmith::install::describe_stack(&cfn, stack).await;
+                    found
+                        .and_then(|s| Ok(s.output(nodesmith::install::TABLE_OUTPUT)?.to_string()))
+                        .map_err(|e| error_chain(&e))?
+                }
+                (None, None) => from_env().unwrap_or_default(),
+            };
             let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), table);
             let cluster = cluster(sdk, access.context.as_deref()).await?;
             work(store, cluster).await

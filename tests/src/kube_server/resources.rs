@@ -98,6 +98,25 @@ pub const RESOURCES: &[Resource] = &[
         &["crd", "crds"],
     ),
     r("karpenter.sh", "v1", "nodeclaims", "NodeClaim", false, &[]),
+    // What `nodesmith install` applies besides the above.
+    r("", "v1", "configmaps", "ConfigMap", true, &["cm"]),
+    r("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"]),
+    r(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "ClusterRole",
+        false,
+        &[],
+    ),
+    r(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+        &[],
+    ),
 ];
 
 /// Looks a resource up by group, version and plural.
