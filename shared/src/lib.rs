@@ -31,6 +31,8 @@ pub mod do_not_disrupt;
 pub mod lifecycle;
 /// What `kubectl` shows of nodesmith: NodeClaim objects and NodePool status, from the state table.
 pub mod mirror;
+/// Pending → Running latency: which pods became Ready in a window, and how long it took.
+pub mod pod_startup;
 /// Linking a Node to its NodeClaim.
 pub mod registration;
 /// The provisioning solver.

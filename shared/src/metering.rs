@@ -133,6 +133,7 @@ impl Metered {
                     name: "OwnCostUsd",
                     value: usd,
                     unit: "None",
+                    samples: Vec::new(),
                 }],
             });
         }
@@ -146,11 +147,13 @@ impl Metered {
                 name: "InvocationCostUsd",
                 value: self.cost_usd,
                 unit: "None",
+                samples: Vec::new(),
             },
             crate::telemetry::Metric {
                 name: "FleetDeltaUsdPerHour",
                 value: self.fleet_delta_usd_per_hour,
                 unit: "None",
+                samples: Vec::new(),
             },
         ]
     }

@@ -54,9 +54,9 @@ pub const CATALOG: &[Def] = &[
         name: "karpenter_nodeclaims_created_total",
         unit: COUNT,
         labels: &["nodepool", "reason"],
-        functions: &["provision", "interrupt"],
+        functions: &["provision", "interrupt", "sweep"],
         karpenter: true,
-        help: "NodeClaims created: reason `provisioning` (a solve for pending pods) or `interruption` (a replacement planned before the interrupted node goes).",
+        help: "NodeClaims created: reason `provisioning` (a solve for pending pods), `interruption` (a replacement planned before the interrupted node goes), or a disruption's reason (`drifted`, `expired`, `underutilized`, `unhealthy`: a replacement launched first).",
     },
     Def {
         name: "karpenter_nodes_created_total",
@@ -97,6 +97,22 @@ pub const CATALOG: &[Def] = &[
         functions: SWEEP,
         karpenter: true,
         help: "Disruption decisions begun: `decision` `delete` or `replace`, `reason` as above, `consolidation_type` `empty`, `single` or `multi` (`none` for the other reasons: CloudWatch takes no empty value).",
+    },
+    Def {
+        name: "karpenter_pods_startup_duration_seconds",
+        unit: "Seconds",
+        labels: &[],
+        functions: SWEEP,
+        karpenter: true,
+        help: "Each pod's time from creation to Ready, as the sweep first sees it Ready (EMF value arrays: read percentiles, e.g. p50/p90/p99): every pod, as Karpenter's, not only those that waited for a node.",
+    },
+    Def {
+        name: "karpenter_voluntary_disruption_eligible_nodes",
+        unit: COUNT,
+        labels: &["reason"],
+        functions: SWEEP,
+        karpenter: true,
+        help: "Nodes a run's disruption pass found eligible, before budgets and protections: `drifted`, `underutilized` (consolidateAfter passed) and `empty` (those with no pod to move); written each run that decides a pass.",
     },
     Def {
         name: "karpenter_nodepools_usage",
@@ -334,6 +350,53 @@ pub struct DecisionTaken {
     pub nodes: usize,
 }
 
+/// `karpenter_voluntary_disruption_eligible_nodes` from a pass's node
+/// states (pure): every reason, zero included, so the gauge falls back.
+pub fn eligible(states: &BTreeMap<String, crate::disruption::NodeState>) -> Vec<Series> {
+    let consolidatable = || states.values().filter(|s| s.consolidatable_since.is_some());
+    [
+        ("drifted", states.values().filter(|s| s.drifted.is_some()).count()),
+        ("underutilized", consolidatable().count()),
+        ("empty", consolidatable().filter(|s| s.empty).count()),
+    ]
+    .into_iter()
+    .map(|(reason, n)| Series {
+        labels: labels([("reason", reason)]),
+        metrics: vec![count("karpenter_voluntary_disruption_eligible_nodes", n)],
+    })
+    .collect()
+}
+
+/// `karpenter_pods_startup_duration_seconds` for these pods' durations
+/// (pure): up to [`crate::telemetry::MAX_SAMPLES`] a series, EMF's limit.
+pub fn startup(pods: &[(String, f64)]) -> Vec<Series> {
+    pods.chunks(crate::telemetry::MAX_SAMPLES)
+        .map(|chunk| {
+            let samples: Vec<f64> = chunk.iter().map(|(_, s)| *s).collect();
+            Series::plain(vec![Metric {
+                name: "karpenter_pods_startup_duration_seconds",
+                value: samples.iter().sum(),
+                unit: "Seconds",
+                samples,
+            }])
+        })
+        .collect()
+}
+
+/// `karpenter_nodeclaims_created_total` for the replacements a sweep
+/// launched, by pool and the disruption's reason (pure).
+pub fn replacements_created(created: &[(String, Reason)]) -> Vec<Series> {
+    tally(
+        "karpenter_nodeclaims_created_total",
+        created.iter().map(|(pool, reason)| {
+            labels([
+                ("nodepool", pool.as_str()),
+                ("reason", &reason.as_str().to_ascii_lowercase()),
+            ])
+        }),
+    )
+}
+
 /// `karpenter_voluntary_disruption_decisions_total` for `decisions` (pure).
 pub fn decisions(decisions: &[DecisionTaken]) -> Vec<Series> {
     tally(
@@ -365,6 +428,7 @@ pub fn count(name: &'static str, n: usize) -> Metric {
         name,
         value: n as f64,
         unit: COUNT,
+        samples: Vec::new(),
     }
 }
 
@@ -419,6 +483,7 @@ pub fn fleet(
             name: "FleetUsdPerHour",
             value: usd_per_hour,
             unit: "None",
+            samples: Vec::new(),
         },
         count("karpenter_cluster_state_node_count", registered),
     ])];
@@ -437,6 +502,7 @@ pub fn fleet(
             name,
             value,
             unit: "None",
+            samples: Vec::new(),
         }],
     };
     for pool in pools {

@@ -313,9 +313,9 @@ pub struct Facts<'a> {
 }
 
 /// The `Drifted` and `Consolidatable` conditions of a claim's object (pure):
-/// from its node's state, each True since it was already True on `have`,
-/// else `now` (drift) or the moment consolidateAfter passed; absent when
-/// not so, as Karpenter clears them; as on `have` when the state is not known.
+/// from its node's state, each True since it was True on `have`, else since
+/// `now` (drift) or the moment consolidateAfter passed; absent when not so,
+/// as Karpenter clears them; as on `have` when the state is not known.
 fn disruption_conditions(
     state: Option<Option<&NodeState>>,
     have: Option<&NodeClaimObject>,
@@ -349,13 +349,18 @@ fn disruption_conditions(
         out.push(c);
     }
     if let Some(since) = state.and_then(|s| s.consolidatable_since) {
-        out.push(condition(
+        let mut c = condition(
             condition_types::CONSOLIDATABLE,
             Some(true),
             condition_types::CONSOLIDATABLE,
             "",
             Some(since),
-        ));
+        );
+        // A pod landing moves the node's last pod event, not when it became consolidatable.
+        if let Some(before) = had(condition_types::CONSOLIDATABLE) {
+            c.last_transition_time = before.last_transition_time;
+        }
+        out.push(c);
     }
     out
 }

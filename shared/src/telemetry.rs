@@ -105,11 +105,18 @@ impl<E: std::error::Error + ?Sized> std::fmt::Display for Causes<'_, E> {
 pub struct Metric {
     /// Metric name.
     pub name: &'static str,
-    /// Value.
+    /// Value (with `samples`, their sum).
     pub value: f64,
     /// CloudWatch unit: Count, Milliseconds, None, ...
     pub unit: &'static str,
+    /// A distribution's datapoints, written as EMF's value array (CloudWatch
+    /// then has their percentiles); empty for a single value. At most
+    /// [`MAX_SAMPLES`], EMF's limit: builders split more over several series.
+    pub samples: Vec<f64>,
 }
+
+/// The most values one EMF metric may carry.
+pub const MAX_SAMPLES: usize = 100;
 
 /// Metrics sharing one set of label values: one EMF line.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -171,7 +178,12 @@ pub fn emf(timestamp_ms: i64, level: &str, dimensions: &BTreeMap<&str, String>, 
         root.insert((*k).to_string(), Value::String(v.clone()));
     }
     for m in metrics {
-        root.insert(m.name.to_string(), json!(m.value));
+        let value = if m.samples.is_empty() {
+            json!(m.value)
+        } else {
+            json!(m.samples)
+        };
+        root.insert(m.name.to_string(), value);
     }
     Value::Object(root).to_string()
 }
@@ -200,11 +212,20 @@ mod tests {
             1_700_000_000_000,
             "INFO",
             &dims,
-            &[Metric {
-                name: "NodeClaimsCreated",
-                value: 3.0,
-                unit: "Count",
-            }],
+            &[
+                Metric {
+                    name: "NodeClaimsCreated",
+                    value: 3.0,
+                    unit: "Count",
+                    samples: Vec::new(),
+                },
+                Metric {
+                    name: "karpenter_pods_startup_duration_seconds",
+                    value: 12.5,
+                    unit: "Seconds",
+                    samples: vec![4.0, 8.5],
+                },
+            ],
         );
         let v: Value = serde_json::from_str(&line)?;
         assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000i64);
@@ -217,6 +238,11 @@ mod tests {
         assert_eq!(v["Function"], "provision");
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["NodeClaimsCreated"], 3.0);
+        // A distribution: EMF's array of values.
+        assert_eq!(
+            v["karpenter_pods_startup_duration_seconds"],
+            serde_json::json!([4.0, 8.5])
+        );
         Ok(())
     }
 

@@ -48,6 +48,7 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
     );
     // What the server stored reads back as written: another run writes nothing.
     let report = s.sweeper(local_stack::fast()).run().await.unwrap();
+    let mut started: Vec<String> = report.disruption.pod_startups.iter().map(|(p, _)| p.clone()).collect();
     let m = &report.mirror;
     assert_eq!(
         (m.created, m.updated, m.released, m.pools_written, m.failed.len()),
@@ -149,7 +150,24 @@ async fn kubectl_shows_a_nodeclaim_per_node_and_the_pools_status_and_a_gone_clai
     );
     for _ in 0..3 {
         s.kubelet_step().await;
-        sweeper.run().await.unwrap();
+        let report = sweeper.run().await.unwrap();
+        started.extend(report.disruption.pod_startups.iter().map(|(p, _)| p.clone()));
+    }
+    // The pods bind and start; two seconds on, every pod Ready by now is in a
+    // closed window. Each pod's pending → Running time is counted once, by
+    // the first run to see it Ready.
+    s.kube.schedule();
+    s.kubelet_step().await;
+    let later = sweeper
+        .run_at(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(2))
+        .await
+        .unwrap();
+    started.extend(later.disruption.pod_startups.iter().map(|(p, _)| p.clone()));
+    started.sort();
+    let counted_twice: Vec<&String> = started.windows(2).filter(|w| w[0] == w[1]).map(|w| &w[0]).collect();
+    assert!(counted_twice.is_empty(), "{started:?}");
+    for pod in ["default/web-2", "default/web-3"] {
+        assert!(started.iter().any(|p| p == pod), "{pod} not counted: {started:?}");
     }
     let claims = s.claims().await;
     assert_eq!(claims.len(), 2, "{claims:?}");

@@ -97,6 +97,15 @@ async fn a_pool_wide_do_not_disrupt_is_written_onto_its_nodes_and_holds_them() {
     for _ in 0..2 {
         let report = sweeper.run().await.unwrap();
         assert!(report.disruption.started.is_empty(), "{:?}", report.disruption);
+        // Eligible for drift, held; never for consolidation (consolidateAfter: Never).
+        let eligible = |r| {
+            nodesmith::telemetry::value(
+                &report.metrics(),
+                "karpenter_voluntary_disruption_eligible_nodes",
+                &[("reason", r)],
+            )
+        };
+        assert_eq!((eligible("drifted"), eligible("underutilized")), (Some(1.0), Some(0.0)));
     }
     assert!(s.store.disruptions().await.unwrap().is_empty());
     assert!(!taint_keys(&s.kube.node(&node).unwrap()).contains(&"karpenter.sh/disrupted".to_string()));
@@ -142,10 +151,17 @@ async fn drift_with_a_termination_grace_period_goes_past_do_not_disrupt_pods_del
     s.kube.apply(&drifted(p)).unwrap();
     let sweeper = s.sweeper(fast());
     let mut started = false;
+    let mut created = 0.0;
     for _ in 0..12 {
         let report = sweeper.run().await.unwrap();
         assert!(report.disruption.failed.is_empty(), "{:?}", report.disruption.failed);
         started |= !report.disruption.started.is_empty();
+        created += nodesmith::telemetry::value(
+            &report.metrics(),
+            "karpenter_nodeclaims_created_total",
+            &[("nodepool", "default"), ("reason", "drifted")],
+        )
+        .unwrap_or_default();
         if s.store.get_node_claim(&old.name).await.unwrap().is_none() {
             break;
         }
@@ -153,6 +169,7 @@ async fn drift_with_a_termination_grace_period_goes_past_do_not_disrupt_pods_del
         s.kubelet_step().await;
     }
     assert!(started, "drift began despite the do-not-disrupt pods");
+    assert_eq!(created, 1.0, "one replacement, counted as Karpenter counts it");
     assert!(
         s.store.get_node_claim(&old.name).await.unwrap().is_none(),
         "the drifted node's claim is gone: {:?}",

@@ -199,6 +199,8 @@ pub struct NodeState {
     /// Since when `consolidateAfter` has passed since its last pod event;
     /// None while it has not, or with consolidation off (`Never`).
     pub consolidatable_since: Option<Timestamp>,
+    /// Whether it has no pod a drain would evict.
+    pub empty: bool,
 }
 
 /// Everything one pass decides.
@@ -347,6 +349,7 @@ fn decide_with(snapshot: &Snapshot, options: &DecideOptions, methods: &[&dyn Met
             let state = NodeState {
                 drifted: drift::drifted(c, &pass.cx),
                 consolidatable_since: c.consolidatable_since(snapshot.now),
+                empty: c.is_empty(),
             };
             (c.name.clone(), state)
         })

@@ -186,6 +186,56 @@ fn decisions_are_labelled_as_karpenter_labels_them() {
     assert_eq!(series.len(), 4);
 }
 
+#[test]
+fn eligible_nodes_count_each_reason_zero_included_and_replacements_count_by_reason() {
+    use crate::disruption::NodeState;
+    let since = Some(jiff::Timestamp::UNIX_EPOCH);
+    let state = |drifted: bool, consolidatable: bool, empty: bool| NodeState {
+        drifted: drifted.then(|| "NodePool changed".to_string()),
+        consolidatable_since: if consolidatable { since } else { None },
+        empty,
+    };
+    let states = BTreeMap::from([
+        ("a".to_string(), state(true, true, true)),
+        ("b".to_string(), state(false, true, false)),
+        ("c".to_string(), state(false, false, true)),
+    ]);
+    let series = eligible(&states);
+    let got = |r| {
+        value(
+            &series,
+            "karpenter_voluntary_disruption_eligible_nodes",
+            &[("reason", r)],
+        )
+    };
+    assert_eq!(
+        (got("drifted"), got("underutilized"), got("empty")),
+        (Some(1.0), Some(2.0), Some(1.0))
+    );
+    let none = eligible(&BTreeMap::new());
+    assert_eq!(none.len(), 3, "zeros too: the gauge falls back");
+    let series = replacements_created(&[
+        ("general".into(), Reason::Drifted),
+        ("general".into(), Reason::Drifted),
+        ("gpu".into(), Reason::Underutilized),
+    ]);
+    let created = |p, r| {
+        value(
+            &series,
+            "karpenter_nodeclaims_created_total",
+            &[("nodepool", p), ("reason", r)],
+        )
+    };
+    assert_eq!(created("general", "drifted"), Some(2.0));
+    assert_eq!(created("gpu", "underutilized"), Some(1.0));
+    // Startup durations: EMF's 100 values a metric at most.
+    let pods: Vec<(String, f64)> = (0..250).map(|i| (format!("web/p-{i}"), f64::from(i))).collect();
+    let series = startup(&pods);
+    let sizes: Vec<usize> = series.iter().map(|s| s.metrics[0].samples.len()).collect();
+    assert_eq!(sizes, [100, 100, 50]);
+    assert!(startup(&[]).is_empty());
+}
+
 /// (function, metric name) → (unit, label names).
 type Emitted = BTreeMap<(&'static str, &'static str), (&'static str, BTreeSet<&'static str>)>;
 
@@ -213,6 +263,9 @@ fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
                 replace: true,
                 nodes: 1,
             }]),
+            replacements_created(&[("general".into(), Reason::Drifted)]),
+            startup(&[("web/a".into(), 3.0)]),
+            eligible(&BTreeMap::new()),
         ]
         .concat(),
         ..Default::default()

@@ -196,6 +196,7 @@ fn drifted_and_consolidatable_follow_the_pass_and_keep_their_times() -> Result<(
             NodeState {
                 drifted: drifted.map(String::from),
                 consolidatable_since: since,
+                empty: false,
             },
         )])
     };

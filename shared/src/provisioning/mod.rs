@@ -169,6 +169,7 @@ impl ProvisionOutcome {
                 name: "karpenter_scheduler_scheduling_duration_seconds",
                 value: took.as_secs_f64(),
                 unit: "Seconds",
+                samples: Vec::new(),
             });
             plain.push(crate::metrics::count("karpenter_scheduler_queue_depth", pods));
         }

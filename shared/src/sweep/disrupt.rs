@@ -48,6 +48,10 @@ pub struct DisruptionRunReport {
     pub started: Vec<(String, Reason)>,
     /// Replacement NodeClaims written and queued for launch.
     pub launched: Vec<String>,
+    /// Each of those by pool, with the disruption's reason (`karpenter_nodeclaims_created_total`).
+    pub created: Vec<(String, Reason)>,
+    /// Each pod this run first saw Ready, with the seconds from its creation ([`crate::pod_startup`]).
+    pub pod_startups: Vec<(String, f64)>,
     /// Nodes whose drain began.
     pub draining: Vec<String>,
     /// Nodes terminated (instance, Node and claim gone).
@@ -268,6 +272,7 @@ impl<C: Cluster> Sweeper<C> {
             }
         };
         snapshot.shifted_zones = self.zonal_shift_pass(&snapshot, now).await;
+        report.pod_startups = self.pod_startups(&snapshot, now).await;
         let mut records = match self.store.disruptions().await {
             Ok(r) => r,
             Err(e) => {
@@ -727,6 +732,7 @@ impl<C: Cluster> Sweeper<C> {
                 let launching = EventSpec::disruption_launching(node_ref(), &c.name, records[*i].reason.as_str());
                 self.node_event(launching, claim).await;
                 report.launched.push(c.name.clone());
+                report.created.push((c.node_pool.clone(), records[*i].reason));
             }
             if !mine.is_empty() {
                 self.node_event(EventSpec::disruption_waiting_readiness(node_ref(), &mine), claim)
@@ -742,6 +748,26 @@ impl<C: Cluster> Sweeper<C> {
         if let Err(err) = self.cluster.emit_event(&e).await {
             tracing::warn!(reason = %e.reason, error = %crate::telemetry::causes(&err), "could not record an event");
         }
+    }
+
+    /// The startup durations of the pods that became Ready since the last
+    /// run's window ([`crate::pod_startup`]); none this run when the marker
+    /// cannot be read, and the window stays open when it cannot be written.
+    async fn pod_startups(&self, snapshot: &Snapshot, now: Timestamp) -> Vec<(String, f64)> {
+        use crate::pod_startup::{MARKER, durations, window};
+        let last = match self.store.marked_at(MARKER).await {
+            Ok(ms) => ms.and_then(|ms| Timestamp::from_millisecond(ms).ok()),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::causes(&e), "pod startup marker not read; counted next run");
+                return Vec::new();
+            }
+        };
+        let span = window(last, now);
+        if let Err(e) = self.store.mark(MARKER, span.1.as_millisecond()).await {
+            tracing::warn!(error = %crate::telemetry::causes(&e), "pod startup marker not written; counted next run");
+            return Vec::new();
+        }
+        durations(snapshot.nodes.iter().flat_map(|n| &n.pods), span)
     }
 
     /// Records a node's disruption event on the node and, as Karpenter

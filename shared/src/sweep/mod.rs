@@ -635,6 +635,15 @@ impl<C: Cluster> Sweeper<C> {
         report
             .series
             .extend(crate::metrics::decisions(&report.disruption.decisions));
+        report
+            .series
+            .extend(crate::metrics::replacements_created(&report.disruption.created));
+        report
+            .series
+            .extend(crate::metrics::startup(&report.disruption.pod_startups));
+        if let Some(states) = &report.disruption.node_states {
+            report.series.extend(crate::metrics::eligible(states));
+        }
         report.series.append(&mut mirrored.gauges);
         report.mirror = mirrored;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
