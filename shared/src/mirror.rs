@@ -334,35 +334,27 @@ fn disruption_conditions(
             .filter_map(|t| had(t))
             .collect();
     };
-    let mut out = Vec::new();
-    if let Some(why) = state.and_then(|s| s.drifted.as_ref()) {
-        let mut c = condition(
-            condition_types::DRIFTED,
-            Some(true),
-            condition_types::DRIFTED,
-            why,
-            Some(now),
-        );
-        if let Some(before) = had(condition_types::DRIFTED) {
-            c.last_transition_time = before.last_transition_time;
-        }
-        out.push(c);
-    }
-    if let Some(since) = state.and_then(|s| s.consolidatable_since) {
-        let mut c = condition(
-            condition_types::CONSOLIDATABLE,
-            Some(true),
-            condition_types::CONSOLIDATABLE,
-            "",
-            Some(since),
-        );
-        // A pod landing moves the node's last pod event, not when it became consolidatable.
-        if let Some(before) = had(condition_types::CONSOLIDATABLE) {
-            c.last_transition_time = before.last_transition_time;
-        }
-        out.push(c);
-    }
-    out
+    // (type, message, since) of each that holds.
+    let holding = [
+        state
+            .and_then(|s| s.drifted.clone())
+            .map(|why| (condition_types::DRIFTED, why, now)),
+        state
+            .and_then(|s| s.consolidatable_since)
+            .map(|since| (condition_types::CONSOLIDATABLE, String::new(), since)),
+    ];
+    holding
+        .into_iter()
+        .flatten()
+        .map(|(type_, message, since)| {
+            let mut c = condition(type_, Some(true), type_, &message, Some(since));
+            // True already: since then (a pod landing moves the last pod event, not this).
+            if let Some(before) = had(type_) {
+                c.last_transition_time = before.last_transition_time;
+            }
+            c
+        })
+        .collect()
 }
 
 /// What to write so that `existing` (the objects of [`is_ours`]) mirror

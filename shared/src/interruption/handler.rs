@@ -487,6 +487,7 @@ impl<C: Cluster> Interrupter<C> {
                     // On the NodeClaim too, as Karpenter records it (its uid, for kubectl describe).
                     let uid = match self.cluster.node_claim_object(&claim.name).await {
                         Ok(o) => o.and_then(|o| o.metadata.uid),
+                        // The event goes without it: `kubectl get events` still shows it.
                         Err(_) => None,
                     };
                     for e in [on_node.on_node_claim(&claim.name, uid), on_node] {
