@@ -888,7 +888,7 @@ mod tests {
     }
 
     #[test]
-    fn recording_moves_to_launched_once() {
+    fn recording_moves_to_launched_once() -> Result<(), Box<dyn std::error::Error>> {
         let l = Launched {
             instance_id: "i-1".into(),
             instance_type: "m5.large".into(),
@@ -897,12 +897,13 @@ mod tests {
             subnet_id: None,
             capacity_reservation: None,
         };
-        let t: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
-        let c = record(&claim(vec![]), &l, "us-east-1a", (Some(0.03), Some("ami-1".into())), t).unwrap();
+        let t: Timestamp = "2026-01-01T00:00:00Z".parse()?;
+        let c = record(&claim(vec![]), &l, "us-east-1a", (Some(0.03), Some("ami-1".into())), t)?;
         assert_eq!(c.phase, Phase::Launched);
         assert_eq!(c.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
         assert_eq!(c.price, Some(0.03));
         assert_eq!(c.image_id.as_deref(), Some("ami-1"));
         assert!(record(&c, &l, "us-east-1a", (None, None), t).is_err());
+        Ok(())
     }
 }
