@@ -110,33 +110,10 @@ where
 pub async fn start() -> aws_config::SdkConfig {
     INIT_STARTED.get_or_init(Instant::now);
     crate::telemetry::init();
-    sdk_defaults()
+    crate::transport::sdk_defaults()
         .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5))
         .load()
         .await
-}
-
-/// The SDK's HTTPS client: hyper with rustls on ring, the crypto the kube
-/// client uses (one TLS stack in every binary). Crash tests wrap it in the
-/// crash hook (debug builds only).
-pub fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
-    use aws_smithy_http_client::tls;
-    let client = crate::usage::aws::wrap(
-        aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-            .build_https(),
-    );
-    #[cfg(debug_assertions)]
-    if crate::crash::enabled() {
-        return crate::crash::aws::wrap(client);
-    }
-    client
-}
-
-/// The SDK's configuration loader from the environment, with [`https_client`]:
-/// every binary and test loads its configuration through this.
-pub fn sdk_defaults() -> aws_config::ConfigLoader {
-    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https_client())
 }
 
 /// Meters every invocation of one function: its price (billed duration, the

@@ -241,7 +241,8 @@ pub fn report(input: &StatusInput) -> StatusReport {
 
     let live: Vec<&NodeClaim> = input.claims.iter().filter(|c| c.phase.holds_capacity()).collect();
     let fleet = Fleet {
-        usd_per_hour: live.iter().filter_map(|c| c.price).sum(),
+        // A fold from +0.0: an empty f64 sum is -0.0, shown as "$-0.0000/h".
+        usd_per_hour: live.iter().filter_map(|c| c.price).fold(0.0, |a, p| a + p),
         live_claims: live.len(),
     };
 

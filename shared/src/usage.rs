@@ -1,7 +1,7 @@
 //! What one invocation used of the services nodesmith pays for besides
 //! Lambda: DynamoDB request units, SQS requests and the log bytes it wrote.
 //! Counted where every call passes (the AWS SDK's HTTP client from
-//! [`crate::lambda::https_client`], through [`crate::crash::observe`], and
+//! [`crate::transport::https_client`], through [`crate::crash::observe`], and
 //! the log writer of [`crate::telemetry`]),
 //! so no call site needs marking; [`crate::metering`] prices it.
 //!

@@ -230,7 +230,7 @@ impl Moto {
 /// SDK configuration pointing every client at `endpoint` (moto, or a proxy in
 /// front of it) in [`REGION`], with test credentials.
 pub async fn sdk_config(endpoint: &str) -> SdkConfig {
-    nodesmith::lambda::sdk_defaults()
+    nodesmith::transport::sdk_defaults()
         .region(Region::new(REGION))
         .credentials_provider(Credentials::new("testing", "testing", None, None, "nodesmith-tests"))
         .endpoint_url(endpoint)

@@ -422,7 +422,7 @@ async fn the_forwarder_kubeconfig_is_the_forwarder_and_the_functions_token_is_no
         .await
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    nodesmith::kubernetes::client::install_crypto_provider();
+    nodesmith::transport::install_crypto_provider();
     let fw = kube::Client::try_from(config).unwrap();
     let pods: Api<Pod> = Api::all(fw.clone());
     assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 1);

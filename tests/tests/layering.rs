@@ -182,3 +182,158 @@ fn a_circle_is_found_where_there_is_one() {
         ["a", "c", "d", "g"].into_iter().map(str::to_string).collect()
     );
 }
+
+/// The modules `parent_file` declares under `#[cfg(feature = "autoscaler")]`.
+fn gated_children(parent_file: &Path) -> BTreeSet<String> {
+    let Ok(text) = std::fs::read_to_string(parent_file) else {
+        return BTreeSet::new();
+    };
+    let mut out = BTreeSet::new();
+    let mut gated = false;
+    for line in text.lines().map(str::trim) {
+        if line == r#"#[cfg(feature = "autoscaler")]"# {
+            gated = true;
+        } else if let Some(rest) = line.strip_prefix("pub mod ") {
+            if gated {
+                out.insert(ident(rest).to_string());
+            }
+            gated = false;
+        } else if !line.starts_with("///") && !line.starts_with("#[") {
+            gated = false;
+        }
+    }
+    out
+}
+
+/// Whether module `m` is built without the `autoscaler` feature: neither it
+/// nor a folder module above it is declared under the feature.
+fn without_autoscaler(src: &Path, m: &[String]) -> bool {
+    (0..m.len()).all(|i| {
+        let parent = if i == 0 {
+            src.join("lib.rs")
+        } else {
+            src.join(m[..i].join("/")).join("mod.rs")
+        };
+        !gated_children(&parent).contains(&m[i])
+    })
+}
+
+/// The crates the `autoscaler` feature adds, as Rust names (`aws_sdk_ec2`).
+fn autoscaler_crates(root: &Path) -> Vec<String> {
+    let manifest: toml_edit::DocumentMut = std::fs::read_to_string(root.join("shared/Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    manifest["features"]["autoscaler"]
+        .as_array()
+        .expect("shared/Cargo.toml has the autoscaler feature")
+        .iter()
+        .filter_map(|d| d.as_str()?.strip_prefix("dep:").map(|n| n.replace('-', "_")))
+        .collect()
+}
+
+/// The forwarder's image builds nodesmith without the `autoscaler` feature,
+/// so what the library keeps without it imports nothing the feature gates,
+/// and the forwarder uses only that (`cargo build -p nodesmith-forwarder`
+/// is the compiler's word; this keeps the suite from needing that build).
+#[test]
+fn the_forwarders_part_of_the_library_stands_without_the_autoscaler() {
+    let root = nodesmith_tests::moto::repo_root();
+    let src = root.join("shared/src");
+    let crates = autoscaler_crates(&root);
+    assert!(crates.iter().any(|c| c == "aws_sdk_ec2"), "{crates:?}");
+    let all = modules(&src);
+    let tops: BTreeSet<String> = all.iter().map(|(m, _)| m[0].clone()).collect();
+    let kept = |m: &[String]| without_autoscaler(&src, m);
+    let m = |s: &str| s.split("::").map(str::to_string).collect::<Module>();
+    // The check sees the gates (else it proves nothing).
+    assert!(kept(&m("messages::pending_pods")) && kept(&m("kubernetes::pods")));
+    assert!(!kept(&m("kubernetes::client")) && !kept(&m("sweep")) && !kept(&m("state::table")));
+    let mut wrong = Vec::new();
+    for (module, path) in all.iter().filter(|(module, _)| kept(module)) {
+        let code = code(&std::fs::read_to_string(path).unwrap());
+        for name in names_after(&code, "crate::") {
+            if tops.contains(&name) && !kept(std::slice::from_ref(&name)) {
+                wrong.push(format!("{} imports crate::{name}", module.join("::")));
+            }
+        }
+        let parent = &module[..module.len() - 1];
+        let mut siblings = names_after(&code, "super::");
+        if !parent.is_empty() {
+            siblings.extend(names_after(&code, &format!("crate::{}::", parent.join("::"))));
+        }
+        for name in siblings {
+            let mut sibling = parent.to_vec();
+            sibling.push(name.clone());
+            if all.iter().any(|(o, _)| *o == sibling) && !kept(&sibling) {
+                wrong.push(format!("{} imports {}", module.join("::"), sibling.join("::")));
+            }
+        }
+        for c in &crates {
+            if code.contains(&format!("{c}::")) {
+                wrong.push(format!("{} uses {c}", module.join("::")));
+            }
+        }
+    }
+    for entry in std::fs::read_dir(root.join("infra/forwarder/src")).unwrap() {
+        let path = entry.unwrap().path();
+        let code = code(&std::fs::read_to_string(&path).unwrap());
+        let mut used: Vec<Module> = names_after(&code, "nodesmith::").into_iter().map(|n| vec![n]).collect();
+        for top in used.clone() {
+            let prefix = format!("nodesmith::{}::", top[0]);
+            used.extend(names_after(&code, &prefix).into_iter().map(|n| vec![top[0].clone(), n]));
+        }
+        for module in used.iter().filter(|u| all.iter().any(|(o, _)| o == *u)) {
+            if !kept(module) {
+                wrong.push(format!(
+                    "the forwarder ({}) uses nodesmith::{}",
+                    path.display(),
+                    module.join("::")
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "not built without the autoscaler feature:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The forwarder's dependency tree, as its image's `cargo build -p
+/// nodesmith-forwarder` resolves it, has the SQS SDK and kube but none of
+/// the crates the autoscaler feature adds.
+#[test]
+fn the_forwarder_depends_on_none_of_the_autoscalers_crates() {
+    let root = nodesmith_tests::moto::repo_root();
+    let out = std::process::Command::new("cargo")
+        .current_dir(&root)
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "nodesmith-forwarder",
+            "-e",
+            "normal",
+        ])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|n| n.replace('-', "_"))
+        .collect();
+    assert!(names.contains("aws_sdk_sqs") && names.contains("kube"), "{names:?}");
+    let linked: Vec<String> = autoscaler_crates(&root)
+        .into_iter()
+        .filter(|c| names.contains(c))
+        .collect();
+    assert!(linked.is_empty(), "the forwarder depends on {linked:?}");
+}

@@ -458,7 +458,7 @@ fn the_functions_run_as_the_template_declares_them() {
         if r["Type"].as_str() != Some("AWS::Serverless::Function") {
             continue;
         }
-        let binary = r["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
+        let binary = r["Metadata"]["Binary"].as_str().unwrap();
         let def = FUNCTIONS
             .iter()
             .find(|f| f.binary == binary)

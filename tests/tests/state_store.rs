@@ -628,7 +628,7 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
 }
 
 /// The meter prices DynamoDB and SQS from every call the SDK makes (through
-/// `nodesmith::lambda::sdk_defaults`, as in the functions): the real clients
+/// `nodesmith::transport::sdk_defaults`, as in the functions): the real clients
 /// against moto, counted where the calls pass.
 #[tokio::test]
 async fn every_dynamodb_and_sqs_call_is_counted_for_the_meter() {

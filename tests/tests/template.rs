@@ -43,7 +43,12 @@ fn every_function_is_a_workspace_binary() {
     ] {
         let r = resource(&t, resource_name);
         assert_eq!(r["Type"].as_str(), Some("AWS::Serverless::Function"));
-        assert_eq!(r["Metadata"]["BuildProperties"]["Binary"].as_str(), Some(binary));
+        assert_eq!(r["Metadata"]["Binary"].as_str(), Some(binary));
+        assert_eq!(
+            r["Metadata"]["BuildMethod"].as_str(),
+            Some("makefile"),
+            "{resource_name}"
+        );
         let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../functions/{binary}/Cargo.toml"));
         let text = std::fs::read_to_string(&manifest).unwrap_or_else(|_| panic!("no crate for {binary}"));
         assert!(
@@ -51,6 +56,83 @@ fn every_function_is_a_workspace_binary() {
             "{manifest:?} builds {binary}"
         );
     }
+}
+
+/// What `sam build` runs for one function: the Makefile's commands, printed
+/// by `make -n` as SAM would invoke it (in the source, ARTIFACTS_DIR set).
+fn sam_build_commands(logical_id: &str) -> Vec<String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("make")
+        .current_dir(&root)
+        .args(["-n", "-s", &format!("build-{logical_id}"), "ARTIFACTS_DIR=ARTIFACTS"])
+        .env_remove("LAMBDA_ARCH")
+        .output()
+        .expect("make runs");
+    assert!(
+        out.status.success(),
+        "make build-{logical_id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn sam_build_compiles_the_workspace_once_for_all_four_functions() {
+    let t = template();
+    let arch = t["Globals"]["Function"]["Architectures"][0].as_str();
+    assert_eq!(arch, Some("arm64"), "the Makefile's default target is arm64");
+    let functions: Vec<(String, String)> = t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Serverless::Function"))
+        .map(|(k, r)| {
+            (
+                k.as_str().unwrap().to_string(),
+                r["Metadata"]["Binary"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(functions.len(), 4);
+    for (logical_id, binary) in &functions {
+        let commands = sam_build_commands(logical_id);
+        let [build, copy] = commands.as_slice() else {
+            panic!("build-{logical_id} runs one build and one copy: {commands:?}");
+        };
+        // Every target asks for all four binaries: whichever SAM runs first
+        // builds them together and the rest find them fresh.
+        let words: Vec<&str> = build.split_whitespace().collect();
+        assert!(
+            build.starts_with("cargo lambda build --release --locked --arm64"),
+            "{build}"
+        );
+        for (_, other) in &functions {
+            assert!(
+                words.windows(2).any(|w| w == ["--package", other.as_str()]),
+                "{build} builds {other}"
+            );
+        }
+        assert_eq!(
+            copy,
+            &format!("cp target/lambda/{binary}/bootstrap \"ARTIFACTS/bootstrap\"")
+        );
+    }
+    // Without build_in_source SAM would copy the source, target/ included,
+    // once per function and compile four times.
+    let samconfig =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../samconfig.toml")).unwrap();
+    let config: toml_edit::DocumentMut = samconfig.parse().unwrap();
+    assert_eq!(
+        config["default"]["build"]["parameters"]["build_in_source"].as_bool(),
+        Some(true)
+    );
+    assert!(
+        config["default"]["build"]["parameters"].get("beta_features").is_none(),
+        "the makefile build needs no beta features"
+    );
 }
 
 #[test]
@@ -400,7 +482,7 @@ fn each_function_role_enters_the_cluster_as_its_own_group_bound_to_its_own_role_
     let functions = resources_of(&t, "AWS::Serverless::Function");
     assert_eq!(functions.len(), 4);
     for (name, f) in functions {
-        let binary = f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
+        let binary = f["Metadata"]["Binary"].as_str().unwrap();
         let role = format!("{name}Role.Arn");
         let entry = entries
             .iter()

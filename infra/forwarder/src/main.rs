@@ -7,9 +7,9 @@ use nodesmith_forwarder::{Config, Health, SqsSink, run};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     nodesmith::telemetry::init();
     let config = Config::from_lookup(|k| std::env::var(k).ok())?;
-    nodesmith::kubernetes::client::install_crypto_provider();
+    nodesmith::transport::install_crypto_provider();
     let kube = kube::Client::try_default().await?;
-    let aws = nodesmith::lambda::sdk_defaults().load().await;
+    let aws = nodesmith::transport::sdk_defaults().load().await;
     let sink = SqsSink::new(aws_sdk_sqs::Client::new(&aws), &config.queue_url);
     let health = Health::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

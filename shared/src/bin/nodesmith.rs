@@ -368,7 +368,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 
 /// The AWS SDK's configuration, with `--region` and `--profile`.
 async fn sdk(access: &Access) -> aws_config::SdkConfig {
-    let mut loader = nodesmith::lambda::sdk_defaults();
+    let mut loader = nodesmith::transport::sdk_defaults();
     if let Some(r) = &access.region {
         loader = loader.region(aws_config::Region::new(r.clone()));
     }
@@ -431,7 +431,7 @@ async fn cluster(
     if context.is_none() && Settings::from_env().optional(KUBE_URL_ENV).is_some() {
         return KubeCluster::from_env(sdk).map_err(|e| format!("{KUBE_URL_ENV}: {}", error_chain(&e)));
     }
-    nodesmith::kubernetes::client::install_crypto_provider();
+    nodesmith::transport::install_crypto_provider();
     let client = match context {
         Some(c) => {
             let options = kube::config::KubeConfigOptions {

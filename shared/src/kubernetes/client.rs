@@ -1,23 +1,11 @@
 //! Building kube clients: for an EKS cluster (DescribeCluster + minted token,
 //! rebuilt before the token goes stale) or for a plain URL (tests, kubeconfig).
 
-use std::sync::Once;
 use std::time::SystemTime;
 
 use tokio::sync::Mutex;
 
 use super::auth::{self, AuthError, ClusterEndpoint, Token};
-
-/// Installs ring as rustls' process-wide crypto provider, the one stack both
-/// kube and the AWS SDK's client use (`lambda::https_client`), so no TLS
-/// connection depends on which client happened to start first.
-pub fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // Err means another provider was installed first, which is fine too.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
 
 /// Why a client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +36,7 @@ pub fn client_for(
     ca_der: Option<Vec<Vec<u8>>>,
     token: Option<&str>,
 ) -> Result<kube::Client, ClientError> {
-    install_crypto_provider();
+    crate::transport::install_crypto_provider();
     let uri = endpoint.parse::<http::Uri>().map_err(|e| ClientError::Endpoint {
         endpoint: endpoint.to_string(),
         message: e.to_string(),

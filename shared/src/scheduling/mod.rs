@@ -177,7 +177,8 @@ pub struct Plan {
 impl Plan {
     /// The hourly price of all new NodeClaims.
     pub fn total_price(&self) -> f64 {
-        self.node_claims.iter().map(|c| c.price).sum()
+        // From +0.0: an empty f64 sum is -0.0, which JSON would print as such.
+        self.node_claims.iter().map(|c| c.price).fold(0.0, |a, p| a + p)
     }
 }
 

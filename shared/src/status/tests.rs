@@ -155,6 +155,9 @@ fn an_empty_cluster_reports_zeros() {
     assert_eq!(r.autoscaler_cost.month_usd, 0.0);
     let t = to_table(&r);
     assert_eq!(t.matches("(none)").count(), 3, "{t}");
+    // An empty float sum is -0.0 in Rust: never shown as "$-0.0000/h".
+    assert!(t.contains("FLEET: $0.0000/h over 0 live claims"), "{t}");
+    assert!(r.fleet.usd_per_hour.is_sign_positive());
 }
 
 #[test]

@@ -421,7 +421,7 @@ impl KubeServer {
     /// A kube client talking to this server as the test's cluster admin (no
     /// token): for seeding and inspecting cluster state, never restricted.
     pub fn client(&self) -> kube::Client {
-        nodesmith::kubernetes::client::install_crypto_provider();
+        nodesmith::transport::install_crypto_provider();
         kube::Client::try_from(self.config()).expect("a kube client for a plain-HTTP URL")
     }
 
@@ -435,7 +435,7 @@ impl KubeServer {
     /// A kube client with `identity`'s token, held to its rules (the
     /// forwarder's: `server.client_as(Identity::Forwarder)`).
     pub fn client_as(&self, identity: rbac::Identity) -> kube::Client {
-        nodesmith::kubernetes::client::install_crypto_provider();
+        nodesmith::transport::install_crypto_provider();
         let mut config = self.config();
         config.auth_info.token = Some(identity.token().to_string().into());
         kube::Client::try_from(config).expect("a kube client for a plain-HTTP URL")

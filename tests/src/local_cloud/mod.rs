@@ -31,7 +31,7 @@ use runtime::{Answer, Function, FunctionSpec, InvokeError};
 /// A function as `template.yaml` declares it, and the queue that feeds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FunctionDef {
-    /// The function's binary (`BuildProperties.Binary`).
+    /// The function's binary (its `Metadata.Binary`).
     pub binary: &'static str,
     /// `MemorySize` in MiB.
     pub memory_mb: u64,
