@@ -164,12 +164,14 @@ async fn a_claim_never_launched_times_out_and_its_pods_are_solved_again() {
     assert_eq!(outcome.created.len(), 1);
     // The launch request is lost: nobody launches.
     s.drain(&s.launch_queue).await;
+    // Within its launch timeout the claim is left alone; past it (a zero
+    // timeout: any age is past it), removed. No sleep races the first sweep.
+    let patient = s.sweeper(fast());
+    assert!(short(&patient.run().await.unwrap()).is_empty(), "not yet");
     let sweeper = s.sweeper(LifecycleConfig {
-        launch_timeout: Duration::from_secs(1),
+        launch_timeout: Duration::ZERO,
         ..fast()
     });
-    assert!(short(&sweeper.run().await.unwrap()).is_empty(), "not yet");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
     let report = sweeper.run().await.unwrap();
     assert_eq!(short(&report), vec!["remove launch-timeout"]);
     assert!(s.claims().await.is_empty());
