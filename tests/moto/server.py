@@ -35,6 +35,9 @@ listening on 127.0.0.1, then reads one command per line on stdin and answers
                      or "instance", or both), "since" (ISO-8601 with a timezone;
                      now when absent) and "region" (us-east-1)
 
+moto's own stock AMIs are not loaded (MOTO_EC2_LOAD_DEFAULT_AMIS): the
+seeded EKS and Bottlerocket images are the only ones.
+
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
 closes, so a crashed test run never leaves a server behind.
@@ -107,9 +110,15 @@ import uuid
 from urllib.parse import unquote
 from datetime import datetime, timedelta, timezone
 
+# Only the images seed_region makes: moto's ~1,300 stock AMIs per region
+# (each with a volume and a snapshot) made every reset take seconds and
+# every DescribeImages filter through them, and no test uses them.
+os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+
 import botocore.session
 from botocore.utils import parse_timestamp
 
+from moto import backends as moto_backends
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError, MissingParameterError
 from moto.ec2.models import ec2_backends
@@ -1329,6 +1338,32 @@ def seed_impaired(spec):
         IMPAIRED[instance.id] = {"checks": checks, "since": since}
 
 
+def answered_once(action):
+    """`action` (an EC2Response method whose answer depends only on the
+    region and the query) with its answers serialised once each: moto
+    serialises its ~1,400 instance types (and their ~8,000 zonal offerings)
+    anew for every call, which was most of its time in the test suite (every
+    test's first solve reads the catalog). They never change while it runs."""
+    answers = {}
+    lock = threading.Lock()
+
+    @functools.wraps(action)
+    def answer(self):
+        key = (self.region, tuple(sorted((k, tuple(v)) for k, v in self.querystring.items())))
+        with lock:
+            known = answers.get(key)
+        if known is None:
+            status, headers, body = self.serialized(action(self))
+            known = (status, dict(headers), body)
+            if status == 200:
+                with lock:
+                    answers[key] = known
+        status, headers, body = known
+        return status, dict(headers), body
+
+    return answer
+
+
 def describe_instance_status(self):
     """DescribeInstanceStatus in pages, as EC2 answers it."""
     instance_ids = self._get_param("InstanceIds", [])
@@ -1358,6 +1393,10 @@ def describe_instance_status(self):
 
 def main():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    # moto lists its package's folders on every request to route it; they
+    # do not change while it runs.
+    modules = tuple(moto_backends.list_of_moto_modules())
+    moto_backends.list_of_moto_modules = lambda: modules
     threaded_moto_server.DomainDispatcherApplication = AtomicDynamoDB
     spot_instances.SpotInstances.describe_spot_price_history = describe_spot_price_history
     Fleet.__init__ = fleet_init
@@ -1366,6 +1405,8 @@ def main():
     Instance.instance_status = status_summary("instance")
     Instance.system_status = status_summary("system")
     EC2Response.describe_instance_status = describe_instance_status
+    EC2Response.describe_instance_types = answered_once(EC2Response.describe_instance_types)
+    EC2Response.describe_instance_type_offerings = answered_once(EC2Response.describe_instance_type_offerings)
     EC2Response.create_capacity_reservation = create_capacity_reservation
     EC2Response.describe_capacity_reservations = describe_capacity_reservations
     EC2Response.cancel_capacity_reservation = cancel_capacity_reservation

@@ -244,7 +244,7 @@ async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Be
             let count = i32::try_from(chunk.len()).map_err(|e| e.to_string())?;
             let out = ec2
                 .run_instances()
-                .image_id("ami-12c6146b")
+                .image_id(crate::moto::SEEDED_AMI)
                 .instance_type(aws_sdk_ec2::types::InstanceType::from(*instance_type))
                 .placement(
                     aws_sdk_ec2::types::Placement::builder()

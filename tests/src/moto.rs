@@ -19,6 +19,9 @@ pub const REGION: &str = "us-east-1";
 /// Zones moto offers in [`REGION`].
 pub const ZONES: &[&str] = &["us-east-1a", "us-east-1b", "us-east-1c"];
 
+/// An image the server seeds (the EKS AL2023 x86_64 AMI): moto's stock images are not loaded.
+pub const SEEDED_AMI: &str = "ami-0a1b2c3d4e5f60001";
+
 /// A moto server child process of its own (the tests share one through
 /// [`moto()`]; the local cloud owns one). It exits when this handle is
 /// dropped: its stdin closes.
@@ -274,7 +277,7 @@ pub async fn run_tagged_instances(ec2: &aws_sdk_ec2::Client, tag_sets: &[Vec<(St
     let count = i32::try_from(tag_sets.len()).expect("a few instances");
     let out = ec2
         .run_instances()
-        .image_id("ami-12c6146b")
+        .image_id(SEEDED_AMI)
         .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
         .min_count(count)
         .max_count(count)

@@ -92,7 +92,6 @@ async fn a_sweep_whose_instance_read_fails_still_registers_and_initializes_nodes
     config.lifecycle = fast();
     config.pending_queue_url = Some(s.pending_queue.clone());
     config.launch_queue_url = Some(s.launch_queue.clone());
-    config.budget = std::time::Duration::from_secs(2);
     config.lease = std::time::Duration::from_secs(1);
     let sweeper = Sweeper::new(
         s.cluster(),

@@ -905,7 +905,6 @@ async fn a_sweep_reads_claims_and_drains_a_few_times_not_at_every_step() {
     config.lifecycle = fast();
     config.pending_queue_url = Some(s.pending_queue.clone());
     config.launch_queue_url = Some(s.launch_queue.clone());
-    config.budget = std::time::Duration::from_secs(2);
     config.lease = std::time::Duration::from_secs(1);
     let sweeper = Sweeper::new(
         s.cluster(),

@@ -897,7 +897,15 @@ impl Kubelets {
         // start the same kubelet twice.
         let mut phases = self.phases.lock().await;
         let mut instances = Vec::new();
-        let mut pages = ec2.describe_instances().into_paginator().send();
+        // Only instances that can run a kubelet: the rest count as gone
+        // (below), and a long run's terminated ones (moto keeps them for
+        // good) would make every step's answer, four a second, grow.
+        let live = aws_sdk_ec2::types::Filter::builder()
+            .name("instance-state-name")
+            .values("pending")
+            .values("running")
+            .build();
+        let mut pages = ec2.describe_instances().filters(live).into_paginator().send();
         while let Some(page) = pages.next().await {
             let page =
                 page.map_err(|e| format!("DescribeInstances: {}", aws_sdk_ec2::error::DisplayErrorContext(&e)))?;
