@@ -512,12 +512,11 @@ fn domain_values(key: &str, pools: &[Pool], existing: &[SolveExisting], filter: 
         }
         let pool_req = p.reqs.get(key);
         if let Some(r) = pool_req.filter(|r| !r.complement) {
-            out.extend(
-                r.values
-                    .iter()
-                    .filter(|v| p.types.iter().any(|t| t.reqs.get(key).is_none_or(|tr| tr.has(v))))
-                    .cloned(),
-            );
+            // Every value the pool names is a domain, whether or not a type
+            // it can launch offers it now, as Karpenter counts them: a spread
+            // over a named zone that cannot be launched into leaves the pod
+            // pending rather than stacking it elsewhere.
+            out.extend(r.values.iter().cloned());
             continue;
         }
         for t in &p.types {
