@@ -355,18 +355,40 @@ fn compare(cluster: &Cluster) -> Result<(), TestCaseError> {
     let built = Built::of(cluster);
     let input = built.input();
     let karpenter = schedule(&input);
-    prop_assert_eq!(validate(&input, &karpenter), Ok(()), "the reference broke a rule: {}", describe(&karpenter));
+    prop_assert_eq!(
+        validate(&input, &karpenter),
+        Ok(()),
+        "the reference broke a rule: {}",
+        describe(&karpenter)
+    );
     let plan = solve(&input, &SolveOptions::default());
     let ours = Outcome::of_plan(&input, &plan);
-    prop_assert_eq!(validate(&input, &ours), Ok(()), "nodesmith broke a rule: {}", describe(&ours));
-    prop_assert!(ours.unschedulable.len() <= karpenter.unschedulable.len(),
-        "nodesmith left more pods pending:\nours {}\nkarpenter {}", describe(&ours), describe(&karpenter));
+    prop_assert_eq!(
+        validate(&input, &ours),
+        Ok(()),
+        "nodesmith broke a rule: {}",
+        describe(&ours)
+    );
+    prop_assert!(
+        ours.unschedulable.len() <= karpenter.unschedulable.len(),
+        "nodesmith left more pods pending:\nours {}\nkarpenter {}",
+        describe(&ours),
+        describe(&karpenter)
+    );
     if ours.unschedulable.len() == karpenter.unschedulable.len() {
-        prop_assert!(ours.cost() <= karpenter.cost() * (1.0 + 1e-9) + 1e-9,
-            "nodesmith costs more:\nours {}\nkarpenter {}", describe(&ours), describe(&karpenter));
+        prop_assert!(
+            ours.cost() <= karpenter.cost() * (1.0 + 1e-9) + 1e-9,
+            "nodesmith costs more:\nours {}\nkarpenter {}",
+            describe(&ours),
+            describe(&karpenter)
+        );
         // More nodes only when that is strictly cheaper (issue 32).
-        prop_assert!(ours.cost() < karpenter.cost() * (1.0 - 1e-9) - 1e-9 || new_nodes(&ours) <= new_nodes(&karpenter),
-            "nodesmith uses more nodes at no saving:\nours {}\nkarpenter {}", describe(&ours), describe(&karpenter));
+        prop_assert!(
+            ours.cost() < karpenter.cost() * (1.0 - 1e-9) - 1e-9 || new_nodes(&ours) <= new_nodes(&karpenter),
+            "nodesmith uses more nodes at no saving:\nours {}\nkarpenter {}",
+            describe(&ours),
+            describe(&karpenter)
+        );
     }
     Ok(())
 }
@@ -397,10 +419,18 @@ fn a_zone_the_pool_names_is_a_spread_domain_even_where_it_cannot_launch() {
     };
     for exponent in [0.8, 1.0, 1.15] {
         let cluster = Cluster {
-            pricing: Pricing { exponent, ..Pricing::default() },
+            pricing: Pricing {
+                exponent,
+                ..Pricing::default()
+            },
             pools: vec![spot_only_in_b_and_c.clone()],
             // Two zonal-spread pods (1 and 1.5 vCPU), a generic and an on-demand-only pod (0.5 vCPU each).
-            pods: vec![(8, 3, 0, (1, 0)), (8, 4, 0, (1, 0)), (0, 2, 0, (0, 0)), (7, 2, 0, (0, 0))],
+            pods: vec![
+                (8, 3, 0, (1, 0)),
+                (8, 4, 0, (1, 0)),
+                (0, 2, 0, (0, 0)),
+                (7, 2, 0, (0, 0)),
+            ],
             daemons: vec![],
             // An on-demand node in zone b with one 1-vCPU pod.
             nodes: vec![(1, 1)],
