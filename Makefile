@@ -1,18 +1,17 @@
 # `sam build` (BuildMethod: makefile) runs one target per function,
-# build-<LogicalId>, with ARTIFACTS_DIR set. Each target asks cargo-lambda for
-# all four binaries at once: the first compiles the workspace a single time
-# and links the four in parallel, and the other three find them built (a few
-# seconds each). samconfig.toml sets build_in_source, so target/ is shared.
+# build-<LogicalId>, with ARTIFACTS_DIR set. One binary serves all four
+# functions (functions/lambda; each function's Handler picks its part), so the
+# first target compiles and links the workspace once and the other three find
+# it built. samconfig.toml sets build_in_source, so target/ is shared.
 #
 # LAMBDA_ARCH picks cargo-lambda's target (the template's functions are arm64).
 
 LAMBDA_ARCH ?= --arm64
-FUNCTIONS := provision launch interrupt sweep
 
-.PHONY: lambdas
-lambdas:
-	cargo lambda build --release --locked $(LAMBDA_ARCH) $(addprefix --package ,$(FUNCTIONS))
+.PHONY: lambda
+lambda:
+	cargo lambda build --release --locked $(LAMBDA_ARCH) --package nodesmith-lambda
 
-# build-ProvisionFunction copies target/lambda/provision/bootstrap, and so on.
-build-%Function: lambdas
-	cp target/lambda/$(shell echo '$*' | tr '[:upper:]' '[:lower:]')/bootstrap "$(ARTIFACTS_DIR)/bootstrap"
+# Every function's artifact is the same bootstrap.
+build-%Function: lambda
+	cp target/lambda/nodesmith-lambda/bootstrap "$(ARTIFACTS_DIR)/bootstrap"

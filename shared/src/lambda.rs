@@ -26,6 +26,61 @@ static INIT_STARTED: OnceLock<Instant> = OnceLock::new();
 /// the meter's write and the answer to the Runtime API.
 pub const ANSWER_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The variable Lambda sets to a function's `Handler`: the template gives
+/// each function its name there, and the one Lambda binary serves that one.
+pub const HANDLER_ENV: &str = "_HANDLER";
+
+/// One of the four functions the Lambda binary serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Function {
+    /// Pending pods → NodeClaims.
+    Provision,
+    /// NodeClaims → EC2 instances.
+    Launch,
+    /// EC2 events → taints, drains, replacements.
+    Interrupt,
+    /// The scheduled node lifecycle and disruption.
+    Sweep,
+}
+
+impl Function {
+    /// All four, in the template's order.
+    pub const ALL: [Function; 4] = [
+        Function::Provision,
+        Function::Launch,
+        Function::Interrupt,
+        Function::Sweep,
+    ];
+
+    /// Its name: its `Handler` in the template, its log group and meter.
+    pub fn name(self) -> &'static str {
+        match self {
+            Function::Provision => "provision",
+            Function::Launch => "launch",
+            Function::Interrupt => "interrupt",
+            Function::Sweep => "sweep",
+        }
+    }
+
+    /// The function this process serves, from [`HANDLER_ENV`].
+    pub fn from_env() -> Result<Function, SettingError> {
+        Settings::from_env().parsed_required(HANDLER_ENV)
+    }
+}
+
+impl std::str::FromStr for Function {
+    type Err = UnknownFunction;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Function::ALL.into_iter().find(|f| f.name() == s).ok_or(UnknownFunction)
+    }
+}
+
+/// A handler name that is none of the four functions.
+#[derive(Debug, thiserror::Error)]
+#[error("the Lambda binary serves provision, launch, interrupt or sweep")]
+pub struct UnknownFunction;
+
 /// The deadline a handler works to: the invocation's (`context.deadline`,
 /// milliseconds since the epoch) less [`ANSWER_MARGIN`].
 pub fn invocation_deadline(context: &lambda_runtime::Context) -> Deadline {

@@ -94,9 +94,19 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         T: FromStr,
         T::Err: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let Some(value) = self.optional(name) else {
-            return Ok(default);
-        };
+        match self.optional(name) {
+            Some(_) => self.parsed_required(name),
+            None => Ok(default),
+        }
+    }
+
+    /// Like [`Settings::parsed`] for a setting with no default: missing is an error.
+    pub fn parsed_required<T>(&self, name: &str) -> Result<T, SettingError>
+    where
+        T: FromStr,
+        T::Err: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let value = self.required(name)?;
         value.parse().map_err(|e: T::Err| {
             SettingError::new(
                 name,

@@ -3,7 +3,6 @@
 //! `cargo lambda watch` gives a developer, without installing it).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,10 +75,9 @@ pub struct Invocation {
     pub logs: String,
 }
 
-/// Runs `binary` with `env` under a Runtime API that hands it `event`, and
-/// returns its answer (or an error after 60 s without one).
+/// Runs the Lambda binary as `function` with `env` under a Runtime API that
+/// hands it `event`, and returns its answer (or an error after 60 s without one).
 pub async fn invoke(
-    binary: &Path,
     function: &str,
     env: &BTreeMap<String, String>,
     event: &serde_json::Value,
@@ -102,8 +100,10 @@ pub async fn invoke(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(binary)
+    let binary = crate::binary(crate::LAMBDA_BINARY);
+    let mut child = tokio::process::Command::new(&binary)
         .envs(env)
+        .env(nodesmith::lambda::HANDLER_ENV, function)
         .env("AWS_LAMBDA_RUNTIME_API", addr.to_string())
         .env("AWS_LAMBDA_FUNCTION_NAME", function)
         .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512")
@@ -136,10 +136,13 @@ pub async fn invoke(
     Ok(Invocation { path, body, init, logs })
 }
 
-/// Starts a function binary with `env` changed (`None`: removed), expects it
-/// to fail before serving any invocation, and returns all it printed.
-pub async fn failed_start(binary: &Path, env: &[(&str, Option<&str>)]) -> String {
-    let mut command = tokio::process::Command::new(binary);
+/// Starts the Lambda binary as `function` with `env` changed (`None`:
+/// removed), expects it to fail before serving any invocation, and returns
+/// all it printed.
+pub async fn failed_start(function: &str, env: &[(&str, Option<&str>)]) -> String {
+    let binary = crate::binary(crate::LAMBDA_BINARY);
+    let mut command = tokio::process::Command::new(&binary);
+    command.env(nodesmith::lambda::HANDLER_ENV, function);
     // A Runtime API nobody serves: a binary that got past its configuration would fail here instead.
     command.env("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9");
     for (name, value) in env {

@@ -29,6 +29,9 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// The one Lambda binary of the four functions (`functions/lambda`).
+pub const LAMBDA_BINARY: &str = "nodesmith-lambda";
+
 /// The workspace binary `name`, which must have been built.
 pub fn binary(name: &str) -> PathBuf {
     let path = bin_dir().join(name);

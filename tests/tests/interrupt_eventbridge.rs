@@ -124,14 +124,9 @@ impl Bus {
                     "eventSource": "aws:sqs", "awsRegion": "us-east-1", "attributes": {}, "messageAttributes": {}})
             })
             .collect();
-        let run = invoke(
-            nodesmith_tests::binary("interrupt").as_path(),
-            "interrupt",
-            &self.env(extra),
-            &json!({"Records": records}),
-        )
-        .await
-        .unwrap();
+        let run = invoke("interrupt", &self.env(extra), &json!({"Records": records}))
+            .await
+            .unwrap();
         assert_eq!(run.path, "req-1/response", "{}\n{}", run.body, run.logs);
         let resp: Value = serde_json::from_str(&run.body).unwrap();
         let failed: Vec<String> = resp["batchItemFailures"]

@@ -27,10 +27,7 @@ async fn binary_handles_an_sqs_event_against_moto() {
     let mut env: BTreeMap<String, String> = m.env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
     env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
-    let Invocation { path, body, init, .. } =
-        invoke(nodesmith_tests::binary("launch").as_path(), "launch", &env, &event)
-            .await
-            .unwrap();
+    let Invocation { path, body, init, .. } = invoke("launch", &env, &event).await.unwrap();
     // Reported, not asserted: timing depends on the machine.
     eprintln!("launch init (spawn → first poll of the Runtime API): {init:?}");
     assert_eq!(path, "req-1/response");
@@ -44,7 +41,7 @@ async fn binary_handles_an_sqs_event_against_moto() {
 #[tokio::test]
 async fn binary_without_configuration_says_what_is_missing() {
     let text = nodesmith_tests::lambda_runtime::failed_start(
-        &nodesmith_tests::binary("launch"),
+        "launch",
         &[("NODESMITH_TABLE", None), ("NODESMITH_CLUSTER_NAME", Some("demo"))],
     )
     .await;

@@ -458,10 +458,10 @@ fn the_functions_run_as_the_template_declares_them() {
         if r["Type"].as_str() != Some("AWS::Serverless::Function") {
             continue;
         }
-        let binary = r["Metadata"]["Binary"].as_str().unwrap();
+        let binary = r["Properties"]["Handler"].as_str().unwrap();
         let def = FUNCTIONS
             .iter()
-            .find(|f| f.binary == binary)
+            .find(|f| f.handler == binary)
             .unwrap_or_else(|| panic!("{binary} is not run by the local cloud"));
         let props = &r["Properties"];
         let memory = props["MemorySize"].as_u64().or(globals["MemorySize"].as_u64()).unwrap();

@@ -57,14 +57,7 @@ async fn binary_handles_a_pending_pod_batch() {
         .collect();
     env.insert("NODESMITH_TABLE".into(), "nodesmith".into());
     env.insert("NODESMITH_LAUNCH_QUEUE_URL".into(), queue.clone());
-    let done = invoke(
-        nodesmith_tests::binary("provision").as_path(),
-        "provision",
-        &env,
-        &event,
-    )
-    .await
-    .unwrap();
+    let done = invoke("provision", &env, &event).await.unwrap();
     eprintln!(
         "provision init (spawn → first poll of the Runtime API): {:?}",
         done.init
@@ -85,7 +78,7 @@ async fn binary_handles_a_pending_pod_batch() {
 #[tokio::test]
 async fn binary_without_configuration_says_what_is_missing() {
     let text = nodesmith_tests::lambda_runtime::failed_start(
-        &nodesmith_tests::binary("provision"),
+        "provision",
         &[
             ("NODESMITH_KUBE_URL", Some("http://127.0.0.1:9")),
             ("NODESMITH_TABLE", Some("nodesmith")),

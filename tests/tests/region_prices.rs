@@ -47,9 +47,7 @@ fn env_at(endpoint: &str, kube: &KubeServer) -> BTreeMap<String, String> {
 
 async fn sweep_once(env: &BTreeMap<String, String>) {
     let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
-    let done = invoke(nodesmith_tests::binary("sweep").as_path(), "sweep", env, &event)
-        .await
-        .unwrap();
+    let done = invoke("sweep", env, &event).await.unwrap();
     assert_eq!(done.path, "req-1/response", "{}", done.body);
 }
 

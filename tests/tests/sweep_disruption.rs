@@ -255,14 +255,7 @@ fn env(s: &Stack, budget: &str) -> BTreeMap<String, String> {
 /// One run of the real binary; its answer.
 async fn binary(s: &Stack, budget: &str) -> Value {
     let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
-    let run = invoke(
-        nodesmith_tests::binary("sweep").as_path(),
-        "sweep",
-        &env(s, budget),
-        &event,
-    )
-    .await
-    .unwrap();
+    let run = invoke("sweep", &env(s, budget), &event).await.unwrap();
     assert_eq!(run.path, "req-1/response", "{}\n{}", run.body, run.logs);
     serde_json::from_str(&run.body).unwrap()
 }

@@ -44,9 +44,7 @@ async fn binary_sweeps_once_under_the_runtime_api() {
     env.insert("NODESMITH_CLUSTER_NAME".into(), "demo".into());
     env.insert("NODESMITH_PENDING_QUEUE_URL".into(), pending.clone());
     let event = json!({"version": "0", "source": "aws.scheduler", "detail-type": "Scheduled Event", "detail": {}});
-    let done = invoke(nodesmith_tests::binary("sweep").as_path(), "sweep", &env, &event)
-        .await
-        .unwrap();
+    let done = invoke("sweep", &env, &event).await.unwrap();
     assert_eq!(done.path, "req-1/response", "{}", done.body);
     let mut resp: serde_json::Value = serde_json::from_str(&done.body).unwrap();
     let disruption = resp.as_object_mut().unwrap().remove("disruption").unwrap();
@@ -62,7 +60,7 @@ async fn binary_sweeps_once_under_the_runtime_api() {
 #[tokio::test]
 async fn binary_without_configuration_says_what_is_missing() {
     let text = nodesmith_tests::lambda_runtime::failed_start(
-        &nodesmith_tests::binary("sweep"),
+        "sweep",
         &[
             ("NODESMITH_KUBE_URL", Some("http://127.0.0.1:9")),
             ("NODESMITH_TABLE", Some("nodesmith")),
@@ -72,4 +70,19 @@ async fn binary_without_configuration_says_what_is_missing() {
     )
     .await;
     assert!(text.contains("NODESMITH_CLUSTER_NAME is not set"), "{text}");
+}
+
+#[tokio::test]
+async fn the_lambda_binary_names_a_handler_it_does_not_serve_or_a_missing_one() {
+    // The template gives every function its Handler; anything else (a typo, the
+    // old `bootstrap`) must stop the start, not serve some other function.
+    let text = nodesmith_tests::lambda_runtime::failed_start("bootstrap", &[]).await;
+    assert!(
+        text.contains(
+            "environment variable _HANDLER=\"bootstrap\" is not valid: the Lambda binary serves provision, launch, interrupt or sweep"
+        ),
+        "{text}"
+    );
+    let text = nodesmith_tests::lambda_runtime::failed_start("sweep", &[("_HANDLER", None)]).await;
+    assert!(text.contains("environment variable _HANDLER is not set"), "{text}");
 }

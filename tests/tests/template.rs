@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use nodesmith::lambda::Function;
 use serde_yaml_ng::Value;
 
 pub(super) fn template() -> Value {
@@ -33,29 +34,34 @@ pub(super) fn strings(v: &Value) -> Vec<String> {
 }
 
 #[test]
-fn every_function_is_a_workspace_binary() {
+fn every_function_is_served_by_the_lambda_binary_as_its_handler() {
     let t = template();
-    for (resource_name, binary) in [
-        ("ProvisionFunction", "provision"),
-        ("LaunchFunction", "launch"),
-        ("InterruptFunction", "interrupt"),
-        ("SweepFunction", "sweep"),
-    ] {
-        let r = resource(&t, resource_name);
-        assert_eq!(r["Type"].as_str(), Some("AWS::Serverless::Function"));
-        assert_eq!(r["Metadata"]["Binary"].as_str(), Some(binary));
+    let mut handlers = Vec::new();
+    for (resource_name, r) in resources_of(&t, "AWS::Serverless::Function") {
         assert_eq!(
             r["Metadata"]["BuildMethod"].as_str(),
             Some("makefile"),
             "{resource_name}"
         );
-        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../functions/{binary}/Cargo.toml"));
-        let text = std::fs::read_to_string(&manifest).unwrap_or_else(|_| panic!("no crate for {binary}"));
-        assert!(
-            text.contains(&format!("name = \"{binary}\"")),
-            "{manifest:?} builds {binary}"
-        );
+        let handler = r["Properties"]["Handler"].as_str().unwrap_or_default();
+        let function: Function = handler
+            .parse()
+            .unwrap_or_else(|e| panic!("{resource_name}'s Handler {handler:?}: {e}"));
+        assert_eq!(format!("{}Function", capitalised(function.name())), resource_name);
+        handlers.push(function);
     }
+    assert_eq!(handlers, Function::ALL, "one resource per function, in order");
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../functions/lambda/Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains(&format!("name = \"{}\"", nodesmith_tests::LAMBDA_BINARY)));
+}
+
+fn capitalised(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// What `sam build` runs for one function: the Makefile's commands, printed
@@ -80,44 +86,23 @@ fn sam_build_commands(logical_id: &str) -> Vec<String> {
 }
 
 #[test]
-fn sam_build_compiles_the_workspace_once_for_all_four_functions() {
+fn sam_build_compiles_and_links_one_binary_for_all_four_functions() {
     let t = template();
     let arch = t["Globals"]["Function"]["Architectures"][0].as_str();
     assert_eq!(arch, Some("arm64"), "the Makefile's default target is arm64");
-    let functions: Vec<(String, String)> = t["Resources"]
-        .as_mapping()
-        .unwrap()
-        .iter()
-        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Serverless::Function"))
-        .map(|(k, r)| {
-            (
-                k.as_str().unwrap().to_string(),
-                r["Metadata"]["Binary"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let functions = resources_of(&t, "AWS::Serverless::Function");
     assert_eq!(functions.len(), 4);
-    for (logical_id, binary) in &functions {
-        let commands = sam_build_commands(logical_id);
-        let [build, copy] = commands.as_slice() else {
-            panic!("build-{logical_id} runs one build and one copy: {commands:?}");
-        };
-        // Every target asks for all four binaries: whichever SAM runs first
-        // builds them together and the rest find them fresh.
-        let words: Vec<&str> = build.split_whitespace().collect();
-        assert!(
-            build.starts_with("cargo lambda build --release --locked --arm64"),
-            "{build}"
-        );
-        for (_, other) in &functions {
-            assert!(
-                words.windows(2).any(|w| w == ["--package", other.as_str()]),
-                "{build} builds {other}"
-            );
-        }
+    let binary = nodesmith_tests::LAMBDA_BINARY;
+    for (logical_id, _) in &functions {
+        // Every target asks for the one binary: whichever SAM runs first
+        // builds it and the rest find it fresh.
         assert_eq!(
-            copy,
-            &format!("cp target/lambda/{binary}/bootstrap \"ARTIFACTS/bootstrap\"")
+            sam_build_commands(logical_id),
+            [
+                format!("cargo lambda build --release --locked --arm64 --package {binary}"),
+                format!("cp target/lambda/{binary}/bootstrap \"ARTIFACTS/bootstrap\""),
+            ],
+            "build-{logical_id}"
         );
     }
     // Without build_in_source SAM would copy the source, target/ included,
@@ -482,7 +467,7 @@ fn each_function_role_enters_the_cluster_as_its_own_group_bound_to_its_own_role_
     let functions = resources_of(&t, "AWS::Serverless::Function");
     assert_eq!(functions.len(), 4);
     for (name, f) in functions {
-        let binary = f["Metadata"]["Binary"].as_str().unwrap();
+        let binary = f["Properties"]["Handler"].as_str().unwrap();
         let role = format!("{name}Role.Arn");
         let entry = entries
             .iter()

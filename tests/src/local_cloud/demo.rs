@@ -491,7 +491,7 @@ impl<'a> Demo<'a> {
         ];
         let all = self.cloud.activity.all();
         for f in super::FUNCTIONS {
-            let mine: Vec<&Invocation> = all.iter().filter(|i| i.function == f.binary).collect();
+            let mine: Vec<&Invocation> = all.iter().filter(|i| i.function == f.handler).collect();
             // The last invocation that decided something (an idle sweep says nothing).
             let last = mine
                 .iter()
@@ -505,7 +505,7 @@ impl<'a> Demo<'a> {
             };
             lines.push(format!(
                 "   {:<10} {:>5} {:>8}  {}",
-                f.binary,
+                f.handler,
                 mine.len(),
                 took,
                 decided.chars().take(70).collect::<String>()

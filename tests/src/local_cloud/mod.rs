@@ -31,8 +31,9 @@ use runtime::{Answer, Function, FunctionSpec, InvokeError};
 /// A function as `template.yaml` declares it, and the queue that feeds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FunctionDef {
-    /// The function's binary (its `Metadata.Binary`).
-    pub binary: &'static str,
+    /// The function's name: its `Handler` in the template, which the one
+    /// Lambda binary ([`crate::LAMBDA_BINARY`]) reads to serve it.
+    pub handler: &'static str,
     /// `MemorySize` in MiB.
     pub memory_mb: u64,
     /// `Timeout` in seconds.
@@ -70,28 +71,28 @@ pub enum QueueName {
 /// The functions (a test checks them against `template.yaml`).
 pub const FUNCTIONS: [FunctionDef; 4] = [
     FunctionDef {
-        binary: "provision",
+        handler: "provision",
         memory_mb: 3008,
         timeout_secs: 60,
         queue: Some((QueueName::Pending, 1000, true)),
         concurrency: 2,
     },
     FunctionDef {
-        binary: "launch",
+        handler: "launch",
         memory_mb: 512,
         timeout_secs: 60,
         queue: Some((QueueName::Launch, 10, false)),
         concurrency: 10,
     },
     FunctionDef {
-        binary: "interrupt",
+        handler: "interrupt",
         memory_mb: 2048,
         timeout_secs: 300,
         queue: Some((QueueName::Interruption, 10, false)),
         concurrency: 20,
     },
     FunctionDef {
-        binary: "sweep",
+        handler: "sweep",
         memory_mb: 3008,
         timeout_secs: 120,
         queue: None,
@@ -344,7 +345,7 @@ impl LocalCloud {
             true => Some(alone().await),
             false => None,
         };
-        for name in FUNCTIONS.iter().map(|f| f.binary).chain([FORWARDER]) {
+        for name in [crate::LAMBDA_BINARY, FORWARDER] {
             let p = settings.bin_dir.join(name);
             if !p.is_file() {
                 return Err(StartError::MissingBinary(p));
@@ -458,14 +459,14 @@ impl LocalCloud {
         for def in FUNCTIONS {
             let mut env = common.clone();
             // Each function as its own identity, held to its own ClusterRole.
-            if let Some(f) = crate::kube_server::rbac::Function::named(def.binary) {
+            if let Some(f) = crate::kube_server::rbac::Function::named(def.handler) {
                 env.extend(kube.env_for(f).into_iter().map(|(k, v)| (k.to_string(), v)));
             }
-            for (k, v) in extra.get(def.binary).into_iter().flatten() {
+            for (k, v) in extra.get(def.handler).into_iter().flatten() {
                 env.insert(k.to_string(), v.clone());
             }
             if let Some(dir) = &settings.crash_dir {
-                let file = |ext: &str| dir.join(format!("{}.{ext}", def.binary)).display().to_string();
+                let file = |ext: &str| dir.join(format!("{}.{ext}", def.handler)).display().to_string();
                 env.insert(nodesmith::crash::CRASH_FILE_ENV.into(), file("point"));
                 env.insert(nodesmith::crash::CALL_LOG_ENV.into(), file("calls"));
             }
@@ -477,12 +478,12 @@ impl LocalCloud {
             let processes = (0..concurrency)
                 .map(|_| {
                     Arc::new(Function::start(FunctionSpec {
-                        name: def.binary.to_string(),
-                        binary: settings.bin_dir.join(def.binary),
+                        name: def.handler.to_string(),
+                        binary: settings.bin_dir.join(crate::LAMBDA_BINARY),
                         env: env.clone(),
                         memory_mb: def.memory_mb,
                         timeout: Duration::from_secs(def.timeout_secs),
-                        log_file: Some(state_dir.join("logs").join(format!("{}.log", def.binary))),
+                        log_file: Some(state_dir.join("logs").join(format!("{}.log", def.handler))),
                     }))
                 })
                 .collect();

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// How a function is run.
 #[derive(Clone, Debug)]
 pub struct FunctionSpec {
-    /// The function's name (also its binary's name).
+    /// The function's name (its `Handler`).
     pub name: String,
     /// The binary.
     pub binary: PathBuf,
@@ -325,6 +325,7 @@ async fn supervise(
         let child = tokio::process::Command::new(&spec.binary)
             .envs(&spec.env)
             .env("AWS_LAMBDA_RUNTIME_API", &addr)
+            .env(nodesmith::lambda::HANDLER_ENV, &spec.name)
             .env("AWS_LAMBDA_FUNCTION_NAME", &spec.name)
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", spec.memory_mb.to_string())
             .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")

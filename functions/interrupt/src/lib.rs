@@ -12,8 +12,8 @@ use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
 use nodesmith::state::StateStore;
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
+/// Serves `interrupt` invocations from the Runtime API until Lambda ends the sandbox.
+pub async fn serve() -> Result<(), Error> {
     let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
     let store = StateStore::new(

@@ -8,8 +8,8 @@ use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::Meter;
 use nodesmith::launch::{LaunchConfig, Launcher, batch};
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
+/// Serves `launch` invocations from the Runtime API until Lambda ends the sandbox.
+pub async fn serve() -> Result<(), Error> {
     let sdk = nodesmith::lambda::start().await;
     let config = LaunchConfig::from_env()?;
     // EC2NodeClasses are read from the cluster, never taken from a message.

@@ -17,8 +17,8 @@ use nodesmith::sweep::{SweepConfig, Sweeper};
 use nodesmith::zonal_shift::ZonalShifts;
 use serde_json::{Value, json};
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
+/// Serves `sweep` invocations from the Runtime API until Lambda ends the sandbox.
+pub async fn serve() -> Result<(), Error> {
     let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
     let store = StateStore::new(

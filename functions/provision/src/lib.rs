@@ -14,8 +14,8 @@ use nodesmith::provisioning::{ProvisionConfig, Provisioner};
 use nodesmith::state::StateStore;
 use nodesmith::zonal_shift::ZonalShifts;
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
+/// Serves `provision` invocations from the Runtime API until Lambda ends the sandbox.
+pub async fn serve() -> Result<(), Error> {
     let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
     let store = StateStore::new(
