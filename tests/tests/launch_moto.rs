@@ -590,9 +590,8 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
         .unwrap();
 
     let classes = [EC2NodeClass::new("default", after.clone())];
-    let none = std::collections::BTreeSet::new();
     let now = jiff::Timestamp::now();
-    let young = gc::collect_templates(&ec2, CLUSTER, &classes, &none, now, gc::TEMPLATE_GRACE)
+    let young = gc::collect_templates(&ec2, &st, CLUSTER, &classes, now, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert!(
@@ -600,7 +599,7 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
         "a fresh template may be in use by a launch: {young:?}"
     );
     let later = now + jiff::SignedDuration::from_hours(1);
-    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, &none, later, gc::TEMPLATE_GRACE)
+    let deleted = gc::collect_templates(&ec2, &st, CLUSTER, &classes, later, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert_eq!(deleted.len(), 1, "{deleted:?}");
@@ -611,13 +610,13 @@ async fn the_sweep_deletes_templates_no_class_uses_any_more() {
         "{left:?}"
     );
     // Once the class is gone, its template goes too; a second pass finds nothing more.
-    let gone = gc::collect_templates(&ec2, CLUSTER, &[], &none, later, gc::TEMPLATE_GRACE)
+    let gone = gc::collect_templates(&ec2, &st, CLUSTER, &[], later, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert_eq!(gone.len(), 1);
     assert_eq!(names(template_user_data(&m).await), vec!["someone-elses".to_string()]);
     assert!(
-        gc::collect_templates(&ec2, CLUSTER, &[], &none, later, gc::TEMPLATE_GRACE)
+        gc::collect_templates(&ec2, &st, CLUSTER, &[], later, gc::TEMPLATE_GRACE)
             .await
             .unwrap()
             .is_empty()
@@ -662,12 +661,11 @@ async fn templates_of_an_ami_the_alias_moved_past_are_collected() {
         ..Default::default()
     });
     let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
-    let none = std::collections::BTreeSet::new();
     let deleted = gc::collect_templates(
         &ec2,
+        &st,
         CLUSTER,
         std::slice::from_ref(&class),
-        &none,
         later,
         gc::TEMPLATE_GRACE,
     )
@@ -718,17 +716,16 @@ async fn a_template_a_waiting_fleet_request_names_is_kept() {
     after.tags.insert("cost-center".into(), "42".into());
     let classes = [EC2NodeClass::new("default", after)];
     let later = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
-    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
-    assert_eq!(used.templates, std::collections::BTreeSet::from([old.clone()]));
-    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, &used.templates, later, gc::TEMPLATE_GRACE)
+    let in_flight = gc::templates_in_flight(&st.list_node_claims().await.unwrap());
+    assert_eq!(in_flight, std::collections::BTreeSet::from([old.clone()]));
+    let deleted = gc::collect_templates(&ec2, &st, CLUSTER, &classes, later, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert!(deleted.is_empty(), "claim wait-2's request names {old}: {deleted:?}");
     // Once the request is answered (here: the claim given up), the template goes.
     let waiting = st.get_node_claim("wait-2").await.unwrap().unwrap();
     st.delete_node_claim("wait-2", waiting.version).await.unwrap();
-    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
-    let deleted = gc::collect_templates(&ec2, CLUSTER, &classes, &used.templates, later, gc::TEMPLATE_GRACE)
+    let deleted = gc::collect_templates(&ec2, &st, CLUSTER, &classes, later, gc::TEMPLATE_GRACE)
         .await
         .unwrap();
     assert_eq!(deleted, vec![old]);

@@ -121,10 +121,10 @@ async fn a_role_gets_a_profile_made_on_first_use_reused_replaced_and_collected()
     // review: deleting it took their credentials).
     let classes = [EC2NodeClass::new("default", changed.clone())];
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
-    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
-    assert_eq!(used.profiles, BTreeSet::from([first.clone(), second.clone()]));
+    let used = gc::profiles_in_use(&ec2, CLUSTER).await.unwrap();
+    assert_eq!(used, BTreeSet::from([first.clone(), second.clone()]));
     let later = Timestamp::now() + SignedDuration::from_hours(2);
-    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &classes, &used.profiles, later, PROFILE_GRACE)
+    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &classes, &used, later, PROFILE_GRACE)
         .await
         .unwrap();
     assert!(deleted.is_empty(), "nodes run with {first}: {deleted:?}");
@@ -189,8 +189,8 @@ async fn a_profile_a_running_instance_uses_outlives_its_class() {
     let ec2 = aws_sdk_ec2::Client::new(&m.sdk_config().await);
     let later = Timestamp::now() + SignedDuration::from_hours(2);
     for classes in [vec![EC2NodeClass::new("default", changed.clone())], vec![]] {
-        let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
-        let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &classes, &used.profiles, later, PROFILE_GRACE)
+        let used = gc::profiles_in_use(&ec2, CLUSTER).await.unwrap();
+        let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &classes, &used, later, PROFILE_GRACE)
             .await
             .unwrap();
         assert!(deleted.is_empty(), "instance live-1 runs with {first}: {deleted:?}");
@@ -203,14 +203,14 @@ async fn a_profile_a_running_instance_uses_outlives_its_class() {
     // The node goes: the profile stays for the grace after it was last seen in use, then goes.
     let id = instances_of(&m, "live-1").await[0].instance_id().unwrap().to_string();
     ec2.terminate_instances().instance_ids(&id).send().await.unwrap();
-    let used = gc::in_use(&ec2, &st, CLUSTER).await.unwrap();
-    assert!(used.profiles.is_empty(), "{used:?}");
-    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &[], &used.profiles, later, PROFILE_GRACE)
+    let used = gc::profiles_in_use(&ec2, CLUSTER).await.unwrap();
+    assert!(used.is_empty(), "{used:?}");
+    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &[], &used, later, PROFILE_GRACE)
         .await
         .unwrap();
     assert!(deleted.is_empty(), "seen in use just now: {deleted:?}");
     let after_grace = later + SignedDuration::try_from(PROFILE_GRACE).unwrap();
-    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &[], &used.profiles, after_grace, PROFILE_GRACE)
+    let deleted = gc::collect_profiles(&iam, &st, CLUSTER, &[], &used, after_grace, PROFILE_GRACE)
         .await
         .unwrap();
     assert_eq!(deleted, vec![first]);

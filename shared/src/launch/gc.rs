@@ -52,15 +52,6 @@ pub struct OwnedTemplate {
     pub created: Option<Timestamp>,
 }
 
-/// What live resources reference, as the sweep sees it: nothing named here is collected.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InUse {
-    /// Launch templates named by the CreateFleet request of a claim not launched yet.
-    pub templates: BTreeSet<String>,
-    /// Instance profiles of the cluster's instances that are pending, running, stopping or stopped.
-    pub profiles: BTreeSet<String>,
-}
-
 /// Instance states in which an instance still needs its profile's credentials
 /// (a stopped one may be started again).
 const PROFILE_STATES: [&str; 4] = ["pending", "running", "stopping", "stopped"];
@@ -76,9 +67,9 @@ pub fn templates_in_flight(claims: &[NodeClaim]) -> BTreeSet<String> {
         .collect()
 }
 
-/// What the claims in the table and the cluster's live instances reference.
-pub async fn in_use(ec2: &aws_sdk_ec2::Client, store: &StateStore, cluster: &str) -> Result<InUse, LaunchError> {
-    let claims = store.list_node_claims().await?;
+/// Instance profiles of the cluster's instances that are pending, running,
+/// stopping or stopped: none of them is collected.
+pub async fn profiles_in_use(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result<BTreeSet<String>, LaunchError> {
     let mut pages = ec2
         .describe_instances()
         .filters(
@@ -104,10 +95,7 @@ pub async fn in_use(ec2: &aws_sdk_ec2::Client, store: &StateStore, cluster: &str
             }
         }
     }
-    Ok(InUse {
-        templates: templates_in_flight(&claims),
-        profiles,
-    })
+    Ok(profiles)
 }
 
 /// Templates no class uses: the class they name is gone, its hash moved on,
@@ -195,19 +183,28 @@ pub async fn owned_templates(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result
     Ok(out)
 }
 
-/// Deletes the cluster's orphaned templates as of `now`, except those
-/// `in_flight`; returns the names deleted (one already gone counts as deleted).
+/// Deletes the cluster's orphaned templates as of `now` (`classes` listed
+/// before this call), except those a waiting launch request names; returns
+/// the names deleted (one already gone counts as deleted). The claims are
+/// read only when some template is orphaned, which in most runs none is: a
+/// sweep need not list them a third time to find nothing to delete.
 pub async fn collect_templates(
     ec2: &aws_sdk_ec2::Client,
+    store: &StateStore,
     cluster: &str,
     classes: &[EC2NodeClass],
-    in_flight: &BTreeSet<String>,
     now: Timestamp,
     grace: Duration,
 ) -> Result<Vec<String>, LaunchError> {
     let owned = owned_templates(ec2, cluster).await?;
+    let mut orphans = orphaned_templates(&owned, classes, &BTreeSet::new(), now, grace);
+    if !orphans.is_empty() {
+        // Read after the classes: a launch writes its request before CreateFleet.
+        let in_flight = templates_in_flight(&store.list_node_claims().await?);
+        orphans.retain(|t| !in_flight.contains(t));
+    }
     let mut deleted = Vec::new();
-    for name in orphaned_templates(&owned, classes, in_flight, now, grace) {
+    for name in orphans {
         match ec2.delete_launch_template().launch_template_name(&name).send().await {
             Ok(_) => {}
             Err(e)
@@ -262,10 +259,11 @@ pub async fn collect_profiles(
     Ok(deleted)
 }
 
-/// The sweep's step: reads the EC2NodeClasses, the claims and the live
-/// instances, and collects orphaned launch templates and (given IAM)
-/// instance profiles that nothing references. A failure is logged and left
-/// to the next run (it never fails the sweep). Returns what was deleted.
+/// The sweep's step: reads the EC2NodeClasses (then, when a template is
+/// orphaned, the claims; given IAM, the live instances), and collects
+/// orphaned launch templates and (given IAM) instance profiles that nothing
+/// references. A failure is logged and left to the next run (it never fails
+/// the sweep). Returns what was deleted.
 pub async fn sweep<C: Cluster>(
     cluster: &C,
     ec2: &aws_sdk_ec2::Client,
@@ -280,16 +278,8 @@ pub async fn sweep<C: Cluster>(
             return Vec::new();
         }
     };
-    // Read after the classes: a launch writes its request before CreateFleet.
-    let used = match in_use(ec2, store, cluster_name).await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %crate::telemetry::causes(&e), "cannot tell what is in use; launch templates and profiles are collected next run");
-            return Vec::new();
-        }
-    };
     let now = Timestamp::now();
-    let mut deleted = match collect_templates(ec2, cluster_name, &classes, &used.templates, now, TEMPLATE_GRACE).await {
+    let mut deleted = match collect_templates(ec2, store, cluster_name, &classes, now, TEMPLATE_GRACE).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::causes(&e), "cannot collect launch templates; the next sweep tries again");
@@ -297,7 +287,11 @@ pub async fn sweep<C: Cluster>(
         }
     };
     if let Some(iam) = iam {
-        match collect_profiles(iam, store, cluster_name, &classes, &used.profiles, now, PROFILE_GRACE).await {
+        let collected = match profiles_in_use(ec2, cluster_name).await {
+            Ok(used) => collect_profiles(iam, store, cluster_name, &classes, &used, now, PROFILE_GRACE).await,
+            Err(e) => Err(e),
+        };
+        match collected {
             Ok(d) => deleted.extend(d),
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "cannot collect instance profiles; the next sweep tries again")
