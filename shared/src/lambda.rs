@@ -31,7 +31,7 @@ pub const ANSWER_MARGIN: std::time::Duration = std::time::Duration::from_secs(1)
 pub const HANDLER_ENV: &str = "_HANDLER";
 
 /// One of the four functions the Lambda binary serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Function {
     /// Pending pods → NodeClaims.
     Provision,
@@ -94,6 +94,14 @@ pub fn invocation_deadline(context: &lambda_runtime::Context) -> Deadline {
 /// (the process environment through [`Settings`]).
 pub fn required_env(name: &str) -> Result<String, SettingError> {
     Settings::from_env().required(name)
+}
+
+/// The state table `NODESMITH_TABLE` names, through `sdk`'s DynamoDB client.
+pub fn state_store(sdk: &aws_config::SdkConfig) -> Result<StateStore, SettingError> {
+    Ok(StateStore::new(
+        aws_sdk_dynamodb::Client::new(sdk),
+        required_env("NODESMITH_TABLE")?,
+    ))
 }
 
 /// The answer to an SQS batch that reports failures per record: SQS deletes

@@ -10,16 +10,12 @@ use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use nodesmith::interruption::handler::{InterruptConfig, Interrupter};
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
-use nodesmith::state::StateStore;
 
 /// Serves `interrupt` invocations from the Runtime API until Lambda ends the sandbox.
 pub async fn serve() -> Result<(), Error> {
     let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
-    let store = StateStore::new(
-        aws_sdk_dynamodb::Client::new(&sdk),
-        lambda::required_env("NODESMITH_TABLE")?,
-    );
+    let store = lambda::state_store(&sdk)?;
     let config = InterruptConfig::from_env()?;
     let interrupter = Interrupter::new(cluster, store.clone(), aws_sdk_sqs::Client::new(&sdk), config);
     // Last before polling: the meter ends the init phase.

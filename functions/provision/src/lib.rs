@@ -11,17 +11,13 @@ use nodesmith::catalog::price_list::PriceList;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
-use nodesmith::state::StateStore;
 use nodesmith::zonal_shift::ZonalShifts;
 
 /// Serves `provision` invocations from the Runtime API until Lambda ends the sandbox.
 pub async fn serve() -> Result<(), Error> {
     let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
-    let store = StateStore::new(
-        aws_sdk_dynamodb::Client::new(&sdk),
-        lambda::required_env("NODESMITH_TABLE")?,
-    );
+    let store = lambda::state_store(&sdk)?;
     let config = ProvisionConfig::from_env()?;
     let provisioner = Provisioner::new(cluster, store.clone(), aws_sdk_sqs::Client::new(&sdk), config)
         .with_ec2(aws_sdk_ec2::Client::new(&sdk))

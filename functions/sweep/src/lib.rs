@@ -12,7 +12,6 @@ use nodesmith::deadline::Deadline;
 use nodesmith::ec2::Instances;
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::lambda::{self, Meter};
-use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
 use nodesmith::zonal_shift::ZonalShifts;
 use serde_json::{Value, json};
@@ -21,10 +20,7 @@ use serde_json::{Value, json};
 pub async fn serve() -> Result<(), Error> {
     let sdk = lambda::start().await;
     let cluster = KubeCluster::from_env(sdk.clone())?;
-    let store = StateStore::new(
-        aws_sdk_dynamodb::Client::new(&sdk),
-        lambda::required_env("NODESMITH_TABLE")?,
-    );
+    let store = lambda::state_store(&sdk)?;
     let instances = Instances::new(
         aws_sdk_ec2::Client::new(&sdk),
         lambda::required_env("NODESMITH_CLUSTER_NAME")?,

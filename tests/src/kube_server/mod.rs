@@ -85,7 +85,7 @@ pub use kubelet::{
     KubeletLoop, KubeletReport, KubeletTiming, KubeletUserData, Kubelets, NodeRegistration, Refusal,
     kubelet_flags_from_user_data,
 };
-pub use rbac::{Function, Identity, Permission};
+pub use rbac::{Function, FunctionIdentity, Identity, Permission};
 use resources::{DEPLOYMENTS, NAMESPACES, NODES, PODS, REPLICASETS, Resource};
 pub use scheduler::ScheduleReport;
 use store::{Store, now_rfc3339};
@@ -454,7 +454,7 @@ impl KubeServer {
     }
 
     /// Environment for one function's binary: this server, with that
-    /// function's own identity (token [`rbac::Function::token`]), held to its
+    /// function's own identity (token [`rbac::FunctionIdentity::token`]), held to its
     /// own ClusterRole as the stack's access entry holds it in EKS.
     pub fn env_for(&self, function: rbac::Function) -> Vec<(&'static str, String)> {
         use nodesmith::kubernetes::kube_cluster::{KUBE_TOKEN_ENV, KUBE_URL_ENV};

@@ -42,54 +42,28 @@ pub const LAMBDA_TOKEN: &str = "nodesmith-lambda";
 pub const LAMBDA_USER: &str = "nodesmith-lambda";
 
 /// One of nodesmith's functions, each its own identity in the cluster.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Function {
-    /// `provision`.
-    Provision,
-    /// `launch`.
-    Launch,
-    /// `interrupt`.
-    Interrupt,
-    /// `sweep`.
-    Sweep,
+pub use nodesmith::lambda::Function;
+
+/// A function's identity in the cluster.
+pub trait FunctionIdentity {
+    /// The group the stack's access entry gives its role: `nodesmith:<name>`.
+    fn group(self) -> String;
+    /// The ClusterRole its group is bound to: `nodesmith-<name>`.
+    fn role(self) -> String;
+    /// The bearer token (and user name) that stands for it: `nodesmith-<name>`.
+    fn token(self) -> &'static str;
 }
 
-impl Function {
-    /// Every function.
-    pub const ALL: [Function; 4] = [
-        Function::Provision,
-        Function::Launch,
-        Function::Interrupt,
-        Function::Sweep,
-    ];
-
-    /// Its binary's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Function::Provision => "provision",
-            Function::Launch => "launch",
-            Function::Interrupt => "interrupt",
-            Function::Sweep => "sweep",
-        }
-    }
-
-    /// The function named `name`, if it is one.
-    pub fn named(name: &str) -> Option<Function> {
-        Function::ALL.into_iter().find(|f| f.name() == name)
-    }
-
-    /// The group the stack's access entry gives its role: `nodesmith:<name>`.
-    pub fn group(self) -> String {
+impl FunctionIdentity for Function {
+    fn group(self) -> String {
         format!("nodesmith:{}", self.name())
     }
 
-    /// The ClusterRole its group is bound to: `nodesmith-<name>`.
-    pub fn role(self) -> String {
+    fn role(self) -> String {
         format!("nodesmith-{}", self.name())
     }
 
-    /// The bearer token (and user name) that stands for it: `nodesmith-<name>`.
-    pub fn token(self) -> &'static str {
+    fn token(self) -> &'static str {
         match self {
             Function::Provision => "nodesmith-provision",
             Function::Launch => "nodesmith-launch",
@@ -98,6 +72,7 @@ impl Function {
         }
     }
 }
+
 /// The prefix of EKS bearer tokens (as `nodesmith::kubernetes::auth` mints them).
 pub const EKS_TOKEN_PREFIX: &str = "k8s-aws-v1.";
 /// The forwarder's ServiceAccount namespace (its Deployment's).
@@ -793,7 +768,7 @@ mod tests {
         h.insert("authorization", "Bearer nodesmith-sweep".parse().unwrap());
         assert_eq!(identify(&h), Identity::Function(Function::Sweep));
         assert_eq!(Identity::Function(Function::Launch).user().name, "nodesmith-launch");
-        assert_eq!(Function::named("interrupt"), Some(Function::Interrupt));
+        assert_eq!("interrupt".parse::<Function>().ok(), Some(Function::Interrupt));
     }
 
     fn names(roles: &[BoundRole]) -> Vec<&str> {

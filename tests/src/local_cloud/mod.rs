@@ -459,7 +459,7 @@ impl LocalCloud {
         for def in FUNCTIONS {
             let mut env = common.clone();
             // Each function as its own identity, held to its own ClusterRole.
-            if let Some(f) = crate::kube_server::rbac::Function::named(def.handler) {
+            if let Ok(f) = def.handler.parse::<nodesmith::lambda::Function>() {
                 env.extend(kube.env_for(f).into_iter().map(|(k, v)| (k.to_string(), v)));
             }
             for (k, v) in extra.get(def.handler).into_iter().flatten() {
