@@ -1,6 +1,7 @@
 //! Collecting what launch leaves behind: launch templates and instance
 //! profiles (`super::profile`) no EC2NodeClass uses any more, and nothing
-//! a live resource still references ([`InUse`]). Templates are shared (one per class hash, AMI,
+//! a live resource still references ([`templates_in_flight`],
+//! [`profiles_in_use`]). Templates are shared (one per class hash, AMI,
 //! user data and capacity type, and per capacity reservation) and tagged with
 //! the class's name and drift hash, their AMI and their reservation, so a
 //! template is orphaned once its class is gone or has changed, its AMI is no
