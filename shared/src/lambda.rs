@@ -280,6 +280,27 @@ impl Meter {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_handler_names_exactly_one_function_and_nothing_else_is_one() {
+        for f in Function::ALL {
+            assert_eq!(f.name().parse::<Function>().ok(), Some(f));
+        }
+        for other in ["bootstrap", "Sweep", " sweep", "", "forwarder"] {
+            assert!(other.parse::<Function>().is_err(), "{other:?}");
+        }
+        let settings = Settings::new(|k: &str| (k == HANDLER_ENV).then(|| "sweeps".to_string()));
+        let e = settings.parsed_required::<Function>(HANDLER_ENV).unwrap_err();
+        assert_eq!(
+            format!("{e:?}"),
+            "environment variable _HANDLER=\"sweeps\" is not valid: the Lambda binary serves provision, launch, interrupt or sweep"
+        );
+        let unset = Settings::new(|_: &str| None).parsed_required::<Function>(HANDLER_ENV);
+        assert_eq!(
+            format!("{:?}", unset.unwrap_err()),
+            "environment variable _HANDLER is not set"
+        );
+    }
+
     #[tokio::test]
     async fn the_first_invocation_is_the_cold_one_and_the_response_passes_through() {
         let meter = Meter::new("sweep", None);
