@@ -27,11 +27,13 @@ use nodesmith::kubernetes::KubeCluster;
 use nodesmith::labels;
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::provisioning::{ProvisionConfig, Provisioner};
+use nodesmith::requirements::{Requirement, Requirements};
 use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::capacity_units::{self, Consumed};
 use crate::fault_proxy::FaultProxy;
 use crate::kube_server::{KubeServer, NodeRegistration, bind_json};
 use crate::local_cloud::aws::{self, DISCOVERY, TABLE};
@@ -59,6 +61,8 @@ pub enum Scenario {
     Interrupt,
     /// 200 spot interruption warnings through 20 concurrent invocations of 10.
     Storm,
+    /// One full claim list, as every sweep and solve reads it: its read units and item sizes.
+    Claims,
 }
 
 impl Scenario {
@@ -69,6 +73,7 @@ impl Scenario {
             "provision" => Some(Scenario::Provision),
             "interrupt" => Some(Scenario::Interrupt),
             "storm" => Some(Scenario::Storm),
+            "claims" => Some(Scenario::Claims),
             _ => None,
         }
     }
@@ -79,6 +84,7 @@ impl Scenario {
             Scenario::Provision => "provision",
             Scenario::Interrupt => "interrupt",
             Scenario::Storm => "storm",
+            Scenario::Claims => "claims",
         }
     }
 }
@@ -102,6 +108,7 @@ impl Default for BenchOptions {
             nodes: 5_000,
             pods_per_node: 30,
             scenarios: vec![
+                Scenario::Claims,
                 Scenario::Sweep,
                 Scenario::Provision,
                 Scenario::Interrupt,
@@ -141,6 +148,46 @@ fn seed_of(n: usize) -> Seed {
         cpu,
         memory,
     }
+}
+
+/// The NodePools: name, instance families, capacity type.
+const POOLS: [(&str, &[&str], &str); 3] = [
+    ("general", &["m5", "c5"], "on-demand"),
+    ("spot", &["m5", "r5"], "spot"),
+    ("memory", &["r5"], "on-demand"),
+];
+
+/// The requirements and instance-type options a solve gives a claim of a
+/// pool: its families in the built-in catalog, cheapest offering first, as
+/// many as a claim keeps.
+fn claim_requirements(
+    pool: &str,
+    families: &[&str],
+    capacity_type: &str,
+) -> Result<(Requirements, Vec<String>), String> {
+    let mut reqs = Requirements::default();
+    reqs.add(Requirement::in_values(labels::aws::FAMILY, families));
+    reqs.add(Requirement::in_values(labels::CAPACITY_TYPE, &[capacity_type]));
+    reqs.add(Requirement::in_values(labels::NODEPOOL, &[pool]));
+    let catalog = nodesmith::catalog::builtin::builtin().map_err(|e| e.to_string())?;
+    let mut priced: Vec<(f64, String)> = catalog
+        .resolve(None)
+        .into_iter()
+        .filter(|t| {
+            t.labels
+                .get(labels::aws::FAMILY)
+                .is_some_and(|f| families.contains(&f.as_str()))
+        })
+        .filter_map(|t| t.cheapest_offering(&reqs).map(|o| (o.price, t.name.clone())))
+        .collect();
+    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+    let options: Vec<String> = priced
+        .into_iter()
+        .map(|(_, name)| name)
+        .take(nodesmith::nodeclaim::MAX_INSTANCE_TYPE_OPTIONS)
+        .collect();
+    reqs.add(Requirement::in_values(labels::INSTANCE_TYPE, &options));
+    Ok((reqs, options))
 }
 
 fn pool_json(name: &str, families: &[&str], capacity_type: &str) -> Value {
@@ -200,11 +247,9 @@ async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Be
         .map_err(err("EC2NodeClass"))?;
     let class: EC2NodeClass = serde_json::from_value(class).map_err(|e| e.to_string())?;
     let mut pool_hash = BTreeMap::new();
-    for (name, families, ct) in [
-        ("general", &["m5", "c5"][..], "on-demand"),
-        ("spot", &["m5", "r5"][..], "spot"),
-        ("memory", &["r5"][..], "on-demand"),
-    ] {
+    let mut pool_requirements = BTreeMap::new();
+    for (name, families, ct) in POOLS {
+        pool_requirements.insert(name, claim_requirements(name, families, ct)?);
         let v = kube.apply(&pool_json(name, families, ct)).map_err(err("NodePool"))?;
         let pool: NodePool = serde_json::from_value(v).map_err(|e| e.to_string())?;
         pool_hash.insert(name, pool.hash());
@@ -304,12 +349,23 @@ async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Be
         .map(|n| {
             let s = seed_of(n);
             let registered = n < options.nodes;
-            let requirement = serde_json::from_value(
-                json!({"key": labels::CAPACITY_TYPE, "operator": "In", "values": [s.capacity_type]}),
-            );
             let mut c = NodeClaim::pending(claim_name(n), s.pool, "default");
-            c.requirements = requirement.into_iter().collect();
-            c.instance_type_options = vec![s.instance_type.to_string()];
+            // What a solve writes: the pool's requirements and the cheapest options.
+            if let Some((reqs, types)) = pool_requirements.get(s.pool) {
+                c.set_requirements(reqs);
+                c.instance_type_options = types.clone();
+            }
+            c.labels.insert(labels::NODEPOOL.into(), s.pool.into());
+            let pods = options.pods_per_node as i64;
+            for (resource, quantity) in [
+                ("cpu", format!("{}m", 100 * (pods + 1))),
+                ("memory", format!("{}Mi", 256 * pods + 128)),
+                ("pods", (pods + 1).to_string()),
+            ] {
+                if let Ok(q) = nodesmith::quantity::Quantity::parse(&quantity) {
+                    c.resources.set(resource, q);
+                }
+            }
             c.phase = if registered {
                 Phase::Initialized
             } else {
@@ -461,7 +517,17 @@ struct Figures {
     kube_requests: usize,
     kube_response_bytes: u64,
     dynamodb_calls: BTreeMap<String, usize>,
-    dynamodb_consumed_capacity: Option<f64>,
+    /// Read and write units as DynamoDB would bill them, computed at the proxy
+    /// from the items each call carried (see `capacity_units`): the total and
+    /// by action and partition.
+    dynamodb_consumed: Consumed,
+    dynamodb_consumed_by_call: BTreeMap<String, Consumed>,
+    /// Milliseconds of `wall_ms` during which some AWS call waited for moto:
+    /// the local double's pace (moto is one Python process), not nodesmith's.
+    aws_wait_ms: u128,
+    /// Milliseconds the calls of each AWS action waited for moto, summed over
+    /// concurrent calls (so they may add up to more than `aws_wait_ms`).
+    aws_upstream_ms: BTreeMap<String, u128>,
     aws_other_calls: BTreeMap<String, usize>,
     outcome: Value,
 }
@@ -561,6 +627,9 @@ fn median(mut values: Vec<u128>) -> Option<u128> {
 
 async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario) -> Result<Value, String> {
     let calls_before = bench.proxy.all_calls();
+    let units_before = bench.proxy.consumed_units();
+    let upstream_before = bench.proxy.upstream_time();
+    let busy_before = bench.proxy.upstream_busy();
     let requests_before = bench.kube.requests().len();
     let bytes_before = bench.kube.response_bytes();
     let rss_before_mb = status_mb("VmRSS:");
@@ -666,6 +735,10 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
                 "ignored": outcome.ignored,
             })
         }
+        Scenario::Claims => {
+            let claims = bench.store.list_node_claims().await.map_err(|e| e.to_string())?;
+            json!({"claims": claims.len()})
+        }
         Scenario::Storm => {
             // The first spot nodes (the interrupt scenario takes the last
             // ones), ten warnings per invocation as the queue's batch size,
@@ -735,6 +808,16 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
     let wall_ms = started.elapsed().as_millis();
     let peak_rss_mb = status_mb("VmHWM:");
     let mut calls = calls_since(&calls_before, &bench.proxy.all_calls());
+    let units: BTreeMap<String, Consumed> = bench
+        .proxy
+        .consumed_units()
+        .into_iter()
+        .map(|(label, c)| {
+            let since = units_before.get(&label).map_or(c, |b| c.since(b));
+            (label, since)
+        })
+        .filter(|(_, c)| c.calls > 0)
+        .collect();
     let dynamodb_calls: BTreeMap<String, usize> = DYNAMODB_ACTIONS
         .iter()
         .filter_map(|a| calls.remove(*a).map(|n| (a.to_string(), n)))
@@ -751,8 +834,19 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
         kube_requests: bench.kube.requests().len() - requests_before,
         kube_response_bytes: bench.kube.response_bytes() - bytes_before,
         dynamodb_calls,
-        // nodesmith does not ask for ReturnConsumedCapacity: calls are counted at the proxy instead.
-        dynamodb_consumed_capacity: None,
+        dynamodb_consumed: capacity_units::total(&units),
+        dynamodb_consumed_by_call: units,
+        aws_wait_ms: bench.proxy.upstream_busy().saturating_sub(busy_before).as_millis(),
+        aws_upstream_ms: bench
+            .proxy
+            .upstream_time()
+            .into_iter()
+            .map(|(action, d)| {
+                let before = upstream_before.get(&action).copied().unwrap_or_default();
+                (action, d.saturating_sub(before).as_millis())
+            })
+            .filter(|(_, ms)| *ms > 0)
+            .collect(),
         aws_other_calls: calls,
         outcome,
     };

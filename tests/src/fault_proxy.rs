@@ -45,6 +45,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
+use crate::capacity_units::{self, Consumed};
+
 /// One capacity rule: overrides matching it fail.
 #[derive(Debug, Clone)]
 struct CapacityRule {
@@ -122,11 +124,19 @@ struct Rules {
     transaction_conflicts: usize,
     forms: HashMap<String, Vec<Vec<(String, String)>>>,
     calls: HashMap<String, usize>,
+    /// Time spent waiting for the upstream's answers, by action (summed over concurrent calls).
+    upstream_time: HashMap<String, std::time::Duration>,
+    /// Calls waiting for the upstream now, and since when one has been.
+    in_flight: (usize, Option<std::time::Instant>),
+    /// Time during which at least one call waited for the upstream.
+    upstream_busy: std::time::Duration,
     /// The bodies of JSON-protocol calls (DynamoDB), by action, to count reads by what they ask.
     json_bodies: HashMap<String, Vec<String>>,
     throttled: HashMap<String, usize>,
     failed: HashMap<String, usize>,
     fleets: Vec<SeenFleet>,
+    /// DynamoDB's read and write units of the calls passed upstream, by label.
+    consumed: BTreeMap<String, Consumed>,
 }
 
 #[derive(Clone)]
@@ -249,6 +259,24 @@ impl FaultProxy {
         self.rules().calls.iter().map(|(a, n)| (a.clone(), *n)).collect()
     }
 
+    /// Time spent waiting for the upstream's answers (moto's, through the
+    /// proxy's own HTTP client) so far, by action, summed over concurrent calls.
+    pub fn upstream_time(&self) -> BTreeMap<String, std::time::Duration> {
+        self.rules()
+            .upstream_time
+            .iter()
+            .map(|(a, d)| (a.clone(), *d))
+            .collect()
+    }
+
+    /// Time so far during which at least one call waited for the upstream
+    /// (concurrent calls counted once): the wall time spent at the upstream's pace.
+    pub fn upstream_busy(&self) -> std::time::Duration {
+        let r = self.rules();
+        let open = r.in_flight.1.map(|from| from.elapsed()).unwrap_or_default();
+        r.upstream_busy + open
+    }
+
     /// How many JSON-protocol calls of `action` (DynamoDB's `Query`, ...) had a
     /// body containing `needle` (e.g. `"S":"DRAIN"` for reads of that partition).
     pub fn calls_matching(&self, action: &str, needle: &str) -> usize {
@@ -308,6 +336,12 @@ impl FaultProxy {
     /// How many calls of `action` were answered with an injected error ([`FaultProxy::fail_next`]).
     pub fn failed(&self, action: &str) -> usize {
         self.rules().failed.get(action).copied().unwrap_or(0)
+    }
+
+    /// DynamoDB's read and write units of every call passed upstream so far,
+    /// by action and partition (see [`capacity_units`]).
+    pub fn consumed_units(&self) -> BTreeMap<String, Consumed> {
+        self.rules().consumed.clone()
     }
 
     /// Every CreateFleet call that was forwarded or answered, in order.
@@ -567,18 +601,34 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             req = req.header(k, v);
         }
     }
-    let up = match req.body(body).send().await {
-        Ok(r) => r,
+    let sent = waiting(&s.rules, true);
+    let answered = async {
+        let up = req.body(body.clone()).send().await?;
+        let status = up.status();
+        let mut out_headers = HeaderMap::new();
+        for (k, v) in up.headers() {
+            if k != "content-length" && k != "transfer-encoding" && k != "connection" {
+                out_headers.insert(k.clone(), v.clone());
+            }
+        }
+        let bytes = up.bytes().await?.to_vec();
+        Ok::<_, reqwest::Error>((status, out_headers, bytes))
+    }
+    .await;
+    waiting(&s.rules, false);
+    *s.rules
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .upstream_time
+        .entry(act.clone())
+        .or_default() += sent.elapsed();
+    let (status, out_headers, mut bytes) = match answered {
+        Ok(a) => a,
         Err(e) => return (StatusCode::BAD_GATEWAY, format!("fault proxy: upstream failed: {e}")).into_response(),
     };
-    let status = up.status();
-    let mut out_headers = HeaderMap::new();
-    for (k, v) in up.headers() {
-        if k != "content-length" && k != "transfer-encoding" && k != "connection" {
-            out_headers.insert(k.clone(), v.clone());
-        }
+    if headers.contains_key("x-amz-target") {
+        count_units(&s.rules, &act, &body, &bytes, status.is_success());
     }
-    let mut bytes = up.bytes().await.unwrap_or_default().to_vec();
     if !errors_xml.is_empty() && status.is_success() {
         let text = String::from_utf8_lossy(&bytes).to_string();
         bytes = text
@@ -656,6 +706,46 @@ fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
 /// The strict-profiles setting (a plain function: no lock guard lives in the handler's future).
 fn strict_profiles(rules: &Mutex<Rules>) -> Option<usize> {
     rules.lock().unwrap_or_else(|p| p.into_inner()).strict_profiles
+}
+
+/// Counts a call starting (`true`) or ending its wait for the upstream, for
+/// the time during which any call waited; returns when it was called.
+fn waiting(rules: &Mutex<Rules>, starts: bool) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    let mut r = rules.lock().unwrap_or_else(|p| p.into_inner());
+    if starts {
+        r.in_flight.0 += 1;
+        r.in_flight.1.get_or_insert(now);
+    } else {
+        r.in_flight.0 = r.in_flight.0.saturating_sub(1);
+        if r.in_flight.0 == 0
+            && let Some(from) = r.in_flight.1.take()
+        {
+            r.upstream_busy += now - from;
+        }
+    }
+    now
+}
+
+/// Adds a DynamoDB call's units to the count (a call refused is counted only
+/// when a refusal consumes units).
+fn count_units(rules: &Mutex<Rules>, action: &str, request: &[u8], answer: &[u8], succeeded: bool) {
+    let (Ok(request), Ok(answer)) = (
+        serde_json::from_slice::<serde_json::Value>(request),
+        serde_json::from_slice::<serde_json::Value>(answer),
+    ) else {
+        return;
+    };
+    if !succeeded && !capacity_units::refusal_consumes(action, &answer) {
+        return;
+    }
+    let answer = if succeeded { answer } else { serde_json::Value::Null };
+    let c = capacity_units::consumed(action, &request, &answer);
+    let mut r = rules.lock().unwrap_or_else(|p| p.into_inner());
+    r.consumed
+        .entry(capacity_units::label(action, &request))
+        .or_default()
+        .add(&c);
 }
 
 /// Whether a request body contains `needle`.

@@ -5,6 +5,7 @@
 
 pub mod bench_scale;
 pub mod calls;
+pub mod capacity_units;
 pub mod eventbridge;
 pub mod fault_proxy;
 pub mod kube_server;

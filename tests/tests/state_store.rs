@@ -311,10 +311,13 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
         instance_types: types,
     };
     assert!(serde_json::to_vec(&big).unwrap().len() > state::PART_BYTES * 2);
+    let client = aws_sdk_dynamodb::Client::new(&m.sdk_config().await);
+    // Each read through a store of its own (a cold container), so the parts are read.
+    let cold = || StateStore::new(client.clone(), "nodesmith");
     let g1 = st.put_catalog(&big).await.unwrap();
     // (prices are binary fractions: serde_json's default float parsing may drop a last bit)
     assert!(
-        st.get_catalog().await.unwrap().as_ref() == Some(&big),
+        cold().get_catalog().await.unwrap().as_ref() == Some(&big),
         "big catalog did not round-trip"
     );
     let small = Catalog {
@@ -323,12 +326,12 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
     };
     let g2 = st.put_catalog(&small).await.unwrap();
     assert_ne!(g1, g2);
-    assert_eq!(st.get_catalog().await.unwrap(), Some(small.clone()));
+    let reader = cold();
+    assert_eq!(reader.get_catalog().await.unwrap(), Some(small.clone()));
 
     // A warm store reads only the head again: with the parts gone, the store
-    // that read them still answers, and a fresh one (a cold container) says
-    // the table is damaged.
-    let client = aws_sdk_dynamodb::Client::new(&m.sdk_config().await);
+    // that wrote them and the store that read them still answer, and a fresh
+    // one (a cold container) says the table is damaged.
     let parts = client
         .scan()
         .table_name("nodesmith")
@@ -351,9 +354,9 @@ async fn catalog_snapshot_round_trips_across_parts_and_generations() {
             .await
             .unwrap();
     }
-    assert_eq!(st.get_catalog().await.unwrap(), Some(small));
-    let cold = StateStore::new(client, "nodesmith");
-    assert!(matches!(cold.get_catalog().await, Err(StateError::Corrupt { .. })));
+    assert_eq!(st.get_catalog().await.unwrap(), Some(small.clone()), "the writer");
+    assert_eq!(reader.get_catalog().await.unwrap(), Some(small), "the reader");
+    assert!(matches!(cold().get_catalog().await, Err(StateError::Corrupt { .. })));
 }
 
 #[tokio::test]

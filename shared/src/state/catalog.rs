@@ -160,6 +160,11 @@ impl StateStore {
             .send()
             .await
             .map_err(|e| self.dynamo("PutItem", e))?;
+        // The writer keeps what a reader of this generation would get, so its
+        // next read is the head alone (the parts are megabytes).
+        if let Ok(stored) = serde_json::from_slice::<Catalog>(&json) {
+            *self.catalog.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation.clone(), stored));
+        }
         // Retired past the grace: no reader can still want them. A failure leaves
         // parts no head lists (harmless garbage), so it is only logged.
         for old in delete {

@@ -255,6 +255,7 @@ impl<C: Cluster> Sweeper<C> {
     ) -> DisruptionRunReport {
         let mut report = DisruptionRunReport::default();
         // One claim read for the snapshot and the decisions both.
+        let mut lap = super::Lap::start();
         let claims = match self.store.list_node_claims().await {
             Ok(c) => c,
             Err(e) => {
@@ -271,6 +272,11 @@ impl<C: Cluster> Sweeper<C> {
                 return report;
             }
         };
+        tracing::info!(
+            read_ms = lap.next(),
+            pods = snapshot.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + snapshot.pods.len(),
+            "disruption read the claims and the cluster"
+        );
         snapshot.shifted_zones = self.zonal_shift_pass(&snapshot, now).await;
         report.pod_startups = self.pod_startups(&snapshot, now).await;
         let mut records = match self.store.disruptions().await {
@@ -310,7 +316,13 @@ impl<C: Cluster> Sweeper<C> {
             impaired: self.impaired(snapshot).await,
             ..pass_options(&self.config, records, claims, &nominations, snapshot.now)
         };
+        let deciding = Instant::now();
         let decisions = decide(snapshot, &options);
+        tracing::info!(
+            decide_ms = deciding.elapsed().as_millis() as u64,
+            nodes = snapshot.nodes.len(),
+            "disruption decided"
+        );
         report.node_states = Some(decisions.nodes.clone());
         for e in &decisions.errors {
             tracing::error!(error = %crate::telemetry::causes(&e), "a disruption budget cannot be parsed; its NodePool allows no disruption");

@@ -181,6 +181,23 @@ pub enum StepError {
     Reservations(#[source] Box<crate::nodeclass::NodeClassError>),
 }
 
+/// Milliseconds between successive marks, for the run's log of where its time went.
+struct Lap(Instant);
+
+impl Lap {
+    fn start() -> Lap {
+        Lap(Instant::now())
+    }
+
+    /// Milliseconds since the last mark (or the start); marks now.
+    fn next(&mut self) -> u64 {
+        let now = Instant::now();
+        let ms = now.duration_since(self.0).as_millis() as u64;
+        self.0 = now;
+        ms
+    }
+}
+
 /// What one run did.
 #[derive(Debug, Default)]
 pub struct SweepReport {
@@ -483,8 +500,12 @@ impl<C: Cluster> Sweeper<C> {
         drains_by: Instant,
         now: Timestamp,
     ) -> Result<SweepReport, SweepError> {
+        // How long each read takes (at thousands of nodes they are most of a run).
+        let mut lap = Lap::start();
         let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
+        let claims_ms = lap.next();
         let nodes = self.cluster.nodes().await?;
+        let nodes_ms = lap.next();
         let objects = match self.cluster.node_claim_objects().await {
             Ok(o) => Some(o),
             Err(e) => {
@@ -506,6 +527,7 @@ impl<C: Cluster> Sweeper<C> {
             .filter(|o| crate::mirror::is_ours(o))
             .filter_map(|o| Some((o.metadata.name.clone()?, crate::mirror::deleted_at(o)?)))
             .collect();
+        let objects_ms = lap.next();
         let catalog = match self.store.get_catalog().await {
             Ok(Some(c)) => c,
             Ok(None) => catalog::builtin()?.clone(),
@@ -515,6 +537,7 @@ impl<C: Cluster> Sweeper<C> {
                 catalog::builtin()?.clone()
             }
         };
+        let catalog_ms = lap.next();
         let instances = match self.instances.list_owned().await {
             Ok(i) => i,
             Err(e) => {
@@ -524,6 +547,17 @@ impl<C: Cluster> Sweeper<C> {
                 return Err(e.into());
             }
         };
+        tracing::info!(
+            claims_ms,
+            nodes_ms,
+            objects_ms,
+            catalog_ms,
+            instances_ms = lap.next(),
+            claims = claims.len(),
+            nodes = nodes.len(),
+            instances = instances.len(),
+            "sweep read the claims, Nodes, NodeClaim objects, catalog and instances"
+        );
         let seen = Observed {
             now,
             claims: &claims,
