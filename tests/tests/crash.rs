@@ -689,6 +689,9 @@ fn chosen(reached: &BTreeSet<(String, Point)>, full: bool, seed: u64) -> Vec<(St
 /// rare as two in a row, and every play must converge either way.
 const PLAYS_PER_POINT: usize = 2;
 
+/// Crash-free plays at most, when two do not agree on the phase's own writes.
+const BASELINE_PLAYS: usize = 3;
+
 /// Whether `function` makes `call` in `phase` when the wall clock says so,
 /// not because of what the phase did. Crash-free plays can make such a write
 /// and an armed play not (seen as "the point never fired"), so it is not a
@@ -764,26 +767,41 @@ async fn crash_through(phase: Phase) -> BTreeSet<(String, String)> {
         .unwrap_or_else(|e| panic!("the first pods: {e:?}"));
     h.setup(phase).await;
     h.take_calls();
-    // Twice: only the writes both crash-free plays made are the phase's own
-    // (a first play also makes one-time writes, which an armed play would
-    // not reach); the crash-free sweeps are the more of the two.
+    // Twice at least: only the writes two crash-free plays made are the
+    // phase's own (a first play also makes one-time writes, which an armed
+    // play would not reach); the crash-free sweeps are the most of them. A
+    // play that made none of one of the phase's own kinds of write (its pods
+    // fitted capacity left over, say) is outvoted by one more play.
     let mut baseline = 0;
-    let mut reached: Option<BTreeSet<(String, Point)>> = None;
-    for _ in 0..2 {
+    let mut plays: Vec<BTreeSet<(String, Point)>> = Vec::new();
+    let reached = loop {
         let sweeps = h
             .play(phase, 0, 8)
             .await
             .unwrap_or_else(|e| panic!("{phase:?} without a crash: {e:?}"));
         baseline = baseline.max(sweeps);
-        let these = points(phase, &h.take_calls());
-        reached = Some(match reached {
-            None => these,
-            Some(before) => before.intersection(&these).cloned().collect(),
-        });
+        plays.push(points(phase, &h.take_calls()));
         h.setup(phase).await;
         h.take_calls();
-    }
-    let reached = reached.unwrap_or_default();
+        if plays.len() < 2 {
+            continue;
+        }
+        let twice: BTreeSet<(String, Point)> = plays
+            .iter()
+            .flatten()
+            .filter(|p| plays.iter().filter(|these| these.contains(*p)).count() >= 2)
+            .cloned()
+            .collect();
+        let missing: Vec<&str> = WRITES
+            .iter()
+            .filter(|(call, p)| *p == Ok(phase) && !twice.iter().any(|(_, point)| point.call == *call))
+            .map(|(call, _)| *call)
+            .collect();
+        if missing.is_empty() || plays.len() >= BASELINE_PLAYS {
+            break twice;
+        }
+        eprintln!("{phase:?}: a crash-free play made no {missing:?}; playing it once more");
+    };
     let playing = chosen(&reached, full, seed);
     eprintln!(
         "{phase:?}: {baseline} sweeps without a crash; {} of {} crash points ({}; {SEED_ENV}={seed})",
