@@ -233,6 +233,7 @@ async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Be
     let direct = m.sdk_config().await;
     let world = aws::create(&direct, CLUSTER, 30).await.map_err(|e| e.to_string())?;
     let proxy = FaultProxy::start(m.endpoint()).await;
+    proxy.count_units();
     let counted = m.sdk_config_at(proxy.endpoint()).await;
     let kube = KubeServer::start().await;
     // Watches are not used here: old versions only cost memory.

@@ -135,6 +135,8 @@ struct Rules {
     throttled: HashMap<String, usize>,
     failed: HashMap<String, usize>,
     fleets: Vec<SeenFleet>,
+    /// Whether DynamoDB's units are counted (each call's JSON parsed): only the scale harness asks.
+    counting_units: bool,
     /// DynamoDB's read and write units of the calls passed upstream, by label.
     consumed: BTreeMap<String, Consumed>,
 }
@@ -338,8 +340,13 @@ impl FaultProxy {
         self.rules().failed.get(action).copied().unwrap_or(0)
     }
 
-    /// DynamoDB's read and write units of every call passed upstream so far,
-    /// by action and partition (see [`capacity_units`]).
+    /// Counts DynamoDB's read and write units from now on ([`FaultProxy::consumed_units`]).
+    pub fn count_units(&self) {
+        self.rules().counting_units = true;
+    }
+
+    /// DynamoDB's read and write units of every call passed upstream since
+    /// [`FaultProxy::count_units`], by action and partition (see [`capacity_units`]).
     pub fn consumed_units(&self) -> BTreeMap<String, Consumed> {
         self.rules().consumed.clone()
     }
@@ -626,7 +633,8 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         Ok(a) => a,
         Err(e) => return (StatusCode::BAD_GATEWAY, format!("fault proxy: upstream failed: {e}")).into_response(),
     };
-    if headers.contains_key("x-amz-target") {
+    let counting = s.rules.lock().unwrap_or_else(|p| p.into_inner()).counting_units;
+    if counting && headers.contains_key("x-amz-target") {
         count_units(&s.rules, &act, &body, &bytes, status.is_success());
     }
     if !errors_xml.is_empty() && status.is_success() {
