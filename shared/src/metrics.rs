@@ -99,6 +99,14 @@ pub const CATALOG: &[Def] = &[
         help: "Disruption decisions begun: `decision` `delete` or `replace`, `reason` as above, `consolidation_type` `empty`, `single` or `multi` (`none` for the other reasons: CloudWatch takes no empty value).",
     },
     Def {
+        name: "karpenter_voluntary_disruption_consolidation_timeouts_total",
+        unit: COUNT,
+        labels: &["consolidation_type"],
+        functions: SWEEP,
+        karpenter: true,
+        help: "Passes whose consolidation reached its deadline before it had tried every node it could take (`consolidation_type` `single`: the nodes tried one at a time are the ones left); the sweep's log says how many were left.",
+    },
+    Def {
         name: "karpenter_pods_startup_duration_seconds",
         unit: "Seconds",
         labels: &[],
@@ -365,6 +373,16 @@ pub fn eligible(states: &BTreeMap<String, crate::disruption::NodeState>) -> Vec<
         metrics: vec![count("karpenter_voluntary_disruption_eligible_nodes", n)],
     })
     .collect()
+}
+
+/// `karpenter_voluntary_disruption_consolidation_timeouts_total` for one
+/// pass (pure): one when its deadline left nodes unexamined, else nothing.
+pub fn consolidation_timeouts(coverage: Option<crate::disruption::Coverage>) -> Vec<Series> {
+    let timed_out = coverage.is_some_and(|c| c.unexamined > 0);
+    tally(
+        "karpenter_voluntary_disruption_consolidation_timeouts_total",
+        timed_out.then(|| labels([("consolidation_type", "single")])),
+    )
 }
 
 /// `karpenter_pods_startup_duration_seconds` for these pods' durations

@@ -63,6 +63,9 @@ pub enum Scenario {
     Storm,
     /// One full claim list, as every sweep and solve reads it: its read units and item sizes.
     Claims,
+    /// One whole-cluster pod list, as every solve reads it: the pages fetched
+    /// and only scanned (the server's share), then read through the adapter.
+    Pods,
 }
 
 impl Scenario {
@@ -74,6 +77,7 @@ impl Scenario {
             "interrupt" => Some(Scenario::Interrupt),
             "storm" => Some(Scenario::Storm),
             "claims" => Some(Scenario::Claims),
+            "pods" => Some(Scenario::Pods),
             _ => None,
         }
     }
@@ -85,6 +89,7 @@ impl Scenario {
             Scenario::Interrupt => "interrupt",
             Scenario::Storm => "storm",
             Scenario::Claims => "claims",
+            Scenario::Pods => "pods",
         }
     }
 }
@@ -620,6 +625,36 @@ fn is_eviction(r: &crate::kube_server::RequestRecord) -> bool {
     r.method == http::Method::POST && r.uri.contains("/eviction")
 }
 
+/// Every page of a list at `path`, as the adapter asks for them, only
+/// scanned for the continue token: (pages, bytes).
+async fn fetch_pages(client: &kube::Client, path: &str) -> Result<(usize, usize), String> {
+    /// What a page is read for; serde skips the items without building them.
+    #[derive(serde::Deserialize)]
+    struct Page {
+        metadata: PageMeta,
+    }
+    #[derive(serde::Deserialize)]
+    struct PageMeta {
+        #[serde(rename = "continue", default)]
+        continue_: String,
+    }
+    let limit = nodesmith::kubernetes::kube_cluster::LIST_PAGE_SIZE;
+    let (mut pages, mut bytes, mut next) = (0, 0, String::new());
+    loop {
+        let token: String = form_urlencoded::byte_serialize(next.as_bytes()).collect();
+        let uri = format!("{path}?limit={limit}&continue={token}");
+        let request = http::Request::get(uri).body(Vec::new()).map_err(|e| e.to_string())?;
+        let text = client.request_text(request).await.map_err(|e| e.to_string())?;
+        let page: Page = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        pages += 1;
+        bytes += text.len();
+        if page.metadata.continue_.is_empty() {
+            return Ok((pages, bytes));
+        }
+        next = page.metadata.continue_;
+    }
+}
+
 /// The middle value (the lower of the two middle ones), if any.
 fn median(mut values: Vec<u128>) -> Option<u128> {
     values.sort_unstable();
@@ -665,6 +700,9 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
                     "blocked": report.disruption.blocked.len(),
                     "failed": report.disruption.failed.len(),
                     "deferred": report.disruption.deferred,
+                    // Every node consolidation could take, and those its deadline left untried.
+                    "consolidation_candidates": report.disruption.consolidation.map(|c| c.candidates),
+                    "consolidation_unexamined": report.disruption.consolidation.map(|c| c.unexamined),
                 },
                 "unreadable_claims": report.unreadable_claims,
             })
@@ -739,6 +777,24 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
         Scenario::Claims => {
             let claims = bench.store.list_node_claims().await.map_err(|e| e.to_string())?;
             json!({"claims": claims.len()})
+        }
+        Scenario::Pods => {
+            let fetching = Instant::now();
+            let (pages, bytes) = fetch_pages(&bench.kube.lambda_client(), "/api/v1/pods").await?;
+            let fetched_ms = fetching.elapsed().as_millis();
+            let reading = Instant::now();
+            let pods = nodesmith::kubernetes::Cluster::pods(&cluster(&bench.kube))
+                .await
+                .map_err(|e| e.to_string())?;
+            json!({
+                "pods": pods.len(),
+                "pages": pages,
+                "bytes": bytes,
+                // Served and sent by the test server, scanned but not parsed.
+                "fetched_ms": fetched_ms,
+                // The same through the adapter: fetched and parsed into typed pods.
+                "read_ms": reading.elapsed().as_millis(),
+            })
         }
         Scenario::Storm => {
             // The first spot nodes (the interrupt scenario takes the last

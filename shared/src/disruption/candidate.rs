@@ -157,8 +157,9 @@ pub(crate) fn price(catalog: &Catalog, labels: &BTreeMap<String, String>) -> Opt
         .map(|o| o.price)
 }
 
-/// Every managed node of the snapshot whose pool exists, by name;
-/// `receiving`: replacement nodes of disruptions in progress, with the node each replaces.
+/// Every managed node of the snapshot whose pool exists and which is
+/// registered, by name; `receiving`: replacement nodes of disruptions in
+/// progress, with the node each replaces.
 pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>) -> Vec<Candidate<'a>> {
     let pools: BTreeMap<&str, &NodePool> = s.node_pools.iter().map(|p| (p.name(), p)).collect();
     let mut out: Vec<Candidate> = s
@@ -167,18 +168,26 @@ pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>)
         .filter_map(|n| {
             let labels = n.node.metadata.labels.clone().unwrap_or_default();
             let pool = *pools.get(labels.get(labels::NODEPOOL)?.as_str())?;
+            let tainted = |key: &str| {
+                n.node
+                    .spec
+                    .as_ref()
+                    .and_then(|sp| sp.taints.as_ref())
+                    .is_some_and(|ts| ts.iter().any(|t| t.key == key))
+            };
+            // Not registered yet: no claim names it, so nothing may take it
+            // or count it against a budget (Karpenter considers registered,
+            // initialized nodes only); registration's timeout deals with it.
+            if tainted(labels::UNREGISTERED_TAINT_KEY) {
+                return None;
+            }
             let created = n.node.metadata.creation_timestamp.as_ref().map(|t| t.0);
             let newest_pod = n
                 .pods
                 .iter()
                 .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
                 .max();
-            let disrupting = n
-                .node
-                .spec
-                .as_ref()
-                .and_then(|sp| sp.taints.as_ref())
-                .is_some_and(|ts| ts.iter().any(|t| t.key == pods::DISRUPTED_TAINT_KEY));
+            let disrupting = tainted(pods::DISRUPTED_TAINT_KEY);
             let expire_after = pool.spec.template.spec.expire_after.duration();
             let disruption_cost = n
                 .pods

@@ -336,6 +336,10 @@ fn consolidate<'a>(
             },
         }
     }
+    pass.coverage = Some(super::Coverage {
+        candidates: order.len(),
+        unexamined: 0,
+    });
     if order.is_empty() {
         return Vec::new();
     }
@@ -397,8 +401,11 @@ fn consolidate<'a>(
         .copied()
         .filter(|c| !chosen.contains(c.name.as_str()))
         .collect();
-    for c in rest {
+    for (i, &c) in rest.iter().enumerate() {
         if expired() {
+            if let Some(coverage) = &mut pass.coverage {
+                coverage.unexamined = rest.len() - i;
+            }
             break;
         }
         if let Err(h) = pass.admit(m, c) {

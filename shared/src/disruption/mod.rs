@@ -218,6 +218,18 @@ pub struct Decisions {
     pub price_after: f64,
     /// Every managed node's [`NodeState`], by node name.
     pub nodes: BTreeMap<String, NodeState>,
+    /// How far consolidation got; None when it did not run this pass.
+    pub consolidation: Option<Coverage>,
+}
+
+/// How far one pass's consolidation got: the nodes it could take, and how
+/// many of them its deadline left unexamined (none: every one was considered).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Nodes its rules let it consider.
+    pub candidates: usize,
+    /// Of those, the ones neither taken nor tried before the deadline.
+    pub unexamined: usize,
 }
 
 /// How a pass is decided.
@@ -356,6 +368,7 @@ fn decide_with(snapshot: &Snapshot, options: &DecideOptions, methods: &[&dyn Met
         .collect();
     Decisions {
         nodes: states,
+        consolidation: pass.coverage,
         ..assemble(&candidates, chosen, pass.blocked, pass.plan, errors)
     }
 }
@@ -387,6 +400,8 @@ pub(crate) struct Pass<'a> {
     forced: BTreeSet<String>,
     /// The last feasible solve with `removed` gone (none while nothing needed one).
     plan: Option<Plan>,
+    /// How far consolidation got, once it ran.
+    coverage: Option<Coverage>,
 }
 
 impl<'a> Pass<'a> {
@@ -443,6 +458,7 @@ impl<'a> Pass<'a> {
             removed: BTreeSet::new(),
             forced: BTreeSet::new(),
             plan: None,
+            coverage: None,
         }
     }
 
@@ -694,6 +710,7 @@ fn assemble(
         price_before,
         price_after: price_before - savings,
         nodes: BTreeMap::new(),
+        consolidation: None,
     }
 }
 

@@ -446,6 +446,29 @@ fn a_replacement_waiting_for_its_pods_is_not_taken_for_empty() {
 }
 
 #[test]
+fn a_node_not_registered_yet_is_no_candidate() {
+    // Its kubelet joined but the sweep has not registered it (the
+    // `karpenter.sh/unregistered` taint is still on): no claim names it yet,
+    // so no method may take it, nor spend a budget on it.
+    let unregistered = || {
+        node(
+            "fresh",
+            5.0,
+            json!({"spec": {"taints": [{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]}}),
+        )
+    };
+    let s = snapshot(
+        budget_pool("[{nodes: \"1\"}]"),
+        vec![(unregistered(), vec![]), (node("idle", 5.0, json!({})), vec![])],
+    );
+    let d = run(&s);
+    assert_eq!(decided(&d), [(Reason::Empty, "idle".to_string())], "{d:#?}");
+    assert!(held(&d, "fresh").is_none() && !d.nodes.contains_key("fresh"), "{d:#?}");
+    let expiring = snapshot(pool_with("    expireAfter: 1h\n"), vec![(unregistered(), vec![])]);
+    assert!(decided(&run(&expiring)).is_empty());
+}
+
+#[test]
 fn empty_node_without_a_price_saves_nothing() {
     let s = snapshot(
         pool_with(""),
@@ -1361,6 +1384,51 @@ fn consolidation_takes_cheap_to_disrupt_nodes_first() {
     );
     let d = run(&s);
     assert_eq!(underutilized(&d).expect("a decision").nodes, ["a"]);
+}
+
+#[test]
+fn a_pass_says_how_many_nodes_consolidation_left_unexamined() {
+    let underused = |n: usize| {
+        (0..n)
+            .map(|i| {
+                let name = format!("n{i}");
+                (
+                    node(&name, 2.0, json!({})),
+                    vec![sized(&format!("{name}-0"), &name, "500m")],
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    // Without a deadline every node it could take is considered.
+    let d = run(&snapshot(pool_with(""), underused(4)));
+    assert!(underutilized(&d).is_some(), "{d:#?}");
+    assert_eq!(
+        d.consolidation,
+        Some(Coverage {
+            candidates: 4,
+            unexamined: 0
+        })
+    );
+    // A deadline already past leaves every one of them untried, and says so.
+    let late = DecideOptions {
+        deadline: Some(std::time::Instant::now()),
+        ..DecideOptions::default()
+    };
+    let d = decide(&snapshot(pool_with(""), underused(4)), &late);
+    assert!(underutilized(&d).is_none(), "{d:#?}");
+    assert_eq!(
+        d.consolidation,
+        Some(Coverage {
+            candidates: 4,
+            unexamined: 4
+        })
+    );
+    // A pass that expiry decided does not consolidate at all.
+    let s = snapshot(
+        pool_with(""),
+        vec![(node("old", 800.0, json!({})), vec![sized("old-0", "old", "500m")])],
+    );
+    assert_eq!(run(&s).consolidation, None);
 }
 
 #[test]

@@ -234,6 +234,23 @@ fn eligible_nodes_count_each_reason_zero_included_and_replacements_count_by_reas
     let sizes: Vec<usize> = series.iter().map(|s| s.metrics[0].samples.len()).collect();
     assert_eq!(sizes, [100, 100, 50]);
     assert!(startup(&[]).is_empty());
+    // A consolidation cut by its deadline counts once; one that tried every node does not.
+    let coverage = |unexamined| {
+        Some(crate::disruption::Coverage {
+            candidates: 5,
+            unexamined,
+        })
+    };
+    let series = consolidation_timeouts(coverage(2));
+    assert_eq!(
+        value(
+            &series,
+            "karpenter_voluntary_disruption_consolidation_timeouts_total",
+            &[("consolidation_type", "single")]
+        ),
+        Some(1.0)
+    );
+    assert!(consolidation_timeouts(coverage(0)).is_empty() && consolidation_timeouts(None).is_empty());
 }
 
 /// (function, metric name) → (unit, label names).
@@ -266,6 +283,10 @@ fn emitted() -> Result<Emitted, Box<dyn std::error::Error>> {
             replacements_created(&[("general".into(), Reason::Drifted)]),
             startup(&[("web/a".into(), 3.0)]),
             eligible(&BTreeMap::new()),
+            consolidation_timeouts(Some(crate::disruption::Coverage {
+                candidates: 3,
+                unexamined: 1,
+            })),
         ]
         .concat(),
         ..Default::default()

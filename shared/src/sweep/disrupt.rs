@@ -70,6 +70,8 @@ pub struct DisruptionRunReport {
     /// Each managed node's drift and consolidatability as this run's pass
     /// found them, by node; None when no pass was decided this run.
     pub node_states: Option<BTreeMap<String, crate::disruption::NodeState>>,
+    /// How far this run's consolidation got; None when it did not run.
+    pub consolidation: Option<crate::disruption::Coverage>,
 }
 
 /// Whether a blocked rule is worth an event: a protection or a budget, not
@@ -318,12 +320,16 @@ impl<C: Cluster> Sweeper<C> {
         };
         let deciding = Instant::now();
         let decisions = decide(snapshot, &options);
+        let coverage = decisions.consolidation.unwrap_or_default();
         tracing::info!(
             decide_ms = deciding.elapsed().as_millis() as u64,
             nodes = snapshot.nodes.len(),
+            consolidation_candidates = coverage.candidates,
+            consolidation_unexamined = coverage.unexamined,
             "disruption decided"
         );
         report.node_states = Some(decisions.nodes.clone());
+        report.consolidation = decisions.consolidation;
         for e in &decisions.errors {
             tracing::error!(error = %crate::telemetry::causes(&e), "a disruption budget cannot be parsed; its NodePool allows no disruption");
         }

@@ -678,6 +678,9 @@ impl<C: Cluster> Sweeper<C> {
         if let Some(states) = &report.disruption.node_states {
             report.series.extend(crate::metrics::eligible(states));
         }
+        report
+            .series
+            .extend(crate::metrics::consolidation_timeouts(report.disruption.consolidation));
         report.series.append(&mut mirrored.gauges);
         report.mirror = mirrored;
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).

@@ -4,7 +4,7 @@
 //! nodesmith-local stack [--env-file PATH]   run until SIGINT/SIGTERM; print (and write) the exports
 //! nodesmith-local demo [--json] [--replicas N] [--faults]
 //! nodesmith-local burst [--json] [--pods N] [--deployments N]
-//! nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario claims,sweep,provision,interrupt,storm]
+//! nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario claims,pods,sweep,provision,interrupt,storm]
 //! ```
 //!
 //! The function and forwarder binaries are expected next to this one.
@@ -17,7 +17,7 @@ use nodesmith_tests::local_cloud::burst::{self, BurstOptions};
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{LocalCloud, Settings, write_atomically};
 
-const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N] | nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario claims,sweep,provision,interrupt,storm]";
+const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N] | nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario claims,pods,sweep,provision,interrupt,storm]";
 
 fn settings() -> Result<Settings, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
