@@ -608,7 +608,7 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
             req = req.header(k, v);
         }
     }
-    let sent = waiting(&s.rules, true);
+    let wait = Wait::start(&s.rules);
     let answered = async {
         let up = req.body(body.clone()).send().await?;
         let status = up.status();
@@ -622,7 +622,8 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
         Ok::<_, reqwest::Error>((status, out_headers, bytes))
     }
     .await;
-    waiting(&s.rules, false);
+    let sent = wait.sent;
+    drop(wait);
     *s.rules
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -714,6 +715,28 @@ fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
 /// The strict-profiles setting (a plain function: no lock guard lives in the handler's future).
 fn strict_profiles(rules: &Mutex<Rules>) -> Option<usize> {
     rules.lock().unwrap_or_else(|p| p.into_inner()).strict_profiles
+}
+
+/// One call's wait for the upstream, counted from its start until it is
+/// dropped: answered, or its handler dropped mid-call (the client gone).
+struct Wait<'a> {
+    rules: &'a Mutex<Rules>,
+    sent: std::time::Instant,
+}
+
+impl<'a> Wait<'a> {
+    fn start(rules: &'a Mutex<Rules>) -> Self {
+        Wait {
+            rules,
+            sent: waiting(rules, true),
+        }
+    }
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        waiting(self.rules, false);
+    }
 }
 
 /// Counts a call starting (`true`) or ending its wait for the upstream, for

@@ -14,7 +14,7 @@ use crate::labels;
 use crate::scheduling::{ExistingNode, PodRef};
 use crate::snapshot::Snapshot;
 
-use super::Held;
+use super::{DecideOptions, Held};
 
 /// A node that carries `karpenter.sh/nodepool` and whose pool exists.
 #[derive(Debug, Clone)]
@@ -158,9 +158,9 @@ pub(crate) fn price(catalog: &Catalog, labels: &BTreeMap<String, String>) -> Opt
 }
 
 /// Every managed node of the snapshot whose pool exists and which is
-/// registered, by name; `receiving`: replacement nodes of disruptions in
-/// progress, with the node each replaces.
-pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>) -> Vec<Candidate<'a>> {
+/// registered ([`DecideOptions::registered`]), by name, each with the node it
+/// replaces if it is a replacement of a disruption in progress.
+pub(crate) fn collect<'a>(s: &'a Snapshot, options: &DecideOptions) -> Vec<Candidate<'a>> {
     let pools: BTreeMap<&str, &NodePool> = s.node_pools.iter().map(|p| (p.name(), p)).collect();
     let mut out: Vec<Candidate> = s
         .nodes
@@ -175,10 +175,15 @@ pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>)
                     .and_then(|sp| sp.taints.as_ref())
                     .is_some_and(|ts| ts.iter().any(|t| t.key == key))
             };
+            let name = n.node.metadata.name.clone().unwrap_or_default();
             // Not registered yet: no claim names it, so nothing may take it
             // or count it against a budget (Karpenter considers registered,
             // initialized nodes only); registration's timeout deals with it.
-            if tainted(labels::UNREGISTERED_TAINT_KEY) {
+            let unregistered = match &options.registered {
+                Some(registered) => !registered.contains(&name),
+                None => tainted(labels::UNREGISTERED_TAINT_KEY),
+            };
+            if unregistered {
                 return None;
             }
             let created = n.node.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -196,9 +201,8 @@ pub(crate) fn collect<'a>(s: &'a Snapshot, receiving: &BTreeMap<String, String>)
                 .map(eviction_cost)
                 .sum::<f64>()
                 * lifetime_remaining(created, expire_after, s.now);
-            let name = n.node.metadata.name.clone().unwrap_or_default();
             Some(Candidate {
-                receiving_from: receiving.get(&name).cloned(),
+                receiving_from: options.receiving.get(&name).cloned(),
                 name,
                 node: n,
                 pool,

@@ -243,6 +243,11 @@ pub struct DecideOptions {
     /// replaces: no voluntary method takes them until that node's
     /// disruption ends (Karpenter does not disrupt nodes nominated for pods).
     pub receiving: BTreeMap<String, String>,
+    /// Nodes a claim names (registered): no other node is a candidate. The
+    /// sweep sets it from the claims (its snapshot shows a joining node without
+    /// its `karpenter.sh/unregistered` taint, as the solver must see it);
+    /// None (`simulate`): every managed node without that taint.
+    pub registered: Option<BTreeSet<String>>,
     /// Nodes `provision` nominated for pending pods, by node, still live
     /// ([`nomination::live`]); the pass adds its own placement of the
     /// snapshot's pending pods.
@@ -341,7 +346,7 @@ pub fn decide(snapshot: &Snapshot, options: &DecideOptions) -> Decisions {
 
 /// [`decide`] with these methods, in this order (tests swap one for a reference).
 fn decide_with(snapshot: &Snapshot, options: &DecideOptions, methods: &[&dyn Method]) -> Decisions {
-    let candidates = candidate::collect(snapshot, &options.receiving);
+    let candidates = candidate::collect(snapshot, options);
     let mut pass = Pass::new(snapshot, options, &candidates);
     let mut chosen: Vec<(Reason, Vec<&Candidate>)> = Vec::new();
     for m in methods {

@@ -101,6 +101,7 @@ pub(crate) fn pass_options(
     now: Timestamp,
 ) -> DecideOptions {
     DecideOptions {
+        registered: Some(claims.iter().filter_map(|c| c.node_name.clone()).collect()),
         receiving: receiving(records, claims),
         nominated: nomination::live(nominations, claims, now),
         consolidation: config.consolidation.clone(),
@@ -947,6 +948,68 @@ mod tests {
             BTreeMap::from([("n-a".to_string(), "n-old".to_string())])
         );
         assert!(receiving(&[], &claims).is_empty());
+    }
+
+    #[test]
+    fn a_node_whose_claim_has_not_registered_it_is_no_candidate() {
+        use crate::scheduling::fixtures::{catalog, managed_node, merge, pool};
+        let now: Timestamp = "2026-03-01T12:00:00Z".parse().unwrap();
+        let node = |name: &str, extra: serde_json::Value| {
+            let mut v = serde_json::to_value(managed_node(name)).unwrap();
+            merge(
+                &mut v,
+                serde_json::json!({"metadata": {"creationTimestamp": "2026-03-01T07:00:00Z"},
+                    "spec": {"providerID": format!("aws:///test-zone-a/i-{name}")}}),
+            );
+            merge(&mut v, extra);
+            serde_json::from_value(v).unwrap()
+        };
+        // Two empty nodes: one registered, one whose kubelet joined but whose
+        // claim the sweep has not registered yet.
+        let joining = node(
+            "joining",
+            serde_json::json!({"spec": {"taints": [{"key": labels::UNREGISTERED_TAINT_KEY, "effect": "NoExecute"}]}}),
+        );
+        let mut registered = NodeClaim::pending("c-idle", "default", "default");
+        registered.node_name = Some("idle".into());
+        registered.phase = Phase::Initialized;
+        let mut launched = NodeClaim::pending("c-joining", "default", "default");
+        launched.instance_id = Some("i-joining".into());
+        launched.phase = Phase::Launched;
+        let claims = [registered, launched];
+        let catalog = catalog();
+        let nodes = crate::snapshot::live::initializing_as_claimed(
+            vec![joining, node("idle", serde_json::json!({}))],
+            &claims,
+            &catalog,
+        );
+        // The snapshot shows the joining node as its claim will be, without
+        // the taint that says it is not registered.
+        assert!(
+            nodes[0]
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_none_or(Vec::is_empty)
+        );
+        let mut snapshot = Snapshot::new(std::sync::Arc::new(catalog), now);
+        snapshot.node_pools = vec![pool(
+            "default",
+            "template:\n  spec:\n    nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n    requirements: []\ndisruption:\n  budgets: [{nodes: '100%'}]\n",
+        )];
+        snapshot.nodes = nodes
+            .into_iter()
+            .map(|node| crate::scheduling::ExistingNode { node, pods: vec![] })
+            .collect();
+        let config = SweepConfig::from_lookup(|_| None).unwrap();
+        let d = crate::disruption::decide(&snapshot, &pass_options(&config, &[], &claims, &[], now));
+        let chosen: Vec<&str> = d
+            .decisions
+            .iter()
+            .flat_map(|c| c.nodes.iter().map(String::as_str))
+            .collect();
+        assert_eq!(chosen, ["idle"], "{d:#?}");
+        assert!(!d.nodes.contains_key("joining"), "{d:#?}");
     }
 
     #[test]
