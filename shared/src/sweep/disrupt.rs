@@ -951,25 +951,25 @@ mod tests {
     }
 
     #[test]
-    fn a_node_whose_claim_has_not_registered_it_is_no_candidate() {
+    fn a_node_whose_claim_has_not_registered_it_is_no_candidate() -> Result<(), Box<dyn std::error::Error>> {
         use crate::scheduling::fixtures::{catalog, managed_node, merge, pool};
-        let now: Timestamp = "2026-03-01T12:00:00Z".parse().unwrap();
+        let now: Timestamp = "2026-03-01T12:00:00Z".parse()?;
         let node = |name: &str, extra: serde_json::Value| {
-            let mut v = serde_json::to_value(managed_node(name)).unwrap();
+            let mut v = serde_json::to_value(managed_node(name))?;
             merge(
                 &mut v,
                 serde_json::json!({"metadata": {"creationTimestamp": "2026-03-01T07:00:00Z"},
                     "spec": {"providerID": format!("aws:///test-zone-a/i-{name}")}}),
             );
             merge(&mut v, extra);
-            serde_json::from_value(v).unwrap()
+            serde_json::from_value::<k8s_openapi::api::core::v1::Node>(v)
         };
         // Two empty nodes: one registered, one whose kubelet joined but whose
         // claim the sweep has not registered yet.
         let joining = node(
             "joining",
             serde_json::json!({"spec": {"taints": [{"key": labels::UNREGISTERED_TAINT_KEY, "effect": "NoExecute"}]}}),
-        );
+        )?;
         let mut registered = NodeClaim::pending("c-idle", "default", "default");
         registered.node_name = Some("idle".into());
         registered.phase = Phase::Initialized;
@@ -979,7 +979,7 @@ mod tests {
         let claims = [registered, launched];
         let catalog = catalog();
         let nodes = crate::snapshot::live::initializing_as_claimed(
-            vec![joining, node("idle", serde_json::json!({}))],
+            vec![joining, node("idle", serde_json::json!({}))?],
             &claims,
             &catalog,
         );
@@ -1001,7 +1001,7 @@ mod tests {
             .into_iter()
             .map(|node| crate::scheduling::ExistingNode { node, pods: vec![] })
             .collect();
-        let config = SweepConfig::from_lookup(|_| None).unwrap();
+        let config = SweepConfig::from_lookup(|_| None)?;
         let d = crate::disruption::decide(&snapshot, &pass_options(&config, &[], &claims, &[], now));
         let chosen: Vec<&str> = d
             .decisions
@@ -1010,6 +1010,7 @@ mod tests {
             .collect();
         assert_eq!(chosen, ["idle"], "{d:#?}");
         assert!(!d.nodes.contains_key("joining"), "{d:#?}");
+        Ok(())
     }
 
     #[test]
