@@ -12,6 +12,7 @@ use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
 use super::failure::PlacementFailure;
 use super::pod::{HostPort, PodModel, PodRef, PodTerm, Spread, Toleration};
+use super::topology::DomainId;
 use super::volume::{Volumes, cross};
 use crate::apis::{KubeletConfiguration, Taint};
 use crate::catalog::{InstanceType, Offering, OfferingRequirements};
@@ -252,6 +253,164 @@ pub struct Compiled {
     pub(crate) warnings: Vec<String>,
     /// Each namespace's labels (pod affinity namespaceSelectors match them).
     pub(crate) namespace_labels: HashMap<String, BTreeMap<String, String>>,
+    /// Where the running pods are, so a what-if visits only what it touches.
+    pub(crate) placed: RunningIndex,
+    /// Each existing entry's hostname domain.
+    pub(crate) hosts: Hosts,
+    /// Each topology key's values on the existing entries.
+    pub(crate) topology_labels: HashMap<String, KeyValues>,
+}
+
+/// The running pods indexed three ways: a what-if of one node over 5,000
+/// must not walk all 150,000 pods to find that node's, the pods its
+/// topology groups count, or the anti-affinity owners.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunningIndex {
+    /// Per existing entry, its running pods (indices into `running`).
+    pub(crate) on: Vec<Vec<usize>>,
+    /// Per label class, its running pods.
+    pub(crate) by_class: Vec<Vec<usize>>,
+    /// The running pods owning required anti-affinity terms, in order.
+    pub(crate) anti_owners: Vec<usize>,
+    /// Per running pod, its entry (as `Running::node`, packed: counting a
+    /// group's pods visits thousands).
+    pub(crate) node: Vec<usize>,
+}
+
+impl RunningIndex {
+    fn new(running: &[Running], entries: usize) -> Self {
+        let mut index = RunningIndex {
+            on: vec![Vec::new(); entries],
+            ..RunningIndex::default()
+        };
+        for (ri, r) in running.iter().enumerate() {
+            index.add(ri, r);
+        }
+        index
+    }
+
+    /// Indexes running pod `ri`.
+    fn add(&mut self, ri: usize, r: &Running) {
+        debug_assert_eq!(ri, self.node.len());
+        self.node.push(r.node);
+        if self.on.len() <= r.node {
+            self.on.resize(r.node + 1, Vec::new());
+        }
+        self.on[r.node].push(ri);
+        if self.by_class.len() <= r.label_class {
+            self.by_class.resize(r.label_class + 1, Vec::new());
+        }
+        self.by_class[r.label_class].push(ri);
+        if !r.model.anti_affinity.is_empty() {
+            self.anti_owners.push(ri);
+        }
+    }
+
+    /// Running pod `ri` moved from entry `from` to entry `to`.
+    fn relocate(&mut self, ri: usize, from: usize, to: usize) {
+        if let Some(on) = self.on.get_mut(from) {
+            on.retain(|&i| i != ri);
+        }
+        if self.on.len() <= to {
+            self.on.resize(to + 1, Vec::new());
+        }
+        self.on[to].push(ri);
+        self.node[ri] = to;
+    }
+}
+
+/// The values the existing entries carry for one topology key, numbered
+/// once per snapshot: a solve reads each entry's domain and the key's
+/// values without a string lookup per node.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyValues {
+    /// The distinct values.
+    pub(crate) values: Vec<String>,
+    /// Per existing entry, its value's number (`None`: it lacks the label).
+    pub(crate) of: Vec<Option<u32>>,
+    /// Per value, how many entries carry it.
+    pub(crate) carriers: Vec<u32>,
+    index: HashMap<String, u32>,
+}
+
+impl KeyValues {
+    /// Numbers the next entry's value.
+    fn push(&mut self, value: Option<&String>) {
+        let id = value.map(|v| match self.index.get(v) {
+            Some(&id) => id,
+            None => {
+                let id = self.values.len() as u32;
+                self.index.insert(v.clone(), id);
+                self.values.push(v.clone());
+                self.carriers.push(0);
+                id
+            }
+        });
+        if let Some(id) = id {
+            self.carriers[id as usize] += 1;
+        }
+        self.of.push(id);
+    }
+}
+
+/// The topology keys (other than the hostname) any pod's spread or
+/// (anti-)affinity names, each with its [`KeyValues`].
+fn topology_labels<'a>(
+    models: impl IntoIterator<Item = &'a PodModel>,
+    existing: &[Existing],
+) -> HashMap<String, KeyValues> {
+    let mut keys: BTreeSet<&str> = BTreeSet::new();
+    for m in models {
+        keys.extend(m.spreads.iter().map(|s| s.key.as_str()));
+        keys.extend(m.affinity.iter().chain(&m.anti_affinity).map(|t| t.key.as_str()));
+        keys.extend(
+            m.preferred_affinity
+                .iter()
+                .chain(&m.preferred_anti_affinity)
+                .map(|(_, t)| t.key.as_str()),
+        );
+    }
+    keys.remove(labels::HOSTNAME);
+    keys.into_iter()
+        .map(|k| {
+            let mut kv = KeyValues::default();
+            for e in existing {
+                kv.push(e.labels.get(k));
+            }
+            (k.to_string(), kv)
+        })
+        .collect()
+}
+
+/// Hostname domains, numbered once per snapshot (entries sharing a hostname,
+/// a claim and its node, share one): a solve need not intern 5,000 names.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hosts {
+    /// Per existing entry, its hostname's number.
+    pub(crate) of: Vec<DomainId>,
+    ids: HashMap<String, DomainId>,
+}
+
+impl Hosts {
+    fn new(existing: &[Existing]) -> Self {
+        let mut hosts = Hosts::default();
+        for e in existing {
+            hosts.push(&e.hostname);
+        }
+        hosts
+    }
+
+    /// Numbers the next entry's hostname.
+    fn push(&mut self, hostname: &str) {
+        let next = self.ids.len() as DomainId;
+        let id = *self.ids.entry(hostname.to_string()).or_insert(next);
+        self.of.push(id);
+    }
+
+    /// How many distinct hostnames there are.
+    pub(crate) fn count(&self) -> DomainId {
+        self.ids.len() as DomainId
+    }
 }
 
 /// The indices of `existing` by name.
@@ -413,6 +572,15 @@ impl Compiled {
         let res = Self::resource_table(input, &pending, &resolved);
         let pools = Self::compile_pools(input, &resolved, &daemons, &res);
         let held = Self::hold_existing(input, &pools, &running, &resolved, &daemons, &res);
+        let placed = RunningIndex::new(&running, held.existing.len());
+        let hosts = Hosts::new(&held.existing);
+        let topology_labels = topology_labels(
+            running
+                .iter()
+                .map(|r| &r.model)
+                .chain(pending.shapes.iter().map(|(m, _)| m)),
+            &held.existing,
+        );
         Compiled {
             res,
             pools,
@@ -431,6 +599,9 @@ impl Compiled {
                 .iter()
                 .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default())))
                 .collect(),
+            placed,
+            hosts,
+            topology_labels,
         }
     }
 
@@ -809,12 +980,13 @@ impl Compiled {
             .flatten()
             .copied()
             .collect();
-        let by_pod: HashMap<PodRef, usize> = self
-            .running
+        let by_pod: HashMap<PodRef, usize> = gone
             .iter()
-            .enumerate()
-            .filter(|(_, r)| r.movable && gone.contains(&r.node))
-            .map(|(i, r)| (r.model.pod.clone(), i))
+            .filter_map(|&n| self.placed.on.get(n))
+            .flatten()
+            .map(|&i| (&self.running[i], i))
+            .filter(|(r, _)| r.movable)
+            .map(|(r, i)| (r.model.pod.clone(), i))
             .collect();
         for c in &plan.node_claims {
             let Some(pi) = self.pools.iter().position(|p| p.name == c.node_pool) else {
@@ -827,12 +999,17 @@ impl Compiled {
                 .entry(c.name.clone())
                 .or_default()
                 .push(self.existing.len());
+            self.hosts.push(&e.hostname);
+            for (k, kv) in &mut self.topology_labels {
+                kv.push(e.labels.get(k));
+            }
             self.existing.push(e);
             self.existing_pool.push(Some(pi));
             let t = self.existing.len() - 1;
             for p in &c.pods {
                 if let Some(&ri) = by_pod.get(p) {
                     let r = &mut self.running[ri];
+                    self.placed.relocate(ri, r.node, t);
                     r.node = t;
                     self.existing[t].ports.extend(r.model.host_ports.iter().cloned());
                 }
@@ -845,6 +1022,7 @@ impl Compiled {
             for p in &placement.pods {
                 if let Some(&ri) = by_pod.get(p) {
                     let r = &mut self.running[ri];
+                    self.placed.relocate(ri, r.node, t);
                     r.node = t;
                     let e = &mut self.existing[t];
                     dense::add(&mut e.used, &self.res.vector(&r.model.requests));
@@ -900,13 +1078,15 @@ impl Compiled {
                     self.label_classes.len() - 1
                 }
             };
-            self.running.push(Running {
+            let r = Running {
                 node: t,
                 model,
                 terms: Ok(terms),
                 movable: false,
                 label_class,
-            });
+            };
+            self.placed.add(self.running.len(), &r);
+            self.running.push(r);
         }
         self.pending = Shapes::default();
         self.invalid.clear();

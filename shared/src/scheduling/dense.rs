@@ -88,6 +88,15 @@ pub fn fits(need: &[i64], have: &[i64]) -> bool {
     need.iter().zip(have).all(|(n, h)| *n <= 0 || n <= h)
 }
 
+/// [`fits`] for `a + b`, without building the sum (first fit asks it of
+/// every node).
+pub fn fits_sum(a: &[i64], b: &[i64], have: &[i64]) -> bool {
+    a.iter().zip(b).zip(have).all(|((x, y), h)| {
+        let n = x.saturating_add(*y);
+        n <= 0 || n <= *h
+    })
+}
+
 /// The index of the first entry of `need` that does not fit in `have`.
 pub fn first_exceeding(need: &[i64], have: &[i64]) -> Option<usize> {
     need.iter().zip(have).position(|(n, h)| *n > 0 && n > h)

@@ -26,6 +26,7 @@ pub(crate) mod model;
 pub(crate) mod packing;
 pub(crate) mod pod;
 pub(crate) mod preferences;
+pub(crate) mod room;
 pub(crate) mod scheduler;
 pub(crate) mod topology;
 pub(crate) mod volume;

@@ -5,44 +5,34 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::compile::{Compiled, Pool, accelerator_of};
+use super::compile::{Compiled, KeyValues, Pool, accelerator_of};
 use super::dense::{self, ResourceTable, Vector};
 use super::existing::Existing;
 use super::failure::PlacementFailure;
 use super::pod::{PodModel, PodRef};
-use super::topology::{Counts, Domains, GroupId, GroupKind, Groups, NodeFilter};
+use super::topology::{Counts, DomainId, Domains, Group, GroupId, GroupKind, Groups, NodeFilter};
 use super::{SolveOptions, TargetKind};
 use crate::labels;
 use crate::requirements::Requirements;
 
-/// An existing node or in-flight claim as one solve sees it: the compiled
-/// entry, borrowed (what-ifs solve many times over thousands of nodes), and
-/// its topology domains, interned for this solve.
-#[derive(Debug, Clone)]
-pub struct SolveExisting<'c> {
-    /// The compiled entry.
-    pub base: &'c Existing,
-    /// Its hostname domain.
-    pub host: super::topology::DomainId,
-    /// Its domain per topology key (`None` when it lacks the label).
-    pub domains: BTreeMap<String, Option<super::topology::DomainId>>,
+/// The domains of the kept existing entries for one solve: each entry's
+/// hostname domain and its domain per non-hostname topology key (flat,
+/// entries × keys; `None` when it lacks the label). Built without a string
+/// per entry: what-ifs solve many times over thousands of nodes.
+#[derive(Debug, Clone, Default)]
+pub struct EntryDomains {
+    hosts: Vec<DomainId>,
+    keys: usize,
+    ids: Vec<Option<DomainId>>,
 }
 
-impl std::ops::Deref for SolveExisting<'_> {
-    type Target = Existing;
-
-    fn deref(&self) -> &Existing {
-        self.base
-    }
-}
-
-impl SolveExisting<'_> {
-    /// Its domain for a group's topology key.
-    pub fn domain(&self, g: &super::topology::Group) -> Option<super::topology::DomainId> {
+impl EntryDomains {
+    /// Kept entry `e`'s domain for a group's topology key.
+    pub fn get(&self, e: usize, g: &Group) -> Option<DomainId> {
         if g.hostname {
-            return Some(self.host);
+            return Some(self.hosts[e]);
         }
-        self.domains.get(&g.id.key).copied().flatten()
+        self.ids[e * self.keys + g.slot]
     }
 }
 
@@ -111,7 +101,9 @@ pub(crate) struct Model<'c> {
     /// Nodes each pool already holds (removed nodes excluded).
     pub pool_nodes: Vec<i64>,
     /// Existing nodes, then in-flight claims, less the removed ones.
-    pub existing: Vec<SolveExisting<'c>>,
+    pub existing: Vec<&'c Existing>,
+    /// Their topology domains.
+    pub entry_domains: EntryDomains,
     /// Topology groups.
     pub groups: Groups,
     /// Interned domains (existing ones; runs add hostname domains).
@@ -133,6 +125,10 @@ pub(crate) struct Model<'c> {
 /// A pending shape's compiled model and its required node terms.
 type Shape = (PodModel, Vec<Requirements>);
 
+/// The required anti-affinity groups of each running owner, with the index
+/// of its kept entry.
+type RunningOwned = Vec<(usize, Vec<GroupId>)>;
+
 /// Pods that cannot be modelled, with the reason.
 type Invalid = Vec<(PodRef, PlacementFailure)>;
 
@@ -151,7 +147,11 @@ struct Remaining<'c> {
     /// Per compiled entry: its index among the kept ones.
     index: Vec<Option<usize>>,
     /// The kept entries.
-    existing: Vec<SolveExisting<'c>>,
+    existing: Vec<&'c Existing>,
+    /// Their indices among the compiled entries.
+    kept: Vec<usize>,
+    /// Their hostname domains.
+    hosts: Vec<DomainId>,
     /// Capacity each pool holds through kept entries.
     pool_used: Vec<Vector>,
     /// Kept entries each pool holds.
@@ -164,20 +164,26 @@ impl<'c> Model<'c> {
         let Remaining {
             removed,
             index,
-            mut existing,
+            existing,
+            kept,
+            hosts,
             pool_used,
             pool_nodes,
         } = Self::remaining(c, options);
         let (pending, entries, invalid) = Self::pending(c, &removed);
-        let running: Vec<(usize, &super::compile::Running)> = c
-            .running
+        // Only the running owners of required anti-affinity add groups.
+        let anti_owners: Vec<(usize, &super::compile::Running)> = c
+            .placed
+            .anti_owners
             .iter()
+            .map(|&ri| &c.running[ri])
             .filter_map(|r| index[r.node].map(|ni| (ni, r)))
             .collect();
         let pools = c.pools.as_slice();
-        let (mut groups, owned, running_owned) = Self::topology_groups(&pending, &running);
-        let (domains, key_domains) = Self::intern_domains(&mut groups, pools, &mut existing);
-        let counts = Self::count_running(c, &groups, &existing, &running, &running_owned);
+        let (mut groups, owned, running_owned) = Self::topology_groups(&pending, &anti_owners);
+        let (domains, key_domains, entry_domains) =
+            Self::intern_domains(c, &mut groups, pools, &existing, (&kept, &removed, hosts));
+        let counts = Self::count_running(c, &groups, &entry_domains, &index, &running_owned);
         let shapes = Self::compile_shapes(c, &groups, pending, owned);
         let pods = Self::first_fit_decreasing(entries, &shapes);
         Model {
@@ -189,6 +195,7 @@ impl<'c> Model<'c> {
             pool_used,
             pool_nodes,
             existing,
+            entry_domains,
             groups,
             domains,
             key_domains,
@@ -209,6 +216,8 @@ impl<'c> Model<'c> {
         let mut pool_used = c.pool_used.clone();
         let mut pool_nodes = c.pool_nodes.clone();
         let mut existing = Vec::with_capacity(c.existing.len());
+        let mut hosts = Vec::with_capacity(c.existing.len());
+        let mut kept = Vec::with_capacity(c.existing.len());
         let mut index: Vec<Option<usize>> = vec![None; c.existing.len()];
         for (i, e) in c.existing.iter().enumerate() {
             if removed[i] {
@@ -219,16 +228,16 @@ impl<'c> Model<'c> {
                 continue;
             }
             index[i] = Some(existing.len());
-            existing.push(SolveExisting {
-                base: e,
-                host: 0,
-                domains: BTreeMap::new(),
-            });
+            existing.push(e);
+            kept.push(i);
+            hosts.push(c.hosts.of[i]);
         }
         Remaining {
             removed,
             index,
             existing,
+            kept,
+            hosts,
             pool_used,
             pool_nodes,
         }
@@ -238,7 +247,16 @@ impl<'c> Model<'c> {
     /// nodes; shapes, each pod with its shape, and the pods that cannot be modelled.
     fn pending(c: &Compiled, removed: &[bool]) -> (Vec<Shape>, Vec<(PodRef, usize)>, Invalid) {
         let mut invalid = c.invalid.clone();
-        let moved: Vec<_> = c.running.iter().filter(|r| removed[r.node] && r.movable).collect();
+        // In input order, as a walk over every running pod would find them.
+        let mut moved: Vec<usize> = (0..removed.len())
+            .filter(|&i| removed[i])
+            .filter_map(|i| c.placed.on.get(i))
+            .flatten()
+            .copied()
+            .filter(|&ri| c.running[ri].movable)
+            .collect();
+        moved.sort_unstable();
+        let moved: Vec<_> = moved.into_iter().map(|ri| &c.running[ri]).collect();
         // The shape index is needed only to add moved pods: provisioning solves skip copying it.
         let (pending, entries) = if moved.is_empty() {
             (c.pending.shapes.clone(), c.pending.entries.clone())
@@ -255,11 +273,12 @@ impl<'c> Model<'c> {
         (pending, entries, invalid)
     }
 
-    /// Topology groups of pending pods (by shape) and of running pods' anti-affinity.
+    /// Topology groups of pending pods (by shape) and of the running owners
+    /// of anti-affinity (with their entries' indices).
     fn topology_groups(
         pending: &[Shape],
-        running: &[(usize, &super::compile::Running)],
-    ) -> (Groups, Vec<Owned>, Vec<Vec<GroupId>>) {
+        anti_owners: &[(usize, &super::compile::Running)],
+    ) -> (Groups, Vec<Owned>, RunningOwned) {
         let mut groups = Groups::default();
         let mut owned = Vec::new();
         for (m, terms) in pending {
@@ -294,14 +313,15 @@ impl<'c> Model<'c> {
             owned.push(o);
         }
         let mut running_owned = Vec::new();
-        for (_, r) in running {
-            running_owned.push(
+        for (ni, r) in anti_owners {
+            running_owned.push((
+                *ni,
                 r.model
                     .anti_affinity
                     .iter()
                     .map(|t| groups.term(t, GroupKind::AntiAffinity { required: true }))
                     .collect::<Vec<_>>(),
-            );
+            ));
         }
         (groups, owned, running_owned)
     }
@@ -309,12 +329,14 @@ impl<'c> Model<'c> {
     /// Domains: every value a topology key can take, interned; each kept
     /// entry's domains; each spread group's universe.
     fn intern_domains(
+        c: &Compiled,
         groups: &mut Groups,
         pools: &[Pool],
-        existing: &mut [SolveExisting],
-    ) -> (Domains, HashMap<String, Vec<super::topology::DomainId>>) {
-        let mut domains = Domains::default();
-        let mut key_domains: HashMap<String, Vec<super::topology::DomainId>> = HashMap::new();
+        existing: &[&Existing],
+        (kept, removed, hosts): (&[usize], &[bool], Vec<DomainId>),
+    ) -> (Domains, HashMap<String, Vec<DomainId>>, EntryDomains) {
+        let mut domains = Domains::with_hosts(c.hosts.count());
+        let mut key_domains: HashMap<String, Vec<DomainId>> = HashMap::new();
         let keys: BTreeSet<String> = groups
             .list
             .iter()
@@ -322,19 +344,43 @@ impl<'c> Model<'c> {
             .map(|g| g.id.key.clone())
             .collect();
         for key in &keys {
-            let vals = domain_values(key, pools, existing, &NodeFilter::default());
+            let vals = match c.topology_labels.get(key) {
+                Some(kv) => kept_values(key, pools, kv, removed),
+                None => domain_values(key, pools, existing, &NodeFilter::default()),
+            };
             key_domains.insert(key.clone(), vals.iter().map(|v| domains.intern(v)).collect());
         }
-        for e in existing.iter_mut() {
-            e.host = domains.intern(&format!("node:{}", e.hostname));
-            e.domains = keys
-                .iter()
-                .map(|k| (k.clone(), e.labels.get(k).map(|v| domains.intern(v))))
-                .collect();
+        let k = keys.len();
+        let mut ids = vec![None; existing.len() * k];
+        for (slot, key) in keys.iter().enumerate() {
+            let Some(kv) = c.topology_labels.get(key) else {
+                for (ni, e) in existing.iter().enumerate() {
+                    ids[ni * k + slot] = e.labels.get(key).map(|v| domains.intern(v));
+                }
+                continue;
+            };
+            let mut numbered: Vec<Option<DomainId>> = vec![None; kv.values.len()];
+            for (ni, &ci) in kept.iter().enumerate() {
+                ids[ni * k + slot] = kv.of[ci]
+                    .map(|v| *numbered[v as usize].get_or_insert_with(|| domains.intern(&kv.values[v as usize])));
+            }
         }
         for g in 0..groups.list.len() {
+            if groups.list[g].hostname {
+                continue;
+            }
+            let slot = keys
+                .iter()
+                .position(|k| *k == groups.list[g].id.key)
+                .unwrap_or_default();
+            groups.list[g].slot = slot;
             let group = &groups.list[g];
-            if group.hostname || !matches!(group.id.kind, GroupKind::Spread { .. }) {
+            if !matches!(group.id.kind, GroupKind::Spread { .. }) {
+                continue;
+            }
+            // Without a node filter the universe is every value of the key.
+            if group.id.filter == NodeFilter::default() {
+                groups.list[g].universe = key_domains.get(&group.id.key).cloned().unwrap_or_default();
                 continue;
             }
             let vals = domain_values(&group.id.key, pools, existing, &group.id.filter);
@@ -352,36 +398,52 @@ impl<'c> Model<'c> {
                 .collect();
             groups.list[g].universe = universe;
         }
-        (domains, key_domains)
+        let entry_domains = EntryDomains {
+            hosts,
+            keys: keys.len(),
+            ids,
+        };
+        (domains, key_domains, entry_domains)
     }
 
-    /// Counts from running pods: the groups that count them, and the
+    /// Counts from running pods on kept entries: the groups that count them
+    /// (visiting only the label classes some group matches), and the
     /// required anti-affinity they own.
     fn count_running(
         c: &Compiled,
         groups: &Groups,
-        existing: &[SolveExisting],
-        running: &[(usize, &super::compile::Running)],
-        running_owned: &[Vec<GroupId>],
+        domains: &EntryDomains,
+        index: &[Option<usize>],
+        running_owned: &RunningOwned,
     ) -> Counts {
         let mut counts = Counts::new(groups.list.len());
-        let mut class_groups: Vec<Option<Vec<GroupId>>> = vec![None; c.label_classes.len()];
-        for ((ni, r), anti) in running.iter().zip(running_owned) {
-            let e = &existing[*ni];
-            let matching = class_groups[r.label_class].get_or_insert_with(|| {
-                let (ns, labels) = &c.label_classes[r.label_class];
-                groups.matching(ns, c.namespace_labels.get(ns), labels)
-            });
-            for &g in matching.iter() {
-                let group = &groups.list[g];
-                if e.passes(&group.id.filter)
-                    && let Some(d) = e.domain(group)
-                {
-                    counts.record(g, d);
+        if groups.list.is_empty() {
+            return counts;
+        }
+        for (class, members) in c.placed.by_class.iter().enumerate() {
+            let (ns, labels) = &c.label_classes[class];
+            let matching = groups.matching(ns, c.namespace_labels.get(ns), labels);
+            if matching.is_empty() {
+                continue;
+            }
+            for &ri in members {
+                let e = c.placed.node[ri];
+                let Some(ni) = index[e] else {
+                    continue;
+                };
+                for &g in &matching {
+                    let group = &groups.list[g];
+                    if c.existing[e].passes(&group.id.filter)
+                        && let Some(d) = domains.get(ni, group)
+                    {
+                        counts.record(g, d);
+                    }
                 }
             }
+        }
+        for (ni, anti) in running_owned {
             for g in anti {
-                if let Some(d) = e.domain(&groups.list[*g]) {
+                if let Some(d) = domains.get(*ni, &groups.list[*g]) {
                     counts.record_owner(*g, d);
                 }
             }
@@ -497,7 +559,43 @@ impl Model<'_> {
 /// their instance types' offerings) and existing nodes that `filter` admits
 /// (nodeAffinityPolicy / nodeTaintsPolicy Honor): a node or pool the owner's
 /// node affinity or tolerations rule out is no domain of its spread.
-fn domain_values(key: &str, pools: &[Pool], existing: &[SolveExisting], filter: &NodeFilter) -> BTreeSet<String> {
+fn domain_values<'a>(
+    key: &str,
+    pools: &'a [Pool],
+    existing: &[&'a Existing],
+    filter: &NodeFilter,
+) -> BTreeSet<&'a str> {
+    let mut out = pool_values(key, pools, filter);
+    for e in existing.iter().filter(|e| e.passes(filter)) {
+        if let Some(v) = e.labels.get(key) {
+            out.insert(v.as_str());
+        }
+    }
+    out
+}
+
+/// [`domain_values`] without a node filter, from the compiled values of the
+/// key: those some kept entry carries (`removed`: per compiled entry).
+fn kept_values<'a>(key: &str, pools: &'a [Pool], kv: &'a KeyValues, removed: &[bool]) -> BTreeSet<&'a str> {
+    let mut out = pool_values(key, pools, &NodeFilter::default());
+    let mut carriers = kv.carriers.clone();
+    for (i, _) in removed.iter().enumerate().filter(|(_, r)| **r) {
+        if let Some(v) = kv.of[i] {
+            carriers[v as usize] -= 1;
+        }
+    }
+    out.extend(
+        kv.values
+            .iter()
+            .zip(carriers)
+            .filter(|(_, n)| *n > 0)
+            .map(|(v, _)| v.as_str()),
+    );
+    out
+}
+
+/// The values a topology key takes across the pools `filter` admits.
+fn pool_values<'a>(key: &str, pools: &'a [Pool], filter: &NodeFilter) -> BTreeSet<&'a str> {
     let tolerations = filter.tolerations.as_deref();
     let mut out = BTreeSet::new();
     for p in pools {
@@ -516,7 +614,7 @@ fn domain_values(key: &str, pools: &[Pool], existing: &[SolveExisting], filter: 
             // it can launch offers it now, as Karpenter counts them: a spread
             // over a named zone that cannot be launched into leaves the pod
             // pending rather than stacking it elsewhere.
-            out.extend(r.values.iter().cloned());
+            out.extend(r.values.iter().map(String::as_str));
             continue;
         }
         for t in &p.types {
@@ -524,24 +622,24 @@ fn domain_values(key: &str, pools: &[Pool], existing: &[SolveExisting], filter: 
                 out.extend(
                     t.offerings
                         .iter()
-                        .map(|o| o.zone.clone())
+                        .map(|o| o.zone.as_str())
                         .filter(|z| pool_req.is_none_or(|r| r.has(z))),
                 );
             } else if key == labels::CAPACITY_TYPE {
                 out.extend(
                     t.offerings
                         .iter()
-                        .map(|o| o.capacity_type.clone())
+                        .map(|o| o.capacity_type.as_str())
                         .filter(|z| pool_req.is_none_or(|r| r.has(z))),
                 );
             } else if let Some(tr) = t.reqs.get(key).filter(|r| !r.complement) {
-                out.extend(tr.values.iter().filter(|v| pool_req.is_none_or(|r| r.has(v))).cloned());
+                out.extend(
+                    tr.values
+                        .iter()
+                        .filter(|v| pool_req.is_none_or(|r| r.has(v)))
+                        .map(String::as_str),
+                );
             }
-        }
-    }
-    for e in existing.iter().filter(|e| e.passes(filter)) {
-        if let Some(v) = e.labels.get(key) {
-            out.insert(v.clone());
         }
     }
     out

@@ -10,10 +10,12 @@ use sha2::{Digest, Sha256};
 use super::claim::{Claim, Ctx, Fail, cheapest, cheapest_where};
 use super::compile::{OfferMask, Pool, TypeModel};
 use super::dense::{self, Vector, fits};
+use super::existing::Existing;
 use super::failure::{Constraint, PlacementFailure, PoolRejection, Rejection, normalise};
 use super::model::{Model, PendingPod};
 use super::pod::{PodRef, tolerates_all};
 use super::preferences::{Active, Relaxation};
+use super::room::RoomIndex;
 use super::topology::{Counts, Domains, GroupKind};
 use super::{ExistingPlacement, NewNodeClaim, Plan, Unschedulable};
 use crate::catalog::{Offering, OfferingRequirements};
@@ -136,6 +138,18 @@ impl Picker {
 
 /// True when the pod could run on spot capacity and no zonal topology ties
 /// it to where it lands (such pods are the ones worth keeping off on-demand).
+/// An existing entry's free room in the first `out.len()` resources
+/// (allocatable less `used`; none at all when cordoned).
+fn free_room(ex: &Existing, used: &[i64], out: &mut [i64]) {
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = if ex.cordoned {
+            i64::MIN
+        } else {
+            ex.avail[d].saturating_sub(used[d])
+        };
+    }
+}
+
 fn spot_capable(p: &super::model::PendingPod, a: &Active) -> bool {
     p.pin_keys.is_empty()
         && a.terms.iter().any(|t| {
@@ -150,7 +164,13 @@ pub struct Run<'m> {
     strategy: Strategy,
     domains: Domains,
     counts: Counts,
-    ex_used: Vec<Vector>,
+    /// What each existing entry's pods use, flat (entries × resources): one
+    /// copy per pass, not one allocation per node.
+    ex_used: Vec<i64>,
+    /// The number of resources (the width of a row of `ex_used`).
+    width: usize,
+    /// The existing entries' free room, for first fit.
+    room: RoomIndex,
     ex_ports: Vec<Vec<super::pod::HostPort>>,
     ex_pods: Vec<Vec<usize>>,
     claims: Vec<Claim>,
@@ -181,12 +201,17 @@ pub struct Assignment {
 impl<'m> Run<'m> {
     /// A fresh pass over the model.
     pub fn new(m: &'m Model<'m>, strategy: Strategy) -> Self {
+        debug_assert!(m.existing.iter().all(|e| e.used.len() == m.res.zero().len()));
         Run {
             m,
             strategy,
             domains: m.domains.clone(),
             counts: m.counts.clone(),
-            ex_used: m.existing.iter().map(|e| e.used.clone()).collect(),
+            ex_used: m.existing.iter().flat_map(|e| e.used.iter().copied()).collect(),
+            width: m.res.zero().len(),
+            room: RoomIndex::new(m.existing.len(), m.res.zero().len(), |e, out| {
+                free_room(m.existing[e], &m.existing[e].used, out)
+            }),
             ex_ports: m.existing.iter().map(|e| e.ports.clone()).collect(),
             ex_pods: vec![Vec::new(); m.existing.len()],
             claims: Vec::new(),
@@ -251,11 +276,14 @@ impl<'m> Run<'m> {
         let m = self.m;
         let p = m.pod(i);
         let a = rel.active(p);
-        for e in 0..m.existing.len() {
+        // First fit: the first entry that takes the pod, among those with the room.
+        let mut from = 0;
+        while let Some(e) = self.room.next(from, &p.req) {
             if self.fits_existing(e, i, &a) {
                 self.commit_existing(e, i, &a);
                 return true;
             }
+            from = e + 1;
         }
         if self.strategy.fewest_pods {
             return self.place_fewest_pods(i, &a);
@@ -395,11 +423,16 @@ impl<'m> Run<'m> {
         (0..self.m.pools.len()).any(|pi| self.new_claim(pi, i, a))
     }
 
+    /// What existing entry `e`'s pods use now.
+    fn used(&self, e: usize) -> &[i64] {
+        &self.ex_used[e * self.width..(e + 1) * self.width]
+    }
+
     fn fits_existing(&self, e: usize, i: usize, a: &Active) -> bool {
         let m = self.m;
         let ex = &m.existing[e];
         let p = m.pod(i);
-        if ex.cordoned || !fits(&dense::plus(&self.ex_used[e], &p.req), &ex.avail) {
+        if ex.cordoned || !dense::fits_sum(self.used(e), &p.req, &ex.avail) {
             return false;
         }
         if tolerates_all(&p.model.tolerations, &ex.taints, a.tolerate_prefer).is_err() {
@@ -420,25 +453,30 @@ impl<'m> Run<'m> {
                 &m.groups.list[*g],
                 *g,
                 p.counts_in.binary_search(g).is_ok(),
-                ex.domain(&m.groups.list[*g]),
+                m.entry_domains.get(e, &m.groups.list[*g]),
             )
-        }) && p
-            .inverse
-            .iter()
-            .all(|g| self.counts.inverse_allows(*g, ex.domain(&m.groups.list[*g])))
+        }) && p.inverse.iter().all(|g| {
+            self.counts
+                .inverse_allows(*g, m.entry_domains.get(e, &m.groups.list[*g]))
+        })
     }
 
     fn commit_existing(&mut self, e: usize, i: usize, a: &Active) {
         let m = self.m;
         let p = m.pod(i);
         let ex = &m.existing[e];
-        dense::add(&mut self.ex_used[e], &p.req);
+        let w = self.width;
+        dense::add(&mut self.ex_used[e * w..(e + 1) * w], &p.req);
+        let mut free = [0i64; 3];
+        let tracked = w.min(free.len());
+        free_room(ex, &self.ex_used[e * w..(e + 1) * w], &mut free[..tracked]);
+        self.room.set(e, &free[..tracked]);
         self.ex_ports[e].extend(p.model.host_ports.iter().cloned());
         self.ex_pods[e].push(i);
         for g in &p.counts_in {
             let group = &m.groups.list[*g];
             if ex.passes(&group.id.filter)
-                && let Some(d) = ex.domain(group)
+                && let Some(d) = m.entry_domains.get(e, group)
             {
                 self.counts.record(*g, d);
             }
@@ -448,7 +486,7 @@ impl<'m> Run<'m> {
             .iter()
             .filter(|g| m.groups.list[**g].id.kind == GroupKind::AntiAffinity { required: true })
         {
-            if let Some(d) = ex.domain(&m.groups.list[*g]) {
+            if let Some(d) = m.entry_domains.get(e, &m.groups.list[*g]) {
                 self.counts.record_owner(*g, d);
             }
         }

@@ -66,6 +66,8 @@ pub struct Group {
     pub hostname: bool,
     /// The eligible domains (spread on non-hostname keys).
     pub universe: Vec<DomainId>,
+    /// Its key's place among the solve's non-hostname topology keys.
+    pub slot: usize,
 }
 
 /// All groups of a solve, deduplicated.
@@ -89,6 +91,7 @@ impl Groups {
             id,
             hostname,
             universe: Vec::new(),
+            slot: 0,
         });
         g
     }
@@ -145,20 +148,31 @@ impl Groups {
     }
 }
 
-/// Interned domain values.
+/// Interned domain values. The first [`Domains::with_hosts`] ids are the
+/// existing entries' hostnames, numbered by the compiled snapshot, so a solve
+/// interns no string per node.
 #[derive(Debug, Default, Clone)]
 pub struct Domains {
+    hosts: DomainId,
     map: HashMap<String, DomainId>,
     names: Vec<String>,
 }
 
 impl Domains {
+    /// Domains whose ids below `hosts` are hostnames (named by nothing).
+    pub fn with_hosts(hosts: DomainId) -> Self {
+        Domains {
+            hosts,
+            ..Domains::default()
+        }
+    }
+
     /// The id of a value, interning it.
     pub fn intern(&mut self, v: &str) -> DomainId {
         if let Some(d) = self.map.get(v) {
             return *d;
         }
-        let d = self.names.len() as DomainId;
+        let d = self.next();
         self.map.insert(v.to_string(), d);
         self.names.push(v.to_string());
         d
@@ -171,14 +185,20 @@ impl Domains {
 
     /// A fresh domain that no value shares (a new node's hostname).
     pub fn fresh(&mut self) -> DomainId {
-        let d = self.names.len() as DomainId;
+        let d = self.next();
         self.names.push(String::new());
         d
     }
 
-    /// The value of a domain.
+    fn next(&self) -> DomainId {
+        self.hosts + self.names.len() as DomainId
+    }
+
+    /// The value of a domain (empty for a hostname).
     pub fn name(&self, d: DomainId) -> &str {
-        &self.names[d as usize]
+        d.checked_sub(self.hosts)
+            .and_then(|i| self.names.get(i as usize))
+            .map_or("", String::as_str)
     }
 }
 
