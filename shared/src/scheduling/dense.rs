@@ -85,16 +85,21 @@ pub fn sub(a: &mut [i64], b: &[i64]) {
 
 /// True when every positive entry of `need` fits in `have`.
 pub fn fits(need: &[i64], have: &[i64]) -> bool {
-    need.iter().zip(have).all(|(n, h)| *n <= 0 || n <= h)
+    need.iter().zip(have).all(|(n, h)| fits_one(*n, *h))
+}
+
+/// A need of one resource fits what is there (a need of none always does).
+fn fits_one(need: i64, have: i64) -> bool {
+    need <= 0 || need <= have
 }
 
 /// [`fits`] for `a + b`, without building the sum (first fit asks it of
 /// every node).
 pub fn fits_sum(a: &[i64], b: &[i64], have: &[i64]) -> bool {
-    a.iter().zip(b).zip(have).all(|((x, y), h)| {
-        let n = x.saturating_add(*y);
-        n <= 0 || n <= *h
-    })
+    a.iter()
+        .zip(b)
+        .zip(have)
+        .all(|((x, y), h)| fits_one(x.saturating_add(*y), *h))
 }
 
 /// The index of the first entry of `need` that does not fit in `have`.

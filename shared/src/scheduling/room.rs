@@ -44,11 +44,11 @@ impl RoomIndex {
         }
     }
 
-    /// Entry `e`'s free room is now `free` (its tracked resources).
-    pub fn set(&mut self, e: usize, free: &[i64]) {
+    /// Entry `e`'s free room changed: `free` writes it, as for [`RoomIndex::new`].
+    pub fn set(&mut self, e: usize, free: impl Fn(&mut [i64])) {
         let w = self.width;
         let mut n = self.leaves + e;
-        self.max[n * w..(n + 1) * w].copy_from_slice(&free[..w]);
+        free(&mut self.max[n * w..(n + 1) * w]);
         while n > 1 {
             n /= 2;
             for d in 0..w {
@@ -115,7 +115,7 @@ mod tests {
             let mut index = RoomIndex::new(free.len(), 3, |e, out| out.copy_from_slice(&free[e]));
             for (e, f) in updates {
                 if e < free.len() {
-                    index.set(e, &f);
+                    index.set(e, |out| out.copy_from_slice(&f));
                     free[e] = f;
                 }
             }

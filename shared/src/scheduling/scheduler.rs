@@ -467,10 +467,8 @@ impl<'m> Run<'m> {
         let ex = &m.existing[e];
         let w = self.width;
         dense::add(&mut self.ex_used[e * w..(e + 1) * w], &p.req);
-        let mut free = [0i64; 3];
-        let tracked = w.min(free.len());
-        free_room(ex, &self.ex_used[e * w..(e + 1) * w], &mut free[..tracked]);
-        self.room.set(e, &free[..tracked]);
+        let used = &self.ex_used[e * w..(e + 1) * w];
+        self.room.set(e, |out| free_room(ex, used, out));
         self.ex_ports[e].extend(p.model.host_ports.iter().cloned());
         self.ex_pods[e].push(i);
         for g in &p.counts_in {
