@@ -270,8 +270,13 @@ pub(crate) struct RunningIndex {
     pub(crate) on: Vec<Vec<usize>>,
     /// Per label class, its running pods.
     pub(crate) by_class: Vec<Vec<usize>>,
-    /// The running pods owning required anti-affinity terms, in order.
-    pub(crate) anti_owners: Vec<usize>,
+    /// The running pods owning required anti-affinity terms, in order, each
+    /// with its terms' place in `anti_terms`.
+    pub(crate) anti_owners: Vec<(usize, usize)>,
+    /// The owners' distinct term lists: a Deployment's replicas share one,
+    /// so a what-if turns hundreds of owners into groups once per list.
+    pub(crate) anti_terms: Vec<Vec<PodTerm>>,
+    anti_index: HashMap<Vec<PodTerm>, usize>,
     /// Per running pod, its entry (as `Running::node`, packed: counting a
     /// group's pods visits thousands).
     pub(crate) node: Vec<usize>,
@@ -302,7 +307,16 @@ impl RunningIndex {
         }
         self.by_class[r.label_class].push(ri);
         if !r.model.anti_affinity.is_empty() {
-            self.anti_owners.push(ri);
+            let terms = match self.anti_index.get(&r.model.anti_affinity) {
+                Some(&t) => t,
+                None => {
+                    self.anti_terms.push(r.model.anti_affinity.clone());
+                    self.anti_index
+                        .insert(r.model.anti_affinity.clone(), self.anti_terms.len() - 1);
+                    self.anti_terms.len() - 1
+                }
+            };
+            self.anti_owners.push((ri, terms));
         }
     }
 

@@ -125,9 +125,12 @@ pub(crate) struct Model<'c> {
 /// A pending shape's compiled model and its required node terms.
 type Shape = (PodModel, Vec<Requirements>);
 
-/// The required anti-affinity groups of each running owner, with the index
-/// of its kept entry.
-type RunningOwned = Vec<(usize, Vec<GroupId>)>;
+/// The running owners of required anti-affinity on kept entries: each
+/// one's kept entry and its groups' place in `lists`.
+struct RunningOwned {
+    owners: Vec<(usize, usize)>,
+    lists: Vec<Vec<GroupId>>,
+}
 
 /// Pods that cannot be modelled, with the reason.
 type Invalid = Vec<(PodRef, PlacementFailure)>;
@@ -172,15 +175,14 @@ impl<'c> Model<'c> {
         } = Self::remaining(c, options);
         let (pending, entries, invalid) = Self::pending(c, &removed);
         // Only the running owners of required anti-affinity add groups.
-        let anti_owners: Vec<(usize, &super::compile::Running)> = c
+        let anti_owners: Vec<(usize, usize)> = c
             .placed
             .anti_owners
             .iter()
-            .map(|&ri| &c.running[ri])
-            .filter_map(|r| index[r.node].map(|ni| (ni, r)))
+            .filter_map(|&(ri, terms)| index[c.placed.node[ri]].map(|ni| (ni, terms)))
             .collect();
         let pools = c.pools.as_slice();
-        let (mut groups, owned, running_owned) = Self::topology_groups(&pending, &anti_owners);
+        let (mut groups, owned, running_owned) = Self::topology_groups(&pending, &anti_owners, &c.placed.anti_terms);
         let (domains, key_domains, entry_domains) =
             Self::intern_domains(c, &mut groups, pools, &existing, (&kept, &removed, hosts));
         let counts = Self::count_running(c, &groups, &entry_domains, &index, &running_owned);
@@ -274,10 +276,12 @@ impl<'c> Model<'c> {
     }
 
     /// Topology groups of pending pods (by shape) and of the running owners
-    /// of anti-affinity (with their entries' indices).
+    /// of anti-affinity (each with its kept entry and its term list in
+    /// `anti_terms`).
     fn topology_groups(
         pending: &[Shape],
-        anti_owners: &[(usize, &super::compile::Running)],
+        anti_owners: &[(usize, usize)],
+        anti_terms: &[Vec<super::pod::PodTerm>],
     ) -> (Groups, Vec<Owned>, RunningOwned) {
         let mut groups = Groups::default();
         let mut owned = Vec::new();
@@ -312,16 +316,24 @@ impl<'c> Model<'c> {
             }
             owned.push(o);
         }
-        let mut running_owned = Vec::new();
-        for (ni, r) in anti_owners {
-            running_owned.push((
-                *ni,
-                r.model
-                    .anti_affinity
-                    .iter()
-                    .map(|t| groups.term(t, GroupKind::AntiAffinity { required: true }))
-                    .collect::<Vec<_>>(),
-            ));
+        // Each list becomes groups once, at its first owner, as a walk of the
+        // owners in order would intern them.
+        let mut local: Vec<Option<usize>> = vec![None; anti_terms.len()];
+        let mut running_owned = RunningOwned {
+            owners: Vec::with_capacity(anti_owners.len()),
+            lists: Vec::new(),
+        };
+        for &(ni, terms) in anti_owners {
+            let l = *local[terms].get_or_insert_with(|| {
+                running_owned.lists.push(
+                    anti_terms[terms]
+                        .iter()
+                        .map(|t| groups.term(t, GroupKind::AntiAffinity { required: true }))
+                        .collect(),
+                );
+                running_owned.lists.len() - 1
+            });
+            running_owned.owners.push((ni, l));
         }
         (groups, owned, running_owned)
     }
@@ -441,9 +453,9 @@ impl<'c> Model<'c> {
                 }
             }
         }
-        for (ni, anti) in running_owned {
-            for g in anti {
-                if let Some(d) = domains.get(*ni, &groups.list[*g]) {
+        for &(ni, l) in &running_owned.owners {
+            for g in &running_owned.lists[l] {
+                if let Some(d) = domains.get(ni, &groups.list[*g]) {
                     counts.record_owner(*g, d);
                 }
             }

@@ -136,8 +136,6 @@ impl Picker {
     }
 }
 
-/// True when the pod could run on spot capacity and no zonal topology ties
-/// it to where it lands (such pods are the ones worth keeping off on-demand).
 /// An existing entry's free room in the first `out.len()` resources
 /// (allocatable less `used`; none at all when cordoned).
 fn free_room(ex: &Existing, used: &[i64], out: &mut [i64]) {
@@ -150,6 +148,8 @@ fn free_room(ex: &Existing, used: &[i64], out: &mut [i64]) {
     }
 }
 
+/// True when the pod could run on spot capacity and no zonal topology ties
+/// it to where it lands (such pods are the ones worth keeping off on-demand).
 fn spot_capable(p: &super::model::PendingPod, a: &Active) -> bool {
     p.pin_keys.is_empty()
         && a.terms.iter().any(|t| {
