@@ -309,6 +309,9 @@ struct Accepted<'c> {
     claims: Vec<NewNodeClaim>,
     /// Nodes gone from the committed state (earlier methods' and ours).
     gone: BTreeSet<String>,
+    /// Those of them not committed yet (earlier methods' before the first
+    /// accept): the only ones a probe must name, the rest are retired.
+    uncommitted: BTreeSet<String>,
 }
 
 /// Decides the Underutilized part of a pass on top of what earlier methods
@@ -353,6 +356,7 @@ fn consolidate<'a>(
         moves: BTreeMap::new(),
         claims: Vec::new(),
         gone: pass.removed.clone(),
+        uncommitted: pass.removed.clone(),
     };
     // Earlier methods' moves (none today: expiry and drift end the pass before
     // consolidation, and empty nodes move nothing) become the starting state.
@@ -566,6 +570,7 @@ fn accept<'c>(
 ) {
     acc.gone.extend(group.iter().map(|c| c.name.clone()));
     compiled.commit(&plan, &acc.gone);
+    acc.uncommitted.clear();
     for e in plan.existing {
         for p in e.pods {
             acc.moves.insert(p, (e.name.clone(), e.kind));
@@ -642,7 +647,7 @@ fn probe(
     for c in group {
         limits.add(c.price, &c.labels);
     }
-    let mut removed = acc.gone.clone();
+    let mut removed = acc.uncommitted.clone();
     removed.extend(group.iter().map(|c| c.name.clone()));
     // A delete first: cheap (no new-node options to weigh) and the most common
     // answer. Then, while the pass has no new node yet, a replacement. One new

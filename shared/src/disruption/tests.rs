@@ -1626,6 +1626,91 @@ proptest! {
     }
 }
 
+/// Nodes in three zones (a fourth choice: no zone label) running pods of two
+/// zonally spread apps and a plain one (one pending pod of each spread app,
+/// so a solve always has their groups); node numbers to commit away one at a
+/// time, and the nodes the last solve names.
+fn arb_zonal() -> impl Strategy<Value = (Snapshot, Vec<usize>, Vec<usize>)> {
+    let nodes = proptest::collection::vec((0usize..4, proptest::collection::vec(0usize..3, 0..5)), 1..9);
+    let picks = || proptest::collection::vec(0usize..9, 0..5);
+    (nodes, picks(), picks()).prop_map(|(spec, commits, named)| {
+        let zones = ["test-zone-a", "test-zone-b", "test-zone-c"];
+        let app_pod = |name: &str, node: Option<&str>, app: usize| {
+            let labels = json!({"app": format!("app-{app}")});
+            let spread = json!([{"maxSkew": 1, "topologyKey": labels::ZONE, "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": labels}}]);
+            let mut spec = json!({"topologySpreadConstraints": if app < 2 { spread } else { json!([]) }});
+            if let Some(n) = node {
+                spec["nodeName"] = json!(n);
+            }
+            pod(
+                name,
+                "250m",
+                "256Mi",
+                json!({"metadata": {"labels": labels, "creationTimestamp": ago(1.0), "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("app-{app}"), "uid": "u", "controller": true}]},
+                    "spec": spec}),
+            )
+        };
+        let nodes = spec
+            .into_iter()
+            .enumerate()
+            .map(|(i, (zone, apps))| {
+                let n = format!("n{i}");
+                let labels = zones.get(zone).map_or(json!({}), |z| json!({(labels::ZONE): z}));
+                let pods = apps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, app)| app_pod(&format!("p{i}-{j}"), Some(&n), app))
+                    .collect();
+                (node(&n, 2.0, json!({"metadata": {"labels": labels}})), pods)
+            })
+            .collect();
+        let mut s = snapshot(pool_with(""), nodes);
+        s.pods = (0..2).map(|app| app_pod(&format!("pending-{app}"), None, app)).collect();
+        (s, commits, named)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A solve counts a zonal group's running pods by value from the compiled
+    /// snapshot (kept in step by every commit); the counts must be those a
+    /// visit of every pod on the entries it keeps finds.
+    #[test]
+    fn counts_by_value_are_the_counts_of_the_pods_kept((s, commits, named) in arb_zonal()) {
+        let compiled_input = s.solve_input();
+        let mut compiled = crate::scheduling::Compiled::new(&compiled_input);
+        let mut gone: BTreeSet<String> = BTreeSet::new();
+        let check = |compiled: &crate::scheduling::Compiled, names: &[usize]| {
+            let options = SolveOptions::without(names.iter().map(|i| format!("n{i}")));
+            let fast = crate::scheduling::model::Model::counted(compiled, &options, true);
+            let walked = crate::scheduling::model::Model::counted(compiled, &options, false);
+            (fast.counts.nonzero(), walked.counts.nonzero(), fast.groups.list.len())
+        };
+        for k in commits {
+            let name = format!("n{k}");
+            if k >= s.nodes.len() || gone.contains(&name) {
+                continue;
+            }
+            let plan = compiled.solve(&SolveOptions::without([name.as_str()]));
+            if plan.unschedulable.is_empty() {
+                gone.insert(name);
+                compiled.commit(&plan, &gone);
+            }
+            let (fast, walked, groups) = check(&compiled, &named);
+            prop_assert!(groups > 0, "the pending pods own groups");
+            prop_assert_eq!(fast, walked, "after committing {:?}", gone);
+        }
+        // The pending pods held where a solve puts them count as running pods.
+        let plan = compiled.solve(&SolveOptions::default());
+        compiled.hold_pending(&plan);
+        let (fast, walked, _) = check(&compiled, &named);
+        prop_assert_eq!(fast, walked, "after holding the pending pods");
+    }
+}
+
 #[test]
 fn zonal_spread_pods_of_a_removed_node_go_to_existing_nodes_with_room() {
     let spread = |name: &str, node: &str| {
@@ -1692,6 +1777,9 @@ fn a_committed_what_if_is_where_later_solves_start() {
     compiled.commit(&moved, &gone_a);
     // Committed: nothing is pending with a gone, and b is full.
     assert!(compiled.solve(&only_existing(&gone_a)).existing.is_empty());
+    // a is retired: a solve that names only b never moves b's pods back onto it.
+    let b_only = compiled.solve(&only_existing(&BTreeSet::from(["b".to_string()])));
+    assert!(b_only.existing.iter().all(|e| e.name != "a"), "{b_only:?}");
     let both = BTreeSet::from(["a".to_string(), "b".to_string()]);
     let again = compiled.solve(&SolveOptions::without(both.clone()));
     assert_eq!(again.node_claims.len(), 1, "big and b-0 move again together: {again:?}");

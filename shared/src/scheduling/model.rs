@@ -147,6 +147,8 @@ struct Owned {
 struct Remaining<'c> {
     /// Per compiled entry: taken away by the solve.
     removed: Vec<bool>,
+    /// The entries taken away by name (not retired before).
+    named: Vec<usize>,
     /// Per compiled entry: its index among the kept ones.
     index: Vec<Option<usize>>,
     /// The kept entries.
@@ -164,8 +166,16 @@ struct Remaining<'c> {
 impl<'c> Model<'c> {
     /// The compiled snapshot as one solve sees it.
     pub fn new(c: &'c Compiled, options: &SolveOptions) -> Model<'c> {
+        Self::counted(c, options, true)
+    }
+
+    /// [`Model::new`], its running pods counted by value where it can
+    /// (`by_value`) or all visited one by one (the plain count tests hold the
+    /// other to).
+    pub(crate) fn counted(c: &'c Compiled, options: &SolveOptions, by_value: bool) -> Model<'c> {
         let Remaining {
             removed,
+            named,
             index,
             existing,
             kept,
@@ -185,7 +195,8 @@ impl<'c> Model<'c> {
         let (mut groups, owned, running_owned) = Self::topology_groups(&pending, &anti_owners, &c.placed.anti_terms);
         let (domains, key_domains, entry_domains) =
             Self::intern_domains(c, &mut groups, pools, &existing, (&kept, &removed, hosts));
-        let counts = Self::count_running(c, &groups, &entry_domains, &index, &running_owned);
+        let named = if by_value { Some(named.as_slice()) } else { None };
+        let counts = Self::count_running(c, (&groups, &domains), &entry_domains, (&index, named), &running_owned);
         let shapes = Self::compile_shapes(c, &groups, pending, owned);
         let pods = Self::first_fit_decreasing(entries, &shapes);
         Model {
@@ -209,24 +220,29 @@ impl<'c> Model<'c> {
         }
     }
 
-    /// Takes the removed entries away, with what they held of their pools.
+    /// Takes the removed entries away (the retired ones are already out of
+    /// their pools), with what they held of their pools.
     fn remaining(c: &'c Compiled, options: &SolveOptions) -> Remaining<'c> {
-        let mut removed = vec![false; c.existing.len()];
-        for i in options.removed.iter().filter_map(|n| c.existing_index.get(n)).flatten() {
-            removed[*i] = true;
-        }
+        let mut removed = c.retired.clone();
+        let mut named = Vec::new();
         let mut pool_used = c.pool_used.clone();
         let mut pool_nodes = c.pool_nodes.clone();
+        for &i in options.removed.iter().filter_map(|n| c.existing_index.get(n)).flatten() {
+            if std::mem::replace(&mut removed[i], true) {
+                continue;
+            }
+            named.push(i);
+            if let Some(pi) = c.existing_pool[i] {
+                dense::sub(&mut pool_used[pi], &c.existing[i].capacity);
+                pool_nodes[pi] -= 1;
+            }
+        }
         let mut existing = Vec::with_capacity(c.existing.len());
         let mut hosts = Vec::with_capacity(c.existing.len());
         let mut kept = Vec::with_capacity(c.existing.len());
         let mut index: Vec<Option<usize>> = vec![None; c.existing.len()];
         for (i, e) in c.existing.iter().enumerate() {
             if removed[i] {
-                if let Some(pi) = c.existing_pool[i] {
-                    dense::sub(&mut pool_used[pi], &e.capacity);
-                    pool_nodes[pi] -= 1;
-                }
                 continue;
             }
             index[i] = Some(existing.len());
@@ -236,6 +252,7 @@ impl<'c> Model<'c> {
         }
         Remaining {
             removed,
+            named,
             index,
             existing,
             kept,
@@ -420,22 +437,46 @@ impl<'c> Model<'c> {
 
     /// Counts from running pods on kept entries: the groups that count them
     /// (visiting only the label classes some group matches), and the
-    /// required anti-affinity they own.
+    /// required anti-affinity they own. A group over a compiled topology key
+    /// with no node filter takes each class's count per value from the
+    /// snapshot ([`KeyValues::by_class`]) less the pods of the entries this
+    /// solve names (`named`; `None`: every group visits).
     fn count_running(
         c: &Compiled,
-        groups: &Groups,
+        (groups, interned): (&Groups, &Domains),
         domains: &EntryDomains,
-        index: &[Option<usize>],
+        (index, named): (&[Option<usize>], Option<&[usize]>),
         running_owned: &RunningOwned,
     ) -> Counts {
         let mut counts = Counts::new(groups.list.len());
         if groups.list.is_empty() {
             return counts;
         }
+        let by_value = |g: &Group| {
+            (named.is_some() && !g.hostname && g.id.filter == NodeFilter::default())
+                .then(|| c.topology_labels.get(&g.id.key))
+                .flatten()
+        };
+        // Per class, the groups counted by value (for the named entries' pods).
+        let mut valued: Vec<Vec<GroupId>> = vec![Vec::new(); c.placed.by_class.len()];
         for (class, members) in c.placed.by_class.iter().enumerate() {
             let (ns, labels) = &c.label_classes[class];
             let matching = groups.matching(ns, c.namespace_labels.get(ns), labels);
-            if matching.is_empty() {
+            let (fast, walked): (Vec<GroupId>, Vec<GroupId>) =
+                matching.into_iter().partition(|&g| by_value(&groups.list[g]).is_some());
+            for &g in &fast {
+                let Some((kv, row)) = by_value(&groups.list[g]).and_then(|kv| Some((kv, kv.by_class.get(class)?)))
+                else {
+                    continue;
+                };
+                for (v, &n) in row.iter().enumerate().filter(|(_, n)| **n > 0) {
+                    if let Some(d) = interned.get(&kv.values[v]) {
+                        counts.record_n(g, d, n);
+                    }
+                }
+            }
+            valued[class] = fast;
+            if walked.is_empty() {
                 continue;
             }
             for &ri in members {
@@ -443,12 +484,24 @@ impl<'c> Model<'c> {
                 let Some(ni) = index[e] else {
                     continue;
                 };
-                for &g in &matching {
+                for &g in &walked {
                     let group = &groups.list[g];
                     if c.existing[e].passes(&group.id.filter)
                         && let Some(d) = domains.get(ni, group)
                     {
                         counts.record(g, d);
+                    }
+                }
+            }
+        }
+        for &e in named.unwrap_or_default() {
+            for &ri in c.placed.on.get(e).into_iter().flatten() {
+                for &g in &valued[c.running[ri].label_class] {
+                    let Some(kv) = by_value(&groups.list[g]) else {
+                        continue;
+                    };
+                    if let Some(d) = kv.of[e].and_then(|v| interned.get(&kv.values[v as usize])) {
+                        counts.unrecord(g, d);
                     }
                 }
             }

@@ -202,6 +202,10 @@ impl Domains {
     }
 }
 
+/// A group's non-zero counts by domain.
+#[cfg(test)]
+pub type Counted = std::collections::BTreeMap<DomainId, u32>;
+
 /// Per-solve counts: matching pods and required anti-affinity owners per domain.
 #[derive(Debug, Clone)]
 pub struct Counts {
@@ -229,6 +233,29 @@ impl Counts {
     pub fn record(&mut self, g: GroupId, d: DomainId) {
         *self.counts[g].entry(d).or_insert(0) += 1;
         self.total[g] += 1;
+    }
+
+    /// Records `n` pods counted by group `g` in domain `d`.
+    pub fn record_n(&mut self, g: GroupId, d: DomainId, n: u32) {
+        *self.counts[g].entry(d).or_insert(0) += n;
+        self.total[g] += n;
+    }
+
+    /// Takes back a pod [`Counts::record_n`] counted in group `g`'s domain `d`.
+    pub fn unrecord(&mut self, g: GroupId, d: DomainId) {
+        if let Some(n) = self.counts[g].get_mut(&d).filter(|n| **n > 0) {
+            *n -= 1;
+            self.total[g] -= 1;
+        }
+    }
+
+    /// Per group, its non-zero counts and owners by domain, and its total.
+    #[cfg(test)]
+    pub fn nonzero(&self) -> Vec<(Counted, Counted, u32)> {
+        let nonzero = |m: &HashMap<DomainId, u32>| m.iter().filter(|(_, n)| **n > 0).map(|(d, n)| (*d, *n)).collect();
+        (0..self.total.len())
+            .map(|g| (nonzero(&self.counts[g]), nonzero(&self.owners[g]), self.total[g]))
+            .collect()
     }
 
     /// Records the owner of a required anti-affinity term in domain `d`.
