@@ -171,7 +171,9 @@ pub struct Run<'m> {
     width: usize,
     /// The existing entries' free room, for first fit.
     room: RoomIndex,
-    ex_ports: Vec<Vec<super::pod::HostPort>>,
+    /// Host ports the pods placed this run take, by entry (few take any:
+    /// not a copy of every entry's).
+    ex_ports: HashMap<usize, Vec<super::pod::HostPort>>,
     ex_pods: Vec<Vec<usize>>,
     claims: Vec<Claim>,
     /// Per claim, whether it holds a pod that could run on spot.
@@ -207,12 +209,18 @@ impl<'m> Run<'m> {
             strategy,
             domains: m.domains.clone(),
             counts: m.counts.clone(),
-            ex_used: m.existing.iter().flat_map(|e| e.used.iter().copied()).collect(),
+            ex_used: {
+                let mut used = Vec::with_capacity(m.existing.len() * m.res.zero().len());
+                for e in &m.existing {
+                    used.extend_from_slice(&e.used);
+                }
+                used
+            },
             width: m.res.zero().len(),
             room: RoomIndex::new(m.existing.len(), m.res.zero().len(), |e, out| {
                 free_room(m.existing[e], &m.existing[e].used, out)
             }),
-            ex_ports: m.existing.iter().map(|e| e.ports.clone()).collect(),
+            ex_ports: HashMap::new(),
             ex_pods: vec![Vec::new(); m.existing.len()],
             claims: Vec::new(),
             holds_spot_capable: Vec::new(),
@@ -438,11 +446,12 @@ impl<'m> Run<'m> {
         if tolerates_all(&p.model.tolerations, &ex.taints, a.tolerate_prefer).is_err() {
             return false;
         }
-        if p.model
-            .host_ports
-            .iter()
-            .any(|h| self.ex_ports[e].iter().any(|o| h.conflicts(o)))
-        {
+        if p.model.host_ports.iter().any(|h| {
+            ex.ports
+                .iter()
+                .chain(self.ex_ports.get(&e).into_iter().flatten())
+                .any(|o| h.conflicts(o))
+        }) {
             return false;
         }
         if !a.terms.iter().any(|t| t.matches_labels(&ex.labels)) {
@@ -469,7 +478,12 @@ impl<'m> Run<'m> {
         dense::add(&mut self.ex_used[e * w..(e + 1) * w], &p.req);
         let used = &self.ex_used[e * w..(e + 1) * w];
         self.room.set(e, |out| free_room(ex, used, out));
-        self.ex_ports[e].extend(p.model.host_ports.iter().cloned());
+        if !p.model.host_ports.is_empty() {
+            self.ex_ports
+                .entry(e)
+                .or_default()
+                .extend(p.model.host_ports.iter().cloned());
+        }
         self.ex_pods[e].push(i);
         for g in &p.counts_in {
             let group = &m.groups.list[*g];

@@ -1333,6 +1333,31 @@ fn existing_nodes_are_used_first_unless_cordoned_tainted_or_full() {
 }
 
 #[test]
+fn an_existing_node_keeps_the_host_ports_its_pods_and_the_solves_own_take() {
+    let mut v = pods("web", 2, "100m", "64Mi", binds(9101));
+    v.extend(pods("exporter", 1, "100m", "64Mi", binds(9100)));
+    let mut case = Case::new(v);
+    case.nodes = vec![ExistingNode {
+        node: node("n1", "test-zone-a", "4", "8Gi", json!({})),
+        pods: vec![running("r", "n1", "1", binds(9100))],
+    }];
+    let plan = case.solve();
+    let on_n1: Vec<&str> = plan
+        .existing
+        .iter()
+        .flat_map(|e| e.pods.iter().map(|p| p.name.as_str()))
+        .collect();
+    assert_eq!(
+        on_n1.len(),
+        1,
+        "one web pod takes 9101 on n1, the other cannot: {plan:?}"
+    );
+    assert!(on_n1[0].starts_with("web-"), "{plan:?}");
+    claim_of(&plan, "exporter-0");
+    assert!(plan.unschedulable.is_empty(), "{plan:?}");
+}
+
+#[test]
 fn in_flight_claims_take_pods() {
     let mut case = Case::new(pods("p", 1, "500m", "512Mi", json!({})));
     let mut c = fixtures_claim();
