@@ -231,8 +231,7 @@ impl Counts {
 
     /// Records a pod counted by group `g` in domain `d`.
     pub fn record(&mut self, g: GroupId, d: DomainId) {
-        *self.counts[g].entry(d).or_insert(0) += 1;
-        self.total[g] += 1;
+        self.record_n(g, d, 1);
     }
 
     /// Records `n` pods counted by group `g` in domain `d`.
