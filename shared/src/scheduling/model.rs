@@ -132,6 +132,9 @@ struct RunningOwned {
     lists: Vec<Vec<GroupId>>,
 }
 
+/// A topology key's compiled values and each value's domain in one solve.
+type Valued<'c> = (&'c KeyValues, Vec<Option<DomainId>>);
+
 /// Pods that cannot be modelled, with the reason.
 type Invalid = Vec<(PodRef, PlacementFailure)>;
 
@@ -452,26 +455,33 @@ impl<'c> Model<'c> {
         if groups.list.is_empty() {
             return counts;
         }
-        let by_value = |g: &Group| {
-            (named.is_some() && !g.hostname && g.id.filter == NodeFilter::default())
-                .then(|| c.topology_labels.get(&g.id.key))
-                .flatten()
-        };
+        // Per group counted by value: its key's values and each value's domain,
+        // looked up once per solve, not per class and pod.
+        let by_value: Vec<Option<Valued>> = groups
+            .list
+            .iter()
+            .map(|g| {
+                (named.is_some() && !g.hostname && g.id.filter == NodeFilter::default())
+                    .then(|| c.topology_labels.get(&g.id.key))
+                    .flatten()
+                    .map(|kv| (kv, kv.values.iter().map(|v| interned.get(v)).collect()))
+            })
+            .collect();
         // Per class, the groups counted by value (for the named entries' pods).
         let mut valued: Vec<Vec<GroupId>> = vec![Vec::new(); c.placed.by_class.len()];
         for (class, members) in c.placed.by_class.iter().enumerate() {
             let (ns, labels) = &c.label_classes[class];
             let matching = groups.matching(ns, c.namespace_labels.get(ns), labels);
             let (fast, walked): (Vec<GroupId>, Vec<GroupId>) =
-                matching.into_iter().partition(|&g| by_value(&groups.list[g]).is_some());
+                matching.into_iter().partition(|&g| by_value[g].is_some());
             for &g in &fast {
-                let Some((kv, row)) = by_value(&groups.list[g]).and_then(|kv| Some((kv, kv.by_class.get(class)?)))
-                else {
+                let Some((kv, ids)) = &by_value[g] else {
                     continue;
                 };
-                for (v, &n) in row.iter().enumerate().filter(|(_, n)| **n > 0) {
-                    if let Some(d) = interned.get(&kv.values[v]) {
-                        counts.record_n(g, d, n);
+                let row = kv.by_class.get(class).map_or(&[][..], Vec::as_slice);
+                for (&n, d) in row.iter().zip(ids).filter(|(n, _)| **n > 0) {
+                    if let Some(d) = d {
+                        counts.record_n(g, *d, n);
                     }
                 }
             }
@@ -497,10 +507,9 @@ impl<'c> Model<'c> {
         for &e in named.unwrap_or_default() {
             for &ri in c.placed.on.get(e).into_iter().flatten() {
                 for &g in &valued[c.running[ri].label_class] {
-                    let Some(kv) = by_value(&groups.list[g]) else {
-                        continue;
-                    };
-                    if let Some(d) = kv.of[e].and_then(|v| interned.get(&kv.values[v as usize])) {
+                    if let Some((kv, ids)) = &by_value[g]
+                        && let Some(d) = kv.of[e].and_then(|v| ids[v as usize])
+                    {
                         counts.unrecord(g, d);
                     }
                 }
