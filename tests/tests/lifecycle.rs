@@ -435,10 +435,16 @@ async fn write_as_a_newer_release(s: &Stack, claim: &str) {
         .unwrap()
         .item
         .unwrap();
-    let mut body: serde_json::Value = serde_json::from_str(item["body"].as_s().unwrap()).unwrap();
+    use nodesmith::state::{PACKED_CLAIM_ATTRIBUTE, packing};
+    let packed = item[PACKED_CLAIM_ATTRIBUTE].as_b().unwrap();
+    let mut body: serde_json::Value = serde_json::from_str(&packing::unpack(packed.as_ref()).unwrap()).unwrap();
     body["phase"] = json!("Repairing");
     body["repair"] = json!({"policy": "reboot", "attempts": 1});
-    item.insert("body".into(), AttributeValue::S(body.to_string()));
+    let packed = packing::pack(&body.to_string()).unwrap();
+    item.insert(
+        PACKED_CLAIM_ATTRIBUTE.into(),
+        AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(packed)),
+    );
     item.insert("phase".into(), AttributeValue::S("Repairing".into()));
     s.store
         .client()

@@ -616,9 +616,13 @@ async fn a_claim_that_fits_800_types_is_stored_under_8_kb_and_reads_back_whole()
     let it = raw.item().unwrap();
     let bytes: usize = it
         .iter()
-        .map(|(k, v)| k.len() + v.as_s().or(v.as_n()).map_or(0, String::len))
+        .map(|(k, v)| {
+            let value = v.as_s().or(v.as_n()).map(String::len);
+            k.len() + value.or_else(|_| v.as_b().map(|b| b.as_ref().len())).unwrap_or(0)
+        })
         .sum();
     assert!(bytes < 8 * 1024, "stored claim item: {bytes} bytes");
+    assert!(it.contains_key(state::PACKED_CLAIM_ATTRIBUTE), "stored packed: {it:?}");
     let back = st.get_node_claim(&c.name).await.unwrap().unwrap();
     assert_eq!(back, c);
     assert_eq!(back.instance_type_options, names[..60], "the cheapest 60, in order");

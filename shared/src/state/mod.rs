@@ -8,7 +8,7 @@
 //!
 //! | item | `pk` | `sk` | other attributes |
 //! |---|---|---|---|
-//! | NodeClaim | `NODECLAIM` | claim name | `version` (N), `phase` (S), `nodePool` (S), `instanceId` (S, once launched), `body` (S, the claim as JSON) |
+//! | NodeClaim | `NODECLAIM` | claim name | `version` (N), `phase` (S), `instanceId` (S, once launched), `packed` (B, the claim as JSON deflated against a preset dictionary: `packing`; items written before hold `body` (S, the JSON) and `nodePool` (S)) |
 //! | lease | `LEASE` | lease name | `holder` (S), `version` (N, the fencing token), `leaseUntil` (N, epoch ms), `expiresAt` (N, epoch s; set on a launch lease whose launch failed, so the item of a claim that never launches goes) |
 //! | unavailable offering | `UNAVAILABLE` | `<capacity type>#<zone>#<instance type>` | `reason` (S), `expiresAt` (N, epoch s) |
 //! | catalog head | `CATALOG` | `HEAD` | `generation` (S, sha256 of the JSON), `parts` (N), `retired` (L of M: `generation`, `parts`, `at` epoch ms; generations replaced less than [`RETIRED_GRACE_MS`] ago, whose parts are kept for readers of the old head) |
@@ -40,6 +40,7 @@ mod markers;
 mod nodeclaims;
 mod nominations;
 mod offerings;
+pub mod packing;
 mod prices;
 mod table;
 mod terminations;
@@ -51,7 +52,8 @@ pub use drains::DrainRecord;
 pub use leases::{Lease, invocation_holder};
 pub use markers::{LAST_SOLVE, Refusal};
 pub use nodeclaims::{
-    Advance, ClaimListing, UnreadableClaim, VersionCheck, from_item as node_claim_from_item, to_item as node_claim_item,
+    Advance, ClaimListing, PACKED as PACKED_CLAIM_ATTRIBUTE, UnreadableClaim, VersionCheck,
+    from_item as node_claim_from_item, to_item as node_claim_item,
 };
 pub use nominations::NominationRecord;
 pub use offerings::{OfferingKey, UNAVAILABLE_TTL_SECS, UnavailableOffering};
