@@ -440,16 +440,68 @@ impl Claim {
             .filter(|k| mask.is_none() || !OFFERING_KEYS.contains(&k.as_str()))
             .filter_map(|k| reqs.get(k))
             .collect();
+        let full = self.out_of_room(pool, used);
         self.options
             .iter()
             .copied()
             .filter(|t| {
                 let ty = &pool.types[*t as usize];
-                fits(used, &ty.avail)
+                !full.has(*t)
                     && checks.iter().all(|r| ty.allows(r))
                     && (!offer || mask.as_ref().map_or_else(|| ty.offered(&wanted), |m| m.offered(ty)))
             })
             .collect()
+    }
+
+    /// The pool's types without room for `used`, of those that may be among
+    /// the options: found by range in [`Pool::by_room`], not by trying every
+    /// option (first fit asks this of nearly full claims, with hundreds of options).
+    fn out_of_room(&self, pool: &Pool, used: &[i64]) -> TypeSet {
+        let mut full = TypeSet::default();
+        if fits(used, &self.min_avail) {
+            return full;
+        }
+        for (d, (&need, rooms)) in used.iter().zip(&pool.by_room).enumerate() {
+            if need <= 0 || need <= self.min_avail.get(d).copied().unwrap_or(i64::MAX) {
+                continue;
+            }
+            // Every option has room for what the claim holds already (each
+            // update kept only those), so only rooms from there up to `need`
+            // can drop out; an empty claim's options were never narrowed.
+            let held = self.used.get(d).copied().unwrap_or(0);
+            let from = if held > 0 && !self.pods.is_empty() {
+                held
+            } else {
+                i64::MIN
+            };
+            let lo = rooms.partition_point(|(room, _)| *room < from);
+            let hi = rooms.partition_point(|(room, _)| *room < need);
+            for (_, t) in rooms.get(lo..hi).unwrap_or_default() {
+                full.insert(*t, pool.types.len());
+            }
+        }
+        full
+    }
+}
+
+/// A set of a pool's type indices, as bits; empty without allocating.
+#[derive(Debug, Default)]
+struct TypeSet(Vec<u64>);
+
+impl TypeSet {
+    /// Adds type `t` of a pool of `types` types.
+    fn insert(&mut self, t: u32, types: usize) {
+        if self.0.is_empty() {
+            self.0 = vec![0; types.div_ceil(64)];
+        }
+        if let Some(w) = self.0.get_mut(t as usize / 64) {
+            *w |= 1 << (t % 64);
+        }
+    }
+
+    /// True when type `t` is in the set.
+    fn has(&self, t: u32) -> bool {
+        self.0.get(t as usize / 64).is_some_and(|w| w & (1 << (t % 64)) != 0)
     }
 }
 

@@ -147,6 +147,9 @@ pub struct Pool {
     pub labels: BTreeMap<String, String>,
     /// Usable instance types, cheapest first.
     pub types: Vec<TypeModel>,
+    /// Per resource, every type's room in it with the type's index, least
+    /// room first: the types a claim's growth leaves without room are a range.
+    pub by_room: Vec<Vec<(i64, u32)>>,
     /// Limited resources: (index, limit).
     pub limits: Vec<(usize, i64)>,
     /// Limit on the node count, if any.
@@ -875,6 +878,16 @@ impl Pool {
             .filter_map(|(k, q)| res.index(k).map(|i| (i, q.milli())))
             .collect();
         let node_limit = np.spec.limits.get("nodes").map(|q| q.units_ceil());
+        let by_room = (0..res.zero().len())
+            .map(|d| {
+                let mut rooms: Vec<(i64, u32)> = (0u32..)
+                    .zip(&types)
+                    .map(|(i, t)| (t.avail.get(d).copied().unwrap_or(0), i))
+                    .collect();
+                rooms.sort_unstable();
+                rooms
+            })
+            .collect();
         Pool {
             name: np.name().to_string(),
             node_class,
@@ -887,6 +900,7 @@ impl Pool {
             startup_taints: np.spec.template.spec.startup_taints.clone(),
             labels: np.spec.template.metadata.labels.clone(),
             types,
+            by_room,
             limits,
             node_limit,
             error,
