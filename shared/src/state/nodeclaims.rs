@@ -1,8 +1,9 @@
 //! NodeClaim items: conditional create, versioned update, list, lookup by instance id.
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
+use std::borrow::Cow;
 
 use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem};
 
 use super::item::{self, Item, get_i64, get_s, n, s};
 use super::leases::{CONFLICT_TRIES, Lease, conflict_backoff};
@@ -107,7 +108,7 @@ pub fn to_item(claim: &NodeClaim, version: u64) -> Result<Item, StateError> {
 /// The claim an item holds; the `version` attribute is authoritative (pure).
 pub fn from_item(it: &Item) -> Result<NodeClaim, StateError> {
     let body = match it.get(PACKED) {
-        Some(AttributeValue::B(packed)) => std::borrow::Cow::Owned(packing::unpack(packed.as_ref()).map_err(|e| {
+        Some(AttributeValue::B(packed)) => Cow::Owned(packing::unpack(packed.as_ref()).map_err(|e| {
             item::corrupt(
                 it,
                 "nodeclaim",
@@ -122,7 +123,7 @@ pub fn from_item(it: &Item) -> Result<NodeClaim, StateError> {
             ));
         }
         // Written before bodies were packed.
-        None => std::borrow::Cow::Borrowed(get_s(it, "nodeclaim", "body")?),
+        None => Cow::Borrowed(get_s(it, "nodeclaim", "body")?),
     };
     let version = get_i64(it, "nodeclaim", "version")?;
     let mut claim: NodeClaim = serde_json::from_str(&body)
