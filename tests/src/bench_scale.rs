@@ -12,6 +12,8 @@
 //!
 //! Scenarios share one cluster and run in the order given, so a later one
 //! sees what an earlier one changed (the sweep's drains, provision's claims).
+//! The burst is the exception: it plays pending pods through a whole local
+//! cloud (forwarder, functions as processes, kubelets), first and on its own.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -37,6 +39,8 @@ use crate::capacity_units::{self, Consumed};
 use crate::fault_proxy::FaultProxy;
 use crate::kube_server::{KubeServer, NodeRegistration, bind_json};
 use crate::local_cloud::aws::{self, DISCOVERY, TABLE};
+use crate::local_cloud::burst::{self, BurstOptions};
+use crate::local_cloud::{LocalCloud, Settings};
 use crate::moto::{ZONES, moto};
 
 const CLUSTER: &str = "bench";
@@ -103,9 +107,15 @@ pub struct BenchOptions {
     pub pods_per_node: usize,
     /// Scenarios, run in this order on the same cluster.
     pub scenarios: Vec<Scenario>,
+    /// The burst, if asked for: played through a whole local cloud of its
+    /// own (the function binaries beside this one), before the seeding.
+    pub burst: Option<BurstOptions>,
     /// The build profile the binary was made with, printed on every line.
     pub profile: &'static str,
 }
+
+/// The burst's name in `--scenario`.
+pub const BURST: &str = "burst";
 
 impl Default for BenchOptions {
     fn default() -> Self {
@@ -119,6 +129,11 @@ impl Default for BenchOptions {
                 Scenario::Interrupt,
                 Scenario::Storm,
             ],
+            burst: Some(BurstOptions {
+                pods: 20_000,
+                deployments: 100,
+                timeout: Duration::from_secs(1800),
+            }),
             profile: if cfg!(debug_assertions) { "debug" } else { "optimised" },
         }
     }
@@ -551,19 +566,6 @@ const DYNAMODB_ACTIONS: &[&str] = &[
     "TransactGetItems",
 ];
 
-/// `VmRSS` or `VmHWM` of this process, in MB.
-fn status_mb(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb / 1024)
-}
-
 fn calls_since(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
     after
         .iter()
@@ -668,7 +670,7 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
     let busy_before = bench.proxy.upstream_busy();
     let requests_before = bench.kube.requests().len();
     let bytes_before = bench.kube.response_bytes();
-    let rss_before_mb = status_mb("VmRSS:");
+    let rss_before_mb = crate::memory_mb("self", "VmRSS:");
     // Resets VmHWM to the current RSS (Linux 4.0+), so the peak is this scenario's.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let started = Instant::now();
@@ -863,7 +865,7 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
         }
     };
     let wall_ms = started.elapsed().as_millis();
-    let peak_rss_mb = status_mb("VmHWM:");
+    let peak_rss_mb = crate::memory_mb("self", "VmHWM:");
     let mut calls = calls_since(&calls_before, &bench.proxy.all_calls());
     let units: BTreeMap<String, Consumed> = bench
         .proxy
@@ -910,7 +912,30 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
     serde_json::to_value(&figures).map_err(|e| e.to_string())
 }
 
-/// Seeds the cluster and runs each scenario; one JSON line per scenario on
+/// Plays a burst through a local cloud started for it: one JSON line of the
+/// burst's report, with this process's memory (the test API server's).
+async fn run_burst(options: &BurstOptions, profile: &'static str) -> Result<Value, String> {
+    let settings = Settings::from_lookup(|k| std::env::var(k).ok(), crate::bin_dir()).map_err(|e| e.to_string())?;
+    let rss_before_mb = crate::memory_mb("self", "VmRSS:");
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let started = Instant::now();
+    let cloud = LocalCloud::start(settings).await.map_err(|e| e.to_string())?;
+    let report = burst::run(&cloud, options, &mut std::io::stderr()).await;
+    cloud.stop().await;
+    Ok(json!({
+        "scenario": BURST,
+        "pods": options.pods,
+        "deployments": options.deployments,
+        "profile": profile,
+        "wall_ms": started.elapsed().as_millis(),
+        "rss_before_mb": rss_before_mb,
+        "peak_rss_mb": crate::memory_mb("self", "VmHWM:"),
+        "rss_note": "this process: the Kubernetes API test server, the kubelets and the harness; the functions' own peaks are in the outcome",
+        "outcome": report?,
+    }))
+}
+
+/// Runs the burst if asked, then seeds the cluster and runs each scenario; one JSON line per scenario on
 /// `lines`, progress on `log`. Fails on a seeding error; a scenario's error
 /// is its line's `error`.
 pub async fn run(
@@ -918,6 +943,19 @@ pub async fn run(
     lines: &mut dyn FnMut(String),
     log: &mut dyn FnMut(String),
 ) -> Result<(), String> {
+    if let Some(b) = &options.burst {
+        log(format!(
+            "running a burst of {} pods across {} Deployments",
+            b.pods, b.deployments
+        ));
+        let line = run_burst(b, options.profile)
+            .await
+            .unwrap_or_else(|e| json!({"scenario": BURST, "pods": b.pods, "error": e}));
+        lines(line.to_string());
+    }
+    if options.scenarios.is_empty() {
+        return Ok(());
+    }
     log(format!(
         "seeding {} nodes x {} pods ({} build: figures of a debug build overstate times)",
         options.nodes, options.pods_per_node, options.profile

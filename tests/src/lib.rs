@@ -30,6 +30,20 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// A memory figure of a process (`field` is `VmRSS:` or `VmHWM:`; `process`
+/// a pid or `self`), in MB; 0 once the process is gone.
+pub fn memory_mb(process: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{process}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
+}
+
 /// The one Lambda binary of the four functions (`functions/lambda`).
 pub const LAMBDA_BINARY: &str = "nodesmith-lambda";
 

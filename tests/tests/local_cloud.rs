@@ -518,6 +518,19 @@ async fn a_burst_across_many_deployments_runs_every_pod_launching_each_claim_onc
     let text = String::from_utf8_lossy(&out).into_owned();
     assert_eq!(report.pods_running, pods, "{report:?}\n{text}");
     assert!(report.seconds_to_all_running.is_some(), "{report:?}");
+    assert!(
+        report.seconds_to_first_launch <= report.seconds_to_last_launch
+            && report.seconds_to_last_launch <= report.seconds_to_all_running,
+        "{report:?}"
+    );
+    assert!(report.invocations_timed_out.is_empty(), "{report:?}");
+    assert!(
+        report
+            .peak_rss_mb_by_function
+            .get("provision")
+            .is_some_and(|mb| *mb > 0),
+        "{report:?}"
+    );
     assert_eq!(report.double_launches, 0, "{report:?}");
     assert_eq!(report.leaked_instances, 0, "{report:?}");
     // One CreateFleet a claim, give or take capacity retries: never one per pod.

@@ -17,7 +17,7 @@ use nodesmith_tests::local_cloud::burst::{self, BurstOptions};
 use nodesmith_tests::local_cloud::demo::{self, DemoOptions};
 use nodesmith_tests::local_cloud::{LocalCloud, Settings, write_atomically};
 
-const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N] | nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario claims,pods,sweep,provision,interrupt,storm]";
+const USAGE: &str = "usage: nodesmith-local stack [--env-file PATH] | nodesmith-local demo [--json] [--replicas N] [--faults] | nodesmith-local burst [--json] [--pods N] [--deployments N] | nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario burst,claims,pods,sweep,provision,interrupt,storm] [--burst-pods N]";
 
 fn settings() -> Result<Settings, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
@@ -154,6 +154,7 @@ async fn run_burst(json: bool, options: BurstOptions) -> Result<bool, String> {
 /// `bench-scale`: one JSON line per scenario on stdout, progress on stderr.
 fn bench_scale(args: &[&str]) -> Result<BenchOptions, String> {
     let mut options = BenchOptions::default();
+    let mut burst_pods = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let value = it.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -162,13 +163,28 @@ fn bench_scale(args: &[&str]) -> Result<BenchOptions, String> {
             "--nodes" => options.nodes = number()?,
             "--pods-per-node" => options.pods_per_node = number()?,
             "--scenario" => {
-                options.scenarios = value
-                    .split(',')
+                let names: Vec<&str> = value.split(',').collect();
+                if !names.contains(&bench_scale::BURST) {
+                    options.burst = None;
+                }
+                options.scenarios = names
+                    .into_iter()
+                    .filter(|s| *s != bench_scale::BURST)
                     .map(|s| Scenario::parse(s).ok_or_else(|| format!("unknown scenario {s:?}")))
                     .collect::<Result<_, _>>()?
             }
+            "--burst-pods" => burst_pods = Some(number()?),
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    match (burst_pods, &mut options.burst) {
+        (None, _) => {}
+        // 200 pods a Deployment, as in the 20,000-pod burst's 100.
+        (Some(pods), Some(b)) => {
+            b.pods = pods;
+            b.deployments = pods.div_ceil(200);
+        }
+        (Some(_), None) => return Err("--burst-pods needs the burst among the scenarios".into()),
     }
     Ok(options)
 }

@@ -4,12 +4,14 @@
 //! autoscaler under load: how long until every pod runs, how many CreateFleet
 //! calls and nodes that took, and that nothing launched twice or leaked.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use super::LocalCloud;
 use super::census::{self, Ledger, World};
 use super::demo::deployment;
+use super::runtime;
 
 /// What the burst asks for.
 #[derive(Clone, Debug)]
@@ -44,6 +46,9 @@ pub struct BurstReport {
     pub pods_running: usize,
     /// From the Deployments' creation to the first CreateFleet.
     pub seconds_to_first_launch: Option<f64>,
+    /// From the Deployments' creation to the last CreateFleet seen (every
+    /// CreateFleet issued, once every pod runs).
+    pub seconds_to_last_launch: Option<f64>,
     /// From the Deployments' creation to every pod running.
     pub seconds_to_all_running: Option<f64>,
     /// CreateFleet calls that reached EC2.
@@ -58,6 +63,12 @@ pub struct BurstReport {
     pub provision_invocations: usize,
     /// `launch` invocations.
     pub launch_invocations: usize,
+    /// Invocations killed at their function's timeout, by function.
+    pub invocations_timed_out: BTreeMap<String, usize>,
+    /// The largest resident memory a function's process reached, by function
+    /// (MB; sampled twice a second, so a process that peaked and ended
+    /// between samples is missed).
+    pub peak_rss_mb_by_function: BTreeMap<String, u64>,
     /// The fleet's price per hour at the end (USD).
     pub fleet_cost_per_hour: f64,
 }
@@ -79,12 +90,23 @@ pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write
     }
     let mut ledger = Ledger::default();
     let mut first_launch = None;
+    let mut last_launch = None;
+    let mut launches = 0;
     let mut all_running = None;
     let mut last_print = Instant::now();
     let mut pods_seen = Vec::new();
+    let mut peaks = BTreeMap::new();
     while started.elapsed() < options.timeout {
-        if first_launch.is_none() && cloud.faults().calls("CreateFleet") > 0 {
-            first_launch = Some(started.elapsed().as_secs_f64());
+        let calls = cloud.faults().calls("CreateFleet");
+        if calls > launches {
+            launches = calls;
+            last_launch = Some(started.elapsed().as_secs_f64());
+            first_launch = first_launch.or(last_launch);
+        }
+        for (function, pid) in cloud.function_pids() {
+            let mb = crate::memory_mb(&pid.to_string(), "VmHWM:");
+            let peak = peaks.entry(function.to_string()).or_insert(0);
+            *peak = mb.max(*peak);
         }
         let pods = census::observe_pods(cloud, |a| a.starts_with(PREFIX));
         let running = pods.iter().filter(|p| census::pod_running(p)).count();
@@ -115,11 +137,22 @@ pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write
     ledger.note(&world);
     let invocations = cloud.activity.all();
     let count = |f: &str| invocations.iter().filter(|i| i.function == f).count();
+    let mut timed_out = BTreeMap::new();
+    for i in &invocations {
+        if i.answer
+            .result
+            .as_ref()
+            .is_err_and(|e| e.starts_with(runtime::TIMED_OUT))
+        {
+            *timed_out.entry(i.function.clone()).or_insert(0) += 1;
+        }
+    }
     Ok(BurstReport {
         pods: options.pods,
         deployments,
         pods_running: world.pods.iter().filter(|p| census::pod_running(p)).count(),
         seconds_to_first_launch: first_launch,
+        seconds_to_last_launch: last_launch,
         seconds_to_all_running: all_running,
         create_fleet_calls: cloud.faults().calls("CreateFleet"),
         nodes_launched: ledger.launched(),
@@ -127,6 +160,8 @@ pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write
         leaked_instances: world.leaked().len(),
         provision_invocations: count("provision"),
         launch_invocations: count("launch"),
+        invocations_timed_out: timed_out,
+        peak_rss_mb_by_function: peaks,
         fleet_cost_per_hour: (world.cost_per_hour() * 10_000.0).round() / 10_000.0,
     })
 }

@@ -679,6 +679,14 @@ impl LocalCloud {
         pids
     }
 
+    /// Each function process now running, by its function's name.
+    pub fn function_pids(&self) -> Vec<(&str, u32)> {
+        self.pools
+            .iter()
+            .flat_map(|p| p.pids().into_iter().map(move |pid| (p.name(), pid)))
+            .collect()
+    }
+
     /// Stops everything: pollers and schedule first, then the forwarder
     /// (SIGTERM, so it flushes), the functions, the cluster and moto.
     pub async fn stop(mut self) {

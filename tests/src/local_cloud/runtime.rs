@@ -37,6 +37,9 @@ pub struct FunctionSpec {
     pub log_file: Option<PathBuf>,
 }
 
+/// How the error of an invocation killed at its timeout begins (Lambda's words).
+pub const TIMED_OUT: &str = "Task timed out";
+
 /// What one invocation produced.
 #[derive(Clone, Debug)]
 pub struct Answer {
@@ -238,10 +241,7 @@ impl Function {
                 // Lambda ends an invocation at its timeout by ending the sandbox.
                 let _ = self.kill.send("killed at its timeout");
                 Ok(Answer {
-                    result: Err(format!(
-                        "Task timed out after {:.2} seconds",
-                        self.timeout.as_secs_f64()
-                    )),
+                    result: Err(format!("{TIMED_OUT} after {:.2} seconds", self.timeout.as_secs_f64())),
                     duration: started.elapsed(),
                     cold_start: None,
                     logs: Vec::new(),
