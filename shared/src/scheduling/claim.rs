@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use super::compile::{Pool, instance_defined};
+use super::compile::{OfferMask, Pool, instance_defined};
 use super::dense::{self, Vector, fits};
 use super::model::Model;
 use super::pod::HostPort;
@@ -289,16 +289,32 @@ impl Claim {
         if changed.is_empty() && !self.pods.is_empty() && fits(used, &self.min_avail) {
             return Ok((reqs, None));
         }
-        let opts = self.filter(pool, &reqs, changed, used);
-        if opts.is_empty() {
+        let narrowed = self.narrowed(&self.keep(pool, &reqs, changed, used));
+        let left = narrowed.as_deref().unwrap_or(&self.options);
+        if left.is_empty() {
             return Err(Fail {
                 monotone: p.pin_keys.is_empty() || p.monotone,
             });
         }
-        if pool.has_min_values && !min_values_met(pool, &reqs, &opts) {
+        if pool.has_min_values && !min_values_met(pool, &reqs, left) {
             return Err(Fail { monotone: true });
         }
-        Ok((reqs, Some(opts)))
+        Ok((reqs, narrowed))
+    }
+
+    /// The options `keep` keeps, or `None` when it keeps them all (then
+    /// nothing is copied: first fit asks this of every claim it tries).
+    fn narrowed(&self, keep: &Keep) -> Option<Vec<u32>> {
+        let first_dropped = self.options.iter().position(|t| !keep.keeps(*t))?;
+        let mut kept = Vec::with_capacity(self.options.len() - 1);
+        kept.extend_from_slice(&self.options[..first_dropped]);
+        kept.extend(
+            self.options[first_dropped + 1..]
+                .iter()
+                .copied()
+                .filter(|t| keep.keeps(*t)),
+        );
+        Some(kept)
     }
 
     /// The domains the claim may take for topology key `key`: `None` when
@@ -385,10 +401,25 @@ impl Claim {
             r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
             let mut ch = changed.to_vec();
             ch.push(key.to_string());
-            let opts = self.filter(pool, &r, &ch, used);
-            if opts.is_empty() {
-                continue;
-            }
+            let wanted = OfferingRequirements::of(&r);
+            let mask = pool.offer_keys.mask(&wanted);
+            // The cheapest offering of the options this domain keeps; none kept: not this domain.
+            let price = {
+                let keep = self.keep(pool, &r, &ch, used);
+                let mut kept = self.options.iter().filter(|t| keep.keeps(**t)).peekable();
+                if kept.peek().is_none() {
+                    continue;
+                }
+                kept.map(|t| {
+                    let ty = &pool.types[*t as usize];
+                    match &mask {
+                        Some(mask) => mask.cheapest(ty),
+                        None => cheapest(&ty.offerings, &wanted),
+                    }
+                    .map_or(f64::INFINITY, |o| o.price)
+                })
+                .fold(f64::INFINITY, f64::min)
+            };
             let count = |kind: fn(&GroupKind) -> bool| -> i64 {
                 choice
                     .owned
@@ -399,19 +430,6 @@ impl Claim {
             };
             let spread = count(|k| matches!(k, GroupKind::Spread { .. }));
             let aff = count(|k| *k == GroupKind::Affinity);
-            let wanted = OfferingRequirements::of(&r);
-            let mask = pool.offer_keys.mask(&wanted);
-            let price = opts
-                .iter()
-                .map(|t| {
-                    let ty = &pool.types[*t as usize];
-                    match &mask {
-                        Some(mask) => mask.cheapest(ty),
-                        None => cheapest(&ty.offerings, &wanted),
-                    }
-                    .map_or(f64::INFINITY, |o| o.price)
-                })
-                .fold(f64::INFINITY, f64::min);
             let score = (spread, -aff, if cx.by_name { 0 } else { (price * 1e6) as u64 });
             let wins = best.as_ref().is_none_or(|(s, bd, _)| {
                 score < *s
@@ -429,28 +447,26 @@ impl Claim {
         best.map(|(_, _, r)| r)
     }
 
-    /// Options that fit `used` and satisfy the changed requirement keys.
-    fn filter(&self, pool: &Pool, reqs: &Requirements, changed: &[String], used: &Vector) -> Vec<u32> {
+    /// Which options keep fitting once the claim holds `used` under `reqs`,
+    /// of which the `changed` keys are new.
+    fn keep<'a>(&self, pool: &'a Pool, reqs: &'a Requirements, changed: &[String], used: &Vector) -> Keep<'a> {
         let offer = changed.iter().any(|k| OFFERING_KEYS.contains(&k.as_str()));
         let wanted = OfferingRequirements::of(reqs);
         let mask = if offer { pool.offer_keys.mask(&wanted) } else { None };
         // With a mask, an allowed offering already proves the offering keys.
-        let checks: Vec<&Requirement> = changed
+        let checks = changed
             .iter()
             .filter(|k| mask.is_none() || !OFFERING_KEYS.contains(&k.as_str()))
             .filter_map(|k| reqs.get(k))
             .collect();
-        let full = self.out_of_room(pool, used);
-        self.options
-            .iter()
-            .copied()
-            .filter(|t| {
-                let ty = &pool.types[*t as usize];
-                !full.has(*t)
-                    && checks.iter().all(|r| ty.allows(r))
-                    && (!offer || mask.as_ref().map_or_else(|| ty.offered(&wanted), |m| m.offered(ty)))
-            })
-            .collect()
+        Keep {
+            pool,
+            full: self.out_of_room(pool, used),
+            checks,
+            offer,
+            wanted,
+            mask,
+        }
     }
 
     /// The pool's types without room for `used`, of those that may be among
@@ -481,6 +497,34 @@ impl Claim {
             }
         }
         full
+    }
+}
+
+/// The test an option must pass to stay on a claim that changes: room, the
+/// changed requirement keys, an allowed offering (built once, asked per option).
+struct Keep<'a> {
+    pool: &'a Pool,
+    /// Types out of room.
+    full: TypeSet,
+    /// The changed keys' requirements each option's labels must allow.
+    checks: Vec<&'a Requirement>,
+    /// True when an offering key changed.
+    offer: bool,
+    wanted: OfferingRequirements<'a>,
+    mask: Option<OfferMask>,
+}
+
+impl Keep<'_> {
+    /// True when option `t` stays.
+    fn keeps(&self, t: u32) -> bool {
+        let ty = &self.pool.types[t as usize];
+        !self.full.has(t)
+            && self.checks.iter().all(|r| ty.allows(r))
+            && (!self.offer
+                || self
+                    .mask
+                    .as_ref()
+                    .map_or_else(|| ty.offered(&self.wanted), |m| m.offered(ty)))
     }
 }
 

@@ -61,6 +61,11 @@ pub struct TypeModel {
     /// Per offering, its zone and capacity type as indices into the pool's
     /// [`OfferKeys`], so offering checks are table lookups, not string compares.
     pub offer_keys: Vec<(u16, u16)>,
+    /// Its offerings' (zone, capacity type) cells as bits, when the pool has
+    /// at most 64 cells ([`OfferKeys::cell`]); else 0.
+    pub offer_cells: u64,
+    /// Its offerings' indices, cheapest first (zone name on ties).
+    pub by_price: Vec<u16>,
 }
 
 /// The zones and capacity types of a pool's offerings, interned.
@@ -77,6 +82,8 @@ pub struct OfferKeys {
 pub struct OfferMask {
     zones: Vec<bool>,
     capacity_types: Vec<bool>,
+    /// The allowed cells as bits, when the pool has at most 64.
+    cells: Option<u64>,
 }
 
 impl OfferKeys {
@@ -90,19 +97,38 @@ impl OfferKeys {
         }
     }
 
+    /// The bit of the cell of zone `z` and capacity type `c`, when the pool
+    /// has at most 64 cells (one word answers "is any offering allowed").
+    pub fn cell(&self, z: u16, c: u16) -> Option<u64> {
+        (self.zones.len() * self.capacity_types.len() <= 64)
+            .then(|| 1 << (z as usize * self.capacity_types.len() + c as usize))
+    }
+
     /// The mask for `wanted`, or `None` when it constrains reservations (then
     /// offerings are checked one by one).
     pub fn mask(&self, wanted: &OfferingRequirements) -> Option<OfferMask> {
         if wanted.constrains_reservation() {
             return None;
         }
+        let zones: Vec<bool> = self.zones.iter().map(|z| wanted.allows_zone(z)).collect();
+        let capacity_types: Vec<bool> = self
+            .capacity_types
+            .iter()
+            .map(|c| wanted.allows_capacity_type(c))
+            .collect();
+        let cells = self.cell(0, 0).map(|_| {
+            let mut m = 0;
+            for (z, _) in zones.iter().enumerate().filter(|(_, ok)| **ok) {
+                for (c, _) in capacity_types.iter().enumerate().filter(|(_, ok)| **ok) {
+                    m |= self.cell(z as u16, c as u16).unwrap_or(0);
+                }
+            }
+            m
+        });
         Some(OfferMask {
-            zones: self.zones.iter().map(|z| wanted.allows_zone(z)).collect(),
-            capacity_types: self
-                .capacity_types
-                .iter()
-                .map(|c| wanted.allows_capacity_type(c))
-                .collect(),
+            zones,
+            capacity_types,
+            cells,
         })
     }
 }
@@ -116,17 +142,19 @@ impl OfferMask {
 
     /// True when some offering of the type is allowed.
     pub fn offered(&self, t: &TypeModel) -> bool {
-        (0..t.offerings.len()).any(|i| self.allows(t, i))
+        match self.cells {
+            Some(cells) => t.offer_cells & cells != 0,
+            None => (0..t.offerings.len()).any(|i| self.allows(t, i)),
+        }
     }
 
-    /// The cheapest allowed offering of the type.
+    /// The cheapest allowed offering of the type (the lower zone name on a tie).
     pub fn cheapest<'t>(&self, t: &'t TypeModel) -> Option<&'t Offering> {
-        t.offerings
+        t.by_price
             .iter()
-            .enumerate()
-            .filter(|(i, _)| self.allows(t, *i))
-            .map(|(_, o)| o)
-            .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
+            .map(|i| *i as usize)
+            .find(|i| self.allows(t, *i))
+            .map(|i| &t.offerings[i])
     }
 }
 
@@ -972,6 +1000,19 @@ impl Pool {
                 })
                 .collect();
         }
+        for t in &mut types {
+            t.offer_cells = t
+                .offer_keys
+                .iter()
+                .filter_map(|(z, c)| offer_keys.cell(*z, *c))
+                .fold(0, |m, b| m | b);
+            let mut order: Vec<u16> = (0..t.offerings.len() as u16).collect();
+            order.sort_by(|a, b| {
+                let (a, b) = (&t.offerings[*a as usize], &t.offerings[*b as usize]);
+                a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone))
+            });
+            t.by_price = order;
+        }
         (types, offer_keys)
     }
 }
@@ -1231,6 +1272,8 @@ fn type_model(
         price,
         accelerator: accelerator_of(&it.capacity) || accelerator_of(&it.allocatable),
         offer_keys: Vec::new(),
+        offer_cells: 0,
+        by_price: Vec::new(),
     };
     if !pool_reqs.iter().all(|r| t.allows(r)) {
         return None;
