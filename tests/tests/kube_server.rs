@@ -1,6 +1,7 @@
 //! The Kubernetes API test server, driven by the real kube-rs client.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -507,6 +508,57 @@ async fn lists_page_with_limit_and_continue_over_one_snapshot() {
     server.apply(&pod("p10", "100m", json!({}))).unwrap();
     let gone = pods
         .list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&gone, kube::Error::Api(s) if s.code == 410 && s.reason == "Expired"),
+        "{gone:?}"
+    );
+}
+
+/// A paged list resumes from its snapshot for as long as kube-apiserver has
+/// etcd keep revisions (five minutes), however many changes come meanwhile
+/// (a burst makes tens of thousands in seconds); only once the snapshot is
+/// older than that does its continue token expire.
+#[tokio::test]
+async fn a_paged_list_continues_across_a_bursts_changes_until_its_revision_is_five_minutes_old() {
+    let server = KubeServer::start().await;
+    for i in 0..4 {
+        server.apply(&pod(&format!("p{i}"), "100m", json!({}))).unwrap();
+    }
+    let pods: Api<Pod> = Api::all(server.client());
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    // More changes than a window of 20,000 would keep, all within the retention.
+    for i in 0..20_500 {
+        server
+            .apply(&pod("churn", "100m", json!({"generation": i.to_string()})))
+            .unwrap();
+    }
+    let rest = pods
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    let names: Vec<_> = rest.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(
+        names,
+        ["p2", "p3"],
+        "the rest of the snapshot, without the pod made after it"
+    );
+
+    // Four minutes on (and the seconds the changes took): still kept.
+    server.advance_compaction_clock(Duration::from_secs(240));
+    server.apply(&pod("p4", "100m", json!({}))).unwrap();
+    assert!(
+        pods.list(&ListParams::default().limit(2).continue_token(&token))
+            .await
+            .is_ok(),
+        "inside five minutes"
+    );
+    server.advance_compaction_clock(Duration::from_secs(61));
+    server.apply(&pod("p5", "100m", json!({}))).unwrap();
+    let gone = pods
+        .list(&ListParams::default().limit(2).continue_token(&token))
         .await
         .unwrap_err();
     assert!(

@@ -552,6 +552,12 @@ impl KubeServer {
             .collect()
     }
 
+    /// How many pods satisfy `which` (asked of their JSON in place: a census
+    /// of tens of thousands of pods that copies none).
+    pub fn count_pods(&self, which: impl Fn(&Value) -> bool) -> usize {
+        self.shared.lock_store().count(PODS, which)
+    }
+
     /// Every node.
     pub fn nodes(&self) -> Vec<Node> {
         self.shared
@@ -633,11 +639,23 @@ impl KubeServer {
         self.shared.watch_breaker.send_modify(|g| *g += 1);
     }
 
-    /// Keeps only the last `changes` changes for watches and paged lists
-    /// (as etcd's compaction and the watch cache's window do): older ones are
+    /// Keeps at most the last `changes` changes for watches and paged lists
+    /// (a guard on memory, and a way to compact at once): older ones are
     /// dropped, and a watch or a continued list from before them gets 410.
     pub fn set_history_limit(&self, changes: usize) {
         self.shared.lock_store().set_history_limit(changes);
+    }
+
+    /// Keeps changes for `retention` (etcd's compaction interval as
+    /// kube-apiserver sets it; five minutes by default).
+    pub fn set_retention(&self, retention: Duration) {
+        self.shared.lock_store().set_retention(retention);
+    }
+
+    /// Moves the server's compaction clock on by `by` (changes older than the
+    /// retention are compacted), so a test reaches compaction without sleeping.
+    pub fn advance_compaction_clock(&self, by: Duration) {
+        self.shared.lock_store().advance_clock(by);
     }
 
     /// How many changes the server keeps now.

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -66,11 +67,18 @@ pub struct Store {
     objects: BTreeMap<(&'static str, &'static str), BTreeMap<Key, Value>>,
     rv: u64,
     uid: u64,
-    /// The recent changes, oldest first: at most `history_limit` of them.
-    log: VecDeque<Recorded>,
-    /// How many changes the log keeps, as etcd keeps a window of revisions
-    /// and the apiserver's watch cache a window of events.
+    /// The recent changes, oldest first, each with when it was made: those
+    /// of the last `retention`, at most `history_limit` of them.
+    log: VecDeque<(Instant, Recorded)>,
+    /// How long a change is kept, as kube-apiserver has etcd compact its
+    /// revisions every five minutes: a paged list or a watch resumes within it.
+    retention: Duration,
+    /// How many changes the log keeps at most: a guard on this process's
+    /// memory, not a limit a real API server has.
     history_limit: usize,
+    /// How far the store's clock is ahead of the machine's (tests reach the
+    /// retention by moving it, not by sleeping).
+    clock_ahead: Duration,
     /// The resourceVersion of each resource's latest change, so a controller
     /// can tell that nothing it reads has moved since its last pass.
     changed: BTreeMap<(&'static str, &'static str), u64>,
@@ -79,10 +87,14 @@ pub struct Store {
     tx: broadcast::Sender<Recorded>,
 }
 
-/// How many changes the store keeps for watches and paged lists by default:
-/// enough for any test's watch to resume, small enough that a burst of
-/// thousands of pods does not keep every version of every pod.
-pub const DEFAULT_HISTORY_LIMIT: usize = 20_000;
+/// How long the store keeps a change for watches and paged lists by
+/// default: kube-apiserver's `--etcd-compaction-interval` (five minutes).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(300);
+
+/// How many changes the store keeps at most by default: five minutes of a
+/// 20,000-pod burst's changes, while a whole burst's versions of every pod
+/// would not fit this machine.
+pub const DEFAULT_HISTORY_LIMIT: usize = 100_000;
 
 impl Default for Store {
     fn default() -> Self {
@@ -91,7 +103,9 @@ impl Default for Store {
             rv: 1,
             uid: 0,
             log: VecDeque::new(),
+            retention: DEFAULT_RETENTION,
             history_limit: DEFAULT_HISTORY_LIMIT,
+            clock_ahead: Duration::ZERO,
             changed: BTreeMap::new(),
             compacted_below: 0,
             tx: broadcast::channel(4096).0,
@@ -198,7 +212,7 @@ impl Store {
         if rv < self.compacted_below {
             return None;
         }
-        Some(self.log.iter().filter(|r| r.rv > rv).cloned().collect())
+        Some(self.log.iter().map(|(_, r)| r).filter(|r| r.rv > rv).cloned().collect())
     }
 
     /// Keeps at most `limit` changes from now on (compacting the older ones now).
@@ -217,13 +231,30 @@ impl Store {
         self.compacted_below
     }
 
-    /// Drops the changes past the window: a watch or a continued list from
-    /// before the newest dropped one gets 410 Gone.
+    /// Keeps changes for `retention` from now on (compacting the older ones now).
+    pub fn set_retention(&mut self, retention: Duration) {
+        self.retention = retention;
+        self.trim_history();
+    }
+
+    /// Moves the store's clock on by `by`: changes older than the retention
+    /// are compacted, as they would be that much later.
+    pub fn advance_clock(&mut self, by: Duration) {
+        self.clock_ahead += by;
+        self.trim_history();
+    }
+
+    /// Drops the changes past the window (older than the retention, or past
+    /// the count): a watch or a continued list from before the newest
+    /// dropped one gets 410 Gone.
     fn trim_history(&mut self) {
-        while self.log.len() > self.history_limit {
-            if let Some(r) = self.log.pop_front() {
-                self.compacted_below = self.compacted_below.max(r.rv);
+        let now = Instant::now() + self.clock_ahead;
+        while let Some((at, r)) = self.log.front() {
+            if self.log.len() <= self.history_limit && now.duration_since(*at) <= self.retention {
+                break;
             }
+            self.compacted_below = self.compacted_below.max(r.rv);
+            self.log.pop_front();
         }
     }
 
@@ -260,7 +291,7 @@ impl Store {
             if rv < self.compacted_below || rv > self.rv {
                 return None;
             }
-            for r in self.log.iter().rev().take_while(|r| r.rv > rv) {
+            for (_, r) in self.log.iter().rev().take_while(|(_, r)| r.rv > rv) {
                 if r.resource.id() != res.id() {
                     continue;
                 }
@@ -336,6 +367,13 @@ impl Store {
             .unwrap_or_default()
     }
 
+    /// How many objects of `res` satisfy `which`, read in place (nothing copied).
+    pub fn count(&self, res: &Resource, which: impl Fn(&Value) -> bool) -> usize {
+        self.objects
+            .get(&res.id())
+            .map_or(0, |m| m.values().filter(|v| which(v)).count())
+    }
+
     fn bump(&mut self) -> u64 {
         self.rv += 1;
         self.rv
@@ -350,7 +388,7 @@ impl Store {
             object,
             old,
         };
-        self.log.push_back(r.clone());
+        self.log.push_back((Instant::now() + self.clock_ahead, r.clone()));
         self.trim_history();
         // Nobody listening is fine.
         let _ = self.tx.send(r);

@@ -228,7 +228,12 @@ pub struct Ledger(BTreeMap<String, Option<String>>);
 impl Ledger {
     /// Notes the instances of `world`.
     pub fn note(&mut self, world: &World) {
-        for i in &world.instances {
+        self.note_instances(&world.instances);
+    }
+
+    /// Notes `instances`.
+    pub fn note_instances(&mut self, instances: &[InstanceView]) {
+        for i in instances {
             self.0.entry(i.id.clone()).or_insert_with(|| i.claim.clone());
         }
     }
