@@ -22,6 +22,9 @@
 //!   a CreateFleet whose launch template names an instance profile IAM does not
 //!   have is refused with EC2's `InvalidParameterValue`, and a profile IAM has is
 //!   still refused for its first N CreateFleets (IAM's propagation delay).
+//! - late answers: the next N calls of an action are served, then answered
+//!   only after a chosen time (a slow service, e.g. a CreateFleet that takes
+//!   longer than the invocation has left).
 //! - read lag: the next N DescribeInstances are answered with no instances,
 //!   as EC2's eventually consistent reads do just after a launch.
 //! - throttling of only the calls whose body contains a string (e.g. the
@@ -113,6 +116,8 @@ struct Rules {
     capacity: Vec<CapacityRule>,
     throttle: HashMap<String, usize>,
     throttle_matching: Vec<MatchingThrottle>,
+    /// Calls still to answer late, and by how much, by action.
+    late: HashMap<String, (usize, std::time::Duration)>,
     hide_instances: usize,
     strict_profiles: Option<usize>,
     profile_seen: HashMap<String, usize>,
@@ -227,6 +232,12 @@ impl FaultProxy {
             needle: needle.into(),
             times,
         });
+    }
+
+    /// The next `times` calls of `action` are served at once but answered
+    /// `by` later (a slow service: the work is done while the client waits).
+    pub fn answer_late(&self, action: &str, times: usize, by: std::time::Duration) {
+        self.rules().late.insert(action.into(), (times, by));
     }
 
     /// The next `times` DescribeInstances list no instance (EC2's read lag after a launch).
@@ -653,6 +664,17 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
     {
         let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
         remember(&mut r, token, &form, &bytes);
+    }
+    // A late answer: the call is served, its answer held back.
+    let late = {
+        let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
+        r.late.get_mut(&act).filter(|(n, _)| *n > 0).map(|(n, by)| {
+            *n -= 1;
+            *by
+        })
+    };
+    if let Some(by) = late {
+        tokio::time::sleep(by).await;
     }
     (status, out_headers, bytes).into_response()
 }

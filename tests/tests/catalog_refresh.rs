@@ -269,6 +269,7 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
             pending_queue_url: None,
             lease_ms: nodesmith::launch::LAUNCH_LEASE_MS,
             stack: None,
+            reserve: nodesmith::launch::batch::LAUNCH_RESERVE,
         },
     );
     let class = EC2NodeClassSpec {

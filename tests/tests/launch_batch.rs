@@ -242,6 +242,58 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
     );
 }
 
+/// A launch still under way when the invocation's time runs out is cut
+/// there, so the invocation answers for its batch instead of being ended by
+/// Lambda: the record goes back to SQS, the claim's lease stays held (its
+/// CreateFleet may have gone through), and the redelivery after the hold ends
+/// with one instance.
+#[tokio::test]
+async fn a_launch_still_under_way_at_the_deadline_is_handed_back_and_not_launched_twice() {
+    use nodesmith::deadline::Deadline;
+    use nodesmith::launch::LaunchConfig;
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    use std::time::Duration;
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    let class = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim("cut-1", &["m5.large"], &["on-demand"]), &class).await;
+    let mut event = SqsEvent::default();
+    event.records = vec![message("m-cut", &req.to_body().unwrap())];
+    // CreateFleet launches, but its answer comes long after the deadline.
+    proxy.answer_late("CreateFleet", 1, Duration::from_secs(60));
+    let config = LaunchConfig {
+        reserve: Duration::from_secs(1),
+        ..launch_config()
+    };
+    let l = launcher_configured(&m, proxy.endpoint(), &kube, config).await;
+    let (resp, results) = batch::handle_within(&l, &event, Deadline::after(Duration::from_secs(4))).await;
+    let failed: Vec<&str> = resp
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(failed, ["m-cut"]);
+    assert!(
+        matches!(&results[0].result, Err(LaunchError::OutOfTime(c)) if c == "cut-1"),
+        "{:?}",
+        results[0].result
+    );
+    // Redelivered at once: the lease is held, nothing is launched again.
+    let again = l.launch(&req).await;
+    assert!(matches!(again, Err(LaunchError::Busy(_))), "{again:?}");
+    // After the hold: one instance, found or launched.
+    expire_lease(&st, "cut-1").await;
+    let last = l.launch(&req).await.unwrap();
+    assert!(
+        matches!(last, LaunchOutcome::Launched(_) | LaunchOutcome::Recovered(_)),
+        "{last:?}"
+    );
+    assert_eq!(instances_of(&m, "cut-1").await.len(), 1);
+}
+
 #[tokio::test]
 async fn requests_the_deadline_leaves_no_time_for_are_handed_back_unstarted() {
     use nodesmith::deadline::Deadline;

@@ -7,21 +7,9 @@
 use crate::launch_fixtures::*;
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use nodesmith::launch::{LaunchError, LaunchOutcome};
-use nodesmith::state;
 use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
-
-/// Takes and frees a claim's launch lease as if its holder's time had run out.
-async fn expire_lease(st: &state::StateStore, claim: &str) {
-    let later = state::now_ms() + 11 * 60 * 1000;
-    let lease = st
-        .acquire_lease(&format!("launch/{claim}"), "test-clock", 1000, later)
-        .await
-        .unwrap()
-        .expect("an expired lease can be taken");
-    st.release_lease(&lease, later).await.unwrap();
-}
 
 /// A bigger tagged subnet in every zone: "the subnet with most free IPs" changes.
 async fn more_subnets(m: &Moto) {

@@ -57,7 +57,10 @@ pub fn metrics(results: &[RecordResult]) -> Vec<Series> {
     let succeeded = count(|r| matches!(r, Ok(LaunchOutcome::Launched(_) | LaunchOutcome::Recovered(_))));
     let failed = count(|r| match r {
         Ok(o) => matches!(o, LaunchOutcome::NotLaunchable { .. }),
-        Err(e) => !matches!(e, LaunchError::Busy(_) | LaunchError::NotStarted { .. }),
+        Err(e) => !matches!(
+            e,
+            LaunchError::Busy(_) | LaunchError::NotStarted { .. } | LaunchError::OutOfTime(_)
+        ),
     });
     let refused = results.iter().filter_map(|r| match &r.result {
         Ok(LaunchOutcome::NoCapacity { .. }) => Some("InsufficientInstanceCapacity"),
@@ -79,6 +82,7 @@ async fn handle_record<C: Cluster>(
     launcher: &Launcher<C>,
     run: &RunClasses,
     msg: &SqsMessage,
+    deadline: Deadline,
 ) -> Result<LaunchOutcome, LaunchError> {
     let id = msg.message_id.as_deref().unwrap_or("<none>");
     match LaunchRequest::parse(msg.body.as_deref().unwrap_or_default()) {
@@ -87,7 +91,7 @@ async fn handle_record<C: Cluster>(
             Err(LaunchError::Request(e))
         }
         Ok(req) => {
-            let r = launcher.launch_in(&req, run).await;
+            let r = launcher.launch_in(&req, run, deadline).await;
             match &r {
                 Ok(o) => {
                     tracing::info!(message_id = id, node_claim = %req.node_claim, outcome = outcome_name(o), "launch request handled")
@@ -115,7 +119,8 @@ fn outcome_name(o: &LaunchOutcome) -> &'static str {
 
 /// The least time one launch request may need (the claim's lease, its class
 /// resolved, CreateFleet with the SDK's retries, the launch recorded): one
-/// with less left before the deadline is not started but handed back.
+/// with less left before the deadline is not started but handed back (the
+/// default of [`super::LaunchConfig::reserve`]).
 pub const LAUNCH_RESERVE: Duration = Duration::from_secs(20);
 
 /// [`handle_within`] with no deadline but Lambda's longest.
@@ -125,9 +130,10 @@ pub async fn handle<C: Cluster>(launcher: &Launcher<C>, event: &SqsEvent) -> (Sq
 
 /// Handles every record of a batch: different NodeClaims concurrently,
 /// duplicates of one NodeClaim in order (so the second sees the first's launch
-/// instead of its lease). A record whose turn comes with less than
-/// [`LAUNCH_RESERVE`] left before `deadline` is not started and fails
-/// ([`LaunchError::NotStarted`]), so SQS redelivers it. Results are in record order.
+/// instead of its lease). A record whose turn comes with less than the
+/// launcher's reserve left before `deadline` is not started and fails
+/// ([`LaunchError::NotStarted`]); one still under way near `deadline` is cut
+/// ([`LaunchError::OutOfTime`]); SQS redelivers both. Results are in record order.
 pub async fn handle_within<C: Cluster>(
     launcher: &Launcher<C>,
     event: &SqsEvent,
@@ -142,7 +148,8 @@ pub async fn handle_within<C: Cluster>(
     let run = RunClasses::default();
     let run = &run;
     let (response, results) = crate::lambda::handle_records(event, group, |m| async move {
-        if !deadline.leaves(LAUNCH_RESERVE) {
+        let reserve = launcher.config.reserve;
+        if !deadline.leaves(reserve) {
             let left_ms = deadline.remaining().as_millis() as u64;
             tracing::warn!(
                 message_id = m.message_id.as_deref().unwrap_or("<none>"),
@@ -151,10 +158,10 @@ pub async fn handle_within<C: Cluster>(
             );
             return Err(LaunchError::NotStarted {
                 left_ms,
-                needed_ms: LAUNCH_RESERVE.as_millis() as u64,
+                needed_ms: reserve.as_millis() as u64,
             });
         }
-        handle_record(launcher, run, m).await
+        handle_record(launcher, run, m, deadline).await
     })
     .await;
     let results = event

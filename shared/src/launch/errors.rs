@@ -94,6 +94,11 @@ pub enum LaunchError {
         /// The launch's reserve.
         needed_ms: u64,
     },
+    /// The invocation's deadline came while the launch was under way: it goes
+    /// back to SQS, and the claim's lease is held, as its CreateFleet may have
+    /// gone through (the redelivery finds the instance by its tag).
+    #[error("nodeclaim {0}: the invocation's deadline came during the launch")]
+    OutOfTime(String),
     /// Reading the claim's EC2NodeClass from the cluster failed.
     #[error(transparent)]
     Cluster(#[from] ClusterError),

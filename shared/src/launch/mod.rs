@@ -34,6 +34,7 @@ pub use errors::LaunchError;
 use self::fleet::{Launched, Override, Ruling, Scope};
 use crate::apis::EC2NodeClass;
 use crate::catalog::Catalog;
+use crate::deadline::Deadline;
 use crate::ec2::{Instance, Instances};
 use crate::kubernetes::{Cluster, EventSpec, KubeCluster};
 use crate::labels::{self, CAPACITY_ON_DEMAND};
@@ -56,6 +57,9 @@ pub const LAUNCH_LEASE_MS: i64 = 15 * 1000;
 /// How long the lease of a claim whose instance was launched but not recorded is
 /// still held: past EC2's read lag, so the next holder finds the instance by its tag.
 pub const LAUNCH_HOLD_MS: i64 = 60 * 1000;
+
+/// What a launch cut at the deadline leaves itself to hold the claim's lease.
+const HOLD_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long the lease item of a launch that did not end with its claim
 /// launched (or gone) is kept before DynamoDB's TTL deletes it: far past the
 /// launch timeout, after which the sweep gives the claim up, so the item of a
@@ -128,6 +132,9 @@ pub struct LaunchConfig {
     /// The stack's identity, tagged on every instance
     /// ([`crate::ec2::instances::STACK_TAG`]) so only this stack's sweep adopts or collects it.
     pub stack: Option<String>,
+    /// The least time one launch request may need before the invocation's
+    /// deadline: with less left it is not started ([`batch::LAUNCH_RESERVE`]).
+    pub reserve: std::time::Duration,
 }
 
 impl LaunchConfig {
@@ -147,6 +154,7 @@ impl LaunchConfig {
             pending_queue_url: settings.optional("NODESMITH_PENDING_QUEUE_URL"),
             lease_ms: settings.duration("NODESMITH_LAUNCH_LEASE", default_lease)?.as_millis() as i64,
             stack: settings.optional(crate::ec2::instances::STACK_ENV),
+            reserve: batch::LAUNCH_RESERVE,
         })
     }
 }
@@ -277,12 +285,18 @@ impl<C: Cluster> Launcher<C> {
 
     /// Handles one launch request, idempotently, as a run of its own.
     pub async fn launch(&self, req: &LaunchRequest) -> Result<LaunchOutcome, LaunchError> {
-        self.launch_in(req, &RunClasses::default()).await
+        self.launch_in(req, &RunClasses::default(), Deadline::outside_lambda())
+            .await
     }
 
     /// Handles one launch request of a run (one batch): a class the run
     /// resolved for another claim is not resolved again.
-    pub async fn launch_in(&self, req: &LaunchRequest, run: &RunClasses) -> Result<LaunchOutcome, LaunchError> {
+    pub async fn launch_in(
+        &self,
+        req: &LaunchRequest,
+        run: &RunClasses,
+        deadline: Deadline,
+    ) -> Result<LaunchOutcome, LaunchError> {
         let name = &req.node_claim;
         match self.store.get_node_claim(name).await? {
             None => return Ok(LaunchOutcome::Gone(name.clone())),
@@ -298,14 +312,22 @@ impl<C: Cluster> Launcher<C> {
             return Err(LaunchError::Busy(name.clone()));
         };
         let ttl = std::time::Duration::from_millis(self.config.lease_ms.max(1) as u64);
+        // Cut at the deadline, less the time to hold the lease, rather than be
+        // ended by Lambda in the middle: the invocation still answers for its batch.
+        let cut = deadline.earlier_by(HOLD_MARGIN).instant();
         let result = self
             .store
-            .while_holding(&lease, ttl, self.launch_leased(req, run))
+            .while_holding(&lease, ttl, async {
+                tokio::time::timeout_at(cut, self.launch_leased(req, run))
+                    .await
+                    .unwrap_or_else(|_| Err(LaunchError::OutOfTime(name.clone())))
+            })
             .await;
         // Done with the claim: the lease item goes. Failed before an instance existed:
-        // released for the redelivery. An instance launched but not recorded: the lease
-        // is held (shortened to LAUNCH_HOLD_MS), never released, so no one launches for
-        // the claim meanwhile. A failed write only delays a redelivery until the lease expires.
+        // released for the redelivery. An instance launched but not recorded, or cut
+        // at the deadline (its CreateFleet may have gone through): the lease is held
+        // (shortened to LAUNCH_HOLD_MS), never released, so no one launches for the
+        // claim meanwhile. A failed write only delays a redelivery until the lease expires.
         // Either failure may be the claim's last launch (the sweep gives it up): its
         // item then expires by TTL (LAUNCH_LEASE_ITEM_TTL).
         let now = state::now_ms();
@@ -313,6 +335,10 @@ impl<C: Cluster> Launcher<C> {
             Ok(_) => self.store.delete_lease(&lease, now).await,
             Err(LaunchError::Unrecorded { instance_id, .. }) => {
                 tracing::warn!(node_claim = %name, instance_id = %instance_id, hold_ms = LAUNCH_HOLD_MS, "instance launched but not recorded; keeping the claim's lease");
+                self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
+            }
+            Err(LaunchError::OutOfTime(_)) => {
+                tracing::warn!(node_claim = %name, hold_ms = LAUNCH_HOLD_MS, "the invocation's deadline came during the launch; keeping the claim's lease");
                 self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
             }
             Err(_) => self.store.release_lease(&lease, now).await,

@@ -137,6 +137,32 @@ pub async fn launcher(m: &Moto, endpoint: &str, kube: &KubeServer) -> Launcher {
 
 /// A launcher that asks for solves on `pending_queue_url` when it gives a claim up.
 pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_queue_url: Option<String>) -> Launcher {
+    launcher_configured(
+        m,
+        endpoint,
+        kube,
+        LaunchConfig {
+            pending_queue_url,
+            ..launch_config()
+        },
+    )
+    .await
+}
+
+/// The fixtures' launch settings: this table and cluster, the default lease and reserve.
+pub fn launch_config() -> LaunchConfig {
+    LaunchConfig {
+        table: TABLE.into(),
+        cluster_name: CLUSTER.into(),
+        pending_queue_url: None,
+        lease_ms: nodesmith::launch::LAUNCH_LEASE_MS,
+        stack: None,
+        reserve: nodesmith::launch::batch::LAUNCH_RESERVE,
+    }
+}
+
+/// A launcher with `config`, its AWS calls sent to `endpoint`.
+pub async fn launcher_configured(m: &Moto, endpoint: &str, kube: &KubeServer, config: LaunchConfig) -> Launcher {
     let conf = fast_retries(m.sdk_config_at(endpoint).await);
     // As the launch function: held to its own ClusterRole.
     let as_launch = nodesmith_tests::kube_server::Identity::Function(nodesmith_tests::kube_server::Function::Launch);
@@ -145,17 +171,18 @@ pub async fn launcher_with(m: &Moto, endpoint: &str, kube: &KubeServer, pending_
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),
     });
-    Launcher::new(
-        &conf,
-        cluster,
-        LaunchConfig {
-            table: TABLE.into(),
-            cluster_name: CLUSTER.into(),
-            pending_queue_url,
-            lease_ms: nodesmith::launch::LAUNCH_LEASE_MS,
-            stack: None,
-        },
-    )
+    Launcher::new(&conf, cluster, config)
+}
+
+/// Takes and frees a claim's launch lease as if its holder's time had run out.
+pub async fn expire_lease(st: &StateStore, claim: &str) {
+    let later = state::now_ms() + 11 * 60 * 1000;
+    let lease = st
+        .acquire_lease(&format!("launch/{claim}"), "test-clock", 1000, later)
+        .await
+        .unwrap()
+        .expect("an expired lease can be taken");
+    st.release_lease(&lease, later).await.unwrap();
 }
 
 /// The store, straight to moto.
