@@ -14,7 +14,7 @@ use nodesmith::catalog::Catalog;
 use nodesmith::catalog_refresh::{self as refresh, Due, OnDemandSources};
 use nodesmith::kubernetes::KubeCluster;
 use nodesmith::labels;
-use nodesmith::launch::{LaunchConfig, LaunchOutcome, Launcher};
+use nodesmith::launch::{LaunchOutcome, Launcher};
 use nodesmith::messages::LaunchRequest;
 use nodesmith::scheduling::{SolveInput, SolveOptions, solve};
 use nodesmith::state::{self, StateStore};
@@ -263,14 +263,7 @@ async fn a_zonal_spread_deployment_launches_into_eu_west_1s_zones() {
     let launcher = Launcher::new(
         &conf,
         KubeCluster::from_client(kube.lambda_client()),
-        LaunchConfig {
-            table: TABLE.into(),
-            cluster_name: CLUSTER.into(),
-            pending_queue_url: None,
-            lease_ms: nodesmith::launch::LAUNCH_LEASE_MS,
-            stack: None,
-            reserve: nodesmith::launch::batch::LAUNCH_RESERVE,
-        },
+        crate::launch_fixtures::launch_config(),
     );
     let class = EC2NodeClassSpec {
         ami_selector_terms: vec![AmiSelectorTerm {
