@@ -294,6 +294,51 @@ async fn a_launch_still_under_way_at_the_deadline_is_handed_back_and_not_launche
     assert_eq!(instances_of(&m, "cut-1").await.len(), 1);
 }
 
+/// Whatever step a request is in when the deadline comes (here reading its
+/// claim, before any lease), the invocation answers for its batch, and the
+/// redelivery launches once.
+#[tokio::test]
+async fn a_request_slow_before_its_launch_is_handed_back_at_the_deadline() {
+    use nodesmith::deadline::Deadline;
+    use nodesmith::launch::LaunchConfig;
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    use std::time::Duration;
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let proxy = FaultProxy::start(m.endpoint()).await;
+    let class = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim("slow-1", &["m5.large"], &["on-demand"]), &class).await;
+    let mut event = SqsEvent::default();
+    event.records = vec![message("m-slow", &req.to_body().unwrap())];
+    // The claim's read answers long after the deadline.
+    proxy.answer_late("GetItem", 1, Duration::from_secs(120));
+    let config = LaunchConfig {
+        reserve: Duration::from_secs(1),
+        ..launch_config()
+    };
+    let l = launcher_configured(&m, proxy.endpoint(), &kube, config).await;
+    let deadline = Deadline::after(Duration::from_secs(3));
+    let (resp, results) = batch::handle_within(&l, &event, deadline).await;
+    // Not a measure of speed: the answer comes at the deadline, not two minutes on with the read.
+    assert!(
+        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
+        "answered when the slow read came back, long past the deadline"
+    );
+    assert_eq!(resp.batch_item_failures.len(), 1, "{resp:?}");
+    assert!(
+        matches!(&results[0].result, Err(LaunchError::OutOfTime(c)) if c == "slow-1"),
+        "{:?}",
+        results[0].result
+    );
+    assert!(instances_of(&m, "slow-1").await.is_empty(), "nothing launched");
+    expire_lease(&st, "slow-1").await;
+    let last = l.launch(&req).await.unwrap();
+    assert!(matches!(last, LaunchOutcome::Launched(_)), "{last:?}");
+    assert_eq!(instances_of(&m, "slow-1").await.len(), 1);
+}
+
 #[tokio::test]
 async fn requests_the_deadline_leaves_no_time_for_are_handed_back_unstarted() {
     use nodesmith::deadline::Deadline;

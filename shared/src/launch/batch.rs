@@ -161,7 +161,21 @@ pub async fn handle_within<C: Cluster>(
                 needed_ms: reserve.as_millis() as u64,
             });
         }
-        handle_record(launcher, run, m, deadline).await
+        // The backstop: whatever step a request is in when the deadline comes,
+        // the invocation answers (the launch itself is cut earlier, its lease held).
+        tokio::time::timeout_at(deadline.instant(), handle_record(launcher, run, m, deadline))
+            .await
+            .unwrap_or_else(|_| {
+                let claim = LaunchRequest::parse(m.body.as_deref().unwrap_or_default())
+                    .map(|r| r.node_claim)
+                    .unwrap_or_default();
+                tracing::warn!(
+                    message_id = m.message_id.as_deref().unwrap_or("<none>"),
+                    node_claim = %claim,
+                    "the invocation's deadline came during the request; it is handed back to SQS"
+                );
+                Err(LaunchError::OutOfTime(claim))
+            })
     })
     .await;
     let results = event
