@@ -132,7 +132,8 @@ impl Default for BenchOptions {
             burst: Some(BurstOptions {
                 pods: 20_000,
                 deployments: 100,
-                timeout: Duration::from_secs(1800),
+                // As long as any other scenario may take.
+                timeout: Duration::from_secs(900),
             }),
             profile: if cfg!(debug_assertions) { "debug" } else { "optimised" },
         }
@@ -935,9 +936,9 @@ async fn run_burst(options: &BurstOptions, profile: &'static str) -> Result<Valu
     }))
 }
 
-/// Runs the burst if asked, then seeds the cluster and runs each scenario; one JSON line per scenario on
-/// `lines`, progress on `log`. Fails on a seeding error; a scenario's error
-/// is its line's `error`.
+/// Runs the burst if asked, then seeds the cluster and runs each scenario;
+/// one JSON line per scenario on `lines`, progress on `log`. Fails on a
+/// seeding error; a scenario's error is its line's `error`.
 pub async fn run(
     options: &BenchOptions,
     lines: &mut dyn FnMut(String),

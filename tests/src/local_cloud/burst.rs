@@ -66,8 +66,8 @@ pub struct BurstReport {
     /// Invocations killed at their function's timeout, by function.
     pub invocations_timed_out: BTreeMap<String, usize>,
     /// The largest resident memory a function's process reached, by function
-    /// (MB; sampled twice a second, so a process that peaked and ended
-    /// between samples is missed).
+    /// (MB; its high-water mark read five times a second, so a process that ended
+    /// between reads after a new peak is missed).
     pub peak_rss_mb_by_function: BTreeMap<String, u64>,
     /// The fleet's price per hour at the end (USD).
     pub fleet_cost_per_hour: f64,
