@@ -58,6 +58,9 @@ pub struct Answer {
 struct Job {
     event: String,
     reply: oneshot::Sender<Answer>,
+    /// When the invocation must be done (ms since the epoch): handed to the
+    /// function as Lambda does, from the time its timeout started.
+    deadline_ms: u128,
 }
 
 /// The invocation a process is working on.
@@ -119,11 +122,7 @@ async fn next(State(g): State<Arc<Generation>>) -> axum::response::Response {
         cold_start,
         logs: Vec::new(),
     });
-    let deadline = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis()
-        + 300_000;
+    let deadline = job.deadline_ms;
     let mut h = HeaderMap::new();
     let headers = [
         ("Lambda-Runtime-Aws-Request-Id", id),
@@ -231,6 +230,7 @@ impl Function {
             .send(Job {
                 event: event.to_string(),
                 reply,
+                deadline_ms: epoch_ms() + self.timeout.as_millis(),
             })
             .await
             .map_err(|_| InvokeError::Stopped(self.name.clone()))?;
@@ -399,4 +399,12 @@ async fn supervise(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// Milliseconds since the epoch, now.
+fn epoch_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis()
 }
