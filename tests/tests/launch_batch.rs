@@ -242,6 +242,47 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
     );
 }
 
+/// One claim pending launch, its request as a one-record batch, and a
+/// launcher (reserve 1 s) whose AWS calls pass a proxy that answers the next
+/// call of `action` `late`, after the work is done.
+struct Slow {
+    m: nodesmith_tests::moto::Moto,
+    st: state::StateStore,
+    req: LaunchRequest,
+    event: SqsEvent,
+    l: nodesmith::launch::Launcher,
+    _kube: KubeServer,
+    _proxy: nodesmith_tests::fault_proxy::FaultProxy,
+}
+
+/// [`Slow`] for claim `name`.
+async fn slow(name: &str, action: &str, late: std::time::Duration) -> Slow {
+    let m = moto().await;
+    world(&m).await;
+    let kube = KubeServer::start().await;
+    let st = store(&m).await;
+    let proxy = nodesmith_tests::fault_proxy::FaultProxy::start(m.endpoint()).await;
+    let class = node_class("al2023@latest");
+    let req = pending(&kube, &st, &claim(name, &["m5.large"], &["on-demand"]), &class).await;
+    let mut event = SqsEvent::default();
+    event.records = vec![message(&format!("m-{name}"), &req.to_body().unwrap())];
+    proxy.answer_late(action, 1, late);
+    let config = nodesmith::launch::LaunchConfig {
+        reserve: std::time::Duration::from_secs(1),
+        ..launch_config()
+    };
+    let l = launcher_configured(&m, proxy.endpoint(), &kube, config).await;
+    Slow {
+        m,
+        st,
+        req,
+        event,
+        l,
+        _kube: kube,
+        _proxy: proxy,
+    }
+}
+
 /// A launch still under way when the invocation's time runs out is cut
 /// there, so the invocation answers for its batch instead of being ended by
 /// Lambda: the record goes back to SQS, the claim's lease stays held (its
@@ -250,48 +291,32 @@ async fn provision_entry_points_then_sqs_redelivery_and_dead_letters_lose_nothin
 #[tokio::test]
 async fn a_launch_still_under_way_at_the_deadline_is_handed_back_and_not_launched_twice() {
     use nodesmith::deadline::Deadline;
-    use nodesmith::launch::LaunchConfig;
-    use nodesmith_tests::fault_proxy::FaultProxy;
     use std::time::Duration;
-    let m = moto().await;
-    world(&m).await;
-    let kube = KubeServer::start().await;
-    let st = store(&m).await;
-    let proxy = FaultProxy::start(m.endpoint()).await;
-    let class = node_class("al2023@latest");
-    let req = pending(&kube, &st, &claim("cut-1", &["m5.large"], &["on-demand"]), &class).await;
-    let mut event = SqsEvent::default();
-    event.records = vec![message("m-cut", &req.to_body().unwrap())];
     // CreateFleet launches, but its answer comes long after the deadline.
-    proxy.answer_late("CreateFleet", 1, Duration::from_secs(60));
-    let config = LaunchConfig {
-        reserve: Duration::from_secs(1),
-        ..launch_config()
-    };
-    let l = launcher_configured(&m, proxy.endpoint(), &kube, config).await;
-    let (resp, results) = batch::handle_within(&l, &event, Deadline::after(Duration::from_secs(4))).await;
+    let s = slow("cut-1", "CreateFleet", Duration::from_secs(60)).await;
+    let (resp, results) = batch::handle_within(&s.l, &s.event, Deadline::after(Duration::from_secs(4))).await;
     let failed: Vec<&str> = resp
         .batch_item_failures
         .iter()
         .map(|f| f.item_identifier.as_str())
         .collect();
-    assert_eq!(failed, ["m-cut"]);
+    assert_eq!(failed, ["m-cut-1"]);
     assert!(
         matches!(&results[0].result, Err(LaunchError::OutOfTime(c)) if c == "cut-1"),
         "{:?}",
         results[0].result
     );
     // Redelivered at once: the lease is held, nothing is launched again.
-    let again = l.launch(&req).await;
+    let again = s.l.launch(&s.req).await;
     assert!(matches!(again, Err(LaunchError::Busy(_))), "{again:?}");
     // After the hold: one instance, found or launched.
-    expire_lease(&st, "cut-1").await;
-    let last = l.launch(&req).await.unwrap();
+    expire_lease(&s.st, "cut-1").await;
+    let last = s.l.launch(&s.req).await.unwrap();
     assert!(
         matches!(last, LaunchOutcome::Launched(_) | LaunchOutcome::Recovered(_)),
         "{last:?}"
     );
-    assert_eq!(instances_of(&m, "cut-1").await.len(), 1);
+    assert_eq!(instances_of(&s.m, "cut-1").await.len(), 1);
 }
 
 /// Whatever step a request is in when the deadline comes (here reading its
@@ -300,27 +325,11 @@ async fn a_launch_still_under_way_at_the_deadline_is_handed_back_and_not_launche
 #[tokio::test]
 async fn a_request_slow_before_its_launch_is_handed_back_at_the_deadline() {
     use nodesmith::deadline::Deadline;
-    use nodesmith::launch::LaunchConfig;
-    use nodesmith_tests::fault_proxy::FaultProxy;
     use std::time::Duration;
-    let m = moto().await;
-    world(&m).await;
-    let kube = KubeServer::start().await;
-    let st = store(&m).await;
-    let proxy = FaultProxy::start(m.endpoint()).await;
-    let class = node_class("al2023@latest");
-    let req = pending(&kube, &st, &claim("slow-1", &["m5.large"], &["on-demand"]), &class).await;
-    let mut event = SqsEvent::default();
-    event.records = vec![message("m-slow", &req.to_body().unwrap())];
     // The claim's read answers long after the deadline.
-    proxy.answer_late("GetItem", 1, Duration::from_secs(120));
-    let config = LaunchConfig {
-        reserve: Duration::from_secs(1),
-        ..launch_config()
-    };
-    let l = launcher_configured(&m, proxy.endpoint(), &kube, config).await;
+    let s = slow("slow-1", "GetItem", Duration::from_secs(120)).await;
     let deadline = Deadline::after(Duration::from_secs(3));
-    let (resp, results) = batch::handle_within(&l, &event, deadline).await;
+    let (resp, results) = batch::handle_within(&s.l, &s.event, deadline).await;
     // Not a measure of speed: the answer comes at the deadline, not two minutes on with the read.
     assert!(
         deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
@@ -332,11 +341,11 @@ async fn a_request_slow_before_its_launch_is_handed_back_at_the_deadline() {
         "{:?}",
         results[0].result
     );
-    assert!(instances_of(&m, "slow-1").await.is_empty(), "nothing launched");
-    expire_lease(&st, "slow-1").await;
-    let last = l.launch(&req).await.unwrap();
+    assert!(instances_of(&s.m, "slow-1").await.is_empty(), "nothing launched");
+    expire_lease(&s.st, "slow-1").await;
+    let last = s.l.launch(&s.req).await.unwrap();
     assert!(matches!(last, LaunchOutcome::Launched(_)), "{last:?}");
-    assert_eq!(instances_of(&m, "slow-1").await.len(), 1);
+    assert_eq!(instances_of(&s.m, "slow-1").await.len(), 1);
 }
 
 #[tokio::test]
