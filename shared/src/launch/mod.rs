@@ -333,12 +333,8 @@ impl<C: Cluster> Launcher<C> {
         let now = state::now_ms();
         let freed = match &result {
             Ok(_) => self.store.delete_lease(&lease, now).await,
-            Err(LaunchError::Unrecorded { instance_id, .. }) => {
-                tracing::warn!(node_claim = %name, instance_id = %instance_id, hold_ms = LAUNCH_HOLD_MS, "instance launched but not recorded; keeping the claim's lease");
-                self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
-            }
-            Err(LaunchError::OutOfTime(_)) => {
-                tracing::warn!(node_claim = %name, hold_ms = LAUNCH_HOLD_MS, "the invocation's deadline came during the launch; keeping the claim's lease");
+            Err(e @ (LaunchError::Unrecorded { .. } | LaunchError::OutOfTime(_))) => {
+                tracing::warn!(node_claim = %name, error = %e, hold_ms = LAUNCH_HOLD_MS, "an instance may exist unrecorded; keeping the claim's lease");
                 self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
             }
             Err(_) => self.store.release_lease(&lease, now).await,

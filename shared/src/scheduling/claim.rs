@@ -401,11 +401,12 @@ impl Claim {
             r.add(Requirement::in_values(key, &[cx.domains.name(d)]));
             let mut ch = changed.to_vec();
             ch.push(key.to_string());
-            let wanted = OfferingRequirements::of(&r);
-            let mask = pool.offer_keys.mask(&wanted);
             // The cheapest offering of the options this domain keeps; none kept: not this domain.
             let price = {
                 let keep = self.keep(pool, &r, &ch, used);
+                let wanted = keep.wanted;
+                // The keep test built the mask when an offering key changed.
+                let mask = keep.mask.clone().or_else(|| pool.offer_keys.mask(&wanted));
                 let mut kept = self.options.iter().filter(|t| keep.keeps(**t)).peekable();
                 if kept.peek().is_none() {
                     continue;
