@@ -29,7 +29,7 @@ import threading
 FIRST = "crash"
 ALONE = {"cloud"}
 # Executables split into this many shards, and the queue's order (heaviest first).
-SHARDS = {"stack": 3}
+SHARDS = {"stack": 4}
 WEIGHT = {"stack": 3, "aws": 2, "kube": 1}
 # libtest options that take a value (anything else not starting with '-' names tests).
 TAKES_VALUE = {"--skip", "--test-threads", "--format", "--color", "--logfile", "-Z"}
@@ -81,8 +81,8 @@ def shards(exe, args):
         [exe[3], "--list", "--format", "terse"], cwd=exe[1], capture_output=True, text=True, check=True
     ).stdout
     tests = sorted(line[: -len(": test")] for line in listed.splitlines() if line.endswith(": test"))
-    size = -(-len(tests) // n)
-    parts = [tests[k : k + size] for k in range(0, len(tests), size)]
+    # Dealt out in turn, so one module's tests (often alike in cost) spread over the shards.
+    parts = [part for part in (tests[k::n] for k in range(n)) if part]
     if len(parts) < 2:
         return [(exe, "", [])]
     return [(exe, f"[{k + 1}/{len(parts)}]", ["--exact", *part]) for k, part in enumerate(parts)]

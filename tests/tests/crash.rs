@@ -305,6 +305,7 @@ impl Harness {
         goal: impl Fn(&World) -> Option<String>,
     ) -> Result<usize, (usize, Problems)> {
         let mut sweeps = 0;
+        let mut swept: Option<tokio::time::Instant> = None;
         loop {
             self.cloud.quiet(Duration::from_secs(90)).await;
             let mut problems = self.problems(except_tainted).await;
@@ -315,11 +316,24 @@ impl Harness {
             if sweeps >= limit {
                 return Err((sweeps, problems));
             }
+            // As the minute between sweeps does in AWS, the gap outlasts the
+            // leases (a crashed sweep's lapses, it is not given back) and the
+            // relaunch delay, so each sweep can do the next step.
+            if let Some(at) = swept {
+                tokio::time::sleep_until(at + self.sweep_gap()).await;
+            }
             if let Err(e) = self.cloud.sweep().await.map(|a| a.result) {
                 eprintln!("the sweep could not be invoked: {e}");
             }
+            swept = Some(tokio::time::Instant::now());
             sweeps += 1;
         }
+    }
+
+    /// The least time from one sweep's end to the next one's start.
+    fn sweep_gap(&self) -> Duration {
+        let s = &self.cloud.settings;
+        s.lease.max(s.relaunch_after) + Duration::from_millis(300)
     }
 
     async fn settle(&mut self, limit: usize, except_tainted: Option<&str>) -> Result<usize, (usize, Problems)> {

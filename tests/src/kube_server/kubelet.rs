@@ -812,6 +812,7 @@ async fn user_data_of(ec2: &aws_sdk_ec2::Client, id: &str) -> Result<String, Str
 pub struct Kubelets {
     timing: KubeletTiming,
     phases: Arc<tokio::sync::Mutex<BTreeMap<String, Phase>>>,
+    at_rest: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A background kubelet loop; dropping it stops it.
@@ -829,12 +830,19 @@ impl Kubelets {
         Kubelets {
             timing,
             phases: Arc::default(),
+            at_rest: Arc::default(),
         }
     }
 
     /// The timing they take.
     pub fn timing(&self) -> KubeletTiming {
         self.timing
+    }
+
+    /// Whether the last finished step left every live instance's kubelet at
+    /// rest: its Node Ready, or refused (none waiting to start or to be Ready).
+    pub fn at_rest(&self) -> bool {
+        self.at_rest.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Every instance whose kubelet refused to start so far, by instance id.
@@ -1017,6 +1025,10 @@ impl Kubelets {
                 report.deleted.push(name);
             }
         }
+        let rest = phases
+            .values()
+            .all(|p| matches!(p, Phase::Ready { .. } | Phase::Refused { .. }));
+        self.at_rest.store(rest, std::sync::atomic::Ordering::Release);
         Ok(report)
     }
 

@@ -100,11 +100,19 @@ pub const FUNCTIONS: [FunctionDef; 4] = [
     },
 ];
 
+/// How often [`LocalCloud::quiet`] looks.
+const QUIET_LOOK: Duration = Duration::from_millis(100);
+
 /// The stack identity the functions run with (`NODESMITH_STACK_NAME`).
 pub const STACK_NAME: &str = "nodesmith-local";
 
 /// The forwarder's binary.
 pub const FORWARDER: &str = "nodesmith-forwarder";
+
+/// How long the forwarder holds a batch of pending pods once no more come
+/// (its `BATCH_IDLE_DURATION`, Karpenter's default, which the local cloud
+/// keeps unless the caller sets it).
+pub const FORWARDER_BATCH_IDLE: Duration = Duration::from_secs(1);
 
 /// The local cloud's settings: every slow duration of a real cluster, short.
 #[derive(Clone, Debug, PartialEq)]
@@ -291,7 +299,9 @@ pub struct LocalCloud {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _scheduler: SchedulerLoop,
     _controllers: ControllerLoop,
-    _kubelets: KubeletLoop,
+    kubelets: Kubelets,
+    _kubelet_loop: KubeletLoop,
+    catalog: Arc<nodesmith::catalog::Catalog>,
     state_dir: PathBuf,
     temporary_state: bool,
     kubeconfig: PathBuf,
@@ -389,11 +399,12 @@ impl LocalCloud {
         let kubelets = Kubelets::new(KubeletTiming {
             join_after: settings.kubelet_join,
             ready_after: settings.kubelet_ready,
-        })
-        .spawn(
+        });
+        let catalog = Arc::new(catalog.clone());
+        let kubelet_loop = kubelets.spawn(
             &kube,
             aws_sdk_ec2::Client::new(&sdk),
-            Arc::new(catalog.clone()),
+            catalog.clone(),
             Duration::from_millis(250),
         );
 
@@ -559,7 +570,9 @@ impl LocalCloud {
             tasks,
             _scheduler: scheduler,
             _controllers: controllers,
-            _kubelets: kubelets,
+            kubelets,
+            _kubelet_loop: kubelet_loop,
+            catalog,
             state_dir,
             temporary_state,
             kubeconfig: kubeconfig_path,
@@ -632,17 +645,40 @@ impl LocalCloud {
         self.settings.kubelet_join + self.settings.kubelet_ready + Duration::from_millis(500)
     }
 
-    /// Waits until the functions have done what they were asked (the queues
-    /// empty at two looks in a row, at most `limit`), then [`Self::kubelet_time`].
-    /// Tests that count sweeps call it before each one.
+    /// Waits until nothing is under way (at most `limit`): the queues empty
+    /// at two looks in a row; then every instance's kubelet at rest (its
+    /// Node Ready, or refused), stepped here rather than waiting for the
+    /// kubelets' loop; a pass of the controllers and the scheduler over what
+    /// they left; while pods are pending, the forwarder's batch window gone
+    /// by; and the queues empty again (else it starts over). Tests that count
+    /// sweeps call it before each one.
     pub async fn quiet(&self, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;
-        let mut calm = 0;
-        while calm < 2 && tokio::time::Instant::now() < deadline {
-            calm = if self.queues_empty().await { calm + 1 } else { 0 };
-            tokio::time::sleep(Duration::from_millis(300)).await;
+        let ec2 = aws_sdk_ec2::Client::new(&self.sdk);
+        while tokio::time::Instant::now() < deadline {
+            let mut calm = 0;
+            while calm < 2 && tokio::time::Instant::now() < deadline {
+                calm = if self.queues_empty().await { calm + 1 } else { 0 };
+                tokio::time::sleep(QUIET_LOOK).await;
+            }
+            while tokio::time::Instant::now() < deadline {
+                let stepped = self.kubelets.step(&self.kube, &ec2, &self.catalog).await;
+                if stepped.is_ok() && self.kubelets.at_rest() {
+                    break;
+                }
+                tokio::time::sleep(QUIET_LOOK).await;
+            }
+            self.kube.reconcile();
+            self.kube.schedule();
+            // A pod that went pending reaches the queue once the forwarder's
+            // batch has been idle that long.
+            if self.kube.count_pods(|p| p.pointer("/spec/nodeName").is_none()) > 0 {
+                tokio::time::sleep(FORWARDER_BATCH_IDLE + QUIET_LOOK).await;
+            }
+            if self.queues_empty().await {
+                return;
+            }
         }
-        tokio::time::sleep(self.kubelet_time()).await;
     }
 
     /// The kubeconfig file for `kubectl`.
