@@ -29,7 +29,7 @@ import threading
 FIRST = "crash"
 ALONE = {"cloud"}
 # Executables split into this many shards, and the queue's order (heaviest first).
-SHARDS = {"stack": 4}
+SHARDS = {"stack": 3}
 WEIGHT = {"stack": 3, "aws": 2, "kube": 1}
 # libtest options that take a value (anything else not starting with '-' names tests).
 TAKES_VALUE = {"--skip", "--test-threads", "--format", "--color", "--logfile", "-Z"}
