@@ -49,6 +49,10 @@ pub use nodes::JoiningNodes;
 pub use pending::PendingPods;
 pub use sqs::SqsSink;
 
+/// How long a batch of pending pods is held once no more come, unless
+/// `BATCH_IDLE_DURATION` says otherwise (Karpenter's default).
+pub const DEFAULT_BATCH_IDLE: Duration = Duration::from_secs(1);
+
 /// Settings, from the environment in `main`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -124,7 +128,7 @@ impl Config {
                 )
             })
         };
-        let batch_idle = duration("BATCH_IDLE_DURATION", Duration::from_secs(1))?;
+        let batch_idle = duration("BATCH_IDLE_DURATION", DEFAULT_BATCH_IDLE)?;
         let batch_max = duration("BATCH_MAX_DURATION", Duration::from_secs(10))?;
         if batch_idle.is_zero() {
             return Err(err("BATCH_IDLE_DURATION", "must be more than 0".into()));

@@ -109,11 +109,6 @@ pub const STACK_NAME: &str = "nodesmith-local";
 /// The forwarder's binary.
 pub const FORWARDER: &str = "nodesmith-forwarder";
 
-/// How long the forwarder holds a batch of pending pods once no more come
-/// (its `BATCH_IDLE_DURATION`, Karpenter's default, which the local cloud
-/// keeps unless the caller sets it).
-pub const FORWARDER_BATCH_IDLE: Duration = Duration::from_secs(1);
-
 /// The local cloud's settings: every slow duration of a real cluster, short.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -671,9 +666,9 @@ impl LocalCloud {
             self.kube.reconcile();
             self.kube.schedule();
             // A pod that went pending reaches the queue once the forwarder's
-            // batch has been idle that long.
+            // batch has been idle that long (its default: no test sets another).
             if self.kube.count_pods(|p| p.pointer("/spec/nodeName").is_none()) > 0 {
-                tokio::time::sleep(FORWARDER_BATCH_IDLE + QUIET_LOOK).await;
+                tokio::time::sleep(nodesmith_forwarder::DEFAULT_BATCH_IDLE + QUIET_LOOK).await;
             }
             if self.queues_empty().await {
                 return;
