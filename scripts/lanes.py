@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Runs the workspace's test executables in lanes, as `cargo test` would run
-them one after another, but using both cores:
+them one after another, but using both cores. Two lanes take work from one
+queue; one lane starts with the crash suite (it counts sweeps, not seconds,
+so load does not change its outcome) and takes from the queue once it is
+done. The queue holds, in this order:
 
-  1. two lanes take executables from one queue, heaviest first; one lane
-     starts with the crash suite (it counts sweeps, not seconds, so load
-     does not change its outcome) and takes from the queue once it is done.
-     The stack executable is split into shards (by test name, each its own
-     process with its own moto server), so the lane that finishes first
-     takes part of it instead of waiting;
-  2. then the local cloud's executable runs alone: its stories have timed goals.
+  1. the other executables, heaviest first; the stack executable is split
+     into shards (by test name, each its own process with its own moto
+     server), so the lane that is free first takes part of it;
+  2. the local cloud's executable, last: its clouds run one at a time, use
+     about one core and count sweeps and observations within generous
+     limits, so it runs beside whatever the other lane is doing (its last
+     executable, the crash suite's end, or the command below);
+  3. a command given with --also (the template checks, which no test
+     needs), in whichever lane is free first.
 
-Usage: lanes.py ARTIFACTS [ARGS...]
-  ARTIFACTS is the JSON cargo printed for `cargo test --no-run
-  --message-format=json-render-diagnostics`; ARGS go to every executable
-  (an executable is not split when they name tests).
+Usage: lanes.py [--also COMMAND] ARTIFACTS [ARGS...]
+  ARTIFACTS is the JSON cargo printed for the build with
+  --message-format=json-render-diagnostics; ARGS go to every executable
+  (an executable is not split when they name tests). COMMAND is run by bash;
+  its output is printed after it ends, and its failure fails the suite.
 Prints each executable's output as cargo test does ("Running ..." then its
 own lines; a shard's source carries `[k/n]`), and a closing `suite: N
 passed, N failed` line; exits non-zero when any executable failed.
@@ -27,7 +33,7 @@ import sys
 import threading
 
 FIRST = "crash"
-ALONE = {"cloud"}
+LAST = "cloud"
 # Executables split into this many shards, and the queue's order (heaviest first).
 SHARDS = {"stack": 3}
 WEIGHT = {"stack": 3, "aws": 2, "kube": 1}
@@ -115,19 +121,37 @@ def run(exe, args, out, label="", extra=()):
     return passed, failed, code
 
 
+def command(cmd, out):
+    """Runs `cmd` with bash, its output captured and then written to `out`
+    (a list of lines, or None to print it); returns (0, failed, exit code)."""
+    emit = print if out is None else out.append
+    done = subprocess.run(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    emit(f"     Running {cmd}")
+    emit(done.stdout.rstrip("\n"))
+    return 0, int(done.returncode != 0), done.returncode
+
+
 def main():
-    if len(sys.argv) < 2:
+    argv = sys.argv[1:]
+    also = None
+    if argv[:1] == ["--also"]:
+        if len(argv) < 2:
+            sys.exit("lanes: --also needs a command")
+        also, argv = argv[1], argv[2:]
+    if not argv:
         sys.exit(__doc__.strip())
-    args = sys.argv[2:]
-    all_exes = executables(sys.argv[1])
+    args = argv[1:]
+    all_exes = executables(argv[0])
     first = [e for e in all_exes if e[0] == FIRST]
-    alone = [e for e in all_exes if e[0] in ALONE]
-    rest = [e for e in all_exes if e[0] != FIRST and e[0] not in ALONE]
+    last = [e for e in all_exes if e[0] == LAST]
+    rest = [e for e in all_exes if e[0] not in (FIRST, LAST)]
     rest.sort(key=lambda e: -WEIGHT.get(e[0], 0))  # stable: cargo's order among equals
     work = queue.Queue()
-    for e in rest:
-        for shard in shards(e, args):
-            work.put(shard)
+    for e in rest + last:
+        for exe, label, extra in shards(e, args):
+            work.put((exe[0], lambda out, exe=exe, label=label, extra=extra: run(exe, args, out, label, extra)))
+    if also:
+        work.put((also, lambda out: command(also, out)))
     results = []
     lock = threading.Lock()
     buffered = []
@@ -135,12 +159,12 @@ def main():
     def take(out):
         while True:
             try:
-                exe, label, extra = work.get_nowait()
+                name, job = work.get_nowait()
             except queue.Empty:
                 return
-            result = run(exe, args, out, label, extra)
+            result = job(out)
             with lock:
-                results.append((exe, result))
+                results.append((name, result))
             if out is None:
                 sys.stdout.flush()
 
@@ -149,7 +173,7 @@ def main():
         for e in first:
             result = run(e, args, lines)
             with lock:
-                results.append((e, result))
+                results.append((e[0], result))
         take(lines)
         buffered.append(lines)
 
@@ -159,11 +183,9 @@ def main():
     side.join()
     for lines in buffered:
         print("\n".join(lines))
-    for e in alone:
-        results.append((e, run(e, args, None)))
     passed = sum(r[0] for _, r in results)
     failed = sum(r[1] for _, r in results)
-    broken = sorted({e[0] for e, r in results if r[2] != 0})
+    broken = sorted({name for name, r in results if r[2] != 0})
     if broken:
         print(f"lanes: failed: {', '.join(broken)}", file=sys.stderr)
         failed = max(failed, len(broken))

@@ -78,7 +78,7 @@ def main():
         f"run {sum(r[5] for r in rows):.0f} s"
     )
     if plain:
-        print("also built in the test build (not test harnesses): " + ", ".join(f"{n} {t:.1f} s" for n, t in plain))
+        print("also built (binaries, not test harnesses): " + ", ".join(f"{n} {t:.1f} s" for n, t in plain))
 
 
 if __name__ == "__main__":

@@ -89,12 +89,16 @@ impl Harness {
         settings.visibility_timeout = Duration::from_secs(10);
         // Plays count sweeps, not seconds: two phases share the machine.
         settings.alone = false;
-        settings.kubelet_join = Duration::from_millis(300);
-        settings.kubelet_ready = Duration::from_millis(300);
+        // Every wait of a real cluster short, as plays count sweeps, not seconds:
+        // the forwarder's and the queue's batch windows, a kubelet's start.
+        settings.batch_idle = Duration::from_millis(200);
+        settings.batch_window = Duration::from_millis(200);
+        settings.kubelet_join = Duration::from_millis(100);
+        settings.kubelet_ready = Duration::from_millis(100);
         settings.leak_grace = Duration::from_secs(3);
         // A claimless instance whose Node never registered is collected once
         // this has passed since its launch (the Collect phase's ghosts): short,
-        // yet far longer than a node here takes to join (300 ms).
+        // yet far longer than a node here takes to join (100 ms).
         settings.registration_timeout = Duration::from_secs(5);
         // A budget no sweep here spends: a sweep that ran out of it would
         // leave its steps to the next one, so the sweeps a play takes would

@@ -270,9 +270,7 @@ impl Pool {
     pub async fn recycle(&self) {
         let n = u32::try_from(self.processes.len()).unwrap_or(u32::MAX);
         if let Ok(_all) = self.permits.acquire_many(n).await {
-            for f in &self.processes {
-                f.recycle().await;
-            }
+            futures::future::join_all(self.processes.iter().map(|f| f.recycle())).await;
         }
     }
 

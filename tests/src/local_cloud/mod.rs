@@ -109,6 +109,9 @@ pub const STACK_NAME: &str = "nodesmith-local";
 /// The forwarder's binary.
 pub const FORWARDER: &str = "nodesmith-forwarder";
 
+/// The forwarder's batch idle setting ([`Settings::batch_idle`]).
+const BATCH_IDLE: &str = "BATCH_IDLE_DURATION";
+
 /// The local cloud's settings: every slow duration of a real cluster, short.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -118,6 +121,9 @@ pub struct Settings {
     pub sweep_period: Duration,
     /// The pending-pods queue's batching window.
     pub batch_window: Duration,
+    /// How long the forwarder's batch stays open after its last pending pod
+    /// (Karpenter's `BATCH_IDLE_DURATION`, which it reads; default 1s).
+    pub batch_idle: Duration,
     /// Age after which an owned instance with no NodeClaim is collected.
     pub leak_grace: Duration,
     /// Lifecycle timeout: launch.
@@ -214,12 +220,25 @@ impl Settings {
                 message: "must be more than 0".into(),
             });
         }
+        let batch_idle = nodesmith::settings::Settings::new(&get)
+            .duration(BATCH_IDLE, nodesmith_forwarder::DEFAULT_BATCH_IDLE)
+            .map_err(|e| SettingsError {
+                name: BATCH_IDLE.into(),
+                message: e.to_string(),
+            })?;
+        if batch_idle.is_zero() {
+            return Err(SettingsError {
+                name: BATCH_IDLE.into(),
+                message: "must be more than 0".into(),
+            });
+        }
         Ok(Settings {
             cluster: get("NODESMITH_CLUSTER_NAME")
                 .filter(|c| !c.trim().is_empty())
                 .unwrap_or_else(|| "nodesmith-local".into()),
             sweep_period: d[0],
             batch_window: d[1],
+            batch_idle,
             leak_grace: d[2],
             launch_timeout: d[3],
             registration_timeout: d[4],
@@ -538,12 +557,9 @@ impl LocalCloud {
             .env("QUEUE_URL", &world.pending.url)
             .env("HEALTH_ADDR", "127.0.0.1:0")
             .env("RESEND_AFTER_SECS", "30")
-            // Karpenter's batch window settings, when the caller sets them (defaults 1s and 10s).
-            .envs(
-                ["BATCH_IDLE_DURATION", "BATCH_MAX_DURATION"]
-                    .into_iter()
-                    .filter_map(|k| std::env::var(k).ok().map(|v| (k, v))),
-            )
+            // Karpenter's batch window: the idle duration as set, the longest when the caller sets it (10s).
+            .env(BATCH_IDLE, format!("{}ms", settings.batch_idle.as_millis()))
+            .envs(std::env::var("BATCH_MAX_DURATION").ok().map(|v| ("BATCH_MAX_DURATION", v)))
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(log)
@@ -594,9 +610,7 @@ impl LocalCloud {
     /// sandboxes: each next invocation is a cold start, remembering nothing
     /// of earlier ones (e.g. the events a warm process would not repeat).
     pub async fn recycle(&self) {
-        for p in &self.pools {
-            p.recycle().await;
-        }
+        futures::future::join_all(self.pools.iter().map(|p| p.recycle())).await;
     }
 
     /// Messages visible and in flight in the queue at `url`, or what SQS said.
@@ -666,9 +680,9 @@ impl LocalCloud {
             self.kube.reconcile();
             self.kube.schedule();
             // A pod that went pending reaches the queue once the forwarder's
-            // batch has been idle that long (its default: no test sets another).
+            // batch has been idle that long.
             if self.kube.count_pods(|p| p.pointer("/spec/nodeName").is_none()) > 0 {
-                tokio::time::sleep(nodesmith_forwarder::DEFAULT_BATCH_IDLE + QUIET_LOOK).await;
+                tokio::time::sleep(self.settings.batch_idle + QUIET_LOOK).await;
             }
             if self.queues_empty().await {
                 return;
@@ -749,5 +763,28 @@ fn shell_quote(v: &str) -> String {
         v.to_string()
     } else {
         format!("'{}'", v.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let vars: BTreeMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Settings::from_lookup(|k| vars.get(k).cloned(), PathBuf::from("bin"))
+    }
+
+    #[test]
+    fn the_forwarder_batch_idle_is_read_as_karpenter_writes_it_and_a_bad_one_is_named() {
+        assert_eq!(read(&[]).unwrap().batch_idle, nodesmith_forwarder::DEFAULT_BATCH_IDLE);
+        assert_eq!(
+            read(&[("BATCH_IDLE_DURATION", "250ms")]).unwrap().batch_idle,
+            Duration::from_millis(250)
+        );
+        for bad in ["0s", "soon"] {
+            let e = read(&[("BATCH_IDLE_DURATION", bad)]).unwrap_err();
+            assert_eq!(e.name, "BATCH_IDLE_DURATION", "{bad}: {e}");
+        }
     }
 }

@@ -370,6 +370,9 @@ async fn supervise(
             });
         }
         drop(lines_tx);
+        // Whether the owner ended it (recycled, or killed at its timeout):
+        // then the next sandbox starts at once, as Lambda's does.
+        let mut asked = false;
         let exit = loop {
             tokio::select! {
                 status = child.wait() => break format!("process exited ({})", status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())),
@@ -383,6 +386,7 @@ async fn supervise(
                 }
                 Some(why) = kill.recv() => {
                     let _ = child.kill().await;
+                    asked = true;
                     break why.to_string();
                 }
                 _ = stop.changed() => {
@@ -394,7 +398,9 @@ async fn supervise(
         *lock(&pids) = None;
         server.abort();
         g.finish(Err(format!("Runtime exited: {exit}")), true);
-        if !*stop.borrow() {
+        if !*stop.borrow() && !asked {
+            // A process that ended by itself (a crash) may end again at once:
+            // a short pause keeps a crash loop from spinning.
             tracing::warn!(function = %spec.name, why = %exit, "function process ended; starting it again");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
