@@ -1,19 +1,17 @@
 #!/usr/bin/env python3
 """Runs the workspace's test executables in lanes, as `cargo test` would run
-them one after another, but using both cores. Two lanes take work from one
-queue; one lane starts with the crash suite (it counts sweeps, not seconds,
-so load does not change its outcome) and takes from the queue once it is
-done. The queue holds, in this order:
+them one after another, but side by side. The executables mostly wait (on
+moto, on processes, on sweeps they count), so three lanes keep the two cores
+busier than two would:
 
-  1. the other executables, heaviest first; the stack executable is split
-     into shards (by test name, each its own process with its own moto
-     server), so the lane that is free first takes part of it;
-  2. the local cloud's executable, last: its clouds run one at a time, use
-     about one core and count sweeps and observations within generous
-     limits, so it runs beside whatever the other lane is doing (its last
-     executable, the crash suite's end, or the command below);
-  3. a command given with --also (the template checks, which no test
-     needs), in whichever lane is free first.
+  - one lane starts with the crash suite and one with the local cloud's
+    executable, the two longest; neither has a goal a loaded machine can
+    miss (crash phases count sweeps; the local cloud runs its clouds one at
+    a time and counts sweeps and observations within generous limits);
+  - every lane then takes work from one queue: the other executables,
+    heaviest first, the stack executable split into shards (by test name,
+    each its own process with its own moto server), and last a command
+    given with --also (the template checks, which no test needs).
 
 Usage: lanes.py [--also COMMAND] ARTIFACTS [ARGS...]
   ARTIFACTS is the JSON cargo printed for the build with
@@ -21,8 +19,9 @@ Usage: lanes.py [--also COMMAND] ARTIFACTS [ARGS...]
   (an executable is not split when they name tests). COMMAND is run by bash;
   its output is printed after it ends, and its failure fails the suite.
 Prints each executable's output as cargo test does ("Running ..." then its
-own lines; a shard's source carries `[k/n]`), and a closing `suite: N
-passed, N failed` line; exits non-zero when any executable failed.
+own lines; a shard's source carries `[k/n]`): the queue-only lane's as it
+goes, the others' when they are done. A closing `suite: N passed, N failed`
+line; exits non-zero when any executable failed.
 """
 import json
 import os
@@ -32,8 +31,8 @@ import subprocess
 import sys
 import threading
 
-FIRST = "crash"
-LAST = "cloud"
+# What a lane starts with, one lane each; one more lane starts on the queue.
+STARTS = ["crash", "cloud"]
 # Executables split into this many shards, and the queue's order (heaviest first).
 SHARDS = {"stack": 3}
 WEIGHT = {"stack": 3, "aws": 2, "kube": 1}
@@ -142,12 +141,11 @@ def main():
         sys.exit(__doc__.strip())
     args = argv[1:]
     all_exes = executables(argv[0])
-    first = [e for e in all_exes if e[0] == FIRST]
-    last = [e for e in all_exes if e[0] == LAST]
-    rest = [e for e in all_exes if e[0] not in (FIRST, LAST)]
+    starts = [[e for e in all_exes if e[0] == name] for name in STARTS]
+    rest = [e for e in all_exes if e[0] not in STARTS]
     rest.sort(key=lambda e: -WEIGHT.get(e[0], 0))  # stable: cargo's order among equals
     work = queue.Queue()
-    for e in rest + last:
+    for e in rest:
         for exe, label, extra in shards(e, args):
             work.put((exe[0], lambda out, exe=exe, label=label, extra=extra: run(exe, args, out, label, extra)))
     if also:
@@ -168,19 +166,22 @@ def main():
             if out is None:
                 sys.stdout.flush()
 
-    def first_lane():
+    def lane(first):
         lines = []
         for e in first:
             result = run(e, args, lines)
             with lock:
                 results.append((e[0], result))
         take(lines)
-        buffered.append(lines)
+        with lock:
+            buffered.append(lines)
 
-    side = threading.Thread(target=first_lane)
-    side.start()
+    sides = [threading.Thread(target=lane, args=(first,)) for first in starts]
+    for t in sides:
+        t.start()
     take(None)
-    side.join()
+    for t in sides:
+        t.join()
     for lines in buffered:
         print("\n".join(lines))
     passed = sum(r[0] for _, r in results)

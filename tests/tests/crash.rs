@@ -95,6 +95,9 @@ impl Harness {
         settings.batch_window = Duration::from_millis(200);
         settings.kubelet_join = Duration::from_millis(100);
         settings.kubelet_ready = Duration::from_millis(100);
+        // `quiet` steps the kubelets before every look; their own loop,
+        // a DescribeInstances each time, need not run four times a second.
+        settings.kubelet_period = Duration::from_secs(1);
         settings.leak_grace = Duration::from_secs(3);
         // A claimless instance whose Node never registered is collected once
         // this has passed since its launch (the Collect phase's ghosts): short,

@@ -134,6 +134,9 @@ pub struct Settings {
     pub kubelet_join: Duration,
     /// How long a new Node stays not ready.
     pub kubelet_ready: Duration,
+    /// How often the kubelets look at EC2 by themselves (each look is a
+    /// DescribeInstances); [`LocalCloud::quiet`] also steps them.
+    pub kubelet_period: Duration,
     /// The queues' visibility timeout (how soon a failed message comes back).
     pub visibility_timeout: Duration,
     /// The sweep's time budget (`NODESMITH_SWEEP_BUDGET`; its lease lasts twice that).
@@ -244,6 +247,7 @@ impl Settings {
             registration_timeout: d[4],
             kubelet_join: d[5],
             kubelet_ready: d[6],
+            kubelet_period: Duration::from_millis(250),
             visibility_timeout: d[7],
             sweep_budget: Duration::from_secs(30),
             lease: Duration::from_secs(10),
@@ -419,7 +423,7 @@ impl LocalCloud {
             &kube,
             aws_sdk_ec2::Client::new(&sdk),
             catalog.clone(),
-            Duration::from_millis(250),
+            settings.kubelet_period,
         );
 
         let secs = |d: Duration| format!("{}ms", d.as_millis());
