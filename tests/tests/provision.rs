@@ -13,6 +13,7 @@ use nodesmith::provisioning::{ProvisionConfig, ProvisionOutcome, Provisioner};
 use nodesmith::resources::CPU;
 use nodesmith::state::{self, StateStore};
 use nodesmith::zonal_shift::ZonalShifts;
+use nodesmith_tests::fault_proxy::FaultProxy;
 use nodesmith_tests::kube_server::KubeServer;
 use nodesmith_tests::moto::{Moto, moto};
 use nodesmith_tests::sqs;
@@ -21,7 +22,7 @@ use serde_json::{Value, json};
 const TABLE: &str = "nodesmith";
 
 struct Stack {
-    _moto: Moto,
+    moto: Moto,
     kube: KubeServer,
     store: StateStore,
     sqs: aws_sdk_sqs::Client,
@@ -87,7 +88,7 @@ async fn stack(cpu_limit: Option<&str>, pods: &[(&str, &str)]) -> Stack {
     // No nodes yet: the scheduler marks every pod Unschedulable, as a cluster would.
     kube.schedule();
     Stack {
-        _moto: m,
+        moto: m,
         kube,
         store: StateStore::new(dynamo, TABLE),
         sqs: sqs_client,
@@ -107,6 +108,18 @@ impl Stack {
         dead_letter: bool,
         configure: impl FnOnce(&mut ProvisionConfig),
     ) -> Provisioner<KubeCluster> {
+        self.provisioner_through(holder, dead_letter, configure, self.store.clone(), self.sqs.clone())
+    }
+
+    /// [`Self::provisioner_with`] on other clients (e.g. through a fault proxy).
+    fn provisioner_through(
+        &self,
+        holder: &str,
+        dead_letter: bool,
+        configure: impl FnOnce(&mut ProvisionConfig),
+        store: StateStore,
+        sqs: aws_sdk_sqs::Client,
+    ) -> Provisioner<KubeCluster> {
         let cluster = KubeCluster::from_client(self.kube.lambda_client()).with_retry(RetryPolicy {
             attempts: 3,
             base_delay: Duration::from_millis(1),
@@ -119,7 +132,14 @@ impl Stack {
             config.dead_letter_queue_url = Some(self.dlq.clone());
         }
         configure(&mut config);
-        Provisioner::new(cluster, self.store.clone(), self.sqs.clone(), config)
+        Provisioner::new(cluster, store, sqs, config)
+    }
+
+    /// A fault proxy in front of moto, and the SDK configuration through it.
+    async fn proxy(&self) -> (FaultProxy, aws_config::SdkConfig) {
+        let proxy = FaultProxy::start(self.moto.endpoint()).await;
+        let conf = self.moto.sdk_config_at(proxy.endpoint()).await;
+        (proxy, conf)
     }
 
     async fn drain_queue(&self, url: &str) -> Vec<String> {
@@ -426,14 +446,26 @@ async fn a_burst_writes_its_claims_first_and_its_events_within_the_budget_and_th
         pods.sort();
         pods
     };
-    // One warm container: its provisioner (and what it remembers) serves every invocation.
-    let warm = s.provisioner_with("warm", false, |c| {
-        c.event_budget = 8;
-        c.solve_reserve = Duration::ZERO;
-    });
+    // One warm container: its provisioner (and what it remembers) serves every
+    // invocation. Its launch requests go through a proxy that answers the
+    // first batch of them after the deadline has passed.
+    let (proxy, conf) = s.proxy().await;
+    let late = Duration::from_secs(12);
+    proxy.answer_late("SendMessageBatch", 1, late);
+    let warm = s.provisioner_through(
+        "warm",
+        false,
+        |c| {
+            c.event_budget = 8;
+            c.solve_reserve = Duration::ZERO;
+        },
+        s.store.clone(),
+        aws_sdk_sqs::Client::new(&conf),
+    );
 
-    // A deadline that leaves the solve its reserve and nothing more.
-    let out = warm.handle_within(&batch, Deadline::after(Duration::ZERO)).await;
+    // A deadline that leaves the reads and the solve their time, and passes
+    // while the plan is written.
+    let out = warm.handle_within(&batch, Deadline::after(late)).await;
     assert!(out.failed.is_empty(), "{out:?}");
     assert!(pods_in(&out) >= names.len(), "every pod on a new claim: {out:?}");
     let stored = s.store.in_flight_node_claims().await.unwrap();
@@ -482,6 +514,50 @@ async fn a_burst_writes_its_claims_first_and_its_events_within_the_budget_and_th
     assert_eq!(out.placed_on_existing, 0, "no solve started");
 }
 
+/// Issue 32: a solve still reading the cluster when only the plan's write
+/// reserve is left before the deadline is cut there instead of being ended
+/// by Lambda: the batch goes back to SQS, nothing is written, the lease is
+/// released, and the redelivery solves at once.
+#[tokio::test]
+async fn a_solve_still_reading_near_the_deadline_hands_its_batch_back_and_frees_the_lease() {
+    use nodesmith::deadline::Deadline;
+    let names = ["slow-0", "slow-1"];
+    let s = stack(None, &[(names[0], "500m"), (names[1], "500m")]).await;
+    let batch = refs(&names);
+    // The in-flight claims' read answers two minutes late.
+    let (proxy, conf) = s.proxy().await;
+    proxy.answer_late("Query", 1, Duration::from_secs(120));
+    let slow = s.provisioner_through(
+        "slow",
+        false,
+        |c| c.solve_reserve = Duration::ZERO,
+        StateStore::new(aws_sdk_dynamodb::Client::new(&conf), TABLE),
+        s.sqs.clone(),
+    );
+    // The reads are cut 5 s (the plan's write reserve) before it.
+    let deadline = Deadline::after(Duration::from_secs(8));
+    let out = slow.handle_within(&batch, deadline).await;
+    // Not a measure of speed: the answer comes at the cut, not two minutes on with the read.
+    assert!(
+        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
+        "answered when the slow read came back, long past the deadline"
+    );
+    assert_eq!(out.handed_on, names.len(), "{out:?}");
+    let mut failed = out.failed.clone();
+    failed.sort();
+    assert_eq!(failed, names);
+    assert!(out.created.is_empty(), "{out:?}");
+    assert!(s.store.in_flight_node_claims().await.unwrap().is_empty());
+    assert!(s.drain_queue(&s.launch_queue).await.is_empty());
+    // The lease went back: a redelivery that will not wait for it solves now.
+    let again = s
+        .provisioner_with("again", false, |c| c.lease_wait = Duration::ZERO)
+        .handle(&batch)
+        .await;
+    assert!(again.failed.is_empty(), "{again:?}");
+    assert_eq!(pods_in(&again), names.len(), "{again:?}");
+}
+
 #[tokio::test]
 async fn a_zonal_shift_keeps_new_claims_out_of_the_shifted_zone_and_says_why_a_pinned_pod_waits() {
     let s = stack(None, &[("web-0", "1"), ("web-1", "1"), ("web-2", "1")]).await;
@@ -498,11 +574,11 @@ async fn a_zonal_shift_keeps_new_claims_out_of_the_shifted_zone_and_says_why_a_p
     s.kube.apply(&class).unwrap();
     // ARC shifts the cluster away from us-east-1a (use1-az6).
     let arn = "arn:aws:eks:us-east-1:123456789012:cluster/demo";
-    s._moto.seed_arc("arc-resource", &json!({"arn": arn})).unwrap();
-    s._moto
+    s.moto.seed_arc("arc-resource", &json!({"arn": arn})).unwrap();
+    s.moto
         .seed_arc("zonal-shift", &json!({"resource": arn, "awayFrom": "use1-az6"}))
         .unwrap();
-    let arc = aws_sdk_arczonalshift::Client::new(&s._moto.sdk_config().await);
+    let arc = aws_sdk_arczonalshift::Client::new(&s.moto.sdk_config().await);
     let provisioner = s
         .provisioner("a", false)
         .with_zonal_shift(Some(ZonalShifts::new(arc, arn)));

@@ -1116,3 +1116,44 @@ async fn nodesmith_explain_says_which_rule_holds_a_node_and_why_a_pod_is_pending
         "{stderr}"
     );
 }
+
+/// Issue 32: a run still reading when the invocation's deadline comes (here
+/// EC2's instance list, slow as it is at thousands of instances) ends there
+/// with an error instead of being ended by Lambda, and releases its lease,
+/// so the next sweep goes on at once.
+#[tokio::test]
+async fn a_sweep_still_reading_at_the_deadline_is_cut_and_frees_its_lease() {
+    use nodesmith::deadline::Deadline;
+    use nodesmith::ec2::Instances;
+    use nodesmith::sweep::{SweepConfig, SweepError, Sweeper};
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    use std::time::Duration;
+    let (s, _) = one_node().await;
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    proxy.answer_late("DescribeInstances", 1, Duration::from_secs(120));
+    let conf = s.m.sdk_config_at(proxy.endpoint()).await;
+    let mut config = SweepConfig::from_lookup(|_| None).unwrap();
+    config.lifecycle = fast();
+    config.pending_queue_url = Some(s.pending_queue.clone());
+    config.launch_queue_url = Some(s.launch_queue.clone());
+    // Long enough that only a release lets the next sweep in at once.
+    config.lease = Duration::from_secs(30);
+    let slow = Sweeper::new(
+        s.cluster(),
+        s.store.clone(),
+        Instances::new(aws_sdk_ec2::Client::new(&conf), CLUSTER),
+        s.sqs.clone(),
+        config,
+    );
+    let deadline = Deadline::after(Duration::from_secs(4));
+    let cut = slow.run_within(deadline).await;
+    assert!(matches!(cut, Err(SweepError::OutOfTime)), "{cut:?}");
+    // Not a measure of speed: the answer comes at the deadline, not two minutes on with the read.
+    assert!(
+        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
+        "answered when the slow read came back, long past the deadline"
+    );
+    // The lease (30 s) was released: the next sweep runs now.
+    let next = s.sweeper(fast()).run().await.unwrap();
+    assert!(!next.skipped, "{next:?}");
+}

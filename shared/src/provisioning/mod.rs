@@ -25,6 +25,7 @@ use crate::kubernetes::{Cluster, EventSpec};
 use crate::nodeclaim::NodeClaim;
 use crate::scheduling::{Plan, PodRef, SolveOptions, TargetKind};
 use crate::settings::{SettingError, Settings};
+use crate::snapshot::Snapshot;
 use crate::snapshot::live::{self, SnapshotError};
 use crate::state::{LAST_SOLVE, Lease, StateError, StateStore, now_ms};
 use crate::telemetry::{Metric, Series};
@@ -125,6 +126,10 @@ pub enum ProvisionError {
     /// Another solve held the lease for longer than we wait.
     #[error("another solve holds the {} lease", capacity::LEASE)]
     Busy,
+    /// The cluster was still being read when only the plan's write reserve
+    /// was left before the deadline.
+    #[error("the cluster was still being read {} ms before the deadline", PLAN_WRITE_RESERVE.as_millis())]
+    OutOfTime,
 }
 
 /// What one batch did.
@@ -144,8 +149,8 @@ pub struct ProvisionOutcome {
     pub malformed: usize,
     /// Nodes this batch registered or initialized (the forwarder's Node messages).
     pub joined: Vec<String>,
-    /// Records handed back to SQS unstarted because the deadline was too near
-    /// (also in `failed`).
+    /// Records handed back to SQS because the deadline was too near to start
+    /// or finish reading the cluster (also in `failed`).
     pub handed_on: usize,
     /// What became of the solve's events.
     pub events: Recorded,
@@ -297,6 +302,12 @@ impl<C: Cluster> Provisioner<C> {
         }
         match self.solve_and_record(&refs, &mut outcome, now, deadline).await {
             Ok(()) => {}
+            Err(e @ ProvisionError::OutOfTime) => {
+                tracing::warn!(error = %e, records = refs.len() + requests.len(), "the deadline came during the reads; the batch is handed back to SQS");
+                outcome.handed_on += refs.len() + requests.len();
+                outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
+                outcome.failed.extend(requests);
+            }
             Err(e) => {
                 tracing::error!(error = %crate::telemetry::causes(&e), records = refs.len() + requests.len(), "provisioning failed; the batch will be retried");
                 outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
@@ -395,15 +406,13 @@ impl<C: Cluster> Provisioner<C> {
         now: Timestamp,
         deadline: Deadline,
     ) -> Result<Vec<EventSpec>, ProvisionError> {
-        if let Some(ec2) = &self.ec2 {
-            let sources = crate::catalog_refresh::OnDemandSources::new(self.price_list.clone())
-                .map_err(crate::catalog_refresh::RefreshError::from)?;
-            crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &sources).await?;
-        }
-        let mut snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
-        snapshot.shifted_zones =
-            crate::zonal_shift::shifted_zones(self.zonal_shift.as_ref(), now, &snapshot.node_classes, &snapshot.nodes)
-                .await;
+        // Reads still under way when only the plan's write reserve is left are
+        // cut there (the lease released, the batch handed back to SQS) rather
+        // than ended by Lambda halfway.
+        let reads_by = deadline.earlier_by(PLAN_WRITE_RESERVE).instant();
+        let snapshot = tokio::time::timeout_at(reads_by, self.read_for_solving(now))
+            .await
+            .map_err(|_| ProvisionError::OutOfTime)??;
         let keys = records::pod_keys(&snapshot.pods);
         for (_, r) in refs {
             if records::pod_state(r, &keys) == PodState::Gone {
@@ -459,6 +468,21 @@ impl<C: Cluster> Provisioner<C> {
         outcome.created = created;
         let names: Vec<String> = new_claims.iter().map(|c| c.name.clone()).collect();
         Ok(plan_events(&plan, &names, &snapshot.pods))
+    }
+
+    /// What a solve reads: the catalog (built once per region), the cluster
+    /// and its in-flight claims, the zones shifted away from.
+    async fn read_for_solving(&self, now: Timestamp) -> Result<Snapshot, ProvisionError> {
+        if let Some(ec2) = &self.ec2 {
+            let sources = crate::catalog_refresh::OnDemandSources::new(self.price_list.clone())
+                .map_err(crate::catalog_refresh::RefreshError::from)?;
+            crate::catalog_refresh::ensure_for_solving(ec2, &self.store, &sources).await?;
+        }
+        let mut snapshot = live::read_launchable(&self.cluster, &self.store, now).await?;
+        snapshot.shifted_zones =
+            crate::zonal_shift::shifted_zones(self.zonal_shift.as_ref(), now, &snapshot.node_classes, &snapshot.nodes)
+                .await;
+        Ok(snapshot)
     }
 
     /// The door new claims go through.

@@ -12,10 +12,10 @@
 //! better price. Only a pass that schedules strictly more may change the set.
 //!
 //! - Karpenter's own order (claims with the fewest pods first, topology
-//!   domains chosen as Karpenter chooses them), up to [`FEWEST_PODS_MAX`]
-//!   pods, so that a plan is never dearer than the one Karpenter would make
-//!   for the same pods, nor on more nodes at the same price; and that order
-//!   with domains chosen for price;
+//!   domains chosen as Karpenter chooses them), at every size, so that a
+//!   plan is never dearer than the one Karpenter would make for the same
+//!   pods, nor on more nodes at the same price; and, up to
+//!   [`FEWEST_PODS_MAX`] pods, that order with domains chosen for price;
 //! - a balanced pass (pods picked to fill each node's cpu and memory
 //!   together) that keeps pods able to run on spot off nodes that can only be
 //!   on-demand (`Strategy::spot_first`);
@@ -35,9 +35,9 @@ use super::scheduler::{Assignment, Cap, Run, Strategy};
 pub const SEARCH_BUDGET: usize = 8_000;
 /// The most capped passes tried.
 pub const MAX_CANDIDATES: usize = 6;
-/// Up to this many pods, a pass in Karpenter's claim order (fewest pods
-/// first) is tried too; it tries every claim for every pod, so it is kept
-/// for solves where that is cheap.
+/// Up to this many pods, Karpenter's claim order (fewest pods first) is also
+/// tried with domains chosen for price; Karpenter's own plan is tried at
+/// every size.
 pub const FEWEST_PODS_MAX: usize = 2_000;
 
 /// Node shapes worth capping at: for each pool type that can hold the largest
@@ -108,17 +108,17 @@ fn admissible(a: &Assignment, reference: &[usize]) -> bool {
 }
 
 /// The passes tried after plain FFD, in order.
-fn strategies(m: &Model) -> Vec<Strategy> {
-    let mut out = Vec::new();
+pub(super) fn strategies(m: &Model) -> Vec<Strategy> {
+    // Karpenter's plan itself (claims by fewest pods, domains chosen as
+    // Karpenter chooses them): a plan is never dearer than it, nor on more
+    // nodes at its price, at any size.
+    let mut out = vec![Strategy {
+        fewest_pods: true,
+        karpenter_domains: true,
+        ..Strategy::default()
+    }];
     if m.pods.len() <= FEWEST_PODS_MAX {
-        // Karpenter's plan itself (claims by fewest pods, domains chosen as
-        // Karpenter chooses them), then the same order with each claim's
-        // domain chosen for price.
-        out.push(Strategy {
-            fewest_pods: true,
-            karpenter_domains: true,
-            ..Strategy::default()
-        });
+        // The same order with each claim's domain chosen for price.
         out.push(Strategy {
             fewest_pods: true,
             ..Strategy::default()

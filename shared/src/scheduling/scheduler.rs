@@ -178,8 +178,12 @@ pub struct Run<'m> {
     claims: Vec<Claim>,
     /// Per claim, whether it holds a pod that could run on spot.
     holds_spot_capable: Vec<bool>,
-    /// Per pod class, the claims `spot_first` turned it away from for good.
+    /// Per pod class, the claims that turned it away for good (`spot_first`,
+    /// or a monotone failure in Karpenter's order), so later pods skip them.
     refused: HashMap<u32, Vec<bool>>,
+    /// The claims in Karpenter's order (fewest pods, then oldest), kept as
+    /// they fill when the pass tries claims that way.
+    fewest: BTreeSet<(usize, usize)>,
     /// Per pool and pod shape, the empty claims a pod may open ([`Run::empty_claims`]).
     claim_templates: HashMap<(usize, u32), Rc<Vec<Claim>>>,
     pool_reserved: Vec<Vector>,
@@ -225,6 +229,7 @@ impl<'m> Run<'m> {
             claims: Vec::new(),
             holds_spot_capable: Vec::new(),
             refused: HashMap::new(),
+            fewest: BTreeSet::new(),
             claim_templates: HashMap::new(),
             pool_reserved: vec![m.res.zero(); m.pools.len()],
             pool_nodes: vec![0; m.pools.len()],
@@ -294,7 +299,7 @@ impl<'m> Run<'m> {
             from = e + 1;
         }
         if self.strategy.fewest_pods {
-            return self.place_fewest_pods(i, &a);
+            return self.place_fewest_pods(i, &a, rel.is_strict());
         }
         if self.place_on_claims(i, &a, rel.is_strict()) {
             return true;
@@ -412,21 +417,45 @@ impl<'m> Run<'m> {
     }
 
     /// The rest of [`Run::place`] in Karpenter's order: claims by fewest pods
-    /// (ties by age), then a new claim.
-    fn place_fewest_pods(&mut self, i: usize, a: &Active) -> bool {
-        let mut order: Vec<usize> = (0..self.claims.len()).collect();
-        order.sort_by_key(|c| self.claims[*c].pods.len());
-        for ci in order {
+    /// (ties by age), then a new claim. Under strict constraints a claim that
+    /// refuses the pod's class for good is skipped by the class from then on,
+    /// so the pass stays near first fit's cost at tens of thousands of pods.
+    fn place_fewest_pods(&mut self, i: usize, a: &Active, strict: bool) -> bool {
+        let class = self.m.pod(i).class;
+        let mut refused = if strict {
+            self.refused.remove(&class).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut found = None;
+        for &(_, ci) in &self.fewest {
+            if refused.get(ci) == Some(&true) {
+                continue;
+            }
             let cx = Ctx {
                 m: self.m,
                 counts: &self.counts,
                 domains: &self.domains,
                 by_name: self.strategy.karpenter_domains,
             };
-            if let Ok(u) = self.claims[ci].try_add(&cx, i, a) {
-                self.commit_claim(ci, i, a, u);
-                return true;
+            match self.claims[ci].try_add(&cx, i, a) {
+                Ok(u) => {
+                    found = Some((ci, u));
+                    break;
+                }
+                Err(Fail { monotone: true }) if strict => {
+                    refused.resize(refused.len().max(ci + 1), false);
+                    refused[ci] = true;
+                }
+                Err(_) => {}
             }
+        }
+        if !refused.is_empty() {
+            self.refused.insert(class, refused);
+        }
+        if let Some((ci, u)) = found {
+            self.commit_claim(ci, i, a, u);
+            return true;
         }
         (0..self.m.pools.len()).any(|pi| self.new_claim(pi, i, a))
     }
@@ -509,9 +538,15 @@ impl<'m> Run<'m> {
         let p = m.pod(i);
         let c = &mut self.claims[ci];
         let pool = &m.pools[c.pool];
+        let before = c.pods.len();
         dense::sub(&mut self.pool_reserved[c.pool], &c.reserved);
         c.apply(u, i, &p.model.host_ports, pool);
         dense::add(&mut self.pool_reserved[c.pool], &c.reserved);
+        if self.strategy.fewest_pods {
+            // A new claim (not yet in the order) has no entry to remove.
+            self.fewest.remove(&(before, ci));
+            self.fewest.insert((c.pods.len(), ci));
+        }
         let c = &self.claims[ci];
         for g in &p.counts_in {
             let group = &m.groups.list[*g];

@@ -44,6 +44,9 @@ const DRAIN_SHARE: Duration = Duration::from_secs(15);
 /// Time kept after the drain pass, before the invocation's deadline, for
 /// what the run does after it (terminations, the mirror, collection, the catalog).
 const DRAIN_RESERVE: Duration = Duration::from_secs(20);
+/// Time kept before the invocation's deadline to release the lease of a run
+/// cut there.
+const RELEASE_MARGIN: Duration = Duration::from_secs(2);
 /// The least time the mirror's writes get (taken from [`DRAIN_RESERVE`]
 /// when the run is late): a few hundred writes, so a large first mirror
 /// spreads over a few runs instead of holding up their real work.
@@ -147,6 +150,10 @@ pub enum SweepError {
     /// Neither a stored nor the built-in catalog could be read.
     #[error("catalog")]
     Catalog(#[from] catalog::CatalogError),
+    /// The run was still under way (a read, at thousands of nodes) when the
+    /// invocation's deadline came; the next sweep goes on.
+    #[error("the run was cut at the invocation's deadline")]
+    OutOfTime,
 }
 
 /// One step that failed; the next run tries again.
@@ -484,7 +491,16 @@ impl<C: Cluster> Sweeper<C> {
             .while_holding(
                 &lease,
                 self.config.lease,
-                self.run_leased(started, deadline.earlier_by(DRAIN_RESERVE).instant().into_std(), now),
+                // The backstop: whatever the run is doing when the deadline
+                // comes, it ends there and the lease is released, rather than
+                // Lambda ending the invocation with the lease held.
+                async {
+                    let cut = deadline.earlier_by(RELEASE_MARGIN).instant();
+                    let run = self.run_leased(started, deadline.earlier_by(DRAIN_RESERVE).instant().into_std(), now);
+                    tokio::time::timeout_at(cut, run)
+                        .await
+                        .unwrap_or(Err(SweepError::OutOfTime))
+                },
             )
             .await;
         if let Err(e) = self.store.release_lease(&lease, now_ms()).await {

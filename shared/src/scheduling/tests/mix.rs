@@ -164,3 +164,23 @@ fn mix_costs_at_most_095_of_karpenters_order_with_fewer_nodes() {
     assert!(ratio <= 0.95, "{ratio:.3}x Karpenter's order");
     assert!(plan.node_claims.len() <= karpenter.node_claims.len());
 }
+
+/// Karpenter's own plan is a candidate of every solve, however many pods
+/// (it was only up to 2,000): what holds a plan to Karpenter's price and
+/// node count then holds for a 20,000-pod burst too. Its pass skips the
+/// claims a pod's class can never join, so it costs about one more first fit.
+#[test]
+fn karpenters_order_is_a_candidate_at_every_size() {
+    use crate::scheduling::packing::{FEWEST_PODS_MAX, strategies};
+    let karpenter = Strategy {
+        fewest_pods: true,
+        karpenter_domains: true,
+        ..Strategy::default()
+    };
+    for n in [10, FEWEST_PODS_MAX + 1, 5_000] {
+        let case = Case::new(mix_pods(n));
+        let compiled = Compiled::new(&case.input());
+        let model = Model::new(&compiled, &SolveOptions::default());
+        assert_eq!(strategies(&model).first(), Some(&karpenter), "{n} pods");
+    }
+}
