@@ -579,3 +579,49 @@ async fn a_batch_taints_and_records_every_node_before_its_first_eviction() {
         assert!(pods_on(&s.kube, node).is_empty(), "{node}");
     }
 }
+
+/// Issue 32: an event whose own steps are still under way when the
+/// invocation's time runs out (here a state write answered two minutes late)
+/// is given back there, and the invocation answers for its batch instead of
+/// being ended by Lambda; the redelivery finishes the event.
+#[tokio::test]
+async fn an_event_still_under_way_at_the_deadline_is_given_back() {
+    use nodesmith::deadline::Deadline;
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    use std::time::Duration;
+    let s = Stack::new("64", 2).await;
+    let claim = s.running_node().await;
+    let node = claim.node_name.clone().unwrap();
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    let sdk = s.m.sdk_config_at(proxy.endpoint()).await;
+    let slow_store =
+        nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), crate::launch_fixtures::TABLE);
+    proxy.answer_late("PutItem", 1, Duration::from_secs(120));
+    let config = nodesmith::interruption::handler::InterruptConfig {
+        drain_budget: Duration::ZERO,
+        ..nodesmith::interruption::handler::InterruptConfig::new(&s.launch_queue, &s.pending_queue)
+    };
+    let h = nodesmith::interruption::handler::Interrupter::new(s.cluster(), slow_store, s.sqs.clone(), config);
+    let warning = ec2_event(
+        "spot-slow",
+        "EC2 Spot Instance Interruption Warning",
+        jiff::Timestamp::now(),
+        json!({"instance-id": claim.instance_id.as_deref().unwrap(), "instance-action": "terminate"}),
+    );
+    // Time for the event to start (its reserve), not for the slow write.
+    let deadline = Deadline::after(nodesmith::interruption::handler::EVENT_RESERVE + Duration::from_secs(3));
+    let out = h.handle_within(&event(vec![warning.clone()]), deadline).await;
+    // Not a measure of speed: the answer comes at the deadline, not two minutes on with the write.
+    assert!(
+        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
+        "answered when the slow write came back, long past the deadline"
+    );
+    assert_eq!(out.failed, vec!["m0".to_string()], "{out:?}");
+    assert!(proxy.calls("PutItem") >= 1);
+    // The redelivery, on time, finishes it: tainted and replaced.
+    let out = s.interrupter(|_| {}).handle(&event(vec![warning])).await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert_eq!(out.replacements.len(), 1, "{out:?}");
+    let n = s.cluster().node(&node).await.unwrap().unwrap();
+    assert!(taint_keys(&n).contains(&"karpenter.sh/disrupted".to_string()));
+}

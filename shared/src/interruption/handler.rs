@@ -54,6 +54,18 @@ const PROCESSED_TTL_SECS: i64 = 24 * 3600;
 /// evictions) are started with: less, and it is given back for a redelivery.
 pub const EVENT_RESERVE: Duration = Duration::from_secs(10);
 
+/// Time kept before the invocation's deadline, when a step still under way
+/// is cut, to give the batch's events back and answer.
+const GIVE_BACK_MARGIN: Duration = Duration::from_secs(2);
+
+/// `work`, unless `cut` comes first ([`InterruptError::OutOfTime`]): an
+/// invocation answers for its batch rather than be ended by Lambda.
+async fn before<T>(cut: Deadline, work: impl Future<Output = Result<T, InterruptError>>) -> Result<T, InterruptError> {
+    tokio::time::timeout_at(cut.instant(), work)
+        .await
+        .unwrap_or(Err(InterruptError::OutOfTime))
+}
+
 /// Settings of the interrupt function.
 #[derive(Debug, Clone)]
 pub struct InterruptConfig {
@@ -150,6 +162,9 @@ pub enum InterruptError {
     /// Another solve held the provision lease for longer than we wait.
     #[error("another solve holds the {LEASE} lease")]
     Busy,
+    /// The step was still under way when the invocation's time ran out.
+    #[error("cut at the invocation's deadline")]
+    OutOfTime,
 }
 
 /// What one batch did.
@@ -266,6 +281,9 @@ impl<C: Cluster> Interrupter<C> {
         let mut handled: Vec<(&SqsMessage, String, i64)> = Vec::new();
         // Drains recorded by this batch, for their first eviction pass.
         let mut recorded: Vec<DrainRecord> = Vec::new();
+        // Whatever an event's steps or the batch's replacement wait on when
+        // the deadline nears, they stop there and their events go back.
+        let cut = deadline.earlier_by(GIVE_BACK_MARGIN);
         for record in &batch.records {
             let message_id = record.message_id.clone().unwrap_or_default();
             let body = record.body.as_deref().unwrap_or("");
@@ -291,7 +309,7 @@ impl<C: Cluster> Interrupter<C> {
             // while the first is at work) is harmless: every step is idempotent,
             // and replacements are solved under the provision lease with the
             // first one's claims in flight.
-            match self.store.is_processed(&key, secs).await {
+            match before(cut, async { Ok(self.store.is_processed(&key, secs).await?) }).await {
                 Ok(false) => {}
                 Ok(true) => {
                     outcome.ignored += 1;
@@ -305,7 +323,7 @@ impl<C: Cluster> Interrupter<C> {
                 }
             }
             tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
-            match self.act(&event, now, &mut outcome, &mut recorded).await {
+            match before(cut, self.act(&event, now, &mut outcome, &mut recorded)).await {
                 Ok(acted) => {
                     for (claim, replace) in acted {
                         pending.acted(&message_id, &claim, replace);
@@ -323,16 +341,19 @@ impl<C: Cluster> Interrupter<C> {
         // tainted only after every other node's evictions. The passes run
         // together (sharing the client's rate limit), so every node's first
         // eviction comes within a few requests, not after the nodes before it.
-        let passes = recorded
-            .iter()
-            .map(|r| async move { (r, draining::pass(&self.cluster, r, Timestamp::now()).await) });
-        for (r, result) in futures::future::join_all(passes).await {
-            if let Err(e) = result {
-                tracing::warn!(node = %r.node, error = %crate::telemetry::causes(&e), "first eviction pass failed; the drain is recorded and continued");
+        let first_passes_then_replace = async {
+            let passes = recorded
+                .iter()
+                .map(|r| async move { (r, draining::pass(&self.cluster, r, Timestamp::now()).await) });
+            for (r, result) in futures::future::join_all(passes).await {
+                if let Err(e) = result {
+                    tracing::warn!(node = %r.node, error = %crate::telemetry::causes(&e), "first eviction pass failed; the drain is recorded and continued");
+                }
             }
-        }
+            self.replace_batch(&pending, &mut outcome).await
+        };
         let mut failed: BTreeSet<String> = BTreeSet::new();
-        if let Err(e) = self.replace_batch(&pending, &mut outcome).await {
+        if let Err(e) = before(cut, first_passes_then_replace).await {
             tracing::error!(nodes = ?pending.nodes(), error = %crate::telemetry::causes(&e),
                 "the batch's replacement failed; its events will be retried (their drains are recorded)");
             failed.extend(pending.replacing());
