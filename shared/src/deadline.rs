@@ -79,6 +79,15 @@ impl Deadline {
         self.remaining() >= needed
     }
 
+    /// `work`, or `None` when the deadline comes first: the work is dropped
+    /// where it stands (to the state, a crash there), so the invocation
+    /// still answers instead of being ended by Lambda.
+    pub async fn within<T>(self, work: impl Future<Output = T>) -> Option<T> {
+        // On the heap: the work cut is a handler's whole step, and a debug
+        // build's stack does not hold it copied through one more layer.
+        tokio::time::timeout_at(self.at, Box::pin(work)).await.ok()
+    }
+
     /// Where to count a time `budget` from, at `now`, so that it runs out
     /// no later than this deadline: `now` when the deadline leaves the whole
     /// budget, earlier by what it cuts off otherwise (pure).

@@ -61,9 +61,7 @@ const GIVE_BACK_MARGIN: Duration = Duration::from_secs(2);
 /// `work`, unless `cut` comes first ([`InterruptError::OutOfTime`]): an
 /// invocation answers for its batch rather than be ended by Lambda.
 async fn before<T>(cut: Deadline, work: impl Future<Output = Result<T, InterruptError>>) -> Result<T, InterruptError> {
-    tokio::time::timeout_at(cut.instant(), work)
-        .await
-        .unwrap_or(Err(InterruptError::OutOfTime))
+    cut.within(work).await.unwrap_or(Err(InterruptError::OutOfTime))
 }
 
 /// Settings of the interrupt function.

@@ -163,9 +163,10 @@ pub async fn handle_within<C: Cluster>(
         }
         // The backstop: whatever step a request is in when the deadline comes,
         // the invocation answers (the launch itself is cut earlier, its lease held).
-        tokio::time::timeout_at(deadline.instant(), handle_record(launcher, run, m, deadline))
+        deadline
+            .within(handle_record(launcher, run, m, deadline))
             .await
-            .unwrap_or_else(|_| {
+            .unwrap_or_else(|| {
                 let claim = LaunchRequest::parse(m.body.as_deref().unwrap_or_default())
                     .map(|r| r.node_claim)
                     .unwrap_or_default();

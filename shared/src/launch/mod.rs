@@ -314,13 +314,13 @@ impl<C: Cluster> Launcher<C> {
         let ttl = std::time::Duration::from_millis(self.config.lease_ms.max(1) as u64);
         // Cut at the deadline, less the time to hold the lease, rather than be
         // ended by Lambda in the middle: the invocation still answers for its batch.
-        let cut = deadline.earlier_by(HOLD_MARGIN).instant();
+        let cut = deadline.earlier_by(HOLD_MARGIN);
         let result = self
             .store
             .while_holding(&lease, ttl, async {
-                tokio::time::timeout_at(cut, self.launch_leased(req, run))
+                cut.within(self.launch_leased(req, run))
                     .await
-                    .unwrap_or_else(|_| Err(LaunchError::OutOfTime(name.clone())))
+                    .unwrap_or_else(|| Err(LaunchError::OutOfTime(name.clone())))
             })
             .await;
         // Done with the claim: the lease item goes. Failed before an instance existed:

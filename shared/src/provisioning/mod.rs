@@ -286,33 +286,32 @@ impl<C: Cluster> Provisioner<C> {
         if refs.is_empty() && requests.is_empty() {
             return outcome;
         }
+        // The batch's records, for when it goes back to SQS whole.
+        let batch: Vec<String> = refs
+            .iter()
+            .map(|(id, _)| id.clone())
+            .chain(requests.iter().cloned())
+            .collect();
         if !deadline.leaves(self.config.solve_reserve) {
             // Given back now, SQS redelivers them after the visibility
             // timeout; cut off by Lambda's timeout, after it too, but half done.
-            let n = refs.len() + requests.len();
             tracing::warn!(
-                records = n,
+                records = batch.len(),
                 left_ms = deadline.remaining().as_millis() as u64,
                 "too little time left for a solve; the batch is handed back to SQS"
             );
-            outcome.handed_on += n;
-            outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
-            outcome.failed.extend(requests);
+            outcome.handed_on += batch.len();
+            outcome.failed.extend(batch);
             return outcome;
         }
-        match self.solve_and_record(&refs, &mut outcome, now, deadline).await {
-            Ok(()) => {}
-            Err(e @ ProvisionError::OutOfTime) => {
-                tracing::warn!(error = %e, records = refs.len() + requests.len(), "the deadline came during the reads; the batch is handed back to SQS");
-                outcome.handed_on += refs.len() + requests.len();
-                outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
-                outcome.failed.extend(requests);
+        if let Err(e) = self.solve_and_record(&refs, &mut outcome, now, deadline).await {
+            if matches!(e, ProvisionError::OutOfTime) {
+                tracing::warn!(error = %e, records = batch.len(), "the deadline came during the reads; the batch is handed back to SQS");
+                outcome.handed_on += batch.len();
+            } else {
+                tracing::error!(error = %crate::telemetry::causes(&e), records = batch.len(), "provisioning failed; the batch will be retried");
             }
-            Err(e) => {
-                tracing::error!(error = %crate::telemetry::causes(&e), records = refs.len() + requests.len(), "provisioning failed; the batch will be retried");
-                outcome.failed.extend(refs.into_iter().map(|(id, _)| id));
-                outcome.failed.extend(requests);
-            }
+            outcome.failed.extend(batch);
         }
         outcome
     }
@@ -409,10 +408,11 @@ impl<C: Cluster> Provisioner<C> {
         // Reads still under way when only the plan's write reserve is left are
         // cut there (the lease released, the batch handed back to SQS) rather
         // than ended by Lambda halfway.
-        let reads_by = deadline.earlier_by(PLAN_WRITE_RESERVE).instant();
-        let snapshot = tokio::time::timeout_at(reads_by, self.read_for_solving(now))
+        let snapshot = deadline
+            .earlier_by(PLAN_WRITE_RESERVE)
+            .within(self.read_for_solving(now))
             .await
-            .map_err(|_| ProvisionError::OutOfTime)??;
+            .ok_or(ProvisionError::OutOfTime)??;
         let keys = records::pod_keys(&snapshot.pods);
         for (_, r) in refs {
             if records::pod_state(r, &keys) == PodState::Gone {

@@ -495,9 +495,10 @@ impl<C: Cluster> Sweeper<C> {
                 // comes, it ends there and the lease is released, rather than
                 // Lambda ending the invocation with the lease held.
                 async {
-                    let cut = deadline.earlier_by(RELEASE_MARGIN).instant();
                     let run = self.run_leased(started, deadline.earlier_by(DRAIN_RESERVE).instant().into_std(), now);
-                    tokio::time::timeout_at(cut, run)
+                    deadline
+                        .earlier_by(RELEASE_MARGIN)
+                        .within(run)
                         .await
                         .unwrap_or(Err(SweepError::OutOfTime))
                 },
