@@ -24,7 +24,9 @@
 //!   still refused for its first N CreateFleets (IAM's propagation delay).
 //! - late answers: the next N calls of an action are served, then answered
 //!   only after a chosen time (a slow service, e.g. a CreateFleet that takes
-//!   longer than the invocation has left).
+//!   longer than the invocation has left); or the next call's answer held
+//!   until the test lets it go ([`FaultProxy::hold`]), so a test can act
+//!   between a call being served and its caller going on, without timing.
 //! - read lag: the next N DescribeInstances are answered with no instances,
 //!   as EC2's eventually consistent reads do just after a launch.
 //! - throttling of only the calls whose body contains a string (e.g. the
@@ -103,6 +105,33 @@ struct CachedFleet {
     at: std::time::Instant,
 }
 
+/// One held answer: the call was served (`served`), its answer waits for `answer`.
+struct Hold {
+    served: tokio::sync::Semaphore,
+    answer: tokio::sync::Semaphore,
+}
+
+/// A test's handle on a held answer ([`FaultProxy::hold`]).
+pub struct Held(Arc<Hold>);
+
+impl Held {
+    /// Waits until the held call has been served upstream.
+    pub async fn served(&self) {
+        let _ = self.0.served.acquire().await.map(|p| p.forget());
+    }
+
+    /// Lets the held answer go to its caller.
+    pub fn release(&self) {
+        self.0.answer.close();
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// Throttle the next `times` calls of an action whose body contains `needle`.
 #[derive(Debug, Clone)]
 struct MatchingThrottle {
@@ -118,6 +147,8 @@ struct Rules {
     throttle_matching: Vec<MatchingThrottle>,
     /// Calls still to answer late, and by how much, by action.
     late: HashMap<String, (usize, std::time::Duration)>,
+    /// The next call of an action whose answer waits for the test.
+    held: HashMap<String, Arc<Hold>>,
     hide_instances: usize,
     strict_profiles: Option<usize>,
     profile_seen: HashMap<String, usize>,
@@ -238,6 +269,17 @@ impl FaultProxy {
     /// `by` later (a slow service: the work is done while the client waits).
     pub fn answer_late(&self, action: &str, times: usize, by: std::time::Duration) {
         self.rules().late.insert(action.into(), (times, by));
+    }
+
+    /// The next call of `action` is served, then its answer waits until the
+    /// returned hold is released (or dropped).
+    pub fn hold(&self, action: &str) -> Held {
+        let hold = Arc::new(Hold {
+            served: tokio::sync::Semaphore::new(0),
+            answer: tokio::sync::Semaphore::new(0),
+        });
+        self.rules().held.insert(action.into(), hold.clone());
+        Held(hold)
     }
 
     /// The next `times` DescribeInstances list no instance (EC2's read lag after a launch).
@@ -675,6 +717,12 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
     };
     if let Some(by) = late {
         tokio::time::sleep(by).await;
+    }
+    let held = s.rules.lock().unwrap_or_else(|p| p.into_inner()).held.remove(&act);
+    if let Some(hold) = held {
+        hold.served.add_permits(1);
+        // Closed when the test releases it: every waiter goes on.
+        let _ = hold.answer.acquire().await;
     }
     (status, out_headers, bytes).into_response()
 }

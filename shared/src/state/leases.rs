@@ -20,8 +20,19 @@ pub struct Lease {
     pub until_ms: i64,
 }
 
-/// How often a waiter reads a lease another holds.
+/// How soon a waiter first reads again a lease another holds.
 const POLL: Duration = Duration::from_millis(200);
+
+/// The longest pause between a waiter's reads: in a storm twenty waiters
+/// polling every 200 ms for 20 s made over a thousand strongly consistent
+/// reads of one item; a holder's release is still seen within a second.
+const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// The pause before a waiter's next read after `polls` reads found the lease
+/// held (pure, before jitter): 200 ms doubling to at most a second.
+pub fn poll_pause(polls: u32) -> Duration {
+    (POLL * 2u32.saturating_pow(polls.saturating_sub(1).min(8))).min(POLL_MAX)
+}
 
 /// How many times a write that met a DynamoDB transaction is tried in all.
 pub(super) const CONFLICT_TRIES: u32 = 5;
@@ -82,7 +93,8 @@ where
 
 impl StateStore {
     /// Waits up to `wait` for the lease: it is read (strongly consistent)
-    /// every 200 ms or so and written only when free or expired, so a waiter
+    /// after pauses growing from 200 ms to a second ([`poll_pause`]) and
+    /// written only when free or expired, so a waiter
     /// never writes the item a live holder's fenced transactions check (a
     /// write there would cancel them). `Ok(None)` when it is still held then.
     pub async fn acquire_lease_within(
@@ -93,7 +105,9 @@ impl StateStore {
         wait: std::time::Duration,
     ) -> Result<Option<Lease>, StateError> {
         let deadline = super::now_ms() + wait.as_millis() as i64;
+        let mut polls = 0;
         loop {
+            polls += 1;
             let now = super::now_ms();
             if is_free(self.read_lease(name).await?.as_ref(), now) {
                 // Another waiter may win the race to the write: then it is held again.
@@ -105,7 +119,7 @@ impl StateStore {
             if left <= 0 {
                 return Ok(None);
             }
-            tokio::time::sleep(jitter(POLL).min(Duration::from_millis(left as u64))).await;
+            tokio::time::sleep(jitter(poll_pause(polls)).min(Duration::from_millis(left as u64))).await;
         }
     }
 
@@ -372,6 +386,20 @@ mod tests {
         assert_eq!(renewal_retry(20_000, 19_000, ttl), Some(Duration::from_millis(500)));
         assert_eq!(renewal_retry(20_000, 20_000, ttl), None);
         assert_eq!(renewal_retry(20_000, 25_000, ttl), None);
+    }
+
+    #[test]
+    fn a_waiter_reads_a_held_lease_less_often_the_longer_it_waits() {
+        let pauses: Vec<u128> = (1..=6).map(|p| poll_pause(p).as_millis()).collect();
+        assert_eq!(pauses, [200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(poll_pause(u32::MAX), POLL_MAX);
+        // A 20 s wait reads the lease about 23 times, not a hundred.
+        let mut waited = Duration::ZERO;
+        let reads = (1..).take_while(|&p| {
+            waited += poll_pause(p);
+            waited < Duration::from_secs(20)
+        });
+        assert!(reads.count() < 25);
     }
 
     #[test]

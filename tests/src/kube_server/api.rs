@@ -465,7 +465,8 @@ fn list(
     let page = if limit == 0 { usize::MAX } else { limit };
     let mut items: Vec<Value> = Vec::new();
     let mut remaining = 0usize;
-    let walked = store.scan(res, ns, at, token.as_ref().map(ContinueToken::after), |o| {
+    let after = token.as_ref().map(ContinueToken::after);
+    let mut visit = |o: &Value| {
         if !selected(o) {
             return true;
         }
@@ -475,7 +476,19 @@ fn list(
         }
         remaining += 1;
         counting
-    });
+    };
+    // One node's pods (or the unbound ones) come from the index of the
+    // current revision; an older snapshot's page walks every pod.
+    let on_node = (res == PODS && at.is_none())
+        .then(|| fs.0.iter().find(|(k, eq, _)| k == "spec.nodeName" && *eq))
+        .flatten();
+    let walked = match on_node {
+        Some((_, _, node)) => {
+            store.scan_pods_on(node, ns, after, &mut visit);
+            Some(())
+        }
+        None => store.scan(res, ns, at, after, &mut visit),
+    };
     if walked.is_none() {
         return status(
             410,

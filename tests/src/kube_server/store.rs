@@ -1,14 +1,14 @@
 //! The in-memory object store: objects by resource, a global resourceVersion,
 //! and an event log that watches replay from and subscribe to.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::resources::Resource;
+use super::resources::{PODS, Resource};
 
 /// What happened to an object (a watch event type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +84,10 @@ pub struct Store {
     changed: BTreeMap<(&'static str, &'static str), u64>,
     /// How many recorded changes are older than the log (watches from before get 410).
     compacted_below: u64,
+    /// The pods on each node by `spec.nodeName` ("" for those not bound),
+    /// as kube-apiserver's watch cache indexes them: a drain's or a
+    /// kubelet's list of one node's pods does not walk every pod.
+    pods_by_node: HashMap<String, BTreeSet<Key>>,
     tx: broadcast::Sender<Recorded>,
 }
 
@@ -108,6 +112,7 @@ impl Default for Store {
             clock_ahead: Duration::ZERO,
             changed: BTreeMap::new(),
             compacted_below: 0,
+            pods_by_node: HashMap::new(),
             tx: broadcast::channel(4096).0,
         }
     }
@@ -347,6 +352,67 @@ impl Store {
         self.compacted_below = self.rv;
     }
 
+    /// Visits the pods bound to `node` ("" for those not bound; in one
+    /// namespace, or all) as they are now, in namespace and name order,
+    /// starting after `after`, until `visit` returns false: what [`Store::scan`]
+    /// visits with a `spec.nodeName` selector, from the index.
+    pub fn scan_pods_on(
+        &self,
+        node: &str,
+        ns: Option<&str>,
+        after: Option<(&str, &str)>,
+        mut visit: impl FnMut(&Value) -> bool,
+    ) {
+        let (Some(keys), Some(pods)) = (self.pods_by_node.get(node), self.objects.get(&PODS.id())) else {
+            return;
+        };
+        let after = after.map(|(n, m)| (n.to_string(), m.to_string()));
+        let from = match &after {
+            Some(k) => std::ops::Bound::Excluded(k),
+            None => std::ops::Bound::Unbounded,
+        };
+        for key in keys.range::<Key, _>((from, std::ops::Bound::Unbounded)) {
+            if ns.is_some_and(|want| key.0 != want) {
+                continue;
+            }
+            if let Some(pod) = pods.get(key)
+                && !visit(pod)
+            {
+                return;
+            }
+        }
+    }
+
+    /// Stores `obj` at `key`, keeping the pods' node index.
+    fn put(&mut self, res: &Resource, key: Key, obj: Value) {
+        let node = (res.id() == PODS.id()).then(|| node_of(&obj).to_string());
+        let old = self.objects.entry(res.id()).or_default().insert(key.clone(), obj);
+        if let Some(node) = node {
+            if let Some(old) = old {
+                self.unindex(node_of(&old).to_string(), &key);
+            }
+            self.pods_by_node.entry(node).or_default().insert(key);
+        }
+    }
+
+    /// Removes the object at `key`, keeping the pods' node index.
+    fn take(&mut self, res: &Resource, key: &Key) -> Option<Value> {
+        let old = self.objects.get_mut(&res.id()).and_then(|m| m.remove(key))?;
+        if res.id() == PODS.id() {
+            self.unindex(node_of(&old).to_string(), key);
+        }
+        Some(old)
+    }
+
+    fn unindex(&mut self, node: String, key: &Key) {
+        if let Some(keys) = self.pods_by_node.get_mut(&node) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods_by_node.remove(&node);
+            }
+        }
+    }
+
     /// One object.
     pub fn get(&self, res: &Resource, ns: &str, name: &str) -> Option<&Value> {
         self.objects
@@ -492,7 +558,7 @@ impl Store {
             o.insert("kind".into(), json!(res.kind));
         }
         self.bump();
-        self.objects.entry(res.id()).or_default().insert(key, obj.clone());
+        self.put(res, key, obj.clone());
         self.record(*res, Change::Added, obj.clone(), None);
         Ok(obj)
     }
@@ -583,7 +649,7 @@ impl Store {
         }
         if deleting && finalizers(&new).is_empty() {
             // The last finalizer is gone: the deletion completes.
-            self.objects.get_mut(&res.id()).and_then(|m| m.remove(&key));
+            self.take(res, &key);
             let rv = self.bump();
             if let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) {
                 meta.insert("resourceVersion".into(), json!(rv.to_string()));
@@ -599,7 +665,7 @@ impl Store {
             o.insert("apiVersion".into(), json!(res.api_version()));
             o.insert("kind".into(), json!(res.kind));
         }
-        self.objects.entry(res.id()).or_default().insert(key, new.clone());
+        self.put(res, key, new.clone());
         self.record(*res, Change::Modified, new.clone(), Some(old));
         Ok(new)
     }
@@ -636,7 +702,7 @@ impl Store {
             );
             meta.insert("resourceVersion".into(), json!(rv.to_string()));
         }
-        self.objects.entry(res.id()).or_default().insert(key, new.clone());
+        self.put(res, key, new.clone());
         self.record(*res, Change::Modified, new.clone(), Some(old));
         Ok(new)
     }
@@ -660,11 +726,11 @@ impl Store {
                 meta.insert("deletionGracePeriodSeconds".into(), json!(0));
                 meta.insert("resourceVersion".into(), json!(rv.to_string()));
             }
-            self.objects.entry(res.id()).or_default().insert(key, new.clone());
+            self.put(res, key, new.clone());
             self.record(*res, Change::Modified, new.clone(), Some(old));
             return Ok(new);
         }
-        let Some(mut old) = self.objects.get_mut(&res.id()).and_then(|m| m.remove(&key)) else {
+        let Some(mut old) = self.take(res, &key) else {
             return Err(StoreError::NotFound(format!("{} \"{}\" not found", res.plural, name)));
         };
         let rv = self.bump();
@@ -674,6 +740,11 @@ impl Store {
         self.record(*res, Change::Deleted, old.clone(), None);
         Ok(old)
     }
+}
+
+/// A pod's `spec.nodeName`, "" when it is not bound.
+fn node_of(pod: &Value) -> &str {
+    pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("")
 }
 
 /// An object's `metadata.finalizers`.
@@ -730,6 +801,64 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(store.get(NODES, "", "n1").unwrap()["metadata"]["labels"]["team"], "");
+    }
+
+    #[test]
+    fn the_node_index_visits_what_a_walk_with_the_selector_visits() {
+        let mut store = Store::default();
+        let pod = |ns: &str, name: &str, node: Option<&str>| {
+            let mut p = json!({"metadata": {"name": name, "namespace": ns}, "spec": {"containers": []}});
+            if let Some(n) = node {
+                p["spec"]["nodeName"] = json!(n);
+            }
+            p
+        };
+        for (ns, name, node) in [
+            ("a", "p1", None),
+            ("a", "p2", Some("n1")),
+            ("b", "p3", Some("n1")),
+            ("b", "p4", Some("n2")),
+            ("a", "p5", None),
+        ] {
+            store.create(PODS, ns, pod(ns, name, node)).unwrap();
+        }
+        // Bound, deleted, and a pod with a finalizer marked for deletion.
+        let mut bound = store.get(PODS, "a", "p1").unwrap().clone();
+        bound["spec"]["nodeName"] = json!("n2");
+        store.update(PODS, "a", "p1", bound).unwrap();
+        store.delete(PODS, "a", "p2").unwrap();
+        let mut held = store.get(PODS, "b", "p4").unwrap().clone();
+        held["metadata"]["finalizers"] = json!(["example.com/x"]);
+        store.update(PODS, "b", "p4", held).unwrap();
+        store.delete(PODS, "b", "p4").unwrap();
+        let indexed = |node: &str, ns: Option<&str>, after: Option<(&str, &str)>| {
+            let mut out = Vec::new();
+            store.scan_pods_on(node, ns, after, |o| {
+                out.push(name_of(o).to_string());
+                true
+            });
+            out
+        };
+        for node in ["", "n1", "n2", "n3"] {
+            for ns in [None, Some("a"), Some("b")] {
+                for after in [None, Some(("a", "p1"))] {
+                    let mut walked = Vec::new();
+                    store.scan(PODS, ns, None, after, |o| {
+                        if node_of(o) == node {
+                            walked.push(name_of(o).to_string());
+                        }
+                        true
+                    });
+                    assert_eq!(
+                        indexed(node, ns, after),
+                        walked,
+                        "node {node:?}, namespace {ns:?}, after {after:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(indexed("n2", None, None), ["p1", "p4"]);
+        assert_eq!(indexed("", None, None), ["p5"]);
     }
 
     #[test]
