@@ -465,6 +465,9 @@ async fn a_list_longer_than_a_page_is_read_over_several_requests() {
     assert_eq!(pods.len(), total);
     let names: std::collections::BTreeSet<_> = pods.iter().map(|p| p.metadata.name.clone()).collect();
     assert_eq!(names.len(), total, "each object once");
+    // Pages are read while the next is fetched, and still kept in order.
+    let order: Vec<_> = pods.iter().map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(order, names.into_iter().collect::<Vec<_>>(), "in the server's order");
     assert_eq!(requests, 3, "{total} pods in pages of {page}");
     assert!(
         pods.iter().all(|p| p.metadata.managed_fields.is_none()),
