@@ -675,3 +675,30 @@ async fn a_drain_another_invocation_ended_meanwhile_is_not_passed_again() {
         "nor is its node read for a pass"
     );
 }
+
+/// A batch reads the claims node repair is taking down once, not once per
+/// event: in a storm that read was a tenth of every DynamoDB call.
+#[tokio::test]
+async fn a_batch_reads_what_node_repair_takes_down_once() {
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    let s = Stack::new("64", 6).await;
+    let claims = running_nodes(&s, 3).await;
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    let sdk = s.m.sdk_config_at(proxy.endpoint()).await;
+    let store = nodesmith::state::StateStore::new(aws_sdk_dynamodb::Client::new(&sdk), crate::launch_fixtures::TABLE);
+    let config = nodesmith::interruption::handler::InterruptConfig {
+        drain_budget: std::time::Duration::ZERO,
+        ..nodesmith::interruption::handler::InterruptConfig::new(&s.launch_queue, &s.pending_queue)
+    };
+    let h = nodesmith::interruption::handler::Interrupter::new(s.cluster(), store, s.sqs.clone(), config);
+    let out = h
+        .handle(&event(spot_warnings(&claims, "repair", jiff::Timestamp::now())))
+        .await;
+    assert!(out.failed.is_empty(), "{out:?}");
+    assert_eq!(out.tainted.len(), 3, "{out:?}");
+    assert_eq!(
+        proxy.calls_matching("Query", nodesmith::state::PK_DISRUPTION),
+        1,
+        "three events, one read of the disruptions"
+    );
+}

@@ -279,6 +279,9 @@ impl<C: Cluster> Interrupter<C> {
         let mut handled: Vec<(&SqsMessage, String, i64)> = Vec::new();
         // Drains recorded by this batch, for their first eviction pass.
         let mut recorded: Vec<DrainRecord> = Vec::new();
+        // The claims node repair is taking down, read once for the batch
+        // (once per event was a tenth of a storm's DynamoDB calls).
+        let mut repairing: Option<Vec<String>> = None;
         // Whatever an event's steps or the batch's replacement wait on when
         // the deadline nears, they stop there and their events go back.
         let cut = deadline.earlier_by(GIVE_BACK_MARGIN);
@@ -321,7 +324,7 @@ impl<C: Cluster> Interrupter<C> {
                 }
             }
             tracing::info!(%message_id, kind = event.kind.name(), instances = ?event.instance_ids, deadline = ?event.deadline, "interruption event");
-            match before(cut, self.act(&event, now, &mut outcome, &mut recorded)).await {
+            match before(cut, self.act(&event, now, &mut outcome, &mut recorded, &mut repairing)).await {
                 Ok(acted) => {
                     for (claim, replace) in acted {
                         pending.acted(&message_id, &claim, replace);
@@ -422,22 +425,23 @@ impl<C: Cluster> Interrupter<C> {
 
     /// Acts on one event at `now`: for each instance, capacity already gone
     /// is removed; otherwise the node is tainted and its drain recorded (in
-    /// `recorded`, for the batch's first eviction passes). Returns the claims
-    /// acted on, with what the batch's replacement needs of each.
+    /// `recorded`, for the batch's first eviction passes). The claims node
+    /// repair is taking down are read into `repairing` once per batch.
+    /// Returns the claims acted on, with what the batch's replacement needs of each.
     async fn act(
         &self,
         ev: &Event,
         now: Timestamp,
         outcome: &mut InterruptOutcome,
         recorded: &mut Vec<DrainRecord>,
+        repairing: &mut Option<Vec<String>>,
     ) -> Result<Vec<(NodeClaim, Option<ToReplace>)>, InterruptError> {
         let mut plans: Vec<(NodeClaim, Steps)> = Vec::new();
-        let mut repairing: Option<Vec<String>> = None;
         for id in &ev.instance_ids {
             let claim = self.store.node_claim_by_instance(id).await?;
             if let Some(c) = &claim {
                 if repairing.is_none() {
-                    repairing = Some(self.repairing().await?);
+                    *repairing = Some(self.repairing().await?);
                 }
                 if repairing.as_ref().is_some_and(|r| r.contains(&c.name)) {
                     // The sweep's repair drains it by force and terminates it: one record, one termination.

@@ -185,16 +185,8 @@ impl StateStore {
     }
 
     async fn catalog_head(&self) -> Result<Option<Head>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_CATALOG, "HEAD")))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        let Some(it) = out.item() else { return Ok(None) };
+        let out = self.read_item(PK_CATALOG, "HEAD").await?;
+        let Some(it) = out.as_ref() else { return Ok(None) };
         let mut retired = Vec::new();
         if let Some(AttributeValue::L(list)) = it.get("retired") {
             for r in list {

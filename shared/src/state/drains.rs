@@ -90,16 +90,8 @@ impl StateStore {
     /// The drain recorded for `claim` now (a strongly consistent read), or
     /// None when it has ended.
     pub async fn drain(&self, claim: &str) -> Result<Option<DrainRecord>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_DRAIN, claim)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        out.item().map(drain_from_item).transpose()
+        let out = self.read_item(PK_DRAIN, claim).await?;
+        out.as_ref().map(drain_from_item).transpose()
     }
 
     /// Forgets a drain (done, or its node is gone).

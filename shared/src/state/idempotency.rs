@@ -27,17 +27,9 @@ impl StateStore {
 
     /// Whether `key` is recorded as processed and not expired at `now_secs`.
     pub async fn is_processed(&self, key: &str, now_secs: i64) -> Result<bool, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_PROCESSED, key)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
+        let out = self.read_item(PK_PROCESSED, key).await?;
         Ok(out
-            .item()
+            .as_ref()
             .and_then(|it| it.get("expiresAt"))
             .and_then(|v| v.as_n().ok())
             .and_then(|v| v.parse::<i64>().ok())

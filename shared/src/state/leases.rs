@@ -306,16 +306,8 @@ impl StateStore {
 
     /// The lease as stored (holder, token, expiry), whether or not it is live.
     pub async fn read_lease(&self, name: &str) -> Result<Option<Lease>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_LEASE, name)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        let Some(it) = out.item() else { return Ok(None) };
+        let out = self.read_item(PK_LEASE, name).await?;
+        let Some(it) = out.as_ref() else { return Ok(None) };
         Ok(Some(Lease {
             name: name.to_string(),
             holder: get_s(it, "lease", "holder")?.to_string(),

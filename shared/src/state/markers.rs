@@ -33,16 +33,8 @@ impl StateStore {
 
     /// When `marker` last happened (epoch ms), if ever.
     pub async fn marked_at(&self, marker: &str) -> Result<Option<i64>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_MARKER, marker)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        out.item().map(|it| get_i64(it, "marker", "at")).transpose()
+        let out = self.read_item(PK_MARKER, marker).await?;
+        out.as_ref().map(|it| get_i64(it, "marker", "at")).transpose()
     }
 
     /// Records that EC2 refused a launch from `class` for good at `at_ms`,
@@ -79,16 +71,8 @@ impl StateStore {
 
     /// The last refusal EC2 gave a launch from `class`, if any.
     pub async fn launch_refusal(&self, class: &str) -> Result<Option<Refusal>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_MARKER, &refusal_marker(class))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        out.item()
+        let out = self.read_item(PK_MARKER, &refusal_marker(class)).await?;
+        out.as_ref()
             .map(|it| {
                 Ok(Refusal {
                     at_ms: get_i64(it, "launch refusal", "at")?,

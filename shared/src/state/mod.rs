@@ -197,6 +197,20 @@ impl StateStore {
         self.query_pages(pk, Some(SortKeys::Between(from, to))).await
     }
 
+    /// The item at (`pk`, `sk`), read strongly consistent; None when there is none.
+    async fn read_item(&self, pk: &str, sk: &str) -> Result<Option<item::Item>, StateError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(item::key(pk, sk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.dynamo("GetItem", e))?;
+        Ok(out.item)
+    }
+
     /// One partition's items, optionally narrowed by sort key, across pages.
     async fn query_pages(&self, pk: &str, sort_keys: Option<SortKeys<'_>>) -> Result<Vec<item::Item>, StateError> {
         let mut items = Vec::new();

@@ -303,16 +303,8 @@ impl StateStore {
     }
     /// Reads one NodeClaim (strongly consistent).
     pub async fn get_node_claim(&self, name: &str) -> Result<Option<NodeClaim>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_NODECLAIM, name)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        out.item().map(from_item).transpose()
+        let out = self.read_item(PK_NODECLAIM, name).await?;
+        out.as_ref().map(from_item).transpose()
     }
 
     /// Writes `claim` if the table still has `claim.version`; returns it at the next version.

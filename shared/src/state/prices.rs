@@ -30,16 +30,8 @@ impl StateStore {
 
     /// Where the stored catalog's on-demand prices came from, if recorded.
     pub async fn price_source(&self) -> Result<Option<PriceSource>, StateError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(item::key(PK_CATALOG, SK_PRICES)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.dynamo("GetItem", e))?;
-        let Some(it) = out.item() else { return Ok(None) };
+        let out = self.read_item(PK_CATALOG, SK_PRICES).await?;
+        let Some(it) = out.as_ref() else { return Ok(None) };
         let doc = get_s(it, "price source", "doc")?;
         serde_json::from_str(doc)
             .map(Some)
