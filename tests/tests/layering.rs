@@ -193,7 +193,7 @@ fn gated_children(parent_file: &Path) -> BTreeSet<String> {
     for line in text.lines().map(str::trim) {
         if line == r#"#[cfg(feature = "autoscaler")]"# {
             gated = true;
-        } else if let Some(rest) = line.strip_prefix("pub mod ") {
+        } else if let Some(rest) = line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod ")) {
             if gated {
                 out.insert(ident(rest).to_string());
             }

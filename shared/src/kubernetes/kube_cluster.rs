@@ -17,6 +17,7 @@ use super::client::ClientSource;
 use super::cluster::{Cluster, ClusterError, EvictionOutcome, NodeUpdate};
 use super::decode;
 use super::events::EventSpec;
+use super::pages::{ListHead, ListText, joined, read_page, unreadable_page};
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
 use crate::apis::nodeclaim::NodeClaimObject;
@@ -45,50 +46,6 @@ pub struct KubeCluster {
     /// Objects (uid, resourceVersion) already given a `FailedToDecode` Event
     /// by this adapter: one per version, not one per solve.
     undecodable_reported: Mutex<BTreeSet<(String, String)>>,
-}
-
-/// A list answer's metadata, its items skipped.
-#[derive(serde::Deserialize)]
-struct ListHead {
-    #[serde(default)]
-    metadata: kube::core::ListMeta,
-}
-
-/// One page of a list read into objects, their managed fields dropped.
-fn read_page<K>(op: &str, text: &str) -> Result<Vec<K>, ClusterError>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
-{
-    let page: kube::core::ObjectList<K> = serde_json::from_str(text).map_err(|e| unreadable_page(op, &e))?;
-    Ok(page
-        .items
-        .into_iter()
-        .map(|mut o| {
-            o.meta_mut().managed_fields = None;
-            o
-        })
-        .collect())
-}
-
-/// A page that is not a list of the kind asked for, as the client reports it.
-fn unreadable_page(op: &str, e: &serde_json::Error) -> ClusterError {
-    ClusterError::Transport {
-        op: op.to_string(),
-        message: format!("the list's answer does not read: {e}"),
-    }
-}
-
-/// A page's reading, or why its thread failed.
-fn joined<K>(
-    op: &str,
-    read: Result<Result<Vec<K>, ClusterError>, tokio::task::JoinError>,
-) -> Result<Vec<K>, ClusterError> {
-    read.unwrap_or_else(|e| {
-        Err(ClusterError::Transport {
-            op: op.to_string(),
-            message: format!("reading a page failed: {e}"),
-        })
-    })
 }
 
 /// What one attempt of a read-modify-write produced.
@@ -288,13 +245,7 @@ impl KubeCluster {
                 let page = self
                     .call(op, |c| {
                         let lp = page_params.clone();
-                        async move {
-                            let mut req = kube::core::Request::new(K::url_path(&(), None))
-                                .list(&lp)
-                                .map_err(kube::Error::BuildRequest)?;
-                            req.extensions_mut().insert("list");
-                            c.request_text(req).await
-                        }
+                        async move { Api::<K>::all(c).list_text(&lp).await }
                     })
                     .await;
                 let text = match page {

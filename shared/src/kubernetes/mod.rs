@@ -19,6 +19,8 @@ pub mod drain;
 pub mod events;
 #[cfg(feature = "autoscaler")]
 pub mod kube_cluster;
+#[cfg(feature = "autoscaler")]
+mod pages;
 pub mod pods;
 #[cfg(feature = "autoscaler")]
 pub mod recorder;

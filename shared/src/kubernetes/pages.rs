@@ -1,0 +1,73 @@
+//! A list's pages as text, read into objects apart from fetching them: the
+//! adapter parses one page on a blocking thread while it fetches the next
+//! ([`super::kube_cluster`]'s `list_all`).
+
+use std::future::Future;
+
+use kube::api::{Api, ListParams};
+use serde::de::DeserializeOwned;
+
+use super::cluster::ClusterError;
+
+/// A LIST of `Api<K>`'s resource answered as the API server's text, not yet
+/// read as `K` (a `list` call for RBAC, as `Api::list` is).
+pub(super) trait ListText {
+    /// One page of the list `lp` asks for, as text.
+    fn list_text(&self, lp: &ListParams) -> impl Future<Output = Result<String, kube::Error>> + Send;
+}
+
+impl<K: kube::Resource + Clone> ListText for Api<K> {
+    fn list_text(&self, lp: &ListParams) -> impl Future<Output = Result<String, kube::Error>> + Send {
+        let request = kube::core::Request::new(self.resource_url()).list(lp).map(|mut r| {
+            r.extensions_mut().insert("list");
+            r
+        });
+        let client = self.clone().into_client();
+        async move { client.request_text(request.map_err(kube::Error::BuildRequest)?).await }
+    }
+}
+
+/// A list answer's metadata, its items skipped.
+#[derive(serde::Deserialize)]
+pub(super) struct ListHead {
+    /// Its continue token, among others.
+    #[serde(default)]
+    pub metadata: kube::core::ListMeta,
+}
+
+/// One page of a list read into objects, their managed fields dropped.
+pub(super) fn read_page<K>(op: &str, text: &str) -> Result<Vec<K>, ClusterError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
+{
+    let page: kube::core::ObjectList<K> = serde_json::from_str(text).map_err(|e| unreadable_page(op, &e))?;
+    Ok(page
+        .items
+        .into_iter()
+        .map(|mut o| {
+            o.meta_mut().managed_fields = None;
+            o
+        })
+        .collect())
+}
+
+/// A page that is not a list of the kind asked for, as the client reports it.
+pub(super) fn unreadable_page(op: &str, e: &serde_json::Error) -> ClusterError {
+    ClusterError::Transport {
+        op: op.to_string(),
+        message: format!("the list's answer does not read: {e}"),
+    }
+}
+
+/// A page's reading, or why its thread failed.
+pub(super) fn joined<K>(
+    op: &str,
+    read: Result<Result<Vec<K>, ClusterError>, tokio::task::JoinError>,
+) -> Result<Vec<K>, ClusterError> {
+    read.unwrap_or_else(|e| {
+        Err(ClusterError::Transport {
+            op: op.to_string(),
+            message: format!("reading a page failed: {e}"),
+        })
+    })
+}
