@@ -383,15 +383,24 @@ impl Store {
         }
     }
 
-    /// Stores `obj` at `key`, keeping the pods' node index.
+    /// Stores `obj` at `key`, keeping the pods' node index (moved only when
+    /// the pod's node changed: most writes to a pod are to its status).
     fn put(&mut self, res: &Resource, key: Key, obj: Value) {
-        let node = (res.id() == PODS.id()).then(|| node_of(&obj).to_string());
-        let old = self.objects.entry(res.id()).or_default().insert(key.clone(), obj);
-        if let Some(node) = node {
-            if let Some(old) = old {
-                self.unindex(node_of(&old).to_string(), &key);
+        let objects = self.objects.entry(res.id()).or_default();
+        if res.id() != PODS.id() {
+            objects.insert(key, obj);
+            return;
+        }
+        let node = node_of(&obj).to_string();
+        let old = objects.insert(key.clone(), obj);
+        match old.as_ref().map(node_of) {
+            Some(was) if was == node => {}
+            was => {
+                if let Some(was) = was {
+                    self.unindex(was, &key);
+                }
+                self.pods_by_node.entry(node).or_default().insert(key);
             }
-            self.pods_by_node.entry(node).or_default().insert(key);
         }
     }
 
@@ -399,16 +408,16 @@ impl Store {
     fn take(&mut self, res: &Resource, key: &Key) -> Option<Value> {
         let old = self.objects.get_mut(&res.id()).and_then(|m| m.remove(key))?;
         if res.id() == PODS.id() {
-            self.unindex(node_of(&old).to_string(), key);
+            self.unindex(node_of(&old), key);
         }
         Some(old)
     }
 
-    fn unindex(&mut self, node: String, key: &Key) {
-        if let Some(keys) = self.pods_by_node.get_mut(&node) {
+    fn unindex(&mut self, node: &str, key: &Key) {
+        if let Some(keys) = self.pods_by_node.get_mut(node) {
             keys.remove(key);
             if keys.is_empty() {
-                self.pods_by_node.remove(&node);
+                self.pods_by_node.remove(node);
             }
         }
     }
