@@ -446,7 +446,9 @@ async fn a_node_now_backed_by_another_instance_is_left_alone() {
 
 /// A list longer than one page is read over several requests (the adapter
 /// pages as client-go's pager does), every object arrives once, and managed
-/// fields are not kept.
+/// fields are not kept. The list takes one token of the rate limit, as an
+/// informer's list is one request: here the only token for a thousand
+/// seconds (before, its second page waited for the next one).
 #[tokio::test]
 async fn a_list_longer_than_a_page_is_read_over_several_requests() {
     let server = KubeServer::start().await;
@@ -460,7 +462,11 @@ async fn a_list_longer_than_a_page_is_read_over_several_requests() {
             .unwrap();
     }
     let before = server.count_requests(&Method::GET, "/api/v1/pods");
-    let pods = adapter(&server).pods().await.unwrap();
+    let one_token = adapter(&server).with_rate_limit(0.001, 1);
+    let pods = tokio::time::timeout(Duration::from_secs(60), one_token.pods())
+        .await
+        .expect("the list's further pages do not wait for the rate limit")
+        .unwrap();
     let requests = server.count_requests(&Method::GET, "/api/v1/pods") - before;
     assert_eq!(pods.len(), total);
     let names: std::collections::BTreeSet<_> = pods.iter().map(|p| p.metadata.name.clone()).collect();

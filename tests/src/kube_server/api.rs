@@ -463,15 +463,17 @@ fn list(
     // says whether more remain, so the walk stops at the first further match.
     let counting = ls.is_empty() && fs.is_empty();
     let page = if limit == 0 { usize::MAX } else { limit };
-    let mut items: Vec<Value> = Vec::new();
+    // Lent by the store, not copied: a page is written out from the objects
+    // themselves, as the apiserver's watch cache serves a list.
+    let mut items: Vec<&Value> = Vec::new();
     let mut remaining = 0usize;
     let after = token.as_ref().map(ContinueToken::after);
-    let mut visit = |o: &Value| {
+    let mut visit = |o| {
         if !selected(o) {
             return true;
         }
         if items.len() < page {
-            items.push(o.clone());
+            items.push(o);
             return true;
         }
         remaining += 1;
@@ -500,8 +502,14 @@ fn list(
             None,
         );
     }
+    // A PDB is served with its status worked out now; other kinds as stored.
+    let computed: Vec<Value> = if res == PDBS {
+        items.iter().map(|o| pdb_with_status(&store, (*o).clone())).collect()
+    } else {
+        Vec::new()
+    };
     if res == PDBS {
-        items = items.into_iter().map(|o| pdb_with_status(&store, o)).collect();
+        items = computed.iter().collect();
     }
     let mut metadata = json!({"resourceVersion": snapshot_rv.to_string()});
     if remaining > 0
@@ -515,17 +523,33 @@ fn list(
             metadata["remainingItemCount"] = json!(remaining);
         }
     }
-    if as_table && let Some(mut tbl) = table::table(res, store.crd_of(res), &items, snapshot_rv) {
-        tbl["metadata"] = metadata;
-        return ok_json(StatusCode::OK, &tbl);
+    if as_table {
+        let owned: Vec<Value> = items.iter().map(|o| (*o).clone()).collect();
+        if let Some(mut tbl) = table::table(res, store.crd_of(res), &owned, snapshot_rv) {
+            tbl["metadata"] = metadata;
+            return ok_json(StatusCode::OK, &tbl);
+        }
     }
-    let body = json!({
+    let head = json!({
         "apiVersion": res.api_version(),
         "kind": format!("{}List", res.kind),
         "metadata": metadata,
-        "items": items,
-    });
-    ok_json(StatusCode::OK, &body)
+    })
+    .to_string();
+    // The head without its closing brace, then the items written one by one.
+    let mut body = Vec::with_capacity(head.len() + 1024 * items.len());
+    body.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    body.extend_from_slice(br#","items":["#);
+    for (i, o) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        if let Err(e) = serde_json::to_writer(&mut body, o) {
+            return status(500, "InternalError", &format!("writing the list: {e}"), None);
+        }
+    }
+    body.extend_from_slice(b"]}");
+    (StatusCode::OK, [("content-type", "application/json")], body).into_response()
 }
 
 /// Applies a PATCH body to `doc` by its content type; errors are the response.

@@ -280,18 +280,18 @@ impl Store {
     /// starting after the key `after` when given, until `visit` returns false.
     /// None (nothing visited) when `at` is compacted. Objects are lent, not
     /// copied: a page of a large list costs its page, not the whole list.
-    pub fn scan(
-        &self,
+    pub fn scan<'a>(
+        &'a self,
         res: &Resource,
         ns: Option<&str>,
         at: Option<u64>,
         after: Option<(&str, &str)>,
-        mut visit: impl FnMut(&Value) -> bool,
+        mut visit: impl FnMut(&'a Value) -> bool,
     ) -> Option<()> {
         // What the changes since `at` undo, by key: None where the object did
         // not exist then, else its version then. Undone newest first, so the
         // oldest change since `at` has the last word.
-        let mut then: BTreeMap<Key, Option<&Value>> = BTreeMap::new();
+        let mut then: BTreeMap<Key, Option<&'a Value>> = BTreeMap::new();
         if let Some(rv) = at {
             if rv < self.compacted_below || rv > self.rv {
                 return None;
@@ -309,8 +309,8 @@ impl Store {
                 then.insert(key, was);
             }
         }
-        let empty = BTreeMap::new();
-        let now = self.objects.get(&res.id()).unwrap_or(&empty);
+        static EMPTY: BTreeMap<Key, Value> = BTreeMap::new();
+        let now = self.objects.get(&res.id()).unwrap_or(&EMPTY);
         let start = match after {
             Some((n, m)) => std::ops::Bound::Excluded((n.to_string(), m.to_string())),
             None => std::ops::Bound::Unbounded,
@@ -356,12 +356,12 @@ impl Store {
     /// namespace, or all) as they are now, in namespace and name order,
     /// starting after `after`, until `visit` returns false: what [`Store::scan`]
     /// visits with a `spec.nodeName` selector, from the index.
-    pub fn scan_pods_on(
-        &self,
+    pub fn scan_pods_on<'a>(
+        &'a self,
         node: &str,
         ns: Option<&str>,
         after: Option<(&str, &str)>,
-        mut visit: impl FnMut(&Value) -> bool,
+        mut visit: impl FnMut(&'a Value) -> bool,
     ) {
         let (Some(keys), Some(pods)) = (self.pods_by_node.get(node), self.objects.get(&PODS.id())) else {
             return;
