@@ -81,37 +81,27 @@ async fn read_state(store: &StateStore, now: Timestamp) -> Result<StateRead, Sna
     Ok(StateRead { catalog, unavailable })
 }
 
-/// Every Kubernetes list a snapshot is made of, read at once.
-struct Lists {
-    pending: Vec<Pod>,
-    pods: Vec<Pod>,
-    nodes: Vec<Node>,
-    node_pools: Vec<NodePool>,
-    node_classes: Vec<EC2NodeClass>,
-    daemon_sets: Vec<DaemonSet>,
-    pod_disruption_budgets: Vec<PodDisruptionBudget>,
-    persistent_volumes: Vec<PersistentVolume>,
-    persistent_volume_claims: Vec<PersistentVolumeClaim>,
-    storage_classes: Vec<StorageClass>,
-    namespaces: Vec<Namespace>,
-}
+/// Every Kubernetes list a snapshot is made of, in [`read_lists`]' order:
+/// pending pods, all pods, Nodes, NodePools, EC2NodeClasses, DaemonSets,
+/// PDBs, PersistentVolumes and their claims, StorageClasses, Namespaces.
+type Lists = (
+    Vec<Pod>,
+    Vec<Pod>,
+    Vec<Node>,
+    Vec<NodePool>,
+    Vec<EC2NodeClass>,
+    Vec<DaemonSet>,
+    Vec<PodDisruptionBudget>,
+    Vec<PersistentVolume>,
+    Vec<PersistentVolumeClaim>,
+    Vec<StorageClass>,
+    Vec<Namespace>,
+);
 
 /// The lists of [`Lists`], all at once (each list's future on the heap: eleven
 /// side by side overflow a thread's stack in a debug build).
 async fn read_lists(cluster: &impl Cluster) -> Result<Lists, SnapshotError> {
-    let (
-        pending,
-        pods,
-        nodes,
-        node_pools,
-        node_classes,
-        daemon_sets,
-        pod_disruption_budgets,
-        persistent_volumes,
-        persistent_volume_claims,
-        storage_classes,
-        namespaces,
-    ) = tokio::try_join!(
+    Ok(tokio::try_join!(
         Box::pin(cluster.pending_pods()),
         Box::pin(cluster.pods()),
         Box::pin(cluster.nodes()),
@@ -123,39 +113,26 @@ async fn read_lists(cluster: &impl Cluster) -> Result<Lists, SnapshotError> {
         Box::pin(cluster.persistent_volume_claims()),
         Box::pin(cluster.storage_classes()),
         Box::pin(cluster.namespaces()),
-    )?;
-    Ok(Lists {
-        pending,
-        pods,
-        nodes,
-        node_pools,
-        node_classes,
-        daemon_sets,
-        pod_disruption_budgets,
-        persistent_volumes,
-        persistent_volume_claims,
-        storage_classes,
-        namespaces,
-    })
+    )?)
 }
 
 /// The snapshot the reads make (pure).
 fn assemble(now: Timestamp, claims: Vec<NodeClaim>, state: StateRead, l: Lists) -> Snapshot {
-    let nodes = existing_nodes(initializing_as_claimed(l.nodes, &claims, &state.catalog), l.pods);
+    let nodes = existing_nodes(initializing_as_claimed(l.2, &claims, &state.catalog), l.1);
     let node_claims = in_flight(claims, &nodes);
     Snapshot {
         now,
-        pods: l.pending,
+        pods: l.0,
         nodes,
         node_claims,
-        node_pools: l.node_pools,
-        node_classes: l.node_classes,
-        daemon_sets: l.daemon_sets,
-        pod_disruption_budgets: l.pod_disruption_budgets,
-        persistent_volumes: l.persistent_volumes,
-        persistent_volume_claims: l.persistent_volume_claims,
-        storage_classes: l.storage_classes,
-        namespaces: l.namespaces,
+        node_pools: l.3,
+        node_classes: l.4,
+        daemon_sets: l.5,
+        pod_disruption_budgets: l.6,
+        persistent_volumes: l.7,
+        persistent_volume_claims: l.8,
+        storage_classes: l.9,
+        namespaces: l.10,
         catalog: state.catalog,
         unavailable: state.unavailable,
         shifted_zones: BTreeSet::new(),

@@ -503,12 +503,9 @@ fn list(
         );
     }
     // A PDB is served with its status worked out now; other kinds as stored.
-    let computed: Vec<Value> = if res == PDBS {
-        items.iter().map(|o| pdb_with_status(&store, (*o).clone())).collect()
-    } else {
-        Vec::new()
-    };
+    let computed: Vec<Value>;
     if res == PDBS {
+        computed = items.iter().map(|o| pdb_with_status(&store, (*o).clone())).collect();
         items = computed.iter().collect();
     }
     let mut metadata = json!({"resourceVersion": snapshot_rv.to_string()});
