@@ -229,12 +229,7 @@ pub async fn handle(
             let v = if t.res == PDBS { pdb_with_status(&store, v) } else { v };
             if t.sub.is_none()
                 && table::wants_table(&headers)
-                && let Some(tbl) = table::table(
-                    t.res,
-                    store.crd_of(t.res),
-                    std::slice::from_ref(&v),
-                    store.resource_version(),
-                )
+                && let Some(tbl) = table::table(t.res, store.crd_of(t.res), &[&v], store.resource_version())
             {
                 return ok_json(StatusCode::OK, &tbl);
             }
@@ -520,12 +515,9 @@ fn list(
             metadata["remainingItemCount"] = json!(remaining);
         }
     }
-    if as_table {
-        let owned: Vec<Value> = items.iter().map(|o| (*o).clone()).collect();
-        if let Some(mut tbl) = table::table(res, store.crd_of(res), &owned, snapshot_rv) {
-            tbl["metadata"] = metadata;
-            return ok_json(StatusCode::OK, &tbl);
-        }
+    if as_table && let Some(mut tbl) = table::table(res, store.crd_of(res), &items, snapshot_rv) {
+        tbl["metadata"] = metadata;
+        return ok_json(StatusCode::OK, &tbl);
     }
     let head = json!({
         "apiVersion": res.api_version(),

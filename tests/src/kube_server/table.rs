@@ -195,7 +195,7 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
 
 /// A meta.k8s.io/v1 Table of `items`, or None for kinds without columns
 /// here. `crd` is the CRD that defines `res`, when it is a custom resource.
-pub fn table(res: &Resource, crd: Option<&Value>, items: &[Value], resource_version: u64) -> Option<Value> {
+pub fn table(res: &Resource, crd: Option<&Value>, items: &[&Value], resource_version: u64) -> Option<Value> {
     let (defs, rows): (Vec<Value>, Vec<Value>) = match columns(res) {
         Some(cols) => {
             let defs = cols
