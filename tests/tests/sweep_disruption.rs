@@ -636,6 +636,59 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
     }
 }
 
+/// Issue 32: a sweep lists the cluster's instances once; drift by live
+/// resolution uses that list rather than reading every instance again (at
+/// thousands of instances one list is most of a sweep). Counted at a proxy
+/// in front of EC2.
+#[tokio::test]
+async fn a_sweep_lists_the_instances_once_for_liveness_and_drift() {
+    use nodesmith::ec2::Instances;
+    use nodesmith::sweep::{SweepConfig, Sweeper};
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    let (s, old) = one_node().await;
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    let direct = s.m.sdk_config().await;
+    let counted = s.m.sdk_config_at(proxy.endpoint()).await;
+    let mut config = SweepConfig::from_lookup(|_| None).unwrap();
+    config.lifecycle = fast();
+    config.pending_queue_url = Some(s.pending_queue.clone());
+    config.launch_queue_url = Some(s.launch_queue.clone());
+    let sweeper = Sweeper::new(
+        s.cluster(),
+        s.store.clone(),
+        Instances::new(aws_sdk_ec2::Client::new(&counted), CLUSTER),
+        s.sqs.clone(),
+        config,
+    )
+    .with_resolution(aws_sdk_ssm::Client::new(&direct), aws_sdk_eks::Client::new(&direct));
+    // The node's subnet is no longer selected, so drift needs its instance's facts.
+    let subnet = instance(&s, old.instance_id.as_deref().unwrap())
+        .await
+        .subnet_id()
+        .unwrap()
+        .to_string();
+    s.ec2
+        .delete_tags()
+        .resources(&subnet)
+        .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).build())
+        .send()
+        .await
+        .unwrap();
+    let report = sweeper.run().await.unwrap();
+    assert_eq!(
+        report.disruption.started.len(),
+        1,
+        "the node drifted by its subnet: {report:?}"
+    );
+    let owned = format!("tag:kubernetes.io/cluster/{CLUSTER}");
+    let lists = proxy
+        .forms("DescribeInstances")
+        .iter()
+        .filter(|form| form.iter().any(|(_, v)| *v == owned))
+        .count();
+    assert_eq!(lists, 1, "one sweep listed the cluster's instances {lists} times");
+}
+
 #[tokio::test]
 async fn a_new_ami_behind_the_alias_drifts_the_node_by_live_resolution() {
     let (s, old) = one_node().await;

@@ -249,12 +249,14 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// The disruption part of a run: new decisions, then every recorded
-    /// disruption moved on as far as it goes now.
+    /// disruption moved on as far as it goes now; `instances`: the run's
+    /// list of the cluster's instances.
     pub(super) async fn disrupt(
         &self,
         started: Instant,
         now: Timestamp,
         classes: &BTreeMap<String, ResolvedClass>,
+        instances: &[Instance],
     ) -> DisruptionRunReport {
         let mut report = DisruptionRunReport::default();
         // One claim read for the snapshot and the decisions both.
@@ -290,7 +292,7 @@ impl<C: Cluster> Sweeper<C> {
             }
         };
         if let Err(e) = self
-            .begin_new(&snapshot, &claims, classes, &mut records, &mut report)
+            .begin_new(&snapshot, &claims, classes, instances, &mut records, &mut report)
             .await
         {
             tracing::warn!(error = %crate::telemetry::causes(&e), "new disruptions not started; the next sweep decides again");
@@ -307,6 +309,7 @@ impl<C: Cluster> Sweeper<C> {
         snapshot: &Snapshot,
         claims: &[NodeClaim],
         classes: &BTreeMap<String, ResolvedClass>,
+        instances: &[Instance],
         records: &mut Vec<DisruptionRecord>,
         report: &mut DisruptionRunReport,
     ) -> Result<(), StepError> {
@@ -314,7 +317,7 @@ impl<C: Cluster> Sweeper<C> {
         // node may be where pods are about to bind.
         let nominations = self.store.live_nominations(snapshot.now.as_millisecond()).await?;
         let options = DecideOptions {
-            resolved_drift: self.resolved_drift(snapshot, classes).await,
+            resolved_drift: resolved_drift_of(snapshot, classes, instances),
             deadline: Some(Instant::now() + DECIDE_DEADLINE),
             impaired: self.impaired(snapshot).await,
             ..pass_options(&self.config, records, claims, &nominations, snapshot.now)
@@ -814,101 +817,95 @@ impl<C: Cluster> Sweeper<C> {
             }
         }
     }
+}
 
-    /// Nodes whose instance no longer matches what their class resolves to now
-    /// (AMI, subnet, security groups, capacity reservation), with why, from this run's resolution of
-    /// each class (`classes`; empty when resolution is not wired). A class not
-    /// resolved this run drifts nothing.
-    async fn resolved_drift(
-        &self,
-        snapshot: &Snapshot,
-        classes: &BTreeMap<String, ResolvedClass>,
-    ) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        // Nodes of a NodePool, by class, with their instance ids and whether
-        // they are labelled reserved capacity.
-        let mut by_class: BTreeMap<String, Vec<(String, String, bool)>> = BTreeMap::new();
-        for n in &snapshot.nodes {
-            let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
-            let Some(pool) = node_labels.get(labels::NODEPOOL).and_then(|p| snapshot.node_pool(p)) else {
-                continue;
-            };
-            let class = node_labels
-                .get(labels::EC2NODECLASS)
-                .cloned()
-                .unwrap_or_else(|| pool.spec.template.spec.node_class_ref.name.clone());
-            let Some(id) = n
-                .node
-                .spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .and_then(registration::instance_id)
-            else {
-                continue;
-            };
-            let name = n.node.metadata.name.clone().unwrap_or_default();
-            let reserved =
-                node_labels.get(labels::CAPACITY_TYPE).map(String::as_str) == Some(labels::CAPACITY_RESERVED);
-            by_class
-                .entry(class)
-                .or_default()
-                .push((name, id.to_string(), reserved));
-        }
-        by_class.retain(|c, _| classes.contains_key(c));
-        if by_class.is_empty() {
-            return out;
-        }
-        let instances: BTreeMap<String, Instance> = match self.instances.list_owned().await {
-            Ok(list) => list.into_iter().map(|i| (i.id.clone(), i)).collect(),
-            Err(e) => {
-                tracing::warn!(error = %crate::telemetry::causes(&e), "instances not listed; no drift by resolution this run");
-                return out;
-            }
+/// Nodes whose instance no longer matches what their class resolves to now
+/// (AMI, subnet, security groups, capacity reservation), with why, from this run's resolution of
+/// each class (`classes`; empty when resolution is not wired). A class not
+/// resolved this run drifts nothing. `instances`: the run's list (an instance
+/// launched since is not a registered node yet).
+fn resolved_drift_of(
+    snapshot: &Snapshot,
+    classes: &BTreeMap<String, ResolvedClass>,
+    instances: &[Instance],
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    // Nodes of a NodePool, by class, with their instance ids and whether
+    // they are labelled reserved capacity.
+    let mut by_class: BTreeMap<String, Vec<(String, String, bool)>> = BTreeMap::new();
+    for n in &snapshot.nodes {
+        let node_labels = n.node.metadata.labels.clone().unwrap_or_default();
+        let Some(pool) = node_labels.get(labels::NODEPOOL).and_then(|p| snapshot.node_pool(p)) else {
+            continue;
         };
-        for (class_name, nodes) in by_class {
-            let Some(facts) = classes.get(&class_name) else {
-                continue;
+        let class = node_labels
+            .get(labels::EC2NODECLASS)
+            .cloned()
+            .unwrap_or_else(|| pool.spec.template.spec.node_class_ref.name.clone());
+        let Some(id) = n
+            .node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(registration::instance_id)
+        else {
+            continue;
+        };
+        let name = n.node.metadata.name.clone().unwrap_or_default();
+        let reserved = node_labels.get(labels::CAPACITY_TYPE).map(String::as_str) == Some(labels::CAPACITY_RESERVED);
+        by_class
+            .entry(class)
+            .or_default()
+            .push((name, id.to_string(), reserved));
+    }
+    by_class.retain(|c, _| classes.contains_key(c));
+    if by_class.is_empty() {
+        return out;
+    }
+    let instances: BTreeMap<&str, &Instance> = instances.iter().map(|i| (i.id.as_str(), i)).collect();
+    for (class_name, nodes) in by_class {
+        let Some(facts) = classes.get(&class_name) else {
+            continue;
+        };
+        let subnets = facts.subnet_ids();
+        let security_groups = facts.security_group_ids();
+        let reservations: BTreeSet<String> = facts
+            .capacity_reservations
+            .iter()
+            .flatten()
+            .map(|r| r.id.clone())
+            .collect();
+        for (node, i, reserved) in nodes
+            .into_iter()
+            .filter_map(|(node, id, reserved)| Some((node, *instances.get(id.as_str())?, reserved)))
+        {
+            let key = crate::nodeclass::ami::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
+            let now = ClassResolution {
+                amis: facts.amis.get(&key).cloned().into_iter().collect(),
+                subnets: subnets.clone(),
+                security_groups: security_groups.clone(),
+                capacity_reservations: reservations.clone(),
             };
-            let subnets = facts.subnet_ids();
-            let security_groups = facts.security_group_ids();
-            let reservations: BTreeSet<String> = facts
-                .capacity_reservations
-                .iter()
-                .flatten()
-                .map(|r| r.id.clone())
-                .collect();
-            for (node, i, reserved) in nodes
-                .into_iter()
-                .filter_map(|(node, id, reserved)| Some((node, instances.get(&id)?, reserved)))
-            {
-                let key = crate::nodeclass::ami::ami_key_of(&i.instance_type, Some(&snapshot.catalog));
-                let now = ClassResolution {
-                    amis: facts.amis.get(&key).cloned().into_iter().collect(),
-                    subnets: subnets.clone(),
-                    security_groups: security_groups.clone(),
-                    capacity_reservations: reservations.clone(),
-                };
-                let facts = InstanceFacts {
-                    image_id: i.image_id.clone(),
-                    subnet_id: i.subnet_id.clone(),
-                    security_groups: i.security_group_ids.clone(),
-                    // Only a node launched as reserved capacity: EC2 also matches plain
-                    // on-demand instances into open ODCRs, which is no reason to replace them
-                    // (Karpenter counts only instances launched into a reservation).
-                    capacity_reservation: i
-                        .capacity_reservation
-                        .as_ref()
-                        .filter(|_| reserved)
-                        .map(|r| r.id.clone()),
-                };
-                if let Some(why) = resolved_drift::reason(&facts, &now) {
-                    tracing::info!(node = %node, instance_id = %i.id, class = %class_name, reason = why, "drifted by live resolution");
-                    out.insert(node, why.to_string());
-                }
+            let facts = InstanceFacts {
+                image_id: i.image_id.clone(),
+                subnet_id: i.subnet_id.clone(),
+                security_groups: i.security_group_ids.clone(),
+                // Only a node launched as reserved capacity: EC2 also matches plain
+                // on-demand instances into open ODCRs, which is no reason to replace them
+                // (Karpenter counts only instances launched into a reservation).
+                capacity_reservation: i
+                    .capacity_reservation
+                    .as_ref()
+                    .filter(|_| reserved)
+                    .map(|r| r.id.clone()),
+            };
+            if let Some(why) = resolved_drift::reason(&facts, &now) {
+                tracing::info!(node = %node, instance_id = %i.id, class = %class_name, reason = why, "drifted by live resolution");
+                out.insert(node, why.to_string());
             }
         }
-        out
     }
+    out
 }
 
 #[cfg(test)]

@@ -644,7 +644,7 @@ impl<C: Cluster> Sweeper<C> {
         }
         // Every class resolved once: its status written back, its nodes checked for drift.
         let resolved = self.classes(now, &claims, &mut report.classes).await;
-        report.disruption = self.disrupt(started, now, &resolved).await;
+        report.disruption = self.disrupt(started, now, &resolved, &instances).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
         // Drains get what the budget left, and at least DRAIN_SHARE even when
