@@ -32,7 +32,7 @@ use nodesmith::provisioning::{ProvisionConfig, Provisioner};
 use nodesmith::requirements::{Requirement, Requirements};
 use nodesmith::state::StateStore;
 use nodesmith::sweep::{SweepConfig, Sweeper};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::capacity_units::{self, Consumed};
@@ -237,7 +237,6 @@ struct Bench {
     proxy: FaultProxy,
     store: StateStore,
     sqs: aws_sdk_sqs::Client,
-    ec2: aws_sdk_ec2::Client,
     world: aws::World,
     /// Spot instances with a registered node, for the interruption warnings.
     spot_instances: Vec<String>,
@@ -516,7 +515,6 @@ async fn seed(options: &BenchOptions, log: &mut dyn FnMut(String)) -> Result<(Be
         kube,
         store: StateStore::new(aws_sdk_dynamodb::Client::new(&counted), TABLE),
         sqs: aws_sdk_sqs::Client::new(&counted),
-        ec2: aws_sdk_ec2::Client::new(&counted),
         proxy,
         world,
         spot_instances,
@@ -536,6 +534,9 @@ struct Figures {
     rss_before_mb: u64,
     peak_rss_mb: u64,
     rss_note: &'static str,
+    /// The function's own process (sweep, provision, interrupt), as Lambda's
+    /// "Max Memory Used" counts it.
+    function_memory: Option<FunctionMemory>,
     kube_requests: usize,
     kube_response_bytes: u64,
     dynamodb_calls: BTreeMap<String, usize>,
@@ -675,40 +676,12 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
     // Resets VmHWM to the current RSS (Linux 4.0+), so the peak is this scenario's.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let started = Instant::now();
+    let mut function = None;
     let outcome = match scenario {
         Scenario::Sweep => {
-            let mut config = SweepConfig::from_lookup(|_| None).map_err(|e| e.to_string())?;
-            config.pending_queue_url = Some(bench.world.pending.url.clone());
-            config.launch_queue_url = Some(bench.world.launch.url.clone());
-            let sweeper = Sweeper::new(
-                cluster(&bench.kube),
-                bench.store.clone(),
-                Instances::new(bench.ec2.clone(), CLUSTER),
-                bench.sqs.clone(),
-                config,
-            );
-            let report = sweeper.run().await.map_err(|e| e.to_string())?;
-            json!({
-                "skipped": report.skipped,
-                "done": kinds(&report.done),
-                "failed": report.failed.len(),
-                "deferred": report.deferred.len(),
-                "solve_requested": report.solve_requested.is_some(),
-                "disruption": {
-                    "started": report.disruption.started.len(),
-                    "launched": report.disruption.launched.len(),
-                    "draining": report.disruption.draining.len(),
-                    "terminated": report.disruption.terminated.len(),
-                    "abandoned": report.disruption.abandoned.len(),
-                    "blocked": report.disruption.blocked.len(),
-                    "failed": report.disruption.failed.len(),
-                    "deferred": report.disruption.deferred,
-                    // Every node consolidation could take, and those its deadline left untried.
-                    "consolidation_candidates": report.disruption.consolidation.map(|c| c.candidates),
-                    "consolidation_unexamined": report.disruption.consolidation.map(|c| c.unexamined),
-                },
-                "unreadable_claims": report.unreadable_claims,
-            })
+            let answer = in_own_process(bench, &FunctionRun::new(scenario, bench, None)).await?;
+            function = Some(answer.memory);
+            answer.outcome
         }
         Scenario::Provision => {
             let pending = 1_000;
@@ -726,56 +699,34 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
                         .to_string(),
                 );
             }
-            let event: SqsEvent = crate::sqs::event(refs.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)));
-            // Pods are created above, before the clock that matters here starts.
-            let started = Instant::now();
-            let provisioner = Provisioner::new(
-                cluster(&bench.kube),
-                bench.store.clone(),
-                bench.sqs.clone(),
-                ProvisionConfig::new(&bench.world.launch.url),
-            );
-            let outcome = provisioner.handle(&event).await;
-            json!({
-                "pending_pods": pending,
-                "handle_ms": started.elapsed().as_millis(),
-                "claims_created": outcome.created.len(),
-                "placed_on_existing": outcome.placed_on_existing,
-                "unschedulable": outcome.unschedulable.len(),
-                "gone": outcome.gone,
-                "malformed": outcome.malformed,
-                "failed_messages": outcome.failed.len(),
-                "handed_on": outcome.handed_on,
-                "events": format!("{:?}", outcome.events),
-            })
+            let event = crate::sqs::event(refs.into_iter().enumerate().map(|(i, b)| (format!("m{i}"), b)));
+            let answer = in_own_process(bench, &FunctionRun::new(scenario, bench, Some(event))).await?;
+            function = Some(answer.memory);
+            let mut outcome = answer.outcome;
+            outcome["pending_pods"] = json!(pending);
+            outcome
         }
         Scenario::Interrupt => {
             let warnings = spot_warnings(bench.spot_instances.iter().rev().take(10), Timestamp::now());
             let sent = warnings.len();
-            let interrupter = interrupter(bench);
-            let t0 = Instant::now();
-            let outcome = interrupter.handle(&crate::sqs::event(warnings)).await;
+            let event = crate::sqs::event(warnings);
+            let (spawned, spawned_at) = (Instant::now(), Timestamp::now());
+            let answer = in_own_process(bench, &FunctionRun::new(scenario, bench, Some(event))).await?;
+            function = Some(answer.memory);
+            // When the child began handling, on this process's clock.
+            let t0 = spawned + answer.handle_started.duration_since(spawned_at).unsigned_abs();
             let drains = bench.store.drains().await.map_err(|e| e.to_string())?;
             // When the last node was tainted (a node PATCH: the only node
             // writes here) and the first pod evicted, from the test server's log.
             let requests = bench.kube.requests();
             let since = |r: &crate::kube_server::RequestRecord| r.at.saturating_duration_since(t0).as_millis();
             let seen = &requests[requests_before..];
-            let last_taint_ms = seen.iter().filter(|r| is_taint(r)).map(since).max();
-            let first_eviction_ms = seen.iter().filter(|r| is_eviction(r)).map(since).min();
-            json!({
-                "warnings": sent,
-                "tainted": outcome.tainted.len(),
-                "last_taint_ms": last_taint_ms,
-                "first_eviction_ms": first_eviction_ms,
-                "drain_records_after": drains.len(),
-                "drained": outcome.drained.len(),
-                "replacements": outcome.replacements.len(),
-                "handed_to_provision": outcome.handed_to_provision.len(),
-                "removed": outcome.removed.len(),
-                "failed_messages": outcome.failed.len(),
-                "ignored": outcome.ignored,
-            })
+            let mut outcome = answer.outcome;
+            outcome["warnings"] = json!(sent);
+            outcome["last_taint_ms"] = json!(seen.iter().filter(|r| is_taint(r)).map(since).max());
+            outcome["first_eviction_ms"] = json!(seen.iter().filter(|r| is_eviction(r)).map(since).min());
+            outcome["drain_records_after"] = json!(drains.len());
+            outcome
         }
         Scenario::Claims => {
             let claims = bench.store.list_node_claims().await.map_err(|e| e.to_string())?;
@@ -890,7 +841,12 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
         wall_ms,
         rss_before_mb,
         peak_rss_mb,
-        rss_note: "the harness process: nodesmith's code plus the Kubernetes test server and the proxy (moto is another process)",
+        rss_note: if function.is_some() {
+            "the harness process: the Kubernetes test server and the proxy (the function ran in its own process, moto in another)"
+        } else {
+            "the harness process: nodesmith's code plus the Kubernetes test server and the proxy (moto is another process)"
+        },
+        function_memory: function,
         kube_requests: bench.kube.requests().len() - requests_before,
         kube_response_bytes: bench.kube.response_bytes() - bytes_before,
         dynamodb_calls,
@@ -911,6 +867,177 @@ async fn run_scenario(bench: &Bench, options: &BenchOptions, scenario: Scenario)
         outcome,
     };
     serde_json::to_value(&figures).map_err(|e| e.to_string())
+}
+
+/// One function's run in a process of its own, as Lambda runs it, so its
+/// memory is its own (the harness process also holds the test server): what
+/// the harness hands `nodesmith-local bench-scale-function` on stdin. The
+/// child reaches the test server and the proxy through the environment the
+/// functions read (`NODESMITH_KUBE_URL`, `AWS_ENDPOINT_URL`, ...).
+#[derive(Serialize, Deserialize)]
+pub struct FunctionRun {
+    scenario: String,
+    launch_queue_url: String,
+    pending_queue_url: String,
+    event: Option<SqsEvent>,
+}
+
+impl FunctionRun {
+    fn new(scenario: Scenario, bench: &Bench, event: Option<SqsEvent>) -> Self {
+        FunctionRun {
+            scenario: scenario.name().to_string(),
+            launch_queue_url: bench.world.launch.url.clone(),
+            pending_queue_url: bench.world.pending.url.clone(),
+            event,
+        }
+    }
+}
+
+/// A function process's memory: its resident set when it started and its peak.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+pub struct FunctionMemory {
+    rss_at_start_mb: u64,
+    peak_rss_mb: u64,
+}
+
+/// What the child answers: the scenario's outcome, when it began handling
+/// (after building its clients) and its memory.
+#[derive(Serialize, Deserialize)]
+pub struct FunctionAnswer {
+    outcome: Value,
+    handle_started: Timestamp,
+    memory: FunctionMemory,
+}
+
+/// Runs `run` in a child process of this binary and waits for its answer
+/// (without holding up the test server, which serves it meanwhile).
+async fn in_own_process(bench: &Bench, run: &FunctionRun) -> Result<FunctionAnswer, String> {
+    use tokio::io::AsyncWriteExt;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let mut child = tokio::process::Command::new(exe)
+        .arg(FUNCTION_COMMAND)
+        .envs(bench.kube.env())
+        .envs(crate::moto::child_env(bench.proxy.endpoint()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start the function's process: {e}"))?;
+    let input = serde_json::to_vec(run).map_err(|e| e.to_string())?;
+    let mut stdin = child.stdin.take().ok_or("the function's process has no stdin")?;
+    stdin
+        .write_all(&input)
+        .await
+        .map_err(|e| format!("cannot hand the run over: {e}"))?;
+    drop(stdin);
+    let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("the function's process ended with {}", out.status));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("the function's process answered {e}"))
+}
+
+/// The subcommand that runs a [`FunctionRun`] read from stdin.
+pub const FUNCTION_COMMAND: &str = "bench-scale-function";
+
+/// The child's side: reads a [`FunctionRun`] from `input`, builds the
+/// clients a function builds from its environment, runs the handler and
+/// answers with its outcome and this process's memory.
+pub async fn run_function(input: &[u8]) -> Result<FunctionAnswer, String> {
+    let rss_at_start_mb = crate::memory_mb("self", "VmRSS:");
+    let run: FunctionRun = serde_json::from_slice(input).map_err(|e| format!("the run handed over: {e}"))?;
+    let config = nodesmith::transport::sdk_defaults().load().await;
+    let cluster = KubeCluster::from_env(config.clone()).map_err(|e| e.to_string())?;
+    let store = StateStore::new(aws_sdk_dynamodb::Client::new(&config), TABLE);
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let event = || {
+        run.event
+            .clone()
+            .ok_or_else(|| format!("{} needs an event", run.scenario))
+    };
+    let handle_started = Timestamp::now();
+    let started = Instant::now();
+    let outcome = match Scenario::parse(&run.scenario) {
+        Some(Scenario::Sweep) => {
+            let mut sweep = SweepConfig::from_lookup(|_| None).map_err(|e| e.to_string())?;
+            sweep.pending_queue_url = Some(run.pending_queue_url.clone());
+            sweep.launch_queue_url = Some(run.launch_queue_url.clone());
+            let sweeper = Sweeper::new(
+                cluster,
+                store,
+                Instances::new(aws_sdk_ec2::Client::new(&config), CLUSTER),
+                sqs,
+                sweep,
+            );
+            let report = sweeper.run().await.map_err(|e| e.to_string())?;
+            json!({
+                "handle_ms": started.elapsed().as_millis(),
+                "skipped": report.skipped,
+                "done": kinds(&report.done),
+                "failed": report.failed.len(),
+                "deferred": report.deferred.len(),
+                "solve_requested": report.solve_requested.is_some(),
+                "disruption": {
+                    "started": report.disruption.started.len(),
+                    "launched": report.disruption.launched.len(),
+                    "draining": report.disruption.draining.len(),
+                    "terminated": report.disruption.terminated.len(),
+                    "abandoned": report.disruption.abandoned.len(),
+                    "blocked": report.disruption.blocked.len(),
+                    "failed": report.disruption.failed.len(),
+                    "deferred": report.disruption.deferred,
+                    // Every node consolidation could take, and those its deadline left untried.
+                    "consolidation_candidates": report.disruption.consolidation.map(|c| c.candidates),
+                    "consolidation_unexamined": report.disruption.consolidation.map(|c| c.unexamined),
+                },
+                "unreadable_claims": report.unreadable_claims,
+            })
+        }
+        Some(Scenario::Provision) => {
+            let provisioner = Provisioner::new(cluster, store, sqs, ProvisionConfig::new(&run.launch_queue_url));
+            let outcome = provisioner.handle(&event()?).await;
+            json!({
+                "handle_ms": started.elapsed().as_millis(),
+                "claims_created": outcome.created.len(),
+                "placed_on_existing": outcome.placed_on_existing,
+                "unschedulable": outcome.unschedulable.len(),
+                "gone": outcome.gone,
+                "malformed": outcome.malformed,
+                "failed_messages": outcome.failed.len(),
+                "handed_on": outcome.handed_on,
+                "events": format!("{:?}", outcome.events),
+            })
+        }
+        Some(Scenario::Interrupt) => {
+            let interrupter = Interrupter::new(
+                cluster,
+                store,
+                sqs,
+                InterruptConfig::new(&run.launch_queue_url, &run.pending_queue_url),
+            );
+            let outcome = interrupter.handle(&event()?).await;
+            json!({
+                "handle_ms": started.elapsed().as_millis(),
+                "tainted": outcome.tainted.len(),
+                "drained": outcome.drained.len(),
+                "replacements": outcome.replacements.len(),
+                "handed_to_provision": outcome.handed_to_provision.len(),
+                "removed": outcome.removed.len(),
+                "failed_messages": outcome.failed.len(),
+                "ignored": outcome.ignored,
+            })
+        }
+        _ => return Err(format!("no function runs the scenario {:?} on its own", run.scenario)),
+    };
+    Ok(FunctionAnswer {
+        outcome,
+        handle_started,
+        memory: FunctionMemory {
+            rss_at_start_mb,
+            peak_rss_mb: crate::memory_mb("self", "VmHWM:"),
+        },
+    })
 }
 
 /// Plays a burst through a local cloud started for it: one JSON line of the

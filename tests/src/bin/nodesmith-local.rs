@@ -5,6 +5,7 @@
 //! nodesmith-local demo [--json] [--replicas N] [--faults]
 //! nodesmith-local burst [--json] [--pods N] [--deployments N]
 //! nodesmith-local bench-scale [--nodes N] [--pods-per-node P] [--scenario claims,pods,sweep,provision,interrupt,storm]
+//! nodesmith-local bench-scale-function    (the harness's own: one function's run, handed over on stdin)
 //! ```
 //!
 //! The function and forwarder binaries are expected next to this one.
@@ -240,6 +241,18 @@ fn main() -> ExitCode {
                 ))
                 .map(|_| true),
         },
+        // The harness's own: one function's run in a process of its own (its run on stdin).
+        [bench_scale::FUNCTION_COMMAND] => {
+            let mut input = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut input)
+                .map_err(|e| format!("cannot read the run: {e}"))
+                .and_then(|_| runtime.block_on(bench_scale::run_function(&input)))
+                .and_then(|answer| serde_json::to_string(&answer).map_err(|e| e.to_string()))
+                .map(|line| {
+                    println!("{line}");
+                    true
+                })
+        }
         _ => Err(USAGE.to_string()),
     };
     // Lingering tasks (watch streams) must not keep the process alive.
