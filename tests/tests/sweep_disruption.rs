@@ -594,6 +594,24 @@ async fn a_do_not_disrupt_pod_blocks_drift_with_an_event_until_it_goes() {
     assert!(taint_keys(&s.kube.node(&node).unwrap()).contains(&DISRUPTED.to_string()));
 }
 
+/// Takes the discovery tag off `claim`'s instance's subnet (the class's spec
+/// is unchanged, only what it resolves to); the subnet's id.
+async fn deselect_subnet_of(s: &Stack, claim: &NodeClaim) -> String {
+    let subnet = instance(s, claim.instance_id.as_deref().unwrap())
+        .await
+        .subnet_id()
+        .unwrap()
+        .to_string();
+    s.ec2
+        .delete_tags()
+        .resources(&subnet)
+        .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).build())
+        .send()
+        .await
+        .unwrap();
+    subnet
+}
+
 #[tokio::test]
 async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
     let (s, old) = one_node().await;
@@ -606,18 +624,7 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
 
     // The node's subnet loses its discovery tag: the class's spec (and hash)
     // is unchanged, only what it resolves to.
-    let subnet = instance(&s, old.instance_id.as_deref().unwrap())
-        .await
-        .subnet_id()
-        .unwrap()
-        .to_string();
-    s.ec2
-        .delete_tags()
-        .resources(&subnet)
-        .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).build())
-        .send()
-        .await
-        .unwrap();
+    let subnet = deselect_subnet_of(&s, &old).await;
 
     let (w, detail) = drift_walk(&s, &old, &sweeper).await;
     assert_eq!(detail.as_deref(), Some("Drifted (SubnetDrift) by nodesmith's sweep"));
@@ -662,18 +669,7 @@ async fn a_sweep_lists_the_instances_once_for_liveness_and_drift() {
     )
     .with_resolution(aws_sdk_ssm::Client::new(&direct), aws_sdk_eks::Client::new(&direct));
     // The node's subnet is no longer selected, so drift needs its instance's facts.
-    let subnet = instance(&s, old.instance_id.as_deref().unwrap())
-        .await
-        .subnet_id()
-        .unwrap()
-        .to_string();
-    s.ec2
-        .delete_tags()
-        .resources(&subnet)
-        .tags(aws_sdk_ec2::types::Tag::builder().key(DISCOVERY).build())
-        .send()
-        .await
-        .unwrap();
+    let subnet = deselect_subnet_of(&s, &old).await;
     let report = sweeper.run().await.unwrap();
     assert_eq!(
         report.disruption.started.len(),
