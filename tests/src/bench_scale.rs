@@ -611,11 +611,28 @@ fn spot_warnings<'a>(instances: impl Iterator<Item = &'a String>, now: Timestamp
 
 /// An interrupt function with its own Kubernetes client.
 fn interrupter(bench: &Bench) -> Interrupter<KubeCluster> {
-    Interrupter::new(
+    interrupt_function(
         cluster(&bench.kube),
         bench.store.clone(),
         bench.sqs.clone(),
-        InterruptConfig::new(&bench.world.launch.url, &bench.world.pending.url),
+        &bench.world.launch.url,
+        &bench.world.pending.url,
+    )
+}
+
+/// The interrupt function over these clients and queues.
+fn interrupt_function(
+    cluster: KubeCluster,
+    store: StateStore,
+    sqs: aws_sdk_sqs::Client,
+    launch_queue_url: &str,
+    pending_queue_url: &str,
+) -> Interrupter<KubeCluster> {
+    Interrupter::new(
+        cluster,
+        store,
+        sqs,
+        InterruptConfig::new(launch_queue_url, pending_queue_url),
     )
 }
 
@@ -1010,12 +1027,7 @@ pub async fn run_function(input: &[u8]) -> Result<FunctionAnswer, String> {
             })
         }
         Some(Scenario::Interrupt) => {
-            let interrupter = Interrupter::new(
-                cluster,
-                store,
-                sqs,
-                InterruptConfig::new(&run.launch_queue_url, &run.pending_queue_url),
-            );
+            let interrupter = interrupt_function(cluster, store, sqs, &run.launch_queue_url, &run.pending_queue_url);
             let outcome = interrupter.handle(&event()?).await;
             json!({
                 "handle_ms": started.elapsed().as_millis(),

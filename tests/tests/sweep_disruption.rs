@@ -650,16 +650,13 @@ async fn a_subnet_no_longer_selected_drifts_the_node_by_live_resolution() {
 #[tokio::test]
 async fn a_sweep_lists_the_instances_once_for_liveness_and_drift() {
     use nodesmith::ec2::Instances;
-    use nodesmith::sweep::{SweepConfig, Sweeper};
+    use nodesmith::sweep::Sweeper;
     use nodesmith_tests::fault_proxy::FaultProxy;
     let (s, old) = one_node().await;
     let proxy = FaultProxy::start(s.m.endpoint()).await;
     let direct = s.m.sdk_config().await;
     let counted = s.m.sdk_config_at(proxy.endpoint()).await;
-    let mut config = SweepConfig::from_lookup(|_| None).unwrap();
-    config.lifecycle = fast();
-    config.pending_queue_url = Some(s.pending_queue.clone());
-    config.launch_queue_url = Some(s.launch_queue.clone());
+    let config = s.sweep_config(fast());
     let sweeper = Sweeper::new(
         s.cluster(),
         s.store.clone(),
@@ -669,7 +666,7 @@ async fn a_sweep_lists_the_instances_once_for_liveness_and_drift() {
     )
     .with_resolution(aws_sdk_ssm::Client::new(&direct), aws_sdk_eks::Client::new(&direct));
     // The node's subnet is no longer selected, so drift needs its instance's facts.
-    let subnet = deselect_subnet_of(&s, &old).await;
+    deselect_subnet_of(&s, &old).await;
     let report = sweeper.run().await.unwrap();
     assert_eq!(
         report.disruption.started.len(),
@@ -923,7 +920,7 @@ async fn a_do_not_disrupt_pod_keeps_its_node_while_the_others_consolidate_onto_i
 async fn a_sweep_reads_claims_and_drains_a_few_times_not_at_every_step() {
     use nodesmith::ec2::Instances;
     use nodesmith::state::StateStore;
-    use nodesmith::sweep::{SweepConfig, Sweeper};
+    use nodesmith::sweep::Sweeper;
     use nodesmith_tests::fault_proxy::FaultProxy;
     let names = ["web-0", "web-1", "web-2"];
     let (s, _) = one_node_per_pod("large", &names, "1500m").await;
@@ -945,11 +942,7 @@ async fn a_sweep_reads_claims_and_drains_a_few_times_not_at_every_step() {
             .endpoint_url(proxy.endpoint())
             .build(),
     );
-    let mut config = SweepConfig::from_lookup(|_| None).unwrap();
-    config.lifecycle = fast();
-    config.pending_queue_url = Some(s.pending_queue.clone());
-    config.launch_queue_url = Some(s.launch_queue.clone());
-    config.lease = std::time::Duration::from_secs(1);
+    let config = s.sweep_config(fast());
     let sweeper = Sweeper::new(
         s.cluster(),
         StateStore::new(dynamo, TABLE),
@@ -1174,17 +1167,14 @@ async fn nodesmith_explain_says_which_rule_holds_a_node_and_why_a_pod_is_pending
 async fn a_sweep_still_reading_at_the_deadline_is_cut_and_frees_its_lease() {
     use nodesmith::deadline::Deadline;
     use nodesmith::ec2::Instances;
-    use nodesmith::sweep::{SweepConfig, SweepError, Sweeper};
+    use nodesmith::sweep::{SweepError, Sweeper};
     use nodesmith_tests::fault_proxy::FaultProxy;
     use std::time::Duration;
     let (s, _) = one_node().await;
     let proxy = FaultProxy::start(s.m.endpoint()).await;
     proxy.answer_late("DescribeInstances", 1, Duration::from_secs(120));
     let conf = s.m.sdk_config_at(proxy.endpoint()).await;
-    let mut config = SweepConfig::from_lookup(|_| None).unwrap();
-    config.lifecycle = fast();
-    config.pending_queue_url = Some(s.pending_queue.clone());
-    config.launch_queue_url = Some(s.launch_queue.clone());
+    let mut config = s.sweep_config(fast());
     // Long enough that only a release lets the next sweep in at once.
     config.lease = Duration::from_secs(30);
     let slow = Sweeper::new(

@@ -140,6 +140,17 @@ impl Stack {
     }
 
     pub fn sweeper(&self, lifecycle: LifecycleConfig) -> Sweeper<KubeCluster> {
+        Sweeper::new(
+            self.cluster(),
+            self.store.clone(),
+            Instances::new(self.ec2.clone(), CLUSTER),
+            self.sqs.clone(),
+            self.sweep_config(lifecycle),
+        )
+    }
+
+    /// The configuration of [`Stack::sweeper`], for a sweeper over other clients (a proxy's).
+    pub fn sweep_config(&self, lifecycle: LifecycleConfig) -> SweepConfig {
         let mut config = SweepConfig::from_lookup(|_| None).unwrap();
         config.lifecycle = lifecycle;
         config.pending_queue_url = Some(self.pending_queue.clone());
@@ -149,13 +160,7 @@ impl Stack {
         // sweep, and a test counting on one sweep failed.
         // A sweep that died frees the lease within a second here.
         config.lease = Duration::from_secs(1);
-        Sweeper::new(
-            self.cluster(),
-            self.store.clone(),
-            Instances::new(self.ec2.clone(), CLUSTER),
-            self.sqs.clone(),
-            config,
-        )
+        config
     }
 
     /// What the forwarder would send for these pods, handled by `provision`.
