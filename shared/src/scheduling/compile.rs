@@ -5,6 +5,7 @@
 //! for one solve.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::SolveInput;
 use super::daemonset::{self, Daemon};
@@ -214,12 +215,15 @@ pub(crate) struct Shapes {
 }
 
 impl Shapes {
-    /// Adds a pod, copying its model only when its shape is new.
-    pub(crate) fn add(&mut self, m: &PodModel, terms: &[Requirements]) {
+    /// Adds `pod` of model `m` (another pod's of its shape, perhaps),
+    /// copying the model only when its shape is new.
+    pub(crate) fn add(&mut self, pod: &PodRef, m: &PodModel, terms: &[Requirements]) {
         if let Some(i) = self.index.get(&ShapeKey::of(m, terms)) {
-            self.entries.push((m.pod.clone(), *i));
+            self.entries.push((pod.clone(), *i));
         } else {
-            self.add_owned(m.clone(), terms.to_vec());
+            let mut m = m.clone();
+            m.pod = pod.clone();
+            self.add_owned(m, terms.to_vec());
         }
     }
 
@@ -239,10 +243,15 @@ impl Shapes {
 pub(crate) struct Running {
     /// Index of its node in [`Compiled::existing`].
     pub(crate) node: usize,
-    /// Its model.
-    pub(crate) model: PodModel,
-    /// Its required node terms with volume topology, for when it must move.
-    pub(crate) terms: Result<Vec<Requirements>, String>,
+    /// The pod.
+    pub(crate) pod: PodRef,
+    /// Its model, shared by the running pods of its shape (replicas of one
+    /// workload): 155,000 running pods held a model each, 2 KB apiece. The
+    /// model's own `pod` is the first of them; `pod` above is this one.
+    pub(crate) model: Arc<PodModel>,
+    /// Its required node terms with volume topology, for when it must move
+    /// (shared as `model` is).
+    pub(crate) terms: Arc<Result<Vec<Requirements>, String>>,
     /// False for DaemonSet, mirror and finished pods: they never move.
     pub(crate) movable: bool,
     /// Index of its (namespace, labels) in [`Compiled::label_classes`].
@@ -429,7 +438,7 @@ impl KeyValues {
 fn topology_labels(running: &[Running], pending: &Shapes, existing: &[Existing]) -> HashMap<String, KeyValues> {
     let models = running
         .iter()
-        .map(|r| &r.model)
+        .map(|r| &*r.model)
         .chain(pending.shapes.iter().map(|(m, _)| m));
     let mut keys: BTreeSet<&str> = BTreeSet::new();
     for m in models {
@@ -701,23 +710,38 @@ impl Compiled {
         let mut running: Vec<Running> = Vec::new();
         let mut label_classes: Vec<LabelClass> = Vec::new();
         let mut class_index: HashMap<LabelClass, usize> = HashMap::new();
+        let mut shapes: HashMap<RunningKey, RunningShape> = HashMap::new();
         for (ni, n) in input.nodes.iter().enumerate() {
             for p in &n.pods {
-                match PodModel::from_pod(p) {
-                    Ok(m) => running.push(Running {
-                        node: ni,
-                        terms: terms_with_volumes(volumes, &m),
-                        movable: drain::moves_with_node(p),
-                        label_class: *class_index
-                            .entry((m.pod.namespace.clone(), m.labels.clone()))
-                            .or_insert_with_key(|k| {
-                                label_classes.push(k.clone());
-                                label_classes.len() - 1
-                            }),
-                        model: m,
-                    }),
-                    Err(e) => warnings.push(format!("running pod {}: {e}", PodRef::of(p))),
-                }
+                let m = match PodModel::from_pod(p) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        warnings.push(format!("running pod {}: {e}", PodRef::of(p)));
+                        continue;
+                    }
+                };
+                let label_class = *class_index
+                    .entry((m.pod.namespace.clone(), m.labels.clone()))
+                    .or_insert_with_key(|k| {
+                        label_classes.push(k.clone());
+                        label_classes.len() - 1
+                    });
+                let pod = m.pod.clone();
+                let (model, terms) = shapes
+                    .entry(RunningKey::of(&m))
+                    .or_insert_with(|| {
+                        let terms = Arc::new(terms_with_volumes(volumes, &m));
+                        (Arc::new(m), terms)
+                    })
+                    .clone();
+                running.push(Running {
+                    node: ni,
+                    pod,
+                    model,
+                    terms,
+                    movable: drain::moves_with_node(p),
+                    label_class,
+                });
             }
         }
         (running, label_classes)
@@ -1094,7 +1118,7 @@ impl Compiled {
             .flatten()
             .map(|&i| (&self.running[i], i))
             .filter(|(r, _)| r.movable)
-            .map(|(r, i)| (r.model.pod.clone(), i))
+            .map(|(r, i)| (r.pod.clone(), i))
             .collect();
         for c in &plan.node_claims {
             let Some(pi) = self.pools.iter().position(|p| p.name == c.node_pool) else {
@@ -1167,7 +1191,7 @@ impl Compiled {
                 (p, (m, terms))
             })
             .collect();
-        let mut held: Vec<(usize, PodModel, Vec<Requirements>)> = Vec::new();
+        let mut held: Vec<(usize, PodRef, PodModel, Vec<Requirements>)> = Vec::new();
         for placement in &plan.existing {
             // A node and a claim may share a name: take the entry of the placement's kind.
             let Some(t) = self.existing_index.get(&placement.name).and_then(|v| {
@@ -1180,17 +1204,15 @@ impl Compiled {
             };
             for p in &placement.pods {
                 if let Some((m, terms)) = models.get(p) {
-                    let mut m = (*m).clone();
-                    m.pod = p.clone();
-                    held.push((t, m, (*terms).clone()));
+                    held.push((t, p.clone(), (*m).clone(), (*terms).clone()));
                 }
             }
         }
-        for (t, model, terms) in held {
+        for (t, pod, model, terms) in held {
             let e = &mut self.existing[t];
             dense::add(&mut e.used, &self.res.vector(&model.requests));
             e.ports.extend(model.host_ports.iter().cloned());
-            let class = (model.pod.namespace.clone(), model.labels.clone());
+            let class = (pod.namespace.clone(), model.labels.clone());
             let label_class = match self.label_classes.iter().position(|c| *c == class) {
                 Some(i) => i,
                 None => {
@@ -1200,8 +1222,9 @@ impl Compiled {
             };
             let r = Running {
                 node: t,
-                model,
-                terms: Ok(terms),
+                pod,
+                model: Arc::new(model),
+                terms: Arc::new(Ok(terms)),
                 movable: false,
                 label_class,
             };
@@ -1290,6 +1313,28 @@ fn type_model(
         return None;
     }
     Some(TypeModel { avail, overhead, ..t })
+}
+
+/// A running pod's shared model and node terms ([`Running`]).
+type RunningShape = (Arc<PodModel>, Arc<Result<Vec<Requirements>, String>>);
+
+/// Everything about a running pod but its name, its volumes included (its
+/// node terms fold in their topology): equal keys share one model.
+#[derive(Hash, PartialEq, Eq)]
+struct RunningKey {
+    shape: ShapeKey,
+    claims: Vec<String>,
+    ephemeral_classes: Vec<Option<String>>,
+}
+
+impl RunningKey {
+    fn of(m: &PodModel) -> Self {
+        RunningKey {
+            shape: ShapeKey::of(m, &m.node_terms),
+            claims: m.claims.clone(),
+            ephemeral_classes: m.ephemeral_classes.clone(),
+        }
+    }
 }
 
 /// Everything about a pod but its name: equal keys share a compiled shape.

@@ -285,9 +285,9 @@ impl<'c> Model<'c> {
         } else {
             let mut shapes = c.pending.clone();
             for r in moved {
-                match &r.terms {
-                    Ok(terms) => shapes.add(&r.model, terms),
-                    Err(e) => invalid.push((r.model.pod.clone(), PlacementFailure::Volume(e.clone()))),
+                match r.terms.as_ref() {
+                    Ok(terms) => shapes.add(&r.pod, &r.model, terms),
+                    Err(e) => invalid.push((r.pod.clone(), PlacementFailure::Volume(e.clone()))),
                 }
             }
             (shapes.shapes, shapes.entries)

@@ -1384,6 +1384,38 @@ fn in_flight_claims_are_repacked_with_the_pods_they_were_made_for() {
     assert_eq!(plan.existing.iter().map(|e| e.pods.len()).sum::<usize>(), 3);
 }
 
+#[test]
+fn running_replicas_share_one_model_and_move_under_their_own_names() {
+    let mut case = Case::new(Vec::new());
+    case.nodes = ["n1", "n2", "n3"]
+        .into_iter()
+        .map(|n| ExistingNode {
+            node: node(n, "test-zone-a", "4", "8Gi", json!({})),
+            pods: vec![running(&format!("web-on-{n}"), n, "1", app("web"))],
+        })
+        .collect();
+    let compiled = Compiled::new(&case.input());
+    assert_eq!(compiled.running.len(), 3);
+    assert!(
+        compiled
+            .running
+            .windows(2)
+            .all(|w| std::sync::Arc::ptr_eq(&w[0].model, &w[1].model)),
+        "three replicas, one model"
+    );
+    let plan = compiled.solve(&SolveOptions {
+        new_claims: false,
+        removed: ["n2", "n3"].into_iter().map(String::from).collect(),
+        ..SolveOptions::default()
+    });
+    let moved: Vec<(&str, &str)> = plan
+        .existing
+        .iter()
+        .flat_map(|e| e.pods.iter().map(move |p| (e.name.as_str(), p.name.as_str())))
+        .collect();
+    assert_eq!(moved, [("n1", "web-on-n2"), ("n1", "web-on-n3")], "{plan:?}");
+}
+
 fn fixtures_claim() -> NodeClaim {
     NodeClaim {
         resources: crate::resources::Resources::parse([("cpu", "1"), ("pods", "1")]).unwrap(),
