@@ -17,7 +17,7 @@ use super::client::ClientSource;
 use super::cluster::{Cluster, ClusterError, EvictionOutcome, NodeUpdate};
 use super::decode;
 use super::events::EventSpec;
-use super::pages::{ListHead, ListText, joined, read_page, unreadable_page};
+use super::pages::{ListHead, ListText, Paged, joined, read_page, unreadable_page};
 use super::pods;
 use super::retry::{RateLimiter, RetryPolicy, is_transient};
 use crate::apis::nodeclaim::NodeClaimObject;
@@ -247,6 +247,14 @@ impl KubeCluster {
     where
         K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
+        Ok(self.list_pages(op, lp).await?.into_vec())
+    }
+
+    /// [`Self::list_all`], its pages kept apart ([`Paged`]).
+    async fn list_pages<K>(&self, op: &str, lp: ListParams) -> Result<Paged<K>, ClusterError>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
         let mut restarts = 0;
         'list: loop {
             let mut items = Vec::new();
@@ -280,15 +288,15 @@ impl KubeCluster {
                 let op_owned = op.to_string();
                 let previous = reading.replace(tokio::task::spawn_blocking(move || read_page::<K>(&op_owned, &text)));
                 if let Some(previous) = previous {
-                    items.extend(joined(op, previous.await)?);
+                    items.push(joined(op, previous.await)?);
                 }
                 match head.metadata.continue_.filter(|t| !t.is_empty()) {
                     Some(t) => token = Some(t),
                     None => {
                         if let Some(last) = reading {
-                            items.extend(joined(op, last.await)?);
+                            items.push(joined(op, last.await)?);
                         }
-                        return Ok(items);
+                        return Ok(Paged::new(items));
                     }
                 }
             }
@@ -394,8 +402,8 @@ impl Cluster for KubeCluster {
         .await
     }
 
-    async fn pods(&self) -> Result<Vec<Pod>, ClusterError> {
-        self.list_all("list pods", ListParams::default()).await
+    async fn pods(&self) -> Result<Paged<Pod>, ClusterError> {
+        self.list_pages("list pods", ListParams::default()).await
     }
 
     async fn pending_pods(&self) -> Result<Vec<Pod>, ClusterError> {

@@ -35,3 +35,5 @@ pub use drain::{DrainOptions, DrainReport, drain};
 pub use events::EventSpec;
 #[cfg(feature = "autoscaler")]
 pub use kube_cluster::KubeCluster;
+#[cfg(feature = "autoscaler")]
+pub use pages::Paged;

@@ -27,6 +27,51 @@ impl<K: kube::Resource + Clone> ListText for Api<K> {
     }
 }
 
+/// A list's objects as its pages were read. A whole-cluster pods list is
+/// hundreds of megabytes of `Pod`s (2 KB each before any string): one `Vec`
+/// of them would be held whole beside whatever is built from it, where pages
+/// are freed one by one as they are consumed ([`IntoIterator`]).
+#[derive(Debug, Clone)]
+pub struct Paged<K>(Vec<Vec<K>>);
+
+impl<K> Paged<K> {
+    /// The objects of `pages`, in order.
+    pub fn new(pages: Vec<Vec<K>>) -> Self {
+        Paged(pages)
+    }
+
+    /// How many objects.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Vec::len).sum()
+    }
+
+    /// True when the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Vec::is_empty)
+    }
+
+    /// The objects, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &K> {
+        self.0.iter().flatten()
+    }
+
+    /// The objects in one `Vec` (for lists small enough to hold twice).
+    pub fn into_vec(self) -> Vec<K> {
+        let mut all = Vec::with_capacity(self.len());
+        all.extend(self);
+        all
+    }
+}
+
+impl<K> IntoIterator for Paged<K> {
+    type Item = K;
+    type IntoIter = std::iter::Flatten<std::vec::IntoIter<Vec<K>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().flatten()
+    }
+}
+
 /// A list answer's metadata, its items skipped.
 #[derive(serde::Deserialize)]
 pub(super) struct ListHead {

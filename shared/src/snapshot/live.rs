@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::Snapshot;
 use crate::apis::{EC2NodeClass, NodePool, Taint};
 use crate::catalog::{self, Catalog, CatalogError};
-use crate::kubernetes::{Cluster, ClusterError, pods};
+use crate::kubernetes::{Cluster, ClusterError, Paged, pods};
 use crate::nodeclaim::{NodeClaim, Phase};
 use crate::registration;
 use crate::scheduling::ExistingNode;
@@ -86,7 +86,7 @@ async fn read_state(store: &StateStore, now: Timestamp) -> Result<StateRead, Sna
 /// PDBs, PersistentVolumes and their claims, StorageClasses, Namespaces.
 type Lists = (
     Vec<Pod>,
-    Vec<Pod>,
+    Paged<Pod>,
     Vec<Node>,
     Vec<NodePool>,
     Vec<EC2NodeClass>,
@@ -154,8 +154,9 @@ pub async fn read_launchable(
 }
 
 /// Groups bound pods by node; pods on nodes that are not listed are dropped.
-/// Takes the pods by value: a whole cluster's pods are not copied.
-pub fn existing_nodes(nodes: Vec<Node>, pods: Vec<Pod>) -> Vec<ExistingNode> {
+/// Takes the pods by value: a whole cluster's pods are not copied, and a
+/// list's pages ([`Paged`]) are freed as their pods are moved.
+pub fn existing_nodes(nodes: Vec<Node>, pods: impl IntoIterator<Item = Pod>) -> Vec<ExistingNode> {
     let mut by_node: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
     for p in pods {
         if let Some(n) = pods::node_name(&p).filter(|_| !pods::is_terminal(&p)) {
