@@ -480,3 +480,44 @@ async fn a_list_longer_than_a_page_is_read_over_several_requests() {
         "managed fields are dropped"
     );
 }
+
+/// The whole-cluster pods list keeps what scheduling and disruption read of
+/// a pod and drops the rest as each page is read (a running pod's statuses,
+/// environment and probes are most of its typed form).
+#[tokio::test]
+async fn the_pods_list_drops_what_is_never_read_of_a_pod() {
+    let server = KubeServer::start().await;
+    let mut p = pod("web", json!({"app": "web"}), json!({}), json!({}));
+    p["spec"]["containers"][0]["env"] = json!([{"name": "MODE", "value": "prod"}]);
+    p["spec"]["containers"][0]["readinessProbe"] = json!({"httpGet": {"path": "/ready", "port": 8080}});
+    p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 8080, "hostPort": 8080}]);
+    p["status"] = json!({"phase": "Running", "startTime": "2026-12-04T10:00:01Z", "conditions": [
+        {"type": "Initialized", "status": "True"}, {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-04T10:00:09Z"}],
+        "containerStatuses": [{"name": "c", "image": "busybox", "imageID": "sha256:1", "ready": true, "restartCount": 0}]});
+    server.apply(&p).unwrap();
+    let cluster = adapter(&server);
+    let listed = cluster.pods().await.unwrap().into_vec();
+    let [listed] = listed.as_slice() else {
+        panic!("one pod, not {}", listed.len())
+    };
+    let (spec, status) = (listed.spec.as_ref().unwrap(), listed.status.as_ref().unwrap());
+    let c = &spec.containers[0];
+    assert!(
+        c.env.is_none() && c.readiness_probe.is_none() && c.image.is_none(),
+        "{c:?}"
+    );
+    assert!(status.container_statuses.is_none());
+    let conditions: Vec<_> = status.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+    assert_eq!(conditions, ["Ready"]);
+    assert_eq!(
+        status.start_time.as_ref().map(|t| t.0.to_string()).as_deref(),
+        Some("2026-12-04T10:00:01Z")
+    );
+    assert!(
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .is_some_and(|r| r.contains_key("cpu"))
+    );
+    assert_eq!(c.ports.as_ref().unwrap()[0].host_port, Some(8080));
+}

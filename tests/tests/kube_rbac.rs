@@ -647,10 +647,20 @@ fn scan(src: &str) -> Result<Vec<Call>, String> {
             });
         }
     }
-    for (helper, methods) in &helpers {
+    // A helper called from a fn generic over the same type makes that fn a
+    // helper too (`list_all` over `list_pages`): followed until none is left.
+    let mut pending: Vec<(String, Vec<String>)> = helpers.into_iter().collect();
+    let mut followed = BTreeSet::new();
+    while let Some((helper, methods)) = pending.pop() {
+        if !followed.insert(helper.clone()) {
+            continue;
+        }
         let pat = format!("self.{helper}");
         for (at, _) in src.match_indices(&pat) {
             let rest = &src[at + pat.len()..];
+            if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue; // another fn whose name starts with this one's
+            }
             let turbofish = rest.strip_prefix("::<").map(|t| ident(t).to_string());
             let f = fn_at(at).ok_or_else(|| format!("line {}: a call outside any fn", line_of(src, at)))?;
             let kind = turbofish.or_else(|| f.returns_vec_of.clone()).ok_or_else(|| {
@@ -660,7 +670,11 @@ fn scan(src: &str) -> Result<Vec<Call>, String> {
                     f.name
                 )
             })?;
-            for m in methods {
+            if f.generics.contains(&kind) {
+                pending.push((f.name.clone(), methods.clone()));
+                continue;
+            }
+            for m in &methods {
                 calls.push(Call {
                     in_fn: f.name.clone(),
                     kind: kind.clone(),

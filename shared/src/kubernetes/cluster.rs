@@ -128,7 +128,8 @@ impl NodeUpdate {
 pub trait Cluster: Send + Sync {
     /// One pod, or None when it does not exist.
     fn pod(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Option<Pod>, ClusterError>> + Send;
-    /// Every pod in the cluster, page by page as read.
+    /// Every pod in the cluster, page by page as read, without what nodesmith
+    /// never reads of a pod ([`super::pods::trim_unread`]).
     fn pods(&self) -> impl Future<Output = Result<super::Paged<Pod>, ClusterError>> + Send;
     /// Pods the scheduler could not place (`PodScheduled=False, reason=Unschedulable`) and that provisioning should act on.
     fn pending_pods(&self) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;

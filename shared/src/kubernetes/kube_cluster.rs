@@ -247,11 +247,12 @@ impl KubeCluster {
     where
         K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        Ok(self.list_pages(op, lp).await?.into_vec())
+        Ok(self.list_pages(op, lp, |_| ()).await?.into_vec())
     }
 
-    /// [`Self::list_all`], its pages kept apart ([`Paged`]).
-    async fn list_pages<K>(&self, op: &str, lp: ListParams) -> Result<Paged<K>, ClusterError>
+    /// [`Self::list_all`], its pages kept apart ([`Paged`]) and each object
+    /// `trimmed` as its page is read.
+    async fn list_pages<K>(&self, op: &str, lp: ListParams, trimmed: fn(&mut K)) -> Result<Paged<K>, ClusterError>
     where
         K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
@@ -286,7 +287,9 @@ impl KubeCluster {
                 // Only the list's metadata now (the items are skipped over, not built).
                 let head: ListHead = serde_json::from_str(&text).map_err(|e| unreadable_page(op, &e))?;
                 let op_owned = op.to_string();
-                let previous = reading.replace(tokio::task::spawn_blocking(move || read_page::<K>(&op_owned, &text)));
+                let previous = reading.replace(tokio::task::spawn_blocking(move || {
+                    read_page::<K>(&op_owned, &text, trimmed)
+                }));
                 if let Some(previous) = previous {
                     items.push(joined(op, previous.await)?);
                 }
@@ -403,7 +406,8 @@ impl Cluster for KubeCluster {
     }
 
     async fn pods(&self) -> Result<Paged<Pod>, ClusterError> {
-        self.list_pages("list pods", ListParams::default()).await
+        self.list_pages::<Pod>("list pods", ListParams::default(), pods::trim_unread)
+            .await
     }
 
     async fn pending_pods(&self) -> Result<Vec<Pod>, ClusterError> {

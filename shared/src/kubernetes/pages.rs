@@ -80,8 +80,9 @@ pub(super) struct ListHead {
     pub metadata: kube::core::ListMeta,
 }
 
-/// One page of a list read into objects, their managed fields dropped.
-pub(super) fn read_page<K>(op: &str, text: &str) -> Result<Vec<K>, ClusterError>
+/// One page of a list read into objects, their managed fields dropped and
+/// each then `trimmed` (of what the list's reader never reads).
+pub(super) fn read_page<K>(op: &str, text: &str, trimmed: fn(&mut K)) -> Result<Vec<K>, ClusterError>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
 {
@@ -91,6 +92,7 @@ where
         .into_iter()
         .map(|mut o| {
             o.meta_mut().managed_fields = None;
+            trimmed(&mut o);
             o
         })
         .collect())

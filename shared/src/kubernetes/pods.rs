@@ -49,6 +49,49 @@ pub fn has_do_not_disrupt(pod: &Pod, now: jiff::Timestamp) -> bool {
     crate::do_not_disrupt::pod_protected(pod, now)
 }
 
+/// Drops what nodesmith never reads of a listed pod, so that a whole
+/// cluster's pods fit a function's memory: container statuses, conditions
+/// other than Ready (startup durations) and PodScheduled (the status report),
+/// ephemeral containers, and each container's image, command, environment,
+/// probes, hooks, mounts and security context. A running pod's typed form is
+/// mostly these; names, labels, owners, requests, ports, volumes, affinity,
+/// tolerations and spread are what scheduling and disruption read, and stay.
+pub fn trim_unread(pod: &mut Pod) {
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
+        if let Some(cs) = status.conditions.as_mut() {
+            cs.retain(|c| matches!(c.type_.as_str(), "Ready" | "PodScheduled"));
+        }
+    }
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.ephemeral_containers = None;
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            c.image = None;
+            c.command = None;
+            c.args = None;
+            c.env = None;
+            c.env_from = None;
+            c.liveness_probe = None;
+            c.readiness_probe = None;
+            c.startup_probe = None;
+            c.lifecycle = None;
+            c.volume_mounts = None;
+            c.volume_devices = None;
+            c.security_context = None;
+            c.working_dir = None;
+            c.termination_message_path = None;
+            c.termination_message_policy = None;
+            c.image_pull_policy = None;
+        }
+    }
+}
+
 /// Whether the pod has finished (Succeeded or Failed).
 pub fn is_terminal(pod: &Pod) -> bool {
     matches!(
@@ -146,6 +189,106 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// A running pod as a real cluster lists it: probes, environment, mounts,
+    /// statuses, beside everything scheduling and disruption read.
+    fn running_in_production() -> Pod {
+        let container = |name: &str, cpu: &str| {
+            json!({"name": name, "image": "registry.example/app:1.2.3", "imagePullPolicy": "IfNotPresent",
+                "command": ["/app"], "args": ["--port=8080"], "workingDir": "/srv",
+                "env": [{"name": "MODE", "value": "prod"}, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "envFrom": [{"configMapRef": {"name": "settings"}}],
+                "ports": [{"containerPort": 8080, "hostPort": 8080, "protocol": "TCP"}],
+                "resources": {"requests": {"cpu": cpu, "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}},
+                "startupProbe": {"tcpSocket": {"port": 8080}},
+                "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "securityContext": {"runAsNonRoot": true},
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"})
+        };
+        let mut sidecar = container("proxy", "100m");
+        sidecar["restartPolicy"] = json!("Always");
+        pod(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "u1", "labels": {"app": "web"},
+                "annotations": {"karpenter.sh/do-not-disrupt": "10m"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs", "controller": true}],
+                "creationTimestamp": "2026-12-04T10:00:00Z"},
+            "spec": {"nodeName": "n1", "priority": 100, "overhead": {"cpu": "10m"},
+                "containers": [container("web", "1")], "initContainers": [sidecar],
+                "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-web-1"}}],
+                "nodeSelector": {"kubernetes.io/arch": "amd64"},
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "web", "effect": "NoSchedule"}],
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}},
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]},
+            "status": {"phase": "Running", "startTime": "2026-12-04T10:00:01Z", "hostIP": "10.0.0.1",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-04T10:00:00Z"},
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-12-04T10:00:02Z"},
+                    {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-12-04T10:00:09Z"},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-04T10:00:09Z"}],
+                "containerStatuses": [{"name": "web", "image": "registry.example/app:1.2.3", "imageID": "sha256:1",
+                    "containerID": "containerd://1", "ready": true, "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-12-04T10:00:05Z"}}}],
+                "initContainerStatuses": [{"name": "proxy", "image": "envoy", "imageID": "sha256:2", "ready": true,
+                    "restartCount": 0, "state": {"running": {"startedAt": "2026-12-04T10:00:02Z"}}}]}
+        }))
+    }
+
+    #[test]
+    fn a_trimmed_pod_schedules_and_disrupts_as_the_whole_one() {
+        let whole = running_in_production();
+        let mut trimmed = whole.clone();
+        trim_unread(&mut trimmed);
+        let size = |p: &Pod| serde_json::to_string(p).unwrap().len();
+        assert!(
+            size(&trimmed) * 2 < size(&whole),
+            "{} of {} bytes kept",
+            size(&trimmed),
+            size(&whole)
+        );
+        let model = |p: &Pod| format!("{:?}", crate::scheduling::pod::PodModel::from_pod(p).unwrap());
+        assert_eq!(model(&trimmed), model(&whole));
+        let now: jiff::Timestamp = "2026-12-04T10:05:00Z".parse().unwrap();
+        assert_eq!(
+            crate::do_not_disrupt::pod_started(&trimmed),
+            crate::do_not_disrupt::pod_started(&whole)
+        );
+        assert_eq!(
+            crate::do_not_disrupt::pod_protected(&trimmed, now),
+            crate::do_not_disrupt::pod_protected(&whole, now)
+        );
+        let span = crate::pod_startup::window(None, now);
+        assert_eq!(
+            crate::pod_startup::durations([&trimmed], span),
+            crate::pod_startup::durations([&whole], span)
+        );
+        assert_eq!(
+            crate::pod_startup::durations([&whole], span).len(),
+            1,
+            "the startup is seen at all"
+        );
+        for p in [&trimmed, &whole] {
+            assert_eq!(
+                (key(p), node_name(p), is_terminal(p), is_daemonset_pod(p)),
+                ("shop/web-1".into(), Some("n1"), false, false)
+            );
+        }
+        let status = trimmed.status.as_ref().unwrap();
+        assert!(status.container_statuses.is_none() && status.init_container_statuses.is_none());
+        let kept: Vec<_> = status.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+        assert_eq!(kept, ["PodScheduled", "Ready"]);
+        let spec = trimmed.spec.as_ref().unwrap();
+        assert!(spec.containers[0].env.is_none() && spec.containers[0].liveness_probe.is_none());
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].restart_policy.as_deref(),
+            Some("Always")
+        );
     }
 
     fn unschedulable() -> serde_json::Value {
