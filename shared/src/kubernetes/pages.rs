@@ -80,22 +80,33 @@ pub(super) struct ListHead {
     pub metadata: kube::core::ListMeta,
 }
 
+/// A list answer's items, each still its text (borrowed from the page).
+#[derive(serde::Deserialize)]
+struct RawItems<'a> {
+    #[serde(borrow, default)]
+    items: Option<Vec<&'a serde_json::value::RawValue>>,
+}
+
 /// One page of a list read into objects, their managed fields dropped and
-/// each then `trimmed` (of what the list's reader never reads).
+/// each then `trimmed` (of what the list's reader never reads). Objects are
+/// read and trimmed one at a time: what is dropped of one is reused by the
+/// next, where reading a whole page first left a page of dropped parts
+/// scattered among the kept ones.
 pub(super) fn read_page<K>(op: &str, text: &str, trimmed: fn(&mut K)) -> Result<Vec<K>, ClusterError>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
 {
-    let page: kube::core::ObjectList<K> = serde_json::from_str(text).map_err(|e| unreadable_page(op, &e))?;
-    Ok(page
-        .items
+    let page: RawItems = serde_json::from_str(text).map_err(|e| unreadable_page(op, &e))?;
+    page.items
+        .unwrap_or_default()
         .into_iter()
-        .map(|mut o| {
+        .map(|raw| {
+            let mut o: K = serde_json::from_str(raw.get()).map_err(|e| unreadable_page(op, &e))?;
             o.meta_mut().managed_fields = None;
             trimmed(&mut o);
-            o
+            Ok(o)
         })
-        .collect())
+        .collect()
 }
 
 /// A page that is not a list of the kind asked for, as the client reports it.
