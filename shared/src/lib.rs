@@ -152,7 +152,8 @@ pub mod usage;
 /// The functions' allocator. A whole-cluster read is a million small objects
 /// freed at once; glibc's per-thread arenas kept about 165 MB of them
 /// resident at 5,000 nodes, and Lambda bills and kills by resident memory
-/// (docs/scale.md, "The allocator").
+/// (docs/scale.md, "Memory: one model per pod shape, the allocator, pods
+/// trimmed as read").
 #[cfg(feature = "autoscaler")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

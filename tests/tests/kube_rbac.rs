@@ -652,7 +652,7 @@ fn scan(src: &str) -> Result<Vec<Call>, String> {
     let mut pending: Vec<(String, Vec<String>)> = helpers.into_iter().collect();
     let mut followed = BTreeSet::new();
     while let Some((helper, methods)) = pending.pop() {
-        if !followed.insert(helper.clone()) {
+        if !followed.insert((helper.clone(), methods.clone())) {
             continue;
         }
         let pat = format!("self.{helper}");
