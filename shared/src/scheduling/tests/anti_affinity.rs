@@ -264,8 +264,9 @@ fn catalog_spot_in_two_zones() -> Catalog {
 
 /// The two cases where spot is not in every zone and 2 cpu needs
 /// the larger size: leaving a 2-cpu pod out for the tiny one would be
-/// cheaper, but Karpenter's order schedules the three pinned pods.
-fn zone_pinned_pods_win_where_spot_is_not_everywhere(inverse: bool) {
+/// cheaper, but Karpenter's order schedules the three pinned pods. With
+/// `fillers` unconstrained small pods beside them.
+fn zone_pinned_pods_win_where_spot_is_not_everywhere(inverse: bool, fillers: usize) {
     let (pinned, other) = if inverse {
         (away_from_s2(labels::ZONE, None), s2())
     } else {
@@ -273,6 +274,7 @@ fn zone_pinned_pods_win_where_spot_is_not_everywhere(inverse: bool) {
     };
     let mut all = one_per_zone(&pinned);
     all.push(pod("aff", "0", "0", other));
+    all.extend(pods("filler", fillers, "100m", "128Mi", json!({})));
     let mut case = Case::new(all);
     case.catalog = catalog_spot_in_two_zones();
     let plan = case.solve();
@@ -281,10 +283,19 @@ fn zone_pinned_pods_win_where_spot_is_not_everywhere(inverse: bool) {
 
 #[test]
 fn zone_anti_affinity_where_spot_is_not_everywhere() {
-    zone_pinned_pods_win_where_spot_is_not_everywhere(false);
+    zone_pinned_pods_win_where_spot_is_not_everywhere(false, 0);
 }
 
 #[test]
 fn inverse_zone_anti_affinity_where_spot_is_not_everywhere() {
-    zone_pinned_pods_win_where_spot_is_not_everywhere(true);
+    zone_pinned_pods_win_where_spot_is_not_everywhere(true, 0);
+}
+
+/// The same cases among more pods than the passes tried with domains
+/// chosen for price: the choice of which pods wait is still Karpenter's.
+#[test]
+fn zone_anti_affinity_among_thousands_of_pods_where_spot_is_not_everywhere() {
+    let fillers = crate::scheduling::packing::FEWEST_PODS_MAX + 500;
+    zone_pinned_pods_win_where_spot_is_not_everywhere(false, fillers);
+    zone_pinned_pods_win_where_spot_is_not_everywhere(true, fillers);
 }
