@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, QuantityError};
@@ -126,6 +128,73 @@ impl Resources {
     }
 }
 
+/// A quantity in a pod's spec that does not parse, and the field it is in.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct FieldError {
+    /// Field path inside the pod, e.g. `spec.containers[0].resources.requests.cpu`.
+    pub path: String,
+    /// Why it does not parse.
+    #[source]
+    pub source: QuantityError,
+}
+
+/// Reads a Kubernetes resource list at `path`.
+pub fn from_k8s(list: Option<&BTreeMap<String, K8sQuantity>>, path: &str) -> Result<Resources, FieldError> {
+    let mut r = Resources::new();
+    for (k, v) in list.into_iter().flatten() {
+        let q = Quantity::parse(&v.0).map_err(|source| FieldError {
+            path: format!("{path}.{k}"),
+            source,
+        })?;
+        r.set(k, q);
+    }
+    Ok(r)
+}
+
+/// Requests, each resource defaulting to its limit where only a limit is
+/// set (containers and pod-level resources alike).
+fn requests_of(res: Option<&ResourceRequirements>, path: &str) -> Result<Resources, FieldError> {
+    let mut req = from_k8s(
+        res.and_then(|r| r.requests.as_ref()),
+        &format!("{path}.resources.requests"),
+    )?;
+    let limits = from_k8s(res.and_then(|r| r.limits.as_ref()), &format!("{path}.resources.limits"))?;
+    for (k, v) in limits.0 {
+        req.0.entry(k).or_insert(v);
+    }
+    Ok(req)
+}
+
+/// What a pod's containers ask for together, as Kubernetes counts it:
+/// max(each init container plus the sidecars started before it, containers
+/// plus all sidecars), where pod-level `spec.resources` (Kubernetes 1.32+)
+/// replace that for the resources they set. Overhead and the pod's slot are
+/// not in it.
+pub fn container_total(spec: &PodSpec, path: &str) -> Result<Resources, FieldError> {
+    let mut sum = Resources::new();
+    for (i, c) in spec.containers.iter().enumerate() {
+        sum.add(&requests_of(c.resources.as_ref(), &format!("{path}.containers[{i}]"))?);
+    }
+    let mut sidecars = Resources::new();
+    let mut init_max = Resources::new();
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        let req = requests_of(c.resources.as_ref(), &format!("{path}.initContainers[{i}]"))?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            sum.add(&req);
+            sidecars.add(&req);
+            init_max = init_max.max(&sidecars);
+        } else {
+            init_max = init_max.max(&req.plus(&sidecars));
+        }
+    }
+    let mut total = sum.max(&init_max);
+    for (k, v) in requests_of(spec.resources.as_ref(), path)?.0 {
+        total.set(&k, v);
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +214,28 @@ mod tests {
             sum.minus(&b),
             a.plus(&Resources::parse([("cpu", "0"), ("nvidia.com/gpu", "0")]).unwrap())
         );
+    }
+
+    /// A quantity that does not parse is named by its field, wherever it is.
+    #[test]
+    fn a_bad_quantity_names_its_field() {
+        let cases = [
+            (
+                serde_json::json!({"containers": [{"name": "a", "resources": {"limits": {"cpu": "x"}}}]}),
+                "spec.containers[0].resources.limits.cpu",
+            ),
+            (
+                serde_json::json!({"containers": [], "initContainers": [{"name": "i", "resources": {"requests": {"memory": "1Zi"}}}]}),
+                "spec.initContainers[0].resources.requests.memory",
+            ),
+            (
+                serde_json::json!({"containers": [], "resources": {"requests": {"cpu": "two"}}}),
+                "spec.resources.requests.cpu",
+            ),
+        ];
+        for (spec, path) in cases {
+            let spec: PodSpec = serde_json::from_value(spec).unwrap();
+            assert_eq!(container_total(&spec, "spec").unwrap_err().path, path);
+        }
     }
 }

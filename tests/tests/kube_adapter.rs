@@ -482,8 +482,8 @@ async fn a_list_longer_than_a_page_is_read_over_several_requests() {
 }
 
 /// The whole-cluster pods list keeps what scheduling and disruption read of
-/// a pod and drops the rest as each page is read (a running pod's statuses,
-/// environment and probes are most of its typed form).
+/// a pod and drops the rest as each page is read (a running pod's statuses
+/// and containers are most of its typed form).
 #[tokio::test]
 async fn the_pods_list_drops_what_is_never_read_of_a_pod() {
     let server = KubeServer::start().await;
@@ -513,8 +513,10 @@ async fn the_pods_list_drops_what_is_never_read_of_a_pod() {
         status.start_time.as_ref().map(|t| t.0.to_string()).as_deref(),
         Some("2026-12-04T10:00:01Z")
     );
+    // The container's requests are the pod's now; it stays for its host port.
+    assert!(c.resources.is_none(), "{c:?}");
     assert!(
-        c.resources
+        spec.resources
             .as_ref()
             .and_then(|r| r.requests.as_ref())
             .is_some_and(|r| r.contains_key("cpu"))

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, NodeAffinity, NodeSelectorTerm, Pod, PodAffinityTerm, PodSpec, Toleration as K8sToleration,
+    NodeAffinity, NodeSelectorTerm, Pod, PodAffinityTerm, PodSpec, Toleration as K8sToleration,
     TopologySpreadConstraint, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -49,6 +49,12 @@ pub struct PodError {
     pub path: String,
     /// What is wrong.
     pub message: String,
+}
+
+impl From<resources::FieldError> for PodError {
+    fn from(e: resources::FieldError) -> Self {
+        perr(e.path, e.source.to_string())
+    }
 }
 
 fn perr(path: impl Into<String>, message: impl Into<String>) -> PodError {
@@ -311,62 +317,14 @@ pub fn quantity(q: &K8sQuantity, path: &str) -> Result<Quantity, PodError> {
     Quantity::parse(&q.0).map_err(|e| perr(path, e.to_string()))
 }
 
-fn resource_list(list: Option<&BTreeMap<String, K8sQuantity>>, path: &str) -> Result<Resources, PodError> {
-    let mut r = Resources::new();
-    for (k, v) in list.into_iter().flatten() {
-        r.set(k, quantity(v, &format!("{path}.{k}"))?);
-    }
-    Ok(r)
-}
-
-/// A container's requests, each resource defaulting to its limit.
-fn container_requests(c: &Container, path: &str) -> Result<Resources, PodError> {
-    requests_of(c.resources.as_ref(), path)
-}
-
-/// Requests, defaulted to limits where only a limit is set (containers and
-/// pod-level resources alike).
-fn requests_of(
-    res: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
-    path: &str,
-) -> Result<Resources, PodError> {
-    let mut req = resource_list(
-        res.and_then(|r| r.requests.as_ref()),
-        &format!("{path}.resources.requests"),
-    )?;
-    let limits = resource_list(res.and_then(|r| r.limits.as_ref()), &format!("{path}.resources.limits"))?;
-    for (k, v) in limits.0 {
-        req.0.entry(k).or_insert(v);
-    }
-    Ok(req)
-}
-
-/// Kubernetes' effective pod requests: max(each init container plus the
-/// sidecars started before it, containers plus all sidecars), where pod-level
-/// `spec.resources` (Kubernetes 1.32+) replace that for the resources they
-/// set, plus overhead and one `pods`.
-pub fn effective_requests(spec: &k8s_openapi::api::core::v1::PodSpec, path: &str) -> Result<Resources, PodError> {
-    let mut sum = Resources::new();
-    for (i, c) in spec.containers.iter().enumerate() {
-        sum.add(&container_requests(c, &format!("{path}.containers[{i}]"))?);
-    }
-    let mut sidecars = Resources::new();
-    let mut init_max = Resources::new();
-    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
-        let req = container_requests(c, &format!("{path}.initContainers[{i}]"))?;
-        if c.restart_policy.as_deref() == Some("Always") {
-            sum.add(&req);
-            sidecars.add(&req);
-            init_max = init_max.max(&sidecars);
-        } else {
-            init_max = init_max.max(&req.plus(&sidecars));
-        }
-    }
-    let mut total = sum.max(&init_max);
-    for (k, v) in requests_of(spec.resources.as_ref(), &format!("{path}.resources"))?.0 {
-        total.set(&k, v);
-    }
-    total.add(&resource_list(spec.overhead.as_ref(), &format!("{path}.overhead"))?);
+/// Kubernetes' effective pod requests: what its containers ask for together
+/// ([`resources::container_total`]), plus overhead and one `pods`.
+pub fn effective_requests(spec: &PodSpec, path: &str) -> Result<Resources, PodError> {
+    let mut total = resources::container_total(spec, path)?;
+    total.add(&resources::from_k8s(
+        spec.overhead.as_ref(),
+        &format!("{path}.overhead"),
+    )?);
     total.set(
         resources::PODS,
         total.get(resources::PODS).saturating_add(Quantity::from_units(1)),
