@@ -139,15 +139,19 @@ pub struct FieldError {
     pub source: QuantityError,
 }
 
+/// Reads a Kubernetes quantity, the field at `path`.
+pub fn field(q: &K8sQuantity, path: &str) -> Result<Quantity, FieldError> {
+    Quantity::parse(&q.0).map_err(|source| FieldError {
+        path: path.into(),
+        source,
+    })
+}
+
 /// Reads a Kubernetes resource list at `path`.
 pub fn from_k8s(list: Option<&BTreeMap<String, K8sQuantity>>, path: &str) -> Result<Resources, FieldError> {
     let mut r = Resources::new();
     for (k, v) in list.into_iter().flatten() {
-        let q = Quantity::parse(&v.0).map_err(|source| FieldError {
-            path: format!("{path}.{k}"),
-            source,
-        })?;
-        r.set(k, q);
+        r.set(k, field(v, &format!("{path}.{k}"))?);
     }
     Ok(r)
 }

@@ -89,9 +89,10 @@ struct RawItems<'a> {
 
 /// One page of a list read into objects, their managed fields dropped and
 /// each then `trimmed` (of what the list's reader never reads). Objects are
-/// read and trimmed one at a time: what is dropped of one is reused by the
-/// next, where reading a whole page first left a page of dropped parts
-/// scattered among the kept ones.
+/// read and trimmed one at a time, and what is kept of each is copied into
+/// fresh memory: left where the parse put them, the kept parts sit among the
+/// dropped ones and keep their pages resident (155,000 pods: 1.09 GB as
+/// parsed and trimmed, 0.65 GB copied; docs/scale.md).
 pub(super) fn read_page<K>(op: &str, text: &str, trimmed: fn(&mut K)) -> Result<Vec<K>, ClusterError>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
@@ -104,7 +105,7 @@ where
             let mut o: K = serde_json::from_str(raw.get()).map_err(|e| unreadable_page(op, &e))?;
             o.meta_mut().managed_fields = None;
             trimmed(&mut o);
-            Ok(o)
+            Ok(o.clone())
         })
         .collect()
 }

@@ -314,7 +314,7 @@ pub struct PodModel {
 
 /// Reads a Kubernetes quantity, naming the field on error.
 pub fn quantity(q: &K8sQuantity, path: &str) -> Result<Quantity, PodError> {
-    Quantity::parse(&q.0).map_err(|e| perr(path, e.to_string()))
+    Ok(resources::field(q, path)?)
 }
 
 /// Kubernetes' effective pod requests: what its containers ask for together
