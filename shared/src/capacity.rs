@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use crate::deadline::Deadline;
 use crate::messages::launch_requests::enqueue;
 use crate::messages::{EnqueueError, LaunchRequest};
 use crate::nodeclaim::{NodeClaim, generate_name};
@@ -69,6 +70,9 @@ pub struct Door<'a> {
     pub lease_ttl: Duration,
     /// How long to wait for another holder before giving up.
     pub lease_wait: Duration,
+    /// When the lease must be given back by: a release still waiting then is
+    /// dropped, and the lease expires by itself (the invocation's deadline).
+    pub release_by: Deadline,
 }
 
 impl Door<'_> {
@@ -81,7 +85,14 @@ impl Door<'_> {
         work: impl FnOnce(Lease) -> Fut,
     ) -> Result<Option<T>, StateError> {
         self.store
-            .with_lease(LEASE, self.holder, self.lease_ttl, self.lease_wait, work)
+            .with_lease(
+                LEASE,
+                self.holder,
+                self.lease_ttl,
+                self.lease_wait,
+                self.release_by,
+                work,
+            )
             .await
     }
 

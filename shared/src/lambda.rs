@@ -84,10 +84,15 @@ pub struct UnknownFunction;
 /// The deadline a handler works to: the invocation's (`context.deadline`,
 /// milliseconds since the epoch) less [`ANSWER_MARGIN`].
 pub fn invocation_deadline(context: &lambda_runtime::Context) -> Deadline {
+    lambda_deadline(context).earlier_by(ANSWER_MARGIN)
+}
+
+/// When Lambda ends the invocation (`context.deadline`).
+fn lambda_deadline(context: &lambda_runtime::Context) -> Deadline {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    Deadline::from_epoch_ms(context.deadline, now_ms, tokio::time::Instant::now()).earlier_by(ANSWER_MARGIN)
+    Deadline::from_epoch_ms(context.deadline, now_ms, tokio::time::Instant::now())
 }
 
 /// Reads a required environment variable, naming it when missing or blank
@@ -173,10 +178,23 @@ where
 pub async fn start() -> aws_config::SdkConfig {
     INIT_STARTED.get_or_init(Instant::now);
     crate::telemetry::init();
+    small_pages();
     crate::transport::sdk_defaults()
         .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(5))
         .load()
         .await
+}
+
+/// Turns transparent huge pages off for this process. Where the kernel
+/// backs every anonymous mapping with 2 MB pages (`enabled = always`), a
+/// whole-cluster read faulted its ~1 GB in huge pages whose zeroing was most
+/// of provision's time: 16 s at 5,000 nodes, 6 s with them off
+/// (docs/scale.md, "Huge pages"). Where they are off already nothing changes;
+/// a kernel that refuses is logged and the process runs on as it is.
+pub fn small_pages() {
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::warn!(error = %e, "transparent huge pages stay as the kernel sets them");
+    }
 }
 
 /// Meters every invocation of one function: its price (billed duration, the
@@ -221,6 +239,12 @@ impl Meter {
     /// Runs one invocation's `work`, which yields the response and the fleet
     /// $/h it changed, and meters it whatever the response.
     pub async fn run<T>(&self, work: impl Future<Output = (T, f64)>) -> T {
+        self.run_by(work, Deadline::outside_lambda()).await
+    }
+
+    /// [`Self::run`] with the meter's own write dropped if still waiting at
+    /// `record_by`: a slow counter must not get the invocation ended.
+    async fn run_by<T>(&self, work: impl Future<Output = (T, f64)>, record_by: Deadline) -> T {
         let started = Instant::now();
         crate::crash::begin_invocation();
         // What came before (init, the previous invocation's last lines) is not this one's.
@@ -236,7 +260,16 @@ impl Meter {
             &crate::usage::take(),
             fleet_delta,
         );
-        self.record(&metered, jiff::Timestamp::now()).await;
+        if record_by
+            .within(self.record(&metered, jiff::Timestamp::now()))
+            .await
+            .is_none()
+        {
+            tracing::warn!(
+                function = self.function,
+                "the deadline came before the cost counter was updated"
+            );
+        }
         response
     }
 
@@ -248,7 +281,9 @@ impl Meter {
         Fut: Future<Output = (T, f64)>,
     {
         let deadline = invocation_deadline(&event.context);
-        self.run(handler(event.payload, deadline)).await
+        // Half the answer margin for the meter's write, half for the answer.
+        let record_by = lambda_deadline(&event.context).earlier_by(ANSWER_MARGIN / 2);
+        self.run_by(handler(event.payload, deadline), record_by).await
     }
 
     /// Logs, publishes and counts one metered invocation.
@@ -299,6 +334,12 @@ mod tests {
             format!("{:?}", unset.unwrap_err()),
             "environment variable _HANDLER is not set"
         );
+    }
+
+    #[test]
+    fn a_functions_process_runs_on_small_pages() {
+        small_pages();
+        assert_eq!(rustix::thread::transparent_huge_pages_are_disabled().ok(), Some(true));
     }
 
     #[tokio::test]

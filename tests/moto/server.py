@@ -123,11 +123,12 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError, MissingParameterError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.amis import Ami
+from moto.ec2.models.core import TaggedEC2Resource
 from moto.ec2.models.fleets import Fleet
 from moto.ec2.models.instance_types import INSTANCE_TYPES
 from moto.ec2.models.instances import Instance
 from moto.ec2.responses import EC2Response, fleets as fleet_responses, spot_instances
-from moto.ec2.utils import random_id, simple_aws_filter_to_re
+from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix, random_id, simple_aws_filter_to_re
 from moto.iam.exceptions import NotFoundException as IAMNotFoundException
 from moto.iam.models import iam_backends
 from moto.core.responses import ActionResult
@@ -1364,6 +1365,21 @@ def answered_once(action):
     return answer
 
 
+def own_tags(self):
+    """A resource's tags from the tag store's entry for it, in the shape and
+    order moto's get_tags gives. moto's own reads them through
+    DescribeTags' filter, a scan of every tag of every resource, and calls it
+    twice per instance a DescribeInstances filters by tag and answers with:
+    at 5,000 instances one DescribeInstances took 75 s (EC2 answers it in
+    seconds). A resource id has no wildcard, so the filter matched this one
+    entry."""
+    if not self.id:
+        return []
+    kind = EC2_PREFIX_TO_RESOURCE.get(get_prefix(self.id), "")
+    return [{"resource_id": self.id, "key": k, "value": v, "resource_type": kind}
+            for k, v in self.ec2_backend.tags.get(self.id, {}).items()]
+
+
 def describe_instance_status(self):
     """DescribeInstanceStatus in pages, as EC2 answers it."""
     instance_ids = self._get_param("InstanceIds", [])
@@ -1402,6 +1418,7 @@ def main():
     Fleet.__init__ = fleet_init
     fleet_responses.Fleets.create_fleet = create_fleet_response
     Instance.terminate = instance_terminate
+    TaggedEC2Resource.get_tags = own_tags
     Instance.instance_status = status_summary("instance")
     Instance.system_status = status_summary("system")
     EC2Response.describe_instance_status = describe_instance_status

@@ -962,6 +962,8 @@ pub const FUNCTION_COMMAND: &str = "bench-scale-function";
 /// clients a function builds from its environment, runs the handler and
 /// answers with its outcome and this process's memory.
 pub async fn run_function(input: &[u8]) -> Result<FunctionAnswer, String> {
+    // As the Lambda shell sets up every function's process.
+    nodesmith::lambda::small_pages();
     let rss_at_start_mb = crate::memory_mb("self", "VmRSS:");
     let run: FunctionRun = serde_json::from_slice(input).map_err(|e| format!("the run handed over: {e}"))?;
     let config = nodesmith::transport::sdk_defaults().load().await;
@@ -977,7 +979,9 @@ pub async fn run_function(input: &[u8]) -> Result<FunctionAnswer, String> {
     let started = Instant::now();
     let outcome = match Scenario::parse(&run.scenario) {
         Some(Scenario::Sweep) => {
-            let mut sweep = SweepConfig::from_lookup(|_| None).map_err(|e| e.to_string())?;
+            // The template's budget (NODESMITH_SWEEP_BUDGET), which the target is about.
+            let mut sweep = SweepConfig::from_lookup(|k| (k == "NODESMITH_SWEEP_BUDGET").then(|| "45s".to_string()))
+                .map_err(|e| e.to_string())?;
             sweep.pending_queue_url = Some(run.pending_queue_url.clone());
             sweep.launch_queue_url = Some(run.launch_queue_url.clone());
             let sweeper = Sweeper::new(

@@ -145,8 +145,9 @@ struct Rules {
     capacity: Vec<CapacityRule>,
     throttle: HashMap<String, usize>,
     throttle_matching: Vec<MatchingThrottle>,
-    /// Calls still to answer late, and by how much, by action.
-    late: HashMap<String, (usize, std::time::Duration)>,
+    /// Calls to answer on time first, calls still to answer late then, and
+    /// by how much, by action.
+    late: HashMap<String, (usize, usize, std::time::Duration)>,
     /// The next call of an action whose answer waits for the test.
     held: HashMap<String, Arc<Hold>>,
     hide_instances: usize,
@@ -268,7 +269,13 @@ impl FaultProxy {
     /// The next `times` calls of `action` are served at once but answered
     /// `by` later (a slow service: the work is done while the client waits).
     pub fn answer_late(&self, action: &str, times: usize, by: std::time::Duration) {
-        self.rules().late.insert(action.into(), (times, by));
+        self.answer_late_after(action, 0, times, by);
+    }
+
+    /// [`Self::answer_late`] for the calls after the next `on_time` (e.g. a
+    /// lease's release, after its acquisition, in one invocation).
+    pub fn answer_late_after(&self, action: &str, on_time: usize, times: usize, by: std::time::Duration) {
+        self.rules().late.insert(action.into(), (on_time, times, by));
     }
 
     /// The next call of `action` is served, then its answer waits until the
@@ -710,10 +717,17 @@ async fn handle(State(s): State<Shared>, method: Method, uri: Uri, headers: Head
     // A late answer: the call is served, its answer held back.
     let late = {
         let mut r = s.rules.lock().unwrap_or_else(|p| p.into_inner());
-        r.late.get_mut(&act).filter(|(n, _)| *n > 0).map(|(n, by)| {
-            *n -= 1;
-            *by
-        })
+        match r.late.get_mut(&act) {
+            Some((on_time, _, _)) if *on_time > 0 => {
+                *on_time -= 1;
+                None
+            }
+            Some((_, n, by)) if *n > 0 => {
+                *n -= 1;
+                Some(*by)
+            }
+            _ => None,
+        }
     };
     if let Some(by) = late {
         tokio::time::sleep(by).await;

@@ -160,6 +160,7 @@ async fn two_invocations_in_one_process_do_not_share_a_holder() {
         holder: "provision-container-1",
         lease_ttl: Duration::from_secs(30),
         lease_wait: Duration::ZERO,
+        release_by: nodesmith::deadline::Deadline::outside_lambda(),
     };
     let (inside_tx, inside_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();

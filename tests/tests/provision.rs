@@ -559,6 +559,41 @@ async fn a_solve_still_reading_near_the_deadline_hands_its_batch_back_and_frees_
 }
 
 #[tokio::test]
+async fn a_solve_cut_at_the_deadline_answers_by_it_when_its_lease_release_answers_late() {
+    use nodesmith::deadline::Deadline;
+    let names = ["late-0"];
+    let s = stack(None, &[(names[0], "500m")]).await;
+    let batch = refs(&names);
+    // The reads answer two minutes late, and so does the release of the
+    // lease after the cut (its acquisition, the first UpdateItem, on time).
+    let (proxy, conf) = s.proxy().await;
+    proxy.answer_late("Query", 1, Duration::from_secs(120));
+    proxy.answer_late_after("UpdateItem", 1, 1, Duration::from_secs(120));
+    let slow = s.provisioner_through(
+        "late",
+        false,
+        |c| {
+            c.solve_reserve = Duration::ZERO;
+            // No renewal before the deadline: the late UpdateItem is the release.
+            c.lease_ttl = Duration::from_secs(60);
+        },
+        StateStore::new(aws_sdk_dynamodb::Client::new(&conf), TABLE),
+        s.sqs.clone(),
+    );
+    let deadline = Deadline::after(Duration::from_secs(8));
+    let out = slow.handle_within(&batch, deadline).await;
+    // Not a measure of speed: the answer comes by the deadline, not two
+    // minutes on with the release (which Lambda would have ended).
+    assert!(
+        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
+        "answered when the late release came back, long past the deadline"
+    );
+    assert_eq!(out.handed_on, names.len(), "{out:?}");
+    assert_eq!(out.failed, names);
+    assert!(out.created.is_empty(), "{out:?}");
+}
+
+#[tokio::test]
 async fn a_zonal_shift_keeps_new_claims_out_of_the_shifted_zone_and_says_why_a_pinned_pod_waits() {
     let s = stack(None, &[("web-0", "1"), ("web-1", "1"), ("web-2", "1")]).await;
     let mut pinned = pod("pinned", "1");

@@ -1196,3 +1196,39 @@ async fn a_sweep_still_reading_at_the_deadline_is_cut_and_frees_its_lease() {
     let next = s.sweeper(fast()).run().await.unwrap();
     assert!(!next.skipped, "{next:?}");
 }
+
+#[tokio::test]
+async fn a_sweep_cut_at_the_deadline_answers_by_it_when_its_lease_release_answers_late() {
+    use nodesmith::deadline::Deadline;
+    use nodesmith::ec2::Instances;
+    use nodesmith::state::StateStore;
+    use nodesmith::sweep::{SweepError, Sweeper};
+    use nodesmith_tests::fault_proxy::FaultProxy;
+    use std::time::Duration;
+    let (s, _) = one_node().await;
+    let proxy = FaultProxy::start(s.m.endpoint()).await;
+    // EC2's instance list answers two minutes late, and so does the release
+    // of the lease after the cut (its acquisition, the first UpdateItem, on time).
+    proxy.answer_late("DescribeInstances", 1, Duration::from_secs(120));
+    proxy.answer_late_after("UpdateItem", 1, 1, Duration::from_secs(120));
+    let conf = s.m.sdk_config_at(proxy.endpoint()).await;
+    let mut config = s.sweep_config(fast());
+    // No renewal before the deadline: the late UpdateItem is the release.
+    config.lease = Duration::from_secs(30);
+    let slow = Sweeper::new(
+        s.cluster(),
+        StateStore::new(aws_sdk_dynamodb::Client::new(&conf), TABLE),
+        Instances::new(aws_sdk_ec2::Client::new(&conf), CLUSTER),
+        s.sqs.clone(),
+        config,
+    );
+    let deadline = Deadline::after(Duration::from_secs(4));
+    let cut = slow.run_within(deadline).await;
+    assert!(matches!(cut, Err(SweepError::OutOfTime)), "{cut:?}");
+    // Not a measure of speed: the answer comes by the deadline, not two
+    // minutes on with the release (which Lambda would have ended).
+    assert!(
+        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
+        "answered when the late release came back, long past the deadline"
+    );
+}

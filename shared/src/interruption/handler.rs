@@ -299,7 +299,7 @@ impl<C: Cluster> Interrupter<C> {
             if !deadline.leaves(EVENT_RESERVE) {
                 tracing::warn!(%message_id, left_ms = deadline.remaining().as_millis() as u64,
                     "no time left for this event before the invocation's deadline; given back");
-                self.give_back(record, &mut outcome).await;
+                self.give_back(record, deadline, &mut outcome).await;
                 continue;
             }
             let now = Timestamp::now();
@@ -319,7 +319,7 @@ impl<C: Cluster> Interrupter<C> {
                 }
                 Err(e) => {
                     tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "cannot read the event's record; it will be retried");
-                    self.give_back(record, &mut outcome).await;
+                    self.give_back(record, deadline, &mut outcome).await;
                     continue;
                 }
             }
@@ -333,7 +333,7 @@ impl<C: Cluster> Interrupter<C> {
                 }
                 Err(e) => {
                     tracing::error!(%message_id, error = %crate::telemetry::causes(&e), "acting on the event failed; it will be retried");
-                    self.give_back(record, &mut outcome).await;
+                    self.give_back(record, deadline, &mut outcome).await;
                 }
             }
         }
@@ -380,7 +380,7 @@ impl<C: Cluster> Interrupter<C> {
             .collect();
         for message_id in &failed {
             if let Some(record) = by_id.get(message_id) {
-                self.give_back(record, &mut outcome).await;
+                self.give_back(record, deadline, &mut outcome).await;
             }
         }
         for (record, key, secs) in handled {
@@ -388,8 +388,18 @@ impl<C: Cluster> Interrupter<C> {
             if failed.contains(&message_id) {
                 continue;
             }
-            if let Err(e) = self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs).await {
-                tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot record the event as handled; a redelivery acts on it again, harmlessly");
+            // Bounded: an answer past the deadline would get the invocation ended.
+            match deadline
+                .within(self.store.record_processed(&key, secs + PROCESSED_TTL_SECS, secs))
+                .await
+            {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot record the event as handled; a redelivery acts on it again, harmlessly");
+                }
+                None => {
+                    tracing::warn!(%message_id, "the deadline came before the event was recorded as handled; a redelivery acts on it again, harmlessly");
+                }
             }
         }
         let stop_at = deadline.earlier_by(EVENT_RESERVE);
@@ -407,7 +417,9 @@ impl<C: Cluster> Interrupter<C> {
     /// Reports `record` failed and makes it visible again within seconds
     /// (backing off with its receive count), so its retry comes while the
     /// capacity it names is still there.
-    async fn give_back(&self, record: &SqsMessage, outcome: &mut InterruptOutcome) {
+    /// A call still waiting at `deadline` is dropped: the message then
+    /// returns after the queue's visibility timeout.
+    async fn give_back(&self, record: &SqsMessage, deadline: Deadline, outcome: &mut InterruptOutcome) {
         let message_id = record.message_id.clone().unwrap_or_default();
         outcome.failed.push(message_id.clone());
         let (Some(queue), Some(handle)) = (&self.config.interruption_queue_url, &record.receipt_handle) else {
@@ -415,10 +427,18 @@ impl<C: Cluster> Interrupter<C> {
             return;
         };
         let after = redelivery::retry_delay(self.config.retry_after, redelivery::receive_count(&record.attributes));
-        match redelivery::redeliver_after(&self.sqs, queue, handle, after).await {
-            Ok(()) => tracing::info!(%message_id, after_secs = after.as_secs(), "failed message given back early"),
-            Err(e) => {
+        match deadline
+            .within(redelivery::redeliver_after(&self.sqs, queue, handle, after))
+            .await
+        {
+            Some(Ok(())) => {
+                tracing::info!(%message_id, after_secs = after.as_secs(), "failed message given back early")
+            }
+            Some(Err(e)) => {
                 tracing::warn!(%message_id, error = %crate::telemetry::causes(&e), "cannot give the failed message back early; it returns after the queue's visibility timeout")
+            }
+            None => {
+                tracing::warn!(%message_id, "the deadline came before the failed message was given back; it returns after the queue's visibility timeout")
             }
         }
     }
@@ -667,6 +687,8 @@ impl<C: Cluster> Interrupter<C> {
             holder: &c.holder,
             lease_ttl: c.lease_ttl,
             lease_wait: c.lease_wait,
+            // The batch's cut bounds the whole replacement, its release too.
+            release_by: Deadline::outside_lambda(),
         };
         let door = &door;
         door.under_lease(|lease| async move {

@@ -330,27 +330,35 @@ impl<C: Cluster> Launcher<C> {
         // claim meanwhile. A failed write only delays a redelivery until the lease expires.
         // Either failure may be the claim's last launch (the sweep gives it up): its
         // item then expires by TTL (LAUNCH_LEASE_ITEM_TTL).
-        let now = state::now_ms();
-        let freed = match &result {
-            Ok(_) => self.store.delete_lease(&lease, now).await,
-            Err(e @ (LaunchError::Unrecorded { .. } | LaunchError::OutOfTime(_))) => {
-                tracing::warn!(node_claim = %name, error = %e, hold_ms = LAUNCH_HOLD_MS, "an instance may exist unrecorded; keeping the claim's lease");
-                self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
+        // What follows the launch is bounded by the deadline too: a write still
+        // waiting then is dropped, as when an invocation dies there (the lease
+        // expires at its TTL, the sweep writes the NodeClaim object).
+        let after = async {
+            let now = state::now_ms();
+            let freed = match &result {
+                Ok(_) => self.store.delete_lease(&lease, now).await,
+                Err(e @ (LaunchError::Unrecorded { .. } | LaunchError::OutOfTime(_))) => {
+                    tracing::warn!(node_claim = %name, error = %e, hold_ms = LAUNCH_HOLD_MS, "an instance may exist unrecorded; keeping the claim's lease");
+                    self.store.renew_lease(&lease, LAUNCH_HOLD_MS, now).await.map(|_| ())
+                }
+                Err(_) => self.store.release_lease(&lease, now).await,
+            };
+            if let Err(e) = freed {
+                tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot free launch lease");
             }
-            Err(_) => self.store.release_lease(&lease, now).await,
+            if result.is_err() {
+                let expires = now / 1000 + LAUNCH_LEASE_ITEM_TTL.as_secs() as i64;
+                if let Err(e) = self.store.expire_lease_item(&lease_name, expires).await {
+                    tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot set the launch lease item's expiry");
+                }
+            }
+            if let Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) = &result {
+                self.launched_event(c).await;
+                self.mirror(c).await;
+            }
         };
-        if let Err(e) = freed {
-            tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot free launch lease");
-        }
-        if result.is_err() {
-            let expires = now / 1000 + LAUNCH_LEASE_ITEM_TTL.as_secs() as i64;
-            if let Err(e) = self.store.expire_lease_item(&lease_name, expires).await {
-                tracing::warn!(node_claim = %name, error = %crate::telemetry::causes(&e), "cannot set the launch lease item's expiry");
-            }
-        }
-        if let Ok(LaunchOutcome::Launched(c) | LaunchOutcome::Recovered(c)) = &result {
-            self.launched_event(c).await;
-            self.mirror(c).await;
+        if deadline.within(after).await.is_none() {
+            tracing::warn!(node_claim = %name, "the deadline came before the launch lease was freed or the launch recorded in Kubernetes; the lease expires by itself");
         }
         result
     }

@@ -386,6 +386,7 @@ impl<C: Cluster> Provisioner<C> {
         door.lease_wait = door
             .lease_wait
             .min(deadline.remaining().saturating_sub(self.config.solve_reserve));
+        door.release_by = deadline;
         let solved = &mut *outcome;
         let events = door
             .under_lease(|lease| async move { self.solve_under(&lease, refs, solved, now, deadline).await })
@@ -495,6 +496,7 @@ impl<C: Cluster> Provisioner<C> {
             holder: &c.holder,
             lease_ttl: c.lease_ttl,
             lease_wait: c.lease_wait,
+            release_by: Deadline::outside_lambda(),
         }
     }
 

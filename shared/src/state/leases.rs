@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::item::{self, get_i64, get_s, n, s};
 use super::{PK_LEASE, StateError, StateStore};
+use crate::deadline::Deadline;
 
 /// A held lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +178,8 @@ impl StateStore {
 
     /// Takes the lease `name` for one invocation (as
     /// [`invocation_holder`]`(holder)`, waiting up to `wait` while another
-    /// holds it), runs `work` with it while renewing it, then releases it.
+    /// holds it), runs `work` with it while renewing it, then releases it
+    /// by `release_by` ([`Self::release_lease_by`]).
     /// `Ok(None)`: another held it all along.
     pub async fn with_lease<T, Fut: Future<Output = T>>(
         &self,
@@ -185,6 +187,7 @@ impl StateStore {
         holder: &str,
         ttl: std::time::Duration,
         wait: std::time::Duration,
+        release_by: Deadline,
         work: impl FnOnce(Lease) -> Fut,
     ) -> Result<Option<T>, StateError> {
         let holder = invocation_holder(holder);
@@ -192,10 +195,24 @@ impl StateStore {
             return Ok(None);
         };
         let out = self.while_holding(&lease, ttl, work(lease.clone())).await;
-        if let Err(e) = self.release_lease(&lease, super::now_ms()).await {
-            tracing::warn!(lease = %name, error = %crate::telemetry::causes(&e), "could not release the lease; it expires by itself");
-        }
+        self.release_lease_by(&lease, release_by).await;
         Ok(Some(out))
+    }
+
+    /// Releases `lease` unless `by` comes first. A release not made (failed,
+    /// or still waiting at `by`, when it is dropped) leaves the lease to
+    /// expire by itself, as a holder that died would: an invocation that
+    /// waited on it instead would be ended by Lambda at its timeout.
+    pub async fn release_lease_by(&self, lease: &Lease, by: Deadline) {
+        match by.within(self.release_lease(lease, super::now_ms())).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                tracing::warn!(lease = %lease.name, error = %crate::telemetry::causes(&e), "could not release the lease; it expires by itself");
+            }
+            None => {
+                tracing::warn!(lease = %lease.name, "the deadline came before the lease was released; it expires by itself");
+            }
+        }
     }
 
     /// Runs `work` while renewing `lease` every third of `ttl`: a holder that

@@ -10,10 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use jiff::Timestamp;
 
 use super::{StepError, SweepConfig, Sweeper};
 use crate::capacity::{self, Door, Replacements};
+use crate::deadline::Deadline;
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
 use crate::disruption::resolved_drift::{self, ClassResolution, InstanceFacts};
@@ -33,6 +35,8 @@ use crate::state::{DisruptionRecord, DisruptionStep, DrainRecord, VersionCheck, 
 /// At most this many `DisruptionBlocked` events per run: every blocked node
 /// would otherwise get one a minute.
 const BLOCKED_EVENTS_PER_RUN: usize = 20;
+/// How many new disruptions are recorded and tainted at once.
+const BEGIN_CONCURRENCY: usize = 16;
 /// Steps one disruption may take in one run (a full walk takes five).
 const STEPS_PER_RUN: usize = 6;
 /// How long the sweep's launches wait for `provision` to release its lease
@@ -40,6 +44,17 @@ const STEPS_PER_RUN: usize = 6;
 const PROVISION_LEASE_WAIT: Duration = Duration::from_secs(10);
 /// How long the what-if solves of one pass may search for cheaper packings.
 const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// One record's walk in a pass: where it stands, and its claim's drains and
+/// report entries to merge back.
+struct Walked {
+    index: usize,
+    claim: String,
+    node: String,
+    next: Result<Option<Next>, StepError>,
+    drains: Vec<DrainRecord>,
+    report: DisruptionRunReport,
+}
 
 /// What the disruption part of one run did.
 #[derive(Debug, Default)]
@@ -245,6 +260,8 @@ impl<C: Cluster> Sweeper<C> {
             holder: &self.config.holder,
             lease_ttl: self.config.provision_lease,
             lease_wait: PROVISION_LEASE_WAIT,
+            // The run's own cut bounds every step, these releases too.
+            release_by: Deadline::outside_lambda(),
         }
     }
 
@@ -359,17 +376,17 @@ impl<C: Cluster> Sweeper<C> {
             .await;
             report.blocked.push((b.node.clone(), why));
         }
-        let recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
+        let mut recorded: BTreeSet<String> = records.iter().map(|r| r.claim.clone()).collect();
         // New disruptions are recorded whatever the time budget (a few writes
         // each, bounded by the disruption budgets); their steps wait for time.
-        for d in &decisions.decisions {
-            let before = report.started.len();
+        let mut chosen: Vec<(usize, DisruptionRecord)> = Vec::new();
+        for (i, d) in decisions.decisions.iter().enumerate() {
             for node in &d.nodes {
                 let Some(claim) = by_node.get(node.as_str()) else {
                     tracing::warn!(node, reason = %d.reason, "no NodeClaim for a node chosen for disruption; left alone");
                     continue;
                 };
-                if recorded.contains(&claim.name) || !matches!(claim.phase, Phase::Initialized) {
+                if !matches!(claim.phase, Phase::Initialized) || !recorded.insert(claim.name.clone()) {
                     continue;
                 }
                 let record = DisruptionRecord {
@@ -395,25 +412,61 @@ impl<C: Cluster> Sweeper<C> {
                     started_ms: now_ms(),
                     version: 0,
                 };
-                // Recorded before the taint: a run dying in between leaves a
-                // record whose next step (re)applies the taint.
-                let Some(record) = self.store.begin_disruption(&record).await? else {
-                    continue;
-                };
-                self.cluster.taint_disrupted(node).await?;
-                tracing::info!(node, claim = %record.claim, reason = %d.reason, "disruption begins");
-                report.started.push((node.clone(), d.reason));
-                records.push(record);
-            }
-            if report.started.len() > before {
-                report.decisions.push(crate::metrics::DecisionTaken {
-                    reason: d.reason,
-                    replace: !d.replacements.is_empty(),
-                    nodes: d.nodes.len(),
-                });
+                chosen.push((i, record));
             }
         }
-        Ok(())
+        // Several at once: a pass over thousands of nodes may begin hundreds
+        // (10 % of 5,000 by Karpenter's default budget), each two round trips.
+        // The futures made first: a stream's closure that makes them would
+        // borrow for any lifetime, and the sweep's future would not be Send.
+        let begins: Vec<_> = chosen
+            .into_iter()
+            .map(|(i, record)| async move { (i, self.begin_disruption(record).await) })
+            .collect();
+        let begun: Vec<(usize, Result<Option<DisruptionRecord>, StepError>)> = futures::stream::iter(begins)
+            .buffered(BEGIN_CONCURRENCY)
+            .collect()
+            .await;
+        let mut started_by_decision = vec![0usize; decisions.decisions.len()];
+        let mut failure = None;
+        for (i, result) in begun {
+            match result {
+                Ok(Some(record)) => {
+                    let d = &decisions.decisions[i];
+                    tracing::info!(node = %record.node, claim = %record.claim, reason = %d.reason, "disruption begins");
+                    report.started.push((record.node.clone(), d.reason));
+                    records.push(record);
+                    started_by_decision[i] += 1;
+                }
+                Ok(None) => {}
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        for (d, _) in decisions
+            .decisions
+            .iter()
+            .zip(&started_by_decision)
+            .filter(|(_, n)| **n > 0)
+        {
+            report.decisions.push(crate::metrics::DecisionTaken {
+                reason: d.reason,
+                replace: !d.replacements.is_empty(),
+                nodes: d.nodes.len(),
+            });
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Records one disruption, then taints its node; `None` when another run
+    /// recorded it first.
+    async fn begin_disruption(&self, record: DisruptionRecord) -> Result<Option<DisruptionRecord>, StepError> {
+        // Recorded before the taint: a run dying in between leaves a
+        // record whose next step (re)applies the taint.
+        let Some(record) = self.store.begin_disruption(&record).await? else {
+            return Ok(None);
+        };
+        self.cluster.taint_disrupted(&record.node).await?;
+        Ok(Some(record))
     }
 
     /// Moves every record on; replacement launches are batched into one solve.
@@ -434,18 +487,50 @@ impl<C: Cluster> Sweeper<C> {
                 return;
             }
         };
+        // Several records at once (each step is a few round trips, and a
+        // pass may move hundreds); each walks with its own claim's drains.
+        let budget = self.config.budget;
+        let all_drains = &drains;
+        let walks: Vec<_> = records
+            .iter_mut()
+            .enumerate()
+            .map(|(i, r)| async move {
+                // Checked as each walk starts, not when the pass began.
+                if started.elapsed() >= budget {
+                    return None;
+                }
+                let mut own: Vec<DrainRecord> = all_drains.iter().filter(|d| d.claim == r.claim).cloned().collect();
+                let mut part = DisruptionRunReport::default();
+                let next = self.walk(r, &mut own, &mut part).await;
+                Some(Walked {
+                    index: i,
+                    claim: r.claim.clone(),
+                    node: r.node.clone(),
+                    next,
+                    drains: own,
+                    report: part,
+                })
+            })
+            .collect();
+        let walked: Vec<Walked> = futures::stream::iter(walks)
+            .buffered(BEGIN_CONCURRENCY)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        report.deferred += records.len() - walked.len();
         let mut launch: Vec<usize> = Vec::new();
-        for (i, r) in records.iter_mut().enumerate() {
-            if started.elapsed() >= self.config.budget {
-                report.deferred += 1;
-                continue;
-            }
-            match self.walk(r, &mut drains, report).await {
-                Ok(Some(Next::Launch)) => launch.push(i),
+        for w in walked {
+            drains.retain(|d| d.claim != w.claim);
+            drains.extend(w.drains);
+            report.draining.extend(w.report.draining);
+            report.terminated.extend(w.report.terminated);
+            report.abandoned.extend(w.report.abandoned);
+            match w.next {
+                Ok(Some(Next::Launch)) => launch.push(w.index),
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(node = %r.node, error = %crate::telemetry::causes(&e), "disruption step failed; the next sweep tries again");
-                    report.failed.push((r.node.clone(), e));
+                    tracing::warn!(node = %w.node, error = %crate::telemetry::causes(&e), "disruption step failed; the next sweep tries again");
+                    report.failed.push((w.node, e));
                 }
             }
         }

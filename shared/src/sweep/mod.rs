@@ -504,9 +504,7 @@ impl<C: Cluster> Sweeper<C> {
                 },
             )
             .await;
-        if let Err(e) = self.store.release_lease(&lease, now_ms()).await {
-            tracing::warn!(error = %crate::telemetry::causes(&e), "could not release the sweep lease; it expires by itself");
-        }
+        self.store.release_lease_by(&lease, deadline).await;
         result
     }
 
