@@ -520,77 +520,67 @@ async fn a_burst_writes_its_claims_first_and_its_events_within_the_budget_and_th
 /// released, and the redelivery solves at once.
 #[tokio::test]
 async fn a_solve_still_reading_near_the_deadline_hands_its_batch_back_and_frees_the_lease() {
-    use nodesmith::deadline::Deadline;
-    let names = ["slow-0", "slow-1"];
-    let s = stack(None, &[(names[0], "500m"), (names[1], "500m")]).await;
-    let batch = refs(&names);
-    // The in-flight claims' read answers two minutes late.
-    let (proxy, conf) = s.proxy().await;
-    proxy.answer_late("Query", 1, Duration::from_secs(120));
-    let slow = s.provisioner_through(
-        "slow",
-        false,
-        |c| c.solve_reserve = Duration::ZERO,
-        StateStore::new(aws_sdk_dynamodb::Client::new(&conf), TABLE),
-        s.sqs.clone(),
-    );
-    // The reads are cut 5 s (the plan's write reserve) before it.
-    let deadline = Deadline::after(Duration::from_secs(8));
-    let out = slow.handle_within(&batch, deadline).await;
-    // Not a measure of speed: the answer comes at the cut, not two minutes on with the read.
-    assert!(
-        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
-        "answered when the slow read came back, long past the deadline"
-    );
-    assert_eq!(out.handed_on, names.len(), "{out:?}");
-    let mut failed = out.failed.clone();
-    failed.sort();
-    assert_eq!(failed, names);
-    assert!(out.created.is_empty(), "{out:?}");
-    assert!(s.store.in_flight_node_claims().await.unwrap().is_empty());
-    assert!(s.drain_queue(&s.launch_queue).await.is_empty());
+    let s = a_solve_cut_while_reading(false).await;
     // The lease went back: a redelivery that will not wait for it solves now.
     let again = s
         .provisioner_with("again", false, |c| c.lease_wait = Duration::ZERO)
-        .handle(&batch)
+        .handle(&refs(&CUT_PODS))
         .await;
     assert!(again.failed.is_empty(), "{again:?}");
-    assert_eq!(pods_in(&again), names.len(), "{again:?}");
+    assert_eq!(pods_in(&again), CUT_PODS.len(), "{again:?}");
 }
 
+/// And when the release of the lease after the cut answers late too, the
+/// invocation still answers by its deadline (the lease expires by itself).
 #[tokio::test]
 async fn a_solve_cut_at_the_deadline_answers_by_it_when_its_lease_release_answers_late() {
+    a_solve_cut_while_reading(true).await;
+}
+
+/// The pending pods of [`a_solve_cut_while_reading`].
+const CUT_PODS: [&str; 2] = ["slow-0", "slow-1"];
+
+/// A solve whose in-flight claims' read answers two minutes late (and, if
+/// `release_late`, the release of its lease after the cut too), run with 8 s
+/// left: its reads are cut 5 s (the plan's write reserve) before the
+/// deadline, it answers by the deadline with the batch handed back, and
+/// nothing is written.
+async fn a_solve_cut_while_reading(release_late: bool) -> Stack {
     use nodesmith::deadline::Deadline;
-    let names = ["late-0"];
-    let s = stack(None, &[(names[0], "500m")]).await;
-    let batch = refs(&names);
-    // The reads answer two minutes late, and so does the release of the
-    // lease after the cut (its acquisition, the first UpdateItem, on time).
+    let s = stack(None, &[(CUT_PODS[0], "500m"), (CUT_PODS[1], "500m")]).await;
     let (proxy, conf) = s.proxy().await;
     proxy.answer_late("Query", 1, Duration::from_secs(120));
-    proxy.answer_late_after("UpdateItem", 1, 1, Duration::from_secs(120));
+    if release_late {
+        // The lease's acquisition, the first UpdateItem, on time.
+        proxy.answer_late_after("UpdateItem", 1, 1, Duration::from_secs(120));
+    }
     let slow = s.provisioner_through(
-        "late",
+        "slow",
         false,
         |c| {
             c.solve_reserve = Duration::ZERO;
-            // No renewal before the deadline: the late UpdateItem is the release.
+            // No renewal before the deadline: a late UpdateItem is the release.
             c.lease_ttl = Duration::from_secs(60);
         },
         StateStore::new(aws_sdk_dynamodb::Client::new(&conf), TABLE),
         s.sqs.clone(),
     );
     let deadline = Deadline::after(Duration::from_secs(8));
-    let out = slow.handle_within(&batch, deadline).await;
+    let out = slow.handle_within(&refs(&CUT_PODS), deadline).await;
     // Not a measure of speed: the answer comes by the deadline, not two
-    // minutes on with the release (which Lambda would have ended).
+    // minutes on with the late answer (which Lambda would have ended).
     assert!(
         deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
-        "answered when the late release came back, long past the deadline"
+        "answered when the late answer came back, long past the deadline"
     );
-    assert_eq!(out.handed_on, names.len(), "{out:?}");
-    assert_eq!(out.failed, names);
+    assert_eq!(out.handed_on, CUT_PODS.len(), "{out:?}");
+    let mut failed = out.failed.clone();
+    failed.sort();
+    assert_eq!(failed, CUT_PODS);
     assert!(out.created.is_empty(), "{out:?}");
+    assert!(s.store.in_flight_node_claims().await.unwrap().is_empty());
+    assert!(s.drain_queue(&s.launch_queue).await.is_empty());
+    s
 }
 
 #[tokio::test]

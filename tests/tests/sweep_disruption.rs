@@ -1165,40 +1165,23 @@ async fn nodesmith_explain_says_which_rule_holds_a_node_and_why_a_pod_is_pending
 /// so the next sweep goes on at once.
 #[tokio::test]
 async fn a_sweep_still_reading_at_the_deadline_is_cut_and_frees_its_lease() {
-    use nodesmith::deadline::Deadline;
-    use nodesmith::ec2::Instances;
-    use nodesmith::sweep::{SweepError, Sweeper};
-    use nodesmith_tests::fault_proxy::FaultProxy;
-    use std::time::Duration;
-    let (s, _) = one_node().await;
-    let proxy = FaultProxy::start(s.m.endpoint()).await;
-    proxy.answer_late("DescribeInstances", 1, Duration::from_secs(120));
-    let conf = s.m.sdk_config_at(proxy.endpoint()).await;
-    let mut config = s.sweep_config(fast());
-    // Long enough that only a release lets the next sweep in at once.
-    config.lease = Duration::from_secs(30);
-    let slow = Sweeper::new(
-        s.cluster(),
-        s.store.clone(),
-        Instances::new(aws_sdk_ec2::Client::new(&conf), CLUSTER),
-        s.sqs.clone(),
-        config,
-    );
-    let deadline = Deadline::after(Duration::from_secs(4));
-    let cut = slow.run_within(deadline).await;
-    assert!(matches!(cut, Err(SweepError::OutOfTime)), "{cut:?}");
-    // Not a measure of speed: the answer comes at the deadline, not two minutes on with the read.
-    assert!(
-        deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
-        "answered when the slow read came back, long past the deadline"
-    );
+    let s = a_sweep_cut_at_the_deadline(false).await;
     // The lease (30 s) was released: the next sweep runs now.
     let next = s.sweeper(fast()).run().await.unwrap();
     assert!(!next.skipped, "{next:?}");
 }
 
+/// And when the release of its lease after the cut answers late too, the
+/// run still answers by the deadline (the lease then expires by itself).
 #[tokio::test]
 async fn a_sweep_cut_at_the_deadline_answers_by_it_when_its_lease_release_answers_late() {
+    a_sweep_cut_at_the_deadline(true).await;
+}
+
+/// A sweep whose instance list answers two minutes late (and, if
+/// `release_late`, the release of its lease after the cut too), run with
+/// 4 s left: it ends with `OutOfTime` and answers by the deadline.
+async fn a_sweep_cut_at_the_deadline(release_late: bool) -> Stack {
     use nodesmith::deadline::Deadline;
     use nodesmith::ec2::Instances;
     use nodesmith::state::StateStore;
@@ -1207,13 +1190,15 @@ async fn a_sweep_cut_at_the_deadline_answers_by_it_when_its_lease_release_answer
     use std::time::Duration;
     let (s, _) = one_node().await;
     let proxy = FaultProxy::start(s.m.endpoint()).await;
-    // EC2's instance list answers two minutes late, and so does the release
-    // of the lease after the cut (its acquisition, the first UpdateItem, on time).
     proxy.answer_late("DescribeInstances", 1, Duration::from_secs(120));
-    proxy.answer_late_after("UpdateItem", 1, 1, Duration::from_secs(120));
+    if release_late {
+        // The lease's acquisition, the first UpdateItem, on time.
+        proxy.answer_late_after("UpdateItem", 1, 1, Duration::from_secs(120));
+    }
     let conf = s.m.sdk_config_at(proxy.endpoint()).await;
     let mut config = s.sweep_config(fast());
-    // No renewal before the deadline: the late UpdateItem is the release.
+    // Long enough that only a release lets the next sweep in at once, and
+    // no renewal comes before the deadline (the late UpdateItem is the release).
     config.lease = Duration::from_secs(30);
     let slow = Sweeper::new(
         s.cluster(),
@@ -1226,9 +1211,10 @@ async fn a_sweep_cut_at_the_deadline_answers_by_it_when_its_lease_release_answer
     let cut = slow.run_within(deadline).await;
     assert!(matches!(cut, Err(SweepError::OutOfTime)), "{cut:?}");
     // Not a measure of speed: the answer comes by the deadline, not two
-    // minutes on with the release (which Lambda would have ended).
+    // minutes on with the late answer (which Lambda would have ended).
     assert!(
         deadline.instant() + Duration::from_secs(60) > tokio::time::Instant::now(),
-        "answered when the late release came back, long past the deadline"
+        "answered when the late answer came back, long past the deadline"
     );
+    s
 }
