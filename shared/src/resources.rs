@@ -151,7 +151,12 @@ pub fn field(q: &K8sQuantity, path: &str) -> Result<Quantity, FieldError> {
 pub fn from_k8s(list: Option<&BTreeMap<String, K8sQuantity>>, path: &str) -> Result<Resources, FieldError> {
     let mut r = Resources::new();
     for (k, v) in list.into_iter().flatten() {
-        r.set(k, field(v, &format!("{path}.{k}"))?);
+        // The key joins the path only on error: this reads every pod's resources.
+        let q = field(v, path).map_err(|e| FieldError {
+            path: format!("{}.{k}", e.path),
+            source: e.source,
+        })?;
+        r.set(k, q);
     }
     Ok(r)
 }

@@ -49,8 +49,6 @@ const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
 /// report entries to merge back.
 struct Walked {
     index: usize,
-    claim: String,
-    node: String,
     next: Result<Option<Next>, StepError>,
     drains: Vec<DrainRecord>,
     report: DisruptionRunReport,
@@ -427,7 +425,7 @@ impl<C: Cluster> Sweeper<C> {
             .buffered(BEGIN_CONCURRENCY)
             .collect()
             .await;
-        let mut started_by_decision = vec![0usize; decisions.decisions.len()];
+        let mut started_by_decision = vec![false; decisions.decisions.len()];
         let mut failure = None;
         for (i, result) in begun {
             match result {
@@ -436,7 +434,7 @@ impl<C: Cluster> Sweeper<C> {
                     tracing::info!(node = %record.node, claim = %record.claim, reason = %d.reason, "disruption begins");
                     report.started.push((record.node.clone(), d.reason));
                     records.push(record);
-                    started_by_decision[i] += 1;
+                    started_by_decision[i] = true;
                 }
                 Ok(None) => {}
                 Err(e) => failure = failure.or(Some(e)),
@@ -446,7 +444,7 @@ impl<C: Cluster> Sweeper<C> {
             .decisions
             .iter()
             .zip(&started_by_decision)
-            .filter(|(_, n)| **n > 0)
+            .filter(|(_, started)| **started)
         {
             report.decisions.push(crate::metrics::DecisionTaken {
                 reason: d.reason,
@@ -504,8 +502,6 @@ impl<C: Cluster> Sweeper<C> {
                 let next = self.walk(r, &mut own, &mut part).await;
                 Some(Walked {
                     index: i,
-                    claim: r.claim.clone(),
-                    node: r.node.clone(),
                     next,
                     drains: own,
                     report: part,
@@ -519,8 +515,10 @@ impl<C: Cluster> Sweeper<C> {
             .await;
         report.deferred += records.len() - walked.len();
         let mut launch: Vec<usize> = Vec::new();
+        // Each walked claim's drains are as its walk left them.
+        let walked_claims: BTreeSet<&str> = walked.iter().map(|w| records[w.index].claim.as_str()).collect();
+        drains.retain(|d| !walked_claims.contains(d.claim.as_str()));
         for w in walked {
-            drains.retain(|d| d.claim != w.claim);
             drains.extend(w.drains);
             report.draining.extend(w.report.draining);
             report.terminated.extend(w.report.terminated);
@@ -529,8 +527,9 @@ impl<C: Cluster> Sweeper<C> {
                 Ok(Some(Next::Launch)) => launch.push(w.index),
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(node = %w.node, error = %crate::telemetry::causes(&e), "disruption step failed; the next sweep tries again");
-                    report.failed.push((w.node, e));
+                    let node = records[w.index].node.clone();
+                    tracing::warn!(%node, error = %crate::telemetry::causes(&e), "disruption step failed; the next sweep tries again");
+                    report.failed.push((node, e));
                 }
             }
         }
