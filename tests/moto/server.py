@@ -41,6 +41,9 @@ seeded EKS and Bottlerocket images are the only ones.
 An EC2 resource's tags are read from the tag store's entry for it, not
 through a scan of every tag of every resource as moto reads them (the same
 answers; a DescribeInstances over 5,000 tagged instances took 75 s that way).
+Likewise a DynamoDB Query reads the partition it names (an index Query, the
+table's items unsorted, since it sorts them by the index after), not every
+item of the table sorted by key.
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -136,6 +139,7 @@ from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix, random_id, simple
 from moto.iam.exceptions import NotFoundException as IAMNotFoundException
 from moto.iam.models import iam_backends
 from moto.core.responses import ActionResult
+from moto.dynamodb.models.table import Table as DynamoTable
 from moto.moto_api import _internal as moto_api
 from moto.moto_server import threaded_moto_server
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
@@ -1384,6 +1388,47 @@ def own_tags(self):
             for k, v in self.ec2_backend.tags.get(self.id, {}).items()]
 
 
+class QueriedTable:
+    """A DynamoDB table as one Query sees it: every attribute and method is
+    the table's, but its items are only those the Query can match."""
+
+    def __init__(self, table, items):
+        self._table = table
+        self._items = items
+
+    def __getattr__(self, name):
+        return getattr(self._table, name)
+
+    def all_items(self):
+        return self._items
+
+
+def partition_query(query):
+    """Table.query over the items it can match. moto's own walks every item
+    of the table, sorted by key, for each Query; with the lock that keeps its
+    writes atomic, every state-table call waited behind those walks (at
+    5,000 claims a spot storm's 800 PutItems averaged 0.2 s each). A table
+    Query matches one partition; an index Query is sorted by the index's keys
+    after, so the items' order going in does not change the answer."""
+
+    def partitioned(self, hash_key, range_comparison, range_objs, limit, exclusive_start_key,
+                    scan_index_forward, projection_expressions, index_name=None, *rest, **kwargs):
+        ranged = bool(self.range_key_attr)
+        if index_name is None:
+            found = self.items.get(hash_key)
+            if found is None:
+                items = []
+            else:
+                items = list(found.values()) if ranged else [found]
+        else:
+            items = [i for p in self.items.values() for i in (p.values() if ranged else [p])]
+        return query(QueriedTable(self, items), hash_key, range_comparison, range_objs, limit,
+                     exclusive_start_key, scan_index_forward, projection_expressions, index_name,
+                     *rest, **kwargs)
+
+    return partitioned
+
+
 def describe_instance_status(self):
     """DescribeInstanceStatus in pages, as EC2 answers it."""
     instance_ids = self._get_param("InstanceIds", [])
@@ -1423,6 +1468,7 @@ def main():
     fleet_responses.Fleets.create_fleet = create_fleet_response
     Instance.terminate = instance_terminate
     TaggedEC2Resource.get_tags = own_tags
+    DynamoTable.query = partition_query(DynamoTable.query)
     Instance.instance_status = status_summary("instance")
     Instance.system_status = status_summary("system")
     EC2Response.describe_instance_status = describe_instance_status

@@ -19,7 +19,7 @@ use super::decode;
 use super::events::EventSpec;
 use super::pages::{ListHead, ListText, Paged, joined, read_page, unreadable_page};
 use super::pods;
-use super::retry::{RateLimiter, RetryPolicy, is_transient};
+use super::retry::{DEFAULT_BURST, DEFAULT_QPS, RateLimiter, RetryPolicy, is_transient};
 use crate::apis::nodeclaim::NodeClaimObject;
 use crate::apis::{EC2NodeClass, NodePool};
 use crate::settings::{SettingError, SettingProblem, Settings};
@@ -31,6 +31,11 @@ pub const KUBE_URL_ENV: &str = "NODESMITH_KUBE_URL";
 /// The bearer token sent to [`KUBE_URL_ENV`]'s server, if any (the local test
 /// server takes `nodesmith-lambda` as the functions' RBAC identity).
 pub const KUBE_TOKEN_ENV: &str = "NODESMITH_KUBE_TOKEN";
+/// Requests per second each invocation's client may send (Karpenter's
+/// setting of the same name and default, 200).
+pub const KUBE_QPS_ENV: &str = "KUBE_CLIENT_QPS";
+/// The client's burst above [`KUBE_QPS_ENV`] (Karpenter's name and default, 300).
+pub const KUBE_BURST_ENV: &str = "KUBE_CLIENT_BURST";
 
 /// Objects asked for per list request (client-go's pager asks for 500).
 pub const LIST_PAGE_SIZE: u32 = 500;
@@ -98,13 +103,19 @@ impl KubeCluster {
         config: aws_config::SdkConfig,
         settings: &Settings<impl Fn(&str) -> Option<String>>,
     ) -> Result<Self, super::client::ClientError> {
+        // Karpenter's rate: a sweep at thousands of nodes sends thousands of
+        // requests (a taint per disruption, an eviction per pod); beyond the
+        // cluster's share, priority and fairness answers 429 and we back off.
+        let qps = settings.parsed(KUBE_QPS_ENV, DEFAULT_QPS)?;
+        let burst = settings.parsed(KUBE_BURST_ENV, DEFAULT_BURST)?;
+        let adapter = |cluster: Self| cluster.with_rate_limit(f64::from(qps.get()), burst.get());
         if let Some(url) = settings.optional(KUBE_URL_ENV) {
             let token = settings.optional(KUBE_TOKEN_ENV);
-            return Ok(Self::from_client(super::client::client_for(
+            return Ok(adapter(Self::from_client(super::client::client_for(
                 &url,
                 None,
                 token.as_deref(),
-            )?));
+            )?)));
         }
         let name = settings.optional(CLUSTER_NAME_ENV).ok_or_else(|| {
             SettingError::new(
@@ -115,7 +126,7 @@ impl KubeCluster {
                 },
             )
         })?;
-        Ok(Self::for_eks(config, &name))
+        Ok(adapter(Self::for_eks(config, &name)))
     }
 
     /// Replaces the retry policy.
@@ -803,5 +814,27 @@ impl Cluster for KubeCluster {
             },
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter(pairs: &[(&str, &str)]) -> Result<KubeCluster, super::super::client::ClientError> {
+        let env: std::collections::BTreeMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        KubeCluster::from_lookup(aws_config::SdkConfig::builder().build(), |k| env.get(k).cloned())
+    }
+
+    #[tokio::test]
+    async fn the_client_rate_is_karpenters_setting_and_bad_values_are_named() {
+        let url = (KUBE_URL_ENV, "http://127.0.0.1:9");
+        assert!(adapter(&[url]).is_ok());
+        assert!(adapter(&[url, (KUBE_QPS_ENV, "20"), (KUBE_BURST_ENV, "40")]).is_ok());
+        for (name, value) in [(KUBE_QPS_ENV, "0"), (KUBE_QPS_ENV, "fast"), (KUBE_BURST_ENV, "-1")] {
+            let err = adapter(&[url, (name, value)]).err().expect("refused");
+            assert!(err.to_string().contains(name), "{name}={value}: {err}");
+        }
     }
 }

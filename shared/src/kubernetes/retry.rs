@@ -4,6 +4,7 @@
 //! that the adapter decides: a PDB's 429 on eviction is an answer ("blocked"),
 //! not a reason to retry, while throttling 429s, 5xx and dropped connections are.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -55,11 +56,15 @@ pub fn take_token(tokens: f64, elapsed: Duration, qps: f64, burst: f64) -> (f64,
     (left, wait)
 }
 
+/// Karpenter's client rate (its `KUBE_CLIENT_QPS` default).
+pub const DEFAULT_QPS: NonZeroU32 = NonZeroU32::new(200).unwrap();
+/// Karpenter's client burst (its `KUBE_CLIENT_BURST` default).
+pub const DEFAULT_BURST: NonZeroU32 = NonZeroU32::new(300).unwrap();
+
 impl Default for RateLimiter {
-    /// 50 QPS with bursts of 100, a middle ground between client-go's default
-    /// and what Karpenter configures.
+    /// Karpenter's rate: [`DEFAULT_QPS`] with bursts of [`DEFAULT_BURST`].
     fn default() -> Self {
-        RateLimiter::new(50.0, 100)
+        RateLimiter::new(f64::from(DEFAULT_QPS.get()), DEFAULT_BURST.get())
     }
 }
 

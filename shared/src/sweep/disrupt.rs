@@ -264,18 +264,18 @@ impl<C: Cluster> Sweeper<C> {
     }
 
     /// The disruption part of a run: new decisions, then every recorded
-    /// disruption moved on as far as it goes now; `instances`: the run's
-    /// list of the cluster's instances.
+    /// disruption moved on as far as it goes now (no walk starts after
+    /// `steps_by`); `instances`: the run's list of the cluster's instances.
     pub(super) async fn disrupt(
         &self,
-        started: Instant,
+        steps_by: Instant,
         now: Timestamp,
         classes: &BTreeMap<String, ResolvedClass>,
         instances: &[Instance],
     ) -> DisruptionRunReport {
         let mut report = DisruptionRunReport::default();
         // One claim read for the snapshot and the decisions both.
-        let mut lap = super::Lap::start();
+        let reading = Instant::now();
         let claims = match self.store.list_node_claims().await {
             Ok(c) => c,
             Err(e) => {
@@ -293,7 +293,7 @@ impl<C: Cluster> Sweeper<C> {
             }
         };
         tracing::info!(
-            read_ms = lap.next(),
+            read_ms = reading.elapsed().as_millis() as u64,
             pods = snapshot.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + snapshot.pods.len(),
             "disruption read the claims and the cluster"
         );
@@ -317,7 +317,7 @@ impl<C: Cluster> Sweeper<C> {
         // two whole-cluster snapshots at once would double the run's peak.
         let shifted_zones = std::mem::take(&mut snapshot.shifted_zones);
         drop(snapshot);
-        self.move_on(&mut records, started, &shifted_zones, &mut report).await;
+        self.move_on(&mut records, steps_by, &shifted_zones, &mut report).await;
         report
     }
 
@@ -471,7 +471,7 @@ impl<C: Cluster> Sweeper<C> {
     async fn move_on(
         &self,
         records: &mut [DisruptionRecord],
-        started: Instant,
+        steps_by: Instant,
         shifted_zones: &BTreeSet<String>,
         report: &mut DisruptionRunReport,
     ) {
@@ -487,14 +487,13 @@ impl<C: Cluster> Sweeper<C> {
         };
         // Several records at once (each step is a few round trips, and a
         // pass may move hundreds); each walks with its own claim's drains.
-        let budget = self.config.budget;
         let all_drains = &drains;
         let walks: Vec<_> = records
             .iter_mut()
             .enumerate()
             .map(|(i, r)| async move {
                 // Checked as each walk starts, not when the pass began.
-                if started.elapsed() >= budget {
+                if Instant::now() >= steps_by {
                     return None;
                 }
                 let mut own: Vec<DrainRecord> = all_drains.iter().filter(|d| d.claim == r.claim).cloned().collect();

@@ -38,11 +38,21 @@ use crate::telemetry::{Metric, Series};
 
 /// The lease that keeps sweeps from acting at once.
 pub const LEASE: &str = "sweep";
-/// The least time the run's drain pass gets, however much of the budget the
-/// steps before it spent.
+/// The part of the budget kept for the run's drain pass: steps (lifecycle
+/// actions, disruptions' walks) start only before the budget's end less this
+/// and [`CLOSING_SHARE`] (or its first half, if later).
 const DRAIN_SHARE: Duration = Duration::from_secs(15);
+/// The part of the budget kept at its end for what follows the drain pass
+/// (finished drains, terminations, static pools, the mirror).
+const CLOSING_SHARE: Duration = Duration::from_secs(5);
+/// The budget's last second: the closing writes in flight end, the lease is released.
+const RELEASE_SHARE: Duration = Duration::from_secs(1);
+/// The least time the drain pass gets when the steps before it overran (a
+/// slow read, many new disruptions), so drains are never starved.
+const DRAIN_FLOOR: Duration = Duration::from_secs(5);
 /// Time kept after the drain pass, before the invocation's deadline, for
-/// what the run does after it (terminations, the mirror, collection, the catalog).
+/// what the run does after it (terminations, the mirror, and collection and
+/// the catalog if they are still at work).
 const DRAIN_RESERVE: Duration = Duration::from_secs(20);
 /// Time kept before the invocation's deadline to release the lease of a run
 /// cut there.
@@ -62,7 +72,8 @@ pub struct SweepConfig {
     pub launch_queue_url: Option<String>,
     /// Timeouts and windows.
     pub lifecycle: LifecycleConfig,
-    /// Work stops once a run has taken this long; the rest waits for the next run.
+    /// How long a run takes in all: steps stop in time for the drain pass
+    /// and the closing writes to end with it; the rest waits for the next run.
     pub budget: Duration,
     /// How long the sweep lease outlives its last renewal (renewed every
     /// third of that while a run works): how long a sweep that died blocks the next.
@@ -188,21 +199,36 @@ pub enum StepError {
     Reservations(#[source] Box<crate::nodeclass::NodeClassError>),
 }
 
-/// Milliseconds between successive marks, for the run's log of where its time went.
-struct Lap(Instant);
+/// When each part of a run ends, from its start and budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Schedule {
+    /// No step starts after it.
+    steps_by: Instant,
+    /// The drain pass ends by it (unless the steps overran).
+    drains_by: Instant,
+    /// The closing writes end by it: the budget's end less [`RELEASE_SHARE`].
+    end: Instant,
+}
 
-impl Lap {
-    fn start() -> Lap {
-        Lap(Instant::now())
+impl Schedule {
+    /// The steps get the budget less the drain pass's and the closing shares,
+    /// and at least its first half (a short budget still gets steps done).
+    fn of(started: Instant, budget: Duration) -> Schedule {
+        let end = started + budget.saturating_sub(RELEASE_SHARE);
+        let steps_by = (started + budget.saturating_sub(DRAIN_SHARE + CLOSING_SHARE)).max(started + budget / 2);
+        Schedule {
+            steps_by,
+            drains_by: (started + budget.saturating_sub(CLOSING_SHARE)).max(steps_by),
+            end,
+        }
     }
+}
 
-    /// Milliseconds since the last mark (or the start); marks now.
-    fn next(&mut self) -> u64 {
-        let now = Instant::now();
-        let ms = now.duration_since(self.0).as_millis() as u64;
-        self.0 = now;
-        ms
-    }
+/// `work`'s output and the milliseconds it took, for the run's log of where its time went.
+async fn timed<T>(work: impl std::future::Future<Output = T>) -> (T, u64) {
+    let start = Instant::now();
+    let out = work.await;
+    (out, start.elapsed().as_millis() as u64)
 }
 
 /// What one run did.
@@ -515,13 +541,25 @@ impl<C: Cluster> Sweeper<C> {
         drains_by: Instant,
         now: Timestamp,
     ) -> Result<SweepReport, SweepError> {
-        // How long each read takes (at thousands of nodes they are most of a run).
-        let mut lap = Lap::start();
-        let ClaimListing { claims, unreadable } = self.store.read_node_claims().await?;
-        let claims_ms = lap.next();
-        let nodes = self.cluster.nodes().await?;
-        let nodes_ms = lap.next();
-        let objects = match self.cluster.node_claim_objects().await {
+        // The five reads at once (at thousands of nodes they are most of a
+        // run, and each waits on a different service); how long each took.
+        let (
+            (claims, claims_ms),
+            (nodes, nodes_ms),
+            (objects, objects_ms),
+            (catalog, catalog_ms),
+            (instances, instances_ms),
+        ) = tokio::join!(
+            // Boxed: side by side, their futures would add up on the stack.
+            timed(Box::pin(self.store.read_node_claims())),
+            timed(Box::pin(self.cluster.nodes())),
+            timed(Box::pin(self.cluster.node_claim_objects())),
+            timed(Box::pin(self.store.get_catalog())),
+            timed(Box::pin(self.instances.list_owned())),
+        );
+        let ClaimListing { claims, unreadable } = claims?;
+        let nodes = nodes?;
+        let objects = match objects {
             Ok(o) => Some(o),
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::causes(&e), "NodeClaim objects not listed: none is mirrored, and none deleted counts, this run");
@@ -542,8 +580,7 @@ impl<C: Cluster> Sweeper<C> {
             .filter(|o| crate::mirror::is_ours(o))
             .filter_map(|o| Some((o.metadata.name.clone()?, crate::mirror::deleted_at(o)?)))
             .collect();
-        let objects_ms = lap.next();
-        let catalog = match self.store.get_catalog().await {
+        let catalog = match catalog {
             Ok(Some(c)) => c,
             Ok(None) => catalog::builtin()?.clone(),
             // Only labels come from it: a registration must not wait for it.
@@ -552,8 +589,7 @@ impl<C: Cluster> Sweeper<C> {
                 catalog::builtin()?.clone()
             }
         };
-        let catalog_ms = lap.next();
-        let instances = match self.instances.list_owned().await {
+        let instances = match instances {
             Ok(i) => i,
             Err(e) => {
                 // Liveness and collection need EC2's word; joining nodes do not.
@@ -563,11 +599,12 @@ impl<C: Cluster> Sweeper<C> {
             }
         };
         tracing::info!(
+            since_start_ms = started.elapsed().as_millis() as u64,
             claims_ms,
             nodes_ms,
             objects_ms,
             catalog_ms,
-            instances_ms = lap.next(),
+            instances_ms,
             claims = claims.len(),
             nodes = nodes.len(),
             instances = instances.len(),
@@ -596,9 +633,14 @@ impl<C: Cluster> Sweeper<C> {
             unreadable_claims: unreadable.len(),
             ..SweepReport::default()
         };
+        let Schedule {
+            steps_by,
+            drains_by: drains_end,
+            end,
+        } = Schedule::of(started, self.config.budget);
         let mut removed = Vec::new();
         for action in actions {
-            if started.elapsed() >= self.config.budget {
+            if Instant::now() >= steps_by {
                 report.deferred.push(action);
                 continue;
             }
@@ -642,15 +684,18 @@ impl<C: Cluster> Sweeper<C> {
         }
         // Every class resolved once: its status written back, its nodes checked for drift.
         let resolved = self.classes(now, &claims, &mut report.classes).await;
-        report.disruption = self.disrupt(started, now, &resolved, &instances).await;
+        report.disruption = self.disrupt(steps_by, now, &resolved, &instances).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
-        // Drains get what the budget left, and at least DRAIN_SHARE even when
-        // the steps before took it all, so disruptions never starve them.
-        let stop_at = (started + self.config.budget)
-            .max(Instant::now() + DRAIN_SHARE)
-            .min(drains_by);
-        let drained = crate::draining::sweep_drains(&self.cluster, &self.store, stop_at).await;
+        // Drains get the budget up to its closing share, and when the steps
+        // before overran, DRAIN_FLOOR within the budget, so they never starve.
+        let stop_at = drains_end.max((Instant::now() + DRAIN_FLOOR).min(end)).min(drains_by);
+        // Collection and the catalog wait on EC2 (and IAM), the drain pass on
+        // the cluster: side by side, they do not add up.
+        let (drained, ()) = tokio::join!(
+            Box::pin(crate::draining::sweep_drains(&self.cluster, &self.store, stop_at)),
+            Box::pin(self.collect_and_refresh()),
+        );
         self.finish_drained(&drained, &mut report.disruption).await;
         Box::pin(self.finish_terminations(now, &mut report.terminations)).await;
         // Static pools back to their count, after this run's removals.
@@ -667,9 +712,7 @@ impl<C: Cluster> Sweeper<C> {
             .filter(|c| !c.node_name.as_ref().is_some_and(|n| disrupted.contains(n)))
             .filter(|c| !removed_claims.contains(&c.name.as_str()) && !terminated.contains(&c.name))
             .collect();
-        let mirror_by = (started + self.config.budget)
-            .max(Instant::now() + MIRROR_SHARE)
-            .min(drains_by + MIRROR_SHARE);
+        let mirror_by = end.max(Instant::now() + MIRROR_SHARE).min(drains_by + MIRROR_SHARE);
         let mut mirrored = mirror::MirrorReport::default();
         let read = mirror::Read {
             claims: &live,
@@ -698,6 +741,17 @@ impl<C: Cluster> Sweeper<C> {
             .extend(crate::metrics::consolidation_timeouts(report.disruption.consolidation));
         report.series.append(&mut mirrored.gauges);
         report.mirror = mirrored;
+        tracing::info!(
+            ran_ms = started.elapsed().as_millis() as u64,
+            budget_ms = self.config.budget.as_millis() as u64,
+            deferred = report.deferred.len() + report.disruption.deferred,
+            "sweep run done"
+        );
+        Ok(report)
+    }
+
+    /// Collects what no EC2NodeClass uses, then refreshes the instance catalog.
+    async fn collect_and_refresh(&self) {
         // Launch templates and instance profiles no EC2NodeClass uses any more (shared/src/launch/gc.rs).
         crate::launch::gc::sweep(
             &self.cluster,
@@ -709,7 +763,6 @@ impl<C: Cluster> Sweeper<C> {
         .await;
         // The instance catalog from EC2: types every 12 h, spot prices hourly (shared/src/catalog_refresh.rs).
         crate::catalog_refresh::sweep(self.instances.ec2(), &self.store, self.price_list.as_ref()).await;
-        Ok(report)
     }
 
     /// Registration and initialization only ([`lifecycle::joining_actions`]),
@@ -970,6 +1023,29 @@ impl<C: Cluster> Sweeper<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runs_steps_drains_and_closing_writes_share_its_budget() {
+        let t = Instant::now();
+        let s = |secs: u64| t + Duration::from_secs(secs);
+        let at = |budget: u64, steps_by: u64, drains_by: u64| {
+            assert_eq!(
+                Schedule::of(t, Duration::from_secs(budget)),
+                Schedule {
+                    steps_by: s(steps_by),
+                    drains_by: s(drains_by),
+                    end: s(budget.saturating_sub(1)),
+                },
+                "budget {budget} s"
+            );
+        };
+        at(60, 40, 55);
+        at(45, 25, 40);
+        // Short budgets: the steps keep half, the drains what is left before the closing share.
+        at(30, 15, 25);
+        at(10, 5, 5);
+        at(0, 0, 0);
+    }
 
     #[test]
     fn capacity_given_up_is_priced_once_per_claim() {

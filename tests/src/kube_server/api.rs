@@ -1,7 +1,7 @@
 //! The HTTP surface: Kubernetes REST paths, verbs, patch types, watches and
 //! Status errors, dispatched onto the store.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -341,6 +341,26 @@ fn selected_pods(store: &super::store::Store, ns: &str, pdbs: &[&PodDisruptionBu
     let mut pods = Vec::new();
     if selectors.is_empty() {
         return pods;
+    }
+    // From the label index when each selector names a label to match (a
+    // budget's usual shape): its pods are among those so labelled.
+    let named: Option<Vec<(&String, &String)>> = selectors
+        .iter()
+        .map(|s| s.match_labels.as_ref().and_then(|m| m.iter().next()))
+        .collect();
+    if let Some(named) = named {
+        let mut found: BTreeMap<super::store::Key, &Value> = BTreeMap::new();
+        for (label, value) in named {
+            found.extend(store.pods_labelled(ns, label, value));
+        }
+        return found
+            .into_values()
+            .filter(|v| {
+                let labels = labels_of(v);
+                selectors.iter().any(|s| disruption::selector_matches(s, &labels))
+            })
+            .filter_map(|v| serde_json::from_value::<Pod>(v.clone()).ok())
+            .collect();
     }
     store.scan(PODS, Some(ns), None, None, |v| {
         let labels = labels_of(v);

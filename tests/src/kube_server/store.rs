@@ -60,7 +60,8 @@ pub enum StoreError {
     Invalid(String),
 }
 
-type Key = (String, String);
+/// An object's namespace ("" when cluster-scoped) and name.
+pub type Key = (String, String);
 
 /// Objects of every resource, the resourceVersion counter, and the change log.
 pub struct Store {
@@ -88,6 +89,10 @@ pub struct Store {
     /// as kube-apiserver's watch cache indexes them: a drain's or a
     /// kubelet's list of one node's pods does not walk every pod.
     pods_by_node: HashMap<String, BTreeSet<Key>>,
+    /// The pods' names by namespace, label key and value: an eviction finds
+    /// the pods its disruption budgets select without walking the namespace
+    /// (kube-apiserver reads a budget's status, kept by its controller).
+    pods_by_label: HashMap<(String, String, String), BTreeSet<String>>,
     tx: broadcast::Sender<Recorded>,
 }
 
@@ -113,6 +118,7 @@ impl Default for Store {
             changed: BTreeMap::new(),
             compacted_below: 0,
             pods_by_node: HashMap::new(),
+            pods_by_label: HashMap::new(),
             tx: broadcast::channel(4096).0,
         }
     }
@@ -392,7 +398,18 @@ impl Store {
             return;
         }
         let node = node_of(&obj).to_string();
+        let labels = label_pairs(&obj);
         let old = objects.insert(key.clone(), obj);
+        let old_labels = old.as_ref().map(label_pairs).unwrap_or_default();
+        if old_labels != labels {
+            self.unlabel(&key, old_labels);
+            for (k, v) in labels {
+                self.pods_by_label
+                    .entry((key.0.clone(), k, v))
+                    .or_default()
+                    .insert(key.1.clone());
+            }
+        }
         match old.as_ref().map(node_of) {
             Some(was) if was == node => {}
             was => {
@@ -409,8 +426,36 @@ impl Store {
         let old = self.objects.get_mut(&res.id()).and_then(|m| m.remove(key))?;
         if res.id() == PODS.id() {
             self.unindex(node_of(&old), key);
+            self.unlabel(key, label_pairs(&old));
         }
         Some(old)
+    }
+
+    fn unlabel(&mut self, key: &Key, labels: Vec<(String, String)>) {
+        for (k, v) in labels {
+            let entry = (key.0.clone(), k, v);
+            if let Some(names) = self.pods_by_label.get_mut(&entry) {
+                names.remove(&key.1);
+                if names.is_empty() {
+                    self.pods_by_label.remove(&entry);
+                }
+            }
+        }
+    }
+
+    /// The pods of `ns` labelled `label=value` as they are now, in name
+    /// order: what a walk of the namespace's pods with that label finds.
+    pub fn pods_labelled<'a>(&'a self, ns: &str, label: &str, value: &str) -> impl Iterator<Item = (Key, &'a Value)> {
+        let pods = self.objects.get(&PODS.id());
+        self.pods_by_label
+            .get(&(ns.to_string(), label.to_string(), value.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(move |name| {
+                let key = (ns.to_string(), name.clone());
+                let pod = pods?.get(&key)?;
+                Some((key, pod))
+            })
     }
 
     fn unindex(&mut self, node: &str, key: &Key) {
@@ -751,6 +796,18 @@ impl Store {
     }
 }
 
+/// An object's labels with string values (what a selector can match).
+fn label_pairs(obj: &Value) -> Vec<(String, String)> {
+    obj.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A pod's `spec.nodeName`, "" when it is not bound.
 fn node_of(pod: &Value) -> &str {
     pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("")
@@ -810,6 +867,47 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(store.get(NODES, "", "n1").unwrap()["metadata"]["labels"]["team"], "");
+    }
+
+    #[test]
+    fn the_label_index_finds_what_a_walk_of_the_namespace_finds() {
+        let mut store = Store::default();
+        let pod = |ns: &str, name: &str, app: &str| json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app, "tier": "web"}}, "spec": {"containers": []}});
+        for (ns, name, app) in [
+            ("a", "p1", "x"),
+            ("a", "p2", "y"),
+            ("b", "p3", "x"),
+            ("a", "p4", "x"),
+            ("a", "p5", "x"),
+        ] {
+            store.create(PODS, ns, pod(ns, name, app)).unwrap();
+        }
+        // Relabelled, deleted, and a label dropped.
+        let mut moved = store.get(PODS, "a", "p2").unwrap().clone();
+        moved["metadata"]["labels"]["app"] = json!("x");
+        store.update(PODS, "a", "p2", moved).unwrap();
+        store.delete(PODS, "a", "p4").unwrap();
+        let mut bare = store.get(PODS, "a", "p5").unwrap().clone();
+        bare["metadata"]["labels"] = json!({"tier": "web"});
+        store.update(PODS, "a", "p5", bare).unwrap();
+        for (ns, label, value) in [
+            ("a", "app", "x"),
+            ("a", "app", "y"),
+            ("b", "app", "x"),
+            ("a", "tier", "web"),
+            ("c", "app", "x"),
+        ] {
+            let indexed: Vec<String> = store.pods_labelled(ns, label, value).map(|(k, _)| k.1).collect();
+            let mut walked = Vec::new();
+            store.scan(PODS, Some(ns), None, None, |p| {
+                if p.pointer(&format!("/metadata/labels/{label}")) == Some(&json!(value)) {
+                    walked.push(name_of(p).to_string());
+                }
+                true
+            });
+            assert_eq!(indexed, walked, "{ns} {label}={value}");
+        }
+        assert_eq!(store.pods_labelled("a", "app", "x").count(), 2, "p1 and p2");
     }
 
     #[test]
