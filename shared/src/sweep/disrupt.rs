@@ -265,10 +265,10 @@ impl<C: Cluster> Sweeper<C> {
 
     /// The disruption part of a run: new decisions, then every recorded
     /// disruption moved on as far as it goes now (no walk starts after
-    /// `steps_by`); `instances`: the run's list of the cluster's instances.
+    /// `walks_by`); `instances`: the run's list of the cluster's instances.
     pub(super) async fn disrupt(
         &self,
-        steps_by: Instant,
+        walks_by: Instant,
         now: Timestamp,
         classes: &BTreeMap<String, ResolvedClass>,
         instances: &[Instance],
@@ -317,7 +317,7 @@ impl<C: Cluster> Sweeper<C> {
         // two whole-cluster snapshots at once would double the run's peak.
         let shifted_zones = std::mem::take(&mut snapshot.shifted_zones);
         drop(snapshot);
-        self.move_on(&mut records, steps_by, &shifted_zones, &mut report).await;
+        self.move_on(&mut records, walks_by, &shifted_zones, &mut report).await;
         report
     }
 
@@ -471,7 +471,7 @@ impl<C: Cluster> Sweeper<C> {
     async fn move_on(
         &self,
         records: &mut [DisruptionRecord],
-        steps_by: Instant,
+        walks_by: Instant,
         shifted_zones: &BTreeSet<String>,
         report: &mut DisruptionRunReport,
     ) {
@@ -493,7 +493,7 @@ impl<C: Cluster> Sweeper<C> {
             .enumerate()
             .map(|(i, r)| async move {
                 // Checked as each walk starts, not when the pass began.
-                if Instant::now() >= steps_by {
+                if Instant::now() >= walks_by {
                     return None;
                 }
                 let mut own: Vec<DrainRecord> = all_drains.iter().filter(|d| d.claim == r.claim).cloned().collect();

@@ -38,13 +38,14 @@ use crate::telemetry::{Metric, Series};
 
 /// The lease that keeps sweeps from acting at once.
 pub const LEASE: &str = "sweep";
-/// The part of the budget kept for the run's drain pass: steps (lifecycle
-/// actions, disruptions' walks) start only before the budget's end less this
-/// and [`CLOSING_SHARE`] (or its first half, if later).
+/// The part of the budget kept for the run's drain pass: disruptions' walks
+/// start only before the budget's end less this and [`CLOSING_SHARE`] (or
+/// its first half, if later).
 const DRAIN_SHARE: Duration = Duration::from_secs(15);
 /// The part of the budget kept at its end for what follows the drain pass
-/// (finished drains, terminations, static pools, the mirror).
-const CLOSING_SHARE: Duration = Duration::from_secs(5);
+/// (finished drains, terminations, static pools, the mirror's share), and
+/// the release.
+const CLOSING_SHARE: Duration = MIRROR_SHARE.saturating_add(RELEASE_SHARE);
 /// The budget's last second: the closing writes in flight end, the lease is released.
 const RELEASE_SHARE: Duration = Duration::from_secs(1);
 /// The least time the drain pass gets when the steps before it overran (a
@@ -72,8 +73,9 @@ pub struct SweepConfig {
     pub launch_queue_url: Option<String>,
     /// Timeouts and windows.
     pub lifecycle: LifecycleConfig,
-    /// How long a run takes in all: steps stop in time for the drain pass
-    /// and the closing writes to end with it; the rest waits for the next run.
+    /// How long a run takes in all: disruption walks stop in time for the
+    /// drain pass and the closing writes to end with it, lifecycle actions in
+    /// time for the closing writes; the rest waits for the next run.
     pub budget: Duration,
     /// How long the sweep lease outlives its last renewal (renewed every
     /// third of that while a run works): how long a sweep that died blocks the next.
@@ -202,23 +204,25 @@ pub enum StepError {
 /// When each part of a run ends, from its start and budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Schedule {
-    /// No step starts after it.
-    steps_by: Instant,
-    /// The drain pass ends by it (unless the steps overran).
+    /// No disruption walk starts after it.
+    walks_by: Instant,
+    /// No lifecycle action starts after it (a node's registration,
+    /// timeouts and collection come before the drain pass's share), and the
+    /// drain pass ends by it (unless the steps overran).
     drains_by: Instant,
     /// The closing writes end by it: the budget's end less [`RELEASE_SHARE`].
     end: Instant,
 }
 
 impl Schedule {
-    /// The steps get the budget less the drain pass's and the closing shares,
-    /// and at least its first half (a short budget still gets steps done).
+    /// The walks get the budget less the drain pass's and the closing shares,
+    /// and at least its first half (a short budget still gets walks done).
     fn of(started: Instant, budget: Duration) -> Schedule {
         let end = started + budget.saturating_sub(RELEASE_SHARE);
-        let steps_by = (started + budget.saturating_sub(DRAIN_SHARE + CLOSING_SHARE)).max(started + budget / 2);
+        let walks_by = (started + budget.saturating_sub(DRAIN_SHARE + CLOSING_SHARE)).max(started + budget / 2);
         Schedule {
-            steps_by,
-            drains_by: (started + budget.saturating_sub(CLOSING_SHARE)).max(steps_by),
+            walks_by,
+            drains_by: (started + budget.saturating_sub(CLOSING_SHARE)).max(walks_by),
             end,
         }
     }
@@ -634,13 +638,13 @@ impl<C: Cluster> Sweeper<C> {
             ..SweepReport::default()
         };
         let Schedule {
-            steps_by,
+            walks_by,
             drains_by: drains_end,
             end,
         } = Schedule::of(started, self.config.budget);
         let mut removed = Vec::new();
         for action in actions {
-            if Instant::now() >= steps_by {
+            if Instant::now() >= drains_end {
                 report.deferred.push(action);
                 continue;
             }
@@ -684,7 +688,7 @@ impl<C: Cluster> Sweeper<C> {
         }
         // Every class resolved once: its status written back, its nodes checked for drift.
         let resolved = self.classes(now, &claims, &mut report.classes).await;
-        report.disruption = self.disrupt(steps_by, now, &resolved, &instances).await;
+        report.disruption = self.disrupt(walks_by, now, &resolved, &instances).await;
         // One pass over every recorded drain (interruptions' and disruptions'),
         // then the disruptions whose drain just finished are terminated.
         // Drains get the budget up to its closing share, and when the steps
@@ -1025,24 +1029,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_runs_steps_drains_and_closing_writes_share_its_budget() {
+    fn a_runs_walks_drains_and_closing_writes_share_its_budget() {
         let t = Instant::now();
         let s = |secs: u64| t + Duration::from_secs(secs);
-        let at = |budget: u64, steps_by: u64, drains_by: u64| {
+        let at = |budget: u64, walks_by: u64, drains_by: u64| {
             assert_eq!(
                 Schedule::of(t, Duration::from_secs(budget)),
                 Schedule {
-                    steps_by: s(steps_by),
+                    walks_by: s(walks_by),
                     drains_by: s(drains_by),
                     end: s(budget.saturating_sub(1)),
                 },
                 "budget {budget} s"
             );
         };
-        at(60, 40, 55);
-        at(45, 25, 40);
-        // Short budgets: the steps keep half, the drains what is left before the closing share.
-        at(30, 15, 25);
+        at(60, 39, 54);
+        at(45, 24, 39);
+        // Short budgets: the walks keep half, the drains what is left before the closing share.
+        at(30, 15, 24);
         at(10, 5, 5);
         at(0, 0, 0);
     }
