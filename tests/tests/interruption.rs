@@ -541,7 +541,7 @@ async fn a_failed_event_leaves_no_taint_behind_and_is_visible_again_within_secon
 /// A batch of warnings takes every node out of scheduling first: each
 /// event's taint and drain record come before the first eviction of any node,
 /// so the last node of a storm is not tainted only after every other node's
-/// evictions (at 50 requests/s, 30 pods a node make about a second each).
+/// evictions (30 pods a node make 30 requests of the client's rate each).
 #[tokio::test]
 async fn a_batch_taints_and_records_every_node_before_its_first_eviction() {
     let s = Stack::new("64", 8).await;

@@ -108,10 +108,10 @@ impl KubeCluster {
         // cluster's share, priority and fairness answers 429 and we back off.
         let qps = settings.parsed(KUBE_QPS_ENV, DEFAULT_QPS)?;
         let burst = settings.parsed(KUBE_BURST_ENV, DEFAULT_BURST)?;
-        let adapter = |cluster: Self| cluster.with_rate_limit(f64::from(qps.get()), burst.get());
+        let rated = |cluster: Self| cluster.with_rate_limit(f64::from(qps.get()), burst.get());
         if let Some(url) = settings.optional(KUBE_URL_ENV) {
             let token = settings.optional(KUBE_TOKEN_ENV);
-            return Ok(adapter(Self::from_client(super::client::client_for(
+            return Ok(rated(Self::from_client(super::client::client_for(
                 &url,
                 None,
                 token.as_deref(),
@@ -126,7 +126,7 @@ impl KubeCluster {
                 },
             )
         })?;
-        Ok(adapter(Self::for_eks(config, &name)))
+        Ok(rated(Self::for_eks(config, &name)))
     }
 
     /// Replaces the retry policy.

@@ -51,8 +51,8 @@ pub struct ProvisionConfig {
     /// stay nominated (spared by consolidation): Karpenter's window.
     pub nomination_window: Duration,
     /// At most this many events per invocation ([`EventBudget`]); the rest
-    /// wait for a later solve. 500 is 10 s of the Kubernetes client's 50
-    /// requests per second, a sixth of the function's timeout.
+    /// wait for a later solve. 500 was 10 s of the Kubernetes client's rate
+    /// when it was 50 requests per second (2.5 s at Karpenter's 200).
     pub event_budget: usize,
     /// The least time a solve needs (reading the cluster, solving, writing
     /// the claims and launch requests): with less left before the deadline,
