@@ -57,9 +57,9 @@ pub fn take_token(tokens: f64, elapsed: Duration, qps: f64, burst: f64) -> (f64,
 }
 
 /// Karpenter's client rate (its `KUBE_CLIENT_QPS` default).
-pub const DEFAULT_QPS: NonZeroU32 = NonZeroU32::new(200).unwrap();
+pub const DEFAULT_QPS: NonZeroU32 = NonZeroU32::MIN.saturating_add(199);
 /// Karpenter's client burst (its `KUBE_CLIENT_BURST` default).
-pub const DEFAULT_BURST: NonZeroU32 = NonZeroU32::new(300).unwrap();
+pub const DEFAULT_BURST: NonZeroU32 = NonZeroU32::MIN.saturating_add(299);
 
 impl Default for RateLimiter {
     /// Karpenter's rate: [`DEFAULT_QPS`] with bursts of [`DEFAULT_BURST`].

@@ -398,11 +398,13 @@ impl Store {
             return;
         }
         let node = node_of(&obj).to_string();
-        let labels = label_pairs(&obj);
         let old = objects.insert(key.clone(), obj);
-        let old_labels = old.as_ref().map(label_pairs).unwrap_or_default();
-        if old_labels != labels {
-            self.unlabel(&key, old_labels);
+        // Most writes to a pod leave its labels as they were: compared in place.
+        let new = objects.get(&key);
+        let was_labelled = old.as_ref().and_then(|o| o.pointer("/metadata/labels"));
+        if was_labelled != new.and_then(|o| o.pointer("/metadata/labels")) {
+            let labels = new.map(label_pairs).unwrap_or_default();
+            self.unlabel(&key, old.as_ref().map(label_pairs).unwrap_or_default());
             for (k, v) in labels {
                 self.pods_by_label
                     .entry((key.0.clone(), k, v))
