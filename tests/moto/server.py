@@ -43,7 +43,11 @@ through a scan of every tag of every resource as moto reads them (the same
 answers; a DescribeInstances over 5,000 tagged instances took 75 s that way).
 Likewise a DynamoDB Query reads the partition it names (an index Query, the
 table's items unsorted, since it sorts them by the index after), not every
-item of the table sorted by key.
+item of the table sorted by key. An SQS queue's calls do not slow with its
+depth as moto's did (a SendMessageBatch took seconds with 20,000 messages
+queued): a send or a receive does not count the queue's messages, the
+visible messages are found with one reading of the clock, and a
+DeleteMessage finds its message by the receipt handle.
 
 moto stores everything in this process, so seeding goes straight into its
 backends (PutParameter refuses /aws/... names). The process exits when stdin
@@ -114,6 +118,7 @@ import re
 import sys
 import threading
 import uuid
+import weakref
 from urllib.parse import unquote
 from datetime import datetime, timedelta, timezone
 
@@ -144,6 +149,8 @@ from moto.moto_api import _internal as moto_api
 from moto.moto_server import threaded_moto_server
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+from moto.core.utils import unix_time_millis
+from moto.sqs.models import Message as SqsMessage, Queue as SqsQueue, SQSBackend
 from moto.ssm.models import Parameter, ssm_backends
 from moto.utilities.utils import get_partition
 
@@ -1429,6 +1436,118 @@ def partition_query(query):
     return partitioned
 
 
+SQS_UNCOUNTED = threading.local()
+
+
+def uncounted_queue(count):
+    """A queue's message count, 0 while a send or a receive reads the
+    queue's attributes. moto's SendMessage reads every attribute of the queue
+    to learn whether it de-duplicates by content, and its ReceiveMessage
+    reads them for the retention period of each message it hands out; each
+    read counts the queue's messages three times. With 20,000 pending pods
+    queued, a SendMessageBatch took seconds and moto spent nine tenths of a
+    burst there (SQS's sends and receives do not slow as a queue grows).
+    Neither reads the counts, and GetQueueAttributes still counts."""
+
+    def counted(self):
+        return 0 if getattr(SQS_UNCOUNTED, "on", False) else count.fget(self)
+
+    return property(counted)
+
+
+def without_counts(step):
+    """`step` with the queue's message counts left uncounted (see `uncounted_queue`)."""
+
+    @functools.wraps(step)
+    def uncounted(*args, **kwargs):
+        before = getattr(SQS_UNCOUNTED, "on", False)
+        SQS_UNCOUNTED.on = True
+        try:
+            return step(*args, **kwargs)
+        finally:
+            SQS_UNCOUNTED.on = before
+
+    return uncounted
+
+
+def visible_messages(self):
+    """The messages a receive can take: those visible and not delayed, as
+    moto's `Queue.messages` finds them, with one reading of the clock for
+    the whole queue instead of two per message."""
+    now = unix_time_millis()
+    return [m for m in self._messages if now > m.visible_at and not now < m.delayed_until]
+
+
+# Every receipt handle handed out, to the message it was handed out with.
+SQS_RECEIPTS = weakref.WeakValueDictionary()
+
+
+def receipt_indexed(mark_received):
+    """Message.mark_received that also files the new receipt handle."""
+
+    @functools.wraps(mark_received)
+    def marked(self, *args, **kwargs):
+        mark_received(self, *args, **kwargs)
+        SQS_RECEIPTS[self.receipt_handle] = self
+
+    return marked
+
+
+class QueueMessages(list):
+    """A queue's messages. moto's ReceiveMessage moves a message received
+    too often to the dead-letter queue by removing it from a snapshot's
+    list; a receive or a delete on another thread may have removed it
+    first, and moto then answered the receive with an error (SQS never
+    does). Removing a message no longer there is a no-op."""
+
+    def remove(self, message):
+        self.discard(message)
+
+    def discard(self, message):
+        """Removes `message` in place (a message appended meanwhile stays);
+        whether it was there."""
+        try:
+            super().remove(message)
+        except ValueError:
+            return False
+        return True
+
+
+def tolerant_queue(init):
+    """Queue.__init__ that keeps its messages in a `QueueMessages`."""
+
+    @functools.wraps(init)
+    def made(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._messages = QueueMessages(self._messages)
+
+    return made
+
+
+def delete_by_receipt(delete):
+    """Queue.delete_message that finds the message by its receipt handle.
+    moto's walks the queue twice and builds each message's list of handles
+    on the way (tens of milliseconds a delete at 20,000 messages), and
+    rebuilds the queue's list, losing a message sent meanwhile. A handle
+    not filed, already deleted, or of a message gone goes to moto's own (its
+    errors)."""
+
+    @functools.wraps(delete)
+    def deleting(self, receipt_handle):
+        message = SQS_RECEIPTS.get(receipt_handle)
+        if message is None or receipt_handle in self.deleted_messages:
+            return delete(self, receipt_handle)
+        if not self._messages.discard(message):
+            delete(self, receipt_handle)
+            self._messages = QueueMessages(self._messages)
+            return None
+        self.pending_messages.discard(message)
+        self.deleted_messages.update(message.all_receipt_handles)
+        return None
+
+    return deleting
+
+
 def describe_instance_status(self):
     """DescribeInstanceStatus in pages, as EC2 answers it."""
     instance_ids = self._get_param("InstanceIds", [])
@@ -1469,6 +1588,16 @@ def main():
     Instance.terminate = instance_terminate
     TaggedEC2Resource.get_tags = own_tags
     DynamoTable.query = partition_query(DynamoTable.query)
+    for count in ("approximate_number_of_messages", "approximate_number_of_messages_delayed",
+                  "approximate_number_of_messages_not_visible"):
+        setattr(SqsQueue, count, uncounted_queue(getattr(SqsQueue, count)))
+    SQSBackend.send_message = without_counts(SQSBackend.send_message)
+    SqsQueue.messages = property(visible_messages)
+    SqsMessage.mark_received = receipt_indexed(SqsMessage.mark_received)
+    SqsQueue.delete_message = delete_by_receipt(SqsQueue.delete_message)
+    SqsQueue.__init__ = tolerant_queue(SqsQueue.__init__)
+    SQSBackend.is_message_valid_based_on_retention_period = without_counts(
+        SQSBackend.is_message_valid_based_on_retention_period)
     Instance.instance_status = status_summary("instance")
     Instance.system_status = status_summary("system")
     EC2Response.describe_instance_status = describe_instance_status

@@ -1059,7 +1059,10 @@ pub async fn run_function(input: &[u8]) -> Result<FunctionAnswer, String> {
 /// Plays a burst through a local cloud started for it: one JSON line of the
 /// burst's report, with this process's memory (the test API server's).
 async fn run_burst(options: &BurstOptions, profile: &'static str) -> Result<Value, String> {
-    let settings = Settings::from_lookup(|k| std::env::var(k).ok(), crate::bin_dir()).map_err(|e| e.to_string())?;
+    let settings = Settings {
+        reserved_concurrency: true,
+        ..Settings::from_lookup(|k| std::env::var(k).ok(), crate::bin_dir()).map_err(|e| e.to_string())?
+    };
     let rss_before_mb = crate::memory_mb("self", "VmRSS:");
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let started = Instant::now();

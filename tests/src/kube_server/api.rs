@@ -800,31 +800,30 @@ fn evict(shared: &Shared, ns: &str, name: &str) -> Response {
 
 /// What a watcher sees of a change, after namespace and selector filtering
 /// (an object leaving the selection is reported as DELETED, entering as ADDED).
-fn visible(
-    r: &Recorded,
+fn visible<'r>(
+    r: &'r Recorded,
     res: &Resource,
     ns: Option<&str>,
     ls: &LabelSelector,
     fs: &FieldSelector,
-) -> Option<(Change, Value)> {
+) -> Option<(Change, &'r Value)> {
     if r.resource != *res || ns.is_some_and(|n| namespace_of(&r.object) != n) {
         return None;
     }
     let sel = |o: &Value| ls.matches(&labels_of(o)) && fs.matches(o);
     let now = sel(&r.object);
     match (r.change, r.old.as_ref().map(sel)) {
-        (Change::Modified, Some(true)) if !now => Some((Change::Deleted, r.object.clone())),
-        (Change::Modified, Some(false)) if now => Some((Change::Added, r.object.clone())),
+        (Change::Modified, Some(true)) if !now => Some((Change::Deleted, &r.object)),
+        (Change::Modified, Some(false)) if now => Some((Change::Added, &r.object)),
         (Change::Modified, Some(false)) => None,
-        (c, _) if now => Some((c, r.object.clone())),
+        (c, _) if now => Some((c, &r.object)),
         _ => None,
     }
 }
 
+/// One watch event's line, written from the object in place (not copied into a new document).
 fn line(change: &str, obj: &Value) -> Bytes {
-    let mut s = json!({"type": change, "object": obj}).to_string();
-    s.push('\n');
-    Bytes::from(s)
+    Bytes::from(format!("{{\"type\":{},\"object\":{obj}}}\n", Value::from(change)))
 }
 
 async fn watch(
@@ -844,26 +843,28 @@ async fn watch(
     // Replay and subscription happen under one lock so no change falls between them.
     let (backlog, mut changes, expired) = {
         let store = shared.lock_store();
-        let expired = rv != 0 && store.changes_since(rv).is_none();
-        let backlog: Vec<Bytes> = if rv == 0 {
-            store
-                .list(res, ns.as_deref())
-                .into_iter()
-                .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
-                .map(|o| line("ADDED", &o))
-                .collect()
-        } else {
-            match store.changes_since(rv) {
-                Some(rs) => rs
-                    .iter()
-                    .filter_map(|r| visible(r, res, ns.as_deref(), &ls, &fs))
-                    .map(|(c, o)| line(c.as_str(), &o))
-                    .collect(),
-                None => {
-                    let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
-                        "message": format!("too old resource version: {rv} ({})", store.resource_version())});
-                    vec![line("ERROR", &gone)]
-                }
+        let since = (rv != 0).then(|| store.changes_since(rv));
+        let expired = matches!(since, Some(None));
+        let backlog: Vec<Bytes> = match since {
+            None => {
+                let mut lines = Vec::new();
+                store.scan(res, ns.as_deref(), None, None, |o| {
+                    if ls.matches(&labels_of(o)) && fs.matches(o) {
+                        lines.push(line("ADDED", o));
+                    }
+                    true
+                });
+                lines
+            }
+            Some(Some(rs)) => rs
+                .iter()
+                .filter_map(|r| visible(r, res, ns.as_deref(), &ls, &fs))
+                .map(|(c, o)| line(c.as_str(), o))
+                .collect(),
+            Some(None) => {
+                let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                    "message": format!("too old resource version: {rv} ({})", store.resource_version())});
+                vec![line("ERROR", &gone)]
             }
         };
         (backlog, store.subscribe(), expired)
@@ -888,8 +889,8 @@ async fn watch(
                 _ = &mut deadline => return,
                 r = changes.recv() => match r {
                     Ok(r) => {
-                        if let Some((c, o)) = visible(&r, res, ns.as_deref(), &ls, &fs)
-                            && tx.send(line(c.as_str(), &o)).await.is_err()
+                        if let Some(l) = visible(&r, res, ns.as_deref(), &ls, &fs).map(|(c, o)| line(c.as_str(), o))
+                            && tx.send(l).await.is_err()
                         {
                             return;
                         }

@@ -742,13 +742,20 @@ impl KubeServer {
         let shared = self.shared.clone();
         SchedulerLoop(tokio::spawn(async move {
             let mut seen = None;
+            let mut remarks = RemarkAllowance::new();
+            let mut left = false;
             loop {
-                // As kube-scheduler: pods are retried when pods or nodes change, not on a clock.
+                // As kube-scheduler: pods are retried when what they wait on
+                // changes (see `scheduler_inputs`), not on a clock; messages
+                // left to write wait for a full allowance (a pass reads every
+                // pod, so not one pass per few messages).
                 {
                     let mut store = shared.lock_store();
-                    if seen != Some(fingerprint(&store, SCHEDULER_INPUTS)) {
-                        schedule_in(&mut store);
-                        seen = Some(fingerprint(&store, SCHEDULER_INPUTS));
+                    if seen != Some(scheduler_inputs(&store)) || (left && remarks.full()) {
+                        let report = schedule_in(&mut store, remarks.now());
+                        remarks.spend(report.remarked);
+                        left = report.remarks_left > 0;
+                        seen = Some(scheduler_inputs(&store));
                     }
                 }
                 tokio::time::sleep(period).await;
@@ -757,8 +764,75 @@ impl KubeServer {
     }
 }
 
-/// What the scheduler reads.
-const SCHEDULER_INPUTS: &[&Resource] = &[PODS, NODES];
+/// What a scheduling pass can act on, as a fingerprint: the Nodes, each
+/// pending pod at its resourceVersion, and each bound pod by whether it still
+/// holds its resources. kube-scheduler retries its unschedulable pods when a
+/// Node changes or a pod is added, deleted or finishes, not when a kubelet
+/// reports on a running pod; in a burst those reports are most of the
+/// changes, and each pass over 20,000 pending pods held the store for seconds.
+fn scheduler_inputs(store: &Store) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    store.changed_at(NODES).hash(&mut h);
+    store.scan(PODS, None, None, None, |p| {
+        let bound = p
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        (store::namespace_of(p), store::name_of(p)).hash(&mut h);
+        if bound {
+            let phase = p.pointer("/status/phase").and_then(Value::as_str);
+            matches!(phase, Some("Succeeded" | "Failed")).hash(&mut h);
+        } else {
+            store::rv_of(p).hash(&mut h);
+        }
+        true
+    });
+    h.finish()
+}
+
+/// kube-scheduler's default client rate (`clientConnection.qps` 50, burst
+/// 100), applied to the writes that only change the message of a pod already
+/// unschedulable ("0/N nodes are available" moves with every Node). Each such
+/// write is a new pod version, which the forwarder sends on; at memory speed a
+/// burst's 20,000 pending pods were rewritten at every Node change. Binds and
+/// a pod's first mark are not held to it: the local cloud's pods would start
+/// minutes after the functions placed them.
+struct RemarkAllowance {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl RemarkAllowance {
+    const PER_SECOND: f64 = 50.0;
+    const BURST: f64 = 100.0;
+
+    fn new() -> Self {
+        RemarkAllowance {
+            tokens: Self::BURST,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// How many re-marks may be written now.
+    fn now(&mut self) -> usize {
+        let now = std::time::Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * Self::PER_SECOND).min(Self::BURST);
+        self.at = now;
+        self.tokens as usize
+    }
+
+    /// Whether the allowance is back to its burst.
+    fn full(&mut self) -> bool {
+        self.now() >= Self::BURST as usize
+    }
+
+    /// `written` re-marks were written.
+    fn spend(&mut self, written: usize) {
+        self.tokens = (self.tokens - written as f64).max(0.0);
+    }
+}
+
 /// What the workload controllers and garbage collectors read.
 const WORKLOAD_INPUTS: &[&Resource] = &[PODS, NODES, DEPLOYMENTS, REPLICASETS];
 
@@ -769,29 +843,48 @@ fn fingerprint(store: &Store, inputs: &[&Resource]) -> Vec<u64> {
 
 /// One scheduling pass: bind what fits, mark the rest unschedulable.
 fn schedule(shared: &Shared) -> ScheduleReport {
-    schedule_in(&mut shared.lock_store())
+    schedule_in(&mut shared.lock_store(), usize::MAX)
 }
 
-/// [`schedule`] on a store already locked.
-fn schedule_in(store: &mut Store) -> ScheduleReport {
-    let pod_values = store.list(PODS, None);
-    let pods: Vec<Pod> = pod_values
-        .iter()
-        .filter_map(|v| serde_json::from_value(v.clone()).ok())
-        .collect();
-    let nodes: Vec<Node> = store
-        .list(NODES, None)
-        .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
-        .collect();
+/// [`schedule`] on a store already locked, writing at most `remarks` new
+/// messages to pods already marked unschedulable.
+fn schedule_in(store: &mut Store, remarks: usize) -> ScheduleReport {
+    use serde::Deserialize;
+    // Read in place: a copy of every pod for each pass cost more than the pass.
+    let mut pods: Vec<Pod> = Vec::new();
+    store.scan(PODS, None, None, None, |v| {
+        pods.extend(Pod::deserialize(v).ok());
+        true
+    });
+    let mut nodes: Vec<Node> = Vec::new();
+    store.scan(NODES, None, None, None, |v| {
+        nodes.extend(Node::deserialize(v).ok());
+        true
+    });
     let mut report = ScheduleReport::default();
     for (i, outcome) in scheduler::plan(&pods, &nodes) {
         let pod = &pods[i];
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let Some(mut v) = store.get(PODS, &ns, &name).cloned() else {
+        let Some(current) = store.get(PODS, &ns, &name) else {
             continue;
         };
+        if let Err(message) = &outcome
+            && says_unschedulable(current, message)
+        {
+            // Already says so: nothing to write (nor to copy).
+            report.unschedulable.push(format!("{ns}/{name}"));
+            continue;
+        }
+        if outcome.is_err() && is_unschedulable(current) {
+            if report.remarked >= remarks {
+                report.remarks_left += 1;
+                report.unschedulable.push(format!("{ns}/{name}"));
+                continue;
+            }
+            report.remarked += 1;
+        }
+        let mut v = current.clone();
         match outcome {
             Ok(node) => {
                 bind_json(&mut v, &node);
@@ -817,19 +910,15 @@ fn schedule_in(store: &mut Store) -> ScheduleReport {
 /// `False`, as kube-scheduler does: the time says since when the pod has been
 /// unschedulable, which the sweep compares with the last solve.
 fn mark_unschedulable(pod: &mut Value, message: &str) {
+    if says_unschedulable(pod, message) {
+        return;
+    }
     let conds = pod
         .pointer("/status/conditions")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
     let scheduled = conds.iter().find(|c| c.get("type") == Some(&json!("PodScheduled")));
-    if scheduled.is_some_and(|c| {
-        c.get("status") == Some(&json!("False"))
-            && c.get("reason") == Some(&json!("Unschedulable"))
-            && c.get("message") == Some(&json!(message))
-    }) {
-        return;
-    }
     let since = scheduled
         .filter(|c| c.get("status") == Some(&json!("False")))
         .and_then(|c| c.get("lastTransitionTime").cloned())
@@ -840,6 +929,31 @@ fn mark_unschedulable(pod: &mut Value, message: &str) {
         .collect();
     conds.push(json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message, "lastTransitionTime": since}));
     json_patch::merge(pod, &json!({"status": {"phase": "Pending", "conditions": conds}}));
+}
+
+/// `pod`'s `PodScheduled` condition when it says Unschedulable.
+fn unschedulable_condition(pod: &Value) -> Option<&Value> {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|conds| {
+            conds
+                .iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"))
+        })
+        .filter(|c| {
+            c.get("status").and_then(Value::as_str) == Some("False")
+                && c.get("reason").and_then(Value::as_str) == Some("Unschedulable")
+        })
+}
+
+/// Whether `pod` is marked unschedulable (with any message).
+fn is_unschedulable(pod: &Value) -> bool {
+    unschedulable_condition(pod).is_some()
+}
+
+/// Whether `pod` is marked unschedulable with `message`.
+fn says_unschedulable(pod: &Value, message: &str) -> bool {
+    unschedulable_condition(pod).is_some_and(|c| c.get("message").and_then(Value::as_str) == Some(message))
 }
 
 #[cfg(test)]
@@ -854,6 +968,79 @@ mod tests {
             .find(|c| c["type"] == "PodScheduled")
             .unwrap()
             .clone()
+    }
+
+    #[test]
+    fn the_scheduler_retries_on_node_and_pending_pod_changes_not_on_a_running_pods_reports() {
+        let mut store = Store::default();
+        let pod = |name: &str, node: Option<&str>| json!({"metadata": {"name": name, "namespace": "a"}, "spec": {"containers": [], "nodeName": node}, "status": {"phase": "Pending"}});
+        store.create(PODS, "a", pod("waiting", None)).unwrap();
+        store.create(PODS, "a", pod("running", Some("n1"))).unwrap();
+        store.create(NODES, "", json!({"metadata": {"name": "n1"}})).unwrap();
+        let mut inputs = scheduler_inputs(&store);
+        let mut changed = |store: &Store, what: &str, expected: bool| {
+            let now = scheduler_inputs(store);
+            assert_eq!(now != inputs, expected, "{what}");
+            inputs = now;
+        };
+        let mut running = store.get(PODS, "a", "running").unwrap().clone();
+        running["status"] = json!({"phase": "Running", "podIP": "10.0.0.9"});
+        store.update(PODS, "a", "running", running).unwrap();
+        changed(&store, "a kubelet's report on a bound pod", false);
+        let mut waiting = store.get(PODS, "a", "waiting").unwrap().clone();
+        waiting["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+        store.update(PODS, "a", "waiting", waiting).unwrap();
+        changed(&store, "a pending pod changed", true);
+        store.create(NODES, "", json!({"metadata": {"name": "n2"}})).unwrap();
+        changed(&store, "a new Node", true);
+        let mut done = store.get(PODS, "a", "running").unwrap().clone();
+        done["status"]["phase"] = json!("Succeeded");
+        store.update(PODS, "a", "running", done).unwrap();
+        changed(&store, "a bound pod finished (its resources are free)", true);
+        store.create(PODS, "a", pod("new", None)).unwrap();
+        changed(&store, "a new pod", true);
+        store.delete(PODS, "a", "running").unwrap();
+        changed(&store, "a bound pod deleted", true);
+    }
+
+    #[test]
+    fn new_messages_for_unschedulable_pods_are_written_at_the_allowance_and_binds_are_not() {
+        let mut store = Store::default();
+        let pod = |name: &str, cpu: &str| {
+            json!({"metadata": {"name": name, "namespace": "a"},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}})
+        };
+        let node = |name: &str, cpu: &str| json!({"metadata": {"name": name}, "status": {"allocatable": {"cpu": cpu, "pods": "110"}}});
+        for name in ["p1", "p2", "p3"] {
+            store.create(PODS, "a", pod(name, "4")).unwrap();
+        }
+        store.create(NODES, "", node("n1", "1")).unwrap();
+        let first = schedule_in(&mut store, 0);
+        assert_eq!(
+            (first.unschedulable.len(), first.remarked),
+            (3, 0),
+            "first marks are not held back"
+        );
+        let rv = |store: &Store, name: &str| store::rv_of(store.get(PODS, "a", name).unwrap());
+        let before: Vec<u64> = ["p1", "p2", "p3"].iter().map(|n| rv(&store, n)).collect();
+        // A second Node changes every message ("0/2 nodes"); one may be written.
+        store.create(NODES, "", node("n2", "1")).unwrap();
+        store.create(PODS, "a", pod("small", "100m")).unwrap();
+        let second = schedule_in(&mut store, 1);
+        assert_eq!((second.remarked, second.remarks_left), (1, 2));
+        assert_eq!(second.bound.len(), 1, "a bind is not held back");
+        let moved = ["p1", "p2", "p3"]
+            .iter()
+            .zip(&before)
+            .filter(|(n, was)| rv(&store, n) != **was)
+            .count();
+        assert_eq!(moved, 1);
+        let third = schedule_in(&mut store, usize::MAX);
+        assert_eq!((third.remarked, third.remarks_left), (2, 0));
+        assert!(["p1", "p2", "p3"].iter().all(|n| says_unschedulable(
+            store.get(PODS, "a", n).unwrap(),
+            "0/2 nodes are available: 2 Insufficient resources."
+        )));
     }
 
     #[test]

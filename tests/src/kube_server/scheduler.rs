@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, PodSpec, Taint, Toleration};
 use nodesmith::quantity::Quantity;
 use nodesmith::resources::Resources;
 
@@ -15,6 +15,10 @@ pub struct ScheduleReport {
     pub bound: Vec<(String, String)>,
     /// `namespace/name` of every pod no node could take.
     pub unschedulable: Vec<String>,
+    /// How many pods already marked unschedulable got a new message.
+    pub remarked: usize,
+    /// How many new messages were left for a later pass (past the pass's allowance).
+    pub remarks_left: usize,
 }
 
 /// A pod's effective requests: the sum over containers (limits stand in for
@@ -70,7 +74,7 @@ pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
 }
 
 fn requirement_holds(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let vals = r.values.clone().unwrap_or_default();
+    let vals = r.values.as_deref().unwrap_or_default();
     let got = labels.get(&r.key);
     let num = |s: &str| s.parse::<i64>().ok();
     match r.operator.as_str() {
@@ -86,8 +90,11 @@ fn requirement_holds(r: &NodeSelectorRequirement, labels: &BTreeMap<String, Stri
 
 /// Why a node cannot take a pod, ignoring resources; None when it can.
 pub fn node_rejects(pod: &Pod, node: &Node) -> Option<&'static str> {
-    let spec = pod.spec.clone().unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
+    // Borrowed, not copied: a pass asks this of every pending pod and Node.
+    static NO_SPEC: std::sync::LazyLock<PodSpec> = std::sync::LazyLock::new(PodSpec::default);
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    let spec = pod.spec.as_ref().unwrap_or(&NO_SPEC);
+    let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
     if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
         return Some("node(s) were unschedulable");
     }
@@ -112,19 +119,19 @@ pub fn node_rejects(pod: &Pod, node: &Node) -> Option<&'static str> {
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-        .map(|s| s.node_selector_terms.clone());
+        .map(|s| &s.node_selector_terms);
     if let Some(terms) = terms {
         let any = terms.iter().any(|t| {
             t.match_expressions
                 .iter()
                 .flatten()
-                .all(|r| requirement_holds(r, &labels))
+                .all(|r| requirement_holds(r, labels))
         });
         if !any {
             return Some("node(s) didn't match Pod's node affinity/selector");
         }
     }
-    let tolerations = spec.tolerations.clone().unwrap_or_default();
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
     let untolerated = node
         .spec
         .as_ref()
@@ -161,6 +168,11 @@ pub fn plan(pods: &[Pod], nodes: &[Node]) -> Vec<(usize, Result<String, String>)
             used.entry(n.clone()).or_default().add(&pod_requests(p));
         }
     }
+    // Each Node's name and allocatable read once a pass, not once per pod.
+    let allocatable: Vec<(&str, Resources)> = nodes
+        .iter()
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), node_allocatable(n)))
+        .collect();
     let mut out = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
         let bound = pod
@@ -174,19 +186,18 @@ pub fn plan(pods: &[Pod], nodes: &[Node]) -> Vec<(usize, Result<String, String>)
         let req = pod_requests(pod);
         let mut reasons: BTreeMap<&'static str, usize> = BTreeMap::new();
         let mut chosen = None;
-        for node in nodes {
-            let name = node.metadata.name.clone().unwrap_or_default();
+        for (node, (name, allocatable)) in nodes.iter().zip(&allocatable) {
             if let Some(why) = node_rejects(pod, node) {
                 *reasons.entry(why).or_default() += 1;
                 continue;
             }
-            let free = node_allocatable(node).minus(used.get(&name).unwrap_or(&Resources::new()));
+            let free = allocatable.minus(used.get(*name).unwrap_or(&Resources::new()));
             if !req.fits_in(&free) {
                 *reasons.entry("Insufficient resources").or_default() += 1;
                 continue;
             }
-            used.entry(name.clone()).or_default().add(&req);
-            chosen = Some(name);
+            used.entry(name.to_string()).or_default().add(&req);
+            chosen = Some(name.to_string());
             break;
         }
         let outcome = match chosen {

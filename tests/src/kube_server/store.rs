@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -70,7 +71,9 @@ pub struct Store {
     uid: u64,
     /// The recent changes, oldest first, each with when it was made: those
     /// of the last `retention`, at most `history_limit` of them.
-    log: VecDeque<(Instant, Recorded)>,
+    /// Shared with the watches they are sent to: a change is never copied
+    /// (a burst's watches replayed tens of thousands of changes each).
+    log: VecDeque<(Instant, Arc<Recorded>)>,
     /// How long a change is kept, as kube-apiserver has etcd compact its
     /// revisions every five minutes: a paged list or a watch resumes within it.
     retention: Duration,
@@ -93,7 +96,7 @@ pub struct Store {
     /// the pods its disruption budgets select without walking the namespace
     /// (kube-apiserver reads a budget's status, kept by its controller).
     pods_by_label: HashMap<(String, String, String), BTreeSet<String>>,
-    tx: broadcast::Sender<Recorded>,
+    tx: broadcast::Sender<Arc<Recorded>>,
 }
 
 /// How long the store keeps a change for watches and paged lists by
@@ -214,16 +217,18 @@ impl Store {
     }
 
     /// Subscribes to changes made from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Recorded> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Recorded>> {
         self.tx.subscribe()
     }
 
     /// Changes after `rv`, or None when the log no longer reaches back that far.
-    pub fn changes_since(&self, rv: u64) -> Option<Vec<Recorded>> {
+    pub fn changes_since(&self, rv: u64) -> Option<Vec<Arc<Recorded>>> {
         if rv < self.compacted_below {
             return None;
         }
-        Some(self.log.iter().map(|(_, r)| r).filter(|r| r.rv > rv).cloned().collect())
+        // The log is in resourceVersion order.
+        let first = self.log.partition_point(|(_, r)| r.rv <= rv);
+        Some(self.log.range(first..).map(|(_, r)| Arc::clone(r)).collect())
     }
 
     /// Keeps at most `limit` changes from now on (compacting the older ones now).
@@ -503,14 +508,14 @@ impl Store {
 
     fn record(&mut self, resource: Resource, change: Change, object: Value, old: Option<Value>) {
         self.changed.insert(resource.id(), self.rv);
-        let r = Recorded {
+        let r = Arc::new(Recorded {
             rv: self.rv,
             resource,
             change,
             object,
             old,
-        };
-        self.log.push_back((Instant::now() + self.clock_ahead, r.clone()));
+        });
+        self.log.push_back((Instant::now() + self.clock_ahead, Arc::clone(&r)));
         self.trim_history();
         // Nobody listening is fine.
         let _ = self.tx.send(r);

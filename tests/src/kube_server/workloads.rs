@@ -251,15 +251,16 @@ fn deletion_rank(pod: &Value) -> (bool, bool, bool, Reverse<String>, Reverse<Str
 }
 
 /// One ReplicaSet: creates or deletes pods to match `spec.replicas`, then writes its status.
-/// `pods` are the live pods it controls.
-fn reconcile_replica_set(store: &mut Store, rs: &Value, mut pods: Vec<Value>, report: &mut ReconcileReport) {
+/// `owned`: the live pods it controls.
+fn reconcile_replica_set(store: &mut Store, rs: &Value, owned: Owned, report: &mut ReconcileReport) {
     let (ns, name) = (namespace_of(rs).to_string(), name_of(rs).to_string());
     let want = usize::try_from(replicas_of(rs)).unwrap_or(0);
-    while pods.len() < want {
+    let Owned { mut names, mut ready } = owned;
+    while names.len() < want {
         match store.create(PODS, &ns, pod_from(rs)) {
             Ok(p) => {
                 report.pods_created.push(format!("{ns}/{}", name_of(&p)));
-                pods.push(p);
+                names.push(name_of(&p).to_string());
             }
             Err(e) => {
                 tracing::warn!(replicaset = %name, error = ?e, "test server: creating a pod failed");
@@ -267,23 +268,33 @@ fn reconcile_replica_set(store: &mut Store, rs: &Value, mut pods: Vec<Value>, re
             }
         }
     }
-    if pods.len() > want {
+    if names.len() > want {
+        // Only a scale-down reads the pods themselves, to pick which go.
+        let mut pods: Vec<Value> = names.iter().filter_map(|n| store.get(PODS, &ns, n).cloned()).collect();
         pods.sort_by_key(deletion_rank);
-        for p in pods.drain(..pods.len() - want) {
+        for p in pods.drain(..pods.len().saturating_sub(want)) {
             if store.delete(PODS, &ns, name_of(&p)).is_ok() {
                 report.pods_deleted.push(format!("{ns}/{}", name_of(&p)));
             }
         }
+        names = pods.iter().map(|p| name_of(p).to_string()).collect();
+        ready = pods.iter().filter(|p| is_ready(p)).count();
     }
-    let ready = pods.iter().filter(|p| is_ready(p)).count();
     let status = json!({
-        "replicas": pods.len(),
-        "fullyLabeledReplicas": pods.len(),
+        "replicas": names.len(),
+        "fullyLabeledReplicas": names.len(),
         "readyReplicas": ready,
         "availableReplicas": ready,
         "observedGeneration": rs.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
     });
     write_status(store, REPLICASETS, rs, status);
+}
+
+/// A ReplicaSet's live pods as its controller counts them: their names, and how many are ready.
+#[derive(Default)]
+struct Owned {
+    names: Vec<String>,
+    ready: usize,
 }
 
 /// A condition with its lastTransitionTime kept when its status did not change.
@@ -367,16 +378,19 @@ fn collect_orphans(store: &mut Store, res: &Resource, owner: &Resource, report: 
         .iter()
         .map(|o| (namespace_of(o).to_string(), uid_of(o).to_string()))
         .collect();
-    for obj in store.list(res, None) {
-        let Some(uid) = controller_uid(&obj, owner.kind) else {
-            continue;
-        };
-        let ns = namespace_of(&obj).to_string();
-        if owners.contains(&(ns.clone(), uid.to_string())) {
-            continue;
+    // Read in place: a pass runs on every pod change, and a copy of 20,000 pods each time held the store.
+    let mut orphans = Vec::new();
+    store.scan(res, None, None, None, |obj| {
+        if let Some(uid) = controller_uid(obj, owner.kind)
+            && !owners.contains(&(namespace_of(obj).to_string(), uid.to_string()))
+        {
+            orphans.push((namespace_of(obj).to_string(), name_of(obj).to_string()));
         }
-        if store.delete(res, &ns, name_of(&obj)).is_ok() {
-            report.collected.push(format!("{ns}/{}", name_of(&obj)));
+        true
+    });
+    for (ns, name) in orphans {
+        if store.delete(res, &ns, &name).is_ok() {
+            report.collected.push(format!("{ns}/{name}"));
         }
     }
 }
@@ -388,28 +402,33 @@ pub fn reconcile(store: &mut Store) -> ReconcileReport {
     collect_orphans(store, REPLICASETS, DEPLOYMENTS, &mut report);
     collect_orphans(store, PODS, REPLICASETS, &mut report);
     // The pod garbage collector: pods bound to a Node that is gone.
-    let nodes: Vec<String> = store.list(NODES, None).iter().map(|n| name_of(n).to_string()).collect();
-    for pod in store.list(PODS, None) {
-        let node = node_of(&pod);
-        if node.is_empty() || nodes.iter().any(|n| n == node) {
-            continue;
+    let nodes: HashSet<String> = store.list(NODES, None).iter().map(|n| name_of(n).to_string()).collect();
+    let mut stranded = Vec::new();
+    store.scan(PODS, None, None, None, |pod| {
+        let node = node_of(pod);
+        if !node.is_empty() && !nodes.contains(node) {
+            stranded.push((namespace_of(pod).to_string(), name_of(pod).to_string()));
         }
-        let ns = namespace_of(&pod).to_string();
-        if store.delete(PODS, &ns, name_of(&pod)).is_ok() {
-            report.collected.push(format!("{ns}/{}", name_of(&pod)));
+        true
+    });
+    for (ns, name) in stranded {
+        if store.delete(PODS, &ns, &name).is_ok() {
+            report.collected.push(format!("{ns}/{name}"));
         }
     }
     for d in store.list(DEPLOYMENTS, None) {
         reconcile_deployment(store, &d, &mut report);
     }
     // Each ReplicaSet's live pods, grouped in one walk over the pods.
-    let mut owned: HashMap<String, Vec<Value>> = HashMap::new();
-    for pod in store.list(PODS, None) {
-        let key = controller_uid(&pod, "ReplicaSet").map(|uid| format!("{}/{uid}", namespace_of(&pod)));
-        if let Some(key) = key.filter(|_| !is_terminal(&pod)) {
-            owned.entry(key).or_default().push(pod);
+    let mut owned: HashMap<String, Owned> = HashMap::new();
+    store.scan(PODS, None, None, None, |pod| {
+        if let Some(uid) = controller_uid(pod, "ReplicaSet").filter(|_| !is_terminal(pod)) {
+            let o = owned.entry(format!("{}/{uid}", namespace_of(pod))).or_default();
+            o.names.push(name_of(pod).to_string());
+            o.ready += usize::from(is_ready(pod));
         }
-    }
+        true
+    });
     for rs in store.list(REPLICASETS, None) {
         let pods = owned
             .remove(&format!("{}/{}", namespace_of(&rs), uid_of(&rs)))

@@ -158,6 +158,10 @@ pub struct Settings {
     /// One process per function, whatever its reserved concurrency (crash
     /// tests: a crash point then fires in the one invocation that reaches it).
     pub single_process: bool,
+    /// Each function runs as many processes as its reserved concurrency
+    /// (launch 10, interrupt 20), as Lambda would, not [`LOCAL_CONCURRENCY`]:
+    /// a burst's launches go ten batches at a time, as in AWS.
+    pub reserved_concurrency: bool,
     /// Run alone: wait until no other local cloud of this process runs
     /// ([`alone`]). Clouds whose goals are timed need the machine to
     /// themselves; the crash tests, which count sweeps, run two at a time.
@@ -256,6 +260,7 @@ impl Settings {
             manual_sweep: false,
             duplicate_deliveries: false,
             single_process: false,
+            reserved_concurrency: false,
             alone: true,
             crash_dir: None,
             state_dir: get("NODESMITH_DEV_STATE_DIR")
@@ -501,6 +506,8 @@ impl LocalCloud {
             }
             let concurrency = if settings.single_process {
                 1
+            } else if settings.reserved_concurrency {
+                def.concurrency.max(1)
             } else {
                 def.local_concurrency()
             };
