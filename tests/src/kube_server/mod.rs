@@ -869,20 +869,18 @@ fn schedule_in(store: &mut Store, remarks: usize) -> ScheduleReport {
         let Some(current) = store.get(PODS, &ns, &name) else {
             continue;
         };
-        if let Err(message) = &outcome
-            && says_unschedulable(current, message)
-        {
-            // Already says so: nothing to write (nor to copy).
-            report.unschedulable.push(format!("{ns}/{name}"));
-            continue;
-        }
-        if outcome.is_err() && is_unschedulable(current) {
-            if report.remarked >= remarks {
-                report.remarks_left += 1;
+        if let Err(message) = &outcome {
+            // Already says so: nothing to write (nor to copy); a new message
+            // for a pod already unschedulable waits past the allowance.
+            let unchanged = says_unschedulable(current, message);
+            let remark = !unchanged && is_unschedulable(current);
+            let held = remark && report.remarked >= remarks;
+            if unchanged || held {
+                report.remarks_left += usize::from(held);
                 report.unschedulable.push(format!("{ns}/{name}"));
                 continue;
             }
-            report.remarked += 1;
+            report.remarked += usize::from(remark);
         }
         let mut v = current.clone();
         match outcome {
