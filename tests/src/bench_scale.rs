@@ -1059,8 +1059,17 @@ pub async fn run_function(input: &[u8]) -> Result<FunctionAnswer, String> {
 /// Plays a burst through a local cloud started for it: one JSON line of the
 /// burst's report, with this process's memory (the test API server's).
 async fn run_burst(options: &BurstOptions, profile: &'static str) -> Result<Value, String> {
+    // The queues, the relaunch and the forwarder's re-sends as deployed (the
+    // local cloud's defaults, for tests, bring a message back after 10 s,
+    // relaunch a claim after 5 s and re-send a pending pod after 30 s): a
+    // launch batch takes longer than 10 s at this size, each message handed
+    // out again while in hand is a second launch invocation, and 20,000 pods
+    // re-sent every 30 s are a thousand SQS sends a second.
     let settings = Settings {
         reserved_concurrency: true,
+        visibility_timeout: Duration::from_secs(360),
+        relaunch_after: Duration::from_secs(30),
+        resend_after: Duration::from_secs(300),
         ..Settings::from_lookup(|k| std::env::var(k).ok(), crate::bin_dir()).map_err(|e| e.to_string())?
     };
     let rss_before_mb = crate::memory_mb("self", "VmRSS:");

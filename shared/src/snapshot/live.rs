@@ -118,11 +118,28 @@ async fn read_lists(cluster: &impl Cluster) -> Result<Lists, SnapshotError> {
 
 /// The snapshot the reads make (pure).
 fn assemble(now: Timestamp, claims: Vec<NodeClaim>, state: StateRead, l: Lists) -> Snapshot {
-    let nodes = existing_nodes(initializing_as_claimed(l.2, &claims, &state.catalog), l.1);
+    // The two pod lists are read at once but each at its own revision: a pod
+    // bound between them is pending in one and on its node in the other, and
+    // counted twice it would be planned a second place (a node launched for
+    // pods already running). Where the whole cluster's list has it bound, it is.
+    let pending: BTreeSet<&str> = l.0.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+    let mut bound_since: BTreeSet<String> = BTreeSet::new();
+    let all_pods = l.1.into_iter().inspect(|p| {
+        if let Some(uid) = p.metadata.uid.as_deref().filter(|u| pending.contains(u))
+            && pods::node_name(p).is_some()
+        {
+            bound_since.insert(uid.to_owned());
+        }
+    });
+    let nodes = existing_nodes(initializing_as_claimed(l.2, &claims, &state.catalog), all_pods);
+    let pending_pods =
+        l.0.into_iter()
+            .filter(|p| !p.metadata.uid.as_ref().is_some_and(|u| bound_since.contains(u)))
+            .collect();
     let node_claims = in_flight(claims, &nodes);
     Snapshot {
         now,
-        pods: l.0,
+        pods: pending_pods,
         nodes,
         node_claims,
         node_pools: l.3,
@@ -293,6 +310,50 @@ mod tests {
         ];
         let names: Vec<String> = in_flight(claims, &nodes).into_iter().map(|c| c.name).collect();
         assert_eq!(names, vec!["a", "c"]);
+    }
+
+    /// The pending pods and the whole cluster's pods are two lists read at
+    /// different revisions: a pod the scheduler bound between them is pending
+    /// in one and on its node in the other, and must be planned only where it is.
+    #[test]
+    fn a_pod_bound_between_the_two_lists_is_not_pending() {
+        let pod = |uid: &str, node: Option<&str>| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("p-{uid}"), "namespace": "default", "uid": uid},
+                "spec": {"containers": [], "nodeName": node},
+                "status": {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+            }))
+            .unwrap()
+        };
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        let state = StateRead {
+            catalog: Arc::new(crate::catalog::builtin().unwrap().clone()),
+            unavailable: Vec::new(),
+        };
+        let lists: Lists = (
+            vec![pod("u1", None), pod("u2", None)],
+            Paged::new(vec![
+                vec![pod("u1", Some("n1"))],
+                vec![pod("u2", None), pod("u3", None)],
+            ]),
+            vec![node],
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let snapshot = assemble(Timestamp::UNIX_EPOCH, Vec::new(), state, lists);
+        let uids = |pods: &[Pod]| -> Vec<String> { pods.iter().filter_map(|p| p.metadata.uid.clone()).collect() };
+        assert_eq!(uids(&snapshot.nodes[0].pods), vec!["u1"]);
+        // u3 is pending in the later list only: the pending list is what says
+        // the scheduler gave up on it, so it waits for the next solve.
+        assert_eq!(uids(&snapshot.pods), vec!["u2"]);
     }
 
     #[test]

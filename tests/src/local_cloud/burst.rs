@@ -65,7 +65,8 @@ pub struct BurstReport {
     pub launch_invocations: usize,
     /// Invocations killed at their function's timeout, by function.
     pub invocations_timed_out: BTreeMap<String, usize>,
-    /// The largest resident memory a function's process reached, by function
+    /// The largest resident memory a function's process reached, by function,
+    /// and the forwarder's (its limit in `infra/k8s/forwarder.yaml` is 64 MiB)
     /// (MB; its high-water mark read five times a second, so a process that ended
     /// between reads after a new peak is missed).
     pub peak_rss_mb_by_function: BTreeMap<String, u64>,
@@ -123,7 +124,8 @@ pub async fn run(cloud: &LocalCloud, options: &BurstOptions, out: &mut dyn Write
             last_launch = Some(started.elapsed().as_secs_f64());
             first_launch = first_launch.or(last_launch);
         }
-        for (function, pid) in cloud.function_pids() {
+        let forwarder = cloud.forwarder_pid().map(|pid| ("forwarder", pid));
+        for (function, pid) in cloud.function_pids().into_iter().chain(forwarder) {
             let mb = crate::memory_mb(&pid.to_string(), "VmHWM:");
             let peak = peaks.entry(function.to_string()).or_insert(0);
             *peak = mb.max(*peak);

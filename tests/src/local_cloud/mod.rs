@@ -148,6 +148,9 @@ pub struct Settings {
     /// After how long the sweep sends a still-Pending claim's launch request
     /// again (`NODESMITH_RELAUNCH_AFTER`).
     pub relaunch_after: Duration,
+    /// After how long the forwarder sends a still-pending pod again
+    /// (`RESEND_AFTER_SECS`; 30 s here, 300 s as deployed).
+    pub resend_after: Duration,
     /// How long one `interrupt` invocation keeps draining before leaving the
     /// rest to the sweep (`NODESMITH_INTERRUPT_DRAIN_BUDGET`; 0: one pass).
     pub interrupt_drain_budget: Duration,
@@ -256,6 +259,7 @@ impl Settings {
             sweep_budget: Duration::from_secs(30),
             lease: Duration::from_secs(10),
             relaunch_after: Duration::from_secs(5),
+            resend_after: Duration::from_secs(30),
             interrupt_drain_budget: Duration::from_secs(20),
             manual_sweep: false,
             duplicate_deliveries: false,
@@ -567,7 +571,7 @@ impl LocalCloud {
             .env("KUBECONFIG", &forwarder_kubeconfig)
             .env("QUEUE_URL", &world.pending.url)
             .env("HEALTH_ADDR", "127.0.0.1:0")
-            .env("RESEND_AFTER_SECS", "30")
+            .env("RESEND_AFTER_SECS", settings.resend_after.as_secs().to_string())
             // Karpenter's batch window: the idle duration as set, the longest when the caller sets it (10s).
             .env(BATCH_IDLE, format!("{}ms", settings.batch_idle.as_millis()))
             .envs(std::env::var("BATCH_MAX_DURATION").ok().map(|v| ("BATCH_MAX_DURATION", v)))
@@ -733,6 +737,11 @@ impl LocalCloud {
         pids.extend(self.pools.iter().flat_map(|p| p.pids()));
         pids.extend(self.forwarder.as_ref().and_then(|f| f.id()));
         pids
+    }
+
+    /// The forwarder's process id, while it runs.
+    pub fn forwarder_pid(&self) -> Option<u32> {
+        self.forwarder.as_ref().and_then(tokio::process::Child::id)
     }
 
     /// Each function process now running, by its function's name.
