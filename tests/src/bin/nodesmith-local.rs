@@ -192,7 +192,14 @@ fn bench_scale(args: &[&str]) -> Result<BenchOptions, String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // More workers than cores: the Kubernetes API test server's handlers wait
+    // on its store's lock, and with one worker a core a burst's waits held up
+    // the Lambda runtime, the fault proxy and the pollers of this process.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(8)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");

@@ -725,13 +725,16 @@ impl KubeServer {
             loop {
                 // A pass only when something the controllers read has moved:
                 // with thousands of pods a pass is costly, and it holds the store.
-                {
+                let shared = shared.clone();
+                seen = off_runtime(move || {
                     let mut store = shared.lock_store();
                     if seen != Some(fingerprint(&store, WORKLOAD_INPUTS)) {
                         workloads::reconcile(&mut store);
-                        seen = Some(fingerprint(&store, WORKLOAD_INPUTS));
+                        return Some(fingerprint(&store, WORKLOAD_INPUTS));
                     }
-                }
+                    seen
+                })
+                .await;
                 tokio::time::sleep(period).await;
             }
         }))
@@ -749,18 +752,38 @@ impl KubeServer {
                 // changes (see `scheduler_inputs`), not on a clock; messages
                 // left to write wait for a full allowance (a pass reads every
                 // pod, so not one pass per few messages).
-                {
+                let shared = shared.clone();
+                let allowance = (left && remarks.full(), remarks.now());
+                let pass = off_runtime(move || {
                     let mut store = shared.lock_store();
-                    if seen != Some(scheduler_inputs(&store)) || (left && remarks.full()) {
-                        let report = schedule_in(&mut store, remarks.now());
-                        remarks.spend(report.remarked);
-                        left = report.remarks_left > 0;
-                        seen = Some(scheduler_inputs(&store));
+                    if seen != Some(scheduler_inputs(&store)) || allowance.0 {
+                        let report = schedule_in(&mut store, allowance.1);
+                        return (Some(scheduler_inputs(&store)), Some(report));
                     }
+                    (seen, None)
+                })
+                .await;
+                seen = pass.0;
+                if let Some(report) = pass.1 {
+                    remarks.spend(report.remarked);
+                    left = report.remarks_left > 0;
                 }
                 tokio::time::sleep(period).await;
             }
         }))
+    }
+}
+
+/// Runs a pass that holds the store on the blocking pool: on an async
+/// worker, a pass over a burst's 20,000 pods held that worker for its whole
+/// length, and with two workers the local Lambda runtime, the fault proxy
+/// and the SQS pollers of the same process waited behind it.
+async fn off_runtime<T: Send + 'static>(pass: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(pass).await {
+        Ok(out) => out,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down: the loop ends with it.
+        Err(_) => std::future::pending().await,
     }
 }
 

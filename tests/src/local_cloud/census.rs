@@ -143,9 +143,11 @@ pub fn has_taint(n: &Node, key: &str) -> bool {
         .is_some_and(|ts| ts.iter().any(|t| t.key == key))
 }
 
-/// Every instance tagged for `cluster` (any state).
+/// Every instance tagged for `cluster` (any state), every page of them: a
+/// first page alone (moto's holds 100) left a burst's other instances out of
+/// its double-launch and leak checks.
 pub async fn instances(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result<Vec<InstanceView>, String> {
-    let out = ec2
+    let reservations: Vec<aws_sdk_ec2::types::Reservation> = ec2
         .describe_instances()
         .filters(
             Filter::builder()
@@ -153,11 +155,13 @@ pub async fn instances(ec2: &aws_sdk_ec2::Client, cluster: &str) -> Result<Vec<I
                 .values("owned")
                 .build(),
         )
+        .into_paginator()
+        .items()
         .send()
+        .collect::<Result<_, _>>()
         .await
         .map_err(|e| format!("{e:?}"))?;
-    Ok(out
-        .reservations()
+    Ok(reservations
         .iter()
         .flat_map(|r| r.instances())
         .map(|i| InstanceView {

@@ -290,6 +290,9 @@ pub enum StartError {
     /// The Kubernetes API test server did not start, or the cluster's objects could not be written.
     #[error("the Kubernetes API test server: {0}")]
     Kube(String),
+    /// The forwarder did not get ready (its first pod list synced).
+    #[error("the forwarder: {0}")]
+    Forwarder(String),
     /// A file could not be written.
     #[error("{path}: {source}")]
     Io {
@@ -298,6 +301,50 @@ pub enum StartError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// How long the forwarder may take to list the cluster's pods at start.
+const FORWARDER_READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// Waits until the forwarder's `/readyz` answers 200 (its first pod list
+/// synced), as kubelet's readiness probe would; fails if it exits first or
+/// is not ready within [`FORWARDER_READY_WITHIN`].
+async fn forwarder_ready(
+    forwarder: &mut tokio::process::Child,
+    health: std::net::SocketAddr,
+    log: &Path,
+) -> Result<(), StartError> {
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(Some(status)) = forwarder.try_wait() {
+            return Err(StartError::Forwarder(format!(
+                "exited ({status}) before it was ready; see {}",
+                log.display()
+            )));
+        }
+        if ready(health).await.unwrap_or(false) {
+            return Ok(());
+        }
+        if started.elapsed() > FORWARDER_READY_WITHIN {
+            return Err(StartError::Forwarder(format!(
+                "not ready within {}s; see {}",
+                FORWARDER_READY_WITHIN.as_secs(),
+                log.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One readiness probe: whether `/readyz` answers 200.
+async fn ready(health: std::net::SocketAddr) -> std::io::Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(health).await?;
+    conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: forwarder\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await?;
+    Ok(answer.starts_with(b"HTTP/1.1 200"))
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
@@ -566,11 +613,14 @@ impl LocalCloud {
         let forwarder_log = state_dir.join("logs").join("forwarder.log");
         let log = std::fs::File::create(&forwarder_log).map_err(io_error(&forwarder_log))?;
         let log2 = log.try_clone().map_err(io_error(&forwarder_log))?;
-        let forwarder = tokio::process::Command::new(settings.bin_dir.join(FORWARDER))
+        let health = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| StartError::Forwarder(format!("no free port for its health endpoint: {e}")))?;
+        let mut forwarder = tokio::process::Command::new(settings.bin_dir.join(FORWARDER))
             .envs(child_env(moto.endpoint()))
             .env("KUBECONFIG", &forwarder_kubeconfig)
             .env("QUEUE_URL", &world.pending.url)
-            .env("HEALTH_ADDR", "127.0.0.1:0")
+            .env("HEALTH_ADDR", health.to_string())
             .env("RESEND_AFTER_SECS", settings.resend_after.as_secs().to_string())
             // Karpenter's batch window: the idle duration as set, the longest when the caller sets it (10s).
             .env(BATCH_IDLE, format!("{}ms", settings.batch_idle.as_millis()))
@@ -583,6 +633,9 @@ impl LocalCloud {
             .kill_on_drop(true)
             .spawn()
             .map_err(io_error(&settings.bin_dir.join(FORWARDER)))?;
+        // Started as its Deployment is Ready: once its first pod list is in.
+        // Before that, pods created wait for the list, not for nodesmith.
+        forwarder_ready(&mut forwarder, health, &forwarder_log).await?;
         Ok(LocalCloud {
             settings,
             activity,
