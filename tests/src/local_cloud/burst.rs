@@ -66,7 +66,7 @@ pub struct BurstReport {
     /// Invocations killed at their function's timeout, by function.
     pub invocations_timed_out: BTreeMap<String, usize>,
     /// The largest resident memory a function's process reached, by function,
-    /// and the forwarder's (its limit in `infra/k8s/forwarder.yaml` is 64 MiB)
+    /// and the forwarder's (held to its limit in `infra/k8s/forwarder.yaml`)
     /// (MB; its high-water mark read five times a second, so a process that ended
     /// between reads after a new peak is missed).
     pub peak_rss_mb_by_function: BTreeMap<String, u64>,
