@@ -316,27 +316,26 @@ mod tests {
     /// different revisions: a pod the scheduler bound between them is pending
     /// in one and on its node in the other, and must be planned only where it is.
     #[test]
-    fn a_pod_bound_between_the_two_lists_is_not_pending() {
-        let pod = |uid: &str, node: Option<&str>| -> Pod {
+    fn a_pod_bound_between_the_two_lists_is_not_pending() -> Result<(), Box<dyn std::error::Error>> {
+        let pod = |uid: &str, node: Option<&str>| -> Result<Pod, serde_json::Error> {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": format!("p-{uid}"), "namespace": "default", "uid": uid},
                 "spec": {"containers": [], "nodeName": node},
                 "status": {"phase": "Pending", "conditions": [
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
             }))
-            .unwrap()
         };
         let mut node = Node::default();
         node.metadata.name = Some("n1".into());
         let state = StateRead {
-            catalog: Arc::new(crate::catalog::builtin().unwrap().clone()),
+            catalog: Arc::new(crate::catalog::builtin()?.clone()),
             unavailable: Vec::new(),
         };
         let lists: Lists = (
-            vec![pod("u1", None), pod("u2", None)],
+            vec![pod("u1", None)?, pod("u2", None)?],
             Paged::new(vec![
-                vec![pod("u1", Some("n1"))],
-                vec![pod("u2", None), pod("u3", None)],
+                vec![pod("u1", Some("n1"))?],
+                vec![pod("u2", None)?, pod("u3", None)?],
             ]),
             vec![node],
             Vec::new(),
@@ -354,6 +353,7 @@ mod tests {
         // u3 is pending in the later list only: the pending list is what says
         // the scheduler gave up on it, so it waits for the next solve.
         assert_eq!(uids(&snapshot.pods), vec!["u2"]);
+        Ok(())
     }
 
     #[test]

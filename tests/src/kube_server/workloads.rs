@@ -373,16 +373,19 @@ fn write_status(store: &mut Store, res: &Resource, obj: &Value, status: Value) {
 /// Deletes objects of `res` whose controlling owner of `owner_kind` no longer exists.
 fn collect_orphans(store: &mut Store, res: &Resource, owner: &Resource, report: &mut ReconcileReport) {
     // Owners looked up once: a list per object is quadratic in a burst of thousands of pods.
-    let owners: HashSet<(String, String)> = store
-        .list(owner, None)
-        .iter()
-        .map(|o| (namespace_of(o).to_string(), uid_of(o).to_string()))
-        .collect();
+    // By namespace, so an object is looked up by reference (no strings made per object).
+    let mut owners: HashMap<String, HashSet<String>> = HashMap::new();
+    for o in store.list(owner, None) {
+        owners
+            .entry(namespace_of(&o).to_string())
+            .or_default()
+            .insert(uid_of(&o).to_string());
+    }
     // Read in place: a pass runs on every pod change, and a copy of 20,000 pods each time held the store.
     let mut orphans = Vec::new();
     store.scan(res, None, None, None, |obj| {
         if let Some(uid) = controller_uid(obj, owner.kind)
-            && !owners.contains(&(namespace_of(obj).to_string(), uid.to_string()))
+            && !owners.get(namespace_of(obj)).is_some_and(|uids| uids.contains(uid))
         {
             orphans.push((namespace_of(obj).to_string(), name_of(obj).to_string()));
         }

@@ -337,14 +337,10 @@ async fn forwarder_ready(
 }
 
 /// One readiness probe: whether `/readyz` answers 200.
-async fn ready(health: std::net::SocketAddr) -> std::io::Result<bool> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(health).await?;
-    conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: forwarder\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).await?;
-    Ok(answer.starts_with(b"HTTP/1.1 200"))
+async fn ready(health: std::net::SocketAddr) -> Result<bool, reqwest::Error> {
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let answer = client.get(format!("http://{health}/readyz")).send().await?;
+    Ok(answer.status().is_success())
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
