@@ -14,7 +14,7 @@ use std::sync::Arc;
 use criterion::{Criterion, black_box, criterion_main};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use nodesmith::apis::NodePool;
-use nodesmith::capacity::plan_replacements;
+use nodesmith::capacity::{Pending, plan_replacements};
 use nodesmith::interruption::decide::{Reaction, RebalanceMode, decide};
 use nodesmith::nodeclaim::{NodeClaim, Phase};
 use nodesmith::scheduling::ExistingNode;
@@ -92,7 +92,7 @@ fn react(body: &str, claims: &[NodeClaim], snapshot: &Snapshot, now: jiff::Times
             && let Some(node) = steps.node
         {
             let options = nodesmith::scheduling::SolveOptions::without([node.clone()]);
-            replacements += plan_replacements(snapshot, &[node], &options, "bench", |_| {})
+            replacements += plan_replacements(snapshot, &[node], &options, Pending::Ignore, "bench", |_| {})
                 .new
                 .len();
         }

@@ -11,8 +11,12 @@
 //! share the replacement's spare room through provisioning, whose next solve
 //! counts the replacement as in-flight capacity. Karpenter likewise needs
 //! only the candidates' pods placed (pods pending before never block a
-//! disruption); leaving them out of the replacement's solve also keeps them
-//! from growing or narrowing it.
+//! disruption). But Karpenter's simulation places the pending pods with the
+//! candidates' pods, so a disruption's replacements ([`Pending::Hold`]) never
+//! count on room the pending pods take on existing nodes and in-flight
+//! claims: its drain would evict pods into room a pending pod binds to
+//! first. An interruption's plan ([`Pending::Ignore`]) comes after its first
+//! evictions, when the pending pods include its nodes' own, recreated.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -176,25 +180,51 @@ impl Replacements {
     }
 }
 
+/// What a replacement plan does with the snapshot's pending pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pending {
+    /// They keep the room a solve gives them on what stays (a disruption's
+    /// replacements launch before its drain: the pending pods are others').
+    Hold,
+    /// They are left out (an interruption's evictions come first: its
+    /// nodes' own pods are pending again, recreated, and are planned for).
+    Ignore,
+}
+
 /// Plans the replacement of `nodes` (pure): a what-if solve of `snapshot`
 /// under `options` (which removes at least `nodes`) for their pods alone.
 /// Pending pods are left to provisioning (see the module's doc), so new
-/// claims are only those that hold some of the nodes' pods. `narrow` may
-/// restrict each planned claim (consolidation keeps what it priced).
+/// claims are only those that hold some of the nodes' pods; with
+/// [`Pending::Hold`] they first take the room a solve gives them on the
+/// capacity that stays. `narrow` may restrict each planned claim
+/// (consolidation keeps what it priced).
 pub fn plan_replacements(
     snapshot: &Snapshot,
     nodes: &[String],
     options: &SolveOptions,
+    pending: Pending,
     seed: &str,
     narrow: impl Fn(&mut NewNodeClaim),
 ) -> Replacements {
-    // Without the pending pods, and without copying the snapshot: at 5,000
-    // nodes a copy of its 155,000 pods was most of an interrupt's memory.
+    // Without copying the snapshot: at 5,000 nodes a copy of its 155,000
+    // pods was most of an interrupt's memory.
+    let hold = pending == Pending::Hold && !snapshot.pods.is_empty();
     let input = SolveInput {
-        pods: &[],
+        pods: if hold { &snapshot.pods } else { &[] },
         ..snapshot.solve_input()
     };
-    let mut plan = Compiled::new(&input).solve(options);
+    let mut compiled = Compiled::new(&input);
+    if hold {
+        // Placed with the nodes gone but their pods not yet moved, held, then forgotten.
+        let placed = compiled.solve(&SolveOptions {
+            removed: options.removed.clone(),
+            place_removed_pods: false,
+            deadline: options.deadline,
+            ..SolveOptions::default()
+        });
+        compiled.hold_pending(&placed);
+    }
+    let mut plan = compiled.solve(options);
     let wanted: BTreeSet<&str> = nodes.iter().map(String::as_str).collect();
     let owner: BTreeMap<PodRef, &str> = snapshot
         .nodes
@@ -280,7 +310,14 @@ mod tests {
 
     fn replace_n1(s: &Snapshot) -> Replacements {
         let nodes = vec!["n1".to_string()];
-        plan_replacements(s, &nodes, &SolveOptions::without(nodes.clone()), "seed", |_| {})
+        plan_replacements(
+            s,
+            &nodes,
+            &SolveOptions::without(nodes.clone()),
+            Pending::Hold,
+            "seed",
+            |_| {},
+        )
     }
 
     /// The shape of a plan: per claim, its pool, instance types, zone and pods.
@@ -353,6 +390,27 @@ mod tests {
             (TargetKind::NodeClaim, plan.new[0].claim.name.as_str())
         );
         assert_eq!(on[0].pods, vec![PodRef::of(&small)]);
+    }
+
+    #[test]
+    fn the_room_pending_pods_get_on_a_staying_node_is_not_a_replacement_s() {
+        // n2 (4 cpu, 1 used) holds n1's two 1-cpu pods, or the 2-cpu pending pod.
+        let with_n2 = |pending: Vec<Pod>| {
+            let mut s = cluster(pending);
+            s.nodes.push(ExistingNode {
+                node: managed_node("n2"),
+                pods: vec![running("c", "1", "n2")],
+            });
+            s
+        };
+        let alone = replace_n1(&with_n2(vec![]));
+        assert!(alone.new.is_empty(), "n1's pods fit on n2: {alone:#?}");
+        let waiting = pod("waiting", "2", "1Gi", json!({}));
+        let plan = replace_n1(&with_n2(vec![waiting.clone()]));
+        assert!(!plan.new.is_empty(), "the pending pod's room is not n1's: {plan:#?}");
+        let planned: Vec<&PodRef> = plan.new.iter().flat_map(|p| &p.priced.pods).collect();
+        assert!(!planned.contains(&&PodRef::of(&waiting)), "{planned:?}");
+        assert_eq!(plan.unschedulable().count(), 0);
     }
 
     #[test]

@@ -1218,3 +1218,53 @@ async fn a_sweep_cut_at_the_deadline(release_late: bool) -> Stack {
     );
     s
 }
+
+/// Issue 32: a run whose disruption walks are out of time still registers
+/// a node that joined. The invocation's deadline leaves 20 s of the 60-s
+/// budget: past the walks' share (39 s), before the drain pass's (54 s).
+/// Lifecycle actions go on until then; stopped with the walks, a slow
+/// cluster's sweeps registered no node at all.
+#[tokio::test]
+async fn a_run_past_its_walks_still_registers_a_node_that_joined() {
+    use nodesmith::deadline::Deadline;
+    use nodesmith::lifecycle::Action;
+    use std::time::Duration;
+    let s = stack(expiring_pool(), json!({})).await;
+    let old = s.running_node().await;
+    age(&s, old.node_name.as_deref().unwrap(), 2);
+    // A third pod has no room on the full node: a new claim, launched, its Node joined.
+    s.kube.apply(&web_pod("web-2", "900m", json!({}))).unwrap();
+    s.kube.schedule();
+    let outcome = s.provision(&["web-2"]).await;
+    assert_eq!(outcome.created.len(), 1, "{outcome:?}");
+    s.launch_all().await;
+    s.kubelet_step().await;
+    let joined = outcome.created[0].name.clone();
+
+    let sweeper = s.sweeper(fast());
+    let late = sweeper
+        .run_at_within(jiff::Timestamp::now(), Deadline::after(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(
+        late.done
+            .iter()
+            .any(|a| matches!(a, Action::Register { claim, .. } if *claim == joined)),
+        "the joined node is registered: {late:?}"
+    );
+    assert!(late.deferred.is_empty(), "{late:?}");
+    assert_eq!(late.disruption.deferred, 1, "the expired node's walk waits: {late:?}");
+    let record = records(&s).await.into_iter().find(|r| r.claim == old.name);
+    assert!(record.is_some_and(|r| r.replacements.is_empty()), "begun, not walked");
+
+    // With the whole budget, the same walk goes on: it waited for time alone.
+    // Its replacement is launched though the new node has room for the
+    // expired node's pods: that room is pending web-2's.
+    let next = sweeper.run().await.unwrap();
+    assert_eq!(next.disruption.deferred, 0, "{next:?}");
+    let record = records(&s).await.into_iter().find(|r| r.claim == old.name);
+    assert!(
+        record.as_ref().is_some_and(|r| !r.replacements.is_empty()),
+        "replacement launched: {record:?} {next:?}"
+    );
+}

@@ -204,7 +204,7 @@ struct Forwarder {
 
 /// Most references held while the queue is unreachable; older ones are dropped
 /// (their pods stay remembered, so they go out again once the pod changes or
-/// at their next re-send).
+/// at their next re-send). A batch this full is sent at once.
 const MAX_BACKLOG: usize = 10_000;
 
 impl Forwarder {
@@ -249,13 +249,16 @@ impl Forwarder {
         }
     }
 
+    /// Adds a reference to the batch; nothing is dropped here: the batch is
+    /// bounded where the queue fails ([`Self::flush`]).
     fn push(&mut self, r: PendingPodRef, now: Instant) {
         self.window.add(now);
         self.batch.push(r);
-        if self.batch.len() > MAX_BACKLOG {
-            let dropped = self.batch.remove(0);
-            tracing::warn!(pod = %format!("{}/{}", dropped.namespace, dropped.name), "backlog full; dropped the oldest reference");
-        }
+    }
+
+    /// Whether the batch is full enough to be sent before its window closes.
+    fn full(&self) -> bool {
+        self.batch.len() >= MAX_BACKLOG
     }
 
     /// The pod is no longer pending: its re-sends stop.
@@ -276,6 +279,10 @@ impl Forwarder {
         self.stats.sent += (batch.len() - failed.len()) as u64;
         self.stats.retried += failed.len() as u64;
         self.batch = failed;
+        let dropped = keep_newest(&mut self.batch, MAX_BACKLOG);
+        if let Some(oldest) = dropped.first() {
+            tracing::warn!(dropped = dropped.len(), oldest = %format!("{}/{}", oldest.namespace, oldest.name), "the queue refused more references than the backlog holds; dropped the oldest");
+        }
         if !self.batch.is_empty() {
             self.window.add(now);
         }
@@ -301,6 +308,12 @@ impl Forwarder {
         // Only the latest state matters and the function re-reads it: a bounded retry list.
         self.node_backlog = failed.into_iter().rev().take(MAX_BACKLOG).collect();
     }
+}
+
+/// Cuts `batch` to its newest `cap` references in one pass; returns the dropped ones, oldest first.
+fn keep_newest<T>(batch: &mut Vec<T>, cap: usize) -> Vec<T> {
+    let excess = batch.len().saturating_sub(cap);
+    batch.drain(..excess).collect()
 }
 
 /// Watches pods and forwards unschedulable ones until `shutdown` resolves;
@@ -345,6 +358,10 @@ pub async fn run(
             }
             _ = ticker.tick() => {
                 fw.resend_due(Instant::now());
+                // A re-send round larger than the backlog is sent rather than cut.
+                if fw.full() {
+                    fw.flush(&sink, Instant::now()).await;
+                }
                 fw.send_nodes(&sink).await;
             }
             ev = node_stream.next() => match ev {
@@ -364,7 +381,7 @@ pub async fn run(
                     health.observed();
                     fw.consider(&p, Instant::now());
                     // A full backlog is sent rather than cut.
-                    if fw.batch.len() >= MAX_BACKLOG {
+                    if fw.full() {
                         fw.flush(&sink, Instant::now()).await;
                     }
                 }
@@ -487,5 +504,51 @@ mod tests {
         let mut no_uid = p;
         no_uid.metadata.uid = None;
         assert!(pending_ref(&no_uid).is_none());
+    }
+
+    /// A pod the scheduler found no room for, numbered.
+    fn unschedulable(i: usize) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("web-{i}"), "namespace": "default", "uid": format!("u{i}"), "resourceVersion": "1"},
+            "spec": {"containers": []},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_re_send_round_larger_than_the_backlog_loses_no_pod() {
+        let n = MAX_BACKLOG + 2_000;
+        let resend_after = Duration::from_secs(300);
+        let mut fw = Forwarder {
+            pending: PendingPods::new(n, resend_after),
+            batch: Vec::new(),
+            window: BatchWindow::new(Duration::from_secs(1), Duration::from_secs(10)),
+            nodes: JoiningNodes::default(),
+            node_backlog: Vec::new(),
+            stats: Stats::default(),
+        };
+        let start = Instant::now();
+        for i in 0..n {
+            fw.consider(&unschedulable(i), start);
+            // Sent when full, as `run` does.
+            if fw.batch.len() >= MAX_BACKLOG {
+                fw.batch.clear();
+            }
+        }
+        fw.batch.clear();
+        // Every pod is still pending when its re-send is due: all go out again.
+        fw.resend_due(start + resend_after);
+        let uids: HashSet<&str> = fw.batch.iter().map(|r| r.uid.as_str()).collect();
+        assert_eq!(uids.len(), n);
+    }
+
+    #[test]
+    fn a_failing_queue_keeps_the_newest_references_up_to_the_backlog() {
+        let mut batch: Vec<usize> = (0..12).collect();
+        assert_eq!(keep_newest(&mut batch, 10), vec![0, 1]);
+        assert_eq!(batch, (2..12).collect::<Vec<_>>());
+        assert!(keep_newest(&mut batch, 10).is_empty());
+        assert_eq!(batch.len(), 10);
     }
 }

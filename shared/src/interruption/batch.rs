@@ -105,7 +105,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::capacity::plan_replacements;
+    use crate::capacity::{Pending, plan_replacements};
     use crate::scheduling::fixtures::{catalog, default_pool, managed_node, pod};
     use crate::scheduling::{ExistingNode, PodRef, SolveOptions};
 
@@ -167,12 +167,12 @@ mod tests {
         }
         let nodes = batch.nodes();
         let options = SolveOptions::without(nodes.clone());
-        let unrestored = plan_replacements(&s, &nodes, &options, "seed", |_| {});
+        let unrestored = plan_replacements(&s, &nodes, &options, Pending::Ignore, "seed", |_| {});
         assert!(unrestored.new.is_empty(), "evicted pods are not on the nodes any more");
 
         // Restored, one solve plans room for all eight pods of the four nodes.
         batch.restore(&mut s);
-        let plan = plan_replacements(&s, &nodes, &options, "seed", |_| {});
+        let plan = plan_replacements(&s, &nodes, &options, Pending::Ignore, "seed", |_| {});
         let placed: BTreeSet<PodRef> = plan.new.iter().flat_map(|p| p.priced.pods.clone()).collect();
         let wanted: BTreeSet<PodRef> = before.iter().flat_map(|r| r.pods.iter().map(PodRef::of)).collect();
         assert_eq!(placed, wanted, "{plan:#?}");

@@ -34,7 +34,7 @@ use sha2::Digest;
 use super::batch::{Batch, ToReplace};
 use super::decide::{Reaction, RebalanceMode, Steps, decide};
 use super::event::{self, Event};
-use crate::capacity::{self, CapacityError, Door, LEASE};
+use crate::capacity::{self, CapacityError, Door, LEASE, Pending};
 use crate::deadline::Deadline;
 use crate::draining::{self, DrainError, DrainPolicy};
 use crate::kubernetes::{Cluster, ClusterError, EventSpec, drain, events};
@@ -698,7 +698,7 @@ impl<C: Cluster> Interrupter<C> {
             // Off the runtime's thread, so the lease is renewed during a long solve.
             let plan = capacity::off_task(move || {
                 let options = SolveOptions::without(replaced.iter().cloned());
-                capacity::plan_replacements(&snapshot, &replaced, &options, &seed, |_| {})
+                capacity::plan_replacements(&snapshot, &replaced, &options, Pending::Ignore, &seed, |_| {})
             })
             .await;
             for u in plan.unschedulable() {

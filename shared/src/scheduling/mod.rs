@@ -78,6 +78,9 @@ pub struct SolveOptions {
     /// Existing nodes (or in-flight claims) taken away, by name: their
     /// capacity is gone and their movable pods are pending.
     pub removed: BTreeSet<String>,
+    /// Whether the removed nodes' movable pods are placed (on by default);
+    /// off, only their capacity is gone (pending pods placed ahead of them).
+    pub place_removed_pods: bool,
     /// When the cheaper-packing search must stop (the first complete plan is
     /// always finished); `None`: the search's fixed budget alone bounds it.
     pub deadline: Option<Instant>,
@@ -91,6 +94,7 @@ impl Default for SolveOptions {
             price_below: None,
             exclude_types: BTreeSet::new(),
             removed: BTreeSet::new(),
+            place_removed_pods: true,
             deadline: None,
         }
     }

@@ -186,7 +186,7 @@ impl<'c> Model<'c> {
             pool_used,
             pool_nodes,
         } = Self::remaining(c, options);
-        let (pending, entries, invalid) = Self::pending(c, &removed);
+        let (pending, entries, invalid) = Self::pending(c, &removed, options.place_removed_pods);
         // Only the running owners of required anti-affinity add groups.
         let anti_owners: Vec<(usize, usize)> = c
             .placed
@@ -265,13 +265,14 @@ impl<'c> Model<'c> {
         }
     }
 
-    /// Pending: the snapshot's pending pods, then the movable pods of removed
-    /// nodes; shapes, each pod with its shape, and the pods that cannot be modelled.
-    fn pending(c: &Compiled, removed: &[bool]) -> (Vec<Shape>, Vec<(PodRef, usize)>, Invalid) {
+    /// Pending: the snapshot's pending pods, then (if `place_removed`) the
+    /// movable pods of removed nodes; shapes, each pod with its shape, and the
+    /// pods that cannot be modelled.
+    fn pending(c: &Compiled, removed: &[bool], place_removed: bool) -> (Vec<Shape>, Vec<(PodRef, usize)>, Invalid) {
         let mut invalid = c.invalid.clone();
         // In input order, as a walk over every running pod would find them.
         let mut moved: Vec<usize> = (0..removed.len())
-            .filter(|&i| removed[i])
+            .filter(|&i| place_removed && removed[i])
             .filter_map(|i| c.placed.on.get(i))
             .flatten()
             .copied()

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 
 use super::{StepError, SweepConfig, Sweeper};
-use crate::capacity::{self, Door, Replacements};
+use crate::capacity::{self, Door, Pending, Replacements};
 use crate::deadline::Deadline;
 use crate::disruption::consolidation::{self, ReplacementLimits};
 use crate::disruption::progress::{self, Facts, Next};
@@ -174,7 +174,7 @@ fn replacements_for(
         None => SolveOptions::without(removed.iter().cloned()),
     };
     let nodes: Vec<String> = chosen.iter().map(|r| r.node.clone()).collect();
-    let mut plan = capacity::plan_replacements(snapshot, &nodes, &options, seed, |c| {
+    let mut plan = capacity::plan_replacements(snapshot, &nodes, &options, Pending::Hold, seed, |c| {
         if let Some((l, min_types)) = limits {
             l.restrict(c, min_types);
         }
