@@ -507,17 +507,16 @@ mod tests {
     }
 
     /// A pod the scheduler found no room for, numbered.
-    fn unschedulable(i: usize) -> Pod {
+    fn unschedulable(i: usize) -> Result<Pod, serde_json::Error> {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": format!("web-{i}"), "namespace": "default", "uid": format!("u{i}"), "resourceVersion": "1"},
             "spec": {"containers": []},
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
         }))
-        .unwrap()
     }
 
     #[test]
-    fn a_re_send_round_larger_than_the_backlog_loses_no_pod() {
+    fn a_re_send_round_larger_than_the_backlog_loses_no_pod() -> Result<(), serde_json::Error> {
         let n = MAX_BACKLOG + 2_000;
         let resend_after = Duration::from_secs(300);
         let mut fw = Forwarder {
@@ -530,7 +529,7 @@ mod tests {
         };
         let start = Instant::now();
         for i in 0..n {
-            fw.consider(&unschedulable(i), start);
+            fw.consider(&unschedulable(i)?, start);
             // Sent when full, as `run` does.
             if fw.batch.len() >= MAX_BACKLOG {
                 fw.batch.clear();
@@ -541,6 +540,7 @@ mod tests {
         fw.resend_due(start + resend_after);
         let uids: HashSet<&str> = fw.batch.iter().map(|r| r.uid.as_str()).collect();
         assert_eq!(uids.len(), n);
+        Ok(())
     }
 
     #[test]
