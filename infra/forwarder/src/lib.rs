@@ -208,6 +208,18 @@ struct Forwarder {
 const MAX_BACKLOG: usize = 10_000;
 
 impl Forwarder {
+    /// Nothing pending, remembered or sent yet.
+    fn new(config: &Config) -> Self {
+        Forwarder {
+            pending: PendingPods::new(config.dedupe_capacity, config.resend_after),
+            batch: Vec::new(),
+            window: BatchWindow::new(config.batch_idle, config.batch_max),
+            nodes: JoiningNodes::default(),
+            node_backlog: Vec::new(),
+            stats: Stats::default(),
+        }
+    }
+
     fn consider(&mut self, pod: &Pod, now: Instant) {
         let Some(r) = pending_ref(pod) else {
             // Bound, finished, nominated, or no longer unschedulable: not re-sent.
@@ -338,14 +350,7 @@ pub async fn run(
     // How often re-sends (and failed Node reports) are looked for.
     let mut ticker = tokio::time::interval(config.batch_idle.min(Duration::from_secs(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut fw = Forwarder {
-        pending: PendingPods::new(config.dedupe_capacity, config.resend_after),
-        batch: Vec::new(),
-        window: BatchWindow::new(config.batch_idle, config.batch_max),
-        nodes: JoiningNodes::default(),
-        node_backlog: Vec::new(),
-        stats: Stats::default(),
-    };
+    let mut fw = Forwarder::new(config);
     loop {
         let deadline = fw.window.deadline();
         // A closed window never fires; a far-off instant stands in for "never".
@@ -516,28 +521,22 @@ mod tests {
     }
 
     #[test]
-    fn a_re_send_round_larger_than_the_backlog_loses_no_pod() -> Result<(), serde_json::Error> {
+    fn a_re_send_round_larger_than_the_backlog_loses_no_pod() -> Result<(), Box<dyn std::error::Error>> {
         let n = MAX_BACKLOG + 2_000;
-        let resend_after = Duration::from_secs(300);
-        let mut fw = Forwarder {
-            pending: PendingPods::new(n, resend_after),
-            batch: Vec::new(),
-            window: BatchWindow::new(Duration::from_secs(1), Duration::from_secs(10)),
-            nodes: JoiningNodes::default(),
-            node_backlog: Vec::new(),
-            stats: Stats::default(),
-        };
+        let remembered = n.to_string();
+        let config = Config::from_lookup(lookup(&[("QUEUE_URL", "https://q"), ("DEDUPE_CAPACITY", &remembered)]))?;
+        let mut fw = Forwarder::new(&config);
         let start = Instant::now();
         for i in 0..n {
             fw.consider(&unschedulable(i)?, start);
             // Sent when full, as `run` does.
-            if fw.batch.len() >= MAX_BACKLOG {
+            if fw.full() {
                 fw.batch.clear();
             }
         }
         fw.batch.clear();
         // Every pod is still pending when its re-send is due: all go out again.
-        fw.resend_due(start + resend_after);
+        fw.resend_due(start + config.resend_after);
         let uids: HashSet<&str> = fw.batch.iter().map(|r| r.uid.as_str()).collect();
         assert_eq!(uids.len(), n);
         Ok(())

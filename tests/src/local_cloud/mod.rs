@@ -315,6 +315,10 @@ async fn forwarder_ready(
     log: &Path,
 ) -> Result<(), StartError> {
     let started = std::time::Instant::now();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| StartError::Forwarder(format!("no HTTP client for its readiness probe: {e}")))?;
     loop {
         if let Ok(Some(status)) = forwarder.try_wait() {
             return Err(StartError::Forwarder(format!(
@@ -322,7 +326,7 @@ async fn forwarder_ready(
                 log.display()
             )));
         }
-        if ready(health).await.unwrap_or(false) {
+        if ready(&client, health).await.unwrap_or(false) {
             return Ok(());
         }
         if started.elapsed() > FORWARDER_READY_WITHIN {
@@ -337,8 +341,7 @@ async fn forwarder_ready(
 }
 
 /// One readiness probe: whether `/readyz` answers 200.
-async fn ready(health: std::net::SocketAddr) -> Result<bool, reqwest::Error> {
-    let client = reqwest::Client::builder().no_proxy().build()?;
+async fn ready(client: &reqwest::Client, health: std::net::SocketAddr) -> Result<bool, reqwest::Error> {
     let answer = client.get(format!("http://{health}/readyz")).send().await?;
     Ok(answer.status().is_success())
 }
